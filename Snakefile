@@ -1,0 +1,26 @@
+# Operator Profiler: per-operator GPU kernel times and hardware counters for PyTorch models.
+# Wiring only: the stages live in workflow/*.smk, the logic in src/operator_profiler/.
+from snakemake.utils import min_version
+
+min_version("9.27")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/common.smk"
+include: "workflow/clocks.smk"
+include: "workflow/capture.smk"
+include: "workflow/timeline.smk"
+include: "workflow/layers.smk"
+include: "workflow/ncu.smk"
+include: "workflow/match.smk"
+include: "workflow/attribute.smk"
+include: "workflow/aggregate.smk"
+include: "workflow/report.smk"
+
+
+rule all:
+    input:
+        final_outputs(),
+    default_target: True

@@ -1,0 +1,10 @@
+"""Rule aggregate: operators, modules, layer classes, coverage."""
+import json
+
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+i, o = snakemake.input, snakemake.output
+run_rule(snakemake.log[0], stages.aggregate_files, i.attribution, i.instances, i.classes, i.run,
+         json.loads(snakemake.params.options), o.operators, o.operators_csv, o.modules, o.layer_classes,
+         o.coverage)

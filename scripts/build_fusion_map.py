@@ -1,0 +1,5 @@
+"""Rule build_fusion_map: Inductor debug directories -> fusion map table (path c)."""
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+run_rule(snakemake.log[0], stages.build_fusion_map, snakemake.input.debug, snakemake.output[0])

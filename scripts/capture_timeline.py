@@ -1,0 +1,20 @@
+"""Rule capture_timeline: run the harness once under the timeline tool."""
+import json
+
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+out = snakemake.output
+run_rule(
+    snakemake.log[0],
+    stages.capture_timeline,
+    snakemake.wildcards.workload,
+    json.loads(snakemake.params.workload),
+    json.loads(snakemake.params.harness),
+    snakemake.params.device,
+    snakemake.params.timeline,
+    out.trace,
+    out.run,
+    out.layers,
+    out.clocks,
+)

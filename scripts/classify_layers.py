@@ -1,0 +1,9 @@
+"""Checkpoint classify_layers: layer instances -> classes (one canonical JSON per class)."""
+from pathlib import Path
+
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+out = snakemake.output
+run_rule(snakemake.log[0], stages.classify, Path(snakemake.input.kernels).parent, snakemake.input.layers,
+         out.instances, out.kernel_layers, out.summary, out.classes_dir)

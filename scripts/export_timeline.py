@@ -1,0 +1,8 @@
+"""Rule export_timeline: trace -> kernels/launches/ranges parquet (DESIGN.md table contract)."""
+from pathlib import Path
+
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+run_rule(snakemake.log[0], stages.export_timeline, snakemake.input.trace,
+         Path(snakemake.output.kernels).parent)

@@ -1,0 +1,12 @@
+"""Rule parse_ncu: ncu CSV -> per-kernel counters parquet."""
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+
+def not_built():
+    raise stages.GpuStageUnavailable(
+        f"parse_ncu ({snakemake.input.csv}): the Nsight Compute parser is not built yet (issue #4)"
+    )
+
+
+run_rule(snakemake.log[0], not_built)

@@ -1,0 +1,113 @@
+"""Per-operator, per-module and per-layer-class figures, and the coverage summary.
+
+Durations are the timeline's (integer ns), summed over all kernels of the measured iterations.
+Hardware counters, when a later stage joins them (``matched/kernel_metrics.parquet``), are aggregated
+by the metric catalog's rule; without them (CPU runs) ``bottleneck`` is ``not_collected``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pandas as pd
+
+UNATTRIBUTED = "(unattributed)"
+OUTSIDE_LAYERS = "(outside layers)"
+
+
+def operators_table(attribution: pd.DataFrame, iterations: int, per_iteration: bool) -> pd.DataFrame:
+    """One row per operator: operator, calls, kernels, time_ns, time_share, mean_kernel_ns,
+    time_per_iteration_ns, paths, bottleneck. Unattributed kernels form the row ``(unattributed)``
+    so that time shares add up to 1. Sorted by time, descending.
+    """
+    df = attribution.assign(operator=attribution["operator"].fillna(UNATTRIBUTED))
+    # A call is one op instance (one enclosing dispatcher-op range); fused kernels count one call each.
+    call_key = df["operator_range_id"].astype("string").fillna("k" + df["kernel_id"].astype(str))
+    df = df.assign(call_key=call_key)
+    total = int(df["duration_ns"].sum())
+    grouped = df.groupby("operator", sort=False)
+    table = pd.DataFrame(
+        {
+            "calls": grouped["call_key"].nunique(),
+            "kernels": grouped.size(),
+            "time_ns": grouped["duration_ns"].sum().astype("int64"),
+            "paths": grouped["path"].agg(lambda s: ",".join(sorted(set(s)))),
+        }
+    ).reset_index()
+    table["time_share"] = table["time_ns"] / total if total else 0.0
+    table["mean_kernel_ns"] = (table["time_ns"] / table["kernels"]).round().astype("int64")
+    table["time_per_iteration_ns"] = (
+        (table["time_ns"] / max(iterations, 1)).round().astype("int64") if per_iteration else table["time_ns"]
+    )
+    table["bottleneck"] = "not_collected"
+    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns",
+               "time_per_iteration_ns", "paths", "bottleneck"]
+    return table[columns].sort_values(["time_ns", "operator"], ascending=[False, True]).reset_index(drop=True)
+
+
+def modules_table(attribution: pd.DataFrame) -> pd.DataFrame:
+    """One row per module path (layer instance) plus ``(outside layers)``: module, kernels, time_ns, time_share."""
+    df = attribution.assign(module=attribution["module"].fillna(OUTSIDE_LAYERS))
+    total = int(df["duration_ns"].sum())
+    table = df.groupby("module", sort=False).agg(kernels=("kernel_id", "size"), time_ns=("duration_ns", "sum")).reset_index()
+    table["time_ns"] = table["time_ns"].astype("int64")
+    table["time_share"] = table["time_ns"] / total if total else 0.0
+    return table.sort_values("time_ns", ascending=False).reset_index(drop=True)
+
+
+def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd.DataFrame:
+    """One row per layer class: layer_class, module_class, instances, kernels_per_instance, time_ns,
+    mean_instance_time_ns, representative, replays_without_dedup, replays_with_dedup."""
+    rows = []
+    for name, entry in classes.items():
+        mine = instances[instances["layer_class"] == name]
+        per_instance = mine.groupby("layer")["time_ns"].sum()
+        rows.append(
+            {
+                "layer_class": name,
+                "module_class": entry["module_class"],
+                "instances": len(entry["instances"]),
+                "kernels_per_instance": entry["kernel_count"],
+                "time_ns": int(mine["time_ns"].sum()),
+                "mean_instance_time_ns": int(round(per_instance.mean())) if len(per_instance) else 0,
+                "representative": entry["representative"],
+                "replays_without_dedup": len(entry["instances"]),
+                "replays_with_dedup": 1,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def coverage(attribution: pd.DataFrame, counters_collected: bool) -> dict:
+    """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1."""
+    total = int(attribution["duration_ns"].sum())
+    attributed = attribution[attribution["path"] != "unattributed"]
+    by_path = attribution.groupby("path")["duration_ns"].sum()
+    both = attribution[attribution["evidence"].str.contains('"inductor"') & attribution["operator_range_id"].notna()]
+    agree = sum(
+        1 for ev, op in zip(both["evidence"], both["operator"])
+        if op in json.loads(ev)["inductor"]["fused_ops"] or not json.loads(ev)["inductor"]["fused_ops"]
+    )
+    unattributed = attribution[attribution["path"] == "unattributed"]
+    groups = (
+        unattributed.assign(reason=unattributed["reason"].fillna("unknown"))
+        .groupby(["name", "reason"]).agg(time_ns=("duration_ns", "sum"), count=("kernel_id", "size")).reset_index()
+        .sort_values("time_ns", ascending=False)
+    )
+    return {
+        "kernel_time_ns": total,
+        "attributed_time_ns": int(attributed["duration_ns"].sum()),
+        "coverage_time": (int(attributed["duration_ns"].sum()) / total) if total else 0.0,
+        "kernel_count": int(len(attribution)),
+        "attributed_count": int(len(attributed)),
+        "by_path": {p: (int(t) / total if total else 0.0) for p, t in by_path.items()},
+        "path_agreement": {"correlation/inductor": agree / len(both)} if len(both) else {},
+        "counters_coverage": None if not counters_collected else 0.0,
+        "counters_note": None if counters_collected else "hardware counters: not collected on CPU (Nsight Compute is GPU-only)",
+        "unattributed": [
+            {"name": r.name, "time_ns": int(r.time_ns), "count": int(r.count), "reason": r.reason}
+            for r in groups.itertuples(index=False)
+        ],
+        "unattributed_reasons": dict(Counter(unattributed["reason"].fillna("unknown"))),
+    }

@@ -1,0 +1,105 @@
+"""Path (a): kernel -> launch call -> the profiler ops enclosing the launch on its thread.
+
+For GPU Kineto traces the kernel's launch is found by CUPTI correlation id (done by the timeline
+reader, which fills ``launch_tid``/``launch_start_ns``/``launch_end_ns``); on a CPU trace a kernel is its
+own launch. The operator is the innermost dispatcher op (``aten::...``) of the stack of ``cpu_op``
+ranges that enclose the launch interval on the launch thread (``../shared/docs/kineto-and-inductor.md``
+§1.6, recommended algorithm). Backward kernels get ``forward_operator`` through the Kineto
+``Sequence number`` of their autograd node (§1.7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+from intervaltree import IntervalTree
+
+from ..timeline.kineto import DISPATCHER_OP
+
+COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
+
+
+@dataclass
+class OpStack:
+    """What path (a) found for one kernel."""
+
+    stack: list[int] = field(default_factory=list)  # range ids, outermost first
+    operator: str | None = None
+    operator_range_id: int | None = None
+    forward_operator: str | None = None
+    forward_range_id: int | None = None
+    compiled_region: int | None = None  # range id of the enclosing "## Call CompiledFxGraph" range
+    reason: str | None = None
+
+
+def _trees(ranges: pd.DataFrame) -> dict[tuple[int, int], IntervalTree]:
+    trees: dict[tuple[int, int], IntervalTree] = {}
+    ops = ranges[ranges["end_ns"].notna() & (ranges["end_ns"] > ranges["start_ns"])]
+    for (pid, tid), group in ops.groupby(["pid", "tid"]):
+        trees[(int(pid), int(tid))] = IntervalTree.from_tuples(
+            zip(group["start_ns"].astype("int64"), group["end_ns"].astype("int64"), group["range_id"].astype("int64"))
+        )
+    return trees
+
+
+def _forward_ops_by_seq(ranges: pd.DataFrame) -> dict[tuple[int, int], int]:
+    """(pid, seq) -> range id of the innermost forward op carrying that sequence number."""
+    fwd = ranges[ranges["seq"].notna() & (ranges["fwd_thread_id"].fillna(0) == 0)]
+    fwd = fwd[~fwd["name"].str.contains("Backward", regex=False)]
+    fwd = fwd.sort_values(["depth"], kind="stable")
+    # Last write wins: the deepest op with the seq (the one that created the autograd node,
+    # as fwdbwd flows mark it).
+    return {(int(p), int(s)): int(r) for p, s, r in zip(fwd["pid"], fwd["seq"], fwd["range_id"])}
+
+
+def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpStack]:
+    """Run path (a) for every kernel.
+
+    Args:
+        kernels: timeline kernels (needs pid, launch_tid, launch_start_ns, launch_end_ns).
+        ranges: timeline ranges (range_id, pid, tid, start_ns, end_ns, name, kind, depth, seq,
+            fwd_thread_id).
+
+    Returns:
+        kernel_id -> :class:`OpStack`. ``reason`` is ``no_launch_record`` when the launch is not in
+        the trace window, ``no_enclosing_operator`` when no dispatcher op encloses the launch.
+    """
+    ranges = ranges.set_index("range_id", drop=False)
+    names = ranges["name"].to_dict()
+    kinds = ranges["kind"].to_dict()
+    depth = ranges["depth"].to_dict()
+    seqs = ranges["seq"].to_dict()
+    fwd_tid = ranges["fwd_thread_id"].to_dict()
+    trees = _trees(ranges.reset_index(drop=True))
+    forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
+
+    result: dict[int, OpStack] = {}
+    for k in kernels.itertuples(index=False):
+        found = OpStack()
+        result[int(k.kernel_id)] = found
+        if pd.isna(k.launch_tid) or pd.isna(k.launch_start_ns):
+            found.reason = "no_launch_record"
+            continue
+        tree = trees.get((int(k.pid), int(k.launch_tid)))
+        t0, t1 = int(k.launch_start_ns), int(k.launch_end_ns)
+        hits = [iv.data for iv in tree.at(t0) if iv.end >= t1] if tree is not None else []
+        hits.sort(key=lambda r: depth[r])
+        found.stack = hits
+        for rid in reversed(hits):
+            if kinds[rid] == "cpu_op" and DISPATCHER_OP.match(names[rid]):
+                found.operator, found.operator_range_id = names[rid], rid
+                break
+        for rid in reversed(hits):
+            if names[rid].startswith(COMPILED_GRAPH_PREFIX):
+                found.compiled_region = rid
+                break
+        for rid in reversed(hits):  # innermost autograd node of a backward pass
+            if not pd.isna(seqs[rid]) and fwd_tid[rid] == 1:
+                fwd = forward_by_seq.get((int(k.pid), int(seqs[rid])))
+                if fwd is not None:
+                    found.forward_operator, found.forward_range_id = names[fwd], fwd
+                break
+        if found.operator is None:
+            found.reason = "no_enclosing_operator"
+    return result

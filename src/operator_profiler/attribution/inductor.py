@@ -1,0 +1,473 @@
+"""Attribution path (c): the TorchInductor fusion map.
+
+TorchInductor writes, per compiled FX graph, a debug directory (``TORCH_COMPILE_DEBUG=1``) whose ``output_code.py``
+holds the generated kernels and a ``call()`` function that launches them in order.  This module turns every call
+site of ``call()`` into one row saying which kernel runs, what name a profiler timeline shows for it, and which
+ATen operators / FX nodes it was fused from.  A timeline region ``## Call CompiledFxGraph <key> ##`` is then mapped
+to its graph by :func:`match_region` (the i-th kernel of the region is call site i).
+
+Format facts are from ``../shared/docs/kineto-and-inductor.md`` §3 (measured on torch 2.13 CPU artifacts and an
+Oct-2024 CUDA debug dir): directory layout §3.2, ``output_code.py`` anatomy and comment dialects §3.3, kernel
+names §3.4, kernels in the Kineto trace §3.5, provenance JSON §3.6.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = [
+    "FUSION_MAP_COLUMNS",
+    "InductorArtifactError",
+    "find_graph_dirs",
+    "load_fusion_map",
+    "match_region",
+    "parse_output_code",
+]
+
+OUTPUT_CODE = "output_code.py"
+PROVENANCE_JSON = "inductor_provenance_tracking_node_mappings.json"
+FX_GRAPH_FILES = ("fx_graph_readable.py", "fx_graph_transformed.py")
+
+FUSION_MAP_COLUMNS = [
+    "graph",
+    "call_index",
+    "kernel",
+    "kind",
+    "profiler_name",
+    "gpu_symbol",
+    "debug_handle",
+    "fused_ops",
+    "source_nodes",
+    "post_grad_nodes",
+    "origin",
+]
+
+
+class InductorArtifactError(ValueError):
+    """A TorchInductor debug artifact is missing, unreadable or not in a known format."""
+
+
+# --- regular expressions (formats: kineto-and-inductor.md §3.3, §3.4, §3.6) -----------------------------------------
+
+# `name = async_compile.<backend>(` at module level: a generated kernel definition.
+_KERNEL_DEF_RE = re.compile(r"^(\w+)\s*=\s*async_compile\.(\w+)\(", re.M)
+# First positional argument of async_compile.triton(...): the compiled (GPU) function name, "triton_" when
+# unique_kernel_names=False (§3.4).
+_TRITON_SYMBOL_RE = re.compile(r"async_compile\.triton\(\s*(?:kernel_name\s*=\s*)?['\"](\w+)['\"]")
+_INDUCTOR_META_NAME_RE = re.compile(r"['\"]kernel_name['\"]\s*:\s*['\"](\w+)['\"]")
+# cpp kernels with cpp.enable_kernel_profile: RAIIAtenRecordFunctionHandle record_...("graph_0_cpp_...", nullptr)
+_RAII_RE = re.compile(r"RAIIAtenRecordFunctionHandle\s+\w+\s*\(\s*\"([^\"]+)\"")
+_PARTITION_CALL_RE = re.compile(r"^\s*\(?[\w\s,]*\)?\s*=\s*self\.partitions\[(\d+)\]\(")
+# `# Topologically Sorted Source Nodes: [...], Original ATen: [...]`, `# Unsorted Source Nodes: ...` and the
+# pre-PR #126698 `# Source Nodes: [...], Original ATen: [...]`.
+_SOURCE_NODES_RE = re.compile(
+    r"^#\s*(?:(?:Topologically Sorted|Unsorted)\s+)?Source Nodes:\s*\[(.*?)\],\s*Original ATen:\s*\[(.*?)\]\s*$"
+)
+_DEBUG_HANDLE_RE = re.compile(r"^#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
+_ASSIGN = r"(?:\w+(?:\s*,\s*\w+)*\s*,?\s*=\s*)?"  # optional `bufN = ` / `buf1, buf2 = ` in front of a call
+_EXTERN_CALL_RE = re.compile(rf"^{_ASSIGN}(extern_kernels\.(\w+))\(")
+_OPS_CALL_RE = re.compile(rf"^{_ASSIGN}(torch\.ops\.(\w+)\.(\w+)\.\w+)\(")
+_ATEN_CALL_RE = re.compile(rf"^{_ASSIGN}(aten\.(\w+)(?:\.\w+)?)\(")  # old wrappers: `aten = torch.ops.aten`
+_NAME_CALL_RE = re.compile(rf"^{_ASSIGN}(\w+)(?:\.run)?\(")
+# ATen op names anywhere in the generated / FX files: `aten.native_layer_norm_backward.default`, `aten.view`.
+_ATEN_NAME_RE = re.compile(r"\baten(?:\.|::)([A-Za-z_]\w*)")
+# FX graph node line: `name: "f32[2, 16]" = torch.ops.aten.add.Tensor(...)` (type annotation optional).
+_FX_NODE_RE = re.compile(r"^\s*(\w+)(?:\s*:\s*\"[^\"]*\")?\s*=\s*torch\.ops\.(\w+)\.(\w+)\.\w+\(", re.M)
+# Descriptive kernel names: cpp_fused_<ops>_<n>, triton_<poi|red|per|tem|for|spl|unk>_fused_<ops>_<n> (§3.4).
+_FUSED_NAME_RE = re.compile(r"^(?:cpp|triton_[a-z]+)_fused_(.+?)(?:_\d+)?$")
+# Triton 2.0-era compiled symbols carry a specialisation suffix: triton__0d1d2d, ...13d14 (§3.4).
+_OLD_TRITON_SYMBOL_RE = re.compile(r"^triton__\d[\dcd]*$")
+
+
+@dataclass(frozen=True)
+class _KernelDef:
+    kind: str  # "cpp" | "triton" | "extern"
+    profiler_name: str
+    gpu_symbol: str | None
+
+
+# --- public API -----------------------------------------------------------------------------------------------------
+
+
+def find_graph_dirs(root: Path) -> list[Path]:
+    """Return every directory at or below ``root`` that contains an ``output_code.py``, sorted by path.
+
+    Such a directory is one compiled FX graph's Inductor debug dir, named
+    ``<model>__<compile_id>_<forward|backward|inference>_<n>.<m>`` (kineto-and-inductor.md §3.2).
+    A missing ``root`` yields ``[]``; nothing is raised.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted({p.parent for p in root.rglob(OUTPUT_CODE) if p.is_file()})
+
+
+def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None) -> pd.DataFrame:
+    """Parse one Inductor debug dir into one row per kernel call site of ``call()``.
+
+    Columns (see :data:`FUSION_MAP_COLUMNS`):
+
+    * ``graph`` (str): the directory name, e.g. ``model__0_forward_1.0``.
+    * ``call_index`` (int64): 0-based order of the kernel call in ``call()``.
+    * ``kernel`` (str): the name as called: ``cpp_fused_native_layer_norm_0``, ``triton_poi_fused_mul_2``,
+      ``extern_kernels.addmm``, ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default``.
+    * ``kind`` (str): ``cpp`` | ``triton`` | ``extern`` | ``fallback`` (``torch.ops.<ns>.<op>.<overload>`` or the
+      old ``aten.<op>`` form).  Kernels of other ``async_compile`` backends are reported as ``extern``.
+    * ``profiler_name`` (str): the name a profiler timeline shows for the call (§3.4, §3.5): cpp -> the
+      ``RAIIAtenRecordFunctionHandle`` string of the kernel source (``graph_<id>_<kernel>``; ``graph_0_<kernel>``
+      when the kernel was built without ``cpp.enable_kernel_profile``); triton -> ``inductor_meta['kernel_name']``
+      (the CPU-side record function), else the kernel name; ``extern_kernels.X`` -> ``aten::X``;
+      ``torch.ops.<ns>.X.<overload>`` -> ``<ns>::X``.
+    * ``gpu_symbol`` (str or null): triton only: the compiled function name, ``triton_`` for dirs generated with
+      ``unique_kernel_names=False``, else the kernel name.
+    * ``debug_handle`` (Int64, nullable): ``N`` of the ``# [Provenance debug handles] <kernel>:N`` comment
+      above the call (used only when it names the called kernel).
+    * ``fused_ops`` (list[str]): sorted unique ``ns::op`` names (``aten::native_layer_norm``).
+    * ``source_nodes`` (list[str]): pre-grad (Dynamo) FX node names, e.g. ``layer_norm``.
+    * ``post_grad_nodes`` (list[str]): post-grad FX node names (provenance JSON only, else empty).
+    * ``origin`` (str): what the row's attribution rests on, by precedence:
+      ``provenance_json`` -- ``cppCodeToPost["<kernel>:<handle>"]`` (key from the debug-handle comment) gives
+      ``post_grad_nodes`` and, through ``postToPre``, ``source_nodes`` (§3.6); ``source_nodes_comment`` -- the call
+      site's ``[Topologically Sorted |Unsorted ]Source Nodes: [...], Original ATen: [...]`` comment (§3.3);
+      ``kernel_name`` -- neither: ``fused_ops`` are the ops encoded in the kernel name (§3.4), split greedily, longest
+      match first, on the ATen op names occurring in ``output_code.py`` / ``fx_graph_readable.py`` /
+      ``fx_graph_transformed.py``; pieces not in that vocabulary are kept verbatim (no ``ns::`` prefix); for an
+      extern/fallback call it is the called op itself.
+
+    ``fused_ops`` are always *original* (pre-decomposition) ATen ops, as in Inductor's ``Original ATen`` comments
+    and kernel names (``aten::native_layer_norm``, ``aten::gelu``; never the decomposed ``var_mean``/``erf``):
+    from the comment when there is one, else from the kernel name -- except for extern/fallback calls with
+    provenance, whose ops are the targets of their post-grad nodes in ``fx_graph_readable.py`` (falling back to
+    ``fx_graph_transformed.py``), e.g. just ``aten::addmm`` where the comment also lists the ops of absorbed
+    input views (``aten::native_layer_norm, aten::t, aten::view``).  Source nodes not given by the provenance
+    JSON are taken from the comment.
+
+    A comment belongs to the next kernel call below it (other lines such as ``stream0 = get_raw_stream(0)`` may
+    come in between) and is consumed by it, so a reused kernel gets each call site's own comment (§3.3).
+
+    ``provenance``: path to (or the parsed dict of) an ``inductor_provenance_tracking_node_mappings.json``;
+    default: that file in ``graph_dir`` when present (torch 2.13 writes it for forward graphs only, §3.6).
+
+    Raises :class:`InductorArtifactError` when ``output_code.py`` is missing, unreadable, or has no
+    ``def call(``, or when the provenance JSON is not valid JSON.
+    """
+    graph_dir = Path(graph_dir)
+    code_path = graph_dir / OUTPUT_CODE
+    text = _read_text(code_path, what="Inductor output_code.py")
+    body = _call_body(text, code_path)
+    kernels = _kernel_defs(text)
+    fx_ops, vocab_text = _fx_node_ops(graph_dir)
+    vocab = _aten_vocabulary(text + "\n" + vocab_text)
+    prov = _load_provenance(graph_dir, provenance)
+    cpp_to_post = prov.get("cppCodeToPost") or {}
+    post_to_pre = prov.get("postToPre") or {}
+
+    rows: list[dict] = []
+    comment: tuple[list[str], list[str]] | None = None  # (source nodes, fused ops) waiting for its call
+    handle: tuple[str, int] | None = None
+    for raw in body:
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            if m := _SOURCE_NODES_RE.match(line):
+                comment = (_split_list(m.group(1)), sorted({_op_name(x) for x in _split_list(m.group(2))}))
+            elif m := _DEBUG_HANDLE_RE.match(line):
+                handle = (m.group(1), int(m.group(2)))
+            continue
+        call = _match_call(line, kernels)
+        if call is None:
+            continue
+        kernel, kdef = call
+        debug_handle = handle[1] if handle is not None and handle[0] == kernel else None
+        src_nodes, fused, origin = [], [], "kernel_name"
+        if comment is not None:
+            src_nodes, fused = comment
+            origin = "source_nodes_comment"
+        post_nodes = list(cpp_to_post.get(f"{kernel}:{debug_handle}", [])) if debug_handle is not None else []
+        if post_nodes:
+            origin = "provenance_json"
+            src_nodes = _unique(p for n in post_nodes for p in post_to_pre.get(n, [])) or src_nodes
+            if kdef.kind in ("extern", "fallback"):  # not decomposed: the nodes' own targets are exact
+                fused = sorted({fx_ops[n] for n in post_nodes if n in fx_ops}) or fused
+            elif comment is None:
+                fused = []
+        if not fused:
+            fused = _ops_from_name(kernel, kdef, vocab)
+        rows.append(
+            {
+                "graph": graph_dir.name,
+                "call_index": len(rows),
+                "kernel": kernel,
+                "kind": kdef.kind,
+                "profiler_name": kdef.profiler_name,
+                "gpu_symbol": kdef.gpu_symbol,
+                "debug_handle": debug_handle,
+                "fused_ops": fused,
+                "source_nodes": list(src_nodes),
+                "post_grad_nodes": post_nodes,
+                "origin": origin,
+            }
+        )
+        comment = handle = None
+    if not rows:
+        return _empty_fusion_map()
+    return pd.DataFrame(rows, columns=FUSION_MAP_COLUMNS).astype({"call_index": "int64", "debug_handle": "Int64"})
+
+
+def load_fusion_map(root: Path) -> pd.DataFrame:
+    """Concatenate :func:`parse_output_code` over :func:`find_graph_dirs` ``(root)``.
+
+    Same columns as :func:`parse_output_code`; rows ordered by graph directory path, then ``call_index``.
+    Returns an empty DataFrame with those columns when no debug dir is found.  Raises
+    :class:`InductorArtifactError` for a malformed ``output_code.py`` (kineto-and-inductor.md §3.2, §3.3).
+    """
+    frames = [parse_output_code(d) for d in find_graph_dirs(root)]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return _empty_fusion_map()
+    return pd.concat(frames, ignore_index=True)
+
+
+def match_region(profiler_names: Sequence[str], fusion_map: pd.DataFrame) -> tuple[str, list[int]] | None:
+    """Find the compiled graph whose kernel sequence equals the kernels seen inside one timeline region.
+
+    ``profiler_names``: in order, the names of the kernels shown inside one ``## Call CompiledFxGraph <key> ##``
+    region (cpu_ops ``graph_0_cpp_fused_*``, ``aten::addmm``, Triton record functions ...; §3.5).  A name matches
+    call site i when it equals that row's ``profiler_name`` or its ``gpu_symbol`` (generic GPU names such as
+    ``triton_``, also with the Triton 2.0 specialisation suffix ``triton__0d1d2d``; §3.4).
+    Returns ``(graph, [call_index, ...])`` (one index per name) for the first graph in sorted graph order whose
+    sequence has the same length and matches element-wise, or ``None`` when no graph matches.
+    """
+    names = list(profiler_names)
+    if fusion_map.empty:
+        return None
+    for graph, rows in sorted(fusion_map.groupby("graph", sort=False), key=lambda kv: str(kv[0])):
+        if len(rows) != len(names):
+            continue
+        rows = rows.sort_values("call_index")
+        ok = all(
+            _name_matches(n, prof, sym)
+            for n, prof, sym in zip(names, rows["profiler_name"], rows["gpu_symbol"], strict=True)
+        )
+        if ok:
+            return str(graph), [int(i) for i in rows["call_index"]]
+    return None
+
+
+# --- helpers --------------------------------------------------------------------------------------------------------
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise InductorArtifactError(
+            f"{what} not found: {path}. Point at a TorchInductor debug dir (TORCH_COMPILE_DEBUG=1 writes "
+            "torch_compile_debug/run_*/torchinductor/<graph>/output_code.py)."
+        ) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InductorArtifactError(
+            f"cannot read {what} {path}: {exc}. Regenerate the Inductor debug dir or remove it from the input."
+        ) from exc
+
+
+def _call_body(text: str, path: Path) -> list[str]:
+    """Lines of ``call()`` (module-level ``def call(args)`` or ``Runner.call(self, args)`` in 2.13), with each
+    graph-partition launch ``(...) = self.partitions[N](partitionN_args)`` replaced by the body of ``partition_N``
+    (``config.graph_partition``), so kernels stay in execution order."""
+    body = _function_body(text, "call")
+    if body is None:
+        raise InductorArtifactError(
+            f"{path}: no `def call(` found, so this is not a complete TorchInductor output_code.py "
+            "(truncated, cpp_wrapper/AOTInductor output, or an unsupported version). Regenerate it with "
+            "TORCH_COMPILE_DEBUG=1 (trace.output_code=True) or remove this directory from the input."
+        )
+    out: list[str] = []
+    for line in body:
+        m = _PARTITION_CALL_RE.match(line)
+        part = _function_body(text, f"partition_{m.group(1)}") if m else None
+        out.extend(part if part is not None else [line])
+    return out
+
+
+def _function_body(text: str, name: str) -> list[str] | None:
+    m = re.search(rf"^([ \t]*)def {name}\(", text, re.M)
+    if m is None:
+        return None
+    indent = len(m.group(1))
+    body = []
+    for line in text[m.end():].splitlines()[1:]:  # [0] is the rest of the `def` line
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line)
+    return body
+
+
+def _kernel_defs(text: str) -> dict[str, _KernelDef]:
+    starts = list(_KERNEL_DEF_RE.finditer(text))
+    out: dict[str, _KernelDef] = {}
+    for i, m in enumerate(starts):
+        name, backend = m.group(1), m.group(2)
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        seg = text[m.start():end]
+        if backend == "triton":
+            sym = _TRITON_SYMBOL_RE.search(seg)
+            meta = _INDUCTOR_META_NAME_RE.search(seg)
+            out[name] = _KernelDef("triton", meta.group(1) if meta else name, sym.group(1) if sym else name)
+        elif backend.startswith("cpp"):
+            raii = _RAII_RE.search(seg)
+            out[name] = _KernelDef("cpp", raii.group(1) if raii else f"graph_0_{name}", None)
+        else:  # cuda/rocm/halide templates etc.: no documented profiler name, report the kernel name
+            out[name] = _KernelDef("extern", name, None)
+    return out
+
+
+def _match_call(line: str, kernels: Mapping[str, _KernelDef]) -> tuple[str, _KernelDef] | None:
+    if m := _EXTERN_CALL_RE.match(line):
+        return m.group(1), _KernelDef("extern", f"aten::{m.group(2)}", None)
+    if m := _OPS_CALL_RE.match(line):
+        return m.group(1), _KernelDef("fallback", f"{m.group(2)}::{m.group(3)}", None)
+    if m := _ATEN_CALL_RE.match(line):
+        return m.group(1), _KernelDef("fallback", f"aten::{m.group(2)}", None)
+    if (m := _NAME_CALL_RE.match(line)) and m.group(1) in kernels:
+        return m.group(1), kernels[m.group(1)]
+    return None
+
+
+def _fx_node_ops(graph_dir: Path) -> tuple[dict[str, str], str]:
+    """Post-grad node name -> ``ns::op`` from the FX graph files, and their concatenated text (for the vocabulary).
+
+    ``fx_graph_readable.py`` wins over ``fx_graph_transformed.py`` for names in both, so a node keeps its
+    pre-pass target (``view`` rather than the post-grad pass's ``reshape``), as in the Original ATen comments.
+    """
+    ops: dict[str, str] = {}
+    texts = []
+    for fname in reversed(FX_GRAPH_FILES):  # transformed first, readable overrides
+        p = graph_dir / fname
+        if not p.is_file():
+            continue
+        try:
+            t = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # optional input: without it only the vocabulary / provenance ops are poorer
+        texts.append(t)
+        ops.update({m.group(1): f"{m.group(2)}::{m.group(3)}" for m in _FX_NODE_RE.finditer(t)})
+    return ops, "\n".join(texts)
+
+
+@functools.lru_cache(maxsize=1)
+def _registered_aten_ops() -> frozenset[str]:
+    """ATen operator names registered in the installed torch.
+
+    Kernel names are built from the *pre-decomposition* ATen ops (``descriptive_names =
+    "original_aten"``, kineto-and-inductor.md §3.4), which often do not occur in the post-grad graph
+    text (``masked_fill``, ``tril``, ``ones`` decompose away), so the graph files alone are not a
+    sufficient vocabulary.
+    """
+    try:
+        import torch
+    except ImportError:  # parsing artifacts without torch: the graph-file vocabulary only
+        return frozenset()
+    names = torch._C._dispatch_get_all_op_names()
+    return frozenset(n[len("aten::"):].split(".")[0] for n in names if n.startswith("aten::"))
+
+
+def _aten_vocabulary(text: str) -> list[str]:
+    """ATen op names in ``text`` and in torch's registry, longest first (greedy tokenisation)."""
+    return sorted(set(_ATEN_NAME_RE.findall(text)) | _registered_aten_ops(), key=lambda s: (-len(s), s))
+
+
+def _ops_from_name(kernel: str, kdef: _KernelDef, vocab: Sequence[str]) -> list[str]:
+    if kdef.kind in ("extern", "fallback"):
+        return [kdef.profiler_name] if "::" in kdef.profiler_name else []
+    m = _FUSED_NAME_RE.match(kernel)
+    return sorted(set(_tokenise(m.group(1), vocab))) if m else []
+
+
+def _tokenise(fused: str, vocab: Sequence[str]) -> list[str]:
+    """Split ``add_native_layer_norm_view`` into ``aten::`` ops, longest vocabulary match first.
+
+    The name is ``"_".join(ops)``, so a match must end at ``_`` or at the end.  Unmatched ``_``-separated pieces are
+    joined and kept verbatim (no ``aten::`` prefix) so that nothing is dropped.
+    """
+    out: list[str] = []
+    leftover: list[str] = []
+    i, n = 0, len(fused)
+    while i < n:
+        for word in vocab:
+            j = i + len(word)
+            if fused.startswith(word, i) and (j == n or fused[j] == "_"):
+                if leftover:
+                    out.append("_".join(leftover))
+                    leftover = []
+                out.append(f"aten::{word}")
+                i = j + 1
+                break
+        else:
+            # no op starts here: take one piece (a leading "_" belongs to the piece, as in `_to_copy`)
+            j = fused.find("_", i + 1)
+            j = n if j < 0 else j
+            leftover.append(fused[i:j])
+            i = j + 1
+    if leftover:
+        out.append("_".join(leftover))
+    return out
+
+
+def _load_provenance(graph_dir: Path, provenance: Path | Mapping | None) -> Mapping:
+    if isinstance(provenance, Mapping):
+        return provenance
+    path = Path(provenance) if provenance is not None else graph_dir / PROVENANCE_JSON
+    if provenance is None and not path.is_file():
+        return {}
+    text = _read_text(path, what="provenance JSON")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InductorArtifactError(
+            f"{path}: not valid JSON ({exc}); expected torch's inductor_provenance_tracking_node_mappings.json "
+            "(keys preToPost/postToPre/cppCodeToPost/postToCppCode). Regenerate it or delete the file."
+        ) from exc
+    if not isinstance(data, Mapping):
+        raise InductorArtifactError(
+            f"{path}: expected a JSON object with cppCodeToPost/postToPre, got {type(data).__name__}; "
+            "pass torch's inductor_provenance_tracking_node_mappings.json."
+        )
+    return data
+
+
+def _split_list(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _op_name(dotted: str) -> str:
+    """``aten.native_layer_norm`` -> ``aten::native_layer_norm``."""
+    ns, _, op = dotted.partition(".")
+    return f"{ns}::{op}" if op else dotted
+
+
+def _unique(items) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _name_matches(name: str, profiler_name: str, gpu_symbol) -> bool:
+    if name == profiler_name:
+        return True
+    if not isinstance(gpu_symbol, str):
+        return False
+    return name == gpu_symbol or (gpu_symbol == "triton_" and bool(_OLD_TRITON_SYMBOL_RE.match(name)))
+
+
+def _empty_fusion_map() -> pd.DataFrame:
+    dtypes = {"call_index": "int64", "debug_handle": "Int64", "fused_ops": object, "source_nodes": object,
+              "post_grad_nodes": object}
+    return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, "str")) for c in FUSION_MAP_COLUMNS})

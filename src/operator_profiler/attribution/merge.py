@@ -1,0 +1,154 @@
+"""One attribution record per kernel, merging the paths that had data.
+
+Precedence for ``operator`` (documented in DESIGN.md §3): the correlation path (a) names the
+operator when a dispatcher op encloses the launch; NVTX (b) comes next; a kernel that no ATen op
+encloses but that the Inductor fusion map (c) knows (a fused Triton/C++ kernel) gets the operator
+label of its fused ATen ops. The fusion map always fills ``fused_ops``/``source_nodes`` when it has
+the kernel's call site. ``layer``/``layer_class`` come from the layer classification; ``module`` is
+the layer instance's module path (for backward kernels: the layer of their forward op).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from . import inductor
+from .correlation import OpStack, enclosing_ops
+
+# Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
+VIEW_OPS = frozenset(
+    "aten::" + op
+    for op in (
+        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "split", "split_with_sizes",
+        "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "clone", "_to_copy",
+        "contiguous", "unbind", "cat",
+    )
+)
+
+
+def fused_operator_label(fused_ops: list[str]) -> str | None:
+    """``["aten::add", "aten::native_layer_norm", "aten::view"]`` -> ``"aten::add+aten::native_layer_norm"``."""
+    if not fused_ops:
+        return None
+    compute = [op for op in fused_ops if op not in VIEW_OPS] or list(fused_ops)
+    return "+".join(sorted(compute))
+
+
+def _region_call_sites(kernels: pd.DataFrame, stacks: dict[int, OpStack], fusion_map: pd.DataFrame) -> tuple[dict[int, dict], dict[int, str]]:
+    """kernel_id -> fusion-map row for kernels inside a compiled-graph region whose kernel
+    sequence matches one graph's call sites; kernel_id -> reason for those that do not."""
+    rows: dict[int, dict] = {}
+    reasons: dict[int, str] = {}
+    by_region: dict[int, list[tuple[int, str]]] = {}
+    for k in kernels.itertuples(index=False):
+        region = stacks[int(k.kernel_id)].compiled_region
+        if region is not None:
+            by_region.setdefault(region, []).append((int(k.kernel_id), k.name))
+    for region, members in by_region.items():
+        names = [name for _, name in members]
+        match = inductor.match_region(names, fusion_map) if len(fusion_map) else None
+        if match is None:
+            for kid, _ in members:
+                reasons[kid] = "no_fusion_map" if not len(fusion_map) else "fusion_map_mismatch"
+            continue
+        graph, call_indexes = match
+        graph_rows = fusion_map[fusion_map["graph"] == graph].set_index("call_index")
+        for (kid, _), call_index in zip(members, call_indexes):
+            row = graph_rows.loc[call_index].to_dict()
+            row["call_index"] = int(call_index)
+            rows[kid] = row
+    return rows, reasons
+
+
+def _layer_of_range(ranges: pd.DataFrame) -> dict[int, str | None]:
+    """range id -> module path of the nearest enclosing layer range (itself included)."""
+    layer_of: dict[int, str | None] = {}
+    ordered = ranges.sort_values("depth", kind="stable")  # parents before children
+    for rid, parent, own in zip(ordered["range_id"], ordered["parent_id"], ordered["layer"]):
+        inherited = None if pd.isna(parent) else layer_of.get(int(parent))
+        layer_of[int(rid)] = own if own is not None else inherited
+    return layer_of
+
+
+def attribute(
+    kernels: pd.DataFrame,
+    ranges: pd.DataFrame,
+    kernel_layers: pd.DataFrame,
+    fusion_map: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Attribute every kernel of a Kineto timeline (paths a and c).
+
+    Args:
+        kernels, ranges: timeline tables (DESIGN.md §3).
+        kernel_layers: ``kernel_id, layer, layer_class, position`` from
+            :func:`operator_profiler.layers.classify_layers`.
+        fusion_map: :func:`operator_profiler.attribution.inductor.load_fusion_map` output, or None.
+
+    Returns:
+        The ATTRIBUTION columns of :mod:`operator_profiler.tables` plus ``operator_range_id`` (the
+        op instance, to count calls), ``duration_ns`` and ``iteration``. Unattributed kernels have
+        ``path == "unattributed"``, ``operator`` null and a machine-readable ``reason``.
+    """
+    fusion_map = fusion_map if fusion_map is not None else pd.DataFrame()
+    stacks = enclosing_ops(kernels, ranges)
+    call_sites, region_reasons = _region_call_sites(kernels, stacks, fusion_map)
+    range_layer = _layer_of_range(ranges)
+    names = ranges.set_index("range_id")["name"].to_dict()
+    layers = kernel_layers.set_index("kernel_id")
+
+    records = []
+    for k in kernels.itertuples(index=False):
+        kid = int(k.kernel_id)
+        found = stacks[kid]
+        site = call_sites.get(kid)
+        evidence: dict = {
+            "correlation": {
+                "stack": [names[r] for r in found.stack],
+                "operator": found.operator,
+                **({"reason": found.reason} if found.reason else {}),
+            }
+        }
+        operator, path, reason = found.operator, "correlation" if found.operator else "unattributed", found.reason
+        fused_ops: list[str] = []
+        source_nodes: list[str] = []
+        if site is not None:
+            fused_ops, source_nodes = list(site["fused_ops"]), list(site["source_nodes"])
+            evidence["inductor"] = {
+                "graph": site["graph"], "call_index": site["call_index"], "kernel": site["kernel"],
+                "kind": site["kind"], "fused_ops": fused_ops, "origin": site["origin"],
+            }
+            if operator is None:
+                operator = fused_operator_label(fused_ops)
+                path = "inductor" if operator else "unattributed"
+                reason = None if operator else "fusion_map_without_ops"
+        elif found.compiled_region is not None and operator is None:
+            reason = region_reasons.get(kid, reason)
+        layer = layers.at[kid, "layer"] if kid in layers.index else None
+        module = layer
+        if module is None and found.forward_range_id is not None:
+            module = range_layer.get(found.forward_range_id)
+        records.append(
+            {
+                "kernel_id": kid,
+                "operator": operator,
+                "forward_operator": found.forward_operator,
+                "module": module,
+                "layer": layer,
+                "layer_class": layers.at[kid, "layer_class"] if kid in layers.index else None,
+                "path": path,
+                "fused_ops": fused_ops,
+                "source_nodes": source_nodes,
+                "reason": reason if path == "unattributed" else None,
+                "evidence": json.dumps(evidence, sort_keys=True),
+                "operator_range_id": found.operator_range_id,
+                "duration_ns": int(k.duration_ns),
+                "iteration": k.iteration,
+                "name": k.name,
+            }
+        )
+    out = pd.DataFrame.from_records(records)
+    out["operator_range_id"] = pd.array(out["operator_range_id"], dtype="Int64")
+    out["iteration"] = pd.array(out["iteration"], dtype="Int64")
+    return out

@@ -1,0 +1,153 @@
+"""``opprof``: every pipeline stage on files, outside Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import stages
+from .errors import USER_ERRORS
+
+
+def _cmd_validate_config(args) -> None:
+    from .config import load_config
+
+    print(json.dumps(load_config(args.config), indent=1, sort_keys=True))
+
+
+def _cmd_capture(args) -> None:
+    from .config import load_config
+    from .harness import resolve_device
+
+    config = load_config(args.config)
+    workloads = config["workloads"]
+    if args.workload not in workloads:
+        from .config import ConfigError
+
+        raise ConfigError(f"workload {args.workload!r} is not defined in {args.config} (have: {sorted(workloads)})")
+    out = Path(args.out)
+    stages.capture_timeline(args.workload, workloads[args.workload], config["harness"],
+                            resolve_device(config["device"]), "torch", out / "timeline.kineto.json.gz",
+                            out / "run.json", out / "layers.json", out / "clocks_applied.json")
+    print(f"wrote {out}/timeline.kineto.json.gz, run.json, layers.json")
+
+
+def _cmd_timeline(args) -> None:
+    source = args.kineto or args.nsys
+    timeline = stages.export_timeline(Path(source), Path(args.out))
+    print(f"{len(timeline.kernels)} kernels, {len(timeline.launches)} launches, {len(timeline.ranges)} ranges -> {args.out}")
+
+
+def _cmd_fusion_map(args) -> None:
+    fusion = stages.build_fusion_map(Path(args.inductor_dir), Path(args.out))
+    print(f"{len(fusion)} call sites in {fusion['graph'].nunique() if len(fusion) else 0} graphs -> {args.out}")
+
+
+def _cmd_classify(args) -> None:
+    out = Path(args.out)
+    classes = stages.classify(Path(args.timeline), Path(args.layers), out / "instances.parquet",
+                              out / "kernel_layers.parquet", out / "classes.json", out / "classes")
+    for name, entry in classes.items():
+        print(f"{name}: {len(entry['instances'])} instance(s), {entry['kernel_count']} kernels each")
+
+
+def _cmd_attribute(args) -> None:
+    fusion = None
+    if args.inductor_dir:
+        fusion = Path(args.out).with_name("fusion_map.parquet")
+        stages.build_fusion_map(Path(args.inductor_dir), fusion)
+    result = stages.attribute_files(Path(args.timeline), Path(args.kernel_layers) if args.kernel_layers else None,
+                                    Path(args.fusion_map) if args.fusion_map else fusion, Path(args.out))
+    attributed = (result["path"] != "unattributed").sum()
+    print(f"{attributed} of {len(result)} kernels attributed -> {args.out}")
+
+
+def _cmd_aggregate(args) -> None:
+    out = Path(args.out)
+    stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes), Path(args.run),
+                           {"per_iteration": not args.totals}, out / "operators.parquet", out / "operators.csv",
+                           out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json")
+    print(f"wrote operators.csv, modules.parquet, layer_classes.parquet, coverage.json in {out}")
+
+
+def _cmd_report(args) -> None:
+    d = Path(args.results)
+    stages.report_files(args.workload or d.name, Path(args.run), d / "coverage.json", d / "operators.parquet",
+                        d / "modules.parquet", d / "layer_classes.parquet", {"top_operators": args.top},
+                        Path(args.out))
+    print(f"wrote {args.out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opprof", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate-config", help="validate a config file and print it with defaults")
+    s.add_argument("config", type=Path)
+    s.set_defaults(func=_cmd_validate_config)
+
+    s = sub.add_parser("capture", help="run one workload of a config under torch.profiler")
+    s.add_argument("--config", type=Path, default=Path("config/config.yaml"))
+    s.add_argument("--workload", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_capture)
+
+    s = sub.add_parser("timeline", help="trace -> kernels/launches/ranges parquet tables")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--kineto", help="torch.profiler Chrome trace (.json or .json.gz)")
+    src.add_argument("--nsys", help="Nsight Systems export (.sqlite or .nsys-rep)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_timeline)
+
+    s = sub.add_parser("fusion-map", help="Inductor debug directory -> fusion map parquet")
+    s.add_argument("--inductor-dir", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_fusion_map)
+
+    s = sub.add_parser("classify", help="layer instances and classes from a timeline")
+    s.add_argument("--timeline", required=True)
+    s.add_argument("--layers", required=True, help="layers.json written by the capture")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_classify)
+
+    s = sub.add_parser("attribute", help="one attribution record per kernel")
+    s.add_argument("--timeline", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--kernel-layers", help="kernel_layers.parquet from 'opprof classify'")
+    s.add_argument("--fusion-map", help="fusion_map.parquet from 'opprof fusion-map'")
+    s.add_argument("--inductor-dir", help="Inductor debug directory (builds the fusion map)")
+    s.set_defaults(func=_cmd_attribute)
+
+    s = sub.add_parser("aggregate", help="operators, modules, layer classes, coverage")
+    s.add_argument("--attribution", required=True)
+    s.add_argument("--instances", required=True)
+    s.add_argument("--classes", required=True, help="classes.json from 'opprof classify'")
+    s.add_argument("--run", required=True, help="run.json of the capture")
+    s.add_argument("--totals", action="store_true", help="do not divide by the number of iterations")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_aggregate)
+
+    s = sub.add_parser("report", help="Markdown report from aggregated results")
+    s.add_argument("--results", required=True, help="folder with operators.parquet, coverage.json ...")
+    s.add_argument("--run", required=True)
+    s.add_argument("--workload")
+    s.add_argument("--top", type=int, default=20)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except USER_ERRORS as exc:
+        print(f"opprof {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

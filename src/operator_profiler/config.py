@@ -1,0 +1,99 @@
+"""Load and validate the workflow config against ``schemas/config.schema.yaml`` (draft 2020-12).
+
+Defaults from the schema are filled in first (also inside ``if``/``then`` branches, which is how the
+per-kind workload sizes get theirs), then the result is validated. Errors name the key, the file and
+the fix, in one paragraph.
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+
+class ConfigError(ValueError):
+    """The config is invalid; the message names the key and how to fix it."""
+
+
+def load_schema() -> dict:
+    text = resources.files("operator_profiler").joinpath("schemas/config.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    ref = schema.get("$ref")
+    if ref and ref.startswith("#/"):
+        node = root
+        for part in ref[2:].split("/"):
+            node = node[part]
+        return node
+    return schema
+
+
+def fill_defaults(instance, schema: dict, root: dict | None = None):
+    """Fill ``default`` values of ``schema`` into ``instance`` (in place) and return it."""
+    root = root or schema
+    schema = _resolve(schema, root)
+    if not isinstance(instance, dict):
+        return instance
+    for key, sub in schema.get("properties", {}).items():
+        sub = _resolve(sub, root)
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            fill_defaults(instance[key], sub, root)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in list(instance):
+            if key not in schema.get("properties", {}):
+                fill_defaults(instance[key], extra, root)
+    for branch in schema.get("allOf", []):
+        condition = branch.get("if")
+        if condition is not None and jsonschema.Draft202012Validator(condition).is_valid(instance):
+            fill_defaults(instance, branch.get("then", {}), root)
+    return instance
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    return f"at '{where}': {error.message}"
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Return a validated copy of ``config`` with defaults filled.
+
+    Raises:
+        ConfigError: unknown key, wrong type or value; the message gives the key path (e.g.
+            ``workloads.gpt2.n_layr``), what is wrong, and the fix.
+    """
+    schema = load_schema()
+    filled = fill_defaults(copy.deepcopy(config or {}), schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), e.message))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        details = "; ".join(_describe(e) for e in errors[:5])
+        raise ConfigError(
+            f"invalid configuration in {source} {_describe(best)}. All problems: {details}. "
+            "Fix the key in the config file (or the --config override); the accepted keys, types "
+            "and defaults are listed in workflow/schemas/config.schema.yaml and the README."
+        )
+    return filled
+
+
+def load_config(path: Path) -> dict:
+    """Read a YAML config file and validate it.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or invalid content.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    return validate_config(raw, str(path))

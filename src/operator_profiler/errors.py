@@ -1,0 +1,39 @@
+"""User errors: reported as one paragraph and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from typing import Callable
+
+from .attribution.inductor import InductorArtifactError
+from .config import ConfigError
+from .stages import GpuStageUnavailable
+from .timeline.kineto import TimelineError
+from .workloads import WorkloadError
+
+USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
+               FileNotFoundError)
+
+
+def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
+    """Run one Snakemake rule's work with its stderr and logging in ``log_path``.
+
+    A user error ends the log with one ``FAILED: <what>`` line and exits 1 (no traceback); any other
+    exception keeps its traceback in the log (a bug to report) and also ends with a FAILED line.
+    """
+    with open(log_path, "w", buffering=1) as log:
+        sys.stderr = log
+        logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(message)s", force=True)
+        try:
+            func(*args, **kwargs)
+        except USER_ERRORS as exc:
+            print(f"FAILED: {exc}", file=log)
+            sys.exit(1)
+        except Exception as exc:  # a bug: keep the traceback for the report
+            traceback.print_exc(file=log)
+            print(f"FAILED: internal error {type(exc).__name__}: {exc}", file=log)
+            sys.exit(1)
+        finally:
+            sys.stderr = sys.__stderr__

@@ -1,0 +1,307 @@
+"""The process every capture runs: build the workload, warm up, run N measured iterations.
+
+Each measured iteration sits inside an *iteration range* and every layer instance's forward inside a
+*layer range*, emitted both as ``torch.profiler.record_function`` (Kineto sees them) and, on CUDA, as
+NVTX push/pop ranges in our own domain (nsys and ncu see them). Range names:
+
+- iteration: ``opprof.iteration:<i>``
+- layer:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
+
+Compiled workloads use *regional compilation* (each layer instance's ``forward`` is compiled; a model
+without layers is compiled whole): Dynamo ignores ``record_function`` inside a compiled region
+("Profiler record function ... will be ignored", measured with torch 2.13), so layer ranges must sit
+outside compiled code. Identical layers share one compiled graph (one Inductor compile for N blocks),
+and no fused kernel straddles two layers, which is what layer classes need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from . import workloads
+
+NVTX_DOMAIN = "opprof"
+ITERATION_PREFIX = "opprof.iteration:"
+LAYER_PREFIX = "opprof.layer:"
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cpu``/``cuda`` pass through.
+
+    Raises:
+        RuntimeError: ``cuda`` requested on a machine where torch sees no CUDA GPU.
+    """
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "device 'cuda' needs a CUDA GPU, and torch sees none on this machine "
+            f"(torch {torch.__version__}); set device: auto or cpu in the config"
+        )
+    return requested
+
+
+class _RangeEmitter:
+    """Push/pop named ranges to the torch profiler and, on CUDA, to NVTX in our domain."""
+
+    def __init__(self, use_nvtx: bool):
+        self.nvtx_backend = "none"
+        self._nvtx_push: Callable[[str], None] | None = None
+        self._nvtx_pop: Callable[[], None] | None = None
+        if use_nvtx:
+            try:  # NVIDIA's nvtx package supports domains; torch.cuda.nvtx only the default domain
+                import nvtx  # type: ignore[import-not-found]
+
+                self._nvtx_push = lambda name: nvtx.push_range(name, domain=NVTX_DOMAIN)
+                self._nvtx_pop = lambda: nvtx.pop_range(domain=NVTX_DOMAIN)
+                self.nvtx_backend = f"nvtx (domain {NVTX_DOMAIN})"
+            except ImportError:
+                self._nvtx_push = torch.cuda.nvtx.range_push
+                self._nvtx_pop = torch.cuda.nvtx.range_pop
+                self.nvtx_backend = "torch.cuda.nvtx (default domain)"
+        self._open: list[torch.autograd.profiler.record_function] = []
+
+    def push(self, name: str) -> None:
+        if self._nvtx_push:
+            self._nvtx_push(name)
+        rf = torch.autograd.profiler.record_function(name)
+        rf.__enter__()
+        self._open.append(rf)
+
+    def pop(self) -> None:
+        self._open.pop().__exit__(None, None, None)
+        if self._nvtx_pop:
+            self._nvtx_pop()
+
+    @contextlib.contextmanager
+    def range(self, name: str) -> Iterator[None]:
+        self.push(name)
+        try:
+            yield
+        finally:
+            self.pop()
+
+
+def _seed_everything(seed: int, device: str) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    # warn_only: some kernels (e.g. index backward on CUDA) have no deterministic variant;
+    # the invocation order, which matching needs, stays identical either way.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False  # autotuning would change the kernel sequence per run
+    torch.backends.cudnn.deterministic = True
+    if device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def _configure_inductor(debug_dir: Path | None, device: str) -> None:
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    if device == "cpu":
+        # C++ kernels are invisible to the profiler without this (kineto-and-inductor.md §3.1).
+        inductor_config.cpp.enable_kernel_profile = True
+    if debug_dir is not None:
+        debug_dir.mkdir(parents=True, exist_ok=True)
+        dynamo_config.debug_dir_root = str(debug_dir)
+        inductor_config.trace.enabled = True
+        inductor_config.trace.provenance_tracking_level = 1
+        # A cache hit skips code generation and with it the debug artifacts.
+        inductor_config.fx_graph_cache = False
+        inductor_config.fx_graph_remote_cache = False
+    # N identical layers compile once, but guards may still be checked per instance.
+    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+
+
+def _install_layer_ranges(
+    model: torch.nn.Module, layers: list[workloads.LayerInstance], emitter: _RangeEmitter
+) -> None:
+    modules = dict(model.named_modules())
+    for layer in layers:
+        module = modules[layer.path]
+        name = LAYER_PREFIX + layer.path
+        module.register_forward_pre_hook(lambda _m, _a, _n=name: emitter.push(_n))
+        module.register_forward_hook(lambda _m, _a, _o: emitter.pop())
+
+
+def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], options: dict) -> None:
+    """Regional compilation: compile each layer instance's forward (hooks stay eager)."""
+    modules = dict(model.named_modules())
+    if layers:
+        for layer in layers:
+            module = modules[layer.path]
+            module.forward = torch.compile(module.forward, **options)
+    else:
+        model.forward = torch.compile(model.forward, **options)
+
+
+def _versions(device: str) -> dict:
+    info = {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "cuda_runtime": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "device": device,
+        "device_name": None,
+        "driver": None,
+    }
+    if device == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(0)
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, check=False,
+            )
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+    return info
+
+
+def run_capture(
+    workload: dict,
+    harness: dict,
+    device: str,
+    trace_path: Path | None,
+    layers_path: Path,
+    run_path: Path,
+    inductor_dir: Path | None = None,
+    profiler: str = "torch",
+) -> dict:
+    """Build the workload and run warm-up + measured iterations, recording what was run.
+
+    Args:
+        workload: the workload's config slice (``kind``, sizes, ``compile``, ``mode``).
+        harness: ``{"seed", "warmup", "iterations"}``.
+        device: ``cpu`` or ``cuda`` (already resolved).
+        trace_path: where to write the gzipped Kineto trace (``profiler == "torch"``).
+        layers_path: ``layers.json``: ``[{"path", "class", "param_shapes"}]`` in execution order.
+        run_path: ``run.json``: versions, device, config slice, timings, NVTX backend.
+        inductor_dir: TORCH_COMPILE_DEBUG root for compiled workloads (debug artifacts + provenance).
+        profiler: ``torch`` (torch.profiler around the measured iterations),
+            ``cuda_profiler_api`` (cudaProfilerStart/Stop, for nsys ``--capture-range=cudaProfilerApi``)
+            or ``none`` (no profiler: a compile-only run).
+
+    Returns:
+        The ``run.json`` content.
+
+    Raises:
+        workloads.WorkloadError: the workload cannot be built or its forward raises.
+    """
+    layers_path, run_path = Path(layers_path), Path(run_path)
+    trace_path = Path(trace_path) if trace_path is not None else None
+    inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
+    _seed_everything(harness["seed"], device)
+    compiled = bool(workload.get("compile", False))
+    if compiled:
+        _configure_inductor(inductor_dir, device)
+    dev = torch.device(device)
+    model, inputs = workloads.build_workload(workload, dev)
+    train = workload.get("mode", "inference") == "train"
+    model.train(train)
+    layers = workloads.find_layers(model)
+
+    emitter = _RangeEmitter(use_nvtx=device == "cuda")
+    _install_layer_ranges(model, layers, emitter)
+    if compiled:
+        _compile(model, layers, {"backend": "inductor"})
+
+    def step() -> None:
+        if train:
+            model.zero_grad(set_to_none=True)
+            model(*inputs).float().square().mean().backward()
+        else:
+            with torch.no_grad():
+                model(*inputs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def run_step(what: str) -> None:
+        try:
+            step()
+        except workloads.WorkloadError:
+            raise
+        except Exception as exc:  # the model's own code failed: a user error, reported in one line
+            raise workloads.WorkloadError(
+                f"workload {workload.get('kind')!r} raised {type(exc).__name__} during {what}: {exc}"
+            ) from exc
+
+    t0 = time.perf_counter()
+    for _ in range(harness["warmup"]):  # compile + autotune happen here, outside the window
+        run_step("warm-up")
+    warmup_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if profiler == "torch":
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            for i in range(harness["iterations"]):
+                with emitter.range(f"{ITERATION_PREFIX}{i}"):
+                    run_step(f"measured iteration {i}")
+        assert trace_path is not None
+        _export_gzipped_trace(prof, trace_path)
+    elif profiler == "cuda_profiler_api":
+        torch.cuda.profiler.start()
+        try:
+            for i in range(harness["iterations"]):
+                with emitter.range(f"{ITERATION_PREFIX}{i}"):
+                    run_step(f"measured iteration {i}")
+        finally:
+            torch.cuda.profiler.stop()
+    elif profiler == "none":  # e.g. compile_artifacts: only the compilation matters
+        for i in range(harness["iterations"]):
+            with emitter.range(f"{ITERATION_PREFIX}{i}"):
+                run_step(f"measured iteration {i}")
+    else:
+        raise ValueError(f"unknown profiler {profiler!r}")
+    measured_s = time.perf_counter() - t0
+
+    layers_path.parent.mkdir(parents=True, exist_ok=True)
+    layers_path.write_text(
+        json.dumps(
+            [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes} for l in layers],
+            indent=1,
+        )
+        + "\n"
+    )
+    run = {
+        "versions": _versions(device),
+        "workload": workload,
+        "harness": harness,
+        "compiled": compiled,
+        "compile_mode": ("regional" if layers else "whole_model") if compiled else None,
+        "mode": "train" if train else "inference",
+        "layers": len(layers),
+        "nvtx": emitter.nvtx_backend,
+        "profiler": profiler,
+        "warmup_s": round(warmup_s, 3),
+        "measured_s": round(measured_s, 3),
+    }
+    run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    return run
+
+
+def _export_gzipped_trace(prof, trace_path: Path) -> None:
+    import gzip
+
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    raw = trace_path.with_name(trace_path.name + ".tmp.json")
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(trace_path, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()

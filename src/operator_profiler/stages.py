@@ -1,0 +1,180 @@
+"""File-level stage runners: read a stage's input files, call the library, write its outputs.
+
+The Snakemake scripts and the ``opprof`` CLI both call these, so a stage behaves the same inside and
+outside the workflow. Every writer is atomic (temp file + rename) so a failing stage leaves no
+partial output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from . import aggregate as agg
+from . import layers as layer_classes
+from . import report as report_md
+from . import tables
+from .attribution import inductor
+from .attribution.merge import attribute
+from .timeline import kineto
+
+
+class GpuStageUnavailable(RuntimeError):
+    """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------------- capture
+
+
+def select_clocks(config: dict, device: str, out: Path) -> None:
+    """``clocks/target.json``: what to lock. On CPU there is nothing to lock (policy ``none``)."""
+    if device == "cpu":
+        write_json(out, {"policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock",
+                         "sm_mhz": None, "mem_mhz": None, "gpu": None})
+        return
+    raise GpuStageUnavailable(
+        "select_clocks on device cuda needs a CUDA GPU and the clock-locking stage (issue #6, not built yet); "
+        "run with device: cpu (or auto on a machine without a GPU)"
+    )
+
+
+def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, device: str, timeline_tool: str,
+                     out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path) -> None:
+    """Run the harness under torch.profiler (CPU, or CUDA with ``timeline: torch``)."""
+    from . import harness
+
+    if device == "cuda" and timeline_tool == "nsys":
+        raise GpuStageUnavailable(
+            "capture_timeline with nsys needs a CUDA GPU and the nsys capture stage (issue #6, not built yet); "
+            "set timeline: torch or device: cpu"
+        )
+    out_trace = Path(out_trace)
+    tmp_trace = Path(str(out_trace) + ".partial.gz")
+    run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run)
+    os.replace(tmp_trace, out_trace)
+    write_json(out_clocks, {"locked": False, "device": device,
+                            "reason": "CPU run: no GPU clocks" if device == "cpu" else "clock locking not built yet (issue #6)",
+                            "workload": workload_name, "measured_s": run["measured_s"]})
+
+
+def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: Path) -> None:
+    """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
+    (``output_code.py``, FX graphs, provenance JSON) under ``out_dir``. One warm-up + one iteration,
+    same seed and shapes as the capture, so kernel names and call sites are the capture's."""
+    from . import harness
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    short = dict(harness_cfg, warmup=1, iterations=1)
+    harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
+                        inductor_dir=tmp, profiler="none")
+    if not inductor.find_graph_dirs(tmp):
+        raise RuntimeError(f"torch.compile wrote no Inductor debug directory under {tmp}; is the workload compiled?")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+
+
+def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
+    fusion = inductor.load_fusion_map(Path(debug_dir))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    fusion.to_parquet(tmp, index=False)
+    os.replace(tmp, out)
+    return fusion
+
+
+# ------------------------------------------------------------------------------------ analysis
+
+
+def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
+    """Kineto trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``."""
+    trace = Path(trace)
+    if trace.suffix in (".nsys-rep", ".sqlite"):
+        raise GpuStageUnavailable(
+            f"{trace}: reading Nsight Systems exports is not built yet (issue #3); use a torch.profiler trace"
+        )
+    timeline = kineto.read_kineto(trace)
+    kineto.write_timeline(timeline, out_dir)
+    return timeline
+
+
+def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_kernel_layers: Path,
+             out_summary: Path, out_classes_dir: Path) -> dict[str, dict]:
+    """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class."""
+    timeline_dir = Path(timeline_dir)
+    kernels = tables.read_table(timeline_dir / "kernels.parquet")
+    ranges = tables.read_table(timeline_dir / "ranges.parquet")
+    layers = json.loads(Path(layers_json).read_text())
+    kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers)
+    for df, path in ((instances, out_instances), (kernel_layers, out_kernel_layers)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        df.to_parquet(str(path) + ".tmp", index=False)
+        os.replace(str(path) + ".tmp", path)
+    write_json(out_summary, classes)
+    layer_classes.write_classes(classes, out_classes_dir)
+    return classes
+
+
+def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | None, out: Path) -> pd.DataFrame:
+    """Attribution of every kernel of a Kineto timeline (paths a and c) -> ``attribution/kernels.parquet``."""
+    timeline_dir = Path(timeline_dir)
+    kernels = tables.read_table(timeline_dir / "kernels.parquet")
+    ranges = tables.read_table(timeline_dir / "ranges.parquet")
+    if kernel_layers is not None:
+        kl = pd.read_parquet(kernel_layers)
+    else:
+        kl, _, _ = layer_classes.classify_layers(kernels, ranges, [])
+    fusion = pd.read_parquet(fusion_map) if fusion_map is not None else None
+    result = attribute(kernels, ranges, kl, fusion)
+    tables.write_table(result, tables.ATTRIBUTION, out)
+    return result
+
+
+def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, run_path: Path,
+                    options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
+                    out_layer_classes: Path, out_coverage: Path) -> None:
+    attribution = tables.read_table(attribution_path)
+    instances = pd.read_parquet(instances_path)
+    classes = json.loads(Path(classes_path).read_text())
+    run = json.loads(Path(run_path).read_text())
+    operators = agg.operators_table(attribution, run["harness"]["iterations"], options["per_iteration"])
+    for df, path in ((operators, out_operators_parquet), (agg.modules_table(attribution), out_modules),
+                     (agg.layer_classes_table(instances, classes), out_layer_classes)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        df.to_parquet(str(path) + ".tmp", index=False)
+        os.replace(str(path) + ".tmp", path)
+    write_text_atomic(out_operators_csv, operators.to_csv(index=False))
+    write_json(out_coverage, agg.coverage(attribution, counters_collected=False))
+
+
+def report_files(workload: str, run_path: Path, coverage_path: Path, operators_path: Path, modules_path: Path,
+                 layer_classes_path: Path, options: dict, out: Path) -> None:
+    text = report_md.render_markdown(
+        workload,
+        json.loads(Path(run_path).read_text()),
+        json.loads(Path(coverage_path).read_text()),
+        pd.read_parquet(operators_path),
+        pd.read_parquet(modules_path),
+        pd.read_parquet(layer_classes_path),
+        options["top_operators"],
+    )
+    write_text_atomic(out, text)

@@ -1,0 +1,123 @@
+"""The table contract of ``../shared/docs/DESIGN.md`` §3 as explicit pyarrow schemas.
+
+Every stage writes its parquet tables through :func:`write_table`, so a column missing or of the
+wrong type fails at the writer, not three stages later. Times are integer ns, sizes bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+KERNELS = pa.schema(
+    [
+        ("kernel_id", pa.int64()),
+        ("pid", pa.int64()),
+        ("device", pa.int64()),  # CUDA ordinal; -1 for CPU kernels
+        ("stream", pa.int64()),  # CUDA stream id; -1 for CPU kernels
+        ("name", pa.string()),
+        ("mangled_name", pa.string()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("duration_ns", pa.int64()),
+        ("correlation_id", pa.int64()),
+        ("launch_tid", pa.int64()),
+        ("launch_start_ns", pa.int64()),
+        ("launch_end_ns", pa.int64()),
+        ("launch_api", pa.string()),
+        ("grid", pa.string()),
+        ("block", pa.string()),
+        ("graph_id", pa.int64()),
+        ("graph_node_id", pa.int64()),
+        ("match_key", pa.string()),
+        ("occurrence", pa.int64()),
+        ("source", pa.string()),
+        ("iteration", pa.int64()),  # measured iteration whose range encloses the launch, null if none
+    ]
+)
+
+LAUNCHES = pa.schema(
+    [
+        ("launch_id", pa.int64()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("api", pa.string()),
+        ("correlation_id", pa.int64()),
+    ]
+)
+
+RANGES = pa.schema(
+    [
+        ("range_id", pa.int64()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("end_tid", pa.int64()),
+        ("name", pa.string()),
+        ("domain", pa.string()),
+        ("kind", pa.string()),
+        ("depth", pa.int64()),
+        ("parent_id", pa.int64()),
+        ("seq", pa.int64()),
+        ("fwd_thread_id", pa.int64()),  # Kineto "Fwd thread id": 0 forward op, 1 backward node
+        ("layer", pa.string()),
+        ("iteration", pa.int64()),  # index when this is one of our iteration ranges
+    ]
+)
+
+ATTRIBUTION = pa.schema(
+    [
+        ("kernel_id", pa.int64()),
+        ("operator", pa.string()),
+        ("forward_operator", pa.string()),
+        ("module", pa.string()),
+        ("layer", pa.string()),
+        ("layer_class", pa.string()),
+        ("path", pa.string()),
+        ("fused_ops", pa.list_(pa.string())),
+        ("source_nodes", pa.list_(pa.string())),
+        ("reason", pa.string()),
+        ("evidence", pa.string()),  # JSON object: {path: what that path said}
+    ]
+)
+
+
+def empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    return schema.empty_table().to_pandas()
+
+
+def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
+    """Select and cast the contract columns of ``df``; extra columns are kept after them.
+
+    Raises:
+        KeyError: a contract column is missing (a bug in the stage that built ``df``).
+    """
+    missing = [f.name for f in schema if f.name not in df.columns]
+    if missing:
+        raise KeyError(f"table is missing contract columns {missing}")
+    extra = [c for c in df.columns if c not in schema.names]
+    table = pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
+    for col in extra:
+        table = table.append_column(col, pa.Array.from_pandas(df[col]))
+    return table
+
+
+def write_table(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
+    """Write ``df`` as parquet with ``schema``; atomic (temp file + rename), so no partial output."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(to_arrow(df, schema), tmp)
+    os.replace(tmp, path)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Read a parquet table with nullable integer columns (``Int64``) kept nullable."""
+    return pq.read_table(path).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)

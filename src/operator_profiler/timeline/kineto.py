@@ -1,0 +1,302 @@
+"""torch.profiler (Kineto Chrome trace) -> the timeline tables of DESIGN.md §3.
+
+Format facts from ``../shared/docs/kineto-and-inductor.md`` §1 (sources: kineto ``output_json.cpp``):
+``ts``/``dur`` are µs, relative to ``baseTimeNanoseconds`` since 2024-05 (absolute epoch µs before);
+GPU events have ``pid`` = device and ``tid`` = stream; a kernel joins its launch (``cuda_runtime`` or
+``cuda_driver``) by ``args.correlation``.
+
+On a CPU-only trace there are no GPU kernels. The *kernels* are then the CPU compute calls of the
+measured iterations: every Inductor C++ kernel (``graph_<n>_cpp_*``, visible with
+``cpp.enable_kernel_profile``) and every dispatcher operator (``aten::addmm``, ``aten::mm`` ...) that is
+not nested inside another such call on its thread. Nested calls (``aten::addmm`` > ``aten::copy_``) are
+part of their parent's time, so each CPU-nanosecond is counted once. A CPU kernel is its own launch
+(``launch_*`` = its own interval on its thread, ``launch_api`` = ``cpu``); framework markers
+(``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd engine wrappers) stay ranges.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import harness, tables
+
+
+class TimelineError(ValueError):
+    """The trace file is not a readable Kineto trace; the message names the file and the field."""
+
+
+@dataclass
+class Timeline:
+    kernels: pd.DataFrame
+    launches: pd.DataFrame
+    ranges: pd.DataFrame
+
+
+RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "python_function": "python_function"}
+LAUNCH_CATEGORIES = {"cuda_runtime", "cuda_driver", "Runtime"}
+KERNEL_CATEGORIES = {"kernel", "Kernel"}
+# A dispatcher operator: exactly one "ns::name" (aten::addmm, prims::add, quantized::linear).
+# Autograd nodes ("torch::autograd::AccumulateGrad", "autograd::engine::evaluate_function: X")
+# do not match: they are wrappers whose work is the operators inside them.
+DISPATCHER_OP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z0-9_.]+$")
+INDUCTOR_CPP_KERNEL = re.compile(r"^graph_\d+_cpp_")
+_THOUSAND = Decimal(1000)
+
+
+def _to_ns(value) -> int:
+    """µs (int, or Decimal from the exact float parse) -> integer ns, no float drift."""
+    if isinstance(value, int):
+        return value * 1000
+    return int((Decimal(value) * _THOUSAND).to_integral_value(ROUND_HALF_EVEN))
+
+
+def load_trace(path: Path) -> dict:
+    """Parse a ``.json`` or ``.json.gz`` Kineto trace; floats are parsed exactly (``Decimal``).
+
+    Raises:
+        TimelineError: unreadable file, invalid JSON, or no ``traceEvents`` list.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            trace = json.load(fh, parse_float=Decimal)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TimelineError(
+            f"{path}: not a readable torch.profiler (Kineto) trace ({exc}); "
+            "pass the file written by prof.export_chrome_trace(...), optionally gzipped"
+        ) from None
+    if isinstance(trace, list):  # the bare-array form of the Chrome trace format
+        trace = {"traceEvents": trace}
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise TimelineError(f"{path}: no 'traceEvents' list at the top level; not a Kineto trace")
+    return trace
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _xyz(value) -> str | None:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(int(v)) for v in value)
+    return None
+
+
+def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``depth`` and ``parent_id`` by time nesting per (pid, tid) (complete events nest)."""
+    ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
+    depth = np.zeros(len(ranges), dtype=np.int64)
+    parent = np.full(len(ranges), -1, dtype=np.int64)
+    pids, tids = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
+    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
+    stack: list[int] = []  # positions
+    prev_thread = None
+    for i in range(len(ranges)):
+        thread = (pids[i], tids[i])
+        if thread != prev_thread:
+            stack.clear()
+            prev_thread = thread
+        while stack and ends[stack[-1]] <= starts[i]:
+            stack.pop()
+        # A child never outlives its parent in a well-formed trace; a straddling event is
+        # treated as a sibling rather than silently re-parenting later events.
+        while stack and ends[i] > ends[stack[-1]]:
+            stack.pop()
+        depth[i] = len(stack)
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    ranges = ranges.reset_index(drop=True)
+    ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
+    ranges["depth"] = depth
+    ranges["parent_id"] = pd.array([p if p >= 0 else None for p in parent], dtype="Int64")
+    return ranges
+
+
+def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Outermost dispatcher operators and Inductor C++ kernels (see module docstring)."""
+    is_call = (ranges["kind"] == "cpu_op") & (
+        ranges["name"].str.match(DISPATCHER_OP) | ranges["name"].str.match(INDUCTOR_CPP_KERNEL)
+    )
+    calls = is_call.to_numpy()
+    parent = ranges["parent_id"].fillna(-1).astype(np.int64).to_numpy()
+    inside_call = np.zeros(len(ranges), dtype=bool)
+    # ranges are in pre-order (sorted by start within a thread), so a parent is visited first.
+    for i in range(len(ranges)):
+        p = parent[i]
+        if p >= 0:
+            inside_call[i] = inside_call[p] or calls[p]
+    chosen = ranges[calls & ~inside_call]
+    return pd.DataFrame(
+        {
+            "pid": chosen["pid"].to_numpy(),
+            "device": -1,
+            "stream": -1,
+            "name": chosen["name"].to_numpy(),
+            "mangled_name": None,
+            "start_ns": chosen["start_ns"].to_numpy(),
+            "end_ns": chosen["end_ns"].to_numpy(),
+            "correlation_id": pd.array([None] * len(chosen), dtype="Int64"),
+            "launch_tid": chosen["tid"].to_numpy(),
+            "launch_start_ns": chosen["start_ns"].to_numpy(),
+            "launch_end_ns": chosen["end_ns"].to_numpy(),
+            "launch_api": "cpu",
+            "grid": None,
+            "block": None,
+            "graph_id": pd.array([None] * len(chosen), dtype="Int64"),
+            "graph_node_id": pd.array([None] * len(chosen), dtype="Int64"),
+        }
+    )
+
+
+def _gpu_kernels(rows: list[dict], launches: pd.DataFrame) -> pd.DataFrame:
+    kernels = pd.DataFrame(rows)
+    by_corr = launches.drop_duplicates("correlation_id", keep=False).set_index("correlation_id")
+    corr = kernels["correlation_id"]
+    hit = corr.isin(by_corr.index)
+    for col, src in (("launch_pid", "pid"), ("launch_tid", "tid"), ("launch_start_ns", "start_ns"), ("launch_end_ns", "end_ns"), ("launch_api", "api")):
+        values = corr.where(hit).map(by_corr[src]) if len(by_corr) else pd.Series([None] * len(kernels))
+        kernels[col] = values
+    # Kineto writes the device index as a GPU event's pid; the process is the launch's.
+    kernels["pid"] = kernels.pop("launch_pid").fillna(kernels["pid"])
+    for col in ("pid", "launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id"):
+        kernels[col] = pd.array(kernels[col], dtype="Int64")
+    kernels["launch_api"] = kernels["launch_api"].astype(object).where(kernels["launch_api"].notna(), None)
+    return kernels
+
+
+def read_kineto(path: Path) -> Timeline:
+    """Read a torch.profiler Chrome trace (GPU or CPU-only) into the timeline tables.
+
+    Returns:
+        ``Timeline(kernels, launches, ranges)`` with the columns of :mod:`operator_profiler.tables`
+        (KERNELS, LAUNCHES, RANGES); times in integer ns on the trace's clock
+        (``baseTimeNanoseconds + ts``).
+
+    Raises:
+        TimelineError: the file is not a Kineto trace, or an event lacks ``ts``/``dur`` (named with
+            its index in ``traceEvents``).
+    """
+    path = Path(path)
+    trace = load_trace(path)
+    base = int(trace.get("baseTimeNanoseconds") or 0)
+    range_rows: list[dict] = []
+    launch_rows: list[dict] = []
+    kernel_rows: list[dict] = []
+    for index, ev in enumerate(trace["traceEvents"]):
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        cat = ev.get("cat")
+        if cat not in RANGE_CATEGORIES and cat not in LAUNCH_CATEGORIES and cat not in KERNEL_CATEGORIES:
+            continue
+        try:
+            start = base + _to_ns(ev["ts"])
+            end = start + _to_ns(ev["dur"])
+        except (KeyError, TypeError, ArithmeticError):
+            raise TimelineError(
+                f"{path}: traceEvents[{index}] ({ev.get('name')!r}, cat {cat!r}) has no valid ts/dur; "
+                "the trace is truncated or not written by torch.profiler"
+            ) from None
+        args = ev.get("args") or {}
+        pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
+        if cat in RANGE_CATEGORIES:
+            if pid is None or tid is None:
+                continue
+            range_rows.append(
+                {
+                    "pid": pid, "tid": tid, "start_ns": start, "end_ns": end, "name": str(ev.get("name", "")),
+                    "kind": RANGE_CATEGORIES[cat], "seq": _int_or_none(args.get("Sequence number")),
+                    "fwd_thread_id": _int_or_none(args.get("Fwd thread id")), "order": index,
+                }
+            )
+        elif cat in LAUNCH_CATEGORIES:
+            launch_rows.append(
+                {
+                    "pid": pid, "tid": tid, "start_ns": start, "end_ns": end, "api": str(ev.get("name", "")),
+                    "correlation_id": _int_or_none(args.get("correlation")),
+                }
+            )
+        else:
+            kernel_rows.append(
+                {
+                    "pid": pid, "device": _int_or_none(args.get("device", ev.get("pid"))),
+                    "stream": _int_or_none(args.get("stream", ev.get("tid"))), "name": str(ev.get("name", "")),
+                    "mangled_name": None, "start_ns": start, "end_ns": end,
+                    "correlation_id": _int_or_none(args.get("correlation")),
+                    "grid": _xyz(args.get("grid")), "block": _xyz(args.get("block")),
+                    "graph_id": _int_or_none(args.get("graph id")),
+                    "graph_node_id": _int_or_none(args.get("graph node id")),
+                }
+            )
+
+    ranges = pd.DataFrame(range_rows, columns=["pid", "tid", "start_ns", "end_ns", "name", "kind", "seq", "fwd_thread_id", "order"])
+    ranges["seq"] = pd.array(ranges["seq"], dtype="Int64")
+    ranges["fwd_thread_id"] = pd.array(ranges["fwd_thread_id"], dtype="Int64")
+    ranges = _nest(ranges)
+    ranges["end_tid"] = pd.array([None] * len(ranges), dtype="Int64")
+    ranges["domain"] = "torch.profiler"
+    layer = ranges["name"].str.removeprefix(harness.LAYER_PREFIX)
+    ranges["layer"] = layer.where(ranges["name"].str.startswith(harness.LAYER_PREFIX), None)
+    iteration = ranges["name"].str.removeprefix(harness.ITERATION_PREFIX)
+    is_iteration = ranges["name"].str.startswith(harness.ITERATION_PREFIX) & iteration.str.isdigit()
+    ranges["iteration"] = pd.array(
+        [int(v) if ok else None for v, ok in zip(iteration, is_iteration)], dtype="Int64"
+    )
+
+    launches = pd.DataFrame(launch_rows, columns=["pid", "tid", "start_ns", "end_ns", "api", "correlation_id"])
+    launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
+    launches["correlation_id"] = pd.array(launches["correlation_id"], dtype="Int64")
+
+    kernels = _gpu_kernels(kernel_rows, launches) if kernel_rows else _cpu_kernels(ranges)
+    kernels = finish_kernels(kernels, ranges, source="kineto")
+    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"))
+
+
+def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Order kernels by launch, number them, and add duration, match_key, occurrence, iteration."""
+    order_key = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64")
+    kernels = kernels.assign(_order=order_key).sort_values(["_order", "start_ns"], kind="stable")
+    kernels = kernels.drop(columns="_order").reset_index(drop=True)
+    kernels["kernel_id"] = np.arange(len(kernels), dtype=np.int64)
+    kernels["duration_ns"] = (kernels["end_ns"] - kernels["start_ns"]).astype("int64")
+    kernels["match_key"] = kernels["mangled_name"].fillna(kernels["name"])
+    kernels["occurrence"] = kernels.groupby("match_key").cumcount().astype("int64")
+    kernels["source"] = source
+    kernels["iteration"] = _iteration_of(kernels, ranges)
+    return kernels
+
+
+def _iteration_of(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
+    """Index of the iteration range (same process, any thread) enclosing each kernel's launch."""
+    its = ranges[ranges["iteration"].notna()].sort_values("start_ns")
+    result = pd.array([None] * len(kernels), dtype="Int64")
+    if its.empty or kernels.empty:
+        return result
+    t = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
+    starts = its["start_ns"].to_numpy()
+    pos = np.searchsorted(starts, t, side="right") - 1
+    ok = pos >= 0
+    cand = np.where(ok, pos, 0)
+    inside = ok & (t < its["end_ns"].to_numpy()[cand]) & (its["pid"].to_numpy()[cand] == kernels["pid"].to_numpy())
+    values = its["iteration"].to_numpy()[cand]
+    return pd.array([int(v) if hit else None for v, hit in zip(values, inside)], dtype="Int64")
+
+
+def write_timeline(timeline: Timeline, out_dir: Path) -> None:
+    """Write ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` into ``out_dir``."""
+    out_dir = Path(out_dir)
+    tables.write_table(timeline.kernels, tables.KERNELS, out_dir / "kernels.parquet")
+    tables.write_table(timeline.launches, tables.LAUNCHES, out_dir / "launches.parquet")
+    tables.write_table(timeline.ranges, tables.RANGES, out_dir / "ranges.parquet")

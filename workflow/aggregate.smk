@@ -1,0 +1,24 @@
+rule aggregate:
+    input:
+        attribution="results/{workload}/attribution/kernels.parquet",
+        instances="results/{workload}/layers/instances.parquet",
+        classes="results/{workload}/layers/classes.json",
+        run="results/{workload}/capture/run.json",
+        counters=counters_input,
+        lib=LIB / "aggregate.py",
+    output:
+        operators="results/{workload}/operators.parquet",
+        operators_csv="results/{workload}/operators.csv",
+        modules="results/{workload}/modules.parquet",
+        layer_classes="results/{workload}/layer_classes.parquet",
+        coverage="results/{workload}/coverage.json",
+    log:
+        "logs/aggregate/{workload}.log",
+    benchmark:
+        "benchmarks/aggregate/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        options=json.dumps(config["aggregate"], sort_keys=True),
+    script:
+        "../scripts/aggregate.py"

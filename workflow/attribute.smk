@@ -1,0 +1,18 @@
+rule attribute:
+    input:
+        kernels="results/{workload}/timeline/kernels.parquet",
+        ranges="results/{workload}/timeline/ranges.parquet",
+        kernel_layers="results/{workload}/layers/kernel_layers.parquet",
+        fusion_map=fusion_map_input,
+        kineto=kineto_input,
+        lib=[LIB / "attribution" / "correlation.py", LIB / "attribution" / "merge.py"],
+    output:
+        "results/{workload}/attribution/kernels.parquet",
+    log:
+        "logs/attribute/{workload}.log",
+    benchmark:
+        "benchmarks/attribute/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/attribute.py"

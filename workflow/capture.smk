@@ -1,0 +1,89 @@
+# GPU (or CPU) captures. Kept apart from the CPU parsers so a parser change never re-runs them.
+
+
+rule capture_timeline:
+    input:
+        clocks="results/{workload}/clocks/target.json",
+        harness=LIB / "harness.py",
+        workloads=LIB / "workloads.py",
+    output:
+        trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
+        run="results/{workload}/capture/run.json",
+        layers="results/{workload}/capture/layers.json",
+        clocks="results/{workload}/capture/clocks_applied.json",
+    log:
+        "logs/capture_timeline/{workload}.log",
+    benchmark:
+        "benchmarks/capture_timeline/{workload}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    resources:
+        gpu=GPU,
+    params:
+        workload=workload_params,
+        harness=json.dumps(config["harness"], sort_keys=True),
+        device=DEVICE,
+        timeline=TIMELINE,
+    script:
+        "../scripts/capture_timeline.py"
+
+
+# nsys and torch.profiler cannot share CUPTI in one process: path (a) needs its own run.
+rule capture_kineto:
+    input:
+        clocks="results/{workload}/clocks/target.json",
+        harness=LIB / "harness.py",
+    output:
+        trace="results/{workload}/capture/kineto.json.gz",
+    log:
+        "logs/capture_kineto/{workload}.log",
+    benchmark:
+        "benchmarks/capture_kineto/{workload}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    resources:
+        gpu=GPU,
+    params:
+        workload=workload_params,
+        harness=json.dumps(config["harness"], sort_keys=True),
+        device=DEVICE,
+    script:
+        "../scripts/capture_kineto.py"
+
+
+rule compile_artifacts:
+    input:
+        harness=LIB / "harness.py",
+        workloads=LIB / "workloads.py",
+    output:
+        debug=directory("results/{workload}/inductor/debug"),
+    log:
+        "logs/compile_artifacts/{workload}.log",
+    benchmark:
+        "benchmarks/compile_artifacts/{workload}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    resources:
+        gpu=GPU,
+    params:
+        workload=workload_params,
+        harness=json.dumps(config["harness"], sort_keys=True),
+        device=DEVICE,
+    script:
+        "../scripts/compile_artifacts.py"
+
+
+rule build_fusion_map:
+    input:
+        debug="results/{workload}/inductor/debug",
+        lib=LIB / "attribution" / "inductor.py",
+    output:
+        "results/{workload}/inductor/fusion_map.parquet",
+    log:
+        "logs/build_fusion_map/{workload}.log",
+    benchmark:
+        "benchmarks/build_fusion_map/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/build_fusion_map.py"

@@ -1,0 +1,97 @@
+# Config validation, device/tool resolution and input functions shared by every stage.
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from operator_profiler.config import ConfigError, validate_config
+
+try:
+    config = validate_config(config, "config/config.yaml (+ --config overrides)")
+except ConfigError as exc:
+    sys.exit(f"Error: {exc}")
+
+# The library modules a CPU rule depends on are declared as inputs (Snakemake does not track
+# modules imported by scripts); paths are anchored at the Snakefile, not the working directory.
+LIB = Path(workflow.basedir) / "src" / "operator_profiler"
+
+
+def _cuda_visible():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    probe = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return probe.returncode == 0 and "GPU" in probe.stdout
+
+
+DEVICE = (
+    config["device"]
+    if config["device"] != "auto"
+    else ("cuda" if _cuda_visible() else "cpu")
+)
+TIMELINE = (
+    "torch"
+    if DEVICE == "cpu"
+    else (
+        config["timeline"]
+        if config["timeline"] != "auto"
+        else ("nsys" if shutil.which("nsys") else "torch")
+    )
+)
+GPU = 1 if DEVICE == "cuda" else 0
+TRACE_EXT = "nsys-rep" if TIMELINE == "nsys" else "kineto.json.gz"
+WORKLOADS = sorted(config["workloads"])
+
+
+wildcard_constraints:
+    workload="|".join(WORKLOADS) or "none",
+    cls="[A-Za-z0-9_.-]+",
+
+
+def workload_params(wildcards):
+    """The workload's config slice as a deterministic string (a params change reruns the capture)."""
+    return json.dumps(config["workloads"][wildcards.workload], sort_keys=True)
+
+
+def is_compiled(workload):
+    return bool(config["workloads"][workload]["compile"])
+
+
+def fusion_map_input(wildcards):
+    if is_compiled(wildcards.workload):
+        return f"results/{wildcards.workload}/inductor/fusion_map.parquet"
+    return []
+
+
+def layer_classes(wildcards):
+    """Class names decided by the classify_layers checkpoint."""
+    classes_dir = checkpoints.classify_layers.get(workload=wildcards.workload).output.classes_dir
+    return sorted(p.stem for p in Path(classes_dir).glob("*.json"))
+
+
+def ncu_tables(wildcards):
+    return [
+        f"results/{wildcards.workload}/ncu/{cls}.parquet" for cls in layer_classes(wildcards)
+    ]
+
+
+def counters_input(wildcards):
+    if DEVICE == "cuda":
+        return f"results/{wildcards.workload}/matched/kernel_metrics.parquet"
+    return []
+
+
+def kineto_input(wildcards):
+    """With an nsys timeline, path (a) reads the separate torch.profiler run."""
+    if TIMELINE == "nsys":
+        return f"results/{wildcards.workload}/capture/kineto.json.gz"
+    return []
+
+
+def final_outputs():
+    return [
+        f"results/{w}/{name}"
+        for w in WORKLOADS
+        for name in ("operators.csv", "coverage.json", "report.md")
+    ]

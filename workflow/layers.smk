@@ -1,0 +1,21 @@
+# One small canonical JSON per layer class: an unchanged class never re-runs its ncu replay
+# (small inputs are compared by checksum).
+checkpoint classify_layers:
+    input:
+        kernels="results/{workload}/timeline/kernels.parquet",
+        ranges="results/{workload}/timeline/ranges.parquet",
+        layers="results/{workload}/capture/layers.json",
+        lib=LIB / "layers.py",
+    output:
+        instances="results/{workload}/layers/instances.parquet",
+        kernel_layers="results/{workload}/layers/kernel_layers.parquet",
+        summary="results/{workload}/layers/classes.json",
+        classes_dir=directory("results/{workload}/layers/classes"),
+    log:
+        "logs/classify_layers/{workload}.log",
+    benchmark:
+        "benchmarks/classify_layers/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/classify_layers.py"

@@ -1,0 +1,15 @@
+rule match_invocations:
+    input:
+        kernels="results/{workload}/timeline/kernels.parquet",
+        ncu=ncu_tables,
+    output:
+        metrics="results/{workload}/matched/kernel_metrics.parquet",
+        diagnostics="results/{workload}/matched/diagnostics.json",
+    log:
+        "logs/match_invocations/{workload}.log",
+    benchmark:
+        "benchmarks/match_invocations/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/match_invocations.py"

@@ -1,0 +1,33 @@
+rule replay_ncu:
+    input:
+        cls="results/{workload}/layers/classes/{cls}.json",
+        clocks="results/{workload}/clocks/target.json",
+    output:
+        "results/{workload}/ncu/{cls}.csv",
+    log:
+        "logs/replay_ncu/{workload}/{cls}.log",
+    benchmark:
+        "benchmarks/replay_ncu/{workload}/{cls}.tsv"
+    conda:
+        "../envs/torch.yaml"
+    resources:
+        gpu=GPU,
+    params:
+        workload=workload_params,
+    script:
+        "../scripts/replay_ncu.py"
+
+
+rule parse_ncu:
+    input:
+        csv="results/{workload}/ncu/{cls}.csv",
+    output:
+        "results/{workload}/ncu/{cls}.parquet",
+    log:
+        "logs/parse_ncu/{workload}/{cls}.log",
+    benchmark:
+        "benchmarks/parse_ncu/{workload}/{cls}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/parse_ncu.py"

@@ -1,0 +1,20 @@
+rule report:
+    input:
+        run="results/{workload}/capture/run.json",
+        coverage="results/{workload}/coverage.json",
+        operators="results/{workload}/operators.parquet",
+        modules="results/{workload}/modules.parquet",
+        layer_classes="results/{workload}/layer_classes.parquet",
+        lib=LIB / "report.py",
+    output:
+        "results/{workload}/report.md",
+    log:
+        "logs/report/{workload}.log",
+    benchmark:
+        "benchmarks/report/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        options=json.dumps(config["report"], sort_keys=True),
+    script:
+        "../scripts/report.py"

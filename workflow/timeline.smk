@@ -1,0 +1,16 @@
+rule export_timeline:
+    input:
+        trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
+        lib=LIB / "timeline" / "kineto.py",
+    output:
+        kernels="results/{workload}/timeline/kernels.parquet",
+        launches="results/{workload}/timeline/launches.parquet",
+        ranges="results/{workload}/timeline/ranges.parquet",
+    log:
+        "logs/export_timeline/{workload}.log",
+    benchmark:
+        "benchmarks/export_timeline/{workload}.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../scripts/export_timeline.py"
