@@ -1,0 +1,200 @@
+"""The real workflow on a tiny config in a temporary directory (CPU, real torch.profiler captures).
+
+One module-scoped run serves several tests; each checks tables against values recomputed from the
+other artifacts of the same run (the trace, layers.json), not against hard-coded numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from operator_profiler import tables
+from operator_profiler.timeline.kineto import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+N_LAYER = 3
+ITERATIONS = 2
+
+TINY = {
+    "device": "cpu",
+    "harness": {"seed": 0, "warmup": 1, "iterations": ITERATIONS},
+    "workloads": {
+        "gpt2": {"kind": "gpt2", "compile": True, "n_layer": N_LAYER, "n_embd": 32, "n_head": 2,
+                 "vocab_size": 64, "n_positions": 32, "batch_size": 1, "seq_len": 16},
+        "sdpa_attention": {"kind": "sdpa_attention", "compile": True, "d_model": 32, "n_head": 2,
+                           "n_block": 2, "batch_size": 1, "seq_len": 16},
+        "lstm": {"kind": "lstm", "input_size": 8, "hidden_size": 16, "num_layers": 2, "batch_size": 2,
+                 "seq_len": 8},
+    },
+}
+
+
+def snakemake(workdir: Path, config: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
+           "--configfile", str(config), "--cores", "1", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or os.environ.copy(), timeout=900)
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    counts = {}
+    block = dry_run_output.split("Job stats:", 1)[1] if "Job stats:" in dry_run_output else ""
+    for line in block.splitlines()[3:]:
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("wf")
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    result = snakemake(work, config)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return work, config
+
+
+@pytest.mark.workflow
+def test_every_workload_has_operators_coverage_and_report(finished_run):
+    work, _ = finished_run
+    for name in TINY["workloads"]:
+        out = work / "results" / name
+        operators = pd.read_csv(out / "operators.csv")
+        assert len(operators) > 0
+        real = operators[operators["operator"] != "(unattributed)"]["operator"]
+        assert real.str.contains("aten::").all(), real.tolist()
+        coverage = json.loads((out / "coverage.json").read_text())
+        assert coverage["coverage_time"] >= 0.95
+        assert coverage["counters_coverage"] is None and "not collected on CPU" in coverage["counters_note"]
+        # the per-operator times add up to the kernel time of the timeline
+        kernels = tables.read_table(out / "timeline" / "kernels.parquet")
+        assert operators["time_ns"].sum() == kernels["duration_ns"].sum() == coverage["kernel_time_ns"]
+        report = (out / "report.md").read_text()
+        assert f"# Operator profile: `{name}`" in report and "not collected on CPU" in report
+
+
+@pytest.mark.workflow
+def test_gpt2_blocks_form_one_layer_class(finished_run):
+    work, _ = finished_run
+    out = work / "results" / "gpt2"
+    layers = json.loads((out / "capture" / "layers.json").read_text())
+    assert [l["path"] for l in layers] == [f"transformer.h.{i}" for i in range(N_LAYER)]
+    classes = pd.read_parquet(out / "layer_classes.parquet")
+    blocks = classes[classes["module_class"] == "Block"]
+    assert len(blocks) == 1 and blocks["instances"].iloc[0] == N_LAYER
+    assert sorted(p.stem for p in (out / "layers" / "classes").glob("*.json")) == sorted(classes["layer_class"])
+    modules = pd.read_parquet(out / "modules.parquet")
+    assert {f"transformer.h.{i}" for i in range(N_LAYER)} <= set(modules["module"])
+
+    # Independent check against the raw trace: the layer ranges of the trace, per iteration.
+    events = load_trace(out / "capture" / "timeline.kineto.json.gz")["traceEvents"]
+    layer_ranges = [e["name"] for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("opprof.layer:")]
+    assert len(layer_ranges) == N_LAYER * ITERATIONS
+
+
+@pytest.mark.workflow
+def test_compiled_gpt2_kernels_are_inductor_cpp_kernels_and_extern_ops(finished_run):
+    work, _ = finished_run
+    attribution = tables.read_table(work / "results" / "gpt2" / "attribution" / "kernels.parquet")
+    kernels = tables.read_table(work / "results" / "gpt2" / "timeline" / "kernels.parquet")
+    inside_blocks = attribution[attribution["layer"].notna()]
+    names = kernels.set_index("kernel_id").loc[inside_blocks["kernel_id"], "name"]
+    cpp = names.str.match(r"^graph_\d+_cpp_fused_")
+    assert cpp.any() and (~cpp).any()
+    fused = inside_blocks[cpp.to_numpy()]
+    assert (fused["path"] == "inductor").all()
+    assert fused["fused_ops"].map(len).gt(0).all()
+    extern = inside_blocks[(~cpp).to_numpy()]
+    assert set(extern["operator"]) <= {"aten::addmm", "aten::bmm", "aten::mm"}
+
+
+@pytest.mark.workflow
+def test_second_run_does_nothing(finished_run):
+    work, config = finished_run
+    result = snakemake(work, config)
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+@pytest.mark.workflow
+def test_aggregation_option_edit_reruns_only_aggregate_and_report(finished_run, tmp_path):
+    work, _ = finished_run
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({**TINY, "aggregate": {"per_iteration": False}}))
+    result = snakemake(work, edited, "-n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout)
+    assert counts.pop("all") == 1
+    assert counts == {"aggregate": 3, "report": 3}
+
+
+@pytest.mark.workflow
+def test_cuda_dry_run_lists_gpu_rules(finished_run):
+    work, config = finished_run
+    result = snakemake(work, config, "-n", "--config", "device=cuda", "timeline=nsys")
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout)
+    for rule in ("select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts"):
+        assert counts.get(rule) == (2 if rule == "compile_artifacts" else 3), (rule, counts)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_unknown_config_key_fails_with_one_paragraph(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "workloads": {"g": {"kind": "gpt2", "n_layr": 2}}}))
+    result = snakemake(tmp_path, config, "-n")
+    assert result.returncode != 0
+    assert "workloads.g" in result.stderr and "n_layr" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _failing_run(tmp_path, workload: dict, module_source: str | None = None):
+    if module_source is not None:
+        (tmp_path / "usermodels.py").write_text(textwrap.dedent(module_source))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "workloads": {"mine": workload}}))
+    env = os.environ.copy()
+    env["PYTHONPATH"] = str(tmp_path)
+    result = snakemake(tmp_path, config, env=env)
+    assert result.returncode != 0
+    log = (tmp_path / "logs" / "capture_timeline" / "mine.log").read_text()
+    # No half-written capture is left behind.
+    assert not (tmp_path / "results" / "mine" / "capture").exists() or not any(
+        (tmp_path / "results" / "mine" / "capture").iterdir()
+    )
+    return log.strip().splitlines()[-1]
+
+
+def test_missing_custom_factory_is_a_one_line_failure(tmp_path):
+    last = _failing_run(tmp_path, {"kind": "custom", "factory": "usermodels:nope"}, "x = 1\n")
+    assert last.startswith("FAILED: custom factory 'usermodels:nope'") and "no callable 'nope'" in last
+
+
+def test_workload_that_raises_is_a_one_line_failure(tmp_path):
+    source = """
+        import torch
+
+        class Broken(torch.nn.Module):
+            def forward(self, x):
+                raise RuntimeError("shape mismatch in my model")
+
+        def build():
+            return Broken(), (torch.randn(2),)
+    """
+    last = _failing_run(tmp_path, {"kind": "custom", "factory": "usermodels:build"}, source)
+    assert last.startswith("FAILED: workload 'custom' raised RuntimeError") and "shape mismatch" in last
