@@ -63,6 +63,19 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"at '{where}': {error.message}"
 
 
+def _consequence(error: jsonschema.ValidationError, errors: list) -> bool:
+    """An ``unevaluatedProperties`` error caused by another error at or below its path: a failed
+    per-kind ``if``/``then`` branch evaluates none of its properties, so every valid key of that
+    workload would be reported as unexpected instead of the real problem (e.g. a wrong type)."""
+    if error.validator != "unevaluatedProperties":
+        return False
+    path = list(error.absolute_path)
+    return any(
+        other.validator != "unevaluatedProperties" and list(other.absolute_path)[: len(path)] == path
+        for other in errors
+    )
+
+
 def validate_config(config: dict, source: str = "config") -> dict:
     """Return a validated copy of ``config`` with defaults filled.
 
@@ -74,6 +87,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
     filled = fill_defaults(copy.deepcopy(config or {}), schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), e.message))
+    errors = [e for e in errors if not _consequence(e, errors)]
     if errors:
         best = jsonschema.exceptions.best_match(errors)
         details = "; ".join(_describe(e) for e in errors[:5])

@@ -30,10 +30,7 @@ from typing import Callable, Iterator
 import torch
 
 from . import workloads
-
-NVTX_DOMAIN = "opprof"
-ITERATION_PREFIX = "opprof.iteration:"
-LAYER_PREFIX = "opprof.layer:"
+from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
 
 
 def resolve_device(requested: str) -> str:

@@ -81,7 +81,10 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     kl["duration_ns"] = kernels["duration_ns"].to_numpy()
     kl["instance"] = kl["layer"].fillna(REST_CLASS)
     kl["position"] = kl.groupby(["instance", "iteration"]).cumcount().astype("int64")
-    first_iteration = int(kl["iteration"].min()) if len(kl) else -1
+    # -1 marks kernels outside every iteration range; they never define a signature when a
+    # measured iteration exists (otherwise one stray call would hide every layer).
+    measured = kl.loc[kl["iteration"] >= 0, "iteration"]
+    first_iteration = int(measured.min()) if len(measured) else -1
 
     # Signatures of the first measured iteration.
     signatures: dict[str, list] = {}

@@ -68,7 +68,7 @@ def _layer_of_range(ranges: pd.DataFrame) -> dict[int, str | None]:
     ordered = ranges.sort_values("depth", kind="stable")  # parents before children
     for rid, parent, own in zip(ordered["range_id"], ordered["parent_id"], ordered["layer"]):
         inherited = None if pd.isna(parent) else layer_of.get(int(parent))
-        layer_of[int(rid)] = own if own is not None else inherited
+        layer_of[int(rid)] = inherited if pd.isna(own) else own
     return layer_of
 
 
@@ -126,6 +126,7 @@ def attribute(
         elif found.compiled_region is not None and operator is None:
             reason = region_reasons.get(kid, reason)
         layer = layers.at[kid, "layer"] if kid in layers.index else None
+        layer = None if pd.isna(layer) else layer
         module = layer
         if module is None and found.forward_range_id is not None:
             module = range_layer.get(found.forward_range_id)

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import harness, tables
+from .. import tables
+from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 
 
 class TimelineError(ValueError):
@@ -246,10 +247,10 @@ def read_kineto(path: Path) -> Timeline:
     ranges = _nest(ranges)
     ranges["end_tid"] = pd.array([None] * len(ranges), dtype="Int64")
     ranges["domain"] = "torch.profiler"
-    layer = ranges["name"].str.removeprefix(harness.LAYER_PREFIX)
-    ranges["layer"] = layer.where(ranges["name"].str.startswith(harness.LAYER_PREFIX), None)
-    iteration = ranges["name"].str.removeprefix(harness.ITERATION_PREFIX)
-    is_iteration = ranges["name"].str.startswith(harness.ITERATION_PREFIX) & iteration.str.isdigit()
+    layer = ranges["name"].str.removeprefix(LAYER_PREFIX)
+    ranges["layer"] = layer.where(ranges["name"].str.startswith(LAYER_PREFIX), None)
+    iteration = ranges["name"].str.removeprefix(ITERATION_PREFIX)
+    is_iteration = ranges["name"].str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
     ranges["iteration"] = pd.array(
         [int(v) if ok else None for v, ok in zip(iteration, is_iteration)], dtype="Int64"
     )

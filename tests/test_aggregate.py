@@ -1,0 +1,174 @@
+"""Tests for the aggregation tables and the coverage summary (operator_profiler.aggregate).
+
+Small hand-built attribution frames; every expected number is worked out by hand in the test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from operator_profiler import aggregate as agg
+
+
+def _ev(inductor_ops=None, operator=None):
+    ev = {"correlation": {"operator": operator, "stack": []}}
+    if inductor_ops is not None:
+        ev["inductor"] = {"graph": "g", "call_index": 0, "kernel": "k", "kind": "cpp", "fused_ops": inductor_ops,
+                          "origin": "source_nodes_comment"}
+    return json.dumps(ev, sort_keys=True)
+
+
+@pytest.fixture
+def frame() -> pd.DataFrame:
+    """8 kernels, 1000 ns total:
+    - aten::addmm: kernels 0,1 in op instance 10 (one call, 2 kernels) + kernel 2 in op instance 11 -> 2 calls,
+      100+50+150 = 300 ns; kernel 2 also has inductor evidence listing aten::addmm (agree).
+    - aten::add+aten::gelu (fused): kernels 3, 4 without an op range -> 2 calls, 200+100 = 300 ns.
+    - aten::mm: kernel 5, op instance 12, inductor evidence without aten::mm (disagree), 100 ns.
+    - unattributed: kernel 6 (no_fusion_map, 250 ns), kernel 7 (no reason, 50 ns).
+    """
+    rows = [
+        (0, "aten::addmm", 10, 100, "correlation", None, "gemm", _ev()),
+        (1, "aten::addmm", 10, 50, "correlation", None, "reduce", _ev()),
+        (2, "aten::addmm", 11, 150, "correlation", None, "gemm", _ev(["aten::addmm", "aten::view"])),
+        (3, "aten::add+aten::gelu", None, 200, "inductor", None, "cpp_fused_add_gelu_0", _ev(["aten::add", "aten::gelu"])),
+        (4, "aten::add+aten::gelu", None, 100, "inductor", None, "cpp_fused_add_gelu_0", _ev(["aten::add", "aten::gelu"])),
+        (5, "aten::mm", 12, 100, "correlation", None, "mm", _ev(["aten::addmm"])),
+        (6, None, None, 250, "unattributed", "no_fusion_map", "cpp_fused_x_1", _ev()),
+        (7, None, None, 50, "unattributed", None, "mystery", _ev()),
+    ]
+    df = pd.DataFrame(rows, columns=["kernel_id", "operator", "operator_range_id", "duration_ns", "path", "reason",
+                                     "name", "evidence"])
+    df["operator_range_id"] = pd.array(df["operator_range_id"], dtype="Int64")
+    df["module"] = ["h.0", "h.0", "h.1", "h.1", None, "h.0", None, None]
+    return df
+
+
+def test_operators_table_counts_and_shares(frame):
+    ops = agg.operators_table(frame, iterations=2, per_iteration=True).set_index("operator")
+    assert set(ops.index) == {"aten::addmm", "aten::add+aten::gelu", "aten::mm", agg.UNATTRIBUTED}
+    assert ops["time_share"].sum() == pytest.approx(1.0)
+    assert ops.loc["aten::addmm", "calls"] == 2 and ops.loc["aten::addmm", "kernels"] == 3
+    assert ops.loc["aten::addmm", "time_ns"] == 300
+    assert ops.loc["aten::add+aten::gelu", "calls"] == 2 and ops.loc["aten::add+aten::gelu", "kernels"] == 2
+    assert ops.loc["aten::mm", "calls"] == 1 and ops.loc["aten::mm", "time_ns"] == 100
+    assert ops.loc[agg.UNATTRIBUTED, "kernels"] == 2 and ops.loc[agg.UNATTRIBUTED, "time_ns"] == 300
+    assert ops.loc[agg.UNATTRIBUTED, "calls"] == 2
+    assert ops.loc["aten::mm", "time_share"] == pytest.approx(0.1)
+    assert ops.loc["aten::addmm", "mean_kernel_ns"] == 100
+    assert ops.loc["aten::addmm", "time_per_iteration_ns"] == 150
+    assert ops.loc["aten::add+aten::gelu", "paths"] == "inductor"
+    assert (ops["bottleneck"] == "not_collected").all()
+
+
+def test_operators_table_sorted_by_time_then_name(frame):
+    ops = agg.operators_table(frame, iterations=1, per_iteration=False)
+    assert list(ops["operator"]) == [agg.UNATTRIBUTED, "aten::add+aten::gelu", "aten::addmm", "aten::mm"]
+    assert list(ops["time_ns"]) == [300, 300, 300, 100]
+    assert (ops["time_per_iteration_ns"] == ops["time_ns"]).all()
+
+
+def test_operators_table_without_unattributed_has_no_such_row(frame):
+    ops = agg.operators_table(frame[frame["path"] != "unattributed"], iterations=1, per_iteration=False)
+    assert agg.UNATTRIBUTED not in set(ops["operator"])
+    assert ops["time_share"].sum() == pytest.approx(1.0)
+    assert ops.set_index("operator").loc["aten::mm", "time_share"] == pytest.approx(100 / 700)
+
+
+def test_modules_table(frame):
+    mods = agg.modules_table(frame).set_index("module")
+    assert mods.loc["h.0", "time_ns"] == 250 and mods.loc["h.0", "kernels"] == 3
+    assert mods.loc["h.1", "time_ns"] == 350
+    assert mods.loc[agg.OUTSIDE_LAYERS, "time_ns"] == 400 and mods.loc[agg.OUTSIDE_LAYERS, "kernels"] == 3
+    assert mods["time_share"].sum() == pytest.approx(1.0)
+
+
+def test_coverage_recomputed_by_hand(frame):
+    cov = agg.coverage(frame, counters_collected=False)
+    assert cov["kernel_time_ns"] == 1000
+    assert cov["attributed_time_ns"] == 700
+    assert cov["coverage_time"] == pytest.approx(0.7)
+    assert cov["kernel_count"] == 8 and cov["attributed_count"] == 6
+    assert cov["by_path"] == pytest.approx({"correlation": 0.4, "inductor": 0.3, "unattributed": 0.3})
+    # Kernels with both an op range and inductor evidence: 2 (agrees) and 5 (disagrees).
+    assert cov["path_agreement"] == {"correlation/inductor": pytest.approx(0.5)}
+    assert cov["counters_coverage"] is None and "not collected" in cov["counters_note"]
+    assert cov["unattributed"] == [
+        {"name": "cpp_fused_x_1", "time_ns": 250, "count": 1, "reason": "no_fusion_map"},
+        {"name": "mystery", "time_ns": 50, "count": 1, "reason": "unknown"},
+    ]
+    assert cov["unattributed_reasons"] == {"no_fusion_map": 1, "unknown": 1}
+    json.dumps(cov)  # coverage.json must be serialisable as is
+
+
+def test_coverage_groups_unattributed_by_name_and_reason(frame):
+    extra = frame.iloc[[6]].assign(kernel_id=8, duration_ns=30)
+    cov = agg.coverage(pd.concat([frame, extra], ignore_index=True), counters_collected=True)
+    top = cov["unattributed"][0]
+    assert top == {"name": "cpp_fused_x_1", "time_ns": 280, "count": 2, "reason": "no_fusion_map"}
+    assert cov["counters_coverage"] == 0.0 and cov["counters_note"] is None
+
+
+def test_coverage_all_attributed(frame):
+    cov = agg.coverage(frame[frame["path"] != "unattributed"], counters_collected=False)
+    assert cov["coverage_time"] == 1.0 and cov["unattributed"] == [] and cov["unattributed_reasons"] == {}
+
+
+def test_layer_classes_table():
+    instances = pd.DataFrame({
+        "layer": ["h.0", "h.1", "h.0", "h.1", "rest"],
+        "iteration": [0, 0, 1, 1, 0],
+        "layer_class": ["Block-1", "Block-1", "Block-1", "Block-1", "rest"],
+        "time_ns": [10, 20, 30, 40, 5],
+    })
+    classes = {
+        "Block-1": {"module_class": "Block", "instances": ["h.0", "h.1"], "kernel_count": 7, "representative": "h.0"},
+        "rest": {"module_class": None, "instances": ["rest"], "kernel_count": 2, "representative": "rest"},
+    }
+    t = agg.layer_classes_table(instances, classes).set_index("layer_class")
+    assert t.loc["Block-1", "time_ns"] == 100
+    assert t.loc["Block-1", "mean_instance_time_ns"] == 50  # h.0: 40, h.1: 60
+    assert t.loc["Block-1", "instances"] == 2 and t.loc["Block-1", "kernels_per_instance"] == 7
+    assert t.loc["Block-1", "replays_without_dedup"] == 2 and t.loc["Block-1", "replays_with_dedup"] == 1
+    assert t.loc["rest", "time_ns"] == 5
+
+
+def test_real_trace_without_fusion_map_has_unattributed_row():
+    """Compiled CPU trace attributed without a fusion map: the C++ kernels form the (unattributed) row."""
+    import gzip
+    import re
+    from fractions import Fraction
+    from pathlib import Path
+
+    from operator_profiler.attribution.merge import attribute
+    from operator_profiler.layers import classify_layers
+    from operator_profiler.timeline.kineto import read_kineto
+
+    trace = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "inductor-cpu" / "traces" \
+        / "trace_compiled_cpu.json.gz"
+    if not trace.is_file():
+        pytest.skip(f"real data not available: {trace}")
+    with gzip.open(trace, "rt") as fh:
+        raw = json.load(fh, parse_float=str)
+    cpp = [e for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+           and re.match(r"^graph_\d+_cpp_", e["name"])]
+    cpp_ns = sum(round(Fraction(e["dur"]) * 1000) for e in cpp)
+
+    t = read_kineto(trace)
+    kl, _, _ = classify_layers(t.kernels, t.ranges, [])
+    a = attribute(t.kernels, t.ranges, kl, None)
+    ops = agg.operators_table(a, iterations=2, per_iteration=True).set_index("operator")
+    assert ops.loc[agg.UNATTRIBUTED, "kernels"] == len(cpp) > 0
+    assert ops.loc[agg.UNATTRIBUTED, "time_ns"] == cpp_ns
+    assert ops.loc[agg.UNATTRIBUTED, "calls"] == len(cpp)
+    assert ops["time_share"].sum() == pytest.approx(1.0)
+    assert ops["kernels"].sum() == len(t.kernels)
+    cov = agg.coverage(a, counters_collected=False)
+    assert cov["kernel_time_ns"] - cov["attributed_time_ns"] == cpp_ns
+    assert cov["unattributed_reasons"] == {"no_fusion_map": len(cpp)}
+    # aten::addmm: every kernel is one op instance of its own.
+    n_addmm = sum(1 for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("name") == "aten::addmm")
+    assert ops.loc["aten::addmm", "calls"] == ops.loc["aten::addmm", "kernels"] == n_addmm

@@ -1,0 +1,117 @@
+"""Tests for the ``opprof`` command line (operator_profiler.cli), run as a subprocess like a user would.
+
+The attribution check reads the written parquet with pandas and compares with counts taken from the raw trace.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
+COMPILED = REAL / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
+INDUCTOR_DIR = REAL / "inductor-cpu" / "torchinductor"
+
+
+def opprof(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [l for l in stderr.splitlines() if l.strip()]
+
+
+@pytest.mark.parametrize("content", [b"not json at all", b"\x1f\x8b\x08\x00truncated", b'{"no": "events"}'])
+def test_timeline_bad_file_is_one_line_error(tmp_path, content):
+    bad = tmp_path / ("bad.json.gz" if content.startswith(b"\x1f\x8b") else "bad.json")
+    bad.write_bytes(content)
+    out = tmp_path / "x"
+    res = opprof("timeline", "--kineto", bad, "--out", out, cwd=tmp_path)
+    assert res.returncode == 1
+    lines = _error_lines(res.stderr)
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("opprof timeline: error:") and str(bad) in lines[0]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [bad.name]
+
+
+def test_timeline_missing_file(tmp_path):
+    res = opprof("timeline", "--kineto", tmp_path / "missing.json", "--out", tmp_path / "x", cwd=tmp_path)
+    assert res.returncode == 1
+    lines = _error_lines(res.stderr)
+    assert len(lines) == 1 and "error:" in lines[0] and "missing.json" in lines[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_attribute_missing_timeline_is_a_user_error(tmp_path):
+    res = opprof("attribute", "--timeline", tmp_path / "nothing", "--out", tmp_path / "a.parquet", cwd=tmp_path)
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr and "error:" in res.stderr
+    assert not (tmp_path / "a.parquet").exists()
+
+
+def test_validate_config_bad_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("workloads:\n  gpt2:\n    kind: gpt2\n    n_layr: 3\n")
+    res = opprof("validate-config", cfg, cwd=tmp_path)
+    assert res.returncode == 1
+    lines = _error_lines(res.stderr)
+    assert len(lines) == 1 and "n_layr" in lines[0] and "workloads.gpt2" in lines[0]
+
+
+def test_validate_config_prints_defaults(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("device: cpu\n")
+    res = opprof("validate-config", cfg, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    printed = json.loads(res.stdout)
+    assert printed["device"] == "cpu" and printed["workloads"]["gpt2"]["n_layer"] == 4
+
+
+def test_timeline_then_attribute_real_compiled_trace(tmp_path):
+    for p in (COMPILED, INDUCTOR_DIR):
+        if not p.exists():
+            pytest.skip(f"real data not available: {p}")
+    with gzip.open(COMPILED, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    cpp_calls = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+                    and re.match(r"^graph_\d+_cpp_", e["name"]))
+
+    d = tmp_path / "d"
+    res = opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in d.iterdir()} == {"kernels.parquet", "launches.parquet", "ranges.parquet"}
+    kernels = pd.read_parquet(d / "kernels.parquet")
+    assert f"{len(kernels)} kernels" in res.stdout
+
+    res = opprof("attribute", "--timeline", d, "--out", d / "attr.parquet", "--inductor-dir", INDUCTOR_DIR,
+                 cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    attr = pd.read_parquet(d / "attr.parquet")
+    assert (d / "fusion_map.parquet").is_file()
+    assert len(attr) == len(kernels)
+    assert sorted(attr["kernel_id"]) == sorted(kernels["kernel_id"])
+    assert (attr["path"] != "unattributed").all()
+    assert attr["operator"].notna().all()
+    assert (attr["path"] == "inductor").sum() == cpp_calls > 0
+    assert f"{len(attr)} of {len(attr)} kernels attributed" in res.stdout
+    # The contract columns come first, in order.
+    from operator_profiler import tables
+
+    assert list(attr.columns[: len(tables.ATTRIBUTION.names)]) == tables.ATTRIBUTION.names
+
+    # Without the Inductor directory the C++ kernels are visible but unattributed.
+    res = opprof("attribute", "--timeline", d, "--out", d / "attr_plain.parquet", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    plain = pd.read_parquet(d / "attr_plain.parquet")
+    assert len(plain) == len(kernels)
+    assert (plain["reason"] == "no_fusion_map").sum() == cpp_calls

@@ -1,0 +1,155 @@
+"""Tests for config loading and validation (operator_profiler.config).
+
+Defaults are checked against the values written in the schema file itself (read here with plain yaml) and
+against the documented ones (gpt2 n_layer 4 ...).
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+
+import pytest
+import yaml
+
+from operator_profiler.config import ConfigError, load_config, validate_config
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return yaml.safe_load(resources.files("operator_profiler").joinpath("schemas/config.schema.yaml").read_text())
+
+
+def _branch_defaults(schema: dict, kind: str) -> dict:
+    for branch in schema["$defs"]["workload"]["allOf"]:
+        if branch["if"]["properties"]["kind"]["const"] == kind:
+            return {k: v["default"] for k, v in branch["then"]["properties"].items() if "default" in v}
+    raise AssertionError(kind)
+
+
+def test_empty_config_gets_documented_defaults():
+    cfg = validate_config({})
+    assert cfg["device"] == "auto" and cfg["timeline"] == "auto"
+    assert cfg["harness"] == {"seed": 0, "warmup": 2, "iterations": 3}
+    assert cfg["clocks"] == {"policy": "base", "sm_mhz": None, "mem_mhz": None}
+    assert cfg["aggregate"] == {"per_iteration": True}
+    assert cfg["report"] == {"top_operators": 20}
+    assert set(cfg["workloads"]) == {"gpt2", "sdpa_attention", "lstm"}
+    gpt2 = cfg["workloads"]["gpt2"]
+    assert gpt2 == {"kind": "gpt2", "mode": "inference", "compile": True, "vocab_size": 512, "n_positions": 128,
+                    "n_embd": 64, "n_layer": 4, "n_head": 4, "batch_size": 2, "seq_len": 32}
+    assert cfg["workloads"]["lstm"]["compile"] is False
+    assert cfg["workloads"]["sdpa_attention"]["n_block"] == 2
+
+
+def test_defaults_match_the_schema_file(schema):
+    cfg = validate_config({})
+    for name in ("gpt2", "sdpa_attention", "lstm"):
+        want = {"kind": name, "mode": "inference", **_branch_defaults(schema, name)}
+        assert cfg["workloads"][name] == want
+    for section in ("harness", "clocks", "aggregate", "report"):
+        props = schema["properties"][section]["properties"]
+        assert cfg[section] == {k: v["default"] for k, v in props.items()}
+
+
+def test_validate_does_not_modify_its_input():
+    raw = {"workloads": {"mine": {"kind": "gpt2", "n_layer": 2}}}
+    before = copy.deepcopy(raw)
+    cfg = validate_config(raw)
+    assert raw == before
+    assert cfg["workloads"] == {"mine": {"kind": "gpt2", "mode": "inference", "compile": True, "vocab_size": 512,
+                                         "n_positions": 128, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                                         "batch_size": 2, "seq_len": 32}}
+
+
+def test_custom_workload_defaults():
+    cfg = validate_config({"workloads": {"m": {"kind": "custom", "factory": "pkg.mod:make"}}})
+    assert cfg["workloads"]["m"] == {"kind": "custom", "factory": "pkg.mod:make", "mode": "inference",
+                                     "compile": False, "kwargs": {}}
+
+
+def test_unknown_top_level_key():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"devcie": "cpu"})
+    assert "devcie" in str(err.value) and "(top level)" in str(err.value)
+
+
+def test_unknown_workload_key_names_the_path():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"gpt2": {"kind": "gpt2", "n_layr": 3}}})
+    msg = str(err.value)
+    assert "workloads.gpt2" in msg and "n_layr" in msg
+
+
+def test_key_of_another_kind_is_unknown():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"rnn": {"kind": "lstm", "n_layer": 2}}})
+    assert "workloads.rnn" in str(err.value) and "n_layer" in str(err.value)
+
+
+def test_wrong_type_names_the_key_path():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"harness": {"warmup": "two"}})
+    msg = str(err.value)
+    assert "harness.warmup" in msg and "integer" in msg
+
+
+def test_wrong_type_in_workload_names_the_key_first():
+    """A failed per-kind branch must be reported as itself, not as 'every key of the workload was unexpected'."""
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"gpt2": {"kind": "gpt2", "n_layer": "3"}}})
+    msg = str(err.value)
+    headline = msg.split(". All problems:")[0]
+    assert "workloads.gpt2.n_layer" in headline and "integer" in headline
+    assert "vocab_size" not in msg  # a valid (defaulted) key must not be called unexpected
+
+
+def test_missing_factory_is_reported():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"mine": {"kind": "custom"}}})
+    headline = str(err.value).split(". All problems:")[0]
+    assert "workloads.mine" in headline and "factory" in headline
+
+
+@pytest.mark.parametrize(
+    "config, where",
+    [
+        ({"device": "tpu"}, "device"),
+        ({"harness": {"iterations": 0}}, "harness.iterations"),
+        ({"workloads": {}}, "workloads"),
+        ({"workloads": {"bad name": {"kind": "gpt2"}}}, "workloads"),
+        ({"workloads": {"w": {"kind": "resnet"}}}, "workloads.w.kind"),
+        ({"harness": {"seed": 0, "extra": 1}}, "harness"),
+    ],
+)
+def test_invalid_values(config, where):
+    with pytest.raises(ConfigError) as err:
+        validate_config(config)
+    assert f"'{where}'" in str(err.value)
+
+
+def test_load_config_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("device: cpu\nworkloads:\n  g:\n    kind: gpt2\n    n_layer: 2\n")
+    cfg = load_config(p)
+    assert cfg["device"] == "cpu" and cfg["workloads"]["g"]["n_layer"] == 2 and cfg["workloads"]["g"]["n_head"] == 4
+
+
+def test_load_config_errors_name_the_file(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("device: [cpu\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(bad_yaml)
+    with pytest.raises(ConfigError, match="missing.yaml"):
+        load_config(tmp_path / "missing.yaml")
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text("harness:\n  warmup: -1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(invalid)
+    assert str(invalid) in str(err.value) and "harness.warmup" in str(err.value)
+
+
+def test_empty_file_is_all_defaults(tmp_path):
+    p = tmp_path / "empty.yaml"
+    p.write_text("")
+    assert load_config(p) == validate_config({})

@@ -1,0 +1,358 @@
+"""Tests for the Kineto reader (operator_profiler.timeline.kineto).
+
+Expected values are computed independently from the real traces in ../shared/data/real (the torch 2.13 CPU
+traces of inductor-cpu/traces and two HTA GPU traces), with plain ``json`` and exact rational arithmetic, and
+from small synthetic traces written to tmp_path. Format: ../shared/docs/kineto-and-inductor.md §1.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter, defaultdict
+from fractions import Fraction
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from operator_profiler import tables
+from operator_profiler.timeline.kineto import TimelineError, read_kineto, write_timeline
+
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
+CPU_TRACES = REAL / "inductor-cpu" / "traces"
+COMPILED = CPU_TRACES / "trace_compiled_cpu.json.gz"
+EAGER = CPU_TRACES / "trace_eager_cpu.json.gz"
+TRITON = REAL / "kineto" / "hta_triton_example.json.gz"
+ALEXNET = REAL / "kineto" / "hta_critical_path_alexnet__trace.json.gz"
+
+CALL_NAME = re.compile(r"^\w+::[\w.]+$")
+CPP_KERNEL = re.compile(r"^graph_\d+_cpp_")
+
+
+def _need(path: Path) -> Path:
+    if not path.is_file():
+        pytest.skip(f"real data not available: {path}")
+    return path
+
+
+def _raw(path: Path) -> dict:
+    """The trace with numbers kept as their JSON text (so the test does its own exact conversion)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return json.load(fh, parse_float=str, parse_int=str)
+
+
+def _ns(text: str) -> int:
+    """µs as written in the JSON -> integer ns, exactly (round half to even, as Kineto's 3 decimals never need)."""
+    return round(Fraction(text) * 1000)
+
+
+def _is_call(name: str) -> bool:
+    return bool(CALL_NAME.match(name)) and name.count("::") == 1 or bool(CPP_KERNEL.match(name))
+
+
+def _expected_cpu_kernels(trace: dict) -> list[dict]:
+    """Outermost calls (dispatcher ops / Inductor C++ kernels) per thread, computed from the raw events."""
+    base = int(trace.get("baseTimeNanoseconds") or 0)
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") == "X" and ev.get("cat") == "cpu_op" and _is_call(ev.get("name", "")):
+            start = base + _ns(ev["ts"])
+            by_thread[(int(ev["pid"]), int(ev["tid"]))].append(
+                {"name": ev["name"], "start": start, "end": start + _ns(ev["dur"]), "pid": int(ev["pid"]),
+                 "tid": int(ev["tid"])}
+            )
+    out = []
+    for calls in by_thread.values():
+        for c in calls:
+            nested = any(
+                o is not c and o["start"] <= c["start"] and c["end"] <= o["end"]
+                and (o["start"], -o["end"]) < (c["start"], -c["end"])
+                for o in calls
+            )
+            if not nested:
+                out.append(c)
+    return sorted(out, key=lambda c: (c["start"], c["end"]))
+
+
+@pytest.fixture(scope="module", params=["compiled", "eager"])
+def cpu_case(request):
+    path = _need(COMPILED if request.param == "compiled" else EAGER)
+    return _raw(path), read_kineto(path)
+
+
+def test_cpu_kernel_count_matches_outermost_calls(cpu_case):
+    trace, timeline = cpu_case
+    expected = _expected_cpu_kernels(trace)
+    assert len(expected) > 50  # the traces hold two training steps / one eager step of a transformer block
+    assert len(timeline.kernels) == len(expected)
+    assert Counter(timeline.kernels["name"]) == Counter(c["name"] for c in expected)
+
+
+def test_cpu_kernel_intervals_are_exact_ns(cpu_case):
+    trace, timeline = cpu_case
+    expected = _expected_cpu_kernels(trace)
+    k = timeline.kernels.sort_values("kernel_id")
+    got = sorted(zip(k["start_ns"].astype(int), k["end_ns"].astype(int), k["name"]))
+    want = sorted((c["start"], c["end"], c["name"]) for c in expected)
+    assert got == want
+    assert (k["duration_ns"].astype(int) == k["end_ns"].astype(int) - k["start_ns"].astype(int)).all()
+    # A CPU kernel is its own launch, on its own thread.
+    assert (k["launch_api"] == "cpu").all()
+    assert (k["launch_start_ns"].astype(int) == k["start_ns"].astype(int)).all()
+    assert (k["launch_end_ns"].astype(int) == k["end_ns"].astype(int)).all()
+    tids = {(c["start"], c["name"]): c["tid"] for c in expected}
+    assert [int(t) for t in k["launch_tid"]] == [tids[(int(s), n)] for s, n in zip(k["start_ns"], k["name"])]
+    assert (k["device"] == -1).all() and (k["stream"] == -1).all()
+    assert (k["source"] == "kineto").all()
+
+
+def test_cpu_kernel_ids_occurrence_and_match_key(cpu_case):
+    trace, timeline = cpu_case
+    k = timeline.kernels
+    assert list(k["kernel_id"]) == list(range(len(k)))
+    starts = [int(s) for s in k["start_ns"]]
+    assert starts == sorted(starts)
+    # Independent per-name running count, in start order from the raw events.
+    seen: Counter = Counter()
+    want = []
+    for c in _expected_cpu_kernels(trace):
+        want.append((c["start"], c["name"], seen[c["name"]]))
+        seen[c["name"]] += 1
+    got = sorted(zip((int(s) for s in k["start_ns"]), k["name"], (int(o) for o in k["occurrence"])))
+    assert got == sorted(want)
+    assert (k["match_key"] == k["name"]).all()  # no mangled names in a Kineto trace
+
+
+def test_ranges_nesting_is_consistent(cpu_case):
+    trace, timeline = cpu_case
+    r = timeline.ranges.set_index("range_id", drop=False)
+    n_raw = sum(1 for ev in trace["traceEvents"]
+                if ev.get("ph") == "X" and ev.get("cat") in ("cpu_op", "user_annotation", "python_function"))
+    assert len(r) == n_raw
+    assert sorted(r["range_id"]) == list(range(len(r)))
+    by_thread = {key: g for key, g in r.groupby(["pid", "tid"])}
+    for row in r.itertuples(index=False):
+        start, end = int(row.start_ns), int(row.end_ns)
+        if pd.isna(row.parent_id):
+            assert row.depth == 0
+        else:
+            p = r.loc[int(row.parent_id)]
+            assert (p["pid"], p["tid"]) == (row.pid, row.tid)
+            assert int(p["start_ns"]) <= start and end <= int(p["end_ns"])
+            assert row.depth == p["depth"] + 1
+        # depth = number of other ranges of the thread that enclose this one (no duplicate intervals here).
+        g = by_thread[(row.pid, row.tid)]
+        enclosing = ((g["start_ns"] <= start) & (g["end_ns"] >= end) & (g["range_id"] != row.range_id)).sum()
+        assert row.depth == enclosing
+
+
+def test_cpu_ranges_carry_seq_and_fwd_thread_id():
+    path = _need(EAGER)
+    trace = _raw(path)
+    r = read_kineto(path).ranges
+    base = int(trace["baseTimeNanoseconds"])
+    want = Counter()
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") == "X" and ev.get("cat") == "cpu_op" and "Sequence number" in ev.get("args", {}):
+            want[(base + _ns(ev["ts"]), ev["name"], int(ev["args"]["Sequence number"]),
+                  int(ev["args"]["Fwd thread id"]))] += 1
+    with_seq = r[r["seq"].notna()]
+    got = Counter(zip((int(s) for s in with_seq["start_ns"]), with_seq["name"], (int(s) for s in with_seq["seq"]),
+                      (int(f) for f in with_seq["fwd_thread_id"])))
+    assert want and got == want
+
+
+def test_gpu_triton_kernel_joins_its_driver_launch():
+    path = _need(TRITON)
+    trace = _raw(path)
+    base = int(trace["baseTimeNanoseconds"])
+    events = trace["traceEvents"]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    assert len(gpu) == 1
+    corr = gpu[0]["args"]["correlation"]
+    launch = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+              and e.get("args", {}).get("correlation") == corr]
+    assert len(launch) == 1
+    launch = launch[0]
+
+    t = read_kineto(path)
+    assert len(t.kernels) == 1
+    k = t.kernels.iloc[0]
+    assert k["name"] == gpu[0]["name"]
+    assert int(k["correlation_id"]) == int(corr)
+    assert k["launch_api"] == launch["name"] == "cuLaunchKernel"
+    assert int(k["launch_tid"]) == int(launch["tid"])
+    assert int(k["launch_start_ns"]) == base + _ns(launch["ts"])
+    assert int(k["launch_end_ns"]) == base + _ns(launch["ts"]) + _ns(launch["dur"])
+    assert int(k["start_ns"]) == base + _ns(gpu[0]["ts"])
+    assert int(k["duration_ns"]) == _ns(gpu[0]["dur"])
+    # Kineto writes the device as the GPU event's pid; the kernel's process is the launch's.
+    assert int(k["pid"]) == int(launch["pid"]) != int(gpu[0]["pid"])
+    assert int(k["device"]) == int(gpu[0]["args"]["device"])
+    assert int(k["stream"]) == int(gpu[0]["args"]["stream"])
+    assert k["grid"] == ",".join(gpu[0]["args"]["grid"]) and k["block"] == ",".join(gpu[0]["args"]["block"])
+    assert int(k["kernel_id"]) == 0 and int(k["occurrence"]) == 0
+    n_launch_events = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver"))
+    assert len(t.launches) == n_launch_events
+
+
+def test_gpu_alexnet_kernel_count_and_launch_join():
+    path = _need(ALEXNET)
+    trace = _raw(path)
+    events = trace["traceEvents"]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    t = read_kineto(path)
+    k = t.kernels
+    assert len(k) == len(gpu) == 79
+    assert list(k["kernel_id"]) == list(range(len(k)))
+    by_corr = {int(c): e for c, e in launches.items()}
+    for row in k.itertuples(index=False):
+        launch = by_corr[int(row.correlation_id)]
+        assert int(row.launch_start_ns) == _ns(launch["ts"])  # no baseTimeNanoseconds: absolute µs
+        assert row.launch_api == launch["name"]
+        assert int(row.launch_tid) == int(launch["tid"])
+    # Launch order: kernel ids follow the launch calls' start times.
+    assert list(k["launch_start_ns"].astype(int)) == sorted(k["launch_start_ns"].astype(int))
+
+
+def test_write_timeline_roundtrip_keeps_contract(tmp_path):
+    path = _need(COMPILED)
+    t = read_kineto(path)
+    write_timeline(t, tmp_path)
+    back = tables.read_table(tmp_path / "kernels.parquet")
+    assert list(back.columns[: len(tables.KERNELS.names)]) == tables.KERNELS.names
+    assert list(back["start_ns"]) == list(t.kernels["start_ns"])
+    assert len(tables.read_table(tmp_path / "ranges.parquet")) == len(t.ranges)
+
+
+# ------------------------------------------------------------------------------ synthetic traces
+
+
+def _write(path: Path, obj, gz: bool = False) -> Path:
+    text = obj if isinstance(obj, str) else json.dumps(obj)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_integer_ns_without_float_drift(tmp_path):
+    base = 1790857026000000000
+    # Numbers as Kineto writes them (3 decimals, relative to baseTimeNanoseconds).
+    text = (
+        '{"baseTimeNanoseconds": %d, "traceEvents": ['
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, '
+        '"ts": 5162511311507.697, "dur": 0.001}]}' % base
+    )
+    t = read_kineto(_write(tmp_path / "t.json", text))
+    # the drift the reader must avoid: absolute ns (~1.8e18) do not fit a float's 53-bit mantissa
+    assert int(base + float("5162511311507.697") * 1000) != base + 5162511311507697
+    k = t.kernels.iloc[0]
+    assert int(k["start_ns"]) == base + 5162511311507697
+    assert int(k["end_ns"]) == base + 5162511311507698
+    assert int(k["duration_ns"]) == 1
+    r = t.ranges.iloc[0]
+    assert int(r["start_ns"]) == base + 5162511311507697
+
+
+def test_synthetic_nesting_iteration_and_layer_columns(tmp_path):
+    def ev(cat, name, ts, dur, tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        ev("user_annotation", "opprof.iteration:0", 0, 100),
+        ev("user_annotation", "opprof.layer:h.0", 10, 50),
+        ev("cpu_op", "aten::linear", 12, 20),
+        ev("cpu_op", "aten::addmm", 14, 10),      # nested in aten::linear: not a kernel of its own
+        ev("cpu_op", "aten::copy_", 15, 2),
+        ev("cpu_op", "graph_0_cpp_fused_add_0", 40, 5),
+        ev("cpu_op", "autograd::engine::evaluate_function: AddBackward0", 70, 10),  # not a dispatcher op
+        ev("cpu_op", "aten::mul", 72, 3),
+        ev("cpu_op", "aten::mul", 200, 3),        # outside the iteration
+        ev("cpu_op", "aten::mul", 0, 3, tid=2),   # another thread: its own nesting
+        {"ph": "i", "name": "instant", "pid": 7, "tid": 1, "ts": 5},
+        {"ph": "M", "name": "thread_name", "pid": 7, "tid": 1, "args": {"name": "x"}},
+    ]}
+    t = read_kineto(_write(tmp_path / "t.json.gz", trace, gz=True))
+    k = t.kernels
+    assert list(k["name"]) == ["aten::mul", "aten::linear", "graph_0_cpp_fused_add_0", "aten::mul", "aten::mul"]
+    assert list(k["launch_tid"].astype(int)) == [2, 1, 1, 1, 1]
+    assert list(k["start_ns"].astype(int)) == [0, 12000, 40000, 72000, 200000]
+    assert list(k["occurrence"]) == [0, 0, 0, 1, 2]
+    # the iteration range is per process: the other thread's call at ts 0 lies inside it too
+    assert [None if pd.isna(i) else int(i) for i in k["iteration"]] == [0, 0, 0, 0, None]
+
+    r = t.ranges.set_index("name")
+    assert int(r.loc["aten::copy_", "depth"]) == 4
+    assert int(r.loc["opprof.iteration:0", "iteration"]) == 0
+    assert r.loc["opprof.layer:h.0", "layer"] == "h.0"
+    assert r.loc["aten::linear", "layer"] is None or pd.isna(r.loc["aten::linear", "layer"])
+    parent = t.ranges.set_index("range_id").loc[int(r.loc["aten::addmm", "parent_id"]), "name"]
+    assert parent == "aten::linear"
+    assert len(t.launches) == 0
+
+
+def test_bare_array_form_is_accepted(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]
+    t = read_kineto(_write(tmp_path / "t.json", events))
+    assert list(t.kernels["name"]) == ["aten::mm"]
+    assert int(t.kernels["start_ns"].iloc[0]) == 1000
+
+
+def test_truncated_gzip_raises_timeline_error_naming_the_file(tmp_path):
+    src = _need(EAGER).read_bytes()
+    bad = tmp_path / "truncated.json.gz"
+    bad.write_bytes(src[: len(src) // 2])
+    with pytest.raises(TimelineError) as err:
+        read_kineto(bad)
+    assert str(bad) in str(err.value)
+
+
+def test_non_json_raises_timeline_error_naming_the_file(tmp_path):
+    bad = _write(tmp_path / "garbage.json", "this is not json {")
+    with pytest.raises(TimelineError) as err:
+        read_kineto(bad)
+    assert str(bad) in str(err.value)
+
+
+def test_gzip_of_non_json_raises(tmp_path):
+    bad = _write(tmp_path / "garbage.json.gz", "<html>", gz=True)
+    with pytest.raises(TimelineError, match=re.escape(str(bad))):
+        read_kineto(bad)
+
+
+@pytest.mark.parametrize("content", [{"events": []}, {"traceEvents": {"a": 1}}, 42])
+def test_json_without_trace_events_raises(tmp_path, content):
+    bad = _write(tmp_path / "notrace.json", content)
+    with pytest.raises(TimelineError) as err:
+        read_kineto(bad)
+    assert str(bad) in str(err.value)
+    assert "traceEvents" in str(err.value)
+
+
+def test_missing_file_raises_timeline_error(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(TimelineError, match=re.escape(str(missing))):
+        read_kineto(missing)
+
+
+@pytest.mark.parametrize("drop", ["ts", "dur"])
+def test_event_without_ts_names_its_index(tmp_path, drop):
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 5, "dur": 2},
+    ]
+    del events[2][drop]
+    bad = _write(tmp_path / "t.json", {"traceEvents": events})
+    with pytest.raises(TimelineError) as err:
+        read_kineto(bad)
+    msg = str(err.value)
+    assert "traceEvents[2]" in msg and "aten::add" in msg and str(bad) in msg
