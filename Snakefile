@@ -21,6 +21,6 @@ include: "workflow/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         final_outputs(),
-    default_target: True

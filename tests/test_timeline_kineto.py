@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from operator_profiler import tables
-from operator_profiler.timeline.kineto import TimelineError, read_kineto, write_timeline
+from operator_profiler.timeline.kineto import METADATA_OPS, TimelineError, read_kineto, write_timeline
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 CPU_TRACES = REAL / "inductor-cpu" / "traces"
@@ -54,7 +54,12 @@ def _is_call(name: str) -> bool:
 
 
 def _expected_cpu_kernels(trace: dict) -> list[dict]:
-    """Outermost calls (dispatcher ops / Inductor C++ kernels) per thread, computed from the raw events."""
+    """CPU compute calls with their self time, computed from the raw events.
+
+    A call (dispatcher op / Inductor C++ kernel) is a compute call unless it is a metadata op
+    enclosed by a compute call; its self time is its duration minus the durations of the compute
+    calls whose innermost enclosing compute call it is.
+    """
     base = int(trace.get("baseTimeNanoseconds") or 0)
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for ev in trace["traceEvents"]:
@@ -66,14 +71,19 @@ def _expected_cpu_kernels(trace: dict) -> list[dict]:
             )
     out = []
     for calls in by_thread.values():
+        calls.sort(key=lambda c: (c["start"], -c["end"]))
+        compute: list[dict] = []
         for c in calls:
-            nested = any(
-                o is not c and o["start"] <= c["start"] and c["end"] <= o["end"]
-                and (o["start"], -o["end"]) < (c["start"], -c["end"])
-                for o in calls
-            )
-            if not nested:
-                out.append(c)
+            enclosing = [o for o in compute if o["start"] <= c["start"] and c["end"] <= o["end"]]
+            if c["name"] in METADATA_OPS and enclosing:
+                continue
+            c["parent"] = max(enclosing, key=lambda o: o["start"]) if enclosing else None
+            c["self"] = c["end"] - c["start"]
+            compute.append(c)
+        for c in compute:
+            if c["parent"] is not None:
+                c["parent"]["self"] -= c["end"] - c["start"]
+        out.extend(compute)
     return sorted(out, key=lambda c: (c["start"], c["end"]))
 
 
@@ -83,7 +93,7 @@ def cpu_case(request):
     return _raw(path), read_kineto(path)
 
 
-def test_cpu_kernel_count_matches_outermost_calls(cpu_case):
+def test_cpu_kernel_count_matches_compute_calls(cpu_case):
     trace, timeline = cpu_case
     expected = _expected_cpu_kernels(trace)
     assert len(expected) > 50  # the traces hold two training steps / one eager step of a transformer block
@@ -98,7 +108,12 @@ def test_cpu_kernel_intervals_are_exact_ns(cpu_case):
     got = sorted(zip(k["start_ns"].astype(int), k["end_ns"].astype(int), k["name"]))
     want = sorted((c["start"], c["end"], c["name"]) for c in expected)
     assert got == want
-    assert (k["duration_ns"].astype(int) == k["end_ns"].astype(int) - k["start_ns"].astype(int)).all()
+    selves = {(c["start"], c["name"]): c["self"] for c in expected}
+    assert [int(d) for d in k["duration_ns"]] == [selves[(int(s), n)] for s, n in zip(k["start_ns"], k["name"])]
+    # Self times conserve the time of the outermost calls: each CPU nanosecond counted once.
+    outermost = [c for c in expected if c["parent"] is None]
+    assert int(k["duration_ns"].sum()) == sum(c["end"] - c["start"] for c in outermost)
+    assert k["parent_kernel_id"].isna().sum() == len(outermost)
     # A CPU kernel is its own launch, on its own thread.
     assert (k["launch_api"] == "cpu").all()
     assert (k["launch_start_ns"].astype(int) == k["start_ns"].astype(int)).all()
@@ -270,24 +285,29 @@ def test_synthetic_nesting_iteration_and_layer_columns(tmp_path):
         ev("user_annotation", "opprof.iteration:0", 0, 100),
         ev("user_annotation", "opprof.layer:h.0", 10, 50),
         ev("cpu_op", "aten::linear", 12, 20),
-        ev("cpu_op", "aten::addmm", 14, 10),      # nested in aten::linear: not a kernel of its own
+        ev("cpu_op", "aten::t", 12, 1),           # metadata op inside aten::linear: part of its self time
+        ev("cpu_op", "aten::addmm", 14, 10),      # nested compute call: a kernel of its own
         ev("cpu_op", "aten::copy_", 15, 2),
         ev("cpu_op", "graph_0_cpp_fused_add_0", 40, 5),
         ev("cpu_op", "autograd::engine::evaluate_function: AddBackward0", 70, 10),  # not a dispatcher op
         ev("cpu_op", "aten::mul", 72, 3),
         ev("cpu_op", "aten::mul", 200, 3),        # outside the iteration
         ev("cpu_op", "aten::mul", 0, 3, tid=2),   # another thread: its own nesting
+        ev("cpu_op", "aten::view", 90, 1),        # top-level metadata op: a kernel (its time is nobody else's)
         {"ph": "i", "name": "instant", "pid": 7, "tid": 1, "ts": 5},
         {"ph": "M", "name": "thread_name", "pid": 7, "tid": 1, "args": {"name": "x"}},
     ]}
     t = read_kineto(_write(tmp_path / "t.json.gz", trace, gz=True))
     k = t.kernels
-    assert list(k["name"]) == ["aten::mul", "aten::linear", "graph_0_cpp_fused_add_0", "aten::mul", "aten::mul"]
-    assert list(k["launch_tid"].astype(int)) == [2, 1, 1, 1, 1]
-    assert list(k["start_ns"].astype(int)) == [0, 12000, 40000, 72000, 200000]
-    assert list(k["occurrence"]) == [0, 0, 0, 1, 2]
+    assert list(k["name"]) == ["aten::mul", "aten::linear", "aten::addmm", "aten::copy_", "graph_0_cpp_fused_add_0",
+                               "aten::mul", "aten::view", "aten::mul"]
+    assert list(k["launch_tid"].astype(int)) == [2, 1, 1, 1, 1, 1, 1, 1]
+    assert list(k["start_ns"].astype(int)) == [0, 12000, 14000, 15000, 40000, 72000, 90000, 200000]
+    assert list(k["duration_ns"].astype(int)) == [3000, 10000, 8000, 2000, 5000, 3000, 1000, 3000]
+    assert [None if pd.isna(p) else int(p) for p in k["parent_kernel_id"]] == [None, None, 1, 2, None, None, None, None]
+    assert list(k["occurrence"]) == [0, 0, 0, 0, 0, 1, 0, 2]
     # the iteration range is per process: the other thread's call at ts 0 lies inside it too
-    assert [None if pd.isna(i) else int(i) for i in k["iteration"]] == [0, 0, 0, 0, None]
+    assert [None if pd.isna(i) else int(i) for i in k["iteration"]] == [0, 0, 0, 0, 0, 0, 0, None]
 
     r = t.ranges.set_index("name")
     assert int(r.loc["aten::copy_", "depth"]) == 4

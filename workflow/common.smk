@@ -66,13 +66,16 @@ def fusion_map_input(wildcards):
 
 def layer_classes(wildcards):
     """Class names decided by the classify_layers checkpoint."""
-    classes_dir = checkpoints.classify_layers.get(workload=wildcards.workload).output.classes_dir
+    classes_dir = checkpoints.classify_layers.get(
+        workload=wildcards.workload
+    ).output.classes_dir
     return sorted(p.stem for p in Path(classes_dir).glob("*.json"))
 
 
 def ncu_tables(wildcards):
     return [
-        f"results/{wildcards.workload}/ncu/{cls}.parquet" for cls in layer_classes(wildcards)
+        f"results/{wildcards.workload}/ncu/{cls}.parquet"
+        for cls in layer_classes(wildcards)
     ]
 
 

@@ -22,13 +22,41 @@ REST_CLASS = "rest"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
-    """Module path of the layer range enclosing each kernel's launch on its launching thread.
+def layer_of_ranges(ranges: pd.DataFrame) -> dict[int, str | None]:
+    """range id -> module path of the nearest enclosing layer range (itself included), via parent_id."""
+    layer_of: dict[int, str | None] = {}
+    ordered = ranges.sort_values("depth", kind="stable")  # parents before children
+    for rid, parent, own in zip(ordered["range_id"], ordered["parent_id"], ordered["layer"]):
+        inherited = None if pd.isna(parent) else layer_of.get(int(parent))
+        layer_of[int(rid)] = inherited if pd.isna(own) else own
+    return layer_of
 
-    Layer ranges never nest (:func:`operator_profiler.workloads.find_layers` picks the outermost
-    repeated blocks), so a per-thread sorted search suffices. Returns an object Series aligned with
-    ``kernels`` (None outside every layer).
+
+def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
+    """Module path of the layer each kernel belongs to (None outside every layer).
+
+    A forward kernel belongs to the layer range enclosing its launch on its launching thread; layer
+    ranges never nest (:func:`operator_profiler.workloads.find_layers` picks the outermost repeated
+    blocks), so a per-thread sorted search suffices. A backward kernel (launched by an autograd node,
+    outside every layer range) belongs to the layer of the forward op that created its node, found
+    through the autograd sequence number (:func:`operator_profiler.attribution.correlation.enclosing_ops`).
+    Returns an object Series aligned with ``kernels``.
     """
+    direct = _enclosing_layer(kernels, ranges)
+    outside = direct.isna()
+    if outside.any() and ranges["layer"].notna().any() and ranges["seq"].notna().any():
+        from .attribution.correlation import enclosing_ops
+
+        stacks = enclosing_ops(kernels[outside.to_numpy()], ranges)
+        layer_of = layer_of_ranges(ranges)
+        for idx, kid in zip(kernels.index[outside.to_numpy()], kernels.loc[outside, "kernel_id"]):
+            fwd = stacks[int(kid)].forward_range_id
+            if fwd is not None:
+                direct.at[idx] = layer_of.get(fwd)
+    return direct
+
+
+def _enclosing_layer(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
     layer_ranges = ranges[ranges["layer"].notna()]
     result = pd.Series([None] * len(kernels), index=kernels.index, dtype=object)
     if layer_ranges.empty or kernels.empty:

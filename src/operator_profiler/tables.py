@@ -37,6 +37,8 @@ KERNELS = pa.schema(
         ("occurrence", pa.int64()),
         ("source", pa.string()),
         ("iteration", pa.int64()),  # measured iteration whose range encloses the launch, null if none
+        ("range_id", pa.int64()),  # CPU kernels: the op's range in ranges.parquet (null for GPU)
+        ("parent_kernel_id", pa.int64()),  # CPU kernels: nearest enclosing CPU kernel (null for GPU)
     ]
 )
 

@@ -4,8 +4,8 @@ Precedence for ``operator`` (documented in DESIGN.md §3): the correlation path 
 operator when a dispatcher op encloses the launch; NVTX (b) comes next; a kernel that no ATen op
 encloses but that the Inductor fusion map (c) knows (a fused Triton/C++ kernel) gets the operator
 label of its fused ATen ops. The fusion map always fills ``fused_ops``/``source_nodes`` when it has
-the kernel's call site. ``layer``/``layer_class`` come from the layer classification; ``module`` is
-the layer instance's module path (for backward kernels: the layer of their forward op).
+the kernel's call site. ``layer``/``layer_class`` come from the layer classification (backward
+kernels belong to the layer of their forward op); ``module`` is the layer instance's module path.
 """
 
 from __future__ import annotations
@@ -36,40 +36,52 @@ def fused_operator_label(fused_ops: list[str]) -> str | None:
     return "+".join(sorted(compute))
 
 
+def _root_kernels(kernels: pd.DataFrame) -> dict[int, int]:
+    """kernel_id -> the outermost CPU kernel enclosing it (itself for top-level and GPU kernels)."""
+    parent = {int(k): (None if pd.isna(p) else int(p)) for k, p in zip(kernels["kernel_id"], kernels["parent_kernel_id"])}
+    root: dict[int, int] = {}
+    for kid in kernels["kernel_id"].astype(int):  # launch order: parents precede their children
+        p = parent[kid]
+        root[kid] = kid if p is None else root.get(p, p)
+    return root
+
+
 def _region_call_sites(kernels: pd.DataFrame, stacks: dict[int, OpStack], fusion_map: pd.DataFrame) -> tuple[dict[int, dict], dict[int, str]]:
     """kernel_id -> fusion-map row for kernels inside a compiled-graph region whose kernel
-    sequence matches one graph's call sites; kernel_id -> reason for those that do not."""
+    sequence matches one graph's call sites; kernel_id -> reason for those that do not.
+
+    Only the top-level kernels of a region are call sites (``extern_kernels.addmm`` runs
+    ``aten::addmm``, which may run ``aten::copy_`` on a CPU); nested CPU kernels share the call
+    site of the kernel that encloses them.
+    """
     rows: dict[int, dict] = {}
     reasons: dict[int, str] = {}
-    by_region: dict[int, list[tuple[int, str]]] = {}
+    root = _root_kernels(kernels)
+    by_region: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
     for k in kernels.itertuples(index=False):
-        region = stacks[int(k.kernel_id)].compiled_region
+        kid = int(k.kernel_id)
+        region = stacks[kid].compiled_region
         if region is not None:
-            by_region.setdefault(region, []).append((int(k.kernel_id), k.name))
+            by_region.setdefault(region, []).append(kid)
+            names[kid] = k.name
     for region, members in by_region.items():
-        names = [name for _, name in members]
-        match = inductor.match_region(names, fusion_map) if len(fusion_map) else None
+        calls = [kid for kid in members if root[kid] == kid]
+        match = inductor.match_region([names[kid] for kid in calls], fusion_map) if len(fusion_map) else None
         if match is None:
-            for kid, _ in members:
+            for kid in members:
                 reasons[kid] = "no_fusion_map" if not len(fusion_map) else "fusion_map_mismatch"
             continue
         graph, call_indexes = match
         graph_rows = fusion_map[fusion_map["graph"] == graph].set_index("call_index")
-        for (kid, _), call_index in zip(members, call_indexes):
+        for kid, call_index in zip(calls, call_indexes):
             row = graph_rows.loc[call_index].to_dict()
             row["call_index"] = int(call_index)
             rows[kid] = row
+        for kid in members:
+            if root[kid] != kid and root[kid] in rows:
+                rows[kid] = rows[root[kid]]
     return rows, reasons
-
-
-def _layer_of_range(ranges: pd.DataFrame) -> dict[int, str | None]:
-    """range id -> module path of the nearest enclosing layer range (itself included)."""
-    layer_of: dict[int, str | None] = {}
-    ordered = ranges.sort_values("depth", kind="stable")  # parents before children
-    for rid, parent, own in zip(ordered["range_id"], ordered["parent_id"], ordered["layer"]):
-        inherited = None if pd.isna(parent) else layer_of.get(int(parent))
-        layer_of[int(rid)] = inherited if pd.isna(own) else own
-    return layer_of
 
 
 def attribute(
@@ -94,7 +106,6 @@ def attribute(
     fusion_map = fusion_map if fusion_map is not None else pd.DataFrame()
     stacks = enclosing_ops(kernels, ranges)
     call_sites, region_reasons = _region_call_sites(kernels, stacks, fusion_map)
-    range_layer = _layer_of_range(ranges)
     names = ranges.set_index("range_id")["name"].to_dict()
     layers = kernel_layers.set_index("kernel_id")
 
@@ -128,8 +139,6 @@ def attribute(
         layer = layers.at[kid, "layer"] if kid in layers.index else None
         layer = None if pd.isna(layer) else layer
         module = layer
-        if module is None and found.forward_range_id is not None:
-            module = range_layer.get(found.forward_range_id)
         records.append(
             {
                 "kernel_id": kid,

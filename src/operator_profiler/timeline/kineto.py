@@ -5,13 +5,16 @@ Format facts from ``../shared/docs/kineto-and-inductor.md`` §1 (sources: kineto
 GPU events have ``pid`` = device and ``tid`` = stream; a kernel joins its launch (``cuda_runtime`` or
 ``cuda_driver``) by ``args.correlation``.
 
-On a CPU-only trace there are no GPU kernels. The *kernels* are then the CPU compute calls of the
-measured iterations: every Inductor C++ kernel (``graph_<n>_cpp_*``, visible with
-``cpp.enable_kernel_profile``) and every dispatcher operator (``aten::addmm``, ``aten::mm`` ...) that is
-not nested inside another such call on its thread. Nested calls (``aten::addmm`` > ``aten::copy_``) are
-part of their parent's time, so each CPU-nanosecond is counted once. A CPU kernel is its own launch
-(``launch_*`` = its own interval on its thread, ``launch_api`` = ``cpu``); framework markers
-(``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd engine wrappers) stay ranges.
+On a CPU-only trace there are no GPU kernels. The *kernels* are then the CPU compute calls: every
+Inductor C++ kernel (``graph_<n>_cpp_*``, visible with ``cpp.enable_kernel_profile``) and every
+dispatcher operator (``aten::addmm``, ``aten::copy_`` ...) except metadata ops (views, ``empty``,
+``resolve_conj`` ...: their time stays with the call that made them). A CPU kernel's ``duration_ns``
+is its *self* time: its interval minus the nested compute calls', so ``aten::addmm`` > ``aten::copy_``
+gives two kernels (the GEMM's own time and the bias copy) and every nanosecond is counted once,
+with the innermost ATen op that did the work as the operator, as for a GPU kernel. ``start_ns``/
+``end_ns`` remain the call's interval, ``parent_kernel_id`` the enclosing compute call. A CPU kernel
+is its own launch (``launch_*`` = its interval on its thread, ``launch_api`` = ``cpu``); framework
+markers (``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd wrappers) stay ranges.
 """
 
 from __future__ import annotations
@@ -49,6 +52,19 @@ KERNEL_CATEGORIES = {"kernel", "Kernel"}
 # do not match: they are wrappers whose work is the operators inside them.
 DISPATCHER_OP = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z0-9_.]+$")
 INDUCTOR_CPP_KERNEL = re.compile(r"^graph_\d+_cpp_")
+# Ops that only create or re-describe tensors (no arithmetic, no copy of data). Inside a compute
+# call their time is part of that call's own time, as on a GPU, where they launch no kernel.
+METADATA_OPS = frozenset(
+    "aten::" + op
+    for op in (
+        "view", "_unsafe_view", "_reshape_alias", "reshape", "as_strided", "t", "transpose", "permute",
+        "expand", "expand_as", "squeeze", "unsqueeze", "select", "slice", "narrow", "split",
+        "split_with_sizes", "chunk", "unbind", "detach", "alias", "lift_fresh", "resolve_conj",
+        "resolve_neg", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
+        "result_type", "to", "contiguous", "flatten", "unflatten", "view_as", "broadcast_to",
+        "_has_compatible_shallow_copy_type", "is_nonzero", "size", "stride", "numel", "dim",
+    )
+)
 _THOUSAND = Decimal(1000)
 
 
@@ -126,37 +142,55 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
-    """Outermost dispatcher operators and Inductor C++ kernels (see module docstring)."""
-    is_call = (ranges["kind"] == "cpu_op") & (
-        ranges["name"].str.match(DISPATCHER_OP) | ranges["name"].str.match(INDUCTOR_CPP_KERNEL)
-    )
-    calls = is_call.to_numpy()
+    """CPU compute calls with their exclusive (self) time (see module docstring).
+
+    A *compute call* is an Inductor C++ kernel or a dispatcher op that is not a metadata op; a
+    metadata op (:data:`METADATA_OPS`) is a compute call only when no compute call encloses it
+    (otherwise its time belongs to its parent). ``duration_ns`` is the call's interval minus the
+    intervals of the nearest compute calls nested in it, so every CPU nanosecond inside the
+    outermost calls is counted exactly once; ``parent_kernel_id`` points to the nearest enclosing
+    compute call (resolved to kernel ids by :func:`finish_kernels`).
+    """
+    names = ranges["name"]
+    is_call = ((ranges["kind"] == "cpu_op") & (names.str.match(DISPATCHER_OP) | names.str.match(INDUCTOR_CPP_KERNEL))).to_numpy()
+    is_metadata = names.isin(METADATA_OPS).to_numpy()
     parent = ranges["parent_id"].fillna(-1).astype(np.int64).to_numpy()
-    inside_call = np.zeros(len(ranges), dtype=bool)
-    # ranges are in pre-order (sorted by start within a thread), so a parent is visited first.
-    for i in range(len(ranges)):
+    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
+    n = len(ranges)
+    kernel = np.zeros(n, dtype=bool)
+    enclosing = np.full(n, -1, dtype=np.int64)  # nearest enclosing compute call (position), -1 if none
+    nested_time = np.zeros(n, dtype=np.int64)
+    # ranges are in pre-order per thread (sorted by start, longer first), so parents come first.
+    for i in range(n):
         p = parent[i]
-        if p >= 0:
-            inside_call[i] = inside_call[p] or calls[p]
-    chosen = ranges[calls & ~inside_call]
+        enclosing[i] = -1 if p < 0 else (p if kernel[p] else enclosing[p])
+        kernel[i] = is_call[i] and (not is_metadata[i] or enclosing[i] < 0)
+        if kernel[i] and enclosing[i] >= 0:
+            nested_time[enclosing[i]] += ends[i] - starts[i]
+    chosen = np.flatnonzero(kernel)
+    rows = ranges.iloc[chosen]
     return pd.DataFrame(
         {
-            "pid": chosen["pid"].to_numpy(),
+            "pid": rows["pid"].to_numpy(),
             "device": -1,
             "stream": -1,
-            "name": chosen["name"].to_numpy(),
+            "name": rows["name"].to_numpy(),
             "mangled_name": None,
-            "start_ns": chosen["start_ns"].to_numpy(),
-            "end_ns": chosen["end_ns"].to_numpy(),
-            "correlation_id": pd.array([None] * len(chosen), dtype="Int64"),
-            "launch_tid": chosen["tid"].to_numpy(),
-            "launch_start_ns": chosen["start_ns"].to_numpy(),
-            "launch_end_ns": chosen["end_ns"].to_numpy(),
+            "start_ns": rows["start_ns"].to_numpy(),
+            "end_ns": rows["end_ns"].to_numpy(),
+            "duration_ns": (ends[chosen] - starts[chosen] - nested_time[chosen]).astype(np.int64),
+            "correlation_id": pd.array([None] * len(rows), dtype="Int64"),
+            "launch_tid": rows["tid"].to_numpy(),
+            "launch_start_ns": rows["start_ns"].to_numpy(),
+            "launch_end_ns": rows["end_ns"].to_numpy(),
             "launch_api": "cpu",
             "grid": None,
             "block": None,
-            "graph_id": pd.array([None] * len(chosen), dtype="Int64"),
-            "graph_node_id": pd.array([None] * len(chosen), dtype="Int64"),
+            "graph_id": pd.array([None] * len(rows), dtype="Int64"),
+            "graph_node_id": pd.array([None] * len(rows), dtype="Int64"),
+            "range_id": rows["range_id"].to_numpy(),
+            # range_id is the position in ``ranges`` (set by _nest), so positions are range ids.
+            "parent_range_id": enclosing[chosen],
         }
     )
 
@@ -271,7 +305,17 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     kernels = kernels.assign(_order=order_key).sort_values(["_order", "start_ns"], kind="stable")
     kernels = kernels.drop(columns="_order").reset_index(drop=True)
     kernels["kernel_id"] = np.arange(len(kernels), dtype=np.int64)
-    kernels["duration_ns"] = (kernels["end_ns"] - kernels["start_ns"]).astype("int64")
+    if "duration_ns" not in kernels:  # GPU kernels: the execution interval
+        kernels["duration_ns"] = (kernels["end_ns"] - kernels["start_ns"]).astype("int64")
+    if "range_id" in kernels:  # CPU kernels: nearest enclosing CPU kernel, by its range
+        kernel_of_range = dict(zip(kernels["range_id"], kernels["kernel_id"]))
+        kernels["parent_kernel_id"] = pd.array(
+            [kernel_of_range.get(r) if r >= 0 else None for r in kernels.pop("parent_range_id")], dtype="Int64"
+        )
+        kernels["range_id"] = pd.array(kernels["range_id"], dtype="Int64")
+    else:
+        kernels["range_id"] = pd.array([None] * len(kernels), dtype="Int64")
+        kernels["parent_kernel_id"] = pd.array([None] * len(kernels), dtype="Int64")
     kernels["match_key"] = kernels["mangled_name"].fillna(kernels["name"])
     kernels["occurrence"] = kernels.groupby("match_key").cumcount().astype("int64")
     kernels["source"] = source
