@@ -15,7 +15,7 @@ rule aggregate:
     log:
         "logs/aggregate/{workload}.log",
     benchmark:
-        "benchmarks/aggregate/{workload}.tsv"
+        "results/{workload}/benchmarks/aggregate.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

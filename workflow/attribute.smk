@@ -11,7 +11,7 @@ rule attribute:
     log:
         "logs/attribute/{workload}.log",
     benchmark:
-        "benchmarks/attribute/{workload}.tsv"
+        "results/{workload}/benchmarks/attribute.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

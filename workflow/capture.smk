@@ -14,7 +14,7 @@ rule capture_timeline:
     log:
         "logs/capture_timeline/{workload}.log",
     benchmark:
-        "benchmarks/capture_timeline/{workload}.tsv"
+        "results/{workload}/benchmarks/capture_timeline.tsv"
     conda:
         "../envs/torch.yaml"
     resources:
@@ -38,7 +38,7 @@ rule capture_kineto:
     log:
         "logs/capture_kineto/{workload}.log",
     benchmark:
-        "benchmarks/capture_kineto/{workload}.tsv"
+        "results/{workload}/benchmarks/capture_kineto.tsv"
     conda:
         "../envs/torch.yaml"
     resources:
@@ -60,7 +60,7 @@ rule compile_artifacts:
     log:
         "logs/compile_artifacts/{workload}.log",
     benchmark:
-        "benchmarks/compile_artifacts/{workload}.tsv"
+        "results/{workload}/benchmarks/compile_artifacts.tsv"
     conda:
         "../envs/torch.yaml"
     resources:
@@ -82,7 +82,7 @@ rule build_fusion_map:
     log:
         "logs/build_fusion_map/{workload}.log",
     benchmark:
-        "benchmarks/build_fusion_map/{workload}.tsv"
+        "results/{workload}/benchmarks/build_fusion_map.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

@@ -4,7 +4,7 @@ rule select_clocks:
     log:
         "logs/select_clocks/{workload}.log",
     benchmark:
-        "benchmarks/select_clocks/{workload}.tsv"
+        "results/{workload}/benchmarks/select_clocks.tsv"
     conda:
         "../envs/torch.yaml"
     resources:

@@ -14,7 +14,7 @@ checkpoint classify_layers:
     log:
         "logs/classify_layers/{workload}.log",
     benchmark:
-        "benchmarks/classify_layers/{workload}.tsv"
+        "results/{workload}/benchmarks/classify_layers.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

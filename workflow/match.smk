@@ -8,7 +8,7 @@ rule match_invocations:
     log:
         "logs/match_invocations/{workload}.log",
     benchmark:
-        "benchmarks/match_invocations/{workload}.tsv"
+        "results/{workload}/benchmarks/match_invocations.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

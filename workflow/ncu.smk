@@ -7,7 +7,7 @@ rule replay_ncu:
     log:
         "logs/replay_ncu/{workload}/{cls}.log",
     benchmark:
-        "benchmarks/replay_ncu/{workload}/{cls}.tsv"
+        "results/{workload}/benchmarks/replay_ncu/{cls}.tsv"
     conda:
         "../envs/torch.yaml"
     resources:
@@ -26,7 +26,7 @@ rule parse_ncu:
     log:
         "logs/parse_ncu/{workload}/{cls}.log",
     benchmark:
-        "benchmarks/parse_ncu/{workload}/{cls}.tsv"
+        "results/{workload}/benchmarks/parse_ncu/{cls}.tsv"
     conda:
         "../envs/analysis.yaml"
     script:

@@ -11,7 +11,7 @@ rule report:
     log:
         "logs/report/{workload}.log",
     benchmark:
-        "benchmarks/report/{workload}.tsv"
+        "results/{workload}/benchmarks/report.tsv"
     conda:
         "../envs/analysis.yaml"
     params:

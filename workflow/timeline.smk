@@ -9,7 +9,7 @@ rule export_timeline:
     log:
         "logs/export_timeline/{workload}.log",
     benchmark:
-        "benchmarks/export_timeline/{workload}.tsv"
+        "results/{workload}/benchmarks/export_timeline.tsv"
     conda:
         "../envs/analysis.yaml"
     script:
