@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
-from intervaltree import IntervalTree
 
 from ..timeline.kineto import DISPATCHER_OP
 
@@ -33,14 +33,44 @@ class OpStack:
     reason: str | None = None
 
 
-def _trees(ranges: pd.DataFrame) -> dict[tuple[int, int], IntervalTree]:
-    trees: dict[tuple[int, int], IntervalTree] = {}
-    ops = ranges[ranges["end_ns"].notna() & (ranges["end_ns"] > ranges["start_ns"])]
-    for (pid, tid), group in ops.groupby(["pid", "tid"]):
-        trees[(int(pid), int(tid))] = IntervalTree.from_tuples(
-            zip(group["start_ns"].astype("int64"), group["end_ns"].astype("int64"), group["range_id"].astype("int64"))
-        )
-    return trees
+class _ThreadRanges:
+    """The ranges of each (pid, tid) in pre-order, for "which ranges enclose [t0, t1]" queries.
+
+    Complete events on one thread nest (the timeline reader's ``parent_id`` guarantees that a parent
+    contains its child), so the innermost range enclosing ``t0`` is an ancestor-or-self of the last
+    range starting at or before ``t0``: a binary search and a walk up the parents answer the query
+    in O(log n + depth), without building interval trees.
+    """
+
+    def __init__(self, ranges: pd.DataFrame):
+        closed = ranges[ranges["end_ns"].notna()]
+        self.start = dict(zip(closed["range_id"].astype("int64"), closed["start_ns"].astype("int64")))
+        self.end = dict(zip(closed["range_id"].astype("int64"), closed["end_ns"].astype("int64")))
+        self.parent = {
+            int(r): (None if pd.isna(p) else int(p)) for r, p in zip(closed["range_id"], closed["parent_id"])
+        }
+        self.threads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        ordered = closed.sort_values(["pid", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False], kind="stable")
+        for (pid, tid), group in ordered.groupby(["pid", "tid"], sort=False):
+            self.threads[(int(pid), int(tid))] = (
+                group["start_ns"].to_numpy(dtype=np.int64), group["range_id"].to_numpy(dtype=np.int64)
+            )
+
+    def enclosing(self, pid: int, tid: int, t0: int, t1: int) -> list[int]:
+        """Range ids enclosing [t0, t1] on the thread, outermost first."""
+        thread = self.threads.get((pid, tid))
+        if thread is None:
+            return []
+        starts, ids = thread
+        pos = int(np.searchsorted(starts, t0, side="right")) - 1
+        rid = int(ids[pos]) if pos >= 0 else None
+        while rid is not None and not (self.start[rid] <= t0 and self.end[rid] >= t1):
+            rid = self.parent.get(rid)
+        stack = []
+        while rid is not None:
+            stack.append(rid)
+            rid = self.parent.get(rid)
+        return stack[::-1]
 
 
 def _forward_ops_by_seq(ranges: pd.DataFrame) -> dict[tuple[int, int], int]:
@@ -68,10 +98,9 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
     ranges = ranges.set_index("range_id", drop=False)
     names = ranges["name"].to_dict()
     kinds = ranges["kind"].to_dict()
-    depth = ranges["depth"].to_dict()
     seqs = ranges["seq"].to_dict()
     fwd_tid = ranges["fwd_thread_id"].to_dict()
-    trees = _trees(ranges.reset_index(drop=True))
+    threads = _ThreadRanges(ranges.reset_index(drop=True))
     forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
 
     result: dict[int, OpStack] = {}
@@ -81,10 +110,7 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
         if pd.isna(k.launch_tid) or pd.isna(k.launch_start_ns):
             found.reason = "no_launch_record"
             continue
-        tree = trees.get((int(k.pid), int(k.launch_tid)))
-        t0, t1 = int(k.launch_start_ns), int(k.launch_end_ns)
-        hits = [iv.data for iv in tree.at(t0) if iv.end >= t1] if tree is not None else []
-        hits.sort(key=lambda r: depth[r])
+        hits = threads.enclosing(int(k.pid), int(k.launch_tid), int(k.launch_start_ns), int(k.launch_end_ns))
         found.stack = hits
         for rid in reversed(hits):
             if kinds[rid] == "cpu_op" and DISPATCHER_OP.match(names[rid]):

@@ -107,7 +107,8 @@ def attribute(
     stacks = enclosing_ops(kernels, ranges)
     call_sites, region_reasons = _region_call_sites(kernels, stacks, fusion_map)
     names = ranges.set_index("range_id")["name"].to_dict()
-    layers = kernel_layers.set_index("kernel_id")
+    layer_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer"]))
+    class_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer_class"]))
 
     records = []
     for k in kernels.itertuples(index=False):
@@ -136,7 +137,7 @@ def attribute(
                 reason = None if operator else "fusion_map_without_ops"
         elif found.compiled_region is not None and operator is None:
             reason = region_reasons.get(kid, reason)
-        layer = layers.at[kid, "layer"] if kid in layers.index else None
+        layer = layer_of.get(kid)
         layer = None if pd.isna(layer) else layer
         module = layer
         records.append(
@@ -146,7 +147,7 @@ def attribute(
                 "forward_operator": found.forward_operator,
                 "module": module,
                 "layer": layer,
-                "layer_class": layers.at[kid, "layer_class"] if kid in layers.index else None,
+                "layer_class": class_of.get(kid),
                 "path": path,
                 "fused_ops": fused_ops,
                 "source_nodes": source_nodes,
