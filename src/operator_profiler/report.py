@@ -60,7 +60,8 @@ def render_markdown(
     )[["operator", "calls", "kernels", "time_ms", "share", "per_iteration_ms", "paths", "bottleneck"]]
     lines += [_table(top), "", "## Layer classes", ""]
     if len(layer_classes):
-        lc = layer_classes.assign(time_ms=lambda d: d["time_ns"].map(_ms))[
+        lc = layer_classes.assign(time_ms=lambda d: d["time_ns"].map(_ms),
+                                  module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"))[
             ["layer_class", "module_class", "instances", "kernels_per_instance", "time_ms", "representative"]
         ]
         lines += [_table(lc), ""]
