@@ -44,6 +44,8 @@ def frame() -> pd.DataFrame:
                                      "name", "evidence"])
     df["operator_range_id"] = pd.array(df["operator_range_id"], dtype="Int64")
     df["module"] = ["h.0", "h.0", "h.1", "h.1", None, "h.0", None, None]
+    # two measured iterations; kernel 7 ran outside them (counted in totals, not per iteration)
+    df["iteration"] = pd.array([0, 1, 1, 0, 1, 0, 1, None], dtype="Int64")
     return df
 
 
@@ -60,6 +62,12 @@ def test_operators_table_counts_and_shares(frame):
     assert ops.loc["aten::mm", "time_share"] == pytest.approx(0.1)
     assert ops.loc["aten::addmm", "mean_kernel_ns"] == 100
     assert ops.loc["aten::addmm", "time_per_iteration_ns"] == 150
+    # per iteration: addmm 100 ns in iteration 0, 50+150 in iteration 1
+    assert ops.loc["aten::addmm", ["iteration_min_ns", "iteration_median_ns", "iteration_max_ns"]].tolist() == [100, 150, 200]
+    # aten::mm ran only in iteration 0: 0 ns in iteration 1
+    assert ops.loc["aten::mm", ["iteration_min_ns", "iteration_max_ns"]].tolist() == [0, 100]
+    # the kernel outside the iterations counts in the total only
+    assert ops.loc[agg.UNATTRIBUTED, "iteration_max_ns"] == 250
     assert ops.loc["aten::add+aten::gelu", "paths"] == "inductor"
     assert (ops["bottleneck"] == "not_collected").all()
 
@@ -68,7 +76,7 @@ def test_operators_table_sorted_by_time_then_name(frame):
     ops = agg.operators_table(frame, iterations=1, per_iteration=False)
     assert list(ops["operator"]) == [agg.UNATTRIBUTED, "aten::add+aten::gelu", "aten::addmm", "aten::mm"]
     assert list(ops["time_ns"]) == [300, 300, 300, 100]
-    assert (ops["time_per_iteration_ns"] == ops["time_ns"]).all()
+    assert "time_per_iteration_ns" not in ops and "iteration_median_ns" not in ops  # per_iteration: false
 
 
 def test_operators_table_without_unattributed_has_no_such_row(frame):

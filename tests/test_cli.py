@@ -77,6 +77,22 @@ def test_validate_config_prints_defaults(tmp_path):
     assert printed["device"] == "cpu" and printed["workloads"]["gpt2"]["n_layer"] == 4
 
 
+def test_attribute_with_an_inductor_dir_without_graphs_fails(tmp_path):
+    d = tmp_path / "d"
+    res = opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    res = opprof("attribute", "--timeline", d, "--out", d / "attr.parquet", "--inductor-dir", tmp_path / "nothing",
+                 cwd=tmp_path)
+    assert res.returncode == 1 and "no Inductor debug directory" in res.stderr and "Traceback" not in res.stderr
+    assert not (d / "attr.parquet").exists()
+
+
+def test_attribute_on_a_folder_without_a_timeline_names_the_missing_files(tmp_path):
+    res = opprof("attribute", "--timeline", tmp_path / "empty", "--out", tmp_path / "a.parquet", cwd=tmp_path)
+    assert res.returncode == 1
+    assert "missing input" in res.stderr and "kernels.parquet" in res.stderr and "opprof timeline" in res.stderr
+
+
 def test_timeline_then_attribute_real_compiled_trace(tmp_path):
     for p in (COMPILED, INDUCTOR_DIR):
         if not p.exists():
@@ -97,7 +113,7 @@ def test_timeline_then_attribute_real_compiled_trace(tmp_path):
                  cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     attr = pd.read_parquet(d / "attr.parquet")
-    assert (d / "fusion_map.parquet").is_file()
+    assert not (d / "fusion_map.parquet").exists()  # built in memory: nothing written beside --out
     assert len(attr) == len(kernels)
     assert sorted(attr["kernel_id"]) == sorted(kernels["kernel_id"])
     assert (attr["path"] != "unattributed").all()

@@ -97,9 +97,9 @@ def test_wrong_type_names_the_key_path():
 def test_wrong_type_in_workload_names_the_key_first():
     """A failed per-kind branch must be reported as itself, not as 'every key of the workload was unexpected'."""
     with pytest.raises(ConfigError) as err:
-        validate_config({"workloads": {"gpt2": {"kind": "gpt2", "n_layer": "3"}}})
+        validate_config({"workloads": {"gpt2": {"kind": "gpt2", "n_layer": "three"}}})
     msg = str(err.value)
-    headline = msg.split(". All problems:")[0]
+    headline = msg.split(". Also:")[0]
     assert "workloads.gpt2.n_layer" in headline and "integer" in headline
     assert "vocab_size" not in msg  # a valid (defaulted) key must not be called unexpected
 
@@ -107,7 +107,7 @@ def test_wrong_type_in_workload_names_the_key_first():
 def test_missing_factory_is_reported():
     with pytest.raises(ConfigError) as err:
         validate_config({"workloads": {"mine": {"kind": "custom"}}})
-    headline = str(err.value).split(". All problems:")[0]
+    headline = str(err.value).split(". Also:")[0]
     assert "workloads.mine" in headline and "factory" in headline
 
 
@@ -153,3 +153,24 @@ def test_empty_file_is_all_defaults(tmp_path):
     p = tmp_path / "empty.yaml"
     p.write_text("")
     assert load_config(p) == validate_config({})
+
+
+def test_command_line_strings_are_coerced_to_the_schema_type():
+    """snakemake --config harness='{iterations: 5}' delivers nested values as text."""
+    config = validate_config({"harness": {"iterations": "5"}, "aggregate": {"per_iteration": "false"},
+                              "workloads": {"g": {"kind": "gpt2", "n_layer": "2", "compile": "no"}}})
+    assert config["harness"]["iterations"] == 5
+    assert config["aggregate"]["per_iteration"] is False
+    assert config["workloads"]["g"]["n_layer"] == 2 and config["workloads"]["g"]["compile"] is False
+
+
+def test_unknown_key_suggests_the_closest_allowed_key():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"g": {"kind": "gpt2", "n_layr": 2}}})
+    assert "unknown key 'n_layr' (did you mean 'n_layer'?)" in str(err.value)
+
+
+def test_malformed_factory_is_rejected_before_running():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"c": {"kind": "custom", "factory": "mymodels.build"}}})
+    assert "workloads.c.factory" in str(err.value) and "package.module:function" in str(err.value)

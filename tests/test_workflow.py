@@ -203,4 +203,4 @@ def test_workload_that_raises_is_a_one_line_failure(tmp_path):
             return Broken(), (torch.randn(2),)
     """
     last = _failing_run(tmp_path, {"kind": "custom", "factory": "usermodels:build"}, source)
-    assert last.startswith("FAILED: workload 'custom' raised RuntimeError") and "shape mismatch" in last
+    assert last.startswith("FAILED: workload 'mine' raised RuntimeError") and "shape mismatch" in last

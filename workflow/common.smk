@@ -8,7 +8,10 @@ from pathlib import Path
 from operator_profiler.config import ConfigError, validate_config
 
 try:
-    config = validate_config(config, "config/config.yaml (+ --config overrides)")
+    config = validate_config(
+        config,
+        " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)",
+    )
 except ConfigError as exc:
     sys.exit(f"Error: {exc}")
 

@@ -17,9 +17,13 @@ OUTSIDE_LAYERS = "(outside layers)"
 
 
 def operators_table(attribution: pd.DataFrame, iterations: int, per_iteration: bool) -> pd.DataFrame:
-    """One row per operator: operator, calls, kernels, time_ns, time_share, mean_kernel_ns,
-    time_per_iteration_ns, paths, bottleneck. Unattributed kernels form the row ``(unattributed)``
-    so that time shares add up to 1. Sorted by time, descending.
+    """One row per operator, sorted by time (descending).
+
+    Columns: operator, calls, kernels, time_ns (all measured iterations), time_share (0-1),
+    mean_kernel_ns, paths, bottleneck; with ``per_iteration`` also time_per_iteration_ns (mean) and
+    iteration_min_ns / iteration_median_ns / iteration_max_ns (the operator's time in each measured
+    iteration, to spot a noisy iteration). Unattributed kernels form the row ``(unattributed)`` so
+    that time shares add up to 1.
     """
     df = attribution.assign(operator=attribution["operator"].fillna(UNATTRIBUTED))
     # A call is one op instance (one enclosing dispatcher-op range); fused kernels count one call each.
@@ -37,12 +41,25 @@ def operators_table(attribution: pd.DataFrame, iterations: int, per_iteration: b
     ).reset_index()
     table["time_share"] = table["time_ns"] / total if total else 0.0
     table["mean_kernel_ns"] = (table["time_ns"] / table["kernels"]).round().astype("int64")
-    table["time_per_iteration_ns"] = (
-        (table["time_ns"] / max(iterations, 1)).round().astype("int64") if per_iteration else table["time_ns"]
-    )
     table["bottleneck"] = "not_collected"
-    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns",
-               "time_per_iteration_ns", "paths", "bottleneck"]
+    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns", "paths", "bottleneck"]
+    if per_iteration:
+        measured = df[df["iteration"].notna()]
+        per_it = measured.pivot_table(index="operator", columns="iteration", values="duration_ns",
+                                      aggfunc="sum", fill_value=0)
+        # An operator absent from an iteration spent 0 ns in it.
+        for missing in set(range(iterations)) - set(int(c) for c in per_it.columns):
+            per_it[missing] = 0
+        stats = pd.DataFrame(
+            {
+                "iteration_min_ns": per_it.min(axis=1),
+                "iteration_median_ns": per_it.median(axis=1),
+                "iteration_max_ns": per_it.max(axis=1),
+            }
+        ).round().astype("int64")
+        table = table.merge(stats, left_on="operator", right_index=True, how="left")
+        table["time_per_iteration_ns"] = (table["time_ns"] / max(iterations, 1)).round().astype("int64")
+        columns[4:4] = ["time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"]
     return table[columns].sort_values(["time_ns", "operator"], ascending=[False, True]).reset_index(drop=True)
 
 

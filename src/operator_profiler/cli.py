@@ -54,12 +54,11 @@ def _cmd_classify(args) -> None:
 
 
 def _cmd_attribute(args) -> None:
-    fusion = None
+    fusion = Path(args.fusion_map) if args.fusion_map else None
     if args.inductor_dir:
-        fusion = Path(args.out).with_name("fusion_map.parquet")
-        stages.build_fusion_map(Path(args.inductor_dir), fusion)
+        fusion = stages.load_fusion_map_checked(Path(args.inductor_dir))
     result = stages.attribute_files(Path(args.timeline), Path(args.kernel_layers) if args.kernel_layers else None,
-                                    Path(args.fusion_map) if args.fusion_map else fusion, Path(args.out))
+                                    fusion, Path(args.out))
     attributed = (result["path"] != "unattributed").sum()
     print(f"{attributed} of {len(result)} kernels attributed -> {args.out}")
 
@@ -116,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeline", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--kernel-layers", help="kernel_layers.parquet from 'opprof classify'")
-    s.add_argument("--fusion-map", help="fusion_map.parquet from 'opprof fusion-map'")
-    s.add_argument("--inductor-dir", help="Inductor debug directory (builds the fusion map)")
+    fusion_source = s.add_mutually_exclusive_group()
+    fusion_source.add_argument("--fusion-map", help="fusion_map.parquet from 'opprof fusion-map'")
+    fusion_source.add_argument("--inductor-dir", help="Inductor debug directory (its fusion map is built in memory)")
     s.set_defaults(func=_cmd_attribute)
 
     s = sub.add_parser("aggregate", help="operators, modules, layer classes, coverage")

@@ -8,6 +8,8 @@ the fix, in one paragraph.
 from __future__ import annotations
 
 import copy
+import difflib
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -58,9 +60,81 @@ def fill_defaults(instance, schema: dict, root: dict | None = None):
     return instance
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
+_TRUE, _FALSE = {"true", "yes", "on"}, {"false", "no", "off"}
+
+
+def _coerce_scalar(value: str, types: list[str]):
+    """A string from the command line (Snakemake passes nested ``--config`` values as text)."""
+    text = value.strip()
+    if "integer" in types and re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    if "number" in types:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    if "boolean" in types and text.lower() in _TRUE | _FALSE:
+        return text.lower() in _TRUE
+    if "null" in types and text.lower() in {"null", "none", "~"}:
+        return None
+    return value
+
+
+def coerce_strings(instance, schema: dict, root: dict | None = None):
+    """Convert string leaves to the scalar type the schema asks for, in place; returns ``instance``.
+
+    ``snakemake --config harness='{iterations: 5}'`` delivers ``{"iterations": "5"}``; without this
+    the override would be rejected as "'5' is not of type 'integer'".
+    """
+    root = root or schema
+    schema = _resolve(schema, root)
+    if not isinstance(instance, dict):
+        return instance
+    subschemas = dict(schema.get("properties", {}))
+    for branch in schema.get("allOf", []):
+        condition = branch.get("if")
+        if condition is not None and jsonschema.Draft202012Validator(condition).is_valid(instance):
+            for key, sub in branch.get("then", {}).get("properties", {}).items():
+                subschemas[key] = {**_resolve(subschemas.get(key, {}), root), **sub}
+    extra = schema.get("additionalProperties")
+    for key in list(instance):
+        sub = subschemas.get(key, extra if isinstance(extra, dict) else None)
+        if sub is None:
+            continue
+        sub = _resolve(sub, root)
+        if isinstance(instance[key], str):
+            types = sub.get("type", [])
+            instance[key] = _coerce_scalar(instance[key], [types] if isinstance(types, str) else types)
+        else:
+            coerce_strings(instance[key], sub, root)
+    return instance
+
+
+def _allowed_keys(error: jsonschema.ValidationError, instance: dict, root: dict) -> set[str]:
+    schema = _resolve(error.schema, root)
+    allowed = set(schema.get("properties", {}))
+    for branch in schema.get("allOf", []):
+        condition = branch.get("if")
+        if condition is not None and jsonschema.Draft202012Validator(condition).is_valid(instance):
+            allowed |= set(branch.get("then", {}).get("properties", {}))
+    return allowed
+
+
+def _describe(error: jsonschema.ValidationError, root: dict) -> str:
     where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-    return f"at '{where}': {error.message}"
+    if error.validator in ("additionalProperties", "unevaluatedProperties") and isinstance(error.instance, dict):
+        allowed = _allowed_keys(error, error.instance, root)
+        unknown = sorted(k for k in error.instance if k not in allowed)
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        return f"at '{where}': unknown key {', '.join(hints)}; allowed keys here: {', '.join(sorted(allowed))}"
+    message = error.message
+    description = _resolve(error.schema, root).get("description")
+    if error.validator in ("pattern", "enum", "const") and description:
+        message += f" (expected: {description})"
+    return f"at '{where}': {message}"
 
 
 def _consequence(error: jsonschema.ValidationError, errors: list) -> bool:
@@ -84,15 +158,16 @@ def validate_config(config: dict, source: str = "config") -> dict:
             ``workloads.gpt2.n_layr``), what is wrong, and the fix.
     """
     schema = load_schema()
-    filled = fill_defaults(copy.deepcopy(config or {}), schema)
+    filled = fill_defaults(coerce_strings(copy.deepcopy(config or {}), schema), schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), e.message))
     errors = [e for e in errors if not _consequence(e, errors)]
     if errors:
         best = jsonschema.exceptions.best_match(errors)
-        details = "; ".join(_describe(e) for e in errors[:5])
+        others = [_describe(e, schema) for e in errors[:5] if e is not best]
+        more = f" Also: {'; '.join(others)}." if others else ""
         raise ConfigError(
-            f"invalid configuration in {source} {_describe(best)}. All problems: {details}. "
+            f"invalid configuration in {source} {_describe(best, schema)}.{more} "
             "Fix the key in the config file (or the --config override); the accepted keys, types "
             "and defaults are listed in workflow/schemas/config.schema.yaml and the README."
         )

@@ -17,11 +17,18 @@ USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError,
                FileNotFoundError)
 
 
+def _fail(log, log_path: str, line: str) -> None:
+    print(line, file=log)
+    print(f"{line}\n  (log: {log_path})", file=sys.__stderr__)
+    sys.exit(1)
+
+
 def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
     """Run one Snakemake rule's work with its stderr and logging in ``log_path``.
 
     A user error ends the log with one ``FAILED: <what>`` line and exits 1 (no traceback); any other
     exception keeps its traceback in the log (a bug to report) and also ends with a FAILED line.
+    The FAILED line is also printed on the terminal (Snakemake itself only says "check log file").
     """
     with open(log_path, "w", buffering=1) as log:
         sys.stderr = log
@@ -29,11 +36,9 @@ def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
         try:
             func(*args, **kwargs)
         except USER_ERRORS as exc:
-            print(f"FAILED: {exc}", file=log)
-            sys.exit(1)
+            _fail(log, log_path, f"FAILED: {exc}")
         except Exception as exc:  # a bug: keep the traceback for the report
             traceback.print_exc(file=log)
-            print(f"FAILED: internal error {type(exc).__name__}: {exc}", file=log)
-            sys.exit(1)
+            _fail(log, log_path, f"FAILED: internal error {type(exc).__name__}: {exc} (traceback in the log)")
         finally:
             sys.stderr = sys.__stderr__

@@ -177,6 +177,7 @@ def run_capture(
     run_path: Path,
     inductor_dir: Path | None = None,
     profiler: str = "torch",
+    workload_name: str | None = None,
 ) -> dict:
     """Build the workload and run warm-up + measured iterations, recording what was run.
 
@@ -188,6 +189,7 @@ def run_capture(
         layers_path: ``layers.json``: ``[{"path", "class", "param_shapes"}]`` in execution order.
         run_path: ``run.json``: versions, device, config slice, timings, NVTX backend.
         inductor_dir: TORCH_COMPILE_DEBUG root for compiled workloads (debug artifacts + provenance).
+        workload_name: the workload's name in the config (for error messages; default: its kind).
         profiler: ``torch`` (torch.profiler around the measured iterations),
             ``cuda_profiler_api`` (cudaProfilerStart/Stop, for nsys ``--capture-range=cudaProfilerApi``)
             or ``none`` (no profiler: a compile-only run).
@@ -233,7 +235,7 @@ def run_capture(
             raise
         except Exception as exc:  # the model's own code failed: a user error, reported in one line
             raise workloads.WorkloadError(
-                f"workload {workload.get('kind')!r} raised {type(exc).__name__} during {what}: {exc}"
+                f"workload {workload_name or workload.get('kind')!r} raised {type(exc).__name__} during {what}: {exc}"
             ) from exc
 
     t0 = time.perf_counter()

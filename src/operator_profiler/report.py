@@ -17,6 +17,16 @@ def _table(df: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
+def _model_line(run: dict) -> str:
+    w = run["workload"]
+    model = f"`{w['kind']}`" + (f" (factory `{w['factory']}`)" if w.get("factory") else "")
+    if run["compiled"]:
+        how = f"compiled ({run['compile_mode'].replace('_', ' ')} torch.compile, Inductor)"
+    else:
+        how = "eager"
+    return f"- model: {model}, mode `{run['mode']}`, {how}"
+
+
 def render_markdown(
     workload: str,
     run: dict,
@@ -29,17 +39,27 @@ def render_markdown(
     """The report text. Times are shown in ms (the tables on disk keep integer ns)."""
     v = run["versions"]
     iterations = run["harness"]["iterations"]
+    cpu = v["device"] == "cpu"
+    device = v["device"] + (f" ({v['device_name']})" if v.get("device_name") else "")
+    if cpu:
+        device += f", {v.get('cpu_threads', '?')} CPU thread(s) for torch"
     lines = [
         f"# Operator profile: `{workload}`",
         "",
-        f"- model: `{run['workload']['kind']}`, mode `{run['mode']}`, "
-        f"{'compiled (' + run['compile_mode'] + ' torch.compile, Inductor)' if run['compiled'] else 'eager'}",
-        f"- device: {v['device']}{' (' + v['device_name'] + ')' if v.get('device_name') else ''}, "
-        f"torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
+        _model_line(run),
+        f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
         f"- measured: {iterations} iterations after {run['harness']['warmup']} warm-up iterations "
-        f"(seed {run['harness']['seed']})",
+        f"(seed {run['harness']['seed']}); times below are totals over the {iterations} iterations unless marked",
         f"- {coverage['counters_note'] or 'hardware counters: collected'}",
-        f"- clocks: {'not locked (CPU run)' if v['device'] == 'cpu' else 'see clocks_applied.json'}",
+        f"- clocks: {'not locked (CPU run)' if cpu else 'see capture/clocks_applied.json'}",
+    ]
+    if cpu:
+        lines += [
+            "- CPU kernels are compute calls with their *exclusive* time: an Inductor C++ kernel or an ATen op "
+            "minus the ops it calls, so composite ops (`aten::linear`, `aten::matmul`) show only their own "
+            "dispatch time and work such as `aten::addmm`'s bias copy appears as `aten::copy_`",
+        ]
+    lines += [
         "",
         "## Coverage",
         "",
@@ -50,35 +70,46 @@ def render_markdown(
         "|---|---|",
         *[f"| {p} | {s * 100:.2f}% |" for p, s in sorted(coverage["by_path"].items())],
         "",
-        f"## Top operators (of {len(operators)})",
+        f"## Top {min(top_operators, len(operators))} of {len(operators)} operators",
         "",
     ]
     top = operators.head(top_operators).assign(
-        time_ms=lambda d: d["time_ns"].map(_ms),
+        total_ms=lambda d: d["time_ns"].map(_ms),
         share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format),
-        per_iteration_ms=lambda d: d["time_per_iteration_ns"].map(_ms),
-    )[["operator", "calls", "kernels", "time_ms", "share", "per_iteration_ms", "paths", "bottleneck"]]
-    lines += [_table(top), "", "## Layer classes", ""]
-    if len(layer_classes):
-        lc = layer_classes.assign(time_ms=lambda d: d["time_ns"].map(_ms),
-                                  module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"))[
-            ["layer_class", "module_class", "instances", "kernels_per_instance", "time_ms", "representative"]
+    )
+    columns = ["operator", "calls", "kernels", "total_ms", "share"]
+    if "iteration_median_ns" in top:
+        top["per_iteration_ms_median_[min-max]"] = [
+            f"{_ms(med)} [{_ms(lo)}-{_ms(hi)}]"
+            for med, lo, hi in zip(top["iteration_median_ns"], top["iteration_min_ns"], top["iteration_max_ns"])
         ]
+        columns.append("per_iteration_ms_median_[min-max]")
+    columns += ["paths", "bottleneck"]
+    lines += [_table(top[columns]), "", "## Layer classes", ""]
+    layered = layer_classes[layer_classes["layer_class"] != "rest"] if len(layer_classes) else layer_classes
+    if len(layer_classes):
+        lc = layer_classes.assign(
+            module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
+            ms_per_instance_and_iteration=lambda d: (d["mean_instance_time_ns"] / max(iterations, 1)).map(_ms),
+            total_ms=lambda d: d["time_ns"].map(_ms),
+        )[["layer_class", "module_class", "instances", "kernels_per_instance", "ms_per_instance_and_iteration",
+           "total_ms", "representative"]]
         lines += [_table(lc), ""]
-        layered = layer_classes[layer_classes["layer_class"] != "rest"]
-        if len(layered):
-            n, k = int(layered["instances"].sum()), len(layered)
-            lines += [f"{n} layer instances form {k} class(es): an ncu replay needs {k} instead of {n} "
-                      f"layer replays ({n / k:.1f}x less).", ""]
+    if len(layered):
+        n, k = int(layered["instances"].sum()), len(layered)
+        lines += [f"{n} layer instances form {k} class(es): an ncu replay needs {k} instead of {n} "
+                  f"layer replays ({n / k:.1f}x less).", ""]
     else:
-        lines += ["No kernels.", ""]
-    lines += ["## Modules", ""]
-    lines += [_table(modules.assign(time_ms=lambda d: d["time_ns"].map(_ms),
+        lines += ["No repeated submodules (layers) were found in this model: every kernel is in the class "
+                  "`rest`. Layers are children of an `nn.ModuleList`/`nn.Sequential` with the same class "
+                  "and parameter shapes.", ""]
+    lines += ["## Modules (total over the measured iterations)", ""]
+    lines += [_table(modules.assign(total_ms=lambda d: d["time_ns"].map(_ms),
                                     share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format))[
-        ["module", "kernels", "time_ms", "share"]]), ""]
+        ["module", "kernels", "total_ms", "share"]]), ""]
     lines += ["## Unattributed kernels", ""]
     if coverage["unattributed"]:
-        lines += ["| kernel | count | time (ms) | reason |", "|---|---|---|---|"]
+        lines += ["| kernel | count | total (ms) | reason |", "|---|---|---|---|"]
         lines += [f"| `{u['name']}` | {u['count']} | {_ms(u['time_ns'])} | {u['reason']} |" for u in coverage["unattributed"]]
     else:
         lines += ["None: every kernel was attributed."]

@@ -66,7 +66,8 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
         )
     out_trace = Path(out_trace)
     tmp_trace = Path(str(out_trace) + ".partial.gz")
-    run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run)
+    run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
+                              workload_name=workload_name)
     os.replace(tmp_trace, out_trace)
     write_json(out_clocks, {"locked": False, "device": device,
                             "reason": "CPU run: no GPU clocks" if device == "cpu" else "clock locking not built yet (issue #6)",
@@ -92,8 +93,23 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
     os.replace(tmp, out_dir)
 
 
+def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
+    """The fusion map of an Inductor debug directory; an error when it holds no compiled graph.
+
+    Raises:
+        InductorArtifactError: no ``output_code.py`` anywhere under ``debug_dir``.
+    """
+    debug_dir = Path(debug_dir)
+    if not inductor.find_graph_dirs(debug_dir):
+        raise inductor.InductorArtifactError(
+            f"{debug_dir}: no Inductor debug directory (no output_code.py) found; pass the folder "
+            "torch.compile wrote with TORCH_COMPILE_DEBUG=1 (its torchinductor/ or a parent of it)"
+        )
+    return inductor.load_fusion_map(debug_dir)
+
+
 def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
-    fusion = inductor.load_fusion_map(Path(debug_dir))
+    fusion = load_fusion_map_checked(debug_dir)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
@@ -103,6 +119,21 @@ def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------ analysis
+
+
+def require_files(*paths: Path, hint: str) -> None:
+    """Raise FileNotFoundError naming every missing input and how to make it."""
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"missing input {', '.join(missing)}; {hint}")
+
+
+def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
+    timeline_dir = Path(timeline_dir)
+    kernels, ranges = timeline_dir / "kernels.parquet", timeline_dir / "ranges.parquet"
+    require_files(kernels, ranges, hint=f"write the timeline first: opprof timeline --kineto TRACE --out {timeline_dir}")
+    return tables.read_table(kernels), tables.read_table(ranges)
 
 
 def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
@@ -120,9 +151,9 @@ def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
 def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_kernel_layers: Path,
              out_summary: Path, out_classes_dir: Path) -> dict[str, dict]:
     """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class."""
-    timeline_dir = Path(timeline_dir)
-    kernels = tables.read_table(timeline_dir / "kernels.parquet")
-    ranges = tables.read_table(timeline_dir / "ranges.parquet")
+    kernels, ranges = read_timeline(timeline_dir)
+    require_files(layers_json, hint="it is written by the capture (capture/layers.json); for a trace "
+                  "captured elsewhere pass a file containing [] (no layers)")
     layers = json.loads(Path(layers_json).read_text())
     kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers)
     for df, path in ((instances, out_instances), (kernel_layers, out_kernel_layers)):
@@ -134,16 +165,22 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     return classes
 
 
-def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | None, out: Path) -> pd.DataFrame:
-    """Attribution of every kernel of a Kineto timeline (paths a and c) -> ``attribution/kernels.parquet``."""
-    timeline_dir = Path(timeline_dir)
-    kernels = tables.read_table(timeline_dir / "kernels.parquet")
-    ranges = tables.read_table(timeline_dir / "ranges.parquet")
+def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | pd.DataFrame | None,
+                    out: Path) -> pd.DataFrame:
+    """Attribution of every kernel of a Kineto timeline (paths a and c) -> ``attribution/kernels.parquet``.
+
+    ``fusion_map`` is a ``fusion_map.parquet`` path or an already loaded fusion map.
+    """
+    kernels, ranges = read_timeline(timeline_dir)
     if kernel_layers is not None:
+        require_files(kernel_layers, hint="write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR")
         kl = pd.read_parquet(kernel_layers)
     else:
         kl, _, _ = layer_classes.classify_layers(kernels, ranges, [])
-    fusion = pd.read_parquet(fusion_map) if fusion_map is not None else None
+    if isinstance(fusion_map, (str, Path)):
+        require_files(fusion_map, hint="write it with: opprof fusion-map --inductor-dir DIR --out FILE")
+        fusion_map = pd.read_parquet(fusion_map)
+    fusion = fusion_map
     result = attribute(kernels, ranges, kl, fusion)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
