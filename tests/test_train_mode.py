@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from operator_profiler import harness, stages, tables
+from operator_profiler import stages, tables
 from operator_profiler.attribution import inductor
 
 N_LAYER = 2

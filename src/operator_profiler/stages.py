@@ -35,6 +35,14 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
 def write_json(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
@@ -110,11 +118,7 @@ def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
 
 def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
     fusion = load_fusion_map_checked(debug_dir)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    fusion.to_parquet(tmp, index=False)
-    os.replace(tmp, out)
+    write_parquet_atomic(fusion, out)
     return fusion
 
 
@@ -156,10 +160,8 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
                   "captured elsewhere pass a file containing [] (no layers)")
     layers = json.loads(Path(layers_json).read_text())
     kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers)
-    for df, path in ((instances, out_instances), (kernel_layers, out_kernel_layers)):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(str(path) + ".tmp", index=False)
-        os.replace(str(path) + ".tmp", path)
+    write_parquet_atomic(instances, out_instances)
+    write_parquet_atomic(kernel_layers, out_kernel_layers)
     write_json(out_summary, classes)
     layer_classes.write_classes(classes, out_classes_dir)
     return classes
@@ -194,11 +196,9 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     classes = json.loads(Path(classes_path).read_text())
     run = json.loads(Path(run_path).read_text())
     operators = agg.operators_table(attribution, run["harness"]["iterations"], options["per_iteration"])
-    for df, path in ((operators, out_operators_parquet), (agg.modules_table(attribution), out_modules),
-                     (agg.layer_classes_table(instances, classes), out_layer_classes)):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(str(path) + ".tmp", index=False)
-        os.replace(str(path) + ".tmp", path)
+    write_parquet_atomic(operators, out_operators_parquet)
+    write_parquet_atomic(agg.modules_table(attribution), out_modules)
+    write_parquet_atomic(agg.layer_classes_table(instances, classes), out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
     write_json(out_coverage, agg.coverage(attribution, counters_collected=False))
 

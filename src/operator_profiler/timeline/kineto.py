@@ -84,7 +84,9 @@ def load_trace(path: Path) -> dict:
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
+        # Invalid UTF-8 (old Kineto, Python frame names) becomes U+FFFD instead of failing the file
+        # (cases.md C18).
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
             trace = json.load(fh, parse_float=Decimal)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TimelineError(
