@@ -9,12 +9,13 @@ from typing import Callable
 
 from .attribution.inductor import InductorArtifactError
 from .config import ConfigError
+from .harness import DeviceUnavailable
 from .stages import GpuStageUnavailable
 from .timeline.kineto import TimelineError
 from .workloads import WorkloadError
 
 USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
-               FileNotFoundError)
+               DeviceUnavailable, FileNotFoundError)
 
 
 def _fail(log, log_path: str, line: str) -> None:

@@ -33,16 +33,20 @@ from . import workloads
 from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
 
 
+class DeviceUnavailable(RuntimeError):
+    """The configured device is not usable on this machine."""
+
+
 def resolve_device(requested: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cpu``/``cuda`` pass through.
 
     Raises:
-        RuntimeError: ``cuda`` requested on a machine where torch sees no CUDA GPU.
+        DeviceUnavailable: ``cuda`` requested on a machine where torch sees no CUDA GPU.
     """
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceUnavailable(
             "device 'cuda' needs a CUDA GPU, and torch sees none on this machine "
             f"(torch {torch.__version__}); set device: auto or cpu in the config"
         )
@@ -199,7 +203,9 @@ def run_capture(
 
     Raises:
         workloads.WorkloadError: the workload cannot be built or its forward raises.
+        DeviceUnavailable: ``device`` is ``cuda`` and torch sees no CUDA GPU.
     """
+    device = resolve_device(device)
     layers_path, run_path = Path(layers_path), Path(run_path)
     trace_path = Path(trace_path) if trace_path is not None else None
     inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
