@@ -1,10 +1,10 @@
 """Rule capture_kineto: the torch.profiler run for path (a) when the timeline comes from nsys."""
-from operator_profiler import stages
+from operator_profiler import capture
 from operator_profiler.errors import run_rule
 
 
 def needs_gpu():
-    raise stages.GpuStageUnavailable(
+    raise capture.GpuStageUnavailable(
         "capture_kineto runs beside an nsys capture on a CUDA GPU (issue #6, not built yet); "
         "set timeline: torch or device: cpu"
     )

@@ -1,10 +1,10 @@
 """Rule parse_ncu: ncu CSV -> per-kernel counters parquet."""
-from operator_profiler import stages
+from operator_profiler import capture
 from operator_profiler.errors import run_rule
 
 
 def not_built():
-    raise stages.GpuStageUnavailable(
+    raise capture.GpuStageUnavailable(
         f"parse_ncu ({snakemake.input.csv}): the Nsight Compute parser is not built yet (issue #4)"
     )
 

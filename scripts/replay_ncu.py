@@ -1,10 +1,10 @@
 """Rule replay_ncu: one Nsight Compute replay per layer class (GPU)."""
-from operator_profiler import stages
+from operator_profiler import capture
 from operator_profiler.errors import run_rule
 
 
 def needs_gpu():
-    raise stages.GpuStageUnavailable(
+    raise capture.GpuStageUnavailable(
         "replay_ncu needs a CUDA GPU with Nsight Compute and the replay stage (issue #6, not built yet); "
         "run with device: cpu"
     )

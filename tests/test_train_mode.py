@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from operator_profiler import stages, tables
+from operator_profiler import capture, stages, tables
 from operator_profiler.attribution import inductor
 
 N_LAYER = 2
@@ -23,8 +23,8 @@ def train_run(tmp_path_factory):
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
         settings = {"seed": 0, "warmup": 1, "iterations": 1}
-        stages.compile_artifacts(WORKLOAD, settings, "cpu", out / "inductor")
-        stages.capture_timeline("tiny", WORKLOAD, {**settings, "iterations": 2}, "cpu", "torch",
+        capture.compile_artifacts(WORKLOAD, settings, "cpu", out / "inductor")
+        capture.capture_timeline("tiny", WORKLOAD, {**settings, "iterations": 2}, "cpu", "torch",
                                 out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json")
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])

@@ -5,7 +5,7 @@ rule aggregate:
         classes="results/{workload}/layers/classes.json",
         run="results/{workload}/capture/run.json",
         counters=counters_input,
-        lib=LIB / "aggregate.py",
+        lib=[LIB / "aggregate.py", *ANALYSIS_LIB],
     output:
         operators="results/{workload}/operators.parquet",
         operators_csv="results/{workload}/operators.csv",

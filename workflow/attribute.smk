@@ -5,7 +5,12 @@ rule attribute:
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",
         fusion_map=fusion_map_input,
         kineto=kineto_input,
-        lib=[LIB / "attribution" / "correlation.py", LIB / "attribution" / "merge.py"],
+        lib=[
+            LIB / "attribution" / "correlation.py",
+            LIB / "attribution" / "merge.py",
+            LIB / "attribution" / "inductor.py",
+            *ANALYSIS_LIB,
+        ],
     output:
         "results/{workload}/attribution/kernels.parquet",
     log:

@@ -4,8 +4,8 @@
 rule capture_timeline:
     input:
         clocks="results/{workload}/clocks/target.json",
-        harness=LIB / "harness.py",
-        workloads=LIB / "workloads.py",
+        lib=CAPTURE_LIB,
+        model=custom_model_source,
     output:
         trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
         run="results/{workload}/capture/run.json",
@@ -32,7 +32,8 @@ rule capture_timeline:
 rule capture_kineto:
     input:
         clocks="results/{workload}/clocks/target.json",
-        harness=LIB / "harness.py",
+        lib=CAPTURE_LIB,
+        model=custom_model_source,
     output:
         trace="results/{workload}/capture/kineto.json.gz",
     log:
@@ -53,8 +54,8 @@ rule capture_kineto:
 
 rule compile_artifacts:
     input:
-        harness=LIB / "harness.py",
-        workloads=LIB / "workloads.py",
+        lib=CAPTURE_LIB,
+        model=custom_model_source,
     output:
         debug=directory("results/{workload}/inductor/debug"),
     log:
@@ -67,7 +68,8 @@ rule compile_artifacts:
         gpu=GPU,
     params:
         workload=workload_params,
-        harness=json.dumps(config["harness"], sort_keys=True),
+        # 1 warm-up + 1 iteration whatever the harness says: only the seed matters.
+        harness=json.dumps({"seed": config["harness"]["seed"]}),
         device=DEVICE,
     script:
         "../scripts/compile_artifacts.py"
@@ -76,7 +78,7 @@ rule compile_artifacts:
 rule build_fusion_map:
     input:
         debug="results/{workload}/inductor/debug",
-        lib=LIB / "attribution" / "inductor.py",
+        lib=[LIB / "attribution" / "inductor.py", *ANALYSIS_LIB],
     output:
         "results/{workload}/inductor/fusion_map.parquet",
     log:

@@ -1,4 +1,5 @@
 # Config validation, device/tool resolution and input functions shared by every stage.
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -50,6 +51,30 @@ WORKLOADS = sorted(config["workloads"])
 wildcard_constraints:
     workload="|".join(WORKLOADS) or "none",
     cls="[A-Za-z0-9_.-]+",
+
+
+# Library modules each stage depends on, declared as inputs (checksummed, so a touch does
+# nothing and an edit re-runs the rule). Capture rules depend only on the capture-side modules, so an
+# analysis change never re-runs a GPU capture.
+CAPTURE_LIB = [
+    LIB / m for m in ("capture.py", "harness.py", "workloads.py", "naming.py")
+]
+ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py")]
+
+
+def custom_model_source(wildcards):
+    """The source file of a custom workload's factory module, so that editing the model re-runs
+    its capture (Snakemake does not track what a script imports)."""
+    spec = config["workloads"][wildcards.workload].get("factory")
+    if not spec:
+        return []
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        found = None  # the capture job reports the missing module in one line
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return []
+    return found.origin
 
 
 def workload_params(wildcards):

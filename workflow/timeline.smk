@@ -1,7 +1,7 @@
 rule export_timeline:
     input:
         trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
-        lib=LIB / "timeline" / "kineto.py",
+        lib=[LIB / "timeline" / "kineto.py", LIB / "naming.py", *ANALYSIS_LIB],
     output:
         kernels="results/{workload}/timeline/kernels.parquet",
         launches="results/{workload}/timeline/launches.parquet",

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import stages
+from . import capture, stages
 from .errors import USER_ERRORS
 
 
@@ -28,7 +28,7 @@ def _cmd_capture(args) -> None:
 
         raise ConfigError(f"workload {args.workload!r} is not defined in {args.config} (have: {sorted(workloads)})")
     out = Path(args.out)
-    stages.capture_timeline(args.workload, workloads[args.workload], config["harness"],
+    capture.capture_timeline(args.workload, workloads[args.workload], config["harness"],
                             resolve_device(config["device"]), "torch", out / "timeline.kineto.json.gz",
                             out / "run.json", out / "layers.json", out / "clocks_applied.json")
     print(f"wrote {out}/timeline.kineto.json.gz, run.json, layers.json")

@@ -8,11 +8,20 @@ import traceback
 from typing import Callable
 
 from .attribution.inductor import InductorArtifactError
+from .capture import GpuStageUnavailable
 from .config import ConfigError
-from .harness import DeviceUnavailable
-from .stages import GpuStageUnavailable
 from .timeline.kineto import TimelineError
-from .workloads import WorkloadError
+
+
+# Defined here rather than in workloads/harness so that this module (imported by every rule
+# script) does not import torch.
+class WorkloadError(ValueError):
+    """A workload cannot be built: bad factory path, factory raised, wrong return shape, forward raised."""
+
+
+class DeviceUnavailable(RuntimeError):
+    """The configured device is not usable on this machine."""
+
 
 USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
                DeviceUnavailable, FileNotFoundError)

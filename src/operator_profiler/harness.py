@@ -30,11 +30,8 @@ from typing import Callable, Iterator
 import torch
 
 from . import workloads
+from .errors import DeviceUnavailable
 from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
-
-
-class DeviceUnavailable(RuntimeError):
-    """The configured device is not usable on this machine."""
 
 
 def resolve_device(requested: str) -> str:
@@ -100,6 +97,9 @@ def _seed_everything(seed: int, device: str) -> None:
     # warn_only: some kernels (e.g. index backward on CUDA) have no deterministic variant;
     # the invocation order, which matching needs, stays identical either way.
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # ... but not its side effect of filling every new allocation (an extra aten::fill_ per
+    # torch.empty on CPU, an extra kernel on CUDA) that the model would not run outside profiling.
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.benchmark = False  # autotuning would change the kernel sequence per run
     torch.backends.cudnn.deterministic = True
     if device == "cuda":

@@ -20,11 +20,8 @@ from . import report as report_md
 from . import tables
 from .attribution import inductor
 from .attribution.merge import attribute
+from .capture import GpuStageUnavailable
 from .timeline import kineto
-
-
-class GpuStageUnavailable(RuntimeError):
-    """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -47,58 +44,7 @@ def write_json(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
-# ----------------------------------------------------------------------------------- capture
-
-
-def select_clocks(config: dict, device: str, out: Path) -> None:
-    """``clocks/target.json``: what to lock. On CPU there is nothing to lock (policy ``none``)."""
-    if device == "cpu":
-        write_json(out, {"policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock",
-                         "sm_mhz": None, "mem_mhz": None, "gpu": None})
-        return
-    raise GpuStageUnavailable(
-        "select_clocks on device cuda needs a CUDA GPU and the clock-locking stage (issue #6, not built yet); "
-        "run with device: cpu (or auto on a machine without a GPU)"
-    )
-
-
-def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, device: str, timeline_tool: str,
-                     out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path) -> None:
-    """Run the harness under torch.profiler (CPU, or CUDA with ``timeline: torch``)."""
-    from . import harness
-
-    if device == "cuda" and timeline_tool == "nsys":
-        raise GpuStageUnavailable(
-            "capture_timeline with nsys needs a CUDA GPU and the nsys capture stage (issue #6, not built yet); "
-            "set timeline: torch or device: cpu"
-        )
-    out_trace = Path(out_trace)
-    tmp_trace = Path(str(out_trace) + ".partial.gz")
-    run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
-                              workload_name=workload_name)
-    os.replace(tmp_trace, out_trace)
-    write_json(out_clocks, {"locked": False, "device": device,
-                            "reason": "CPU run: no GPU clocks" if device == "cpu" else "clock locking not built yet (issue #6)",
-                            "workload": workload_name, "measured_s": run["measured_s"]})
-
-
-def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: Path) -> None:
-    """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
-    (``output_code.py``, FX graphs, provenance JSON) under ``out_dir``. One warm-up + one iteration,
-    same seed and shapes as the capture, so kernel names and call sites are the capture's."""
-    from . import harness
-
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    short = dict(harness_cfg, warmup=1, iterations=1)
-    harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
-                        inductor_dir=tmp, profiler="none")
-    if not inductor.find_graph_dirs(tmp):
-        raise RuntimeError(f"torch.compile wrote no Inductor debug directory under {tmp}; is the workload compiled?")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+# ------------------------------------------------------------------------------------ analysis
 
 
 def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
@@ -120,9 +66,6 @@ def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
     fusion = load_fusion_map_checked(debug_dir)
     write_parquet_atomic(fusion, out)
     return fusion
-
-
-# ------------------------------------------------------------------------------------ analysis
 
 
 def require_files(*paths: Path, hint: str) -> None:

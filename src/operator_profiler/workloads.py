@@ -17,9 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class WorkloadError(ValueError):
-    """A workload cannot be built: bad factory path, factory raised, wrong return shape."""
+from .errors import WorkloadError
 
 
 # --------------------------------------------------------------------------------------- GPT-2

@@ -63,12 +63,18 @@ class _ThreadRanges:
             return []
         starts, ids = thread
         pos = int(np.searchsorted(starts, t0, side="right")) - 1
-        rid = int(ids[pos]) if pos >= 0 else None
-        while rid is not None and not (self.start[rid] <= t0 and self.end[rid] >= t1):
-            rid = self.parent.get(rid)
+        return self.ancestors(int(ids[pos]), t0, t1) if pos >= 0 else []
+
+    def ancestors(self, rid: int | None, t0: int, t1: int) -> list[int]:
+        """``rid`` and its ancestors that enclose [t0, t1], outermost first.
+
+        Containment is checked at every level: a child that overran its parent (integer-µs
+        traces, see the timeline reader's nesting) can have ancestors that ended before ``t0``.
+        """
         stack = []
         while rid is not None:
-            stack.append(rid)
+            if self.start[rid] <= t0 and self.end[rid] >= t1:
+                stack.append(rid)
             rid = self.parent.get(rid)
         return stack[::-1]
 
@@ -103,6 +109,8 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
     threads = _ThreadRanges(ranges.reset_index(drop=True))
     forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
 
+    own_range = kernels["range_id"] if "range_id" in kernels else None
+    own_range_of = dict(zip(kernels["kernel_id"].astype(int), own_range)) if own_range is not None else {}
     result: dict[int, OpStack] = {}
     for k in kernels.itertuples(index=False):
         found = OpStack()
@@ -110,7 +118,13 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
         if pd.isna(k.launch_tid) or pd.isna(k.launch_start_ns):
             found.reason = "no_launch_record"
             continue
-        hits = threads.enclosing(int(k.pid), int(k.launch_tid), int(k.launch_start_ns), int(k.launch_end_ns))
+        t0, t1 = int(k.launch_start_ns), int(k.launch_end_ns)
+        if own_range is not None and not pd.isna(own_range_of[kid := int(k.kernel_id)]):
+            # A CPU kernel is a range itself: start from it, not from a time search, which could
+            # pick a zero-length sibling with the same timestamp.
+            hits = threads.ancestors(int(own_range_of[kid]), t0, t1)
+        else:
+            hits = threads.enclosing(int(k.pid), int(k.launch_tid), t0, t1)
         found.stack = hits
         for rid in reversed(hits):
             if kinds[rid] == "cpu_op" and DISPATCHER_OP.match(names[rid]):

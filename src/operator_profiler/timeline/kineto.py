@@ -114,7 +114,15 @@ def _xyz(value) -> str | None:
 
 
 def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
-    """Fill ``depth`` and ``parent_id`` by time nesting per (pid, tid) (complete events nest)."""
+    """Fill ``depth`` and ``parent_id`` by time nesting per (pid, tid).
+
+    Complete events on one thread nest, up to the timestamp resolution: with the integer-µs
+    timestamps of Kineto before 2024 a child can end a microsecond after its parent, or sit as a
+    zero-length event exactly at its parent's end. So an event that starts inside the open range on
+    top of the stack is its child even if it ends later (self times then subtract only the overlap),
+    and a zero-length event at the top's end is still inside it; a positive-length event that starts
+    exactly when the top ends is its next sibling.
+    """
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
     depth = np.zeros(len(ranges), dtype=np.int64)
     parent = np.full(len(ranges), -1, dtype=np.int64)
@@ -127,11 +135,8 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
         if thread != prev_thread:
             stack.clear()
             prev_thread = thread
-        while stack and ends[stack[-1]] <= starts[i]:
-            stack.pop()
-        # A child never outlives its parent in a well-formed trace; a straddling event is
-        # treated as a sibling rather than silently re-parenting later events.
-        while stack and ends[i] > ends[stack[-1]]:
+        zero_length = ends[i] == starts[i]
+        while stack and (ends[stack[-1]] < starts[i] or (ends[stack[-1]] == starts[i] and not zero_length)):
             stack.pop()
         depth[i] = len(stack)
         parent[i] = stack[-1] if stack else -1
@@ -167,8 +172,8 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
         p = parent[i]
         enclosing[i] = -1 if p < 0 else (p if kernel[p] else enclosing[p])
         kernel[i] = is_call[i] and (not is_metadata[i] or enclosing[i] < 0)
-        if kernel[i] and enclosing[i] >= 0:
-            nested_time[enclosing[i]] += ends[i] - starts[i]
+        if kernel[i] and enclosing[i] >= 0:  # only the overlap: a child may overrun its parent (see _nest)
+            nested_time[enclosing[i]] += min(ends[i], ends[enclosing[i]]) - starts[i]
     chosen = np.flatnonzero(kernel)
     rows = ranges.iloc[chosen]
     return pd.DataFrame(
@@ -180,7 +185,7 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
             "mangled_name": None,
             "start_ns": rows["start_ns"].to_numpy(),
             "end_ns": rows["end_ns"].to_numpy(),
-            "duration_ns": (ends[chosen] - starts[chosen] - nested_time[chosen]).astype(np.int64),
+            "duration_ns": np.maximum(ends[chosen] - starts[chosen] - nested_time[chosen], 0).astype(np.int64),
             "correlation_id": pd.array([None] * len(rows), dtype="Int64"),
             "launch_tid": rows["tid"].to_numpy(),
             "launch_start_ns": rows["start_ns"].to_numpy(),

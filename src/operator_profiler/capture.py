@@ -1,0 +1,77 @@
+"""Capture stages: run the harness under a timeline tool, and compile with Inductor's debug output.
+
+Kept apart from the analysis stages (:mod:`operator_profiler.stages`) so the GPU rules depend only on
+this module, the harness and the workloads: an analysis change never re-runs a capture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+
+class GpuStageUnavailable(RuntimeError):
+    """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
+
+
+def _write_json(path: Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def select_clocks(config: dict, device: str, out: Path) -> None:
+    """``clocks/target.json``: what to lock. On CPU there is nothing to lock (policy ``none``)."""
+    if device == "cpu":
+        _write_json(out, {"policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock",
+                         "sm_mhz": None, "mem_mhz": None, "gpu": None})
+        return
+    raise GpuStageUnavailable(
+        "select_clocks on device cuda needs a CUDA GPU and the clock-locking stage (issue #6, not built yet); "
+        "run with device: cpu (or auto on a machine without a GPU)"
+    )
+
+
+def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, device: str, timeline_tool: str,
+                     out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path) -> None:
+    """Run the harness under torch.profiler (CPU, or CUDA with ``timeline: torch``)."""
+    from . import harness
+
+    if device == "cuda" and timeline_tool == "nsys":
+        raise GpuStageUnavailable(
+            "capture_timeline with nsys needs a CUDA GPU and the nsys capture stage (issue #6, not built yet); "
+            "set timeline: torch or device: cpu"
+        )
+    out_trace = Path(out_trace)
+    tmp_trace = Path(str(out_trace) + ".partial.gz")
+    run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
+                              workload_name=workload_name)
+    os.replace(tmp_trace, out_trace)
+    _write_json(out_clocks, {"locked": False, "device": device,
+                            "reason": "CPU run: no GPU clocks" if device == "cpu" else "clock locking not built yet (issue #6)",
+                            "workload": workload_name, "measured_s": run["measured_s"]})
+
+
+def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: Path) -> None:
+    """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
+    (``output_code.py``, FX graphs, provenance JSON) under ``out_dir``. One warm-up + one iteration,
+    same seed and shapes as the capture, so kernel names and call sites are the capture's."""
+    from . import harness
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    short = dict(harness_cfg, warmup=1, iterations=1)
+    harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
+                        inductor_dir=tmp, profiler="none")
+    if not any(tmp.rglob("output_code.py")):
+        raise RuntimeError(f"torch.compile wrote no Inductor debug directory under {tmp}; is the workload compiled?")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+
+
