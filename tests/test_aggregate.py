@@ -50,7 +50,7 @@ def frame() -> pd.DataFrame:
 
 
 def test_operators_table_counts_and_shares(frame):
-    ops = agg.operators_table(frame, iterations=2, per_iteration=True).set_index("operator")
+    ops = agg.operators_table(frame, per_iteration=True).set_index("operator")
     assert set(ops.index) == {"aten::addmm", "aten::add+aten::gelu", "aten::mm", agg.UNATTRIBUTED}
     assert ops["time_share"].sum() == pytest.approx(1.0)
     assert ops.loc["aten::addmm", "calls"] == 2 and ops.loc["aten::addmm", "kernels"] == 3
@@ -73,14 +73,14 @@ def test_operators_table_counts_and_shares(frame):
 
 
 def test_operators_table_sorted_by_time_then_name(frame):
-    ops = agg.operators_table(frame, iterations=1, per_iteration=False)
+    ops = agg.operators_table(frame, per_iteration=False)
     assert list(ops["operator"]) == [agg.UNATTRIBUTED, "aten::add+aten::gelu", "aten::addmm", "aten::mm"]
     assert list(ops["time_ns"]) == [300, 300, 300, 100]
     assert "time_per_iteration_ns" not in ops and "iteration_median_ns" not in ops  # per_iteration: false
 
 
 def test_operators_table_without_unattributed_has_no_such_row(frame):
-    ops = agg.operators_table(frame[frame["path"] != "unattributed"], iterations=1, per_iteration=False)
+    ops = agg.operators_table(frame[frame["path"] != "unattributed"], per_iteration=False)
     assert agg.UNATTRIBUTED not in set(ops["operator"])
     assert ops["time_share"].sum() == pytest.approx(1.0)
     assert ops.set_index("operator").loc["aten::mm", "time_share"] == pytest.approx(100 / 700)
@@ -168,7 +168,7 @@ def test_real_trace_without_fusion_map_has_unattributed_row():
     t = read_kineto(trace)
     kl, _, _ = classify_layers(t.kernels, t.ranges, [])
     a = attribute(t.kernels, t.ranges, kl, None)
-    ops = agg.operators_table(a, iterations=2, per_iteration=True).set_index("operator")
+    ops = agg.operators_table(a, per_iteration=True).set_index("operator")
     assert ops.loc[agg.UNATTRIBUTED, "kernels"] == len(cpp) > 0
     assert ops.loc[agg.UNATTRIBUTED, "time_ns"] == cpp_ns
     assert ops.loc[agg.UNATTRIBUTED, "calls"] == len(cpp)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
 
@@ -314,3 +314,28 @@ def test_fused_operator_label_empty_is_none():
 
 def test_fused_operator_label_keeps_unknown_pieces():
     assert fused_operator_label(["weird_piece", "aten::mul"]) == "aten::mul+weird_piece"
+
+
+def test_integer_microsecond_trace_still_matches_its_graphs(tmp_path):
+    """Kineto before 2024 wrote integer µs: children then end a µs after their parent, or sit as
+    zero-length events exactly at its end. The same compute calls must be found, counted once, and
+    the compiled regions must still match their graphs."""
+    _need(COMPILED, INDUCTOR_DIR)
+    trace = json.load(gzip.open(COMPILED, "rt"))
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") == "X":
+            start, end = int(float(ev["ts"])), int(float(ev["ts"]) + float(ev["dur"]))
+            ev["ts"], ev["dur"] = start, end - start  # truncated like the old integer timestamps
+    trace.pop("baseTimeNanoseconds", None)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(trace))
+    old = read_kineto(path)
+    new = read_kineto(COMPILED)
+    assert Counter(old.kernels["name"]) == Counter(new.kernels["name"])
+    # self times never exceed the wall time of the outermost calls (no double counting)
+    outermost = old.kernels[old.kernels["parent_kernel_id"].isna()]
+    assert old.kernels["duration_ns"].sum() <= (outermost["end_ns"] - outermost["start_ns"]).sum()
+    kl, _, _ = classify_layers(old.kernels, old.ranges, [])
+    attributed = attribute(old.kernels, old.ranges, kl, inductor.load_fusion_map(INDUCTOR_DIR))
+    cpp = attributed[attributed["name"].str.startswith("graph_0_cpp_")]
+    assert len(cpp) > 0 and (cpp["path"] == "inductor").all()

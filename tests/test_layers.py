@@ -142,7 +142,7 @@ def test_kernel_layers_uses_the_launch_thread(tmp_path):
     path.write_text(json.dumps({"traceEvents": events}))
     t = read_kineto(path)
     got = L.kernel_layers(t.kernels, t.ranges)
-    by = {(int(tid), int(s)): v for tid, s, v in zip(t.kernels["launch_tid"], t.kernels["start_ns"], got)}
+    by = {(int(tid), int(s)): v for tid, s, v in zip(t.kernels["launch_tid"], t.kernels["start_ns"], got["layer"])}
     assert by == {(1, 1000): "h.0", (2, 1000): None, (1, 9000): None}
 
 

@@ -3,7 +3,6 @@ rule aggregate:
         attribution="results/{workload}/attribution/kernels.parquet",
         instances="results/{workload}/layers/instances.parquet",
         classes="results/{workload}/layers/classes.json",
-        run="results/{workload}/capture/run.json",
         counters=counters_input,
         lib=[LIB / "aggregate.py", *ANALYSIS_LIB],
     output:

@@ -16,13 +16,14 @@ UNATTRIBUTED = "(unattributed)"
 OUTSIDE_LAYERS = "(outside layers)"
 
 
-def operators_table(attribution: pd.DataFrame, iterations: int, per_iteration: bool) -> pd.DataFrame:
+def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFrame:
     """One row per operator, sorted by time (descending).
 
     Columns: operator, calls, kernels, time_ns (all measured iterations), time_share (0-1),
     mean_kernel_ns, paths, bottleneck; with ``per_iteration`` also time_per_iteration_ns (mean) and
     iteration_min_ns / iteration_median_ns / iteration_max_ns (the operator's time in each measured
-    iteration, to spot a noisy iteration). Unattributed kernels form the row ``(unattributed)`` so
+    iteration present in the attribution, to spot a noisy iteration; omitted when no kernel lies in
+    an iteration range). Unattributed kernels form the row ``(unattributed)`` so
     that time shares add up to 1.
     """
     df = attribution.assign(operator=attribution["operator"].fillna(UNATTRIBUTED))
@@ -43,12 +44,14 @@ def operators_table(attribution: pd.DataFrame, iterations: int, per_iteration: b
     table["mean_kernel_ns"] = (table["time_ns"] / table["kernels"]).round().astype("int64")
     table["bottleneck"] = "not_collected"
     columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns", "paths", "bottleneck"]
-    if per_iteration:
-        measured = df[df["iteration"].notna()]
+    measured = df[df["iteration"].notna()]
+    if per_iteration and len(measured):  # a trace without iteration ranges has nothing per iteration
+        seen = sorted(int(i) for i in measured["iteration"].unique())
+        iterations = len(seen)
         per_it = measured.pivot_table(index="operator", columns="iteration", values="duration_ns",
                                       aggfunc="sum", fill_value=0)
         # An operator absent from an iteration spent 0 ns in it.
-        for missing in set(range(iterations)) - set(int(c) for c in per_it.columns):
+        for missing in set(seen) - set(int(c) for c in per_it.columns):
             per_it[missing] = 0
         stats = pd.DataFrame(
             {
@@ -101,11 +104,14 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool) -> dict:
     total = int(attribution["duration_ns"].sum())
     attributed = attribution[attribution["path"] != "unattributed"]
     by_path = attribution.groupby("path")["duration_ns"].sum()
-    both = attribution[attribution["evidence"].str.contains('"inductor"') & attribution["operator_range_id"].notna()]
-    agree = sum(
-        1 for ev, op in zip(both["evidence"], both["operator"])
-        if op in json.loads(ev)["inductor"]["fused_ops"] or not json.loads(ev)["inductor"]["fused_ops"]
-    )
+    # Agreement of paths (a) and (c) on the operator of an extern/fallback call: only the call's own
+    # kernel counts (work nested in the call, like addmm's bias copy, has an operator of its own).
+    both = []
+    for ev, op, range_id in zip(attribution["evidence"], attribution["operator"], attribution["operator_range_id"]):
+        site = json.loads(ev).get("inductor")
+        if site is not None and not pd.isna(range_id) and site.get("call_site", True):
+            both.append(op in site["fused_ops"] or not site["fused_ops"])
+    agree = sum(both)
     unattributed = attribution[attribution["path"] == "unattributed"]
     groups = (
         unattributed.assign(reason=unattributed["reason"].fillna("unknown"))

@@ -65,7 +65,7 @@ def _cmd_attribute(args) -> None:
 
 def _cmd_aggregate(args) -> None:
     out = Path(args.out)
-    stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes), Path(args.run),
+    stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes),
                            {"per_iteration": not args.totals}, out / "operators.parquet", out / "operators.csv",
                            out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json")
     print(f"wrote operators.csv, modules.parquet, layer_classes.parquet, coverage.json in {out}")
@@ -124,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attribution", required=True)
     s.add_argument("--instances", required=True)
     s.add_argument("--classes", required=True, help="classes.json from 'opprof classify'")
-    s.add_argument("--run", required=True, help="run.json of the capture")
     s.add_argument("--totals", action="store_true", help="do not divide by the number of iterations")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_aggregate)

@@ -22,60 +22,66 @@ REST_CLASS = "rest"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def layer_of_ranges(ranges: pd.DataFrame) -> dict[int, str | None]:
-    """range id -> module path of the nearest enclosing layer range (itself included), via parent_id."""
-    layer_of: dict[int, str | None] = {}
+def layer_range_of_ranges(ranges: pd.DataFrame) -> dict[int, int | None]:
+    """range id -> id of the innermost layer range enclosing it (itself included), via parent_id."""
+    layer_range: dict[int, int | None] = {}
     ordered = ranges.sort_values("depth", kind="stable")  # parents before children
     for rid, parent, own in zip(ordered["range_id"], ordered["parent_id"], ordered["layer"]):
-        inherited = None if pd.isna(parent) else layer_of.get(int(parent))
-        layer_of[int(rid)] = inherited if pd.isna(own) else own
-    return layer_of
+        inherited = None if pd.isna(parent) else layer_range.get(int(parent))
+        layer_range[int(rid)] = inherited if pd.isna(own) else int(rid)
+    return layer_range
 
 
-def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
-    """Module path of the layer each kernel belongs to (None outside every layer).
+def instance_labels(ranges: pd.DataFrame) -> dict[int, str]:
+    """layer range id -> instance label: the module path, with ``#k`` for the k-th further call of
+    the same module within one iteration (a layer called twice per forward, shared weights), so
+    every call is an instance of its own."""
+    layer_ranges = ranges[ranges["layer"].notna()].sort_values(["start_ns", "range_id"])
+    iterations = ranges[ranges["iteration"].notna()].sort_values("start_ns")
+    labels: dict[int, str] = {}
+    calls: dict[tuple, int] = {}
+    starts = iterations["start_ns"].to_numpy()
+    for rid, pid, start, path in zip(layer_ranges["range_id"], layer_ranges["pid"], layer_ranges["start_ns"], layer_ranges["layer"]):
+        pos = int(np.searchsorted(starts, start, side="right")) - 1
+        inside = pos >= 0 and start < iterations["end_ns"].iloc[pos] and iterations["pid"].iloc[pos] == pid
+        key = (path, int(iterations["iteration"].iloc[pos]) if inside else None)
+        k = calls.get(key, 0)
+        calls[key] = k + 1
+        labels[int(rid)] = path if k == 0 else f"{path}#{k}"
+    return labels
 
-    A forward kernel belongs to the layer range enclosing its launch on its launching thread; layer
-    ranges never nest (:func:`operator_profiler.workloads.find_layers` picks the outermost repeated
-    blocks), so a per-thread sorted search suffices. A backward kernel (launched by an autograd node,
-    outside every layer range) belongs to the layer of the forward op that created its node, found
-    through the autograd sequence number (:func:`operator_profiler.attribution.correlation.enclosing_ops`).
-    Returns an object Series aligned with ``kernels``.
+
+def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """The layer instance each kernel belongs to.
+
+    A forward kernel belongs to the innermost layer range enclosing its launch on the launching
+    thread (a layer module called inside another layer takes its own kernels; the outer layer keeps
+    the rest). A backward kernel (launched by an autograd node, outside every layer range) belongs to
+    the layer of the forward op that created its node, found through the autograd sequence number
+    (:func:`operator_profiler.attribution.correlation.enclosing_ops`).
+
+    Returns:
+        DataFrame aligned with ``kernels``: ``layer`` (instance label, see :func:`instance_labels`;
+        None outside every layer) and ``module`` (the module path).
     """
-    direct = _enclosing_layer(kernels, ranges)
-    outside = direct.isna()
-    if outside.any() and ranges["layer"].notna().any() and ranges["seq"].notna().any():
-        from .attribution.correlation import enclosing_ops
+    from .attribution.correlation import enclosing_ops
 
-        stacks = enclosing_ops(kernels[outside.to_numpy()], ranges)
-        layer_of = layer_of_ranges(ranges)
-        for idx, kid in zip(kernels.index[outside.to_numpy()], kernels.loc[outside, "kernel_id"]):
-            fwd = stacks[int(kid)].forward_range_id
-            if fwd is not None:
-                direct.at[idx] = layer_of.get(fwd)
-    return direct
-
-
-def _enclosing_layer(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
-    layer_ranges = ranges[ranges["layer"].notna()]
-    result = pd.Series([None] * len(kernels), index=kernels.index, dtype=object)
-    if layer_ranges.empty or kernels.empty:
-        return result
-    launch_start = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64")
-    launch_end = kernels["launch_end_ns"].fillna(kernels["end_ns"]).astype("int64")
-    for (pid, tid), group in layer_ranges.groupby(["pid", "tid"]):
-        group = group.sort_values("start_ns")
-        on_thread = (kernels["pid"] == pid) & (kernels["launch_tid"] == tid)
-        if not on_thread.any():
-            continue
-        t0 = launch_start[on_thread].to_numpy()
-        t1 = launch_end[on_thread].to_numpy()
-        pos = np.searchsorted(group["start_ns"].to_numpy(), t0, side="right") - 1
-        cand = np.clip(pos, 0, None)
-        inside = (pos >= 0) & (t1 <= group["end_ns"].to_numpy()[cand])
-        paths = np.where(inside, group["layer"].to_numpy()[cand], None)
-        result[on_thread] = paths
-    return result
+    out = pd.DataFrame({"layer": None, "module": None}, index=kernels.index, dtype=object)
+    if kernels.empty or not ranges["layer"].notna().any():
+        return out
+    labels = instance_labels(ranges)
+    path_of = dict(zip(ranges["range_id"].astype(int), ranges["layer"]))
+    layer_range = layer_range_of_ranges(ranges)
+    stacks = enclosing_ops(kernels, ranges)
+    for idx, kid in zip(kernels.index, kernels["kernel_id"].astype(int)):
+        found = stacks[kid]
+        rid = next((r for r in reversed(found.stack) if r in labels), None)
+        if rid is None and found.forward_range_id is not None:
+            rid = layer_range.get(found.forward_range_id)
+        if rid is not None:
+            out.at[idx, "layer"] = labels[rid]
+            out.at[idx, "module"] = path_of[rid]
+    return out
 
 
 def _class_name(module_class: str, signature: list) -> str:
@@ -93,15 +99,17 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
 
     Returns:
         ``(kernel_layers, instances, classes)``:
-        ``kernel_layers``: kernel_id, layer (path or None), layer_class, position (index of the kernel
-        within its layer instance and iteration, or within the iteration's rest kernels);
-        ``instances``: layer, module_class, layer_class, iteration, kernel_count, time_ns, representative;
+        ``kernel_layers``: kernel_id, layer (instance label or None), module (module path or None),
+        layer_class, position (index of the kernel within its layer instance and iteration, or within
+        the iteration's rest kernels);
+        ``instances``: layer, module, module_class, layer_class, iteration, kernel_count, time_ns,
+        representative;
         ``classes``: class name -> canonical dict (class, module_class, signature, instances,
         representative, kernel_count). No timestamps, so an unchanged class serializes identically.
     """
     module_class = {l["path"]: l["class"] for l in layers}
-    layer_order = {l["path"]: i for i, l in enumerate(layers)}
-    kl = pd.DataFrame({"kernel_id": kernels["kernel_id"], "layer": kernel_layers(kernels, ranges)})
+    assigned = kernel_layers(kernels, ranges)
+    kl = pd.DataFrame({"kernel_id": kernels["kernel_id"], "layer": assigned["layer"], "module": assigned["module"]})
     kl["iteration"] = kernels["iteration"].fillna(-1).astype("int64").to_numpy()
     kl["match_key"] = kernels["match_key"].to_numpy()
     kl["grid"] = kernels["grid"].fillna("").to_numpy()
@@ -121,16 +129,19 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
 
     classes: dict[str, dict] = {}
     instance_class: dict[str, str] = {}
-    ordered = sorted((p for p in signatures if p != REST_CLASS), key=lambda p: layer_order.get(p, len(layer_order)))
-    for path in ordered:
-        cls = _class_name(module_class.get(path, "Layer"), signatures[path])
+    module_of = dict(zip(kl["instance"], kl["module"]))
+    # In execution order (signatures were filled in kernel order): the representative of a class is
+    # its first instance to run.
+    for label in (p for p in signatures if p != REST_CLASS):
+        mclass = module_class.get(module_of.get(label), "Layer")
+        cls = _class_name(mclass, signatures[label])
         entry = classes.setdefault(
             cls,
-            {"class": cls, "module_class": module_class.get(path, "Layer"), "signature": signatures[path],
-             "instances": [], "representative": path, "kernel_count": len(signatures[path])},
+            {"class": cls, "module_class": mclass, "signature": signatures[label],
+             "instances": [], "representative": label, "kernel_count": len(signatures[label])},
         )
-        entry["instances"].append(path)
-        instance_class[path] = cls
+        entry["instances"].append(label)
+        instance_class[label] = cls
     if REST_CLASS in signatures:
         classes[REST_CLASS] = {
             "class": REST_CLASS, "module_class": None, "signature": signatures[REST_CLASS],
@@ -145,12 +156,13 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         .reset_index()
         .rename(columns={"instance": "layer"})
     )
-    instances["module_class"] = instances["layer"].map(module_class)
+    instances["module"] = instances["layer"].map(module_of).where(instances["layer"] != REST_CLASS, None)
+    instances["module_class"] = instances["module"].map(module_class)
     instances["representative"] = instances["layer"].map(
         lambda p: p in {c["representative"] for c in classes.values()}
     )
     instances["time_ns"] = instances["time_ns"].astype("int64")
-    kernel_table = kl[["kernel_id", "layer", "layer_class", "position"]]
+    kernel_table = kl[["kernel_id", "layer", "module", "layer_class", "position"]]
     return kernel_table, instances, classes
 
 

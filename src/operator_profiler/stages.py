@@ -131,14 +131,12 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     return result
 
 
-def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, run_path: Path,
-                    options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
+def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
                     out_layer_classes: Path, out_coverage: Path) -> None:
     attribution = tables.read_table(attribution_path)
     instances = pd.read_parquet(instances_path)
     classes = json.loads(Path(classes_path).read_text())
-    run = json.loads(Path(run_path).read_text())
-    operators = agg.operators_table(attribution, run["harness"]["iterations"], options["per_iteration"])
+    operators = agg.operators_table(attribution, options["per_iteration"])
     write_parquet_atomic(operators, out_operators_parquet)
     write_parquet_atomic(agg.modules_table(attribution), out_modules)
     write_parquet_atomic(agg.layer_classes_table(instances, classes), out_layer_classes)

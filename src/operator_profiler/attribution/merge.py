@@ -15,6 +15,7 @@ import json
 import pandas as pd
 
 from . import inductor
+from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
 from .correlation import OpStack, enclosing_ops
 
 # Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
@@ -36,51 +37,67 @@ def fused_operator_label(fused_ops: list[str]) -> str | None:
     return "+".join(sorted(compute))
 
 
-def _root_kernels(kernels: pd.DataFrame) -> dict[int, int]:
-    """kernel_id -> the outermost CPU kernel enclosing it (itself for top-level and GPU kernels)."""
-    parent = {int(k): (None if pd.isna(p) else int(p)) for k, p in zip(kernels["kernel_id"], kernels["parent_kernel_id"])}
-    root: dict[int, int] = {}
-    for kid in kernels["kernel_id"].astype(int):  # launch order: parents precede their children
-        p = parent[kid]
-        root[kid] = kid if p is None else root.get(p, p)
-    return root
+def _call_units(members: list[int], stacks: dict[int, OpStack], region: int, names: dict[int, str],
+                range_names: dict[int, str]) -> list[tuple[str, list[int]]]:
+    """Group a compiled-graph region's kernels into the calls of its ``call()`` function.
 
-
-def _region_call_sites(kernels: pd.DataFrame, stacks: dict[int, OpStack], fusion_map: pd.DataFrame) -> tuple[dict[int, dict], dict[int, str]]:
-    """kernel_id -> fusion-map row for kernels inside a compiled-graph region whose kernel
-    sequence matches one graph's call sites; kernel_id -> reason for those that do not.
-
-    Only the top-level kernels of a region are call sites (``extern_kernels.addmm`` runs
-    ``aten::addmm``, which may run ``aten::copy_`` on a CPU); nested CPU kernels share the call
-    site of the kernel that encloses them.
+    A call is either an ATen op called by the wrapper (an extern kernel such as
+    ``extern_kernels.mm`` -> ``aten::mm``, or a fallback): every kernel launched inside the outermost
+    dispatcher op below the region belongs to it, whatever the library kernel is called (cuBLAS on a
+    GPU; on a CPU the op is the kernel itself and nested ops such as ``aten::copy_`` join it); or a
+    generated kernel (Inductor C++ / Triton), one call per launch, named by the CPU-side record
+    function when there is one (the descriptive name, where the GPU symbol may be a generic
+    ``triton_``), else by the kernel's own name. Returns ``[(call name, kernel ids)]`` in launch order.
     """
+    units: list[tuple[str, list[int]]] = []
+    by_op: dict[int, list[int]] = {}
+    for kid in members:
+        stack = stacks[kid].stack
+        below = stack[stack.index(region) + 1:] if region in stack else []
+        outer_op = next((r for r in below if DISPATCHER_OP.match(range_names[r])), None)
+        if outer_op is not None:
+            if outer_op in by_op:
+                by_op[outer_op].append(kid)
+                continue
+            by_op[outer_op] = [kid]
+            units.append((range_names[outer_op], by_op[outer_op]))
+            continue
+        record = next((range_names[r] for r in reversed(below) if not range_names[r].startswith("##")), None)
+        units.append((record or names[kid], [kid]))
+    # Metadata ops called by the wrapper itself (a reinterpretation that escaped its op in an
+    # integer-µs trace) are not call sites of the generated code.
+    return [(name, kids) for name, kids in units if name not in METADATA_OPS]
+
+
+def _region_call_sites(kernels: pd.DataFrame, stacks: dict[int, OpStack], ranges: pd.DataFrame,
+                       fusion_map: pd.DataFrame) -> tuple[dict[int, dict], dict[int, str]]:
+    """kernel_id -> fusion-map row (plus ``call_site``: whether the kernel *is* the call rather than
+    work nested in it) for kernels inside a compiled-graph region whose call sequence matches one
+    graph's call sites; kernel_id -> reason for the region kernels that do not match."""
     rows: dict[int, dict] = {}
     reasons: dict[int, str] = {}
-    root = _root_kernels(kernels)
+    range_names = dict(zip(ranges["range_id"].astype(int), ranges["name"]))
     by_region: dict[int, list[int]] = {}
     names: dict[int, str] = {}
-    for k in kernels.itertuples(index=False):
-        kid = int(k.kernel_id)
+    for kid, name in zip(kernels["kernel_id"].astype(int), kernels["name"]):
         region = stacks[kid].compiled_region
         if region is not None:
             by_region.setdefault(region, []).append(kid)
-            names[kid] = k.name
+            names[kid] = name
     for region, members in by_region.items():
-        calls = [kid for kid in members if root[kid] == kid]
-        match = inductor.match_region([names[kid] for kid in calls], fusion_map) if len(fusion_map) else None
+        units = _call_units(members, stacks, region, names, range_names)
+        match = inductor.match_region([name for name, _ in units], fusion_map) if len(fusion_map) else None
         if match is None:
             for kid in members:
                 reasons[kid] = "no_fusion_map" if not len(fusion_map) else "fusion_map_mismatch"
             continue
         graph, call_indexes = match
         graph_rows = fusion_map[fusion_map["graph"] == graph].set_index("call_index")
-        for kid, call_index in zip(calls, call_indexes):
-            row = graph_rows.loc[call_index].to_dict()
-            row["call_index"] = int(call_index)
-            rows[kid] = row
-        for kid in members:
-            if root[kid] != kid and root[kid] in rows:
-                rows[kid] = rows[root[kid]]
+        for (_, kids), call_index in zip(units, call_indexes):
+            row = {**graph_rows.loc[call_index].to_dict(), "call_index": int(call_index)}
+            for position, kid in enumerate(kids):
+                # The call itself: the op's first kernel on a GPU; on a CPU the op's own kernel.
+                rows[kid] = {**row, "call_site": position == 0}
     return rows, reasons
 
 
@@ -105,10 +122,12 @@ def attribute(
     """
     fusion_map = fusion_map if fusion_map is not None else pd.DataFrame()
     stacks = enclosing_ops(kernels, ranges)
-    call_sites, region_reasons = _region_call_sites(kernels, stacks, fusion_map)
+    call_sites, region_reasons = _region_call_sites(kernels, stacks, ranges, fusion_map)
     names = ranges.set_index("range_id")["name"].to_dict()
     layer_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer"]))
     class_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer_class"]))
+    module_column = kernel_layers["module"] if "module" in kernel_layers else kernel_layers["layer"]
+    module_of = dict(zip(kernel_layers["kernel_id"].astype(int), module_column))
 
     records = []
     for k in kernels.itertuples(index=False):
@@ -130,6 +149,7 @@ def attribute(
             evidence["inductor"] = {
                 "graph": site["graph"], "call_index": site["call_index"], "kernel": site["kernel"],
                 "kind": site["kind"], "fused_ops": fused_ops, "origin": site["origin"],
+                "call_site": site["call_site"],
             }
             if operator is None:
                 operator = fused_operator_label(fused_ops)
@@ -139,7 +159,8 @@ def attribute(
             reason = region_reasons.get(kid, reason)
         layer = layer_of.get(kid)
         layer = None if pd.isna(layer) else layer
-        module = layer
+        module = module_of.get(kid)
+        module = None if pd.isna(module) else module
         records.append(
             {
                 "kernel_id": kid,
