@@ -35,8 +35,23 @@ TINY = {
                            "n_block": 2, "batch_size": 1, "seq_len": 16},
         "lstm": {"kind": "lstm", "input_size": 8, "hidden_size": 16, "num_layers": 2, "batch_size": 2,
                  "seq_len": 8},
+        "mine": {"kind": "custom", "factory": "wf_models:build", "kwargs": {"width": 8}},
     },
 }
+
+CUSTOM_MODEL = """
+import torch
+
+def build(width):
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(3)])
+    return model, (torch.randn(2, width),)
+"""
+
+
+def custom_env(workdir: Path) -> dict:
+    env = os.environ.copy()
+    env["PYTHONPATH"] = str(workdir)
+    return env
 
 
 def snakemake(workdir: Path, config: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -61,9 +76,10 @@ def job_counts(dry_run_output: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("wf")
+    (work / "wf_models.py").write_text(CUSTOM_MODEL)
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump(TINY))
-    result = snakemake(work, config)
+    result = snakemake(work, config, env=custom_env(work))
     assert result.returncode == 0, result.stderr[-4000:]
     return work, config
 
@@ -130,7 +146,7 @@ def test_compiled_gpt2_kernels_are_inductor_cpp_kernels_and_extern_ops(finished_
 @pytest.mark.workflow
 def test_second_run_does_nothing(finished_run):
     work, config = finished_run
-    result = snakemake(work, config)
+    result = snakemake(work, config, env=custom_env(work))
     assert result.returncode == 0
     assert "Nothing to be done" in result.stdout + result.stderr
 
@@ -140,21 +156,49 @@ def test_aggregation_option_edit_reruns_only_aggregate_and_report(finished_run, 
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump({**TINY, "aggregate": {"per_iteration": False}}))
-    result = snakemake(work, edited, "-n")
+    result = snakemake(work, edited, "-n", env=custom_env(work))
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout)
     assert counts.pop("all") == 1
-    assert counts == {"aggregate": 3, "report": 3}
+    assert counts == {"aggregate": 4, "report": 4}
+
+
+@pytest.mark.workflow
+def test_iteration_count_edit_recaptures_but_does_not_recompile(finished_run, tmp_path):
+    work, _ = finished_run
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({**TINY, "harness": {**TINY["harness"], "iterations": ITERATIONS + 1}}))
+    result = snakemake(work, edited, "-n", env=custom_env(work))
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout)
+    assert counts["capture_timeline"] == 4
+    assert "compile_artifacts" not in counts and "build_fusion_map" not in counts and "select_clocks" not in counts
+
+
+@pytest.mark.workflow
+def test_touching_library_code_reruns_nothing_and_editing_a_custom_model_recaptures_it(finished_run, tmp_path):
+    work, config = finished_run
+    for module in ("harness.py", "stages.py", "attribution/merge.py"):
+        (ROOT / "src" / "operator_profiler" / module).touch()
+    result = snakemake(work, config, "-n", env=custom_env(work))
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-2000:]
+
+    model = work / "wf_models.py"
+    model.write_text(CUSTOM_MODEL.replace("range(3)", "range(4)"))
+    result = snakemake(work, config, "-n", env=custom_env(work))
+    counts = job_counts(result.stdout)
+    assert counts.get("capture_timeline") == 1, counts  # only the custom workload
+    model.write_text(CUSTOM_MODEL)
 
 
 @pytest.mark.workflow
 def test_cuda_dry_run_lists_gpu_rules(finished_run):
     work, config = finished_run
-    result = snakemake(work, config, "-n", "--config", "device=cuda", "timeline=nsys")
+    result = snakemake(work, config, "-n", "--config", "device=cuda", "timeline=nsys", env=custom_env(work))
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout)
     for rule in ("select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts"):
-        assert counts.get(rule) == (2 if rule == "compile_artifacts" else 3), (rule, counts)
+        assert counts.get(rule) == (2 if rule == "compile_artifacts" else 4), (rule, counts)
 
 
 # ------------------------------------------------------------------------------ bad input
