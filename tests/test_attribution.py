@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 

@@ -11,8 +11,6 @@ import json
 import os
 from pathlib import Path
 
-import pandas as pd
-import pytest
 
 from operator_profiler import layers as L
 from operator_profiler.timeline.kineto import read_kineto

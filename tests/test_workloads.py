@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from operator_profiler import harness, workloads
+from operator_profiler import harness
 from operator_profiler.layers import REST_CLASS, classify_layers
 from operator_profiler.timeline.kineto import read_kineto
 from operator_profiler.workloads import WorkloadError, build_workload, find_layers
