@@ -57,9 +57,10 @@ wildcard_constraints:
 # nothing and an edit re-runs the rule). Capture rules depend only on the capture-side modules, so an
 # analysis change never re-runs a GPU capture.
 CAPTURE_LIB = [
-    LIB / m for m in ("capture.py", "harness.py", "workloads.py", "naming.py")
+    LIB / m
+    for m in ("capture.py", "harness.py", "workloads.py", "naming.py", "files.py")
 ]
-ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py")]
+ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
 
 
 def custom_model_source(wildcards):

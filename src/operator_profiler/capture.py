@@ -6,28 +6,21 @@ this module, the harness and the workloads: an analysis change never re-runs a c
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
+
+from .files import write_json
 
 
 class GpuStageUnavailable(RuntimeError):
     """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
 
 
-def _write_json(path: Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def select_clocks(config: dict, device: str, out: Path) -> None:
     """``clocks/target.json``: what to lock. On CPU there is nothing to lock (policy ``none``)."""
     if device == "cpu":
-        _write_json(out, {"policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock",
+        write_json(out, {"policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock",
                          "sm_mhz": None, "mem_mhz": None, "gpu": None})
         return
     raise GpuStageUnavailable(
@@ -51,7 +44,7 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
     run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
                               workload_name=workload_name)
     os.replace(tmp_trace, out_trace)
-    _write_json(out_clocks, {"locked": False, "device": device,
+    write_json(out_clocks, {"locked": False, "device": device,
                             "reason": "CPU run: no GPU clocks" if device == "cpu" else "clock locking not built yet (issue #6)",
                             "workload": workload_name, "measured_s": run["measured_s"]})
 

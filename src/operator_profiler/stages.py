@@ -8,7 +8,6 @@ partial output.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -20,30 +19,8 @@ from . import tables
 from .attribution import inductor
 from .attribution.merge import attribute
 from .capture import GpuStageUnavailable
+from .files import write_json, write_parquet_atomic, write_text_atomic
 from .timeline import kineto
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_parquet_atomic(df: pd.DataFrame, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
-
-
-# ------------------------------------------------------------------------------------ analysis
 
 
 def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
