@@ -131,3 +131,45 @@ def test_timeline_then_attribute_real_compiled_trace(tmp_path):
     plain = pd.read_parquet(d / "attr_plain.parquet")
     assert len(plain) == len(kernels)
     assert (plain["reason"] == "no_fusion_map").sum() == cpp_calls
+
+
+def test_malformed_stage_inputs_are_one_line_errors(tmp_path):
+    """Wrong or broken files given to the stage commands: one line naming the file, exit 1, no traceback."""
+    d = tmp_path / "tl"
+    assert opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path).returncode == 0
+    (tmp_path / "bad.json").write_text("{")
+    (tmp_path / "obj.json").write_text("{}")
+    (tmp_path / "entry.json").write_text('[{"path": 1}]')
+    (tmp_path / "corrupt.parquet").write_bytes(b"not parquet")
+    cases = [
+        (["classify", "--timeline", d, "--layers", tmp_path / "bad.json", "--out", tmp_path / "c"], "not valid JSON"),
+        (["classify", "--timeline", d, "--layers", tmp_path / "obj.json", "--out", tmp_path / "c"], "expected a list"),
+        (["classify", "--timeline", d, "--layers", tmp_path / "entry.json", "--out", tmp_path / "c"], "entry 0"),
+        (["attribute", "--timeline", d, "--kernel-layers", tmp_path / "corrupt.parquet", "--out", tmp_path / "a.parquet"],
+         "not a readable parquet file"),
+        (["aggregate", "--attribution", d / "kernels.parquet", "--instances", d / "kernels.parquet", "--classes",
+          tmp_path / "obj.json", "--out", tmp_path / "agg"], "is not an attribution table"),
+    ]
+    for args, fragment in cases:
+        res = opprof(*args, cwd=tmp_path)
+        assert res.returncode == 1, args
+        assert fragment in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "c").exists() and not (tmp_path / "a.parquet").exists() and not (tmp_path / "agg").exists()
+
+
+def test_a_trace_without_kernels_goes_through_every_stage(tmp_path):
+    (tmp_path / "empty.json").write_text('{"traceEvents": []}')
+    (tmp_path / "layers.json").write_text("[]")
+    steps = [
+        ["timeline", "--kineto", "empty.json", "--out", "tl"],
+        ["classify", "--timeline", "tl", "--layers", "layers.json", "--out", "lay"],
+        ["attribute", "--timeline", "tl", "--kernel-layers", "lay/kernel_layers.parquet", "--out", "a.parquet"],
+        ["aggregate", "--attribution", "a.parquet", "--instances", "lay/instances.parquet", "--classes",
+         "lay/classes.json", "--out", "agg"],
+    ]
+    for step in steps:
+        res = opprof(*step, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+    coverage = json.loads((tmp_path / "agg" / "coverage.json").read_text())
+    assert coverage["kernel_count"] == 0 and coverage["coverage_time"] == 0.0

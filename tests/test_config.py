@@ -174,3 +174,17 @@ def test_malformed_factory_is_rejected_before_running():
     with pytest.raises(ConfigError) as err:
         validate_config({"workloads": {"c": {"kind": "custom", "factory": "mymodels.build"}}})
     assert "workloads.c.factory" in str(err.value) and "package.module:function" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "workload, fragment",
+    [
+        ({"kind": "gpt2", "seq_len": 4096}, "seq_len (4096) exceeds n_positions (128)"),
+        ({"kind": "gpt2", "n_embd": 65}, "n_embd (65) must be a multiple of n_head (4)"),
+        ({"kind": "sdpa_attention", "d_model": 10, "n_head": 3}, "d_model (10) must be a multiple of n_head (3)"),
+    ],
+)
+def test_shapes_the_model_cannot_be_built_with_are_config_errors(workload, fragment):
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"w": workload}})
+    assert "workloads.w" in str(err.value) and fragment in str(err.value)

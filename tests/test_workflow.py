@@ -101,6 +101,10 @@ def test_every_workload_has_operators_coverage_and_report(finished_run):
         assert operators["time_ns"].sum() == kernels["duration_ns"].sum() == coverage["kernel_time_ns"]
         report = (out / "report.md").read_text()
         assert f"# Operator profile: `{name}`" in report and "not collected on CPU" in report
+        assert "Kernel time per iteration" in report
+        # every kernel of the measured window lies in one of the iteration ranges
+        assert len(coverage["iteration_time_ns"]) == ITERATIONS
+        assert sum(coverage["iteration_time_ns"].values()) == coverage["kernel_time_ns"]
 
 
 @pytest.mark.workflow

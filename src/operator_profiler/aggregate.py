@@ -62,7 +62,7 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
         ).round().astype("int64")
         table = table.merge(stats, left_on="operator", right_index=True, how="left")
         table["time_per_iteration_ns"] = (table["time_ns"] / max(iterations, 1)).round().astype("int64")
-        columns[4:4] = ["time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"]
+        columns[5:5] = ["time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"]
     return table[columns].sort_values(["time_ns", "operator"], ascending=[False, True]).reset_index(drop=True)
 
 
@@ -96,7 +96,9 @@ def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd
                 "replays_with_dedup": 1,
             }
         )
-    return pd.DataFrame(rows)
+    columns = ["layer_class", "module_class", "instances", "kernels_per_instance", "time_ns",
+               "mean_instance_time_ns", "representative", "replays_without_dedup", "replays_with_dedup"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def coverage(attribution: pd.DataFrame, counters_collected: bool) -> dict:
@@ -118,8 +120,11 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool) -> dict:
         .groupby(["name", "reason"]).agg(time_ns=("duration_ns", "sum"), count=("kernel_id", "size")).reset_index()
         .sort_values("time_ns", ascending=False)
     )
+    measured = attribution[attribution["iteration"].notna()]
+    per_iteration = measured.groupby(measured["iteration"].astype("int64"))["duration_ns"].sum()
     return {
         "kernel_time_ns": total,
+        "iteration_time_ns": {str(i): int(t) for i, t in per_iteration.items()},
         "attributed_time_ns": int(attributed["duration_ns"].sum()),
         "coverage_time": (int(attributed["duration_ns"].sum()) / total) if total else 0.0,
         "kernel_count": int(len(attribution)),

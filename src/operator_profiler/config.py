@@ -150,6 +150,22 @@ def _consequence(error: jsonschema.ValidationError, errors: list) -> bool:
     )
 
 
+def _cross_field_problems(config: dict) -> list[str]:
+    """Constraints between keys that JSON Schema cannot say: shapes the model cannot be built with."""
+    problems = []
+    for name, w in config.get("workloads", {}).items():
+        where = f"workloads.{name}"
+        if w.get("kind") == "gpt2":
+            if w["n_embd"] % w["n_head"]:
+                problems.append(f"at '{where}': n_embd ({w['n_embd']}) must be a multiple of n_head ({w['n_head']})")
+            if w["seq_len"] > w["n_positions"]:
+                problems.append(f"at '{where}': seq_len ({w['seq_len']}) exceeds n_positions ({w['n_positions']}); "
+                                "lower seq_len or raise n_positions")
+        elif w.get("kind") == "sdpa_attention" and w["d_model"] % w["n_head"]:
+            problems.append(f"at '{where}': d_model ({w['d_model']}) must be a multiple of n_head ({w['n_head']})")
+    return problems
+
+
 def validate_config(config: dict, source: str = "config") -> dict:
     """Return a validated copy of ``config`` with defaults filled.
 
@@ -171,6 +187,10 @@ def validate_config(config: dict, source: str = "config") -> dict:
             "Fix the key in the config file (or the --config override); the accepted keys, types "
             "and defaults are listed in workflow/schemas/config.schema.yaml and the README."
         )
+    problems = _cross_field_problems(filled)
+    if problems:
+        raise ConfigError(f"invalid configuration in {source} {'; '.join(problems)}. Fix the workload's sizes in "
+                          "the config file (or the --config override).")
     return filled
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 from .attribution.inductor import InductorArtifactError
 from .capture import GpuStageUnavailable
 from .config import ConfigError
+from .files import InputError
 from .timeline.kineto import TimelineError
 
 
@@ -24,7 +25,7 @@ class DeviceUnavailable(RuntimeError):
 
 
 USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
-               DeviceUnavailable, FileNotFoundError)
+               DeviceUnavailable, InputError, FileNotFoundError)
 
 
 def _fail(log, log_path: str, line: str) -> None:

@@ -1,4 +1,6 @@
-"""Atomic file writers: a temp file renamed into place, so a failing stage leaves no partial output."""
+"""File I/O of the stages: atomic writers (a temp file renamed into place, so a failing stage leaves
+no partial output) and checked readers (a missing, unreadable or wrong file is an :class:`InputError`
+naming the file, what was expected and how to make it)."""
 
 from __future__ import annotations
 
@@ -27,3 +29,54 @@ def write_parquet_atomic(df, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     df.to_parquet(tmp, index=False)
     os.replace(tmp, path)
+
+
+class InputError(ValueError):
+    """An input file is missing, unreadable, or not the table/JSON the stage expects."""
+
+
+def _missing(path: Path, what: str, hint: str) -> InputError:
+    return InputError(f"missing input {path} ({what}); {hint}")
+
+
+def read_json_file(path: Path, what: str, hint: str, expect: type | None = None):
+    """Parse a JSON file; ``expect`` (``list``/``dict``) checks the top-level type.
+
+    Raises:
+        InputError: missing file, invalid JSON (with line and column), wrong top-level type.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise _missing(path, what, hint)
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path} ({what}) is not valid JSON: {exc}; {hint}") from None
+    if expect is not None and not isinstance(value, expect):
+        raise InputError(f"{path} ({what}) holds a JSON {type(value).__name__}, expected a {expect.__name__}; {hint}")
+    return value
+
+
+def read_parquet_file(path: Path, what: str, hint: str, columns: tuple[str, ...] = (), nullable_ints: bool = False):
+    """Read a parquet table and check that it has ``columns``.
+
+    Raises:
+        InputError: missing file, not a parquet file, or a required column absent (the wrong table).
+    """
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise _missing(path, what, hint)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path} ({what}) is not a readable parquet file ({exc}); {hint}") from None
+    absent = [c for c in columns if c not in table.column_names]
+    if absent:
+        raise InputError(f"{path} is not {what}: columns {absent} are missing; {hint}")
+    if nullable_ints:
+        return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    return table.to_pandas()

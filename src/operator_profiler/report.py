@@ -6,6 +6,10 @@ from __future__ import annotations
 import pandas as pd
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
 
@@ -25,6 +29,20 @@ def _model_line(run: dict) -> str:
     else:
         how = "eager"
     return f"- model: {model}, mode `{run['mode']}`, {how}"
+
+
+def _iteration_spread(coverage: dict) -> list[str]:
+    per_iteration = sorted(coverage.get("iteration_time_ns", {}).values())
+    if len(per_iteration) < 2:
+        return []
+    lo, hi = per_iteration[0], per_iteration[-1]
+    median = per_iteration[len(per_iteration) // 2] if len(per_iteration) % 2 else (
+        per_iteration[len(per_iteration) // 2 - 1] + per_iteration[len(per_iteration) // 2]) / 2
+    line = f"Kernel time per iteration: median {_ms(median)} ms, min {_ms(lo)}, max {_ms(hi)}."
+    if lo and hi > 1.25 * lo:
+        line += (f" **The slowest iteration took {hi / lo:.1f}x the fastest**: the machine was busy or the model "
+                 "is not in steady state; compare the per-iteration medians below, or add warm-up iterations.")
+    return ["", line]
 
 
 def render_markdown(
@@ -48,8 +66,8 @@ def render_markdown(
         "",
         _model_line(run),
         f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
-        f"- measured: {iterations} iterations after {run['harness']['warmup']} warm-up iterations "
-        f"(seed {run['harness']['seed']}); times below are totals over the {iterations} iterations unless marked",
+        f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
+        f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
         f"- {coverage['counters_note'] or 'hardware counters: collected'}",
         f"- clocks: {'not locked (CPU run)' if cpu else 'see capture/clocks_applied.json'}",
     ]
@@ -65,6 +83,8 @@ def render_markdown(
         "",
         f"{coverage['attributed_count']} of {coverage['kernel_count']} kernels attributed, "
         f"{coverage['coverage_time'] * 100:.2f}% of {_ms(coverage['kernel_time_ns'])} ms kernel time.",
+        *(["", "**The trace holds no kernels**: nothing ran inside the measured window."] if not coverage["kernel_count"] else []),
+        *_iteration_spread(coverage),
         "",
         "| path | time share |",
         "|---|---|",
@@ -79,12 +99,14 @@ def render_markdown(
     )
     columns = ["operator", "calls", "kernels", "total_ms", "share"]
     if "iteration_median_ns" in top:
-        top["per_iteration_ms_median_[min-max]"] = [
+        top["ms per iteration: median [min-max]"] = [
             f"{_ms(med)} [{_ms(lo)}-{_ms(hi)}]"
             for med, lo, hi in zip(top["iteration_median_ns"], top["iteration_min_ns"], top["iteration_max_ns"])
         ]
-        columns.append("per_iteration_ms_median_[min-max]")
-    columns += ["paths", "bottleneck"]
+        columns.append("ms per iteration: median [min-max]")
+    columns.append("paths")
+    if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
+        columns.append("bottleneck")
     lines += [_table(top[columns]), "", "## Layer classes", ""]
     layered = layer_classes[layer_classes["layer_class"] != "rest"] if len(layer_classes) else layer_classes
     if len(layer_classes):
@@ -92,13 +114,15 @@ def render_markdown(
             module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
             ms_per_instance_and_iteration=lambda d: (d["mean_instance_time_ns"] / max(iterations, 1)).map(_ms),
             total_ms=lambda d: d["time_ns"].map(_ms),
-        )[["layer_class", "module_class", "instances", "kernels_per_instance", "ms_per_instance_and_iteration",
-           "total_ms", "representative"]]
+        ).rename(columns={"instances": "instances (layer calls)"})[
+            ["layer_class", "module_class", "instances (layer calls)", "kernels_per_instance",
+             "ms_per_instance_and_iteration", "total_ms", "representative"]]
         lines += [_table(lc), ""]
     if len(layered):
         n, k = int(layered["instances"].sum()), len(layered)
-        lines += [f"{n} layer instances form {k} class(es): an ncu replay needs {k} instead of {n} "
-                  f"layer replays ({n / k:.1f}x less).", ""]
+        lines += [f"{_plural(n, 'layer instance')} (one per call of a layer module in an iteration; a module "
+                  f"called twice, e.g. with shared weights, gives `path#1`) form {_plural(k, 'class')}: an ncu "
+                  f"replay needs {k} instead of {n} layer replays ({n / k:.1f}x less).", ""]
     else:
         lines += ["No repeated submodules (layers) were found in this model: every kernel is in the class "
                   "`rest`. Layers are children of an `nn.ModuleList`/`nn.Sequential` with the same class "

@@ -7,7 +7,6 @@ partial output.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +18,7 @@ from . import tables
 from .attribution import inductor
 from .attribution.merge import attribute
 from .capture import GpuStageUnavailable
-from .files import write_json, write_parquet_atomic, write_text_atomic
+from .files import InputError, read_json_file, read_parquet_file, write_json, write_parquet_atomic, write_text_atomic
 from .timeline import kineto
 
 
@@ -54,9 +53,13 @@ def require_files(*paths: Path, hint: str) -> None:
 def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
     timeline_dir = Path(timeline_dir)
-    kernels, ranges = timeline_dir / "kernels.parquet", timeline_dir / "ranges.parquet"
-    require_files(kernels, ranges, hint=f"write the timeline first: opprof timeline --kineto TRACE --out {timeline_dir}")
-    return tables.read_table(kernels), tables.read_table(ranges)
+    hint = f"write the timeline first: opprof timeline --kineto TRACE --out {timeline_dir}"
+    require_files(timeline_dir / "kernels.parquet", timeline_dir / "ranges.parquet", hint=hint)
+    kernels = read_parquet_file(timeline_dir / "kernels.parquet", "a timeline kernels table", hint,
+                                tuple(tables.KERNELS.names), nullable_ints=True)
+    ranges = read_parquet_file(timeline_dir / "ranges.parquet", "a timeline ranges table", hint,
+                               tuple(tables.RANGES.names), nullable_ints=True)
+    return kernels, ranges
 
 
 def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
@@ -75,9 +78,12 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
              out_summary: Path, out_classes_dir: Path) -> dict[str, dict]:
     """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class."""
     kernels, ranges = read_timeline(timeline_dir)
-    require_files(layers_json, hint="it is written by the capture (capture/layers.json); for a trace "
-                  "captured elsewhere pass a file containing [] (no layers)")
-    layers = json.loads(Path(layers_json).read_text())
+    hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
+            "file containing [] (no layers)")
+    layers = read_json_file(layers_json, "the capture's layers.json", hint, expect=list)
+    for index, entry in enumerate(layers):
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
+            raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
     kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers)
     write_parquet_atomic(instances, out_instances)
     write_parquet_atomic(kernel_layers, out_kernel_layers)
@@ -94,13 +100,14 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     """
     kernels, ranges = read_timeline(timeline_dir)
     if kernel_layers is not None:
-        require_files(kernel_layers, hint="write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR")
-        kl = pd.read_parquet(kernel_layers)
+        kl = read_parquet_file(kernel_layers, "a kernel_layers table",
+                               "write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR",
+                               ("kernel_id", "layer", "layer_class"))
     else:
         kl, _, _ = layer_classes.classify_layers(kernels, ranges, [])
     if isinstance(fusion_map, (str, Path)):
-        require_files(fusion_map, hint="write it with: opprof fusion-map --inductor-dir DIR --out FILE")
-        fusion_map = pd.read_parquet(fusion_map)
+        fusion_map = read_parquet_file(fusion_map, "a fusion map", "write it with: opprof fusion-map "
+                                       "--inductor-dir DIR --out FILE", ("graph", "call_index", "profiler_name"))
     fusion = fusion_map
     result = attribute(kernels, ranges, kl, fusion)
     tables.write_table(result, tables.ATTRIBUTION, out)
@@ -109,9 +116,13 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
 
 def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
                     out_layer_classes: Path, out_coverage: Path) -> None:
-    attribution = tables.read_table(attribution_path)
-    instances = pd.read_parquet(instances_path)
-    classes = json.loads(Path(classes_path).read_text())
+    hint = "write it with opprof attribute / opprof classify (see opprof --help)"
+    attribution = read_parquet_file(attribution_path, "an attribution table", hint,
+                                    tuple(tables.ATTRIBUTION.names) + ("duration_ns", "operator_range_id"),
+                                    nullable_ints=True)
+    instances = read_parquet_file(instances_path, "a layer instances table", hint,
+                                  ("layer", "layer_class", "iteration", "time_ns"))
+    classes = read_json_file(classes_path, "classes.json of opprof classify", hint, expect=dict)
     operators = agg.operators_table(attribution, options["per_iteration"])
     write_parquet_atomic(operators, out_operators_parquet)
     write_parquet_atomic(agg.modules_table(attribution), out_modules)
@@ -124,11 +135,12 @@ def report_files(workload: str, run_path: Path, coverage_path: Path, operators_p
                  layer_classes_path: Path, options: dict, out: Path) -> None:
     text = report_md.render_markdown(
         workload,
-        json.loads(Path(run_path).read_text()),
-        json.loads(Path(coverage_path).read_text()),
-        pd.read_parquet(operators_path),
-        pd.read_parquet(modules_path),
-        pd.read_parquet(layer_classes_path),
+        read_json_file(run_path, "the capture's run.json", "pass capture/run.json", expect=dict),
+        read_json_file(coverage_path, "coverage.json", "run opprof aggregate first", expect=dict),
+        read_parquet_file(operators_path, "an operators table", "run opprof aggregate first", ("operator", "time_ns")),
+        read_parquet_file(modules_path, "a modules table", "run opprof aggregate first", ("module", "time_ns")),
+        read_parquet_file(layer_classes_path, "a layer classes table", "run opprof aggregate first",
+                          ("layer_class", "instances")),
         options["top_operators"],
     )
     write_text_atomic(out, text)

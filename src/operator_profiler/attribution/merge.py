@@ -14,6 +14,7 @@ import json
 
 import pandas as pd
 
+from .. import tables
 from . import inductor
 from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
 from .correlation import OpStack, enclosing_ops
@@ -180,7 +181,8 @@ def attribute(
                 "name": k.name,
             }
         )
-    out = pd.DataFrame.from_records(records)
+    columns = [*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name"]
+    out = pd.DataFrame.from_records(records, columns=columns)  # columns: also right for no kernels
     out["operator_range_id"] = pd.array(out["operator_range_id"], dtype="Int64")
     out["iteration"] = pd.array(out["iteration"], dtype="Int64")
     return out

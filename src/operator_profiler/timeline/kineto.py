@@ -63,6 +63,7 @@ METADATA_OPS = frozenset(
         "resolve_neg", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
         "result_type", "to", "contiguous", "flatten", "unflatten", "view_as", "broadcast_to",
         "_has_compatible_shallow_copy_type", "is_nonzero", "size", "stride", "numel", "dim",
+        "is_same_size", "cudnn_is_acceptable", "_nnpack_available", "is_contiguous",
     )
 )
 _THOUSAND = Decimal(1000)
