@@ -15,8 +15,9 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+
+from .timeline.kineto import iteration_at
 
 REST_CLASS = "rest"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -37,14 +38,11 @@ def instance_labels(ranges: pd.DataFrame) -> dict[int, str]:
     the same module within one iteration (a layer called twice per forward, shared weights), so
     every call is an instance of its own."""
     layer_ranges = ranges[ranges["layer"].notna()].sort_values(["start_ns", "range_id"])
-    iterations = ranges[ranges["iteration"].notna()].sort_values("start_ns")
+    iterations = iteration_at(layer_ranges["pid"].to_numpy(), layer_ranges["start_ns"].astype("int64").to_numpy(), ranges)
     labels: dict[int, str] = {}
     calls: dict[tuple, int] = {}
-    starts = iterations["start_ns"].to_numpy()
-    for rid, pid, start, path in zip(layer_ranges["range_id"], layer_ranges["pid"], layer_ranges["start_ns"], layer_ranges["layer"]):
-        pos = int(np.searchsorted(starts, start, side="right")) - 1
-        inside = pos >= 0 and start < iterations["end_ns"].iloc[pos] and iterations["pid"].iloc[pos] == pid
-        key = (path, int(iterations["iteration"].iloc[pos]) if inside else None)
+    for rid, path, iteration in zip(layer_ranges["range_id"], layer_ranges["layer"], iterations):
+        key = (path, None if pd.isna(iteration) else int(iteration))
         k = calls.get(key, 0)
         calls[key] = k + 1
         labels[int(rid)] = path if k == 0 else f"{path}#{k}"

@@ -43,18 +43,10 @@ def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
     return fusion
 
 
-def require_files(*paths: Path, hint: str) -> None:
-    """Raise FileNotFoundError naming every missing input and how to make it."""
-    missing = [str(p) for p in paths if not Path(p).exists()]
-    if missing:
-        raise FileNotFoundError(f"missing input {', '.join(missing)}; {hint}")
-
-
 def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
     timeline_dir = Path(timeline_dir)
     hint = f"write the timeline first: opprof timeline --kineto TRACE --out {timeline_dir}"
-    require_files(timeline_dir / "kernels.parquet", timeline_dir / "ranges.parquet", hint=hint)
     kernels = read_parquet_file(timeline_dir / "kernels.parquet", "a timeline kernels table", hint,
                                 tuple(tables.KERNELS.names), nullable_ints=True)
     ranges = read_parquet_file(timeline_dir / "ranges.parquet", "a timeline ranges table", hint,

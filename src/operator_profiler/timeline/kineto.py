@@ -327,22 +327,22 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     kernels["match_key"] = kernels["mangled_name"].fillna(kernels["name"])
     kernels["occurrence"] = kernels.groupby("match_key").cumcount().astype("int64")
     kernels["source"] = source
-    kernels["iteration"] = _iteration_of(kernels, ranges)
+    launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
+    kernels["iteration"] = iteration_at(kernels["pid"].to_numpy(), launch, ranges)
     return kernels
 
 
-def _iteration_of(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.Series:
-    """Index of the iteration range (same process, any thread) enclosing each kernel's launch."""
+def iteration_at(pids: np.ndarray, times: np.ndarray, ranges: pd.DataFrame) -> pd.arrays.IntegerArray:
+    """Index of the iteration range (same process, any thread) open at each time (ns), null if none."""
     its = ranges[ranges["iteration"].notna()].sort_values("start_ns")
-    result = pd.array([None] * len(kernels), dtype="Int64")
-    if its.empty or kernels.empty:
+    result = pd.array([None] * len(times), dtype="Int64")
+    if its.empty or len(times) == 0:
         return result
-    t = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
-    starts = its["start_ns"].to_numpy()
-    pos = np.searchsorted(starts, t, side="right") - 1
+    t = np.asarray(times, dtype=np.int64)
+    pos = np.searchsorted(its["start_ns"].to_numpy(), t, side="right") - 1
     ok = pos >= 0
     cand = np.where(ok, pos, 0)
-    inside = ok & (t < its["end_ns"].to_numpy()[cand]) & (its["pid"].to_numpy()[cand] == kernels["pid"].to_numpy())
+    inside = ok & (t < its["end_ns"].to_numpy()[cand]) & (its["pid"].to_numpy()[cand] == np.asarray(pids))
     values = its["iteration"].to_numpy()[cand]
     return pd.array([int(v) if hit else None for v, hit in zip(values, inside)], dtype="Int64")
 
