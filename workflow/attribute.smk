@@ -9,6 +9,7 @@ rule attribute:
             LIB / "attribution" / "correlation.py",
             LIB / "attribution" / "merge.py",
             LIB / "attribution" / "inductor.py",
+            LIB / "attribution" / "nvtx.py",
             *ANALYSIS_LIB,
         ],
     output:
@@ -19,5 +20,7 @@ rule attribute:
         "results/{workload}/benchmarks/attribute.tsv"
     conda:
         "../envs/analysis.yaml"
+    params:
+        nvtx=config["nvtx"],
     script:
         "../scripts/attribute.py"

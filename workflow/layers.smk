@@ -5,7 +5,12 @@ checkpoint classify_layers:
         kernels="results/{workload}/timeline/kernels.parquet",
         ranges="results/{workload}/timeline/ranges.parquet",
         layers="results/{workload}/capture/layers.json",
-        lib=[LIB / "layers.py", LIB / "attribution" / "correlation.py", *ANALYSIS_LIB],
+        lib=[
+            LIB / "layers.py",
+            LIB / "attribution" / "correlation.py",
+            LIB / "attribution" / "nvtx.py",
+            *ANALYSIS_LIB,
+        ],
     output:
         instances="results/{workload}/layers/instances.parquet",
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",

@@ -1,11 +1,15 @@
 rule export_timeline:
     input:
         trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
-        lib=[LIB / "timeline" / "kineto.py", LIB / "naming.py", *ANALYSIS_LIB],
+        lib=[
+            LIB / "timeline" / "kineto.py",
+            LIB / "timeline" / "nsys.py",
+            LIB / "attribution" / "nvtx.py",
+            LIB / "naming.py",
+            *ANALYSIS_LIB,
+        ],
     output:
-        kernels="results/{workload}/timeline/kernels.parquet",
-        launches="results/{workload}/timeline/launches.parquet",
-        ranges="results/{workload}/timeline/ranges.parquet",
+        **TIMELINE_OUTPUTS,
     log:
         "logs/export_timeline/{workload}.log",
     benchmark:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
 from . import capture, stages
+from .attribution.nvtx import DEFAULT_OPERATOR_DOMAINS, NvtxOptions
 from .errors import USER_ERRORS
+from .files import InputError
 
 
 def _cmd_validate_config(args) -> None:
@@ -35,8 +38,10 @@ def _cmd_capture(args) -> None:
 
 
 def _cmd_timeline(args) -> None:
-    source = args.kineto or args.nsys
-    timeline = stages.export_timeline(Path(source), Path(args.out))
+    source = Path(args.kineto or args.nsys)
+    if args.nsys and source.suffix not in stages.NSYS_SUFFIXES:
+        raise InputError(f"{source}: --nsys takes an nsys report: .sqlite (nsys export --type sqlite) or .nsys-rep")
+    timeline = stages.export_timeline(source, Path(args.out))
     print(f"{len(timeline.kernels)} kernels, {len(timeline.launches)} launches, {len(timeline.ranges)} ranges -> {args.out}")
 
 
@@ -57,8 +62,9 @@ def _cmd_attribute(args) -> None:
     fusion = Path(args.fusion_map) if args.fusion_map else None
     if args.inductor_dir:
         fusion = stages.load_fusion_map_checked(Path(args.inductor_dir))
+    options = NvtxOptions(tuple(args.nvtx_operator_domain or DEFAULT_OPERATOR_DOMAINS), tuple(args.nvtx_ignore_range or ()))
     result = stages.attribute_files(Path(args.timeline), Path(args.kernel_layers) if args.kernel_layers else None,
-                                    fusion, Path(args.out))
+                                    fusion, Path(args.out), options)
     attributed = (result["path"] != "unattributed").sum()
     print(f"{attributed} of {len(result)} kernels attributed -> {args.out}")
 
@@ -118,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     fusion_source = s.add_mutually_exclusive_group()
     fusion_source.add_argument("--fusion-map", help="fusion_map.parquet from 'opprof fusion-map'")
     fusion_source.add_argument("--inductor-dir", help="Inductor debug directory (its fusion map is built in memory)")
+    s.add_argument("--nvtx-operator-domain", action="append", metavar="DOMAIN",
+                   help="nsys timelines: NVTX domain whose push/pop ranges name operators (repeatable; "
+                        "default: 'default', the unnamed domain where torch emit_nvtx writes)")
+    s.add_argument("--nvtx-ignore-range", action="append", metavar="REGEX",
+                   help="nsys timelines: range names never used as the operator (repeatable)")
     s.set_defaults(func=_cmd_attribute)
 
     s = sub.add_parser("aggregate", help="operators, modules, layer classes, coverage")
@@ -140,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Stage findings (warnings, notes) go to stderr once, without logger names or timestamps.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    package_log = logging.getLogger("operator_profiler")
+    package_log.handlers[:] = [handler]
+    package_log.setLevel(logging.INFO)
+    package_log.propagate = False
     try:
         args.func(args)
     except USER_ERRORS as exc:

@@ -163,6 +163,11 @@ def _cross_field_problems(config: dict) -> list[str]:
                                 "lower seq_len or raise n_positions")
         elif w.get("kind") == "sdpa_attention" and w["d_model"] % w["n_head"]:
             problems.append(f"at '{where}': d_model ({w['d_model']}) must be a multiple of n_head ({w['n_head']})")
+    for index, pattern in enumerate(config.get("nvtx", {}).get("ignore_ranges", [])):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            problems.append(f"at 'nvtx.ignore_ranges[{index}]': {pattern!r} is not a regular expression ({exc})")
     return problems
 
 
@@ -189,7 +194,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
         )
     problems = _cross_field_problems(filled)
     if problems:
-        raise ConfigError(f"invalid configuration in {source} {'; '.join(problems)}. Fix the workload's sizes in "
+        raise ConfigError(f"invalid configuration in {source} {'; '.join(problems)}. Fix the value in "
                           "the config file (or the --config override).")
     return filled
 

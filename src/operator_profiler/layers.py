@@ -56,7 +56,8 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     thread (a layer module called inside another layer takes its own kernels; the outer layer keeps
     the rest). A backward kernel (launched by an autograd node, outside every layer range) belongs to
     the layer of the forward op that created its node, found through the autograd sequence number
-    (:func:`operator_profiler.attribution.correlation.enclosing_ops`).
+    (:func:`operator_profiler.attribution.correlation.enclosing_ops`; for an nsys timeline
+    :func:`operator_profiler.attribution.nvtx.kernel_layer_ranges`).
 
     Returns:
         DataFrame aligned with ``kernels``: ``layer`` (instance label, see :func:`instance_labels`;
@@ -69,6 +70,14 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
         return out
     labels = instance_labels(ranges)
     path_of = dict(zip(ranges["range_id"].astype(int), ranges["layer"]))
+    if (kernels["source"] == "nsys").all():
+        # NVTX ranges nest per (thread, domain), not per thread: path (b) answers the query.
+        from .attribution.nvtx import kernel_layer_ranges
+
+        rids = kernel_layer_ranges(kernels, ranges)
+        out["layer"] = [labels.get(int(r)) for r in rids]
+        out["module"] = [path_of.get(int(r)) for r in rids]
+        return out
     layer_range = layer_range_of_ranges(ranges)
     stacks = enclosing_ops(kernels, ranges)
     for idx, kid in zip(kernels.index, kernels["kernel_id"].astype(int)):

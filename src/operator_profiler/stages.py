@@ -7,6 +7,7 @@ partial output.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +18,17 @@ from . import report as report_md
 from . import tables
 from .attribution import inductor
 from .attribution.merge import attribute
-from .capture import GpuStageUnavailable
+from .attribution import nvtx
 from .files import InputError, read_json_file, read_parquet_file, write_json, write_parquet_atomic, write_text_atomic
-from .timeline import kineto
+from .timeline import kineto, nsys
+
+
+log = logging.getLogger(__name__)
+
+
+def is_nsys(kernels: pd.DataFrame) -> bool:
+    """Whether a timeline's kernels came from an nsys export (source column, DESIGN.md §3)."""
+    return bool(len(kernels)) and bool((kernels["source"] == "nsys").all())
 
 
 def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
@@ -46,7 +55,7 @@ def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
 def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
     timeline_dir = Path(timeline_dir)
-    hint = f"write the timeline first: opprof timeline --kineto TRACE --out {timeline_dir}"
+    hint = f"write the timeline first: opprof timeline (--kineto TRACE | --nsys REPORT) --out {timeline_dir}"
     kernels = read_parquet_file(timeline_dir / "kernels.parquet", "a timeline kernels table", hint,
                                 tuple(tables.KERNELS.names), nullable_ints=True)
     ranges = read_parquet_file(timeline_dir / "ranges.parquet", "a timeline ranges table", hint,
@@ -54,13 +63,28 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return kernels, ranges
 
 
+NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
+
+
 def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
-    """Kineto trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``."""
+    """A trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``.
+
+    A Kineto trace (``.json``/``.json.gz``) or an Nsight Systems report (``.sqlite`` export, or
+    ``.nsys-rep`` exported with ``nsys``); for nsys also ``gpu_activities.parquet`` (memcpy/memset),
+    ``nvtx_gpu_projection.parquet`` (per-stream GPU projection of every NVTX range) and
+    ``diagnostics.json`` (schema version, counts per process, warnings), whose warnings are logged.
+    """
     trace = Path(trace)
-    if trace.suffix in (".nsys-rep", ".sqlite"):
-        raise GpuStageUnavailable(
-            f"{trace}: reading Nsight Systems exports is not built yet (issue #3); use a torch.profiler trace"
-        )
+    if trace.suffix in NSYS_SUFFIXES:
+        timeline = nsys.read_report(trace)
+        for warning in timeline.diagnostics["warnings"]:
+            log.warning("%s: %s", trace, warning)
+        for info in timeline.diagnostics["info"]:
+            log.info("%s: %s", trace, info)
+        projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
+        nsys.write_nsys_timeline(timeline, out_dir)
+        write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
+        return timeline
     timeline = kineto.read_kineto(trace)
     kineto.write_timeline(timeline, out_dir)
     return timeline
@@ -85,10 +109,12 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
 
 
 def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | pd.DataFrame | None,
-                    out: Path) -> pd.DataFrame:
-    """Attribution of every kernel of a Kineto timeline (paths a and c) -> ``attribution/kernels.parquet``.
+                    out: Path, nvtx_options: nvtx.NvtxOptions | None = None) -> pd.DataFrame:
+    """Attribution of every kernel of a timeline -> ``attribution/kernels.parquet``.
 
-    ``fusion_map`` is a ``fusion_map.parquet`` path or an already loaded fusion map.
+    A Kineto timeline runs paths (a) correlation and (c) the fusion map; an nsys timeline runs path
+    (b) NVTX enclosure with ``nvtx_options``. ``fusion_map`` is a ``fusion_map.parquet`` path or an
+    already loaded fusion map.
     """
     kernels, ranges = read_timeline(timeline_dir)
     if kernel_layers is not None:
@@ -101,7 +127,13 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         fusion_map = read_parquet_file(fusion_map, "a fusion map", "write it with: opprof fusion-map "
                                        "--inductor-dir DIR --out FILE", ("graph", "call_index", "profiler_name"))
     fusion = fusion_map
-    result = attribute(kernels, ranges, kl, fusion)
+    if is_nsys(kernels):
+        if fusion is not None and len(fusion):
+            log.warning("the fusion map (path c) is not yet joined to nsys timelines (issue #5); "
+                        "attributing by NVTX enclosure only")
+        result = nvtx.attribute_nvtx(kernels, ranges, kl, nvtx_options or nvtx.NvtxOptions())
+    else:
+        result = attribute(kernels, ranges, kl, fusion)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
 

@@ -325,7 +325,8 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
         kernels["range_id"] = pd.array([None] * len(kernels), dtype="Int64")
         kernels["parent_kernel_id"] = pd.array([None] * len(kernels), dtype="Int64")
     kernels["match_key"] = kernels["mangled_name"].fillna(kernels["name"])
-    kernels["occurrence"] = kernels.groupby("match_key").cumcount().astype("int64")
+    # Per process: correlation ids and launch order are per process (a multi-rank capture, cases.md C22).
+    kernels["occurrence"] = kernels.groupby(["pid", "match_key"]).cumcount().astype("int64")
     kernels["source"] = source
     launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
     kernels["iteration"] = iteration_at(kernels["pid"].to_numpy(), launch, ranges)

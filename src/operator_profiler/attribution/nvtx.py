@@ -1,0 +1,507 @@
+"""Path (b): kernel -> launch call -> the NVTX ranges open on the launching thread.
+
+The rule is nsys's own (``../shared/docs/nsys-sqlite.md`` §6): a kernel belongs to a push/pop range
+when its *launch call* lies inside the range on the *same thread*; the kernel's own GPU interval is
+never compared with CPU ranges. Push/pop stacks are per thread and per NVTX domain, so each
+(process, thread, domain) has its own nested stack (cases.md C11); start/end ranges are process-wide,
+may cross threads and overlap, and are kept apart as *regions* (C09).
+
+- **operator**: the innermost push/pop range of an *operator domain* (default: the default domain,
+  where ``torch.autograd.profiler.emit_nvtx`` writes ``aten::mm, seq = 3, ...``), skipping our layer
+  and iteration ranges and names the user ignores; its name without emit_nvtx decorations (C12).
+- **layer**: the innermost ``opprof.layer:`` range; a backward kernel (launched by the autograd thread,
+  outside every layer range, C01) gets the layer of its forward op, found through ``seq``.
+- **forward_operator**: for a kernel under a backward node (``MmBackward0, seq = N``) or an op with
+  ``stashed seq = N``, the forward op range with ``seq = N`` in the same process.
+- **tags**: the innermost range of every other domain (``{"deepspeed": "allreduce_hook"}``).
+- CUDA-graph kernels use the node's creation at capture time (where the ranges were open, §3); a
+  replayed kernel without it is unattributed (``cuda_graph_replay``).
+
+Queries are vectorized: per (thread, domain) the ranges are sorted by start; the innermost range
+enclosing a launch is an ancestor-or-self of the last range starting at or before it (binary search),
+and walking up parents is one numpy step per nesting level for all kernels at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import tables
+from ..naming import NVTX_DOMAIN
+
+DEFAULT_OPERATOR_DOMAINS = ("default",)
+# Autograd nodes: "MmBackward0", "autograd::engine::evaluate_function: MmBackward0".
+BACKWARD_NODE = re.compile(r"(Backward\d*$)|(^autograd::engine::evaluate_function: )")
+
+REASONS = {
+    "null_correlation": "the kernel has no correlation id (NULL or <= 0), so its launch call is unknown",
+    "no_launch_record": "no CUDA API call in the same process has the kernel's correlation id",
+    "cuda_graph_replay": "replayed from a CUDA graph without the capture-time node event (or traced at graph level)",
+    "no_nvtx_ranges": "the capture has no NVTX push/pop ranges",
+    "no_operator_range": "NVTX ranges enclose the launch, but none in an operator domain",
+    "range_on_other_thread": "an operator range is open at launch time, but on another thread (e.g. backward on the "
+                             "autograd thread)",
+    "no_enclosing_range": "no NVTX range encloses the launch call",
+    "unclosed_range": "attributed to a range never closed before the capture ended (low confidence)",
+}
+
+
+@dataclass(frozen=True)
+class NvtxOptions:
+    """Which NVTX ranges name operators.
+
+    ``operator_domains``: NVTX domain names whose push/pop ranges name operators (``default`` = the
+    unnamed domain 0). ``ignore_ranges``: regular expressions; a range whose name matches is never
+    the operator (library bookkeeping ranges), the search goes on to its parent.
+    """
+
+    operator_domains: tuple[str, ...] = DEFAULT_OPERATOR_DOMAINS
+    ignore_ranges: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, section: dict | None) -> NvtxOptions:
+        section = section or {}
+        return cls(tuple(section.get("operator_domains", DEFAULT_OPERATOR_DOMAINS)),
+                   tuple(section.get("ignore_ranges", ())))
+
+
+class _Ranges:
+    """Push/pop ranges as arrays (rows in ``ranges`` order) and, per (pid, tid, domain), their order by start."""
+
+    def __init__(self, ranges: pd.DataFrame):
+        n = len(ranges)
+        self.n = n
+        self.range_id = ranges["range_id"].to_numpy(dtype=np.int64)
+        row_of = pd.Series(np.arange(n), index=self.range_id)
+        parent_ids = ranges["parent_id"]
+        parent = np.full(n, -1, dtype=np.int64)
+        has_parent = parent_ids.notna().to_numpy()
+        parent[has_parent] = row_of.loc[parent_ids[has_parent].astype("int64").to_numpy()].to_numpy()
+        self.parent = parent
+        self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
+        end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
+        self.end = end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+        self.name = ranges["name"].to_numpy(dtype=object)
+        self.domain = ranges["domain"].to_numpy(dtype=object)
+        self.pid = ranges["pid"].to_numpy(dtype=np.int64)
+        self.tid = ranges["tid"].to_numpy(dtype=np.int64)
+        self.push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
+        self.layer = ranges["layer"].to_numpy(dtype=object)
+        self.is_layer = ranges["layer"].notna().to_numpy()
+        self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy()
+        self.unclosed = ranges["unclosed"].fillna(False).to_numpy(dtype=bool) if "unclosed" in ranges else \
+            ranges["end_ns"].isna().to_numpy()
+        self.seq = ranges["seq"].to_numpy(dtype=float, na_value=np.nan)
+        stashed = ranges["stashed_seq"] if "stashed_seq" in ranges else pd.Series([pd.NA] * n, dtype="Int64")
+        self.stashed = stashed.to_numpy(dtype=float, na_value=np.nan)
+        self.backward_node = np.array([bool(BACKWARD_NODE.search(s)) for s in self.name], dtype=bool) if n else \
+            np.zeros(0, dtype=bool)
+        self.domains = sorted(set(self.domain[self.push_pop])) if n else []
+        # (pid, tid, domain) -> (starts sorted, rows in that order)
+        self.groups: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
+        push_pop_rows = np.flatnonzero(self.push_pop)
+        for key, positions in ranges[self.push_pop].groupby(["pid", "tid", "domain"], sort=False).indices.items():
+            rows = push_pop_rows[positions]
+            order = np.argsort(self.start[rows], kind="stable")
+            self.groups[(int(key[0]), int(key[1]), str(key[2]))] = (self.start[rows][order], rows[order])
+
+    def innermost(self, pid: np.ndarray, tid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> dict[str, np.ndarray]:
+        """Per domain, the row of the innermost push/pop range on (pid, tid) with start <= t0 and end >= t1
+        (-1 if none). Arrays are aligned with the queries; rows with pid < 0 are no query."""
+        m = len(t0)
+        out = {d: np.full(m, -1, dtype=np.int64) for d in self.domains}
+        if not m or not self.groups:
+            return out
+        queries = pd.DataFrame({"pid": pid, "tid": tid})
+        valid = pid >= 0
+        for (qpid, qtid), index in queries[valid].groupby(["pid", "tid"], sort=False).indices.items():
+            idx = np.flatnonzero(valid)[index]
+            for domain in self.domains:
+                group = self.groups.get((int(qpid), int(qtid), domain))
+                if group is None:
+                    continue
+                starts, rows = group
+                pos = np.searchsorted(starts, t0[idx], side="right") - 1
+                cand = np.where(pos >= 0, rows[np.maximum(pos, 0)], -1)
+                out[domain][idx] = self._climb_until(cand, lambda c, k=idx: self.end[c] >= t1[k])
+        return out
+
+    def _climb_until(self, cand: np.ndarray, ok) -> np.ndarray:
+        """Walk each candidate up its parents until ``ok(rows)`` (a boolean array over all candidates,
+        evaluated with -1 replaced by row 0) holds for it, or no parent is left (-1)."""
+        cand = cand.copy()
+        while True:
+            live = np.flatnonzero(cand >= 0)
+            if not len(live):
+                return cand
+            good = np.asarray(ok(np.where(cand >= 0, cand, 0)))[live]
+            bad = live[~good]
+            if not len(bad):
+                return cand
+            cand[bad] = self.parent[cand[bad]]
+
+    def climb(self, cand: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+        """Nearest ancestor-or-self of each row with ``eligible[row]``, -1 if none."""
+        return self._climb_until(cand, lambda c: eligible[c])
+
+
+@dataclass
+class Enclosure:
+    """What path (b) found, aligned with the kernels' rows."""
+
+    context_pid: np.ndarray
+    context_tid: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+    innermost: dict[str, np.ndarray]  # domain -> innermost range row
+    replay: np.ndarray  # CUDA-graph replay without a capture-time node
+
+
+def _contexts(kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(pid, tid, t0, t1, replay): the CPU interval whose enclosing ranges name each kernel.
+
+    A kernel normally uses its launch call. A CUDA-graph node kernel uses the node's creation at
+    capture time when the export has it (NVTX ranges are recorded at capture, not replay); otherwise,
+    and for graph-level rows, it is a replay without context (its launch still gives evidence).
+    """
+    n = len(kernels)
+
+    def col(name: str) -> pd.Series:
+        return kernels[name] if name in kernels else pd.Series([pd.NA] * n, dtype="Int64", index=kernels.index)
+
+    has_capture = col("capture_tid").notna().to_numpy()
+    has_launch = col("launch_tid").notna().to_numpy() & col("launch_start_ns").notna().to_numpy()
+    graph_row = (col("activity").astype(object) == "graph").to_numpy() if "activity" in kernels else np.zeros(n, bool)
+    node_kernel = col("graph_node_id").notna().to_numpy()
+    replay = graph_row | (node_kernel & ~has_capture)
+
+    def ints(series: pd.Series) -> np.ndarray:
+        return series.astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+
+    pid = np.where(has_capture, ints(col("capture_pid")), np.where(has_launch, kernels["pid"].to_numpy(dtype=np.int64), -1))
+    tid = np.where(has_capture, ints(col("capture_tid")), np.where(has_launch, ints(col("launch_tid")), -1))
+    t0 = np.where(has_capture, ints(col("capture_start_ns")), ints(col("launch_start_ns")))
+    t1 = np.where(has_capture, ints(col("capture_end_ns")), ints(col("launch_end_ns")))
+    return pid, tid, t0, t1, replay
+
+
+def enclose(kernels: pd.DataFrame, index: _Ranges) -> Enclosure:
+    pid, tid, t0, t1, replay = _contexts(kernels)
+    return Enclosure(pid, tid, t0, t1, index.innermost(pid, tid, t0, t1), replay)
+
+
+def _pick_innermost(index: _Ranges, candidates: list[np.ndarray], m: int) -> np.ndarray:
+    """Across domains, the candidate with the latest start (the innermost), -1 if none."""
+    best = np.full(m, -1, dtype=np.int64)
+    best_start = np.full(m, np.iinfo(np.int64).min, dtype=np.int64)
+    for cand in candidates:
+        ok = cand >= 0
+        start = np.where(ok, index.start[np.maximum(cand, 0)], np.iinfo(np.int64).min)
+        better = ok & (start >= best_start)
+        best[better], best_start[better] = cand[better], start[better]
+    return best
+
+
+def _layer_rows(index: _Ranges, innermost: dict[str, np.ndarray], m: int) -> np.ndarray:
+    return _pick_innermost(index, [index.climb(c, index.is_layer) for c in innermost.values()], m)
+
+
+def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(forward op row, backward seq used) for each operator row: the innermost range at or above the
+    op carrying ``stashed seq = N``, or a backward node with ``seq = N``, names N; the forward op is the
+    operator range of the same process with ``seq = N`` that is not a backward node."""
+    m = len(op_rows)
+    forward = np.full(m, -1, dtype=np.int64)
+    seq_used = np.full(m, np.nan)
+    if not m or not index.n:
+        return forward, seq_used
+    links = ~np.isnan(index.stashed) | (index.backward_node & ~np.isnan(index.seq))
+    linked = index.climb(op_rows, links)
+    has = linked >= 0
+    if not has.any():
+        return forward, seq_used
+    rows = linked[has]
+    seq = np.where(~np.isnan(index.stashed[rows]), index.stashed[rows], index.seq[rows])
+    seq_used[has] = seq
+    fwd_candidates = eligible & ~index.backward_node & ~np.isnan(index.seq)
+    lookup: dict[tuple[int, int], int] = {}
+    for row in np.flatnonzero(fwd_candidates):  # the last (latest) op with a seq wins, as sequence numbers grow
+        lookup[(int(index.pid[row]), int(index.seq[row]))] = int(row)
+    pids = index.pid[rows]
+    forward[np.flatnonzero(has)] = [lookup.get((int(p), int(s)), -1) for p, s in zip(pids, seq)]
+    return forward, seq_used
+
+
+def _operator_eligible(index: _Ranges, options: NvtxOptions) -> np.ndarray:
+    eligible = index.push_pop & ~index.is_marker & np.isin(index.domain, list(options.operator_domains))
+    if options.ignore_ranges and index.n:
+        pattern = re.compile("|".join(f"(?:{p})" for p in options.ignore_ranges))
+        eligible &= np.array([not pattern.search(s) for s in index.name], dtype=bool)
+    return eligible
+
+
+def kernel_layer_ranges(kernels: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
+    """range_id of each kernel's layer range (-1 if none), for :mod:`operator_profiler.layers`.
+
+    The innermost ``opprof.layer:`` range enclosing the kernel's launch on its thread; for a backward
+    kernel outside every layer range, the layer range of its forward op (through ``seq``).
+    """
+    index = _Ranges(ranges)
+    found = enclose(kernels, index)
+    m = len(kernels)
+    layer = _layer_rows(index, found.innermost, m)
+    missing = layer < 0
+    if missing.any() and index.n:
+        eligible = _operator_eligible(index, NvtxOptions(operator_domains=tuple(index.domains)))
+        op = _pick_innermost(index, [index.climb(found.innermost[d], eligible) for d in index.domains], m)
+        forward, _ = _forward_rows(index, op, eligible)
+        layer = np.where(missing, _range_layers(index, forward), layer)
+    return np.where(layer >= 0, index.range_id[np.maximum(layer, 0)], -1)
+
+
+def _range_layers(index: _Ranges, rows: np.ndarray) -> np.ndarray:
+    """The layer range row enclosing each range row (-1 for -1 or none), on the range's own thread."""
+    ok = rows >= 0
+    safe = np.maximum(rows, 0)
+    pid = np.where(ok, index.pid[safe], -1)
+    tid = np.where(ok, index.tid[safe], -1)
+    inner = index.innermost(pid, tid, index.start[safe], index.end[safe])
+    return np.where(ok, _layer_rows(index, inner, len(rows)), -1)
+
+
+def _regions(index: _Ranges, ranges: pd.DataFrame, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> list[list[str]]:
+    """Start/end ranges of the same process enclosing each [t0, t1], in start order (cases.md C09)."""
+    m = len(t0)
+    out: list[list[str]] = [[] for _ in range(m)]
+    se = np.flatnonzero(~index.push_pop)
+    if not len(se) or not m:
+        return out
+    order = np.argsort(t0, kind="stable")
+    sorted_t0 = t0[order]
+    for row in se[np.argsort(index.start[se], kind="stable")]:
+        lo, hi = np.searchsorted(sorted_t0, index.start[row], "left"), np.searchsorted(sorted_t0, index.end[row], "right")
+        hits = order[lo:hi]
+        hits = hits[(t1[hits] <= index.end[row]) & (pid[hits] == index.pid[row])]
+        for k in hits:
+            out[k].append(index.name[row])
+    return out
+
+
+def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, t0: np.ndarray,
+                         t1: np.ndarray) -> np.ndarray:
+    """Whether an operator range of the same process (any thread) encloses [t0, t1]."""
+    m = len(t0)
+    found = np.zeros(m, dtype=bool)
+    rows = np.flatnonzero(eligible)
+    if not len(rows) or not m:
+        return found
+    for p in np.unique(pid[pid >= 0]):
+        mine = rows[index.pid[rows] == p]
+        if not len(mine):
+            continue
+        mine = mine[np.argsort(index.start[mine], kind="stable")]
+        max_end = np.maximum.accumulate(index.end[mine])
+        q = np.flatnonzero(pid == p)
+        pos = np.searchsorted(index.start[mine], t0[q], side="right") - 1
+        found[q] = (pos >= 0) & (max_end[np.maximum(pos, 0)] >= t1[q])
+    return found
+
+
+def _stacks(index: _Ranges, rows: np.ndarray) -> list[list[str]]:
+    """Names from the outermost ancestor down to each row ([] for -1), memoized per row."""
+    memo: dict[int, tuple[str, ...]] = {-1: ()}
+
+    def chain(row: int) -> tuple[str, ...]:
+        path = []
+        while row not in memo:
+            path.append(row)
+            row = int(index.parent[row])
+        names = memo[row]
+        for r in reversed(path):
+            names = names + (index.name[r],)
+            memo[r] = names
+        return names
+
+    return [list(chain(int(r))) for r in rows]
+
+
+def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
+                   options: NvtxOptions = NvtxOptions()) -> pd.DataFrame:
+    """Attribute every kernel of an nsys timeline by NVTX enclosure.
+
+    Args:
+        kernels, ranges: timeline tables of :func:`operator_profiler.timeline.nsys.read_nsys` (DESIGN.md §3).
+        kernel_layers: ``kernel_id, layer, module, layer_class`` from :func:`operator_profiler.layers.classify_layers`.
+        options: which domains/ranges name operators.
+
+    Returns:
+        The ATTRIBUTION columns plus ``operator_range_id``, ``duration_ns`` (ns), ``iteration``, ``name``
+        and ``regions`` (start/end range names). ``path`` is ``nvtx`` or ``unattributed``; ``reason`` is
+        one of :data:`REASONS` (``unclosed_range`` also on attributed kernels: low confidence);
+        ``evidence`` is JSON ``{"nvtx": {"stack", "operator", "tags", "regions", ...}}``.
+    """
+    index = _Ranges(ranges)
+    m = len(kernels)
+    found = enclose(kernels, index)
+    eligible = _operator_eligible(index, options)
+    op_domains = [d for d in index.domains if d in options.operator_domains]
+    op_rows = _pick_innermost(index, [index.climb(found.innermost[d], eligible) for d in op_domains], m)
+    op_rows = np.where(found.replay, -1, op_rows)
+    forward, seq_used = _forward_rows(index, op_rows, eligible)
+    regions = _regions(index, ranges, found.context_pid, found.t0, found.t1)
+
+    # Reasons, most specific first.
+    corr = kernels["correlation_id"].astype("Int64")
+    no_corr = (corr.isna() | (corr.fillna(0) <= 0)).to_numpy()
+    no_context = found.context_pid < 0
+    any_range = _pick_innermost(index, list(found.innermost.values()), m) >= 0
+    other_thread = _other_thread_ranges(index, eligible, np.where(no_context, -1, kernels["pid"].to_numpy(dtype=np.int64)),
+                                        found.t0, found.t1)
+    has_push_pop = bool(index.push_pop.any())
+    reason = np.full(m, None, dtype=object)
+    attributed = op_rows >= 0
+    if index.n:
+        reason[attributed & index.unclosed[np.maximum(op_rows, 0)]] = "unclosed_range"
+    unattributed = ~attributed
+    for condition, label in (
+        (~any_range & ~other_thread, "no_enclosing_range"),
+        (~any_range & other_thread, "range_on_other_thread"),
+        (any_range, "no_operator_range"),
+        (np.full(m, not has_push_pop), "no_nvtx_ranges"),
+        (no_context & ~no_corr, "no_launch_record"),
+        (no_context & no_corr, "null_correlation"),
+        (found.replay, "cuda_graph_replay"),
+    ):
+        reason[unattributed & condition] = label  # later rows are more specific and win
+
+    # Evidence: the operator-domain stack (or, when none, the innermost stack of any domain), the
+    # innermost range of each other domain, and the process-level regions.
+    shown = np.where(op_rows >= 0, op_rows, _pick_innermost(index, [found.innermost[d] for d in op_domains], m))
+    shown = np.where(shown >= 0, shown, _pick_innermost(index, list(found.innermost.values()), m))
+    stacks = _stacks(index, shown)
+    tag_domains = [d for d in index.domains if d not in options.operator_domains and d != NVTX_DOMAIN]
+    layer_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer"]))
+    class_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer_class"]))
+    module_col = kernel_layers["module"] if "module" in kernel_layers else kernel_layers["layer"]
+    module_of = dict(zip(kernel_layers["kernel_id"].astype(int), module_col))
+
+    kernel_ids = kernels["kernel_id"].to_numpy(dtype=np.int64)
+    operator = np.where(attributed, index.name[np.maximum(op_rows, 0)] if index.n else None, None)
+    fwd_name = np.where(forward >= 0, index.name[np.maximum(forward, 0)] if index.n else None, None)
+    evidence = []
+    for k in range(m):
+        entry: dict = {"stack": stacks[k], "operator": operator[k]}
+        tags = {d: index.name[found.innermost[d][k]] for d in tag_domains if found.innermost[d][k] >= 0}
+        if tags:
+            entry["tags"] = tags
+        if regions[k]:
+            entry["regions"] = regions[k]
+        if not np.isnan(seq_used[k]):
+            entry["backward_seq"] = int(seq_used[k])
+            if forward[k] < 0:
+                entry["forward_link"] = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
+        if reason[k] is not None:
+            entry["reason"] = reason[k]
+        if found.replay[k]:
+            entry["cuda_graph_replay"] = True
+        evidence.append(json.dumps({"nvtx": entry}, sort_keys=True))
+
+    def pick(mapping: dict) -> list:
+        return [None if pd.isna(v := mapping.get(int(k))) else v for k in kernel_ids]
+
+    out = pd.DataFrame(
+        {
+            "kernel_id": kernel_ids,
+            "operator": operator,
+            "forward_operator": fwd_name,
+            "module": pick(module_of),
+            "layer": pick(layer_of),
+            "layer_class": [class_of.get(int(k)) for k in kernel_ids],
+            "path": np.where(attributed, "nvtx", "unattributed"),
+            "fused_ops": [[] for _ in range(m)],
+            "source_nodes": [[] for _ in range(m)],
+            "reason": reason,
+            "evidence": evidence,
+            "operator_range_id": pd.array(np.where(attributed, index.range_id[np.maximum(op_rows, 0)] if index.n else -1,
+                                                   -1), dtype="Int64"),
+            "duration_ns": kernels["duration_ns"].to_numpy(dtype=np.int64),
+            "iteration": pd.array(kernels["iteration"], dtype="Int64"),
+            "name": kernels["name"].to_numpy(dtype=object),
+            "regions": regions,
+        }
+    )
+    out.loc[~attributed, "operator_range_id"] = pd.NA
+    return out[[*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name", "regions"]]
+
+
+def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (nsys-sqlite.md §6).
+
+    A kernel is projected onto every range of every domain on its launch thread's stacks that encloses
+    its launch (and onto the start/end regions of its process).
+
+    Returns:
+        One row per (range, stream): ``range_id, name, domain, kind, pid, tid, depth, stream,
+        cpu_start_ns, cpu_end_ns, gpu_start_ns`` (first kernel start), ``gpu_end_ns`` (last kernel end),
+        ``projected_duration_ns`` (gpu_end - gpu_start), ``kernel_count``, ``gpu_time_ns`` (sum of kernel
+        durations). Times in ns.
+    """
+    columns = ["range_id", "name", "domain", "kind", "pid", "tid", "depth", "stream", "cpu_start_ns", "cpu_end_ns",
+               "gpu_start_ns", "gpu_end_ns", "projected_duration_ns", "kernel_count", "gpu_time_ns"]
+    if not len(ranges) or not len(kernels):
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c not in ("name", "domain", "kind") else object)
+                             for c in columns})
+    index = _Ranges(ranges)
+    found = enclose(kernels, index)
+    pairs_k, pairs_r = [], []
+    for cand in found.innermost.values():
+        cand = cand.copy()
+        while True:
+            live = np.flatnonzero(cand >= 0)
+            if not len(live):
+                break
+            pairs_k.append(live)
+            pairs_r.append(cand[live])
+            cand[live] = index.parent[cand[live]]
+    regions_rows = np.flatnonzero(~index.push_pop)
+    if len(regions_rows):
+        pid, t0, t1 = found.context_pid, found.t0, found.t1
+        for row in regions_rows:
+            hit = np.flatnonzero((pid == index.pid[row]) & (t0 >= index.start[row]) & (t1 <= index.end[row]))
+            pairs_k.append(hit)
+            pairs_r.append(np.full(len(hit), row, dtype=np.int64))
+    if not pairs_k:
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c not in ("name", "domain", "kind") else object)
+                             for c in columns})
+    k = np.concatenate(pairs_k)
+    r = np.concatenate(pairs_r)
+    pairs = pd.DataFrame(
+        {
+            "row": r, "stream": kernels["stream"].to_numpy(dtype=np.int64)[k],
+            "start": kernels["start_ns"].to_numpy(dtype=np.int64)[k], "end": kernels["end_ns"].to_numpy(dtype=np.int64)[k],
+            "dur": kernels["duration_ns"].to_numpy(dtype=np.int64)[k],
+        }
+    )
+    agg = pairs.groupby(["row", "stream"], sort=True).agg(
+        gpu_start_ns=("start", "min"), gpu_end_ns=("end", "max"), kernel_count=("start", "size"), gpu_time_ns=("dur", "sum")
+    ).reset_index()
+    rows = agg["row"].to_numpy()
+    sel = ranges.iloc[rows]
+    out = pd.DataFrame(
+        {
+            "range_id": index.range_id[rows], "name": sel["name"].to_numpy(), "domain": sel["domain"].to_numpy(),
+            "kind": sel["kind"].to_numpy(), "pid": sel["pid"].to_numpy(dtype=np.int64),
+            "tid": sel["tid"].to_numpy(dtype=np.int64), "depth": sel["depth"].to_numpy(dtype=np.int64),
+            "stream": agg["stream"].to_numpy(), "cpu_start_ns": index.start[rows],
+            "cpu_end_ns": index.end[rows], "gpu_start_ns": agg["gpu_start_ns"].to_numpy(),
+            "gpu_end_ns": agg["gpu_end_ns"].to_numpy(), "kernel_count": agg["kernel_count"].to_numpy(dtype=np.int64),
+            "gpu_time_ns": agg["gpu_time_ns"].to_numpy(dtype=np.int64),
+        }
+    )
+    out["projected_duration_ns"] = out["gpu_end_ns"] - out["gpu_start_ns"]
+    return out[columns]

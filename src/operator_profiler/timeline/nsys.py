@@ -1,0 +1,820 @@
+"""Nsight Systems SQLite export (``nsys export --type sqlite``) -> the timeline tables of DESIGN.md §3.
+
+Format facts are from ``../shared/docs/nsys-sqlite.md`` (section numbers below) and were checked on the
+real exports in ``../shared/data/real/nsys/``:
+
+- Tables are created lazily and columns drift between schema versions (2021 to 2025), so the reader
+  probes ``sqlite_master``/``PRAGMA table_info`` and selects columns by name (§1, §5).
+- Times are integer ns on one capture timeline (§1).
+- ``globalTid = hwId[63:56] | vmId[55:48] | pid[47:24] | tid[23:0]`` (§2).
+- A kernel joins its launching API call by ``(pid, correlationId)``: correlation ids are unique per
+  process only (§3, §7 Q1). The runtime table holds runtime (``eventClass`` 0) and driver (1) calls
+  plus backtrace duplicates (67), so launches are the ``eventClass IN (0, 1)`` rows and are never
+  chosen by API name (``cudaLaunchKernel``, ``cuLaunchKernelEx``, ``cudaGraphLaunch`` all count).
+- NVTX ``eventType`` 59/70 are push/pop ranges (per thread), 60/71 start/end ranges (process-wide,
+  may end on another thread: ``endGlobalTid``), 75 names a domain; domain ids are per process (§4).
+  The name is ``coalesce(text, StringIds[textId])``; an unclosed range has a NULL end.
+- ``KERNEL.deviceId`` is the CUDA ordinal; ``TARGET_INFO_CUDA_DEVICE`` maps it to the nsys GPU id (§2).
+- CUDA graphs: node-level tracing gives kernel rows with ``graphNodeId``; the node-creation table maps a
+  replayed node to the node created at capture time; graph-level tracing gives one
+  ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph launch and no kernel rows (§3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import tables
+from ..files import InputError, write_json, write_parquet_atomic
+from ..naming import ITERATION_PREFIX, LAYER_PREFIX
+from .kineto import Timeline, finish_kernels
+
+log = logging.getLogger(__name__)
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET_TABLE = "CUPTI_ACTIVITY_KIND_MEMSET"
+GRAPH_TRACE_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+NVTX_TABLE = "NVTX_EVENTS"
+# Node-creation events: CUDA_GRAPH_NODE_EVENTS since 2024; the 2022 exports used CUDA_GRAPH_EVENTS
+# for the same rows (graphNodeId, originalGraphNodeId); recognised by their columns (§3).
+GRAPH_NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")
+DEFAULT_DOMAIN = "default"  # NVTX domain 0 (no domain): where torch emit_nvtx ranges go
+
+# ENUM_NSYS_EVENT_TYPE ids (§4), used when the export has no ENUM table.
+EVENT_TYPE_DEFAULTS = {
+    "NvtxPushPopRange": 59, "NvtxStartEndRange": 60, "NvtxtPushPopRange": 70, "NvtxtStartEndRange": 71,
+    "NvtxDomainCreate": 75, "NvtxMark": 34,
+}
+RUNTIME_EVENT_CLASSES = (0, 1)  # CUDA runtime, CUDA driver; 67 = backtrace duplicate
+MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
+                9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
+
+# Columns the reader cannot work without, per table; anything else is optional (§3, §5).
+REQUIRED_COLUMNS = {
+    KERNEL_TABLE: ("start", "end", "deviceId", "streamId", "correlationId", "globalPid"),
+    RUNTIME_TABLE: ("start", "end", "globalTid", "correlationId", "nameId"),
+    "NVTX": ("start", "end", "eventType", "globalTid"),
+    MEMCPY_TABLE: ("start", "end", "deviceId", "streamId", "globalPid"),
+    MEMSET_TABLE: ("start", "end", "deviceId", "streamId", "globalPid"),
+    GRAPH_TRACE_TABLE: ("start", "end", "deviceId", "streamId", "correlationId", "graphId"),
+}
+SUPPORTED = "nsys 2021-2025 exports (schemas 2.9 to 3.20)"
+
+# torch emit_nvtx / record_function decorations (torch/csrc/profiler/util.cpp getNvtxStr):
+# "aten::addmm, seq = 5, op_id = 7, sizes = [[4, 8], [8]], input_op_ids = [...]"; old releases
+# wrote "stashed seq = N" on ops run by a backward node (§10, cases.md C12).
+_DECORATION = re.compile(r", (?=(?:stashed seq|seq|op_id|sizes|input_op_ids) = )")
+_SEQ = re.compile(r"(?:^|, )seq = (-?\d+)")
+_STASHED = re.compile(r"stashed seq = (\d+)")
+_OP_ID = re.compile(r"op_id = (\d+)")
+_SIZES = re.compile(r"sizes = (\[.*?\])(?=, input_op_ids = |$)")
+
+
+class NsysExportError(InputError):
+    """The file is not a readable Nsight Systems SQLite export; the message names the file and what is missing."""
+
+
+@dataclass
+class NsysTimeline(Timeline):
+    activities: pd.DataFrame = field(default_factory=pd.DataFrame)  # memcpy / memset rows
+    diagnostics: dict = field(default_factory=dict)
+
+
+def decode_global_tid(gtid: np.ndarray | pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``globalTid`` -> (pid, tid) arrays (nsys-sqlite.md §2). Works for ``globalPid`` too (tid 0)."""
+    values = np.asarray(gtid, dtype=np.int64)
+    return (values >> 24) & 0xFFFFFF, values & 0xFFFFFF
+
+
+def parse_range_text(text: str) -> dict:
+    """Split an emit_nvtx range text into the operator name and its decorations.
+
+    ``"aten::mm, seq = 0, op_id = 3, sizes = [[64, 128], [128, 256]]"`` ->
+    ``{"name": "aten::mm", "seq": 0, "op_id": 3, "sizes": "[[64, 128], [128, 256]]", "stashed_seq": None}``.
+    A text without decorations is its own name.
+    """
+    parts = _DECORATION.split(text, maxsplit=1)
+    if len(parts) == 1:
+        return {"name": text, "seq": None, "op_id": None, "sizes": None, "stashed_seq": None}
+    rest = parts[1]
+    seq, stashed, op_id, sizes = _SEQ.search(rest), _STASHED.search(rest), _OP_ID.search(rest), _SIZES.search(rest)
+    seq_value = int(seq.group(1)) if seq else None
+    return {
+        "name": parts[0],
+        "seq": seq_value if seq_value is None or seq_value >= 0 else None,
+        "op_id": int(op_id.group(1)) if op_id else None,
+        "sizes": sizes.group(1) if sizes else None,
+        "stashed_seq": int(stashed.group(1)) if stashed else None,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Opening and probing the export
+
+
+class _Export:
+    """A read-only connection plus the tables and columns the export actually has."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NsysExportError(f"{self.path}: no such file; pass an nsys SQLite export "
+                                  "(nsys export --type sqlite REPORT.nsys-rep)")
+        with open(self.path, "rb") as fh:
+            header = fh.read(len(SQLITE_MAGIC))
+        if header != SQLITE_MAGIC:
+            raise NsysExportError(
+                f"{self.path}: not an SQLite file (header {header[:15]!r}); export the report with "
+                "'nsys export --type sqlite REPORT.nsys-rep' and pass the .sqlite file"
+            )
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro&immutable=1"
+        self.conn = sqlite3.connect(uri, uri=True)
+        # Exports hold non-UTF-8 bytes (Windows host names, ...) (§3): decode tolerantly.
+        self.conn.text_factory = lambda b: b.decode("utf-8", "replace")
+        try:
+            names = [r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            self.columns = {
+                name: [r[1] for r in self.conn.execute(f'PRAGMA table_info("{name}")')] for name in names
+            }
+        except sqlite3.DatabaseError as exc:
+            raise NsysExportError(f"{self.path}: unreadable SQLite file ({exc}); the file is truncated or "
+                                  "corrupt: export the report again") from None
+
+    def has(self, table: str) -> bool:
+        return table in self.columns
+
+    def query(self, sql: str, params=()) -> pd.DataFrame:
+        try:
+            cur = self.conn.execute(sql, params)
+            rows = cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise NsysExportError(f"{self.path}: cannot read ({exc}) while running: {sql.split(' FROM ')[-1][:80]}; "
+                                  "the file is truncated or corrupt: export the report again") from None
+        return pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description])
+
+    def require(self, table: str, required: tuple[str, ...], label: str | None = None) -> None:
+        missing = [c for c in required if c not in self.columns[table]]
+        if missing:
+            raise NsysExportError(
+                f"{self.path}: table {table} lacks column(s) {', '.join(missing)} (has: "
+                f"{', '.join(self.columns[table])}); this export schema is not one the reader knows "
+                f"({SUPPORTED}); re-export with a supported nsys version, or report the schema"
+            )
+
+    def optional(self, table: str, column: str, alias: str | None = None, default: str = "NULL") -> str:
+        """``"column" AS alias`` when the column exists, else ``default AS alias``."""
+        alias = alias or column
+        return f'"{column}" AS "{alias}"' if column in self.columns[table] else f'{default} AS "{alias}"'
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _metadata(export: _Export) -> dict:
+    for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if export.has(table):
+            rows = dict(export.conn.execute(f"SELECT name, value FROM {table}").fetchall())
+            return {
+                "metadata_table": table,
+                "product_version": rows.get("EXPORT_PRODUCT_VERSION"),
+                "schema_version": rows.get("EXPORT_SCHEMA_VERSION"),
+                "platform": rows.get("EXPORT_PLATFORM"),
+            }
+    return {"metadata_table": None, "product_version": None, "schema_version": None, "platform": None}
+
+
+def _strings(export: _Export) -> np.ndarray:
+    """StringIds as an id-indexed object array (ids are small dense integers)."""
+    if not export.has("StringIds"):
+        return np.array([], dtype=object)
+    df = export.query("SELECT id, value FROM StringIds")
+    if df.empty:
+        return np.array([], dtype=object)
+    lookup = np.full(int(df["id"].max()) + 1, None, dtype=object)
+    lookup[df["id"].to_numpy(dtype=np.int64)] = df["value"].to_numpy(dtype=object)
+    return lookup
+
+
+def _lookup(strings: np.ndarray, ids: pd.Series) -> np.ndarray:
+    """String ids -> strings; null or unknown ids -> None."""
+    values = pd.to_numeric(ids, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    ok = ~np.isnan(values) & (values >= 0) & (values < len(strings))
+    out = np.full(len(values), None, dtype=object)
+    out[ok] = strings[values[ok].astype(np.int64)]
+    return out
+
+
+def _event_types(export: _Export) -> dict[str, int]:
+    types = dict(EVENT_TYPE_DEFAULTS)
+    if export.has("ENUM_NSYS_EVENT_TYPE") and {"id", "name"} <= set(export.columns["ENUM_NSYS_EVENT_TYPE"]):
+        for type_id, name in export.conn.execute("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE"):
+            if name in types:
+                types[name] = int(type_id)
+    return types
+
+
+def _nvtx_table(export: _Export, diagnostics: dict) -> str | None:
+    """The NVTX events table: ``NVTX_EVENTS``, else a version-suffixed one (``NVTX_EVENTS_V2``; cases.md C08)."""
+    if export.has(NVTX_TABLE):
+        return NVTX_TABLE
+    candidates = sorted(t for t in export.columns if t.upper().startswith(NVTX_TABLE))
+    if candidates:
+        if len(candidates) > 1:
+            diagnostics["warnings"].append(f"several NVTX tables {candidates}; reading {candidates[0]}")
+        return candidates[0]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables
+
+
+def _read_launches(export: _Export, strings: np.ndarray, diagnostics: dict) -> pd.DataFrame:
+    columns = ["launch_id", "pid", "tid", "start_ns", "end_ns", "api", "correlation_id", "event_class"]
+    if not export.has(RUNTIME_TABLE):
+        return pd.DataFrame({c: pd.Series(dtype="Int64" if c not in ("api",) else object) for c in columns})
+    export.require(RUNTIME_TABLE, REQUIRED_COLUMNS[RUNTIME_TABLE])
+    has_class = "eventClass" in export.columns[RUNTIME_TABLE]
+    where = f"WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else ""
+    df = export.query(
+        f'SELECT start, "end", globalTid, correlationId, nameId, '
+        f'{export.optional(RUNTIME_TABLE, "eventClass")} FROM {RUNTIME_TABLE} {where}'
+    )
+    pid, tid = decode_global_tid(df["globalTid"].fillna(0))
+    launches = pd.DataFrame(
+        {
+            "pid": pid, "tid": tid, "start_ns": df["start"].astype("int64"), "end_ns": df["end"].astype("int64"),
+            "api": _lookup(strings, df["nameId"]),
+            "correlation_id": pd.array(df["correlationId"], dtype="Int64"),
+            "event_class": pd.array(df["eventClass"], dtype="Int64"),
+        }
+    )
+    launches = launches.sort_values(["start_ns", "pid", "tid"], kind="stable").reset_index(drop=True)
+    launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
+    return launches[columns]
+
+
+def _launch_index(launches: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
+    """One launch per (pid, correlation id > 0): the keys GPU activities join on."""
+    keyed = launches[launches["correlation_id"].notna() & (launches["correlation_id"].fillna(0) > 0)]
+    duplicated = keyed.duplicated(["pid", "correlation_id"], keep="first")
+    if duplicated.any():
+        # Schemas without eventClass keep the backtrace copies; the first row is the call itself.
+        diagnostics["info"].append(f"{int(duplicated.sum())} CUDA API rows repeat a (process, correlation id) "
+                                   "already seen (backtrace duplicates); the first row of each is used")
+    keyed = keyed[~duplicated]
+    return keyed.rename(columns={"tid": "launch_tid", "start_ns": "launch_start_ns", "end_ns": "launch_end_ns",
+                                 "api": "launch_api"})[
+        ["pid", "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]
+    ]
+
+
+def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame) -> pd.DataFrame:
+    """Add launch_tid/launch_start_ns/launch_end_ns/launch_api by (pid, correlation id); ids <= 0 never join."""
+    key = frame["correlation_id"].where(frame["correlation_id"].fillna(0) > 0)
+    joined = frame.assign(_corr=key.astype("Int64")).merge(
+        launch_index.rename(columns={"correlation_id": "_corr"}), on=["pid", "_corr"], how="left", sort=False
+    )
+    joined.index = frame.index
+    return joined.drop(columns="_corr")
+
+
+def _xyz(df: pd.DataFrame, prefix: str) -> pd.Series:
+    cols = [f"{prefix}{axis}" for axis in "XYZ"]
+    if not all(c in df for c in cols) or df[cols].isna().any(axis=None):
+        return pd.Series([None] * len(df), index=df.index, dtype=object)
+    return df[cols[0]].astype("int64").astype(str) + "," + df[cols[1]].astype("int64").astype(str) + "," + \
+        df[cols[2]].astype("int64").astype(str)
+
+
+def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray:
+    """CUDA ordinal -> nsys GPU id, through TARGET_INFO_CUDA_DEVICE (per process) or TARGET_INFO_GPU.cuDevice (§2)."""
+    out = device.astype(np.int64).copy()
+    if export.has("TARGET_INFO_CUDA_DEVICE") and {"gpuId", "cudaId", "pid"} <= set(export.columns["TARGET_INFO_CUDA_DEVICE"]):
+        mapping = {(int(p), int(c)): int(g) for g, c, p in
+                   export.conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE") if g is not None}
+        if mapping:
+            return np.array([mapping.get((int(p), int(d)), int(d)) for p, d in zip(pid, device)], dtype=np.int64)
+    if export.has("TARGET_INFO_GPU") and {"id", "cuDevice"} <= set(export.columns["TARGET_INFO_GPU"]):
+        mapping = {int(c): int(i) for i, c in export.conn.execute("SELECT id, cuDevice FROM TARGET_INFO_GPU")
+                   if c is not None}
+        if mapping:
+            return np.array([mapping.get(int(d), int(d)) for d in device], dtype=np.int64)
+    return out
+
+
+def _devices(export: _Export) -> list[dict]:
+    if not export.has("TARGET_INFO_GPU"):
+        return []
+    cols = export.columns["TARGET_INFO_GPU"]
+    wanted = [c for c in ("id", "deviceId", "cuDevice", "name", "busLocation", "smCount", "computeMajor",
+                          "computeMinor") if c in cols]
+    return [dict(zip(wanted, row)) for row in
+            export.conn.execute(f"SELECT {', '.join(wanted)} FROM TARGET_INFO_GPU")]
+
+
+def _graph_captures(export: _Export) -> pd.DataFrame | None:
+    """graphNodeId -> the capture-time node-creation event (thread, start, end), following clones back
+    to the original node (``originalGraphNodeId``); None when the export has no node-event table."""
+    table = next((t for t in GRAPH_NODE_TABLES if export.has(t)
+                  and {"graphNodeId", "originalGraphNodeId", "globalTid", "start", "end"} <= set(export.columns[t])), None)
+    if table is None:
+        return None
+    nodes = export.query(f'SELECT graphNodeId, originalGraphNodeId, globalTid, start, "end" FROM {table}')
+    nodes = nodes.drop_duplicates("graphNodeId", keep="first").set_index("graphNodeId")
+    original = nodes["originalGraphNodeId"].to_dict()
+    rows = []
+    for node in nodes.index:
+        seen, current = set(), node
+        while not pd.isna(original.get(current)) and current not in seen and original[current] in nodes.index:
+            seen.add(current)
+            current = int(original[current])
+        src = nodes.loc[current]
+        if pd.isna(src["globalTid"]):
+            continue
+        pid, tid = decode_global_tid(np.array([src["globalTid"]]))
+        rows.append((int(node), int(pid[0]), int(tid[0]), int(src["start"]), int(src["end"])))
+    return pd.DataFrame(rows, columns=["graph_node_id", "capture_pid", "capture_tid", "capture_start_ns",
+                                       "capture_end_ns"])
+
+
+def _read_kernels(export: _Export, strings: np.ndarray, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
+    t = KERNEL_TABLE
+    export.require(t, REQUIRED_COLUMNS[t])
+    cols = export.columns[t]
+    if "demangledName" not in cols and "shortName" not in cols:
+        export.require(t, ("demangledName",))
+    select = ", ".join(
+        [
+            'start', '"end"', "deviceId", "streamId", "correlationId", "globalPid",
+            export.optional(t, "demangledName"), export.optional(t, "shortName"), export.optional(t, "mangledName"),
+            *(export.optional(t, c) for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")),
+            export.optional(t, "graphNodeId"), export.optional(t, "graphId"),
+        ]
+    )
+    df = export.query(f"SELECT {select} FROM {t}")
+    missing_geometry = [c for c in ("gridX", "blockX") if c not in cols]
+    if missing_geometry:
+        diagnostics["warnings"].append(f"{t} has no {'/'.join(missing_geometry)} column: grid/block left empty")
+    pid, _ = decode_global_tid(df["globalPid"].fillna(0))
+    demangled = _lookup(strings, df["demangledName"])
+    short = _lookup(strings, df["shortName"])
+    name = np.where(pd.isna(demangled), short, demangled)
+    kernels = pd.DataFrame(
+        {
+            "pid": pid, "device": df["deviceId"].astype("int64"), "stream": df["streamId"].astype("int64"),
+            "name": name, "short_name": short, "mangled_name": _lookup(strings, df["mangledName"]),
+            "start_ns": df["start"].astype("int64"), "end_ns": df["end"].astype("int64"),
+            "correlation_id": pd.array(df["correlationId"], dtype="Int64"),
+            "grid": _xyz(df, "grid"), "block": _xyz(df, "block"),
+            "graph_id": pd.array(df["graphId"], dtype="Int64"),
+            "graph_node_id": pd.array(df["graphNodeId"], dtype="Int64"),
+            "activity": "kernel",
+        }
+    )
+    kernels["gpu_id"] = _gpu_ids(export, kernels["pid"].to_numpy(), kernels["device"].to_numpy())
+    return _join_launch(kernels, launch_index)
+
+
+def _read_graph_trace(export: _Export, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame | None:
+    """Graph-level tracing: one row per graph launch, reported as one ``<cuda_graph N>`` kernel row."""
+    t = GRAPH_TRACE_TABLE
+    if not export.has(t):
+        return None
+    export.require(t, REQUIRED_COLUMNS[t])
+    df = export.query(f'SELECT start, "end", deviceId, streamId, correlationId, graphId, '
+                      f'{export.optional(t, "globalPid")} FROM {t}')
+    if df.empty:
+        return None
+    pid, _ = decode_global_tid(df["globalPid"].fillna(0))
+    graphs = pd.DataFrame(
+        {
+            "pid": pid, "device": df["deviceId"].astype("int64"), "stream": df["streamId"].astype("int64"),
+            "name": [f"<cuda_graph {int(g)}>" for g in df["graphId"]], "short_name": None, "mangled_name": None,
+            "start_ns": df["start"].astype("int64"), "end_ns": df["end"].astype("int64"),
+            "correlation_id": pd.array(df["correlationId"], dtype="Int64"), "grid": None, "block": None,
+            "graph_id": pd.array(df["graphId"], dtype="Int64"),
+            "graph_node_id": pd.array([None] * len(df), dtype="Int64"), "activity": "graph",
+        }
+    )
+    graphs["gpu_id"] = _gpu_ids(export, graphs["pid"].to_numpy(), graphs["device"].to_numpy())
+    for graph_id in sorted({int(g) for g in df["graphId"]}):
+        diagnostics["warnings"].append(
+            f"CUDA graph traced at graph granularity; per-kernel attribution and ncu matching impossible for "
+            f"graph {graph_id}: recapture with --cuda-graph-trace=node"
+        )
+    return _join_launch(graphs, launch_index)
+
+
+def _read_activities(export: _Export, launch_index: pd.DataFrame) -> pd.DataFrame:
+    """Memcpy and memset rows: GPU activities that are not kernels, kept for the GPU time totals."""
+    frames = []
+    for table, kind in ((MEMCPY_TABLE, "memcpy"), (MEMSET_TABLE, "memset")):
+        if not export.has(table):
+            continue
+        export.require(table, REQUIRED_COLUMNS[table])
+        df = export.query(
+            f'SELECT start, "end", deviceId, streamId, globalPid, {export.optional(table, "correlationId")}, '
+            f'{export.optional(table, "bytes")}, {export.optional(table, "copyKind")} FROM {table}'
+        )
+        pid, _ = decode_global_tid(df["globalPid"].fillna(0))
+        copy_kind = [MEMCPY_KINDS.get(int(k), str(int(k))) if not pd.isna(k) else None for k in df["copyKind"]]
+        frames.append(
+            pd.DataFrame(
+                {
+                    "kind": kind, "copy_kind": copy_kind, "pid": pid, "device": df["deviceId"].astype("int64"),
+                    "stream": df["streamId"].astype("int64"), "start_ns": df["start"].astype("int64"),
+                    "end_ns": df["end"].astype("int64"), "bytes": pd.array(df["bytes"], dtype="Int64"),
+                    "correlation_id": pd.array(df["correlationId"], dtype="Int64"),
+                }
+            )
+        )
+    columns = ["kind", "copy_kind", "pid", "device", "stream", "start_ns", "end_ns", "duration_ns", "bytes",
+               "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    acts = pd.concat(frames, ignore_index=True)
+    acts["duration_ns"] = acts["end_ns"] - acts["start_ns"]
+    acts = _join_launch(acts, launch_index).sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return acts[columns]
+
+
+def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnostics: dict) -> pd.DataFrame:
+    columns = list(tables.RANGES.names) + ["text", "op_id", "sizes", "stashed_seq", "unclosed", "effective_end_ns",
+                                           "event_type", "domain_id"]
+    table = _nvtx_table(export, diagnostics)
+    empty = pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    if table is None:
+        diagnostics["warnings"].append("export has no NVTX table; NVTX attribution skipped (was the capture run "
+                                       "with -t nvtx, and does the program emit NVTX ranges?)")
+        diagnostics["nvtx_table"] = None
+        return empty
+    diagnostics["nvtx_table"] = table
+    export.require(table, REQUIRED_COLUMNS["NVTX"])
+    cols = export.columns[table]
+    if "text" not in cols and "textId" not in cols:
+        export.require(table, ("text",))
+    types = _event_types(export)
+    push_pop = (types["NvtxPushPopRange"], types["NvtxtPushPopRange"])
+    start_end = (types["NvtxStartEndRange"], types["NvtxtStartEndRange"])
+    wanted = (*push_pop, *start_end, types["NvtxDomainCreate"])
+    df = export.query(
+        f'SELECT start, "end", eventType, globalTid, {export.optional(table, "endGlobalTid")}, '
+        f'{export.optional(table, "text")}, {export.optional(table, "textId")}, '
+        f'{export.optional(table, "domainId", default="0")} FROM "{table}" '
+        f"WHERE eventType IN ({', '.join(str(t) for t in wanted)})"
+    )
+    registered = _lookup(strings, df["textId"])
+    text = df["text"].to_numpy(dtype=object).copy()
+    missing = pd.isna(text)
+    text[missing] = registered[missing]
+    df["text"] = text
+    df["domainId"] = df["domainId"].fillna(0).astype("int64")
+    pid, tid = decode_global_tid(df["globalTid"].fillna(0))
+    df["pid"], df["tid"] = pid, tid
+
+    is_domain = df["eventType"] == types["NvtxDomainCreate"]
+    domain_names = {(int(p), int(d)): str(t) for p, d, t in
+                    zip(df.loc[is_domain, "pid"], df.loc[is_domain, "domainId"], df.loc[is_domain, "text"]) if t is not None}
+    df = df[~is_domain]
+
+    unclosed = df["end"].isna()
+    bad = ~unclosed & (df["end"] < df["start"])
+    if bad.any():
+        names = ", ".join(repr(t) for t in df.loc[bad, "text"].head(5))
+        diagnostics["warnings"].append(f"{int(bad.sum())} NVTX range(s) end before they start and were dropped: {names}")
+        df, unclosed = df[~bad], unclosed[~bad]
+    if unclosed.any():
+        names = ", ".join(repr(t) for t in df.loc[unclosed, "text"].head(5))
+        diagnostics["warnings"].append(
+            f"{int(unclosed.sum())} NVTX range(s) left open at end of capture: {names} (treated as ending at "
+            f"{capture_end} ns, the end of the capture)"
+        )
+
+    parsed = [parse_range_text(t) if isinstance(t, str) else
+              {"name": "", "seq": None, "op_id": None, "sizes": None, "stashed_seq": None} for t in df["text"]]
+    ranges = pd.DataFrame(
+        {
+            "pid": df["pid"].to_numpy(), "tid": df["tid"].to_numpy(),
+            "start_ns": df["start"].astype("int64").to_numpy(),
+            "end_ns": pd.array(df["end"], dtype="Int64"),
+            "name": [p["name"] for p in parsed],
+            "text": df["text"].to_numpy(dtype=object),
+            "domain_id": df["domainId"].to_numpy(),
+            "event_type": df["eventType"].astype("int64").to_numpy(),
+            "seq": pd.array([p["seq"] for p in parsed], dtype="Int64"),
+            "op_id": pd.array([p["op_id"] for p in parsed], dtype="Int64"),
+            "sizes": [p["sizes"] for p in parsed],
+            "stashed_seq": pd.array([p["stashed_seq"] for p in parsed], dtype="Int64"),
+            "unclosed": unclosed.to_numpy(),
+        }
+    )
+    end_gtid = df["endGlobalTid"]
+    _end_pid, end_tid = decode_global_tid(end_gtid.fillna(0))
+    ranges["end_tid"] = pd.array(np.where(end_gtid.notna(), end_tid, -1), dtype="Int64")
+    ranges.loc[end_gtid.isna().to_numpy(), "end_tid"] = pd.NA
+    ranges["domain"] = [DEFAULT_DOMAIN if d == 0 else domain_names.get((p, d), f"domain {d}")
+                        for p, d in zip(ranges["pid"], ranges["domain_id"])]
+    ranges["kind"] = np.where(ranges["event_type"].isin(push_pop), "nvtx_push_pop", "nvtx_start_end")
+    ranges["effective_end_ns"] = ranges["end_ns"].fillna(capture_end).astype("int64")
+    ranges["fwd_thread_id"] = pd.array([None] * len(ranges), dtype="Int64")
+    layer = ranges["name"].str.removeprefix(LAYER_PREFIX)
+    ranges["layer"] = layer.where(ranges["name"].str.startswith(LAYER_PREFIX), None)
+    iteration = ranges["name"].str.removeprefix(ITERATION_PREFIX)
+    is_iteration = ranges["name"].str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
+    ranges["iteration"] = pd.array([int(v) if ok else None for v, ok in zip(iteration, is_iteration)], dtype="Int64")
+
+    ranges = ranges.sort_values(["pid", "tid", "start_ns", "effective_end_ns"], ascending=[True, True, True, False],
+                                kind="stable").reset_index(drop=True)
+    ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
+    depth, parent, partial = _nest_push_pop(ranges)
+    ranges["depth"] = depth
+    ranges["parent_id"] = pd.array(np.where(parent >= 0, parent, 0), dtype="Int64")
+    ranges.loc[parent < 0, "parent_id"] = pd.NA
+    if partial:
+        diagnostics["warnings"].append(f"{partial} NVTX push/pop range(s) overlap a range of the same thread and domain "
+                                       "without nesting in it (unbalanced pushes/pops); each is placed under its "
+                                       "nearest enclosing range")
+    counts = Counter(ranges["kind"])
+    if counts.get("nvtx_start_end") and not counts.get("nvtx_push_pop"):
+        diagnostics["warnings"].append("only start/end ranges present: used as process-level regions; operator-level "
+                                       "NVTX attribution unavailable")
+    return ranges[columns]
+
+
+def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
+    """Depth and parent of each push/pop range within its (pid, tid, domain) stack.
+
+    ``ranges`` is sorted by (pid, tid, start, end desc). Push/pop stacks are per thread and per NVTX
+    domain, so ranges of different domains need not nest and get separate stacks (cases.md C11).
+    Start/end ranges are process-wide and never nest (depth 0, no parent). Returns (depth, parent
+    row or -1, number of ranges that overlap without nesting).
+    """
+    n = len(ranges)
+    depth = np.zeros(n, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+    partial = 0
+    is_push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
+    keys = list(zip(ranges["pid"].to_numpy().tolist(), ranges["tid"].to_numpy().tolist(),
+                    ranges["domain"].tolist()))
+    starts = ranges["start_ns"].to_numpy().tolist()
+    ends = ranges["effective_end_ns"].to_numpy().tolist()
+    stacks: dict[tuple, list[int]] = {}
+    for i in range(n):
+        if not is_push_pop[i]:
+            continue
+        stack = stacks.setdefault(keys[i], [])
+        # Sorted by start, the top of the stack contains range i unless it ends before i does:
+        # then it either ended before i started (a sibling) or overlaps i without containing it.
+        while stack and ends[stack[-1]] < ends[i]:
+            if ends[stack[-1]] > starts[i]:
+                partial += 1
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            depth[i] = depth[stack[-1]] + 1
+        stack.append(i)
+    return depth, parent, partial
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole export
+
+
+def _capture_end(export: _Export, nvtx_table: str | None) -> int:
+    """The last timestamp of the capture (where unclosed NVTX ranges end)."""
+    ends = []
+    if export.has("ANALYSIS_DETAILS") and "stopTime" in export.columns["ANALYSIS_DETAILS"]:
+        ends += [r[0] for r in export.conn.execute("SELECT max(stopTime) FROM ANALYSIS_DETAILS")]
+    for table in (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE):
+        if export.has(table) and "end" in export.columns[table]:
+            ends += [r[0] for r in export.conn.execute(f'SELECT max("end") FROM {table}')]
+    if nvtx_table:
+        ends += list(export.conn.execute(f'SELECT max(start), max("end") FROM "{nvtx_table}"').fetchone())
+    ends = [int(e) for e in ends if e is not None]
+    return max(ends) if ends else 0
+
+
+def _is_nsys_export(export: _Export) -> bool:
+    markers = (KERNEL_TABLE, RUNTIME_TABLE, "META_DATA_EXPORT", "EXPORT_META_DATA", "TARGET_INFO_GPU")
+    return export.has("StringIds") and (any(export.has(t) for t in markers) or _nvtx_table(export, {"warnings": []}))
+
+
+def read_nsys(path: Path) -> NsysTimeline:
+    """Read an nsys SQLite export into the timeline tables.
+
+    Returns:
+        :class:`NsysTimeline` with ``kernels`` (KERNELS columns plus ``short_name``, ``gpu_id`` (nsys GPU
+        id), ``activity`` (``kernel``, or ``graph`` for a graph-level ``<cuda_graph N>`` row), and
+        ``capture_pid/capture_tid/capture_start_ns/capture_end_ns``: for a CUDA-graph node kernel, the
+        node's creation at capture time), ``launches`` (LAUNCHES plus ``event_class``), ``ranges``
+        (RANGES, ``name`` without emit_nvtx decorations, plus ``text`` (raw), ``op_id``, ``sizes``,
+        ``stashed_seq``, ``unclosed``, ``effective_end_ns`` (end, or the capture end when unclosed),
+        ``event_type``, ``domain_id``), ``activities`` (memcpy/memset rows) and ``diagnostics``
+        (versions, counts per process, launch APIs seen, warnings, info). Times in ns.
+
+    Raises:
+        NsysExportError: not an SQLite file, truncated/corrupt, not an nsys export, or a table lacks a
+            column the reader needs (an unknown schema).
+    """
+    export = _Export(path)
+    try:
+        if not _is_nsys_export(export):
+            found = ", ".join(sorted(export.columns)) or "none"
+            raise NsysExportError(
+                f"{export.path}: not an Nsight Systems export: no {KERNEL_TABLE}, {RUNTIME_TABLE}, NVTX_EVENTS or "
+                f"StringIds table (tables found: {found}); export the report with 'nsys export --type sqlite'"
+            )
+        return _read(export)
+    finally:
+        export.close()
+
+
+def _read(export: _Export) -> NsysTimeline:
+    diagnostics: dict = {"file": str(export.path), **_metadata(export), "warnings": [], "info": []}
+    diagnostics["tables"] = {t: (t in export.columns) for t in
+                             (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE)}
+    if diagnostics["schema_version"]:
+        log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"],
+                 diagnostics["schema_version"])
+    strings = _strings(export)
+    capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}))
+    diagnostics["capture_end_ns"] = capture_end
+    launches = _read_launches(export, strings, diagnostics)
+    launch_index = _launch_index(launches, diagnostics)
+
+    parts = []
+    if export.has(KERNEL_TABLE):
+        parts.append(_read_kernels(export, strings, launch_index, diagnostics))
+    graphs = _read_graph_trace(export, launch_index, diagnostics)
+    if graphs is not None:
+        parts.append(graphs)
+    kernel_columns = list(tables.KERNELS.names)
+    if parts:
+        raw = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    else:
+        raw = pd.DataFrame(columns=[c for c in kernel_columns if c not in ("kernel_id", "duration_ns", "match_key",
+                                                                            "occurrence", "source", "iteration",
+                                                                            "range_id", "parent_kernel_id")]
+                           + ["short_name", "gpu_id", "activity"])
+    for col in ("launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id"):
+        raw[col] = pd.array(raw[col], dtype="Int64")
+    raw["pid"] = raw["pid"].astype("int64")
+
+    captures = _graph_captures(export)
+    node_kernels = raw["graph_node_id"].notna()
+    if node_kernels.any():
+        if captures is None:
+            diagnostics["warnings"].append(
+                f"{int(node_kernels.sum())} kernel(s) replayed from CUDA graphs and the export has no graph node "
+                "events: they stay unattributed (reason cuda_graph_replay)"
+            )
+        else:
+            raw = raw.merge(captures, on="graph_node_id", how="left")
+    for col in ("capture_pid", "capture_tid", "capture_start_ns", "capture_end_ns"):
+        raw[col] = pd.array(raw[col], dtype="Int64") if col in raw else pd.array([None] * len(raw), dtype="Int64")
+
+    ranges = _read_ranges(export, strings, capture_end, diagnostics)
+    kernels = finish_kernels(raw, ranges if len(ranges) else _no_ranges(), source="nsys")
+    activities = _read_activities(export, launch_index)
+    _summarise(export, kernels, launches, ranges, activities, diagnostics)
+    return NsysTimeline(kernels=kernels, launches=launches, ranges=ranges, activities=activities,
+                        diagnostics=diagnostics)
+
+
+def _no_ranges() -> pd.DataFrame:
+    return pd.DataFrame({"iteration": pd.array([], dtype="Int64"), "start_ns": pd.array([], dtype="int64"),
+                         "end_ns": pd.array([], dtype="Int64"), "pid": pd.array([], dtype="int64")})
+
+
+def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, ranges: pd.DataFrame,
+               activities: pd.DataFrame, diagnostics: dict) -> None:
+    """Counts per process, launch APIs, and the findings a user must see (no kernels, skew, ...)."""
+    diagnostics["devices"] = _devices(export)
+    is_kernel = kernels["activity"] == "kernel" if len(kernels) else pd.Series(dtype=bool)
+    diagnostics["counts"] = {
+        "kernels": int(is_kernel.sum()) if len(kernels) else 0,
+        "graph_launch_rows": int((~is_kernel).sum()) if len(kernels) else 0,
+        "launches": len(launches),
+        "ranges_push_pop": int((ranges["kind"] == "nvtx_push_pop").sum()) if len(ranges) else 0,
+        "ranges_start_end": int((ranges["kind"] == "nvtx_start_end").sum()) if len(ranges) else 0,
+        "memcpy": int((activities["kind"] == "memcpy").sum()) if len(activities) else 0,
+        "memset": int((activities["kind"] == "memset").sum()) if len(activities) else 0,
+    }
+    pids = sorted(set(kernels["pid"]) | set(launches["pid"]) | (set(ranges["pid"]) if len(ranges) else set()))
+    per_process = {}
+    for pid in pids:
+        entry = {
+            "kernels": int((kernels["pid"] == pid).sum()),
+            "launches": int((launches["pid"] == pid).sum()),
+            "ranges": int((ranges["pid"] == pid).sum()) if len(ranges) else 0,
+            "threads_with_ranges": int(ranges.loc[ranges["pid"] == pid, "tid"].nunique()) if len(ranges) else 0,
+        }
+        per_process[str(int(pid))] = entry
+        has_gpu = entry["kernels"] or (len(activities) and (activities["pid"] == pid).any())
+        if not has_gpu:
+            diagnostics["info"].append(f"no GPU activity captured for pid {int(pid)}")
+    diagnostics["per_process"] = per_process
+    joined = kernels[kernels["launch_api"].notna()] if len(kernels) else kernels
+    diagnostics["launch_apis"] = dict(Counter(joined["launch_api"])) if len(joined) else {}
+    if not len(kernels):
+        diagnostics["warnings"].insert(
+            0,
+            f"no kernels captured: the export has {'an empty' if export.has(KERNEL_TABLE) else 'no'} {KERNEL_TABLE} "
+            f"table ({len(launches)} CUDA API calls, {len(ranges)} NVTX ranges); the capture probably stopped before "
+            "GPU work, or CUDA tracing (-t cuda) was off",
+        )
+    else:
+        no_corr = kernels["correlation_id"].isna() | (kernels["correlation_id"].fillna(0) <= 0)
+        dangling = ~no_corr & kernels["launch_tid"].isna()
+        if no_corr.any():
+            diagnostics["warnings"].append(f"{int(no_corr.sum())} kernel(s) have no correlation id (NULL or <= 0): "
+                                           "their launch is unknown")
+        if dangling.any():
+            diagnostics["warnings"].append(f"{int(dangling.sum())} kernel(s) have a correlation id with no CUDA API row "
+                                           "in the same process")
+        # One clock: a kernel may start before its launch call returns, but never before the call
+        # begins; if it does, the export's clocks disagree (cases.md C17). Attribution only uses the
+        # launch call, so it is unaffected; say so rather than publish negative launch latencies.
+        skew = (kernels["start_ns"] - kernels["launch_start_ns"]).astype("Float64")
+        early = (skew < 0).fillna(False)
+        if early.any():
+            worst = float(-skew[early].min()) / 1000
+            diagnostics["info"].append(f"{int(early.sum())} kernel(s) start before their launch call begins "
+                                       f"(by up to {worst:.1f} µs; clock skew); attribution uses the launch call")
+    if export.has("DIAGNOSTIC_EVENT") and "text" in export.columns["DIAGNOSTIC_EVENT"]:
+        messages = [r[0] for r in export.conn.execute("SELECT DISTINCT text FROM DIAGNOSTIC_EVENT LIMIT 20") if r[0]]
+        diagnostics["nsys_messages"] = messages
+
+
+# --------------------------------------------------------------------------------------------------
+# .nsys-rep -> .sqlite, and writing the tables
+
+
+def export_sqlite(report: Path, out_dir: Path) -> Path:
+    """Export an ``.nsys-rep`` (or ``.qdrep``) to SQLite with ``nsys export --type sqlite`` (nsys-sqlite.md §1).
+
+    Raises:
+        NsysExportError: nsys is not on PATH, or the export failed (its message is included).
+    """
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise NsysExportError(
+            f"{report}: reading a .nsys-rep needs Nsight Systems' 'nsys' on PATH to export it; run "
+            f"'nsys export --type sqlite --output REPORT.sqlite {report}' where nsys is installed and pass the .sqlite"
+        )
+    out = Path(out_dir) / (Path(report).stem + ".sqlite")
+    proc = subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(out),
+                           str(report)], check=False, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise NsysExportError(f"{report}: 'nsys export --type sqlite' failed (exit {proc.returncode}): {' | '.join(detail)}")
+    return out
+
+
+def read_report(path: Path) -> NsysTimeline:
+    """Read a ``.sqlite`` export, or export a ``.nsys-rep``/``.qdrep`` first (into a temporary folder)."""
+    path = Path(path)
+    if path.suffix in (".nsys-rep", ".qdrep"):
+        if not path.is_file():
+            raise NsysExportError(f"{path}: no such file")
+        with tempfile.TemporaryDirectory(prefix="opprof-nsys-") as tmp:
+            return read_nsys(export_sqlite(path, Path(tmp)))
+    return read_nsys(path)
+
+
+ACTIVITIES_SCHEMA_NOTE = "gpu_activities.parquet: memcpy/memset rows (kind, copy_kind, pid, device, stream, times, bytes)"
+
+
+def write_nsys_timeline(timeline: NsysTimeline, out_dir: Path) -> None:
+    """The three timeline tables plus ``gpu_activities.parquet`` and ``diagnostics.json``."""
+    from .kineto import write_timeline
+
+    out_dir = Path(out_dir)
+    write_timeline(timeline, out_dir)
+    write_parquet_atomic(timeline.activities, out_dir / "gpu_activities.parquet")
+    write_json(out_dir / "diagnostics.json", json.loads(json.dumps(timeline.diagnostics, default=_json_default)))
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return str(value)
