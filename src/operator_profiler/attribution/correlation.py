@@ -50,10 +50,14 @@ class _ThreadRanges:
             int(r): (None if pd.isna(p) else int(p)) for r, p in zip(closed["range_id"], closed["parent_id"])
         }
         self.threads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        ordered = closed.sort_values(["pid", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False], kind="stable")
+        # Pre-order (the timeline reader numbers ranges parents-first). A child recorded as starting
+        # slightly before its parent (clock skew, cases.md C17) is searched at its parent's start:
+        # the running maximum keeps the search keys sorted and the child after its parent.
+        ordered = closed.sort_values(["pid", "tid", "range_id"], kind="stable")
         for (pid, tid), group in ordered.groupby(["pid", "tid"], sort=False):
             self.threads[(int(pid), int(tid))] = (
-                group["start_ns"].to_numpy(dtype=np.int64), group["range_id"].to_numpy(dtype=np.int64)
+                np.maximum.accumulate(group["start_ns"].to_numpy(dtype=np.int64)),
+                group["range_id"].to_numpy(dtype=np.int64),
             )
 
     def enclosing(self, pid: int, tid: int, t0: int, t1: int) -> list[int]:

@@ -114,6 +114,36 @@ def _xyz(value) -> str | None:
     return None
 
 
+# CPU and GPU clocks are converted with one offset and the CPU events themselves can be skewed:
+# a child op was seen starting 0.3 µs before its parent (cases.md C17). Up to this much, a range
+# that starts just before a longer one on the same thread and ends inside it is its child.
+NEST_TOLERANCE_NS = 1000
+
+
+def _tolerate_early_children(ranges: pd.DataFrame, tolerance_ns: int) -> pd.DataFrame:
+    """Reorder so that a range starting at most ``tolerance_ns`` after the previous one (while it is
+    open) and ending later by more than that comes first: it is the parent whose start was recorded
+    late, rather than a child overrunning its parent's end."""
+    if len(ranges) < 2:
+        return ranges
+    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
+    same_thread = (ranges["pid"].to_numpy()[1:] == ranges["pid"].to_numpy()[:-1]) & (
+        ranges["tid"].to_numpy()[1:] == ranges["tid"].to_numpy()[:-1])
+    early = starts[1:] - starts[:-1]  # how early the child would have started
+    overrun = ends[1:] - ends[:-1]  # how far the other reading (the later one is a child) overruns
+    # The reading with the smaller violation wins: integer-µs traces have children overrunning
+    # their parent's end by up to 1 µs, which must stay children.
+    late_parent = same_thread & (early > 0) & (early <= tolerance_ns) & (overrun > early) & (
+        starts[1:] < ends[:-1])
+    if not late_parent.any():
+        return ranges
+    key = starts.copy()
+    for i in np.flatnonzero(late_parent) + 1:  # sort the late parent at its child's start
+        key[i] = key[i - 1]
+    return ranges.assign(_key=key).sort_values(["pid", "tid", "_key", "end_ns", "order"],
+                                               ascending=[True, True, True, False, True]).drop(columns="_key")
+
+
 def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
     """Fill ``depth`` and ``parent_id`` by time nesting per (pid, tid).
 
@@ -125,6 +155,7 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
     exactly when the top ends is its next sibling.
     """
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
+    ranges = _tolerate_early_children(ranges, NEST_TOLERANCE_NS)
     depth = np.zeros(len(ranges), dtype=np.int64)
     parent = np.full(len(ranges), -1, dtype=np.int64)
     pids, tids = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
@@ -205,7 +236,9 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
 
 def _gpu_kernels(rows: list[dict], launches: pd.DataFrame) -> pd.DataFrame:
     kernels = pd.DataFrame(rows)
-    by_corr = launches.drop_duplicates("correlation_id", keep=False).set_index("correlation_id")
+    # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key.
+    keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
+    by_corr = keyed.drop_duplicates("correlation_id", keep=False).set_index("correlation_id")
     corr = kernels["correlation_id"]
     hit = corr.isin(by_corr.index)
     for col, src in (("launch_pid", "pid"), ("launch_tid", "tid"), ("launch_start_ns", "start_ns"), ("launch_end_ns", "end_ns"), ("launch_api", "api")):

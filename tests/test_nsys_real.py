@@ -1,0 +1,544 @@
+"""The nsys reader, NVTX attribution and ``opprof timeline --nsys`` on the six real Nsight Systems exports.
+
+Every expected figure is computed here, independently of the reader, with plain ``sqlite3`` SQL on the real files
+(../shared/data/real/nsys/, provenance in PROVENANCE.md there), following ../shared/docs/nsys-sqlite.md: §2 for
+``pid = (globalTid >> 24) & 0xFFFFFF`` / ``tid = globalTid & 0xFFFFFF``, §3 for the tables, §7 Q1 for
+kernel -> launching call (same correlationId and process, ``eventClass IN (0, 1)``), Q2 for the innermost enclosing
+push/pop range of a launch call and Q3 for the GPU projection of a range. The SQL results are also pinned to the
+figures that nsys-sqlite.md §7/§11 and PROVENANCE.md report, so a query that silently returned nothing could not
+make a broken reader pass.
+
+Bad input goes through the CLI as a subprocess (like tests/test_cli.py): exit 1, one line on stderr naming the
+file and what is wrong, no traceback, no kernels.parquet. Real ``nsys`` cannot run on this machine (no Nsight
+Systems install, no GPU), so the ``.nsys-rep`` path is tested with a fake ``nsys`` script on PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
+
+from operator_profiler.attribution.nvtx import NvtxOptions, attribute_nvtx, gpu_projection
+from operator_profiler.layers import classify_layers
+from operator_profiler.timeline.nsys import read_nsys
+
+# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
+NSYS_DIR = REAL / "nsys"
+
+THUNDER = "fuser_thunder_xentropy_phi3_h200_nsys2025.1.sqlite"
+MATMUL = "fuser_test_matmul_h100x8_nsys2024.6.sqlite"
+SAXPY = "pipit_saxpy_mpi_cuda_a100_nsys2022.2.sqlite"
+EXTRAP_WIN = "extrap_concurrent_streams_nvtx_gtx1060_win_nsys2022.1.sqlite"
+EXGPU_OLD = "extrap_exgpu_a100x4_oldschema_nsys2021.sqlite"
+NOKERNELS = "uvmtorch_gptneo_nokernels_a5000_nsys2025.3.sqlite"
+EXTRAP_DOMAIN = "de.tu-darmstadt.parallel.extra_prof"
+
+# What the SQL below must find (nsys-sqlite.md §7/§11, PROVENANCE.md): kernels, launches (eventClass 0/1),
+# push/pop ranges, start/end ranges, memcpy rows, memset rows, (product version, schema version).
+PINNED = {
+    THUNDER: (18, 990, 13513, 0, 3, 3, ("2025.1.1.110", "3.17.1")),
+    MATMUL: (19, 967, 639, 0, 1, 1, ("2024.6.2.25", "3.16.1")),
+    SAXPY: (5, 57, 22, 0, 15, 0, ("2022.2.1.31", "2.9.1")),
+    EXTRAP_WIN: (12, 184, 76, 0, 30, 17, ("2022.1.1.61", "2.9.1")),
+    EXGPU_OLD: (6, 18, 0, 0, 0, 0, (None, None)),
+    NOKERNELS: (0, 2, 0, 0, 0, 0, ("2025.3.2.367", "3.20.3")),
+}
+FILES = list(PINNED)
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+PUSH_POP, START_END = (59, 70), (60, 71)
+TIMELINE_FILES = ("kernels.parquet", "launches.parquet", "ranges.parquet", "gpu_activities.parquet",
+                  "nvtx_gpu_projection.parquet", "diagnostics.json")
+
+
+def _real(name: str) -> Path:
+    path = NSYS_DIR / name
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"real nsys export missing in a CI run: {path}")
+        pytest.skip(f"real data not available: {path}")
+    return path
+
+
+def _db(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")  # non-UTF-8 bytes in some tables (§3)
+    return conn
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _launch_filter(conn: sqlite3.Connection, alias: str = "") -> str:
+    """``eventClass IN (0, 1)`` when RUNTIME has the column (drops backtrace duplicates, §3), else nothing."""
+    return f"{alias}eventClass IN (0, 1)" if "eventClass" in _columns(conn, RUNTIME) else "1 = 1"
+
+
+@lru_cache(maxsize=None)
+def _timeline(name: str):
+    """read_nsys of a real file, read once per session (tests only read it)."""
+    return read_nsys(_real(name))
+
+
+def opprof(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Counts, joins, names and versions: reader == SQL, per real file
+
+
+def _sql_facts(conn: sqlite3.Connection) -> dict:
+    tables = _tables(conn)
+    facts: dict = {}
+    has_kernels = KERNEL in tables
+    facts["kernels"] = conn.execute(f"SELECT count(*) FROM {KERNEL}").fetchone()[0] if has_kernels else 0
+    facts["launches"] = (conn.execute(f"SELECT count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)}").fetchone()[0]
+                         if RUNTIME in tables else 0)
+    # Q1 per kernel: how many launch rows join, and the launch (thread, start, API name) when exactly one does.
+    facts["joins"] = {}
+    if has_kernels:
+        rows = conn.execute(f"""
+            SELECT (k.globalPid >> 24) & 0xFFFFFF, k.correlationId, count(r.rowid),
+                   min(r.globalTid & 0xFFFFFF), min(r.start), min(rn.value)
+            FROM {KERNEL} AS k
+            LEFT JOIN {RUNTIME} AS r
+              ON r.correlationId = k.correlationId AND (r.globalTid & 0xFFFFFFFFFF000000) = k.globalPid
+             AND {_launch_filter(conn, "r.")}
+            LEFT JOIN StringIds AS rn ON rn.id = r.nameId
+            GROUP BY k.rowid""").fetchall()
+        facts["joins"] = {(pid, corr): (n, tid, start, api) for pid, corr, n, tid, start, api in rows}
+        assert len(facts["joins"]) == len(rows), "(pid, correlationId) does not identify a kernel in this file"
+        facts["kernel_rows"] = {
+            (pid, corr): (name, start, end, grid) for pid, corr, name, start, end, grid in conn.execute(f"""
+                SELECT (k.globalPid >> 24) & 0xFFFFFF, k.correlationId, s.value, k.start, k."end",
+                       k.gridX || ',' || k.gridY || ',' || k.gridZ
+                FROM {KERNEL} AS k JOIN StringIds AS s ON s.id = k.demangledName""")}
+    nvtx = "NVTX_EVENTS" in tables
+    kinds = Counter()
+    if nvtx:
+        for event_type, count in conn.execute("SELECT eventType, count(*) FROM NVTX_EVENTS GROUP BY eventType"):
+            if event_type in PUSH_POP:
+                kinds["nvtx_push_pop"] += count
+            elif event_type in START_END:
+                kinds["nvtx_start_end"] += count
+    facts["ranges"] = kinds
+    facts["memcpy"] = (conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()[0]
+                       if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables else 0)
+    facts["memset"] = (conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchone()[0]
+                       if "CUPTI_ACTIVITY_KIND_MEMSET" in tables else 0)
+    per_process: dict[int, Counter] = {}
+
+    def add(what: str, sql: str) -> None:
+        for pid, count in conn.execute(sql):
+            per_process.setdefault(pid, Counter())[what] += count
+
+    if has_kernels:
+        add("kernels", f"SELECT (globalPid >> 24) & 0xFFFFFF, count(*) FROM {KERNEL} GROUP BY 1")
+    if RUNTIME in tables:
+        add("launches", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)} "
+                        "GROUP BY 1")
+    if nvtx:
+        add("ranges", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM NVTX_EVENTS "
+                      f"WHERE eventType IN {PUSH_POP + START_END} GROUP BY 1")
+    facts["per_process"] = per_process
+    facts["versions"] = (None, None)
+    for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if table in tables:
+            meta = dict(conn.execute(f"SELECT name, value FROM {table}"))
+            facts["versions"] = (meta.get("EXPORT_PRODUCT_VERSION"), meta.get("EXPORT_SCHEMA_VERSION"))
+            break
+    return facts
+
+
+def test_the_folder_holds_the_six_files():
+    _real(THUNDER)
+    assert sorted(p.name for p in NSYS_DIR.glob("*.sqlite")) == sorted(FILES)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_reader_matches_sql(name):
+    path = _real(name)
+    facts = _sql_facts(_db(path))
+    kernels_n, launches_n, push_pop_n, start_end_n, memcpy_n, memset_n, versions = PINNED[name]
+    # The SQL finds what the docs report ...
+    assert (facts["kernels"], facts["launches"], facts["ranges"]["nvtx_push_pop"], facts["ranges"]["nvtx_start_end"],
+            facts["memcpy"], facts["memset"], facts["versions"]) == PINNED[name]
+    # ... every kernel joins exactly one launch call of its process (§7 Q1 results) ...
+    assert Counter(n for n, *_ in facts["joins"].values()) == ({1: kernels_n} if kernels_n else {})
+
+    t = _timeline(name)
+    d = t.diagnostics
+    # ... and the reader agrees with the SQL.
+    assert len(t.kernels) == kernels_n
+    assert len(t.launches) == launches_n
+    assert dict(Counter(t.ranges["kind"])) == {k: v for k, v in facts["ranges"].items() if v}
+    assert (t.activities["kind"] == "memcpy").sum() == memcpy_n
+    assert (t.activities["kind"] == "memset").sum() == memset_n
+    assert (d["product_version"], d["schema_version"]) == versions
+    assert d["counts"]["kernels"] == kernels_n and d["counts"]["launches"] == launches_n
+
+    assert set(d["per_process"]) == {str(pid) for pid in facts["per_process"]}
+    for pid, counts in facts["per_process"].items():
+        entry = d["per_process"][str(pid)]
+        assert (entry["kernels"], entry["launches"], entry["ranges"]) == \
+               (counts["kernels"], counts["launches"], counts["ranges"]), pid
+
+    reader = {(int(r.pid), int(r.correlation_id)): r for r in t.kernels.itertuples()}
+    assert set(reader) == set(facts["joins"])
+    for key, (_, tid, start, api) in facts["joins"].items():
+        row = reader[key]
+        assert (row.launch_tid, row.launch_start_ns, row.launch_api) == (tid, start, api), key
+        name_, k_start, k_end, grid = facts["kernel_rows"][key]
+        assert (row.name, row.start_ns, row.end_ns, row.grid) == (name_, k_start, k_end, grid), key
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Attribution and GPU projection of the PyTorch + Thunder + nvFuser run
+
+
+Q1_LAUNCHES = f"""
+    SELECT k.start AS k_start, k."end" AS k_end, k.streamId, k.correlationId, k.globalPid,
+           r.start AS api_start, r."end" AS api_end, r.globalTid
+    FROM {KERNEL} AS k
+    JOIN {RUNTIME} AS r
+      ON r.correlationId = k.correlationId AND (r.globalTid & 0xFFFFFFFFFF000000) = k.globalPid
+     AND r.eventClass IN (0, 1)"""
+
+
+def _sql_enclosure(conn: sqlite3.Connection, domain_id: int) -> tuple[dict, dict]:
+    """Per kernel (pid, correlationId): (innermost range name or None, depth) by §7 Q2, restricted to push/pop
+    ranges of one NVTX domain; and the stack of all enclosing ranges, outermost first."""
+    on = f"""n.globalTid = l.globalTid AND n.eventType IN {PUSH_POP} AND n.endGlobalTid IS NULL
+             AND coalesce(n.domainId, 0) = {domain_id}
+             AND n.start <= l.api_start AND coalesce(n."end", 9223372036854775807) >= l.api_end"""
+    innermost = {}
+    for pid, corr, name, depth in conn.execute(f"""
+            WITH launches AS ({Q1_LAUNCHES}),
+            enc AS (
+              SELECT l.correlationId, l.globalPid, coalesce(n.text, s.value) AS nvtx_name,
+                     ROW_NUMBER() OVER (PARTITION BY l.globalPid, l.correlationId
+                                        ORDER BY n.start DESC, n."end" ASC) AS rk,
+                     COUNT(n.start) OVER (PARTITION BY l.globalPid, l.correlationId) AS depth
+              FROM launches AS l
+              LEFT JOIN NVTX_EVENTS AS n ON {on}
+              LEFT JOIN StringIds AS s ON s.id = n.textId)
+            SELECT (globalPid >> 24) & 0xFFFFFF, correlationId, nvtx_name, depth FROM enc WHERE rk = 1"""):
+        innermost[(pid, corr)] = (name, depth)
+    stacks: dict = {key: [] for key in innermost}
+    for pid, corr, name in conn.execute(f"""
+            WITH launches AS ({Q1_LAUNCHES})
+            SELECT (l.globalPid >> 24) & 0xFFFFFF, l.correlationId, coalesce(n.text, s.value)
+            FROM launches AS l JOIN NVTX_EVENTS AS n ON {on}
+            LEFT JOIN StringIds AS s ON s.id = n.textId
+            ORDER BY l.globalPid, l.correlationId, n.start ASC, n."end" DESC"""):
+        stacks[(pid, corr)].append(name)
+    return innermost, stacks
+
+
+def _attribution(name: str, options: NvtxOptions = NvtxOptions()) -> dict:
+    """(pid, correlation_id) -> attribution row (with the parsed evidence)."""
+    t = _timeline(name)
+    kernel_layers, _, _ = classify_layers(t.kernels, t.ranges, [])
+    result = attribute_nvtx(t.kernels, t.ranges, kernel_layers, options)
+    assert len(result) == len(t.kernels)
+    keys = {int(k.kernel_id): (int(k.pid), int(k.correlation_id)) for k in t.kernels.itertuples()}
+    rows = {}
+    for row in result.itertuples():
+        # missing values as None (a str column holds NaN for them)
+        fields = {k: (None if not isinstance(v, (list, dict)) and pd.isna(v) else v) for k, v in row._asdict().items()}
+        rows[keys[int(row.kernel_id)]] = {**fields, "nvtx": json.loads(row.evidence)["nvtx"]}
+    return rows
+
+
+def test_thunder_attribution_is_the_innermost_default_domain_range():
+    conn = _db(_real(THUNDER))
+    assert conn.execute("SELECT DISTINCT domainId FROM NVTX_EVENTS").fetchall() == [(0,)]  # all "default"
+    innermost, stacks = _sql_enclosure(conn, 0)
+    assert len(innermost) == 18
+    # nsys-sqlite.md §7: 8 of 18 kernels have an enclosing stack, the 10 ATen/cuBLAS kernels none.
+    assert Counter(name for name, _ in innermost.values()) == {
+        None: 10, "ExecutorRunFusion::cuLaunchKernel": 6, "KernelExecutor::runFusion::intermediates": 2}
+    assert Counter(depth for _, depth in innermost.values()) == {0: 10, 8: 6, 7: 2}
+    assert all(len(stacks[key]) == depth and (stacks[key][-1:] or [None])[0] == name
+               for key, (name, depth) in innermost.items())
+
+    attribution = _attribution(THUNDER)
+    assert set(attribution) == set(innermost)
+    for key, (expected, _) in innermost.items():
+        row = attribution[key]
+        if expected is None:
+            assert (row["path"], row["operator"], row["reason"]) == ("unattributed", None, "no_enclosing_range"), key
+        else:
+            assert (row["path"], row["operator"], row["reason"]) == ("nvtx", expected, None), key
+        assert row["nvtx"]["stack"] == stacks[key], key
+    assert Counter(row["path"] for row in attribution.values()) == {"nvtx": 8, "unattributed": 10}
+
+
+def test_thunder_gpu_projection_of_run_fusion_with_inputs():
+    name = "FusionExecutorCache::runFusionWithInputs"
+    conn = _db(_real(THUNDER))
+    # §7 Q3 for the ranges of that name, also grouped by stream as gpu_projection is.
+    expected = conn.execute(f"""
+        WITH launches AS ({Q1_LAUNCHES})
+        SELECT n.start, n."end", l.streamId, min(l.k_start), max(l.k_end), count(*)
+        FROM NVTX_EVENTS n JOIN launches l
+          ON l.globalTid = n.globalTid AND n.start <= l.api_start
+         AND coalesce(n."end", 9223372036854775807) >= l.api_end
+        LEFT JOIN StringIds s ON s.id = n.textId
+        WHERE n.eventType IN (59, 60, 70, 71) AND n.endGlobalTid IS NULL AND coalesce(n.text, s.value) = ?
+        GROUP BY n.rowid, l.streamId
+        ORDER BY n.start""", (name,)).fetchall()
+    # nsys-sqlite.md §7: CPU 573.8 ms vs GPU 7.6 ms, 6 kernels (the first call; a second call projects 2 kernels).
+    assert [(end - start, gpu_end - gpu_start, n) for start, end, _, gpu_start, gpu_end, n in expected] == [
+        (573_760_070, 7_620_556, 6), (271_057_015, 1_286_194, 2)]
+
+    t = _timeline(THUNDER)
+    projection = gpu_projection(t.kernels, t.ranges)
+    mine = projection[projection["name"] == name].sort_values("cpu_start_ns")
+    assert [(int(r.cpu_start_ns), int(r.cpu_end_ns), int(r.stream), int(r.gpu_start_ns), int(r.gpu_end_ns),
+             int(r.kernel_count)) for r in mine.itertuples()] == expected
+    assert (mine["projected_duration_ns"] == mine["gpu_end_ns"] - mine["gpu_start_ns"]).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. The Windows export with ranges in a named domain
+
+
+def test_extrap_named_domain_ranges_name_operators_only_when_asked():
+    conn = _db(_real(EXTRAP_WIN))
+    (domain_id,) = conn.execute("SELECT domainId FROM NVTX_EVENTS WHERE eventType = 75 AND text = ?",
+                                (EXTRAP_DOMAIN,)).fetchone()
+    innermost, stacks = _sql_enclosure(conn, domain_id)
+    assert len(innermost) == 12 and all(depth == 4 for _, depth in innermost.values())  # §7: depth-4 stacks
+    assert ("main->process->phase1->kernel0", 4) in innermost.values()
+
+    default = _attribution(EXTRAP_WIN)
+    assert set(default) == set(innermost)
+    for key, (expected, _) in innermost.items():
+        row = default[key]
+        assert (row["path"], row["operator"], row["reason"]) == ("unattributed", None, "no_operator_range"), key
+        assert row["nvtx"]["stack"] == stacks[key], key
+        assert row["nvtx"]["tags"] == {EXTRAP_DOMAIN: expected}, key
+
+    named = _attribution(EXTRAP_WIN, NvtxOptions(operator_domains=(EXTRAP_DOMAIN,)))
+    for key, (expected, _) in innermost.items():
+        row = named[key]
+        assert (row["path"], row["operator"], row["reason"]) == ("nvtx", expected, None), key
+        assert row["nvtx"]["stack"] == stacks[key], key
+
+
+def test_extrap_windows_global_ids_decode_to_pid_and_tid():
+    conn = _db(_real(EXTRAP_WIN))
+    # Windows: hwId 1 in the top byte, vmId 0 (nsys-sqlite.md §2).
+    for table, column in ((RUNTIME, "globalTid"), ("NVTX_EVENTS", "globalTid"), (KERNEL, "globalPid")):
+        assert conn.execute(f"SELECT DISTINCT ({column} >> 56) & 0xFF, ({column} >> 48) & 0xFF FROM {table}").fetchall() \
+               == [(1, 0)], table
+    t = _timeline(EXTRAP_WIN)
+    sql_launches = Counter(conn.execute(f"""
+        SELECT (globalTid >> 24) & 0xFFFFFF, globalTid & 0xFFFFFF, correlationId, start FROM {RUNTIME}
+        WHERE eventClass IN (0, 1)""").fetchall())
+    assert Counter(zip(t.launches["pid"], t.launches["tid"], t.launches["correlation_id"], t.launches["start_ns"])) \
+           == sql_launches
+    sql_ranges = Counter(conn.execute("""
+        SELECT (globalTid >> 24) & 0xFFFFFF, globalTid & 0xFFFFFF, start FROM NVTX_EVENTS
+        WHERE eventType IN (59, 60, 70, 71)""").fetchall())
+    assert Counter(zip(t.ranges["pid"], t.ranges["tid"], t.ranges["start_ns"])) == sql_ranges
+    assert {pid for pid, *_ in sql_launches} == {5360} and set(t.kernels["pid"]) == {5360}
+    assert conn.execute(f"SELECT DISTINCT (globalPid >> 24) & 0xFFFFFF FROM {KERNEL}").fetchall() == [(5360,)]
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. A capture that stopped before any GPU work
+
+
+def test_no_kernels_export_reads_empty_with_a_warning(tmp_path):
+    conn = _db(_real(NOKERNELS))
+    assert not {KERNEL, "NVTX_EVENTS"} & _tables(conn)
+    t = _timeline(NOKERNELS)
+    assert len(t.kernels) == 0 and len(t.ranges) == 0
+    assert t.diagnostics["warnings"][0].startswith("no kernels captured")
+
+    out = tmp_path / "timeline"
+    res = opprof("timeline", "--nsys", _real(NOKERNELS), "--out", out, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "no kernels captured" in res.stderr
+    assert len(pd.read_parquet(out / "kernels.parquet")) == 0
+    res = opprof("attribute", "--timeline", out, "--out", out / "attribution.parquet", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(pd.read_parquet(out / "attribution.parquet")) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. opprof timeline --nsys on every real file
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_cli_timeline_writes_every_table(tmp_path, name):
+    path = _real(name)
+    out = tmp_path / "timeline"
+    res = opprof("timeline", "--nsys", path, "--out", out, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    for file in TIMELINE_FILES:
+        assert (out / file).is_file(), file
+    assert len(pd.read_parquet(out / "kernels.parquet")) == PINNED[name][0]
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
+    assert (diagnostics["product_version"], diagnostics["schema_version"]) == PINNED[name][6]
+    if name == EXTRAP_WIN:  # the operator domain chosen on the command line
+        res = opprof("attribute", "--timeline", out, "--out", out / "attribution.parquet",
+                     "--nvtx-operator-domain", EXTRAP_DOMAIN, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        attribution = pd.read_parquet(out / "attribution.parquet")
+        assert (attribution["path"] == "nvtx").all() and len(attribution) == 12
+        assert "main->process->phase1->kernel0" in set(attribution["operator"])
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. Bad input through the CLI
+
+
+def _c01(path: Path, **options) -> Path:
+    """A small valid export (nsys_export.py): two kernels launched from thread 2 of pid 10, one under an NVTX range."""
+    return write_nsys_export(
+        path,
+        nvtx=[Nvtx("user:backward", 59, "10:1", 1000, 9000), Nvtx("MmBackward0", 59, "10:2", 2000, 4000)],
+        runtime=[Runtime("cudaLaunchKernel_v7000", "10:2", 2500, 2600, 7),
+                 Runtime("cudaLaunchKernel_v7000", "10:2", 5000, 5100, 8)],
+        kernels=[Kernel("gemm_bwd", 10, 7, 2700, 3700, 7, grid=(4, 2, 1), block=(256, 1, 1)),
+                 Kernel("reduce_bwd", 10, 7, 5200, 5400, 8)],
+        **options,
+    )
+
+
+def _truncated(tmp_path: Path) -> Path:
+    bad = tmp_path / "truncated.sqlite"
+    bad.write_bytes(_real(THUNDER).read_bytes()[:50_000])
+    return bad
+
+
+def _text(tmp_path: Path) -> Path:
+    bad = tmp_path / "x.sqlite"
+    bad.write_text("this is not a database\n")
+    return bad
+
+
+def _unrelated(tmp_path: Path) -> Path:
+    bad = tmp_path / "unrelated.sqlite"
+    conn = sqlite3.connect(bad)
+    conn.execute("CREATE TABLE measurements (t INTEGER, value REAL)")
+    conn.execute("INSERT INTO measurements VALUES (1, 2.5)")
+    conn.commit()
+    conn.close()
+    return bad
+
+
+def _newer_schema(tmp_path: Path) -> Path:
+    return _c01(tmp_path / "newer.sqlite", drop_columns={KERNEL: ["correlationId"]})
+
+
+def _report(tmp_path: Path) -> Path:
+    report = tmp_path / "run.nsys-rep"
+    report.write_bytes(b"\x00nsys report placeholder\x00")
+    return report
+
+
+BAD_INPUTS = {
+    # id: (make the input, what the message must say, PATH for the subprocess: None = inherited, "" = empty dir)
+    "truncated": (_truncated, ("truncated",), None),
+    "not_sqlite": (_text, ("not an SQLite file",), None),
+    "unrelated_tables": (_unrelated, ("not an Nsight Systems export", KERNEL, RUNTIME, "StringIds", "measurements"),
+                         None),
+    "newer_schema_missing_column": (_newer_schema, (KERNEL, "correlationId"), None),
+    "nsys_rep_without_nsys": (_report, ("nsys", "PATH"), ""),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_cli_rejects_bad_input_in_one_line(tmp_path, case):
+    make, needles, path_env = BAD_INPUTS[case]
+    bad = make(tmp_path)
+    env = None
+    if path_env is not None:
+        empty = tmp_path / "empty_bin"
+        empty.mkdir()
+        env = {**os.environ, "PATH": str(empty)}
+    out = tmp_path / "out"
+    res = opprof("timeline", "--nsys", bad, "--out", out, cwd=tmp_path, env=env)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    assert not (out / "kernels.parquet").exists()
+    errors = [line for line in _lines(res.stderr) if line.startswith("opprof timeline: error:")]
+    assert len(errors) == 1, res.stderr
+    message = errors[0]
+    assert str(bad) in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    assert _lines(res.stderr) == [message], res.stderr
+
+
+FAKE_NSYS = """#!{python}
+# Test double for Nsight Systems' nsys: real nsys cannot run on the test machine. It logs its arguments,
+# accepts only 'nsys export --type sqlite ... --output OUT REPORT' and copies a prepared export to OUT.
+import json, shutil, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as fh:
+    fh.write(json.dumps(args) + "\\n")
+def value(flag):
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+if args[:1] != ["export"] or value("--type") != "sqlite" or not value("--output") or args[-1] != {report!r}:
+    sys.exit("fake nsys: unexpected call: nsys " + " ".join(args))
+shutil.copyfile({fixture!r}, value("--output"))
+"""
+
+
+def test_cli_exports_a_nsys_rep_with_nsys_from_path(tmp_path):
+    """``.nsys-rep`` -> ``nsys export --type sqlite`` -> timeline. The ``nsys`` here is a fake (a test double that
+    copies a synthetic export): real Nsight Systems is not installed and cannot run on the test machine."""
+    fixture = _c01(tmp_path / "fixture.sqlite")
+    report = _report(tmp_path)
+    log = tmp_path / "nsys_calls.jsonl"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    fake.write_text(FAKE_NSYS.format(python=sys.executable, log=str(log), report=str(report), fixture=str(fixture)))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+
+    out = tmp_path / "timeline"
+    res = opprof("timeline", "--nsys", report, "--out", out, cwd=tmp_path, env={**os.environ, "PATH": str(bin_dir)})
+    assert res.returncode == 0, res.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 1
+    (args,) = calls
+    assert args[:3] == ["export", "--type", "sqlite"] and args[-1] == str(report)
+    exported = Path(args[args.index("--output") + 1])
+    assert exported.suffix == ".sqlite" and not exported.exists()  # exported into a temporary folder, removed after
+    for file in TIMELINE_FILES:
+        assert (out / file).is_file(), file
+    kernels = pd.read_parquet(out / "kernels.parquet").sort_values("start_ns")
+    assert list(kernels["name"]) == ["gemm_bwd", "reduce_bwd"]
+    assert list(kernels["launch_tid"]) == [2, 2] and list(kernels["grid"]) == ["4,2,1", "1,1,1"]
+    assert len(pd.read_parquet(out / "ranges.parquet")) == 2
