@@ -164,6 +164,8 @@ def _sql_facts(conn: sqlite3.Connection) -> dict:
     if nvtx:
         add("ranges", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM NVTX_EVENTS "
                       f"WHERE eventType IN {PUSH_POP + START_END} GROUP BY 1")
+        add("threads_with_ranges", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(DISTINCT globalTid & 0xFFFFFF) "
+                                   f"FROM NVTX_EVENTS WHERE eventType IN {PUSH_POP + START_END} GROUP BY 1")
     facts["per_process"] = per_process
     facts["versions"] = (None, None)
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
@@ -204,8 +206,8 @@ def test_reader_matches_sql(name):
     assert set(d["per_process"]) == {str(pid) for pid in facts["per_process"]}
     for pid, counts in facts["per_process"].items():
         entry = d["per_process"][str(pid)]
-        assert (entry["kernels"], entry["launches"], entry["ranges"]) == \
-               (counts["kernels"], counts["launches"], counts["ranges"]), pid
+        assert {k: entry[k] for k in ("kernels", "launches", "ranges", "threads_with_ranges")} == \
+               {k: counts[k] for k in ("kernels", "launches", "ranges", "threads_with_ranges")}, pid
 
     reader = {(int(r.pid), int(r.correlation_id)): r for r in t.kernels.itertuples()}
     assert set(reader) == set(facts["joins"])
