@@ -650,9 +650,6 @@ def _read(export: _Export) -> NsysTimeline:
     diagnostics: dict = {"file": str(export.path), **_metadata(export), "warnings": [], "info": []}
     diagnostics["tables"] = {t: (t in export.columns) for t in
                              (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE)}
-    if diagnostics["schema_version"]:
-        log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"],
-                 diagnostics["schema_version"])
     strings = _strings(export)
     capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}))
     diagnostics["capture_end_ns"] = capture_end
@@ -694,6 +691,8 @@ def _read(export: _Export) -> NsysTimeline:
     kernels = finish_kernels(raw, ranges if len(ranges) else _no_ranges(), source="nsys")
     activities = _read_activities(export, launch_index)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
+    log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"] or "unknown",
+             diagnostics["schema_version"] or "unknown (no export metadata table)")
     return NsysTimeline(kernels=kernels, launches=launches, ranges=ranges, activities=activities,
                         diagnostics=diagnostics)
 
