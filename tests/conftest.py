@@ -16,3 +16,14 @@ REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "re
 def pytest_sessionstart(session):
     if os.environ.get("CI") and not REAL_DATA.is_dir():
         pytest.exit(f"CI run without the real test data at {REAL_DATA}: the real-data tests would be skipped", returncode=1)
+
+
+@pytest.fixture
+def real_nsys_files() -> list[Path]:
+    """Every real nsys SQLite export in ``../shared/data/real/nsys`` (skips without the folder outside CI)."""
+    files = sorted((REAL_DATA / "nsys").glob("*.sqlite"))
+    if not files:
+        if os.environ.get("CI"):
+            pytest.fail(f"no real nsys exports in {REAL_DATA / 'nsys'} in a CI run")
+        pytest.skip(f"real data not available: {REAL_DATA / 'nsys'}")
+    return files

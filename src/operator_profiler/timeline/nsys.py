@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import sqlite3
 import subprocess
@@ -36,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import tables
 from ..files import InputError, write_json, write_parquet_atomic
@@ -78,13 +79,14 @@ SUPPORTED = "nsys 2021-2025 exports (schemas 2.9 to 3.20)"
 
 # torch emit_nvtx / record_function decorations (torch/csrc/profiler/util.cpp getNvtxStr):
 # "aten::addmm, seq = 5, op_id = 7, sizes = [[4, 8], [8]], input_op_ids = [...]"; old releases
-# wrote "stashed seq = N" on ops run by a backward node (§10, cases.md C12).
-_DECORATION = re.compile(r", (?=(?:stashed seq|seq|op_id|sizes|input_op_ids) = )")
-_SEQ = re.compile(r"(?:^|, )seq = (-?\d+)")
-_STASHED = re.compile(r"stashed seq = (\d+)")
-_OP_ID = re.compile(r"op_id = (\d+)")
-_SIZES = re.compile(r"sizes = (\[.*?\])(?=, input_op_ids = |$)")
-
+# wrote "stashed seq = N" on ops run by a backward node (§10, cases.md C12). RE2 syntax (pyarrow).
+_DECORATIONS = r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$"
+_FIELDS = {
+    "seq": ("seq = ", r"(?:^|, )seq = (?P<v>-?\d+)"),
+    "stashed_seq": ("stashed seq = ", r"stashed seq = (?P<v>\d+)"),
+    "op_id": ("op_id = ", r"op_id = (?P<v>\d+)"),
+    "sizes": ("sizes = ", r"sizes = (?P<v>\[.*?\])(?:, input_op_ids = |$)"),
+}
 
 class NsysExportError(InputError):
     """The file is not a readable Nsight Systems SQLite export; the message names the file and what is missing."""
@@ -102,26 +104,45 @@ def decode_global_tid(gtid: np.ndarray | pd.Series) -> tuple[np.ndarray, np.ndar
     return (values >> 24) & 0xFFFFFF, values & 0xFFFFFF
 
 
-def parse_range_text(text: str) -> dict:
-    """Split an emit_nvtx range text into the operator name and its decorations.
+def parse_range_texts(texts) -> pd.DataFrame:
+    """Split emit_nvtx range texts into the operator name and its decorations (vectorized, pyarrow).
 
-    ``"aten::mm, seq = 0, op_id = 3, sizes = [[64, 128], [128, 256]]"`` ->
-    ``{"name": "aten::mm", "seq": 0, "op_id": 3, "sizes": "[[64, 128], [128, 256]]", "stashed_seq": None}``.
-    A text without decorations is its own name.
+    ``"aten::mm, seq = 0, op_id = 3, sizes = [[64, 128], [128, 256]]"`` -> name ``aten::mm``, seq 0,
+    op_id 3, sizes ``"[[64, 128], [128, 256]]"``, stashed_seq null. A text without decorations is its
+    own name; a null text gives the name ``""``.
+
+    Returns:
+        DataFrame aligned with ``texts``: ``name`` (str), ``seq``, ``op_id``, ``stashed_seq`` (Int64;
+        a negative seq, which torch writes for "none", is null), ``sizes`` (str or None).
     """
-    parts = _DECORATION.split(text, maxsplit=1)
-    if len(parts) == 1:
-        return {"name": text, "seq": None, "op_id": None, "sizes": None, "stashed_seq": None}
-    rest = parts[1]
-    seq, stashed, op_id, sizes = _SEQ.search(rest), _STASHED.search(rest), _OP_ID.search(rest), _SIZES.search(rest)
-    seq_value = int(seq.group(1)) if seq else None
-    return {
-        "name": parts[0],
-        "seq": seq_value if seq_value is None or seq_value >= 0 else None,
-        "op_id": int(op_id.group(1)) if op_id else None,
-        "sizes": sizes.group(1) if sizes else None,
-        "stashed_seq": int(stashed.group(1)) if stashed else None,
-    }
+    arr = pa.array(np.asarray(texts, dtype=object), type=pa.string())
+    decorated = pc.fill_null(pc.match_substring(arr, " = "), False)
+    names = pc.if_else(decorated, pc.replace_substring_regex(arr, _DECORATIONS, "", max_replacements=1), arr)
+    out = pd.DataFrame({"name": pc.fill_null(names, "").to_numpy(zero_copy_only=False)})
+    for column, (marker, pattern) in _FIELDS.items():
+        present = pc.fill_null(pc.and_(decorated, pc.match_substring(arr, marker)), False)
+        values = pa.nulls(len(arr), pa.string())
+        if pc.any(present).as_py():
+            values = _extract(arr, present, pattern)
+        if column == "sizes":
+            out[column] = values.to_numpy(zero_copy_only=False)
+        else:
+            ints = pc.cast(values, pa.int64()).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+            out[column] = ints.mask(ints < 0) if column == "seq" else ints
+    return out
+
+
+def _extract(arr: pa.Array, present: pa.Array, pattern: str) -> pa.Array:
+    """The named group ``v`` of ``pattern`` where ``present``, else null."""
+    matched = pc.extract_regex(pc.if_else(present, arr, pa.scalar("", pa.string())), pattern)
+    values = pc.struct_field(matched, "v")
+    return pc.if_else(pc.and_(present, pc.is_valid(matched)), values, pa.scalar(None, pa.string()))
+
+
+def parse_range_text(text: str) -> dict:
+    """One range text -> ``{"name", "seq", "op_id", "sizes", "stashed_seq"}`` (see :func:`parse_range_texts`)."""
+    row = parse_range_texts([text]).iloc[0]
+    return {k: (None if pd.isna(v) else (int(v) if k in ("seq", "op_id", "stashed_seq") else v)) for k, v in row.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,8 +164,8 @@ class _Export:
                 f"{self.path}: not an SQLite file (header {header[:15]!r}); export the report with "
                 "'nsys export --type sqlite REPORT.nsys-rep' and pass the .sqlite file"
             )
-        uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro&immutable=1"
-        self.conn = sqlite3.connect(uri, uri=True)
+        self.uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro&immutable=1"
+        self.conn = sqlite3.connect(self.uri, uri=True)
         # Exports hold non-UTF-8 bytes (Windows host names, ...) (§3): decode tolerantly.
         self.conn.text_factory = lambda b: b.decode("utf-8", "replace")
         try:
@@ -156,17 +177,51 @@ class _Export:
             raise NsysExportError(f"{self.path}: unreadable SQLite file ({exc}); the file is truncated or "
                                   "corrupt: export the report again") from None
 
+        self._arrow = None  # ADBC connection, opened on first query
+
     def has(self, table: str) -> bool:
         return table in self.columns
 
+    def _query_arrow(self, sql: str) -> pd.DataFrame | None:
+        """Run ``sql`` through the ADBC SQLite driver (Arrow columns, no Python object per value:
+        several times faster than sqlite3 on million-row tables); None when the driver cannot read
+        the result (it infers each column's type from the first rows, and a later value of another
+        type is an error), so that sqlite3 reads it instead."""
+        try:
+            if self._arrow is None:
+                import adbc_driver_sqlite.dbapi as adbc
+
+                self._arrow = adbc.connect(self.uri)
+            cursor = self._arrow.cursor()
+            try:
+                cursor.execute(sql)
+                table = cursor.fetch_arrow_table()
+            finally:
+                cursor.close()
+            return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+        except (ImportError, OSError, pa.ArrowException, UnicodeDecodeError) as exc:
+            log.debug("%s: ADBC could not read (%s); using sqlite3", self.path, exc)
+            return None
+
     def query(self, sql: str, params=()) -> pd.DataFrame:
+        """A query's result as a DataFrame; integer columns with nulls are ``Int64``."""
+        if not params:
+            frame = self._query_arrow(sql)
+            if frame is not None:
+                return frame
         try:
             cur = self.conn.execute(sql, params)
             rows = cur.fetchall()
         except sqlite3.DatabaseError as exc:
             raise NsysExportError(f"{self.path}: cannot read ({exc}) while running: {sql.split(' FROM ')[-1][:80]}; "
                                   "the file is truncated or corrupt: export the report again") from None
-        return pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description])
+        frame = pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description])
+        for column in frame.columns:  # the same dtypes as the ADBC path
+            if frame[column].dtype.kind in "if" and frame[column].isna().any():
+                values = pd.to_numeric(frame[column], errors="coerce")
+                if (values.dropna() % 1 == 0).all():
+                    frame[column] = values.astype("Int64")
+        return frame
 
     def require(self, table: str, required: tuple[str, ...], label: str | None = None) -> None:
         missing = [c for c in required if c not in self.columns[table]]
@@ -177,6 +232,11 @@ class _Export:
                 f"({SUPPORTED}); re-export with a supported nsys version, or report the schema"
             )
 
+    def optional_text(self, table: str, column: str) -> str:
+        """A nullable text column as ``coalesce(column, '')`` (ADBC infers a column that starts with
+        nulls as integer); callers treat '' as absent."""
+        return f"coalesce(\"{column}\", '') AS \"{column}\"" if column in self.columns[table] else f"'' AS \"{column}\""
+
     def optional(self, table: str, column: str, alias: str | None = None, default: str = "NULL") -> str:
         """``"column" AS alias`` when the column exists, else ``default AS alias``."""
         alias = alias or column
@@ -184,6 +244,8 @@ class _Export:
 
     def close(self) -> None:
         self.conn.close()
+        if self._arrow is not None:
+            self._arrow.close()
 
 
 def _metadata(export: _Export) -> dict:
@@ -476,13 +538,13 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
     wanted = (*push_pop, *start_end, types["NvtxDomainCreate"])
     df = export.query(
         f'SELECT start, "end", eventType, globalTid, {export.optional(table, "endGlobalTid")}, '
-        f'{export.optional(table, "text")}, {export.optional(table, "textId")}, '
+        f'{export.optional_text(table, "text")}, {export.optional(table, "textId")}, '
         f'{export.optional(table, "domainId", default="0")} FROM "{table}" '
         f"WHERE eventType IN ({', '.join(str(t) for t in wanted)})"
     )
     registered = _lookup(strings, df["textId"])
     text = df["text"].to_numpy(dtype=object).copy()
-    missing = pd.isna(text)
+    missing = pd.isna(text) | (text == "")
     text[missing] = registered[missing]
     df["text"] = text
     df["domainId"] = df["domainId"].fillna(0).astype("int64")
@@ -507,21 +569,20 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
             f"{capture_end} ns, the end of the capture)"
         )
 
-    parsed = [parse_range_text(t) if isinstance(t, str) else
-              {"name": "", "seq": None, "op_id": None, "sizes": None, "stashed_seq": None} for t in df["text"]]
+    parsed = parse_range_texts(df["text"].to_numpy(dtype=object))
     ranges = pd.DataFrame(
         {
             "pid": df["pid"].to_numpy(), "tid": df["tid"].to_numpy(),
             "start_ns": df["start"].astype("int64").to_numpy(),
             "end_ns": pd.array(df["end"], dtype="Int64"),
-            "name": [p["name"] for p in parsed],
+            "name": parsed["name"].to_numpy(),
             "text": df["text"].to_numpy(dtype=object),
             "domain_id": df["domainId"].to_numpy(),
             "event_type": df["eventType"].astype("int64").to_numpy(),
-            "seq": pd.array([p["seq"] for p in parsed], dtype="Int64"),
-            "op_id": pd.array([p["op_id"] for p in parsed], dtype="Int64"),
-            "sizes": [p["sizes"] for p in parsed],
-            "stashed_seq": pd.array([p["stashed_seq"] for p in parsed], dtype="Int64"),
+            "seq": parsed["seq"].array,
+            "op_id": parsed["op_id"].array,
+            "sizes": parsed["sizes"].to_numpy(),
+            "stashed_seq": parsed["stashed_seq"].array,
             "unclosed": unclosed.to_numpy(),
         }
     )
@@ -529,8 +590,11 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
     _end_pid, end_tid = decode_global_tid(end_gtid.fillna(0))
     ranges["end_tid"] = pd.array(np.where(end_gtid.notna(), end_tid, -1), dtype="Int64")
     ranges.loc[end_gtid.isna().to_numpy(), "end_tid"] = pd.NA
-    ranges["domain"] = [DEFAULT_DOMAIN if d == 0 else domain_names.get((p, d), f"domain {d}")
-                        for p, d in zip(ranges["pid"], ranges["domain_id"])]
+    pairs = ranges[["pid", "domain_id"]].drop_duplicates()
+    pair_names = {(int(p), int(d)): DEFAULT_DOMAIN if d == 0 else domain_names.get((int(p), int(d)), f"domain {d}")
+                  for p, d in zip(pairs["pid"], pairs["domain_id"])}
+    ranges["domain"] = pd.Series(list(zip(ranges["pid"].tolist(), ranges["domain_id"].tolist())),
+                                 dtype=object).map(pair_names).to_numpy() if len(ranges) else []
     ranges["kind"] = np.where(ranges["event_type"].isin(push_pop), "nvtx_push_pop", "nvtx_start_end")
     ranges["effective_end_ns"] = ranges["end_ns"].fillna(capture_end).astype("int64")
     ranges["fwd_thread_id"] = pd.array([None] * len(ranges), dtype="Int64")
@@ -538,7 +602,7 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
     ranges["layer"] = layer.where(ranges["name"].str.startswith(LAYER_PREFIX), None)
     iteration = ranges["name"].str.removeprefix(ITERATION_PREFIX)
     is_iteration = ranges["name"].str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
-    ranges["iteration"] = pd.array([int(v) if ok else None for v, ok in zip(iteration, is_iteration)], dtype="Int64")
+    ranges["iteration"] = pd.to_numeric(iteration.where(is_iteration), errors="coerce").astype("Int64")
 
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "effective_end_ns"], ascending=[True, True, True, False],
                                 kind="stable").reset_index(drop=True)
@@ -551,8 +615,8 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
         diagnostics["warnings"].append(f"{partial} NVTX push/pop range(s) overlap a range of the same thread and domain "
                                        "without nesting in it (unbalanced pushes/pops); each is placed under its "
                                        "nearest enclosing range")
-    counts = Counter(ranges["kind"])
-    if counts.get("nvtx_start_end") and not counts.get("nvtx_push_pop"):
+    kinds = set(ranges["kind"].unique())
+    if "nvtx_start_end" in kinds and "nvtx_push_pop" not in kinds:
         diagnostics["warnings"].append("only start/end ranges present: used as process-level regions; operator-level "
                                        "NVTX attribution unavailable")
     return ranges[columns]
@@ -565,23 +629,79 @@ def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     domain, so ranges of different domains need not nest and get separate stacks (cases.md C11).
     Start/end ranges are process-wide and never nest (depth 0, no parent). Returns (depth, parent
     row or -1, number of ranges that overlap without nesting).
+
+    In a stack's start order the parent of a range is the nearest earlier range that ends no
+    earlier (an earlier range ending sooner is a closed sibling's subtree). That is found for all
+    ranges at once by pointer jumping: a candidate that ends too early is replaced by its own
+    candidate, which only skips ranges ending even earlier. A stack is then checked: each range's
+    depth must equal the number of earlier ranges still open when it starts; a stack that fails
+    (overlapping ranges that do not nest, or equal timestamps the count cannot order) is nested
+    again with an explicit stack, range by range.
     """
     n = len(ranges)
     depth = np.zeros(n, dtype=np.int64)
     parent = np.full(n, -1, dtype=np.int64)
+    rows = np.flatnonzero((ranges["kind"] == "nvtx_push_pop").to_numpy())
+    if not len(rows):
+        return depth, parent, 0
+    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows],
+                                                       ranges["domain"].to_numpy()[rows]]))
+    order = np.argsort(codes, kind="stable")  # by stack, then start order
+    rows, group = rows[order], codes[order]
+    start = ranges["start_ns"].to_numpy(dtype=np.int64)[rows]
+    end = ranges["effective_end_ns"].to_numpy(dtype=np.int64)[rows]
+    m = len(rows)
+    first = np.r_[True, group[1:] != group[:-1]]
+    cand = np.arange(m, dtype=np.int64) - 1
+    cand[first] = -1
+    todo = np.flatnonzero(cand >= 0)
+    while len(todo):
+        todo = todo[end[cand[todo]] < end[todo]]
+        cand[todo] = cand[cand[todo]]
+        todo = todo[cand[todo] >= 0]
+    local_depth = np.zeros(m, dtype=np.int64)
+    up = cand.copy()
+    while (live := np.flatnonzero(up >= 0)).size:
+        local_depth[live] += 1
+        up[live] = cand[up[live]]
+    # Check: earlier ranges of the stack still open at each start (= ended after it) vs depth.
+    group_start = np.flatnonzero(first)
+    position = np.arange(m) - np.repeat(group_start, np.diff(np.r_[group_start, m]))
+    span = int(end.max() - start.min()) + 1
+    ok = np.zeros(m, dtype=bool)
+    if (int(group.max()) + 1) < np.iinfo(np.int64).max // span:
+        base = start.min()
+        end_keys = np.sort(group * span + (end - base))
+        closed = np.searchsorted(end_keys, group * span + (start - base), side="right") - np.repeat(
+            group_start, np.diff(np.r_[group_start, m]))
+        ok = position - closed == local_depth
+    bad_groups = np.unique(group[~ok])
     partial = 0
-    is_push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
-    keys = list(zip(ranges["pid"].to_numpy().tolist(), ranges["tid"].to_numpy().tolist(),
-                    ranges["domain"].tolist()))
-    starts = ranges["start_ns"].to_numpy().tolist()
-    ends = ranges["effective_end_ns"].to_numpy().tolist()
-    stacks: dict[tuple, list[int]] = {}
-    for i in range(n):
-        if not is_push_pop[i]:
-            continue
-        stack = stacks.setdefault(keys[i], [])
-        # Sorted by start, the top of the stack contains range i unless it ends before i does:
-        # then it either ended before i started (a sibling) or overlaps i without containing it.
+    if len(bad_groups):
+        redo = np.isin(group, bad_groups)
+        local_parent, local_depth_redo, partial = _nest_with_stack(group[redo], start[redo], end[redo])
+        redo_idx = np.flatnonzero(redo)
+        cand[redo_idx] = np.where(local_parent >= 0, redo_idx[np.maximum(local_parent, 0)], -1)
+        local_depth[redo_idx] = local_depth_redo
+    parent[rows] = np.where(cand >= 0, rows[np.maximum(cand, 0)], -1)
+    depth[rows] = local_depth
+    return depth, parent, partial
+
+
+def _nest_with_stack(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The explicit-stack nesting of ranges in (group, start order): (parent index or -1, depth,
+    number of ranges that overlap a range without nesting in it)."""
+    m = len(group)
+    parent = [-1] * m
+    depth = [0] * m
+    partial = 0
+    stack: list[int] = []
+    groups, starts, ends = group.tolist(), start.tolist(), end.tolist()
+    for i in range(m):
+        if i and groups[i] != groups[i - 1]:
+            stack = []
+        # The top of the stack contains range i unless it ends before i does: then it either
+        # ended before i started (a sibling) or overlaps i without containing it.
         while stack and ends[stack[-1]] < ends[i]:
             if ends[stack[-1]] > starts[i]:
                 partial += 1
@@ -590,7 +710,7 @@ def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
             parent[i] = stack[-1]
             depth[i] = depth[stack[-1]] + 1
         stack.append(i)
-    return depth, parent, partial
+    return np.array(parent, dtype=np.int64), np.array(depth, dtype=np.int64), partial
 
 
 # --------------------------------------------------------------------------------------------------
