@@ -92,6 +92,14 @@ def _launch_filter(conn: sqlite3.Connection, alias: str = "") -> str:
     return f"{alias}eventClass IN (0, 1)" if "eventClass" in _columns(conn, RUNTIME) else "1 = 1"
 
 
+def _launched(conn: sqlite3.Connection) -> str:
+    """API rows that launched GPU work: their correlation id is on a kernel, memcpy or memset row."""
+    tables = [t for t in (KERNEL, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in _tables(conn)]
+    if not tables:
+        return "0 = 1"
+    return "correlationId IN (" + " UNION ".join(f"SELECT correlationId FROM {t}" for t in tables) + ")"
+
+
 @cache
 def _timeline(name: str):
     """read_nsys of a real file, read once per session (tests only read it)."""
@@ -118,6 +126,9 @@ def _sql_facts(conn: sqlite3.Connection) -> dict:
     facts["kernels"] = conn.execute(f"SELECT count(*) FROM {KERNEL}").fetchone()[0] if has_kernels else 0
     facts["launches"] = (conn.execute(f"SELECT count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)}").fetchone()[0]
                          if RUNTIME in tables else 0)
+    # The reader keeps, as launches, only the API calls that launched GPU work.
+    facts["launch_calls"] = (conn.execute(f"SELECT count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)} "
+                                          f"AND {_launched(conn)}").fetchone()[0] if RUNTIME in tables else 0)
     # Q1 per kernel: how many launch rows join, and the launch (thread, start, API name) when exactly one does.
     facts["joins"] = {}
     if has_kernels:
@@ -160,7 +171,7 @@ def _sql_facts(conn: sqlite3.Connection) -> dict:
         add("kernels", f"SELECT (globalPid >> 24) & 0xFFFFFF, count(*) FROM {KERNEL} GROUP BY 1")
     if RUNTIME in tables:
         add("launches", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)} "
-                        "GROUP BY 1")
+                        f"AND {_launched(conn)} GROUP BY 1")
     if nvtx:
         add("ranges", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM NVTX_EVENTS "
                       f"WHERE eventType IN {PUSH_POP + START_END} GROUP BY 1")
@@ -196,12 +207,13 @@ def test_reader_matches_sql(name):
     d = t.diagnostics
     # ... and the reader agrees with the SQL.
     assert len(t.kernels) == kernels_n
-    assert len(t.launches) == launches_n
+    assert len(t.launches) == facts["launch_calls"]
+    assert d["cuda_api_calls"] == launches_n
     assert dict(Counter(t.ranges["kind"])) == {k: v for k, v in facts["ranges"].items() if v}
     assert (t.activities["kind"] == "memcpy").sum() == memcpy_n
     assert (t.activities["kind"] == "memset").sum() == memset_n
     assert (d["product_version"], d["schema_version"]) == versions
-    assert d["counts"]["kernels"] == kernels_n and d["counts"]["launches"] == launches_n
+    assert d["counts"]["kernels"] == kernels_n and d["counts"]["launches"] == facts["launch_calls"]
 
     assert set(d["per_process"]) == {str(pid) for pid in facts["per_process"]}
     for pid, counts in facts["per_process"].items():
@@ -362,7 +374,7 @@ def test_extrap_windows_global_ids_decode_to_pid_and_tid():
     t = _timeline(EXTRAP_WIN)
     sql_launches = Counter(conn.execute(f"""
         SELECT (globalTid >> 24) & 0xFFFFFF, globalTid & 0xFFFFFF, correlationId, start FROM {RUNTIME}
-        WHERE eventClass IN (0, 1)""").fetchall())
+        WHERE eventClass IN (0, 1) AND {_launched(conn)}""").fetchall())
     assert Counter(zip(t.launches["pid"], t.launches["tid"], t.launches["correlation_id"], t.launches["start_ns"])) \
            == sql_launches
     sql_ranges = Counter(conn.execute("""

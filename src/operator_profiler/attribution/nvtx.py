@@ -30,11 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import tables
 from ..naming import NVTX_DOMAIN
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
+NO_ITEMS: list[str] = []  # shared, never mutated
 # Autograd nodes: "MmBackward0", "autograd::engine::evaluate_function: MmBackward0".
 BACKWARD_NODE = re.compile(r"(Backward\d*$)|(^autograd::engine::evaluate_function: )")
 
@@ -86,12 +89,13 @@ class _Ranges:
         self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
         end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
         self.end = end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
-        self.name = ranges["name"].to_numpy(dtype=object)
-        self.domain = ranges["domain"].to_numpy(dtype=object)
+        # Names stay in Arrow (millions of ranges, few names needed): see name_of().
+        self.names = pa.array(ranges["name"].astype("str"), type=pa.string()) if n else pa.array([], pa.string())
+        domain_code, self.domain_labels = pd.factorize(ranges["domain"].astype("str"))
+        self.domain_code = np.asarray(domain_code, dtype=np.int64)
         self.pid = ranges["pid"].to_numpy(dtype=np.int64)
         self.tid = ranges["tid"].to_numpy(dtype=np.int64)
         self.push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
-        self.layer = ranges["layer"].to_numpy(dtype=object)
         self.is_layer = ranges["layer"].notna().to_numpy()
         self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy()
         self.unclosed = ranges["unclosed"].fillna(False).to_numpy(dtype=bool) if "unclosed" in ranges else \
@@ -99,16 +103,31 @@ class _Ranges:
         self.seq = ranges["seq"].to_numpy(dtype=float, na_value=np.nan)
         stashed = ranges["stashed_seq"] if "stashed_seq" in ranges else pd.Series([pd.NA] * n, dtype="Int64")
         self.stashed = stashed.to_numpy(dtype=float, na_value=np.nan)
-        self.backward_node = np.array([bool(BACKWARD_NODE.search(s)) for s in self.name], dtype=bool) if n else \
-            np.zeros(0, dtype=bool)
-        self.domains = sorted(set(self.domain[self.push_pop])) if n else []
-        # (pid, tid, domain) -> (starts sorted, rows in that order)
+        self.backward_node = pc.fill_null(pc.match_substring_regex(self.names, BACKWARD_NODE.pattern), False).to_numpy(
+            zero_copy_only=False) if n else np.zeros(0, dtype=bool)
+        present = np.unique(self.domain_code[self.push_pop]) if n else []
+        self.domains = sorted(str(self.domain_labels[c]) for c in present)
+        # (pid, tid, domain) -> (starts sorted, rows in that order); one integer key per stack.
         self.groups: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
         push_pop_rows = np.flatnonzero(self.push_pop)
-        for key, positions in ranges[self.push_pop].groupby(["pid", "tid", "domain"], sort=False).indices.items():
+        keys = (self.pid[push_pop_rows] << 40) | (self.tid[push_pop_rows] << 16) | self.domain_code[push_pop_rows]
+        for key, positions in pd.Series(keys).groupby(keys, sort=False).indices.items():
             rows = push_pop_rows[positions]
             order = np.argsort(self.start[rows], kind="stable")
-            self.groups[(int(key[0]), int(key[1]), str(key[2]))] = (self.start[rows][order], rows[order])
+            label = str(self.domain_labels[int(key) & 0xFFFF])
+            self.groups[(int(key) >> 40, (int(key) >> 16) & 0xFFFFFF, label)] = (self.start[rows][order], rows[order])
+
+    def name_of(self, rows: np.ndarray) -> np.ndarray:
+        """Range names of ``rows`` as an object array; None for -1."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not self.n:
+            return np.full(len(rows), None, dtype=object)
+        taken = self.names.take(pa.array(np.maximum(rows, 0), mask=rows < 0))
+        return taken.to_numpy(zero_copy_only=False).astype(object)
+
+    def in_domains(self, labels) -> np.ndarray:
+        codes = [i for i, label in enumerate(self.domain_labels) if label in set(labels)]
+        return np.isin(self.domain_code, codes)
 
     def innermost(self, pid: np.ndarray, tid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> dict[str, np.ndarray]:
         """Per domain, the row of the innermost push/pop range on (pid, tid) with start <= t0 and end >= t1
@@ -238,10 +257,15 @@ def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> 
 
 
 def _operator_eligible(index: _Ranges, options: NvtxOptions) -> np.ndarray:
-    eligible = index.push_pop & ~index.is_marker & np.isin(index.domain, list(options.operator_domains))
+    eligible = index.push_pop & ~index.is_marker & index.in_domains(options.operator_domains)
     if options.ignore_ranges and index.n:
-        pattern = re.compile("|".join(f"(?:{p})" for p in options.ignore_ranges))
-        eligible &= np.array([not pattern.search(s) for s in index.name], dtype=bool)
+        pattern = "|".join(f"(?:{p})" for p in options.ignore_ranges)
+        try:
+            ignored = pc.fill_null(pc.match_substring_regex(index.names, pattern), False).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:  # a Python-only regex feature (RE2 has no lookaround): match name by name
+            compiled = re.compile(pattern)
+            ignored = np.array([bool(compiled.search(s)) for s in index.names.to_pylist()], dtype=bool)
+        eligible &= ~ignored
     return eligible
 
 
@@ -277,18 +301,19 @@ def _range_layers(index: _Ranges, rows: np.ndarray) -> np.ndarray:
 def _regions(index: _Ranges, ranges: pd.DataFrame, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> list[list[str]]:
     """Start/end ranges of the same process enclosing each [t0, t1], in start order (cases.md C09)."""
     m = len(t0)
-    out: list[list[str]] = [[] for _ in range(m)]
+    out: list[list[str]] = [NO_ITEMS] * m  # replaced by a fresh list for kernels inside a region
     se = np.flatnonzero(~index.push_pop)
     if not len(se) or not m:
         return out
     order = np.argsort(t0, kind="stable")
     sorted_t0 = t0[order]
-    for row in se[np.argsort(index.start[se], kind="stable")]:
+    ordered = se[np.argsort(index.start[se], kind="stable")]
+    for row, region_name in zip(ordered, index.name_of(ordered)):
         lo, hi = np.searchsorted(sorted_t0, index.start[row], "left"), np.searchsorted(sorted_t0, index.end[row], "right")
         hits = order[lo:hi]
         hits = hits[(t1[hits] <= index.end[row]) & (pid[hits] == index.pid[row])]
         for k in hits:
-            out[k].append(index.name[row])
+            out[k] = [*out[k], region_name]
     return out
 
 
@@ -312,22 +337,92 @@ def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, 
     return found
 
 
-def _stacks(index: _Ranges, rows: np.ndarray) -> list[list[str]]:
-    """Names from the outermost ancestor down to each row ([] for -1), memoized per row."""
-    memo: dict[int, tuple[str, ...]] = {-1: ()}
+def _json_strings(values: np.ndarray) -> np.ndarray:
+    """Each string as a JSON string literal (object array); vectorized, with ``json.dumps`` only
+    for the rare strings that need more than quote/backslash escaping."""
+    values = np.asarray(values, dtype=object)
+    if not len(values):
+        return values
+    arr = pa.array(values, type=pa.string())
+    escaped = pc.replace_substring(pc.replace_substring(arr, "\\", "\\\\"), '"', '\\"')
+    out = pc.binary_join_element_wise('"', escaped, '"', "").to_numpy(zero_copy_only=False).astype(object)
+    special = pc.fill_null(pc.match_substring_regex(arr, r"[\x00-\x1f]"), False).to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(special):
+        out[i] = json.dumps(values[i], ensure_ascii=False)
+    return out
 
-    def chain(row: int) -> tuple[str, ...]:
-        path = []
-        while row not in memo:
-            path.append(row)
-            row = int(index.parent[row])
-        names = memo[row]
-        for r in reversed(path):
-            names = names + (index.name[r],)
-            memo[r] = names
-        return names
 
-    return [list(chain(int(r))) for r in rows]
+def _stack_json(index: _Ranges, rows: np.ndarray) -> dict:
+    """For ``rows`` and their ancestors: row -> the JSON list of range names from the outermost
+    ancestor down to the row, built level by level (a child's list is its parent's plus its name)."""
+    needed = np.zeros(index.n, dtype=bool)
+    up = np.unique(rows[rows >= 0])
+    while len(up):
+        up = up[~needed[up]]
+        needed[up] = True
+        up = index.parent[up]
+        up = up[up >= 0]
+    needed_rows = np.flatnonzero(needed)
+    depth = np.zeros(len(needed_rows), dtype=np.int64)
+    up = index.parent[needed_rows].copy()
+    while (live := np.flatnonzero(up >= 0)).size:
+        depth[live] += 1
+        up[live] = index.parent[up[live]]
+    names = _json_strings(index.name_of(needed_rows))
+    out = np.empty(index.n, dtype=object)
+    for level in range(int(depth.max()) + 1 if len(depth) else 0):
+        at = np.flatnonzero(depth == level)
+        level_rows = needed_rows[at]
+        if level == 0:
+            out[level_rows] = "[" + names[at] + "]"
+        else:
+            parents = np.array([s[:-1] for s in out[index.parent[level_rows]]], dtype=object)
+            out[level_rows] = parents + ", " + names[at] + "]"
+    return out
+
+
+def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found: Enclosure, tag_domains: list[str],
+                   regions: list[list[str]], seq_used: np.ndarray, forward: np.ndarray, reason: np.ndarray) -> np.ndarray:
+    """``{"nvtx": {...}}`` per kernel with sorted keys: backward_seq, cuda_graph_replay, forward_link,
+    operator, reason, regions, stack, tags. The common keys are assembled as arrays of JSON pieces;
+    only kernels with extra keys go through ``json.dumps``."""
+    m = len(shown)
+    if not m:
+        return np.array([], dtype=object)
+    stack = _stack_json(index, shown) if index.n else np.array([], dtype=object)
+    stack_part = np.where(shown >= 0, stack[np.maximum(shown, 0)] if index.n else "[]", "[]").astype(object)
+    op_part = np.full(m, "null", dtype=object)
+    attributed = np.flatnonzero(op_rows >= 0)
+    op_part[attributed] = _json_strings(index.name_of(op_rows[attributed]))
+    head = np.full(m, "", dtype=object)  # keys before "operator"
+    middle = np.full(m, "", dtype=object)  # keys between "operator" and "stack"
+    tail = np.full(m, "", dtype=object)  # keys after "stack"
+    for k in np.flatnonzero(~np.isnan(seq_used) | found.replay):
+        parts = []
+        if not np.isnan(seq_used[k]):
+            parts.append(f'"backward_seq": {int(seq_used[k])}')
+        if found.replay[k]:
+            parts.append('"cuda_graph_replay": true')
+        if not np.isnan(seq_used[k]) and forward[k] < 0:
+            note = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
+            parts.append(f'"forward_link": {json.dumps(note)}')
+        head[k] = "".join(p + ", " for p in parts)
+    has_reason = np.array([r is not None for r in reason], dtype=bool)
+    for k in np.flatnonzero(has_reason | np.array([bool(r) for r in regions], dtype=bool)):
+        parts = []
+        if reason[k] is not None:
+            parts.append(f'"reason": {json.dumps(reason[k])}')
+        if regions[k]:
+            parts.append(f'"regions": {json.dumps(regions[k])}')
+        middle[k] = "".join(", " + p for p in parts)
+    for domain in tag_domains:
+        rows = found.innermost[domain]
+        tagged = np.flatnonzero(rows >= 0)
+        prefix = f", {json.dumps(domain)}: "
+        tail[tagged] = tail[tagged] + prefix + _json_strings(index.name_of(rows[tagged]))
+    tagged = tail != ""
+    tail[tagged] = ', "tags": {' + np.array([t[2:] for t in tail[tagged]], dtype=object) + "}"
+    return '{"nvtx": {' + head + '"operator": ' + op_part + middle + ', "stack": ' + stack_part + tail + "}}"
 
 
 def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
@@ -383,48 +478,29 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     # innermost range of each other domain, and the process-level regions.
     shown = np.where(op_rows >= 0, op_rows, _pick_innermost(index, [found.innermost[d] for d in op_domains], m))
     shown = np.where(shown >= 0, shown, _pick_innermost(index, list(found.innermost.values()), m))
-    stacks = _stacks(index, shown)
     tag_domains = [d for d in index.domains if d not in options.operator_domains and d != NVTX_DOMAIN]
-    layer_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer"]))
-    class_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer_class"]))
-    module_col = kernel_layers["module"] if "module" in kernel_layers else kernel_layers["layer"]
-    module_of = dict(zip(kernel_layers["kernel_id"].astype(int), module_col))
-
     kernel_ids = kernels["kernel_id"].to_numpy(dtype=np.int64)
-    operator = np.where(attributed, index.name[np.maximum(op_rows, 0)] if index.n else None, None)
-    fwd_name = np.where(forward >= 0, index.name[np.maximum(forward, 0)] if index.n else None, None)
-    evidence = []
-    for k in range(m):
-        entry: dict = {"stack": stacks[k], "operator": operator[k]}
-        tags = {d: index.name[found.innermost[d][k]] for d in tag_domains if found.innermost[d][k] >= 0}
-        if tags:
-            entry["tags"] = tags
-        if regions[k]:
-            entry["regions"] = regions[k]
-        if not np.isnan(seq_used[k]):
-            entry["backward_seq"] = int(seq_used[k])
-            if forward[k] < 0:
-                entry["forward_link"] = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
-        if reason[k] is not None:
-            entry["reason"] = reason[k]
-        if found.replay[k]:
-            entry["cuda_graph_replay"] = True
-        evidence.append(json.dumps({"nvtx": entry}, sort_keys=True))
+    operator = index.name_of(np.where(attributed, op_rows, -1))
+    fwd_name = index.name_of(forward)
+    evidence = _evidence_json(index, shown, op_rows, found, tag_domains, regions, seq_used, forward, reason)
+    by_kernel = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
 
-    def pick(mapping: dict) -> list:
-        return [None if pd.isna(v := mapping.get(int(k))) else v for k in kernel_ids]
+    def pick(column: str) -> np.ndarray:
+        values = by_kernel[column].reindex(kernel_ids).to_numpy(dtype=object)
+        return np.where(pd.isna(values), None, values)
 
     out = pd.DataFrame(
         {
             "kernel_id": kernel_ids,
             "operator": operator,
             "forward_operator": fwd_name,
-            "module": pick(module_of),
-            "layer": pick(layer_of),
-            "layer_class": [class_of.get(int(k)) for k in kernel_ids],
+            "module": pick("module" if "module" in kernel_layers else "layer"),
+            "layer": pick("layer"),
+            "layer_class": pick("layer_class"),
             "path": np.where(attributed, "nvtx", "unattributed"),
-            "fused_ops": [[] for _ in range(m)],
-            "source_nodes": [[] for _ in range(m)],
+            # One shared empty list: path (b) names no fused ops (a million separate lists cost 100 MB).
+            "fused_ops": [NO_ITEMS] * m,
+            "source_nodes": [NO_ITEMS] * m,
             "reason": reason,
             "evidence": evidence,
             "operator_range_id": pd.array(np.where(attributed, index.range_id[np.maximum(op_rows, 0)] if index.n else -1,
@@ -436,6 +512,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         }
     )
     out.loc[~attributed, "operator_range_id"] = pd.NA
+    pa.default_memory_pool().release_unused()
     return out[[*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name", "regions"]]
 
 

@@ -29,7 +29,6 @@ import sqlite3
 import subprocess
 import tempfile
 import urllib.parse
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,17 +114,20 @@ def parse_range_texts(texts) -> pd.DataFrame:
         DataFrame aligned with ``texts``: ``name`` (str), ``seq``, ``op_id``, ``stashed_seq`` (Int64;
         a negative seq, which torch writes for "none", is null), ``sizes`` (str or None).
     """
-    arr = pa.array(np.asarray(texts, dtype=object), type=pa.string())
+    if isinstance(texts, pd.Series):
+        arr = pa.array(texts.astype("str"), type=pa.string())
+    else:
+        arr = pa.array(np.asarray(texts, dtype=object), type=pa.string())
     decorated = pc.fill_null(pc.match_substring(arr, " = "), False)
     names = pc.if_else(decorated, pc.replace_substring_regex(arr, _DECORATIONS, "", max_replacements=1), arr)
-    out = pd.DataFrame({"name": pc.fill_null(names, "").to_numpy(zero_copy_only=False)})
+    out = pd.DataFrame({"name": pc.fill_null(names, "").to_pandas()})
     for column, (marker, pattern) in _FIELDS.items():
         present = pc.fill_null(pc.and_(decorated, pc.match_substring(arr, marker)), False)
         values = pa.nulls(len(arr), pa.string())
         if pc.any(present).as_py():
             values = _extract(arr, present, pattern)
         if column == "sizes":
-            out[column] = values.to_numpy(zero_copy_only=False)
+            out[column] = values.to_pandas()
         else:
             ints = pc.cast(values, pa.int64()).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
             out[column] = ints.mask(ints < 0) if column == "seq" else ints
@@ -261,24 +263,28 @@ def _metadata(export: _Export) -> dict:
     return {"metadata_table": None, "product_version": None, "schema_version": None, "platform": None}
 
 
-def _strings(export: _Export) -> np.ndarray:
-    """StringIds as an id-indexed object array (ids are small dense integers)."""
+def _strings(export: _Export) -> pa.Array:
+    """StringIds as an id-indexed Arrow string array (ids are small dense integers; gaps are null)."""
     if not export.has("StringIds"):
-        return np.array([], dtype=object)
+        return pa.array([], type=pa.string())
     df = export.query("SELECT id, value FROM StringIds")
     if df.empty:
-        return np.array([], dtype=object)
-    lookup = np.full(int(df["id"].max()) + 1, None, dtype=object)
-    lookup[df["id"].to_numpy(dtype=np.int64)] = df["value"].to_numpy(dtype=object)
-    return lookup
+        return pa.array([], type=pa.string())
+    ids = df["id"].to_numpy(dtype=np.int64)
+    position = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+    position[ids] = np.arange(len(ids))
+    values = pa.array(df["value"].astype(object).where(df["value"].notna(), None).to_numpy(dtype=object),
+                      type=pa.string())
+    return values.take(pa.array(np.maximum(position, 0), mask=position < 0))
 
 
-def _lookup(strings: np.ndarray, ids: pd.Series) -> np.ndarray:
-    """String ids -> strings; null or unknown ids -> None."""
+def _lookup(strings: pa.Array, ids: pd.Series) -> pd.Series:
+    """String ids -> a string Series aligned with ``ids`` (``str`` dtype); null or unknown ids -> NaN."""
     values = pd.to_numeric(ids, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
     ok = ~np.isnan(values) & (values >= 0) & (values < len(strings))
-    out = np.full(len(values), None, dtype=object)
-    out[ok] = strings[values[ok].astype(np.int64)]
+    index = pa.array(np.where(ok, values, 0).astype(np.int64), mask=~ok)
+    out = strings.take(index).to_pandas() if len(strings) else pd.Series([None] * len(values), dtype="str")
+    out.index = ids.index
     return out
 
 
@@ -307,13 +313,24 @@ def _nvtx_table(export: _Export, diagnostics: dict) -> str | None:
 # Tables
 
 
-def _read_launches(export: _Export, strings: np.ndarray, diagnostics: dict) -> pd.DataFrame:
+def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.DataFrame:
+    """The CUDA runtime/driver calls (eventClass 0/1, never chosen by API name) whose correlation id
+    some GPU activity carries: the launches (LAUNCHES columns plus ``event_class``)."""
     columns = ["launch_id", "pid", "tid", "start_ns", "end_ns", "api", "correlation_id", "event_class"]
     if not export.has(RUNTIME_TABLE):
         return pd.DataFrame({c: pd.Series(dtype="Int64" if c not in ("api",) else object) for c in columns})
     export.require(RUNTIME_TABLE, REQUIRED_COLUMNS[RUNTIME_TABLE])
     has_class = "eventClass" in export.columns[RUNTIME_TABLE]
-    where = f"WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else ""
+    conditions = [f"eventClass IN {RUNTIME_EVENT_CLASSES}"] if has_class else []
+    # Only calls that launched GPU work (kernel, graph, memcpy, memset): a capture can hold ten
+    # times more API calls (allocations, synchronizations, queries) than launches.
+    launched = [f"SELECT correlationId FROM {t}" for t in (KERNEL_TABLE, GRAPH_TRACE_TABLE, MEMCPY_TABLE, MEMSET_TABLE)
+                if export.has(t) and "correlationId" in export.columns[t]]
+    conditions.append(f"correlationId IN ({' UNION '.join(launched)})" if launched else "0")
+    where = "WHERE " + " AND ".join(conditions)
+    diagnostics["cuda_api_calls"] = export.conn.execute(
+        f"SELECT count(*) FROM {RUNTIME_TABLE}" + (f" WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else "")
+    ).fetchone()[0]
     df = export.query(
         f'SELECT start, "end", globalTid, correlationId, nameId, '
         f'{export.optional(RUNTIME_TABLE, "eventClass")} FROM {RUNTIME_TABLE} {where}'
@@ -372,13 +389,22 @@ def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray
         mapping = {(int(p), int(c)): int(g) for g, c, p in
                    export.conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE") if g is not None}
         if mapping:
-            return np.array([mapping.get((int(p), int(d)), int(d)) for p, d in zip(pid, device)], dtype=np.int64)
+            return _map_pairs(pid, device, mapping)
     if export.has("TARGET_INFO_GPU") and {"id", "cuDevice"} <= set(export.columns["TARGET_INFO_GPU"]):
         mapping = {int(c): int(i) for i, c in export.conn.execute("SELECT id, cuDevice FROM TARGET_INFO_GPU")
                    if c is not None}
         if mapping:
-            return np.array([mapping.get(int(d), int(d)) for d in device], dtype=np.int64)
+            return _map_pairs(np.zeros_like(device), device, {(0, c): i for c, i in mapping.items()})
     return out
+
+
+def _map_pairs(pid: np.ndarray, device: np.ndarray, mapping: dict[tuple[int, int], int]) -> np.ndarray:
+    """``mapping[(pid, device)]`` per row (the device itself when unmapped), one lookup per distinct pair."""
+    key = np.asarray(pid, dtype=np.int64) << 32 | np.asarray(device, dtype=np.int64)
+    pairs, inverse = np.unique(key, return_inverse=True)
+    mapped = np.array([mapping.get((int(k >> 32), int(k & 0xFFFFFFFF)), int(k & 0xFFFFFFFF)) for k in pairs],
+                      dtype=np.int64)
+    return mapped[inverse] if len(pairs) else np.asarray(device, dtype=np.int64)
 
 
 def _devices(export: _Export) -> list[dict]:
@@ -416,7 +442,7 @@ def _graph_captures(export: _Export) -> pd.DataFrame | None:
                                        "capture_end_ns"])
 
 
-def _read_kernels(export: _Export, strings: np.ndarray, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
+def _read_kernels(export: _Export, strings: pa.Array, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
     t = KERNEL_TABLE
     export.require(t, REQUIRED_COLUMNS[t])
     cols = export.columns[t]
@@ -437,7 +463,7 @@ def _read_kernels(export: _Export, strings: np.ndarray, launch_index: pd.DataFra
     pid, _ = decode_global_tid(df["globalPid"].fillna(0))
     demangled = _lookup(strings, df["demangledName"])
     short = _lookup(strings, df["shortName"])
-    name = np.where(pd.isna(demangled), short, demangled)
+    name = demangled.fillna(short)
     kernels = pd.DataFrame(
         {
             "pid": pid, "device": df["deviceId"].astype("int64"), "stream": df["streamId"].astype("int64"),
@@ -517,7 +543,7 @@ def _read_activities(export: _Export, launch_index: pd.DataFrame) -> pd.DataFram
     return acts[columns]
 
 
-def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnostics: dict) -> pd.DataFrame:
+def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnostics: dict) -> pd.DataFrame:
     columns = list(tables.RANGES.names) + ["text", "op_id", "sizes", "stashed_seq", "unclosed", "effective_end_ns",
                                            "event_type", "domain_id"]
     table = _nvtx_table(export, diagnostics)
@@ -542,70 +568,77 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
         f'{export.optional(table, "domainId", default="0")} FROM "{table}" '
         f"WHERE eventType IN ({', '.join(str(t) for t in wanted)})"
     )
-    registered = _lookup(strings, df["textId"])
-    text = df["text"].to_numpy(dtype=object).copy()
-    missing = pd.isna(text) | (text == "")
-    text[missing] = registered[missing]
-    df["text"] = text
-    df["domainId"] = df["domainId"].fillna(0).astype("int64")
     pid, tid = decode_global_tid(df["globalTid"].fillna(0))
     df["pid"], df["tid"] = pid, tid
+    df["domainId"] = df["domainId"].fillna(0).astype("int64")
+    is_domain = (df["eventType"] == types["NvtxDomainCreate"]).to_numpy()
+    domains = df[is_domain]
+    domain_texts = _range_texts(domains, strings)
+    domain_names = {(int(p), int(d)): str(t) for p, d, t in zip(domains["pid"], domains["domainId"], domain_texts)
+                    if not pd.isna(t)}
 
-    is_domain = df["eventType"] == types["NvtxDomainCreate"]
-    domain_names = {(int(p), int(d)): str(t) for p, d, t in
-                    zip(df.loc[is_domain, "pid"], df.loc[is_domain, "domainId"], df.loc[is_domain, "text"]) if t is not None}
-    df = df[~is_domain]
-
-    unclosed = df["end"].isna()
-    bad = ~unclosed & (df["end"] < df["start"])
+    # Sort once, on the raw columns: by thread, start, and longest first (parents before children).
+    start = df["start"].to_numpy(dtype=np.int64)
+    end = df["end"].astype("Int64")
+    unclosed = end.isna().to_numpy()
+    effective_end = end.fillna(capture_end).to_numpy(dtype=np.int64)
+    bad = ~unclosed & (effective_end < start)
+    keep = ~is_domain & ~bad
     if bad.any():
-        names = ", ".join(repr(t) for t in df.loc[bad, "text"].head(5))
+        names = ", ".join(repr(t) for t in _range_texts(df[bad], strings)[:5])
         diagnostics["warnings"].append(f"{int(bad.sum())} NVTX range(s) end before they start and were dropped: {names}")
-        df, unclosed = df[~bad], unclosed[~bad]
+    rows = np.flatnonzero(keep)
+    rows = rows[np.lexsort((-effective_end[rows], start[rows], df["tid"].to_numpy()[rows], df["pid"].to_numpy()[rows]))]
+    df = df.iloc[rows].reset_index(drop=True)
+    unclosed, effective_end = unclosed[rows], effective_end[rows]
+    text = _range_texts(df, strings)
     if unclosed.any():
-        names = ", ".join(repr(t) for t in df.loc[unclosed, "text"].head(5))
+        names = ", ".join(repr(t) for t in text[unclosed][:5])
         diagnostics["warnings"].append(
             f"{int(unclosed.sum())} NVTX range(s) left open at end of capture: {names} (treated as ending at "
             f"{capture_end} ns, the end of the capture)"
         )
 
-    parsed = parse_range_texts(df["text"].to_numpy(dtype=object))
+    parsed = parse_range_texts(text)
     ranges = pd.DataFrame(
         {
             "pid": df["pid"].to_numpy(), "tid": df["tid"].to_numpy(),
-            "start_ns": df["start"].astype("int64").to_numpy(),
-            "end_ns": pd.array(df["end"], dtype="Int64"),
-            "name": parsed["name"].to_numpy(),
-            "text": df["text"].to_numpy(dtype=object),
+            "start_ns": df["start"].to_numpy(dtype=np.int64),
+            "end_ns": df["end"].astype("Int64").array,
+            "name": parsed["name"].array,
+            "text": text.array,
             "domain_id": df["domainId"].to_numpy(),
-            "event_type": df["eventType"].astype("int64").to_numpy(),
+            "event_type": df["eventType"].to_numpy(dtype=np.int64),
             "seq": parsed["seq"].array,
             "op_id": parsed["op_id"].array,
-            "sizes": parsed["sizes"].to_numpy(),
+            "sizes": parsed["sizes"].array,
             "stashed_seq": parsed["stashed_seq"].array,
-            "unclosed": unclosed.to_numpy(),
+            "unclosed": unclosed,
+            "effective_end_ns": effective_end,
         }
     )
-    end_gtid = df["endGlobalTid"]
+    end_gtid = df["endGlobalTid"].astype("Int64")
     _end_pid, end_tid = decode_global_tid(end_gtid.fillna(0))
-    ranges["end_tid"] = pd.array(np.where(end_gtid.notna(), end_tid, -1), dtype="Int64")
+    ranges["end_tid"] = pd.array(end_tid, dtype="Int64")
     ranges.loc[end_gtid.isna().to_numpy(), "end_tid"] = pd.NA
-    pairs = ranges[["pid", "domain_id"]].drop_duplicates()
-    pair_names = {(int(p), int(d)): DEFAULT_DOMAIN if d == 0 else domain_names.get((int(p), int(d)), f"domain {d}")
-                  for p, d in zip(pairs["pid"], pairs["domain_id"])}
-    ranges["domain"] = pd.Series(list(zip(ranges["pid"].tolist(), ranges["domain_id"].tolist())),
-                                 dtype=object).map(pair_names).to_numpy() if len(ranges) else []
-    ranges["kind"] = np.where(ranges["event_type"].isin(push_pop), "nvtx_push_pop", "nvtx_start_end")
-    ranges["effective_end_ns"] = ranges["end_ns"].fillna(capture_end).astype("int64")
-    ranges["fwd_thread_id"] = pd.array([None] * len(ranges), dtype="Int64")
-    layer = ranges["name"].str.removeprefix(LAYER_PREFIX)
-    ranges["layer"] = layer.where(ranges["name"].str.startswith(LAYER_PREFIX), None)
-    iteration = ranges["name"].str.removeprefix(ITERATION_PREFIX)
-    is_iteration = ranges["name"].str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
-    ranges["iteration"] = pd.to_numeric(iteration.where(is_iteration), errors="coerce").astype("Int64")
+    # Domain ids are per process (§4): name each (pid, domain id) pair once.
+    pair_key = ranges["pid"].to_numpy(dtype=np.int64) << 32 | ranges["domain_id"].to_numpy(dtype=np.int64)
+    pairs, pair_of_row = np.unique(pair_key, return_inverse=True)
+    pair_names = [DEFAULT_DOMAIN if (k & 0xFFFFFFFF) == 0 else
+                  domain_names.get((int(k >> 32), int(k & 0xFFFFFFFF)), f"domain {int(k & 0xFFFFFFFF)}") for k in pairs]
+    ranges["domain"] = _from_codes(pair_of_row, pair_names)
+    ranges["kind"] = _from_codes(ranges["event_type"].isin(push_pop).to_numpy().astype(np.int64),
+                                 ["nvtx_start_end", "nvtx_push_pop"])
+    ranges["fwd_thread_id"] = _all_null(len(ranges))  # a Kineto notion; NVTX ranges have none
+    is_layer = ranges["name"].str.startswith(LAYER_PREFIX).to_numpy(dtype=bool)
+    ranges["layer"] = ranges["name"].where(is_layer).str.removeprefix(LAYER_PREFIX)
+    iteration = _all_null(len(ranges))
+    marked = np.flatnonzero(ranges["name"].str.startswith(ITERATION_PREFIX).to_numpy(dtype=bool))
+    if len(marked):
+        values = ranges["name"].iloc[marked].str.removeprefix(ITERATION_PREFIX)
+        iteration[marked] = pd.to_numeric(values.where(values.str.isdigit()), errors="coerce").astype("Int64").array
+    ranges["iteration"] = iteration
 
-    ranges = ranges.sort_values(["pid", "tid", "start_ns", "effective_end_ns"], ascending=[True, True, True, False],
-                                kind="stable").reset_index(drop=True)
     ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
     depth, parent, partial = _nest_push_pop(ranges)
     ranges["depth"] = depth
@@ -620,6 +653,37 @@ def _read_ranges(export: _Export, strings: np.ndarray, capture_end: int, diagnos
         diagnostics["warnings"].append("only start/end ranges present: used as process-level regions; operator-level "
                                        "NVTX attribution unavailable")
     return ranges[columns]
+
+
+def _all_null(n: int) -> pd.arrays.IntegerArray:
+    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
+
+def _range_texts(df: pd.DataFrame, strings: pa.Array) -> pd.Series:
+    """``coalesce(text, StringIds[textId])`` (§3) for NVTX rows; '' text (the null sentinel of the
+    query) counts as absent. Only rows without inline text are looked up."""
+    text = df["text"].astype("str").reset_index(drop=True)
+    missing = np.flatnonzero(text.fillna("").to_numpy(dtype=object) == "")
+    if len(missing):
+        looked_up = _lookup(strings, df["textId"].iloc[missing].reset_index(drop=True))
+        text = text.astype(object)
+        text.iloc[missing] = looked_up.astype(object).where(looked_up.notna(), None).to_numpy()
+        text = text.astype("str")
+    return text
+
+
+def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Series:
+    """A ``str`` Series from integer codes into ``labels`` (built in Arrow: no Python str per row)."""
+    dictionary = pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)),
+                                                pa.array(labels, type=pa.string()))
+    return dictionary.cast(pa.string()).to_pandas()
+
+
+def stack_keys(pid: np.ndarray, tid: np.ndarray, domain: pd.Series | np.ndarray) -> np.ndarray:
+    """One integer per (pid, tid, domain) push/pop stack: pid and tid are 24-bit (§2), and a capture
+    has far fewer than 65,536 domains."""
+    domain_code, _ = pd.factorize(np.asarray(domain, dtype=object) if not isinstance(domain, pd.Series) else domain)
+    return (np.asarray(pid, dtype=np.int64) << 40) | (np.asarray(tid, dtype=np.int64) << 16) | domain_code
 
 
 def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
@@ -644,8 +708,8 @@ def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     rows = np.flatnonzero((ranges["kind"] == "nvtx_push_pop").to_numpy())
     if not len(rows):
         return depth, parent, 0
-    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows],
-                                                       ranges["domain"].to_numpy()[rows]]))
+    codes, _ = pd.factorize(stack_keys(ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows],
+                                       ranges["domain"].iloc[rows]))
     order = np.argsort(codes, kind="stable")  # by stack, then start order
     rows, group = rows[order], codes[order]
     start = ranges["start_ns"].to_numpy(dtype=np.int64)[rows]
@@ -811,6 +875,7 @@ def _read(export: _Export) -> NsysTimeline:
     kernels = finish_kernels(raw, ranges if len(ranges) else _no_ranges(), source="nsys")
     activities = _read_activities(export, launch_index)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
+    pa.default_memory_pool().release_unused()  # Arrow keeps freed blocks; hand them back
     log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"] or "unknown",
              diagnostics["schema_version"] or "unknown (no export metadata table)")
     return NsysTimeline(kernels=kernels, launches=launches, ranges=ranges, activities=activities,
@@ -836,14 +901,19 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
         "memcpy": int((activities["kind"] == "memcpy").sum()) if len(activities) else 0,
         "memset": int((activities["kind"] == "memset").sum()) if len(activities) else 0,
     }
-    pids = sorted(set(kernels["pid"]) | set(launches["pid"]) | (set(ranges["pid"]) if len(ranges) else set()))
+    pid_arrays = [np.asarray(t["pid"], dtype=np.int64) for t in (kernels, launches, ranges) if len(t)]
+    pids = np.unique(np.concatenate(pid_arrays)) if pid_arrays else []
+    kernel_counts = kernels["pid"].value_counts() if len(kernels) else pd.Series(dtype="int64")
+    launch_counts = launches["pid"].value_counts() if len(launches) else pd.Series(dtype="int64")
+    range_counts = ranges["pid"].value_counts() if len(ranges) else pd.Series(dtype="int64")
+    thread_counts = ranges.groupby("pid")["tid"].nunique() if len(ranges) else pd.Series(dtype="int64")
     per_process = {}
     for pid in pids:
         entry = {
-            "kernels": int((kernels["pid"] == pid).sum()),
-            "launches": int((launches["pid"] == pid).sum()),
-            "ranges": int((ranges["pid"] == pid).sum()) if len(ranges) else 0,
-            "threads_with_ranges": int(ranges.loc[ranges["pid"] == pid, "tid"].nunique()) if len(ranges) else 0,
+            "kernels": int(kernel_counts.get(pid, 0)),
+            "launches": int(launch_counts.get(pid, 0)),
+            "ranges": int(range_counts.get(pid, 0)),
+            "threads_with_ranges": int(thread_counts.get(pid, 0)),
         }
         per_process[str(int(pid))] = entry
         has_gpu = entry["kernels"] or (len(activities) and (activities["pid"] == pid).any())
@@ -851,12 +921,14 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
             diagnostics["info"].append(f"no GPU activity captured for pid {int(pid)}")
     diagnostics["per_process"] = per_process
     joined = kernels[kernels["launch_api"].notna()] if len(kernels) else kernels
-    diagnostics["launch_apis"] = dict(Counter(joined["launch_api"])) if len(joined) else {}
+    diagnostics["launch_apis"] = {str(k): int(v) for k, v in joined["launch_api"].value_counts().items()} \
+        if len(joined) else {}
     if not len(kernels):
         diagnostics["warnings"].insert(
             0,
             f"no kernels captured: the export has {'an empty' if export.has(KERNEL_TABLE) else 'no'} {KERNEL_TABLE} "
-            f"table ({len(launches)} CUDA API calls, {len(ranges)} NVTX ranges); the capture probably stopped before "
+            f"table ({diagnostics.get('cuda_api_calls', 0)} CUDA API calls, {len(ranges)} NVTX ranges); the capture "
+            "probably stopped before "
             "GPU work, or CUDA tracing (-t cuda) was off",
         )
     else:
