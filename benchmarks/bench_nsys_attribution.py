@@ -293,6 +293,7 @@ def measured(conn) -> None:
             phase("write_nsys_timeline", write_nsys_timeline, timeline, Path(out))
             phase("write_attribution", tables.write_table, attribution, tables.ATTRIBUTION,
                   Path(out) / "attribution.parquet")
+        res["trees"] = compare_interval_trees(kernels, ranges, min(len(kernels), 50_000))
         res["kernels"] = len(kernels)
         res["ranges"] = len(ranges)
         res["launches"] = len(timeline.launches)
@@ -312,6 +313,52 @@ def measured(conn) -> None:
         conn.send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
     finally:
         conn.close()
+
+
+def compare_interval_trees(kernels, ranges, sample: int) -> dict:
+    """The enclosure query (innermost push/pop range per domain around each launch call) two ways
+    on the same data: the vectorized sorted-starts structure of ``attribution/nvtx.py`` and one
+    ``intervaltree.IntervalTree`` per (pid, tid, domain) stack (the design card's starting choice).
+    Data: the first ``sample`` kernels and the ranges that start before the last of their launches
+    (building trees over millions of ranges would dominate). Build + query seconds each, and
+    whether both found the same ranges."""
+    import numpy as np
+    from intervaltree import IntervalTree
+
+    from operator_profiler.attribution.nvtx import _Ranges, enclose
+
+    sub_k = kernels.iloc[:sample].reset_index(drop=True)
+    horizon = int(sub_k["launch_end_ns"].max())
+    sub_r = ranges[ranges["start_ns"] <= horizon].reset_index(drop=True)
+    # The subset keeps ancestors (they start earlier), so parent ids stay valid.
+    t0 = time.perf_counter()
+    index = _Ranges(sub_r)
+    found = enclose(sub_k, index)
+    vectorized_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    pp = sub_r[sub_r["kind"] == "nvtx_push_pop"]
+    trees = {}
+    for key, group in pp.groupby(["pid", "tid", "domain"], sort=False):
+        # intervaltree intervals are half-open [begin, end): end + 1 keeps a call ending at the range end inside.
+        trees[key] = IntervalTree.from_tuples(zip(group["start_ns"].tolist(),
+                                                  (group["effective_end_ns"] + 1).tolist(), group["range_id"].tolist()))
+    domains = sorted(set(pp["domain"]))
+    tree_found = {d: np.full(len(sub_k), -1, dtype=np.int64) for d in domains}
+    for k, (pid, tid, a, b) in enumerate(zip(sub_k["pid"], sub_k["launch_tid"], sub_k["launch_start_ns"],
+                                             sub_k["launch_end_ns"])):
+        for d in domains:
+            tree = trees.get((pid, tid, d))
+            if tree is None:
+                continue
+            hits = [iv for iv in tree.at(a) if iv.end - 1 >= b]
+            if hits:
+                tree_found[d][k] = max(hits, key=lambda iv: (iv.begin, -iv.end)).data
+    tree_s = time.perf_counter() - t0
+    same = all(np.array_equal(np.where(found.innermost[d] >= 0, index.range_id[np.maximum(found.innermost[d], 0)], -1),
+                              tree_found[d]) for d in domains)
+    return {"kernels": len(sub_k), "ranges": len(sub_r), "vectorized_s": vectorized_s, "intervaltree_s": tree_s,
+            "same": same}
 
 
 def baseline(path: Path) -> tuple[float, int]:
@@ -419,6 +466,10 @@ def main() -> None:
         verdict = f"NOT JUDGED at {n:,} kernels (time scaled linearly to 1M: {total * GOAL_KERNELS / n:.1f} s)"
     print(f"goal: 1M kernels loaded and attributed in <= 20 s with peak RSS <= 2 GB: {verdict} "
           f"({total:.1f} s, {rss_attr:,.0f} MB){note}")
+    trees = res["trees"]
+    print(f"enclosure structure, side by side on {trees['kernels']:,} kernels / {trees['ranges']:,} ranges: "
+          f"vectorized {trees['vectorized_s']:.2f} s, intervaltree {trees['intervaltree_s']:.2f} s "
+          f"(ratio {trees['intervaltree_s'] / trees['vectorized_s']:.0f}x; same ranges found: {trees['same']})")
     if args.profile:
         print(res["profile"])
 

@@ -118,9 +118,10 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     assigned = kernel_layers(kernels, ranges)
     kl = pd.DataFrame({"kernel_id": kernels["kernel_id"], "layer": assigned["layer"], "module": assigned["module"]})
     kl["iteration"] = kernels["iteration"].fillna(-1).astype("int64").to_numpy()
-    kl["match_key"] = kernels["match_key"].to_numpy()
-    kl["grid"] = kernels["grid"].fillna("").to_numpy()
-    kl["block"] = kernels["block"].fillna("").to_numpy()
+    # .array keeps Arrow-backed strings as they are (to_numpy would make one Python str per kernel).
+    kl["match_key"] = kernels["match_key"].array
+    kl["grid"] = kernels["grid"].astype("str").fillna("").array
+    kl["block"] = kernels["block"].astype("str").fillna("").array
     kl["duration_ns"] = kernels["duration_ns"].to_numpy()
     kl["instance"] = kl["layer"].fillna(REST_CLASS)
     kl["position"] = kl.groupby(["instance", "iteration"]).cumcount().astype("int64")

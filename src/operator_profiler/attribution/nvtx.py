@@ -33,7 +33,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import tables
 from ..naming import NVTX_DOMAIN
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
@@ -46,7 +45,8 @@ REASONS = {
     "no_launch_record": "no CUDA API call in the same process has the kernel's correlation id",
     "cuda_graph_replay": "replayed from a CUDA graph without the capture-time node event (or traced at graph level)",
     "no_nvtx_ranges": "the capture has no NVTX push/pop ranges",
-    "no_operator_range": "NVTX ranges enclose the launch, but none in an operator domain",
+    "no_operator_range": "NVTX ranges enclose the launch, but none names an operator (not in an operator domain, a "
+                         "layer/iteration marker, or ignored by nvtx.ignore_ranges)",
     "range_on_other_thread": "an operator range is open at launch time, but on another thread (e.g. backward on the "
                              "autograd thread)",
     "no_enclosing_range": "no NVTX range encloses the launch call",
@@ -388,7 +388,7 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     only kernels with extra keys go through ``json.dumps``."""
     m = len(shown)
     if not m:
-        return np.array([], dtype=object)
+        return pd.array([], dtype="str")
     stack = _stack_json(index, shown) if index.n else np.array([], dtype=object)
     stack_part = np.where(shown >= 0, stack[np.maximum(shown, 0)] if index.n else "[]", "[]").astype(object)
     op_part = np.full(m, "null", dtype=object)
@@ -422,7 +422,10 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         tail[tagged] = tail[tagged] + prefix + _json_strings(index.name_of(rows[tagged]))
     tagged = tail != ""
     tail[tagged] = ', "tags": {' + np.array([t[2:] for t in tail[tagged]], dtype=object) + "}"
-    return '{"nvtx": {' + head + '"operator": ' + op_part + middle + ', "stack": ' + stack_part + tail + "}}"
+    pieces = [pa.array(piece, type=pa.string()) for piece in (head, op_part, middle, stack_part, tail)]
+    joined = pc.binary_join_element_wise('{"nvtx": {', pieces[0], '"operator": ', pieces[1], pieces[2], ', "stack": ',
+                                         pieces[3], pieces[4], "}}", "")
+    return joined.to_pandas().array
 
 
 def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
@@ -485,9 +488,9 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     evidence = _evidence_json(index, shown, op_rows, found, tag_domains, regions, seq_used, forward, reason)
     by_kernel = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
 
-    def pick(column: str) -> np.ndarray:
-        values = by_kernel[column].reindex(kernel_ids).to_numpy(dtype=object)
-        return np.where(pd.isna(values), None, values)
+    def pick(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:
+        values = by_kernel[column].reindex(kernel_ids)
+        return values.array if values.dtype != object else np.where(values.isna(), None, values.to_numpy())
 
     out = pd.DataFrame(
         {
@@ -503,17 +506,17 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
             "source_nodes": [NO_ITEMS] * m,
             "reason": reason,
             "evidence": evidence,
-            "operator_range_id": pd.array(np.where(attributed, index.range_id[np.maximum(op_rows, 0)] if index.n else -1,
-                                                   -1), dtype="Int64"),
+            "operator_range_id": pd.arrays.IntegerArray(
+                index.range_id[np.maximum(op_rows, 0)] if index.n else np.zeros(m, dtype=np.int64), ~attributed),
             "duration_ns": kernels["duration_ns"].to_numpy(dtype=np.int64),
             "iteration": pd.array(kernels["iteration"], dtype="Int64"),
-            "name": kernels["name"].to_numpy(dtype=object),
+            "name": kernels["name"].astype("str").array,
             "regions": regions,
-        }
+        },
+        copy=False,
     )
-    out.loc[~attributed, "operator_range_id"] = pd.NA
     pa.default_memory_pool().release_unused()
-    return out[[*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name", "regions"]]
+    return out
 
 
 def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:

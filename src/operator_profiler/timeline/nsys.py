@@ -342,7 +342,8 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
             "api": _lookup(strings, df["nameId"]),
             "correlation_id": pd.array(df["correlationId"], dtype="Int64"),
             "event_class": pd.array(df["eventClass"], dtype="Int64"),
-        }
+        },
+        copy=False,
     )
     launches = launches.sort_values(["start_ns", "pid", "tid"], kind="stable").reset_index(drop=True)
     launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
@@ -375,11 +376,14 @@ def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame) -> pd.DataFram
 
 
 def _xyz(df: pd.DataFrame, prefix: str) -> pd.Series:
+    """``gridX, gridY, gridZ`` -> ``"x,y,z"`` (built in Arrow); null when a column is absent or null."""
     cols = [f"{prefix}{axis}" for axis in "XYZ"]
-    if not all(c in df for c in cols) or df[cols].isna().any(axis=None):
-        return pd.Series([None] * len(df), index=df.index, dtype=object)
-    return df[cols[0]].astype("int64").astype(str) + "," + df[cols[1]].astype("int64").astype(str) + "," + \
-        df[cols[2]].astype("int64").astype(str)
+    if not all(c in df for c in cols):
+        return pd.Series([None] * len(df), index=df.index, dtype="str")
+    parts = [pc.cast(pa.array(df[c].astype("Int64")), pa.string()) for c in cols]
+    out = pc.binary_join_element_wise(*parts, ",").to_pandas()  # null if any part is null
+    out.index = df.index
+    return out
 
 
 def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray:
@@ -474,7 +478,8 @@ def _read_kernels(export: _Export, strings: pa.Array, launch_index: pd.DataFrame
             "graph_id": pd.array(df["graphId"], dtype="Int64"),
             "graph_node_id": pd.array(df["graphNodeId"], dtype="Int64"),
             "activity": "kernel",
-        }
+        },
+        copy=False,
     )
     kernels["gpu_id"] = _gpu_ids(export, kernels["pid"].to_numpy(), kernels["device"].to_numpy())
     return _join_launch(kernels, launch_index)
@@ -615,7 +620,8 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
             "stashed_seq": parsed["stashed_seq"].array,
             "unclosed": unclosed,
             "effective_end_ns": effective_end,
-        }
+        },
+        copy=False,
     )
     end_gtid = df["endGlobalTid"].astype("Int64")
     _end_pid, end_tid = decode_global_tid(end_gtid.fillna(0))
@@ -662,14 +668,17 @@ def _all_null(n: int) -> pd.arrays.IntegerArray:
 def _range_texts(df: pd.DataFrame, strings: pa.Array) -> pd.Series:
     """``coalesce(text, StringIds[textId])`` (§3) for NVTX rows; '' text (the null sentinel of the
     query) counts as absent. Only rows without inline text are looked up."""
-    text = df["text"].astype("str").reset_index(drop=True)
-    missing = np.flatnonzero(text.fillna("").to_numpy(dtype=object) == "")
+    text = pa.array(df["text"].astype("str"), type=pa.string())
+    missing = np.flatnonzero(pc.equal(pc.fill_null(text, ""), "").to_numpy(zero_copy_only=False))
     if len(missing):
         looked_up = _lookup(strings, df["textId"].iloc[missing].reset_index(drop=True))
-        text = text.astype(object)
-        text.iloc[missing] = looked_up.astype(object).where(looked_up.notna(), None).to_numpy()
-        text = text.astype("str")
-    return text
+        mask = np.zeros(len(text), dtype=bool)
+        mask[missing] = True
+        filled = np.zeros(len(text), dtype=np.int64)
+        filled[missing] = np.arange(len(missing))
+        replacement = pa.array(looked_up.astype(object).where(looked_up.notna(), None).to_numpy(), type=pa.string())
+        text = pc.if_else(pa.array(mask), replacement.take(pa.array(filled)), text)
+    return text.to_pandas()
 
 
 def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Series:
@@ -986,7 +995,10 @@ def read_report(path: Path) -> NsysTimeline:
         if not path.is_file():
             raise NsysExportError(f"{path}: no such file")
         with tempfile.TemporaryDirectory(prefix="opprof-nsys-") as tmp:
-            return read_nsys(export_sqlite(path, Path(tmp)))
+            timeline = read_nsys(export_sqlite(path, Path(tmp)))
+        timeline.diagnostics["file"] = str(path)
+        timeline.diagnostics["sqlite_export"] = "exported with nsys export --type sqlite to a temporary file (deleted)"
+        return timeline
     return read_nsys(path)
 
 
