@@ -20,7 +20,11 @@ import pandas as pd
 import pytest
 
 from operator_profiler.attribution import inductor
-from operator_profiler.attribution.merge import VIEW_OPS, attribute, fused_operator_label
+from operator_profiler.attribution.merge import (
+    VIEW_OPS,
+    attribute,
+    fused_operator_label,
+)
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.kineto import read_kineto
 

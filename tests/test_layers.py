@@ -11,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-
 from operator_profiler import layers as L
 from operator_profiler.timeline.kineto import read_kineto
 

@@ -19,8 +19,8 @@ import sys
 
 import pandas as pd
 import pytest
-
 from nsys_export import GraphNode, GraphTrace, Kernel, Nvtx, Runtime, write_nsys_export
+
 from operator_profiler import aggregate as agg
 from operator_profiler import stages, tables
 from operator_profiler.attribution.nvtx import NvtxOptions

@@ -9,7 +9,11 @@ import pandas as pd
 import pytest
 
 from operator_profiler.timeline import nsys
-from operator_profiler.timeline.nsys import _nest_push_pop, _nest_with_stack, parse_range_texts
+from operator_profiler.timeline.nsys import (
+    _nest_push_pop,
+    _nest_with_stack,
+    parse_range_texts,
+)
 
 
 def _stack_reference(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
@@ -114,3 +118,140 @@ def test_emit_nvtx_texts_parse():
     assert parsed["op_id"].tolist() == [3, 1718, pd.NA, pd.NA, pd.NA, pd.NA, pd.NA]
     assert parsed["stashed_seq"].tolist() == [pd.NA, pd.NA, 12, pd.NA, pd.NA, pd.NA, pd.NA]
     assert [None if pd.isna(v) else v for v in parsed["sizes"]] == ["[[64, 128], [128, 256]]", None, None, None, "[[2], [3]]", None, None]
+
+
+# Robustness found by a fresh user (QA pass of issue #3) ---------------------------------------------
+
+import sqlite3  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export  # noqa: E402
+from operator_profiler import stages, tables  # noqa: E402
+
+
+def _opprof(*args):
+    return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], capture_output=True,
+                          text=True, check=False, timeout=120)
+
+
+def _one_line_error(result) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    # Notes a stage logged before failing (INFO/WARNING lines) may precede the error line.
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("INFO:", "WARNING:"))]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def _small(path):
+    return write_nsys_export(path, nvtx=[Nvtx("aten::mm", 59, "10:1", 100, 200), Nvtx("outer", 59, "10:1", 50, 300)],
+                             runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1)],
+                             kernels=[Kernel("gemm", 10, 7, 170, 190, 1)])
+
+
+def test_invalid_utf8_text_is_decoded_tolerantly(tmp_path):
+    db = _small(tmp_path / "r.sqlite")
+    with sqlite3.connect(db) as conn:  # bytes 0xff are not UTF-8 (real exports hold such strings)
+        conn.execute("UPDATE NVTX_EVENTS SET text = CAST(X'6174656e3a3a6d6dff' AS TEXT) WHERE text = 'aten::mm'")
+    ranges = nsys.read_nsys(db).ranges
+    assert sorted(ranges["name"]) == ["aten::mm\ufffd", "outer"]
+
+
+def test_a_non_integer_time_is_a_one_line_error_naming_the_column(tmp_path):
+    db = _small(tmp_path / "r.sqlite")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon'")
+    line = _one_line_error(_opprof("timeline", "--nsys", db, "--out", tmp_path / "tl"))
+    assert "CUPTI_ACTIVITY_KIND_KERNEL column start holds 'soon'" in line
+    assert not (tmp_path / "tl" / "kernels.parquet").exists()
+
+
+def test_a_damaged_page_is_a_one_line_error(tmp_path):
+    db = _small(tmp_path / "r.sqlite")
+    data = bytearray(db.read_bytes())
+    page = 4096
+    data[3 * page: 3 * page + 512] = b"\xde\xad" * 256  # overwrite inside the file (not a truncation)
+    db.write_bytes(bytes(data))
+    result = _opprof("timeline", "--nsys", db, "--out", tmp_path / "tl")
+    if result.returncode == 0:  # the damaged page held nothing the reader needs
+        return
+    assert "export the report again" in _one_line_error(result)
+
+
+def test_nameless_ranges_never_name_an_operator(tmp_path):
+    db = write_nsys_export(tmp_path / "r.sqlite",
+                           nvtx=[Nvtx("outer", 59, "10:1", 50, 300), Nvtx(None, 59, "10:1", 100, 200)],
+                           runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1)],
+                           kernels=[Kernel("gemm", 10, 7, 170, 190, 1)])
+    timeline = stages.export_timeline(db, tmp_path / "tl")
+    assert any("1 NVTX range(s) have no name" in w for w in timeline.diagnostics["warnings"])
+    att = stages.attribute_files(tmp_path / "tl", None, None, tmp_path / "a.parquet")
+    assert att["operator"].tolist() == ["outer"]
+
+
+def test_a_kernel_ending_before_it_starts_counts_zero_time(tmp_path):
+    db = write_nsys_export(tmp_path / "r.sqlite", runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1),
+                                                          Runtime("cudaLaunchKernel_v7000", "10:1", 160, 165, 2)],
+                           kernels=[Kernel("bad", 10, 7, 300, 200, 1), Kernel("good", 10, 7, 310, 320, 2)])
+    timeline = nsys.read_nsys(db)
+    assert timeline.kernels.set_index("name")["duration_ns"].to_dict() == {"bad": 0, "good": 10}
+    assert any(w.startswith("1 kernel(s) end before they start ('bad')") for w in timeline.diagnostics["warnings"])
+
+
+def test_bad_attribute_options_and_outputs_are_one_line_errors(tmp_path):
+    db = _small(tmp_path / "r.sqlite")
+    assert _opprof("timeline", "--nsys", db, "--out", tmp_path / "tl").returncode == 0
+    line = _one_line_error(_opprof("attribute", "--timeline", tmp_path / "tl", "--out", tmp_path / "a.parquet",
+                                   "--nvtx-ignore-range", "("))
+    assert "'(' is not a regular expression" in line
+    (tmp_path / "a_dir").mkdir()
+    line = _one_line_error(_opprof("attribute", "--timeline", tmp_path / "tl", "--out", tmp_path / "a_dir"))
+    assert "a_dir" in line
+    assert not list(tmp_path.glob("*.tmp"))  # no partial output left behind
+    (tmp_path / "file").write_text("x")
+    line = _one_line_error(_opprof("timeline", "--nsys", db, "--out", tmp_path / "file"))
+    assert "file" in line
+
+
+def test_operator_domain_mismatch_is_explained(tmp_path):
+    db = write_nsys_export(tmp_path / "r.sqlite", domains={(10, 3): "mylib"},
+                           nvtx=[Nvtx("step", 59, "10:1", 100, 200, domain=3)],
+                           runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1)],
+                           kernels=[Kernel("gemm", 10, 7, 170, 190, 1)])
+    assert _opprof("timeline", "--nsys", db, "--out", tmp_path / "tl").returncode == 0
+    result = _opprof("attribute", "--timeline", tmp_path / "tl", "--out", tmp_path / "a.parquet")
+    assert result.returncode == 0
+    assert "NVTX operator domain(s) 'default' have no push/pop ranges in this capture; domains present: 'mylib'" \
+        in result.stderr
+    assert "1 kernel(s) are inside NVTX ranges of domain(s) 'mylib' only" in result.stderr
+    result = _opprof("attribute", "--timeline", tmp_path / "tl", "--out", tmp_path / "b.parquet",
+                     "--nvtx-operator-domain", "mylib")
+    assert result.returncode == 0 and "WARNING" not in result.stderr
+    assert tables.read_table(tmp_path / "b.parquet")["operator"].tolist() == ["step"]
+
+
+def test_cli_chain_on_a_real_export_captured_elsewhere(real_nsys_files, tmp_path):
+    """timeline -> classify -> attribute -> aggregate -> report without our capture's run.json."""
+    thunder = next(p for p in real_nsys_files if p.name.startswith("fuser_thunder"))
+    (tmp_path / "layers.json").write_text("[]")
+    steps = [
+        ("timeline", "--nsys", thunder, "--out", tmp_path / "tl"),
+        ("classify", "--timeline", tmp_path / "tl", "--layers", tmp_path / "layers.json", "--out", tmp_path / "layers"),
+        ("attribute", "--timeline", tmp_path / "tl", "--kernel-layers", tmp_path / "layers" / "kernel_layers.parquet",
+         "--out", tmp_path / "attribution.parquet"),
+        ("aggregate", "--attribution", tmp_path / "attribution.parquet", "--instances",
+         tmp_path / "layers" / "instances.parquet", "--classes", tmp_path / "layers" / "classes.json", "--device", "cuda",
+         "--out", tmp_path / "agg"),
+        ("report", "--results", tmp_path / "agg", "--timeline", tmp_path / "tl", "--workload", "thunder",
+         "--out", tmp_path / "report.md"),
+    ]
+    for step in steps:
+        result = _opprof(*step)
+        assert result.returncode == 0, (step[0], result.stderr)
+    report = (tmp_path / "report.md").read_text()
+    for expected in ("Nsight Systems 2025.1.1.110, export schema 3.17.1", "GPU(s): NVIDIA H200",
+                     "8 of 18 kernels attributed", "hardware counters: not collected (no Nsight Compute data",
+                     "- no GPU activity captured for pid 50922", "| ExecutorRunFusion::cuLaunchKernel | 6 | 6 |"):
+        assert expected in report, expected
+    assert "CPU" not in report

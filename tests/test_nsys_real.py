@@ -29,7 +29,11 @@ import pandas as pd
 import pytest
 from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
 
-from operator_profiler.attribution.nvtx import NvtxOptions, attribute_nvtx, gpu_projection
+from operator_profiler.attribution.nvtx import (
+    NvtxOptions,
+    attribute_nvtx,
+    gpu_projection,
+)
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.nsys import read_nsys
 

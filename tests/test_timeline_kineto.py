@@ -18,7 +18,12 @@ import pandas as pd
 import pytest
 
 from operator_profiler import tables
-from operator_profiler.timeline.kineto import METADATA_OPS, TimelineError, read_kineto, write_timeline
+from operator_profiler.timeline.kineto import (
+    METADATA_OPS,
+    TimelineError,
+    read_kineto,
+    write_timeline,
+)
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 CPU_TRACES = REAL / "inductor-cpu" / "traces"

@@ -18,6 +18,6 @@ rule aggregate:
     conda:
         "../envs/analysis.yaml"
     params:
-        options=json.dumps(config["aggregate"], sort_keys=True),
+        options=json.dumps({**config["aggregate"], "device": DEVICE}, sort_keys=True),
     script:
         "../scripts/aggregate.py"

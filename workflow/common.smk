@@ -126,6 +126,13 @@ def counters_input(wildcards):
     return []
 
 
+def diagnostics_input(wildcards):
+    """The nsys reader's findings go into the report."""
+    if TIMELINE == "nsys":
+        return f"results/{wildcards.workload}/timeline/diagnostics.json"
+    return []
+
+
 def kineto_input(wildcards):
     """With an nsys timeline, path (a) reads the separate torch.profiler run."""
     if TIMELINE == "nsys":

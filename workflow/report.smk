@@ -5,6 +5,7 @@ rule report:
         operators="results/{workload}/operators.parquet",
         modules="results/{workload}/modules.parquet",
         layer_classes="results/{workload}/layer_classes.parquet",
+        diagnostics=diagnostics_input,
         lib=[LIB / "report.py", *ANALYSIS_LIB],
     output:
         "results/{workload}/report.md",

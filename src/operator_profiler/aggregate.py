@@ -101,15 +101,23 @@ def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd
     return pd.DataFrame(rows, columns=columns)
 
 
-def coverage(attribution: pd.DataFrame, counters_collected: bool) -> dict:
-    """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1."""
+def counters_note(device: str | None) -> str:
+    if device == "cpu":
+        return "hardware counters: not collected on CPU (Nsight Compute is GPU-only)"
+    return "hardware counters: not collected (no Nsight Compute data for these kernels)"
+
+
+def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None) -> dict:
+    """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1.
+    ``device`` (``cpu``, ``cuda``, or None when unknown) words the note on missing counters."""
     total = int(attribution["duration_ns"].sum())
     attributed = attribution[attribution["path"] != "unattributed"]
     by_path = attribution.groupby("path")["duration_ns"].sum()
     # Agreement of paths (a) and (c) on the operator of an extern/fallback call: only the call's own
     # kernel counts (work nested in the call, like addmm's bias copy, has an operator of its own).
     both = []
-    for ev, op, range_id in zip(attribution["evidence"], attribution["operator"], attribution["operator_range_id"]):
+    with_site = attribution[attribution["evidence"].str.contains('"inductor"', regex=False)]
+    for ev, op, range_id in zip(with_site["evidence"], with_site["operator"], with_site["operator_range_id"]):
         site = json.loads(ev).get("inductor")
         if site is not None and not pd.isna(range_id) and site.get("call_site", True):
             both.append(op in site["fused_ops"] or not site["fused_ops"])
@@ -132,7 +140,7 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool) -> dict:
         "by_path": {p: (int(t) / total if total else 0.0) for p, t in by_path.items()},
         "path_agreement": {"correlation/inductor": agree / len(both)} if len(both) else {},
         "counters_coverage": None if not counters_collected else 0.0,
-        "counters_note": None if counters_collected else "hardware counters: not collected on CPU (Nsight Compute is GPU-only)",
+        "counters_note": None if counters_collected else counters_note(device),
         "unattributed": [
             {"name": r.name, "time_ns": int(r.time_ns), "count": int(r.count), "reason": r.reason}
             for r in groups.itertuples(index=False)

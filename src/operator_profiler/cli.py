@@ -39,9 +39,13 @@ def _cmd_capture(args) -> None:
 
 def _cmd_timeline(args) -> None:
     source = Path(args.kineto or args.nsys)
-    if args.nsys and source.suffix not in stages.NSYS_SUFFIXES:
-        raise InputError(f"{source}: --nsys takes an nsys report: .sqlite (nsys export --type sqlite) or .nsys-rep")
-    timeline = stages.export_timeline(source, Path(args.out))
+    if args.nsys and source.suffix.lower() in (".json", ".gz"):
+        raise InputError(f"{source}: --nsys takes an nsys report (an 'nsys export --type sqlite' file or a .nsys-rep); "
+                         "for a torch.profiler trace use --kineto")
+    if args.kineto and source.suffix.lower() in stages.NSYS_SUFFIXES:
+        raise InputError(f"{source}: --kineto takes a torch.profiler trace (.json or .json.gz); for an nsys report "
+                         "use --nsys")
+    timeline = stages.export_timeline(source, Path(args.out), kind="nsys" if args.nsys else "kineto")
     print(f"{len(timeline.kernels)} kernels, {len(timeline.launches)} launches, {len(timeline.ranges)} ranges -> {args.out}")
 
 
@@ -72,17 +76,25 @@ def _cmd_attribute(args) -> None:
 def _cmd_aggregate(args) -> None:
     out = Path(args.out)
     stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes),
-                           {"per_iteration": not args.totals}, out / "operators.parquet", out / "operators.csv",
+                           {"per_iteration": not args.totals, "device": args.device}, out / "operators.parquet", out / "operators.csv",
                            out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json")
     print(f"wrote operators.csv, modules.parquet, layer_classes.parquet, coverage.json in {out}")
 
 
 def _cmd_report(args) -> None:
     d = Path(args.results)
-    stages.report_files(args.workload or d.name, Path(args.run), d / "coverage.json", d / "operators.parquet",
-                        d / "modules.parquet", d / "layer_classes.parquet", {"top_operators": args.top},
-                        Path(args.out))
+    stages.report_files(args.workload or d.name, Path(args.run) if args.run else None, d / "coverage.json",
+                        d / "operators.parquet", d / "modules.parquet", d / "layer_classes.parquet",
+                        {"top_operators": args.top}, Path(args.out),
+                        diagnostics_path=Path(args.timeline) / "diagnostics.json" if args.timeline else None)
     print(f"wrote {args.out}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,14 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--instances", required=True)
     s.add_argument("--classes", required=True, help="classes.json from 'opprof classify'")
     s.add_argument("--totals", action="store_true", help="do not divide by the number of iterations")
+    s.add_argument("--device", choices=("cpu", "cuda"), help="where the trace ran (words the note on counters)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_aggregate)
 
     s = sub.add_parser("report", help="Markdown report from aggregated results")
     s.add_argument("--results", required=True, help="folder with operators.parquet, coverage.json ...")
-    s.add_argument("--run", required=True)
+    s.add_argument("--run", help="the capture's run.json (leave out for a trace captured elsewhere)")
+    s.add_argument("--timeline", help="the timeline folder of an nsys trace: its diagnostics.json goes in the report")
     s.add_argument("--workload")
-    s.add_argument("--top", type=int, default=20)
+    s.add_argument("--top", type=_positive_int, default=20)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_report)
     return p
@@ -162,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except USER_ERRORS as exc:
         print(f"opprof {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # an output folder that is a file, not writable, full ...
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"opprof {args.command}: error: {exc.strerror or exc}{where}; choose another --out (a writable folder "
+              "or file path as the command expects)", file=sys.stderr)
         return 1
     return 0
 

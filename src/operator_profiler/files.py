@@ -9,12 +9,23 @@ import os
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def replace_atomic(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place; on any
+    failure the temporary file is removed, so no partial output is left behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp.is_file():
+            tmp.unlink()
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    replace_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def write_json(path: Path, obj) -> None:
@@ -24,11 +35,7 @@ def write_json(path: Path, obj) -> None:
 
 def write_parquet_atomic(df, path: Path) -> None:
     """A pandas DataFrame as parquet (no index)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    replace_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 class InputError(ValueError):

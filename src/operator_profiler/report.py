@@ -14,6 +14,11 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
 
 
+def _short(name: str, limit: int = 120) -> str:
+    """Demangled template kernel names run to kilobytes; the tables on disk keep them whole."""
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
 def _table(df: pd.DataFrame) -> str:
     header = "| " + " | ".join(df.columns) + " |"
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
@@ -45,32 +50,63 @@ def _iteration_spread(coverage: dict) -> list[str]:
     return ["", line]
 
 
+def _imported_lines(coverage: dict, diagnostics: dict | None) -> list[str]:
+    """Header of a report on a trace captured elsewhere (no run.json): what the timeline says."""
+    lines = []
+    if diagnostics:
+        gpus = ", ".join(sorted({str(d.get("name")) for d in diagnostics.get("devices", []) if d.get("name")}))
+        lines += [f"- trace: `{diagnostics.get('file')}` (Nsight Systems {diagnostics.get('product_version') or 'unknown'}, "
+                  f"export schema {diagnostics.get('schema_version') or 'unknown'}), captured elsewhere",
+                  f"- GPU(s): {gpus or 'not recorded'}"]
+    else:
+        lines += ["- trace captured elsewhere (no run.json): model, device and clocks are not known"]
+    measured = len(coverage.get("iteration_time_ns", {}))
+    lines += [f"- measured: {_plural(measured, 'iteration range') if measured else 'no iteration ranges: the whole trace'}"
+              "; times below are totals over the trace",
+              f"- {coverage['counters_note'] or 'hardware counters: collected'}",
+              "- clocks: unknown (not captured by this workflow)"]
+    return lines
+
+
+def _notes(diagnostics: dict | None) -> list[str]:
+    if not diagnostics or not (diagnostics.get("warnings") or diagnostics.get("info")):
+        return []
+    return ["", "## Capture notes", "", *[f"- warning: {w}" for w in diagnostics.get("warnings", [])],
+            *[f"- {i}" for i in diagnostics.get("info", [])]]
+
+
 def render_markdown(
     workload: str,
-    run: dict,
+    run: dict | None,
     coverage: dict,
     operators: pd.DataFrame,
     modules: pd.DataFrame,
     layer_classes: pd.DataFrame,
     top_operators: int,
+    diagnostics: dict | None = None,
 ) -> str:
-    """The report text. Times are shown in ms (the tables on disk keep integer ns)."""
-    v = run["versions"]
-    iterations = run["harness"]["iterations"]
-    cpu = v["device"] == "cpu"
-    device = v["device"] + (f" ({v['device_name']})" if v.get("device_name") else "")
-    if cpu:
-        device += f", {v.get('cpu_threads', '?')} CPU thread(s) for torch"
-    lines = [
-        f"# Operator profile: `{workload}`",
-        "",
-        _model_line(run),
-        f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
-        f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
-        f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
-        f"- {coverage['counters_note'] or 'hardware counters: collected'}",
-        f"- clocks: {'not locked (CPU run)' if cpu else 'see capture/clocks_applied.json'}",
-    ]
+    """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
+    capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's."""
+    cpu = run is not None and run["versions"]["device"] == "cpu"
+    if run is None:
+        iterations = max(len(coverage.get("iteration_time_ns", {})), 1)
+        lines = [f"# Operator profile: `{workload}`", "", *_imported_lines(coverage, diagnostics)]
+    else:
+        v = run["versions"]
+        iterations = run["harness"]["iterations"]
+        device = v["device"] + (f" ({v['device_name']})" if v.get("device_name") else "")
+        if cpu:
+            device += f", {v.get('cpu_threads', '?')} CPU thread(s) for torch"
+        lines = [
+            f"# Operator profile: `{workload}`",
+            "",
+            _model_line(run),
+            f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
+            f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
+            f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
+            f"- {coverage['counters_note'] or 'hardware counters: collected'}",
+            f"- clocks: {'not locked (CPU run)' if cpu else 'see capture/clocks_applied.json'}",
+        ]
     if cpu:
         lines += [
             "- CPU kernels are compute calls with their *exclusive* time: an Inductor C++ kernel or an ATen op "
@@ -89,6 +125,7 @@ def render_markdown(
         "| path | time share |",
         "|---|---|",
         *[f"| {p} | {s * 100:.2f}% |" for p, s in sorted(coverage["by_path"].items())],
+        *_notes(diagnostics),
         "",
         f"## Top {min(top_operators, len(operators))} of {len(operators)} operators",
         "",
@@ -134,7 +171,8 @@ def render_markdown(
     lines += ["## Unattributed kernels", ""]
     if coverage["unattributed"]:
         lines += ["| kernel | count | total (ms) | reason |", "|---|---|---|---|"]
-        lines += [f"| `{u['name']}` | {u['count']} | {_ms(u['time_ns'])} | {u['reason']} |" for u in coverage["unattributed"]]
+        lines += [f"| `{_short(u['name'])}` | {u['count']} | {_ms(u['time_ns'])} | {u['reason']} |"
+                  for u in coverage["unattributed"]]
     else:
         lines += ["None: every kernel was attributed."]
     return "\n".join(lines) + "\n"

@@ -16,12 +16,17 @@ from . import aggregate as agg
 from . import layers as layer_classes
 from . import report as report_md
 from . import tables
-from .attribution import inductor
+from .attribution import inductor, nvtx
 from .attribution.merge import attribute
-from .attribution import nvtx
-from .files import InputError, read_json_file, read_parquet_file, write_json, write_parquet_atomic, write_text_atomic
+from .files import (
+    InputError,
+    read_json_file,
+    read_parquet_file,
+    write_json,
+    write_parquet_atomic,
+    write_text_atomic,
+)
 from .timeline import kineto, nsys
-
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +71,22 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 
 
-def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
+NSYS_ONLY_OUTPUTS = ("gpu_activities.parquet", "nvtx_gpu_projection.parquet", "diagnostics.json")
+
+
+def export_timeline(trace: Path, out_dir: Path, kind: str | None = None) -> kineto.Timeline:
     """A trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``.
 
     A Kineto trace (``.json``/``.json.gz``) or an Nsight Systems report (``.sqlite`` export, or
     ``.nsys-rep`` exported with ``nsys``); for nsys also ``gpu_activities.parquet`` (memcpy/memset),
     ``nvtx_gpu_projection.parquet`` (per-stream GPU projection of every NVTX range) and
     ``diagnostics.json`` (schema version, counts per process, warnings), whose warnings are logged.
+    ``kind`` (``nsys`` or ``kineto``) overrides the guess from the file suffix.
     """
     trace = Path(trace)
-    if trace.suffix in NSYS_SUFFIXES:
+    if kind is None:
+        kind = "nsys" if trace.suffix.lower() in NSYS_SUFFIXES else "kineto"
+    if kind == "nsys":
         timeline = nsys.read_report(trace)
         for warning in timeline.diagnostics["warnings"]:
             log.warning("%s: %s", trace, warning)
@@ -87,6 +98,8 @@ def export_timeline(trace: Path, out_dir: Path) -> kineto.Timeline:
         return timeline
     timeline = kineto.read_kineto(trace)
     kineto.write_timeline(timeline, out_dir)
+    for stale in NSYS_ONLY_OUTPUTS:  # from an nsys timeline written to the same folder before
+        (Path(out_dir) / stale).unlink(missing_ok=True)
     return timeline
 
 
@@ -152,19 +165,26 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     write_parquet_atomic(agg.modules_table(attribution), out_modules)
     write_parquet_atomic(agg.layer_classes_table(instances, classes), out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
-    write_json(out_coverage, agg.coverage(attribution, counters_collected=False))
+    write_json(out_coverage, agg.coverage(attribution, counters_collected=False, device=options.get("device")))
 
 
-def report_files(workload: str, run_path: Path, coverage_path: Path, operators_path: Path, modules_path: Path,
-                 layer_classes_path: Path, options: dict, out: Path) -> None:
+def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
+                 layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None) -> None:
+    """The Markdown report. ``run_path`` is the capture's ``run.json`` (None for a trace captured
+    elsewhere); ``diagnostics_path`` an nsys timeline's ``diagnostics.json`` (source file, versions,
+    GPUs and the reader's warnings go into the report)."""
+    hint = "run opprof aggregate first"
+    run = read_json_file(run_path, "the capture's run.json", "pass capture/run.json, or leave --run out for a trace "
+                         "captured elsewhere", expect=dict) if run_path is not None else None
+    diagnostics = read_json_file(diagnostics_path, "a timeline's diagnostics.json", "write the timeline with opprof "
+                                 "timeline --nsys", expect=dict) if diagnostics_path is not None else None
     text = report_md.render_markdown(
-        workload,
-        read_json_file(run_path, "the capture's run.json", "pass capture/run.json", expect=dict),
-        read_json_file(coverage_path, "coverage.json", "run opprof aggregate first", expect=dict),
-        read_parquet_file(operators_path, "an operators table", "run opprof aggregate first", ("operator", "time_ns")),
-        read_parquet_file(modules_path, "a modules table", "run opprof aggregate first", ("module", "time_ns")),
-        read_parquet_file(layer_classes_path, "a layer classes table", "run opprof aggregate first",
-                          ("layer_class", "instances")),
+        workload, run,
+        read_json_file(coverage_path, "coverage.json", hint, expect=dict),
+        read_parquet_file(operators_path, "an operators table", hint, ("operator", "time_ns")),
+        read_parquet_file(modules_path, "a modules table", hint, ("module", "time_ns")),
+        read_parquet_file(layer_classes_path, "a layer classes table", hint, ("layer_class", "instances")),
         options["top_operators"],
+        diagnostics=diagnostics,
     )
     write_text_atomic(out, text)

@@ -6,7 +6,6 @@ wrong type fails at the writer, not three stages later. Times are integer ns, si
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -113,11 +112,10 @@ def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
 
 def write_table(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
     """Write ``df`` as parquet with ``schema``; atomic (temp file + rename), so no partial output."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(to_arrow(df, schema), tmp)
-    os.replace(tmp, path)
+    from .files import replace_atomic
+
+    table = to_arrow(df, schema)
+    replace_atomic(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_table(path: Path) -> pd.DataFrame:

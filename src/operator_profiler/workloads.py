@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from .errors import WorkloadError
 
-
 # --------------------------------------------------------------------------------------- GPT-2
 
 

@@ -14,7 +14,6 @@ names §3.4, kernels in the Kineto trace §3.5, provenance JSON §3.6.
 from __future__ import annotations
 
 import functools
-
 import json
 import re
 from collections.abc import Mapping, Sequence

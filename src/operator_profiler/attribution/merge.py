@@ -15,8 +15,8 @@ import json
 import pandas as pd
 
 from .. import tables
-from . import inductor
 from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
+from . import inductor
 from .correlation import OpStack, enclosing_ops
 
 # Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.

@@ -25,6 +25,7 @@ and walking up parents is one numpy step per nesting level for all kernels at on
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from ..naming import NVTX_DOMAIN
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
 NO_ITEMS: list[str] = []  # shared, never mutated
+log = logging.getLogger(__name__)
 # Autograd nodes: "MmBackward0", "autograd::engine::evaluate_function: MmBackward0".
 BACKWARD_NODE = re.compile(r"(Backward\d*$)|(^autograd::engine::evaluate_function: )")
 
@@ -59,12 +61,28 @@ class NvtxOptions:
     """Which NVTX ranges name operators.
 
     ``operator_domains``: NVTX domain names whose push/pop ranges name operators (``default`` = the
-    unnamed domain 0). ``ignore_ranges``: regular expressions; a range whose name matches is never
-    the operator (library bookkeeping ranges), the search goes on to its parent.
+    unnamed domain 0). ``ignore_ranges``: regular expressions *searched* in the range name (anchor
+    with ``^...$`` for a whole name); a matching range is never the operator (library bookkeeping
+    ranges), the search goes on to its parent.
+
+    Raises:
+        ConfigError: an empty domain name or an invalid regular expression.
     """
 
     operator_domains: tuple[str, ...] = DEFAULT_OPERATOR_DOMAINS
     ignore_ranges: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        from ..config import ConfigError
+
+        for domain in self.operator_domains:
+            if not isinstance(domain, str) or not domain:
+                raise ConfigError(f"NVTX operator domain {domain!r}: give a domain name ('default' for the unnamed domain)")
+        for pattern in self.ignore_ranges:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"NVTX ignore-range pattern {pattern!r} is not a regular expression ({exc})") from None
 
     @classmethod
     def from_config(cls, section: dict | None) -> NvtxOptions:
@@ -258,6 +276,8 @@ def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> 
 
 def _operator_eligible(index: _Ranges, options: NvtxOptions) -> np.ndarray:
     eligible = index.push_pop & ~index.is_marker & index.in_domains(options.operator_domains)
+    if index.n:  # a range without a name never names an operator
+        eligible &= pc.not_equal(pc.fill_null(index.names, ""), "").to_numpy(zero_copy_only=False)
     if options.ignore_ranges and index.n:
         pattern = "|".join(f"(?:{p})" for p in options.ignore_ranges)
         try:
@@ -428,6 +448,25 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     return joined.to_pandas().array
 
 
+def _warn_about_domains(index: _Ranges, options: NvtxOptions, found: Enclosure, reason: np.ndarray) -> None:
+    """Say when the operator domains do not match the capture: a configured domain absent, or
+    kernels left unattributed inside ranges of other domains (the fix is one option away)."""
+    if not index.n:
+        return
+    missing = [d for d in options.operator_domains if d not in index.domains]
+    if missing:
+        log.warning("NVTX operator domain(s) %s have no push/pop ranges in this capture; domains present: %s",
+                    ", ".join(repr(d) for d in missing), ", ".join(repr(d) for d in index.domains) or "none")
+    stuck = reason == "no_operator_range"
+    if stuck.any():
+        others = [d for d in index.domains if d not in options.operator_domains and (found.innermost[d][stuck] >= 0).any()]
+        if others:
+            log.warning("%d kernel(s) are inside NVTX ranges of domain(s) %s only, which do not name operators "
+                        "(operator domains: %s); to use them: --nvtx-operator-domain DOMAIN (config "
+                        "nvtx.operator_domains)", int(stuck.sum()), ", ".join(repr(d) for d in others),
+                        ", ".join(repr(d) for d in options.operator_domains))
+
+
 def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
                    options: NvtxOptions = NvtxOptions()) -> pd.DataFrame:
     """Attribute every kernel of an nsys timeline by NVTX enclosure.
@@ -476,6 +515,8 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         (found.replay, "cuda_graph_replay"),
     ):
         reason[unattributed & condition] = label  # later rows are more specific and win
+
+    _warn_about_domains(index, options, found, reason)
 
     # Evidence: the operator-domain stack (or, when none, the innermost stack of any domain), the
     # innermost range of each other domain, and the process-level regions.

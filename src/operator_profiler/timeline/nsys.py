@@ -75,6 +75,7 @@ REQUIRED_COLUMNS = {
     GRAPH_TRACE_TABLE: ("start", "end", "deviceId", "streamId", "correlationId", "graphId"),
 }
 SUPPORTED = "nsys 2021-2025 exports (schemas 2.9 to 3.20)"
+TEXT_COLUMNS = frozenset({"text", "value", "name"})  # the string columns the reader selects
 
 # torch emit_nvtx / record_function decorations (torch/csrc/profiler/util.cpp getNvtxStr):
 # "aten::addmm, seq = 5, op_id = 7, sizes = [[4, 8], [8]], input_op_ids = [...]"; old releases
@@ -156,6 +157,9 @@ class _Export:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise NsysExportError(f"{self.path}: is a directory; pass an nsys SQLite export file "
+                                  "(nsys export --type sqlite REPORT.nsys-rep)")
         if not self.path.is_file():
             raise NsysExportError(f"{self.path}: no such file; pass an nsys SQLite export "
                                   "(nsys export --type sqlite REPORT.nsys-rep)")
@@ -171,7 +175,7 @@ class _Export:
         # Exports hold non-UTF-8 bytes (Windows host names, ...) (§3): decode tolerantly.
         self.conn.text_factory = lambda b: b.decode("utf-8", "replace")
         try:
-            names = [r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            names = [r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
             self.columns = {
                 name: [r[1] for r in self.conn.execute(f'PRAGMA table_info("{name}")')] for name in names
             }
@@ -200,8 +204,12 @@ class _Export:
                 table = cursor.fetch_arrow_table()
             finally:
                 cursor.close()
+            table.validate(full=True)  # invalid UTF-8 (exports hold some): sqlite3 decodes it tolerantly
+            for field in table.schema:
+                if field.name not in TEXT_COLUMNS and not (pa.types.is_integer(field.type) or pa.types.is_null(field.type)):
+                    return None  # a value of another type: sqlite3 reads it and names the culprit
             return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
-        except (ImportError, OSError, pa.ArrowException, UnicodeDecodeError) as exc:
+        except Exception as exc:  # noqa: BLE001  (ADBC's own errors, Arrow's, a missing driver: sqlite3 answers)
             log.debug("%s: ADBC could not read (%s); using sqlite3", self.path, exc)
             return None
 
@@ -218,12 +226,37 @@ class _Export:
             raise NsysExportError(f"{self.path}: cannot read ({exc}) while running: {sql.split(' FROM ')[-1][:80]}; "
                                   "the file is truncated or corrupt: export the report again") from None
         frame = pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description])
+        self._check_numbers(frame, sql)
         for column in frame.columns:  # the same dtypes as the ADBC path
             if frame[column].dtype.kind in "if" and frame[column].isna().any():
                 values = pd.to_numeric(frame[column], errors="coerce")
                 if (values.dropna() % 1 == 0).all():
                     frame[column] = values.astype("Int64")
         return frame
+
+    def _check_numbers(self, frame: pd.DataFrame, sql: str) -> None:
+        """Columns other than names/text must hold integers (or NULL); a file edited by hand or
+        by another tool may not. Raises NsysExportError naming the column and a bad value."""
+        source = sql.split(" FROM ")[-1].split()[0].strip('"')
+        for column in frame.columns:
+            if column in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(frame[column].dtype):
+                continue
+            values = frame[column].dropna()
+            bad = values[pd.to_numeric(values, errors="coerce").isna() | values.map(lambda v: isinstance(v, float))]
+            if len(bad):
+                raise NsysExportError(
+                    f"{self.path}: table {source} column {column} holds {bad.iloc[0]!r} (row {int(bad.index[0]) + 1} of "
+                    f"the query), not an integer; the export was altered after 'nsys export' or is damaged: export "
+                    "the report again"
+                )
+
+    def rows(self, sql: str) -> list[tuple]:
+        """A small query's rows through sqlite3; a damaged file is an NsysExportError."""
+        try:
+            return self.conn.execute(sql).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise NsysExportError(f"{self.path}: cannot read ({exc}) while running: {sql.split(' FROM ')[-1][:80]}; "
+                                  "the file is truncated or corrupt: export the report again") from None
 
     def require(self, table: str, required: tuple[str, ...], label: str | None = None) -> None:
         missing = [c for c in required if c not in self.columns[table]]
@@ -253,7 +286,7 @@ class _Export:
 def _metadata(export: _Export) -> dict:
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if export.has(table):
-            rows = dict(export.conn.execute(f"SELECT name, value FROM {table}").fetchall())
+            rows = dict(export.rows(f"SELECT name, value FROM {table}"))
             return {
                 "metadata_table": table,
                 "product_version": rows.get("EXPORT_PRODUCT_VERSION"),
@@ -291,7 +324,7 @@ def _lookup(strings: pa.Array, ids: pd.Series) -> pd.Series:
 def _event_types(export: _Export) -> dict[str, int]:
     types = dict(EVENT_TYPE_DEFAULTS)
     if export.has("ENUM_NSYS_EVENT_TYPE") and {"id", "name"} <= set(export.columns["ENUM_NSYS_EVENT_TYPE"]):
-        for type_id, name in export.conn.execute("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE"):
+        for type_id, name in export.rows("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE"):
             if name in types:
                 types[name] = int(type_id)
     return types
@@ -328,9 +361,9 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
                 if export.has(t) and "correlationId" in export.columns[t]]
     conditions.append(f"correlationId IN ({' UNION '.join(launched)})" if launched else "0")
     where = "WHERE " + " AND ".join(conditions)
-    diagnostics["cuda_api_calls"] = export.conn.execute(
+    diagnostics["cuda_api_calls"] = export.rows(
         f"SELECT count(*) FROM {RUNTIME_TABLE}" + (f" WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else "")
-    ).fetchone()[0]
+    )[0][0]
     df = export.query(
         f'SELECT start, "end", globalTid, correlationId, nameId, '
         f'{export.optional(RUNTIME_TABLE, "eventClass")} FROM {RUNTIME_TABLE} {where}'
@@ -391,11 +424,11 @@ def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray
     out = device.astype(np.int64).copy()
     if export.has("TARGET_INFO_CUDA_DEVICE") and {"gpuId", "cudaId", "pid"} <= set(export.columns["TARGET_INFO_CUDA_DEVICE"]):
         mapping = {(int(p), int(c)): int(g) for g, c, p in
-                   export.conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE") if g is not None}
+                   export.rows("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE") if g is not None}
         if mapping:
             return _map_pairs(pid, device, mapping)
     if export.has("TARGET_INFO_GPU") and {"id", "cuDevice"} <= set(export.columns["TARGET_INFO_GPU"]):
-        mapping = {int(c): int(i) for i, c in export.conn.execute("SELECT id, cuDevice FROM TARGET_INFO_GPU")
+        mapping = {int(c): int(i) for i, c in export.rows("SELECT id, cuDevice FROM TARGET_INFO_GPU")
                    if c is not None}
         if mapping:
             return _map_pairs(np.zeros_like(device), device, {(0, c): i for c, i in mapping.items()})
@@ -418,7 +451,7 @@ def _devices(export: _Export) -> list[dict]:
     wanted = [c for c in ("id", "deviceId", "cuDevice", "name", "busLocation", "smCount", "computeMajor",
                           "computeMinor") if c in cols]
     return [dict(zip(wanted, row)) for row in
-            export.conn.execute(f"SELECT {', '.join(wanted)} FROM TARGET_INFO_GPU")]
+            export.rows(f"SELECT {', '.join(wanted)} FROM TARGET_INFO_GPU")]
 
 
 def _graph_captures(export: _Export) -> pd.DataFrame | None:
@@ -604,6 +637,10 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
             f"{capture_end} ns, the end of the capture)"
         )
 
+    nameless = int((text.fillna("") == "").sum())
+    if nameless:
+        diagnostics["warnings"].append(f"{nameless} NVTX range(s) have no name (no text and no registered string); "
+                                       "they are kept, but never name an operator")
     parsed = parse_range_texts(text)
     ranges = pd.DataFrame(
         {
@@ -794,13 +831,13 @@ def _capture_end(export: _Export, nvtx_table: str | None) -> int:
     """The last timestamp of the capture (where unclosed NVTX ranges end)."""
     ends = []
     if export.has("ANALYSIS_DETAILS") and "stopTime" in export.columns["ANALYSIS_DETAILS"]:
-        ends += [r[0] for r in export.conn.execute("SELECT max(stopTime) FROM ANALYSIS_DETAILS")]
+        ends += [r[0] for r in export.rows("SELECT max(stopTime) FROM ANALYSIS_DETAILS")]
     for table in (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE):
         if export.has(table) and "end" in export.columns[table]:
-            ends += [r[0] for r in export.conn.execute(f'SELECT max("end") FROM {table}')]
+            ends += [r[0] for r in export.rows(f'SELECT max("end") FROM {table}')]
     if nvtx_table:
-        ends += list(export.conn.execute(f'SELECT max(start), max("end") FROM "{nvtx_table}"').fetchone())
-    ends = [int(e) for e in ends if e is not None]
+        ends += list(export.rows(f'SELECT max(start), max("end") FROM "{nvtx_table}"')[0])
+    ends = [int(e) for e in ends if isinstance(e, (int, float))]
     return max(ends) if ends else 0
 
 
@@ -830,9 +867,12 @@ def read_nsys(path: Path) -> NsysTimeline:
     try:
         if not _is_nsys_export(export):
             found = ", ".join(sorted(export.columns)) or "none"
+            absent = [t for t in ("StringIds", KERNEL_TABLE, RUNTIME_TABLE, NVTX_TABLE) if not export.has(t)]
+            missing = f"it has no {', '.join(absent)} table" + (
+                " (every nsys export has StringIds)" if "StringIds" in absent else "")
             raise NsysExportError(
-                f"{export.path}: not an Nsight Systems export: no {KERNEL_TABLE}, {RUNTIME_TABLE}, NVTX_EVENTS or "
-                f"StringIds table (tables found: {found}); export the report with 'nsys export --type sqlite'"
+                f"{export.path}: not an Nsight Systems export: {missing} (tables found: {found}); export the report "
+                "with 'nsys export --type sqlite'"
             )
         return _read(export)
     finally:
@@ -881,7 +921,19 @@ def _read(export: _Export) -> NsysTimeline:
         raw[col] = pd.array(raw[col], dtype="Int64") if col in raw else pd.array([None] * len(raw), dtype="Int64")
 
     ranges = _read_ranges(export, strings, capture_end, diagnostics)
+    unnamed = raw["name"].isna().to_numpy()
+    if unnamed.any():
+        diagnostics["warnings"].append(f"{int(unnamed.sum())} kernel name(s) missing from StringIds; named "
+                                       "'<unknown kernel>'")
+        raw["name"] = raw["name"].fillna("<unknown kernel>")
     kernels = finish_kernels(raw, ranges if len(ranges) else _no_ranges(), source="nsys")
+    inverted = (kernels["duration_ns"] < 0).to_numpy()
+    if inverted.any():
+        # No negative time reaches the totals (cases.md C04); the kernel itself stays visible.
+        names = ", ".join(repr(n) for n in kernels.loc[inverted, "name"].head(3))
+        diagnostics["warnings"].append(f"{int(inverted.sum())} kernel(s) end before they start ({names}); kept with "
+                                       "duration 0")
+        kernels.loc[inverted, "duration_ns"] = 0
     activities = _read_activities(export, launch_index)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
     pa.default_memory_pool().release_unused()  # Arrow keeps freed blocks; hand them back
@@ -959,7 +1011,7 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
             diagnostics["info"].append(f"{int(early.sum())} kernel(s) start before their launch call begins "
                                        f"(by up to {worst:.1f} µs; clock skew); attribution uses the launch call")
     if export.has("DIAGNOSTIC_EVENT") and "text" in export.columns["DIAGNOSTIC_EVENT"]:
-        messages = [r[0] for r in export.conn.execute("SELECT DISTINCT text FROM DIAGNOSTIC_EVENT LIMIT 20") if r[0]]
+        messages = [r[0] for r in export.rows("SELECT DISTINCT text FROM DIAGNOSTIC_EVENT LIMIT 20") if r[0]]
         diagnostics["nsys_messages"] = messages
 
 
