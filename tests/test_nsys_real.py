@@ -176,6 +176,9 @@ def _sql_facts(conn: sqlite3.Connection) -> dict:
     if RUNTIME in tables:
         add("launches", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)} "
                         f"AND {_launched(conn)} GROUP BY 1")
+    if RUNTIME in tables:  # every process that made CUDA API calls, launches or not
+        add("cuda_api_calls", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM {RUNTIME} WHERE {_launch_filter(conn)} "
+                              "GROUP BY 1")
     if nvtx:
         add("ranges", f"SELECT (globalTid >> 24) & 0xFFFFFF, count(*) FROM NVTX_EVENTS "
                       f"WHERE eventType IN {PUSH_POP + START_END} GROUP BY 1")
@@ -222,8 +225,8 @@ def test_reader_matches_sql(name):
     assert set(d["per_process"]) == {str(pid) for pid in facts["per_process"]}
     for pid, counts in facts["per_process"].items():
         entry = d["per_process"][str(pid)]
-        assert {k: entry[k] for k in ("kernels", "launches", "ranges", "threads_with_ranges")} == \
-               {k: counts[k] for k in ("kernels", "launches", "ranges", "threads_with_ranges")}, pid
+        fields = ("kernels", "launches", "ranges", "threads_with_ranges", "cuda_api_calls")
+        assert {k: entry[k] for k in fields} == {k: counts[k] for k in fields}, pid
 
     reader = {(int(r.pid), int(r.correlation_id)): r for r in t.kernels.itertuples()}
     assert set(reader) == set(facts["joins"])

@@ -361,9 +361,12 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
                 if export.has(t) and "correlationId" in export.columns[t]]
     conditions.append(f"correlationId IN ({' UNION '.join(launched)})" if launched else "0")
     where = "WHERE " + " AND ".join(conditions)
-    diagnostics["cuda_api_calls"] = export.rows(
-        f"SELECT count(*) FROM {RUNTIME_TABLE}" + (f" WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else "")
-    )[0][0]
+    per_pid = export.rows(
+        f"SELECT (globalTid >> 24) & 16777215, count(*) FROM {RUNTIME_TABLE}"
+        + (f" WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else "") + " GROUP BY 1"
+    )
+    diagnostics["cuda_api_calls_per_pid"] = {int(pid): int(n) for pid, n in per_pid if pid is not None}
+    diagnostics["cuda_api_calls"] = sum(diagnostics["cuda_api_calls_per_pid"].values())
     df = export.query(
         f'SELECT start, "end", globalTid, correlationId, nameId, '
         f'{export.optional(RUNTIME_TABLE, "eventClass")} FROM {RUNTIME_TABLE} {where}'
@@ -962,7 +965,9 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
         "memcpy": int((activities["kind"] == "memcpy").sum()) if len(activities) else 0,
         "memset": int((activities["kind"] == "memset").sum()) if len(activities) else 0,
     }
+    api_calls = diagnostics.pop("cuda_api_calls_per_pid", {})
     pid_arrays = [np.asarray(t["pid"], dtype=np.int64) for t in (kernels, launches, ranges) if len(t)]
+    pid_arrays.append(np.asarray(list(api_calls), dtype=np.int64))
     pids = np.unique(np.concatenate(pid_arrays)) if pid_arrays else []
     kernel_counts = kernels["pid"].value_counts() if len(kernels) else pd.Series(dtype="int64")
     launch_counts = launches["pid"].value_counts() if len(launches) else pd.Series(dtype="int64")
@@ -975,6 +980,7 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
             "launches": int(launch_counts.get(pid, 0)),
             "ranges": int(range_counts.get(pid, 0)),
             "threads_with_ranges": int(thread_counts.get(pid, 0)),
+            "cuda_api_calls": int(api_calls.get(int(pid), 0)),
         }
         per_process[str(int(pid))] = entry
         has_gpu = entry["kernels"] or (len(activities) and (activities["pid"] == pid).any())
