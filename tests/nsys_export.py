@@ -852,3 +852,50 @@ def _kernel_row(ex: _Export, k: Kernel, grid_id: int) -> dict[str, object]:
             "blockY": block[1], "blockZ": block[2], "staticSharedMemory": 0, "dynamicSharedMemory": 0,
             "localMemoryPerThread": 0, "localMemoryTotal": 0, "gridId": grid_id, "sharedMemoryExecuted": 32768,
             "graphNodeId": k.graph_node_id, "sharedMemoryLimitConfig": 0}
+
+
+# ------------------------------------------------------------------------------------------------
+# Small ready-made exports and a fake nsys, shared by the tests
+
+
+def c01_export(path, **options) -> Path:
+    """cases.md C01: two kernels launched from the autograd thread (tid 2) of pid 10, one under an
+    NVTX range of that thread, while a range of tid 1 covers both; ``options`` go to write_nsys_export."""
+    return write_nsys_export(
+        path,
+        nvtx=[Nvtx("user:backward", 59, "10:1", 1000, 9000), Nvtx("MmBackward0", 59, "10:2", 2000, 4000)],
+        runtime=[Runtime("cudaLaunchKernel_v7000", "10:2", 2500, 2600, 7),
+                 Runtime("cudaLaunchKernel_v7000", "10:2", 5000, 5100, 8)],
+        kernels=[Kernel("gemm_bwd", 10, 7, 2700, 3700, 7, grid=(4, 2, 1), block=(256, 1, 1)),
+                 Kernel("reduce_bwd", 10, 7, 5200, 5400, 8)],
+        **options,
+    )
+
+
+_FAKE_NSYS = """#!{python}
+# FAKE nsys (a test double): real Nsight Systems cannot run on the test machine. It logs its arguments,
+# accepts only 'nsys export --type sqlite ... --output OUT REPORT.nsys-rep' and copies a prepared export to OUT.
+import json, shutil, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as fh:
+    fh.write(json.dumps(args) + "\\n")
+def value(flag):
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+if args[:1] != ["export"] or value("--type") != "sqlite" or not value("--output") or not args[-1].endswith(".nsys-rep"):
+    sys.exit("fake nsys: unexpected call: nsys " + " ".join(args))
+shutil.copyfile({fixture!r}, value("--output"))
+"""
+
+
+def fake_nsys(bin_dir, log, fixture) -> Path:
+    """Write an executable fake ``nsys`` into ``bin_dir`` (put it first on PATH) that logs each call as
+    a JSON line in ``log`` and "exports" any .nsys-rep by copying the SQLite file ``fixture``."""
+    import stat
+    import sys
+
+    bin_dir = Path(bin_dir)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "nsys"
+    fake.write_text(_FAKE_NSYS.format(python=sys.executable, log=str(log), fixture=str(fixture)))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return fake

@@ -26,6 +26,7 @@ from nsys_export import (
     Nvtx,
     Runtime,
     Sync,
+    c01_export,
     ddl_columns,
     gpid,
     gtid,
@@ -64,18 +65,6 @@ def _sql(conn: sqlite3.Connection, table: str) -> str:
     return conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
 
 
-def _c01(path: Path) -> Path:
-    """cases.md C01: backward kernels launched from the autograd thread (tid 2) of pid 10."""
-    return write_nsys_export(
-        path,
-        nvtx=[Nvtx("user:backward", 59, "10:1", 1000, 9000), Nvtx("MmBackward0", 59, "10:2", 2000, 4000)],
-        runtime=[Runtime("cudaLaunchKernel_v7000", "10:2", 2500, 2600, 7),
-                 Runtime("cudaLaunchKernel_v7000", "10:2", 5000, 5100, 8)],
-        kernels=[Kernel("gemm_bwd", 10, 7, 2700, 3700, 7, grid=(4, 2, 1), block=(256, 1, 1)),
-                 Kernel("reduce_bwd", 10, 7, 5200, 5400, 8)],
-    )
-
-
 # Q1 of nsys-sqlite.md §7: kernel -> launching API call of the same process, backtrace duplicates dropped.
 Q1 = """
 SELECT kn.value, k.start, k."end", k.streamId, k.correlationId, (k.globalPid >> 24) & 0xFFFFFF,
@@ -99,7 +88,7 @@ def test_global_ids_follow_the_linux_layout():
 
 
 def test_c01_rows_round_trip(tmp_path):
-    conn = _open(_c01(tmp_path / "c01.sqlite"))
+    conn = _open(c01_export(tmp_path / "c01.sqlite"))
     assert _tables(conn) == ALWAYS
     assert conn.execute(Q1).fetchall() == [
         ("gemm_bwd", 2700, 3700, 7, 7, 10, "cudaLaunchKernel_v7000", 2500, 2600, 10, 2),
@@ -129,7 +118,7 @@ def test_c01_rows_round_trip(tmp_path):
 
 def test_c01_ddl_matches_the_real_export(tmp_path):
     real = _real()
-    fixture = _open(_c01(tmp_path / "c01.sqlite"))
+    fixture = _open(c01_export(tmp_path / "c01.sqlite"))
     for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
         assert _sql(fixture, table) == _sql(real, table), table
         assert [row[1:] for row in fixture.execute(f"PRAGMA table_info({table})")] == \

@@ -127,6 +127,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export  # noqa: E402
+
 from operator_profiler import stages, tables  # noqa: E402
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import stat
 import subprocess
 import sys
 from collections import Counter
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
+from nsys_export import c01_export, fake_nsys
 
 from operator_profiler.attribution.nvtx import (
     NvtxOptions,
@@ -442,19 +441,6 @@ def test_cli_timeline_writes_every_table(tmp_path, name):
 # 6. Bad input through the CLI
 
 
-def _c01(path: Path, **options) -> Path:
-    """A small valid export (nsys_export.py): two kernels launched from thread 2 of pid 10, one under an NVTX range."""
-    return write_nsys_export(
-        path,
-        nvtx=[Nvtx("user:backward", 59, "10:1", 1000, 9000), Nvtx("MmBackward0", 59, "10:2", 2000, 4000)],
-        runtime=[Runtime("cudaLaunchKernel_v7000", "10:2", 2500, 2600, 7),
-                 Runtime("cudaLaunchKernel_v7000", "10:2", 5000, 5100, 8)],
-        kernels=[Kernel("gemm_bwd", 10, 7, 2700, 3700, 7, grid=(4, 2, 1), block=(256, 1, 1)),
-                 Kernel("reduce_bwd", 10, 7, 5200, 5400, 8)],
-        **options,
-    )
-
-
 def _truncated(tmp_path: Path) -> Path:
     bad = tmp_path / "truncated.sqlite"
     bad.write_bytes(_real(THUNDER).read_bytes()[:50_000])
@@ -478,7 +464,7 @@ def _unrelated(tmp_path: Path) -> Path:
 
 
 def _newer_schema(tmp_path: Path) -> Path:
-    return _c01(tmp_path / "newer.sqlite", drop_columns={KERNEL: ["correlationId"]})
+    return c01_export(tmp_path / "newer.sqlite", drop_columns={KERNEL: ["correlationId"]})
 
 
 def _report(tmp_path: Path) -> Path:
@@ -521,32 +507,14 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path, case):
     assert _lines(res.stderr) == [message], res.stderr
 
 
-FAKE_NSYS = """#!{python}
-# Test double for Nsight Systems' nsys: real nsys cannot run on the test machine. It logs its arguments,
-# accepts only 'nsys export --type sqlite ... --output OUT REPORT' and copies a prepared export to OUT.
-import json, shutil, sys
-args = sys.argv[1:]
-with open({log!r}, "a") as fh:
-    fh.write(json.dumps(args) + "\\n")
-def value(flag):
-    return args[args.index(flag) + 1] if flag in args[:-1] else None
-if args[:1] != ["export"] or value("--type") != "sqlite" or not value("--output") or args[-1] != {report!r}:
-    sys.exit("fake nsys: unexpected call: nsys " + " ".join(args))
-shutil.copyfile({fixture!r}, value("--output"))
-"""
-
-
 def test_cli_exports_a_nsys_rep_with_nsys_from_path(tmp_path):
     """``.nsys-rep`` -> ``nsys export --type sqlite`` -> timeline. The ``nsys`` here is a fake (a test double that
     copies a synthetic export): real Nsight Systems is not installed and cannot run on the test machine."""
-    fixture = _c01(tmp_path / "fixture.sqlite")
+    fixture = c01_export(tmp_path / "fixture.sqlite")
     report = _report(tmp_path)
     log = tmp_path / "nsys_calls.jsonl"
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "nsys"
-    fake.write_text(FAKE_NSYS.format(python=sys.executable, log=str(log), report=str(report), fixture=str(fixture)))
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake_nsys(bin_dir, log, fixture)
 
     out = tmp_path / "timeline"
     res = opprof("timeline", "--nsys", report, "--out", out, cwd=tmp_path, env={**os.environ, "PATH": str(bin_dir)})

@@ -31,9 +31,7 @@ import gzip
 import importlib.util
 import json
 import os
-import re
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +39,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from nsys_export import DEFAULT_META, Kernel, Nvtx, Runtime, write_nsys_export
+from nsys_export import (
+    DEFAULT_META,
+    Kernel,
+    Nvtx,
+    Runtime,
+    fake_nsys,
+    write_nsys_export,
+)
+from test_workflow import job_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 W = "toy"
@@ -96,21 +102,6 @@ class Net(torch.nn.Module):
 def build(width):
     return Net(width), (torch.randn(2, width),)
 """
-
-FAKE_NSYS = """#!{python}
-# FAKE nsys (test double): real Nsight Systems cannot run on the test machine. It logs its arguments,
-# accepts only 'nsys export --type sqlite ... --output OUT REPORT' and copies a prepared export to OUT.
-import json, shutil, sys
-args = sys.argv[1:]
-with open({log!r}, "a") as fh:
-    fh.write(json.dumps(args) + "\\n")
-def value(flag):
-    return args[args.index(flag) + 1] if flag in args[:-1] else None
-if args[:1] != ["export"] or value("--type") != "sqlite" or not value("--output") or not args[-1].endswith(".nsys-rep"):
-    sys.exit("fake nsys: unexpected call: nsys " + " ".join(args))
-shutil.copyfile({fixture!r}, value("--output"))
-"""
-
 
 # ------------------------------------------------------------------------------ the synthetic capture
 
@@ -187,19 +178,6 @@ def snakemake(setup: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, capture_output=True, text=True, env=setup["env"], timeout=300)
 
 
-def job_counts(dry_run_output: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry run as {rule: count} (as in tests/test_workflow.py)."""
-    counts = {}
-    block = dry_run_output.split("Job stats:", 1)[1] if "Job stats:" in dry_run_output else ""
-    for line in block.splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
-    counts.pop("total", None)
-    return counts
-
-
 def nsys_calls(setup: dict) -> list[list[str]]:
     log = setup["nsys_log"]
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -217,11 +195,8 @@ def make_setup(base: Path) -> dict:
     fixture = write_nsys_export(base / "synthetic_export.sqlite", nvtx=nvtx, runtime=runtime, kernels=kernels,
                                 domains={(PID, OPPROF_DOMAIN): "opprof"})
     bin_dir = base / "bin"
-    bin_dir.mkdir()
     log = base / "nsys_calls.jsonl"
-    fake = bin_dir / "nsys"
-    fake.write_text(FAKE_NSYS.format(python=sys.executable, log=str(log), fixture=str(fixture)))
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake_nsys(bin_dir, log, fixture)
 
     env = os.environ.copy()
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
