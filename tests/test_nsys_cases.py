@@ -243,6 +243,10 @@ def test_c09_start_end_ranges_are_process_regions_not_thread_stacks(tmp_path):
     assert list(k["k2"]["regions"]) == ["step", "phaseB"]
     ranges = timeline.ranges.set_index("name")
     assert ranges.loc["step", "kind"] == "nvtx_start_end" and int(ranges.loc["step", "end_tid"]) == 2
+    # The GPU projection counts a region's kernels from every thread of the process.
+    projection = tables.read_table(tmp_path / "timeline" / "nvtx_gpu_projection.parquet").set_index("name")
+    assert int(projection.loc["step", "kernel_count"]) == 2 and int(projection.loc["fwd", "kernel_count"]) == 1
+    assert (int(projection.loc["step", "gpu_start_ns"]), int(projection.loc["step", "gpu_end_ns"])) == (460, 620)
     assert pd.isna(ranges.loc["step", "parent_id"]) and pd.isna(ranges.loc["fwd", "parent_id"])
 
 

@@ -318,20 +318,26 @@ def _range_layers(index: _Ranges, rows: np.ndarray) -> np.ndarray:
     return np.where(ok, _layer_rows(index, inner, len(rows)), -1)
 
 
-def _regions(index: _Ranges, ranges: pd.DataFrame, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> list[list[str]]:
-    """Start/end ranges of the same process enclosing each [t0, t1], in start order (cases.md C09)."""
-    m = len(t0)
-    out: list[list[str]] = [NO_ITEMS] * m  # replaced by a fresh list for kernels inside a region
+def _region_hits(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray):
+    """For each start/end range (in start order): (its row, the kernels of its process whose
+    [t0, t1] it encloses). Kernels sorted by t0 once, so each region costs a binary search plus
+    its hits."""
     se = np.flatnonzero(~index.push_pop)
-    if not len(se) or not m:
-        return out
+    if not len(se) or not len(t0):
+        return
     order = np.argsort(t0, kind="stable")
     sorted_t0 = t0[order]
-    ordered = se[np.argsort(index.start[se], kind="stable")]
-    for row, region_name in zip(ordered, index.name_of(ordered)):
+    for row in se[np.argsort(index.start[se], kind="stable")]:
         lo, hi = np.searchsorted(sorted_t0, index.start[row], "left"), np.searchsorted(sorted_t0, index.end[row], "right")
         hits = order[lo:hi]
-        hits = hits[(t1[hits] <= index.end[row]) & (pid[hits] == index.pid[row])]
+        yield row, hits[(t1[hits] <= index.end[row]) & (pid[hits] == index.pid[row])]
+
+
+def _regions(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> list[list[str]]:
+    """Start/end ranges of the same process enclosing each [t0, t1], in start order (cases.md C09)."""
+    out: list[list[str]] = [NO_ITEMS] * len(t0)  # replaced by a fresh list for kernels inside a region
+    for row, hits in _region_hits(index, pid, t0, t1):
+        region_name = index.name_of(np.array([row]))[0]
         for k in hits:
             out[k] = [*out[k], region_name]
     return out
@@ -490,7 +496,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     op_rows = _pick_innermost(index, [index.climb(found.innermost[d], eligible) for d in op_domains], m)
     op_rows = np.where(found.replay, -1, op_rows)
     forward, seq_used = _forward_rows(index, op_rows, eligible)
-    regions = _regions(index, ranges, found.context_pid, found.t0, found.t1)
+    regions = _regions(index, found.context_pid, found.t0, found.t1)
 
     # Reasons, most specific first.
     corr = kernels["correlation_id"].astype("Int64")
@@ -589,13 +595,9 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
             pairs_k.append(live)
             pairs_r.append(cand[live])
             cand[live] = index.parent[cand[live]]
-    regions_rows = np.flatnonzero(~index.push_pop)
-    if len(regions_rows):
-        pid, t0, t1 = found.context_pid, found.t0, found.t1
-        for row in regions_rows:
-            hit = np.flatnonzero((pid == index.pid[row]) & (t0 >= index.start[row]) & (t1 <= index.end[row]))
-            pairs_k.append(hit)
-            pairs_r.append(np.full(len(hit), row, dtype=np.int64))
+    for row, hits in _region_hits(index, found.context_pid, found.t0, found.t1):
+        pairs_k.append(hits)
+        pairs_r.append(np.full(len(hits), row, dtype=np.int64))
     if not pairs_k:
         return pd.DataFrame({c: pd.Series(dtype="int64" if c not in ("name", "domain", "kind") else object)
                              for c in columns})
@@ -612,11 +614,11 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
         gpu_start_ns=("start", "min"), gpu_end_ns=("end", "max"), kernel_count=("start", "size"), gpu_time_ns=("dur", "sum")
     ).reset_index()
     rows = agg["row"].to_numpy()
-    sel = ranges.iloc[rows]
+    sel = ranges[["name", "domain", "kind", "pid", "tid", "depth"]].iloc[rows]  # only what the table shows
     out = pd.DataFrame(
         {
-            "range_id": index.range_id[rows], "name": sel["name"].to_numpy(), "domain": sel["domain"].to_numpy(),
-            "kind": sel["kind"].to_numpy(), "pid": sel["pid"].to_numpy(dtype=np.int64),
+            "range_id": index.range_id[rows], "name": sel["name"].array, "domain": sel["domain"].array,
+            "kind": sel["kind"].array, "pid": sel["pid"].to_numpy(dtype=np.int64),
             "tid": sel["tid"].to_numpy(dtype=np.int64), "depth": sel["depth"].to_numpy(dtype=np.int64),
             "stream": agg["stream"].to_numpy(), "cpu_start_ns": index.start[rows],
             "cpu_end_ns": index.end[rows], "gpu_start_ns": agg["gpu_start_ns"].to_numpy(),
