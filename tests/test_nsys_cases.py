@@ -425,3 +425,24 @@ def test_c22_processes_keep_their_own_correlation_ids_and_ranges(tmp_path):
     assert timeline.kernels["occurrence"].tolist() == [0, 0]  # ncu matching is per (process, name) order
     assert timeline.diagnostics["per_process"]["333"]["kernels"] == 0
     assert "no GPU activity captured for pid 333" in timeline.diagnostics["info"]
+
+
+# Devices (nsys-sqlite.md §2): KERNEL.deviceId is the CUDA ordinal, not the nsys GPU id ----------------
+
+
+def test_cuda_ordinal_maps_to_the_nsys_gpu_id_per_process(tmp_path):
+    """A 4-GPU node where ordinal 0 is nsys GPU 3 (TARGET_INFO_GPU.cuDevice) and, for pid 10,
+    TARGET_INFO_CUDA_DEVICE says ordinal 0 is GPU 2 (CUDA_VISIBLE_DEVICES differs per process)."""
+    timeline, _ = run(
+        tmp_path,
+        devices=[{"id": 3, "cuDevice": 0, "name": "A100-a"}, {"id": 0, "cuDevice": 3, "name": "A100-b"},
+                 {"id": 2, "cuDevice": 2, "name": "A100-c"}, {"cuda_device_map": [(2, 0, 10)]}],
+        runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 100, 105, 1), Runtime("cudaLaunchKernel_v7000", "11:1", 100, 105, 1),
+                 Runtime("cudaLaunchKernel_v7000", "11:1", 200, 205, 2)],
+        kernels=[Kernel("k10", 10, 7, 120, 130, 1, device=0), Kernel("k11", 11, 7, 120, 130, 1, device=0),
+                 Kernel("k11b", 11, 7, 220, 230, 2, device=3)],
+    )
+    k = timeline.kernels.set_index("name")
+    assert k["device"].to_dict() == {"k10": 0, "k11": 0, "k11b": 3}  # the CUDA ordinal, as the contract says
+    assert k["gpu_id"].to_dict() == {"k10": 2, "k11": 3, "k11b": 0}
+    assert {d["name"] for d in timeline.diagnostics["devices"]} == {"A100-a", "A100-b", "A100-c"}

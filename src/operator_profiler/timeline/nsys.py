@@ -423,19 +423,19 @@ def _xyz(df: pd.DataFrame, prefix: str) -> pd.Series:
 
 
 def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray:
-    """CUDA ordinal -> nsys GPU id, through TARGET_INFO_CUDA_DEVICE (per process) or TARGET_INFO_GPU.cuDevice (§2)."""
-    out = device.astype(np.int64).copy()
-    if export.has("TARGET_INFO_CUDA_DEVICE") and {"gpuId", "cudaId", "pid"} <= set(export.columns["TARGET_INFO_CUDA_DEVICE"]):
-        mapping = {(int(p), int(c)): int(g) for g, c, p in
-                   export.rows("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE") if g is not None}
-        if mapping:
-            return _map_pairs(pid, device, mapping)
+    """CUDA ordinal -> nsys GPU id (§2): TARGET_INFO_CUDA_DEVICE maps (process, ordinal) where the export
+    has it (2025+); otherwise, and for processes it does not list, TARGET_INFO_GPU.cuDevice; the ordinal
+    itself when neither knows it."""
+    mapping: dict[tuple[int, int], int] = {}
     if export.has("TARGET_INFO_GPU") and {"id", "cuDevice"} <= set(export.columns["TARGET_INFO_GPU"]):
-        mapping = {int(c): int(i) for i, c in export.rows("SELECT id, cuDevice FROM TARGET_INFO_GPU")
-                   if c is not None}
-        if mapping:
-            return _map_pairs(np.zeros_like(device), device, {(0, c): i for c, i in mapping.items()})
-    return out
+        by_ordinal = {int(c): int(i) for i, c in export.rows("SELECT id, cuDevice FROM TARGET_INFO_GPU")
+                      if c is not None and i is not None}
+        mapping.update({(int(p), c): i for p in np.unique(pid) for c, i in by_ordinal.items()})
+    if export.has("TARGET_INFO_CUDA_DEVICE") and {"gpuId", "cudaId", "pid"} <= set(export.columns["TARGET_INFO_CUDA_DEVICE"]):
+        mapping.update({(int(p), int(c)): int(g) for g, c, p in
+                        export.rows("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE")
+                        if g is not None and c is not None and p is not None})
+    return _map_pairs(pid, device, mapping) if mapping else np.asarray(device, dtype=np.int64).copy()
 
 
 def _map_pairs(pid: np.ndarray, device: np.ndarray, mapping: dict[tuple[int, int], int]) -> np.ndarray:
