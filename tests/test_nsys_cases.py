@@ -446,3 +446,82 @@ def test_cuda_ordinal_maps_to_the_nsys_gpu_id_per_process(tmp_path):
     assert k["device"].to_dict() == {"k10": 0, "k11": 0, "k11b": 3}  # the CUDA ordinal, as the contract says
     assert k["gpu_id"].to_dict() == {"k10": 2, "k11": 3, "k11b": 0}
     assert {d["name"] for d in timeline.diagnostics["devices"]} == {"A100-a", "A100-b", "A100-c"}
+
+
+# Bugs found in review (issue #3), each reproduced first ----------------------------------------------
+
+
+def test_graph_node_ids_are_per_process(tmp_path):
+    _, att = run(
+        tmp_path,
+        nvtx=[Nvtx("aten::mm", 59, "111:1", 100, 200), Nvtx("aten::relu", 59, "222:1", 100, 200)],
+        graph_nodes=[GraphNode("111:1", 150, 160, 1), GraphNode("222:1", 150, 160, 1)],
+        runtime=[Runtime("cudaGraphLaunch", "111:1", 1000, 1010, 50), Runtime("cudaGraphLaunch", "222:1", 1000, 1010, 50)],
+        kernels=[Kernel("k_111", 111, 7, 1030, 1040, 50, graph_node_id=1),
+                 Kernel("k_222", 222, 7, 1030, 1040, 50, graph_node_id=1)],
+    )
+    assert {k: row["operator"] for k, row in by_name(att).items()} == {"k_111": "aten::mm", "k_222": "aten::relu"}
+
+
+def test_graph_clone_without_its_original_is_a_replay(tmp_path):
+    timeline, att = run(tmp_path, nvtx=[Nvtx("cudagraph_instantiate", 59, "10:1", 400, 600)],
+                        graph_nodes=[GraphNode("10:1", 500, 501, 11, original_graph_node_id=1)],
+                        runtime=[Runtime("cudaGraphLaunch", "10:1", 1000, 1010, 50)],
+                        kernels=[Kernel("k_a", 10, 7, 1030, 1040, 50, graph_node_id=11)])
+    assert att["reason"].tolist() == ["cuda_graph_replay"]
+    assert any("no capture-time node event" in w for w in timeline.diagnostics["warnings"])
+
+
+def test_graph_kernels_regions_and_iteration_are_the_replays(tmp_path):
+    """Operator from the capture; regions, iteration and GPU projection from the cudaGraphLaunch."""
+    _, att = run(
+        tmp_path,
+        domains={(10, 1): "opprof"},
+        nvtx=[Nvtx("warmup", 60, "10:1", 0, 500), Nvtx("aten::mm", 59, "10:1", 100, 200),
+              Nvtx("opprof.iteration:3", 59, "10:1", 900, 9000, domain=1), Nvtx("step 3", 60, "10:1", 900, 9000)],
+        graph_nodes=[GraphNode("10:1", 150, 160, 1), GraphNode("10:1", 300, 301, 11, original_graph_node_id=1)],
+        runtime=[Runtime("cudaGraphLaunch", "10:1", 1000, 1010, 50)],
+        kernels=[Kernel("k_a", 10, 7, 1030, 1040, 50, graph_node_id=11)],
+    )
+    row = by_name(att)["k_a"]
+    assert (row["operator"], int(row["iteration"]), list(row["regions"])) == ("aten::mm", 3, ["step 3"])
+    projection = tables.read_table(tmp_path / "timeline" / "nvtx_gpu_projection.parquet").set_index("name")
+    assert "step 3" in projection.index and "warmup" not in projection.index
+
+
+def test_backward_ops_own_sequence_numbers_do_not_link_to_themselves(tmp_path):
+    """Sequence numbers are per thread: an op run by the autograd thread may carry the same number as
+    the forward op that created the backward node; the link goes to the forward op."""
+    _, att = run(
+        tmp_path,
+        domains={(10, 1): "opprof"},
+        nvtx=[Nvtx("opprof.layer:h.0", 59, "10:1", 50, 300, domain=1), Nvtx("aten::addmm, seq = 0", 59, "10:1", 100, 200),
+              Nvtx("AddmmBackward0, seq = 0", 59, "10:2", 1000, 1200), Nvtx("aten::mm, seq = 0", 59, "10:2", 1010, 1090)],
+        **rows(launch("k_fwd", "10:1", 150, 1), launch("k_bwd", "10:2", 1050, 2)),
+    )
+    k = by_name(att)["k_bwd"]
+    assert (k["operator"], k["forward_operator"], k["layer"]) == ("aten::mm", "aten::addmm", "h.0")
+
+
+def test_iterations_of_overlapping_ranks_and_an_open_last_iteration(tmp_path):
+    _, att = run(
+        tmp_path,
+        domains={(111, 1): "opprof", (222, 1): "opprof"},
+        nvtx=[Nvtx("opprof.iteration:0", 59, "111:1", 0, 1000, domain=1),
+              Nvtx("opprof.iteration:0", 59, "222:1", 10, 1000, domain=1),
+              Nvtx("opprof.iteration:1", 59, "111:1", 2000, None, domain=1)],
+        **rows(launch("k111", "111:1", 100, 1), launch("k222", "222:1", 100, 1), launch("k111_late", "111:1", 2500, 2)),
+    )
+    assert {k: int(r["iteration"]) for k, r in by_name(att).items()} == {"k111": 0, "k222": 0, "k111_late": 1}
+
+
+def test_large_pids_and_any_row_order_of_the_ranges_table(tmp_path):
+    from operator_profiler.attribution.nvtx import attribute_nvtx
+
+    big = 2**24 - 5  # pids are 24-bit in globalTid
+    timeline, att = run(tmp_path, nvtx=[Nvtx("outer", 59, f"{big}:1", 100, 300), Nvtx("aten::mm", 59, f"{big}:1", 100, 200)],
+                        **rows(launch("k", f"{big}:1", 150, 1)))
+    assert att["operator"].tolist() == ["aten::mm"]
+    kl = pd.DataFrame({"kernel_id": timeline.kernels["kernel_id"], "layer": None, "module": None, "layer_class": "rest"})
+    reversed_table = timeline.ranges.iloc[::-1].reset_index(drop=True)
+    assert attribute_nvtx(timeline.kernels, reversed_table, kl)["operator"].tolist() == ["aten::mm"]

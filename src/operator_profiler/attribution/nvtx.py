@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..naming import NVTX_DOMAIN
+from ..timeline.nsys import stack_keys, unpack_stack_key
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
 NO_ITEMS: list[str] = []  # shared, never mutated
@@ -102,7 +103,9 @@ class _Ranges:
         parent_ids = ranges["parent_id"]
         parent = np.full(n, -1, dtype=np.int64)
         has_parent = parent_ids.notna().to_numpy()
-        parent[has_parent] = row_of.loc[parent_ids[has_parent].astype("int64").to_numpy()].to_numpy()
+        # A parent missing from the table (a filtered table) counts as no parent.
+        found = row_of.reindex(parent_ids[has_parent].astype("int64").to_numpy()).to_numpy(dtype=np.float64)
+        parent[has_parent] = np.where(np.isnan(found), -1, np.nan_to_num(found)).astype(np.int64)
         self.parent = parent
         self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
         end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
@@ -128,12 +131,14 @@ class _Ranges:
         # (pid, tid, domain) -> (starts sorted, rows in that order); one integer key per stack.
         self.groups: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
         push_pop_rows = np.flatnonzero(self.push_pop)
-        keys = (self.pid[push_pop_rows] << 40) | (self.tid[push_pop_rows] << 16) | self.domain_code[push_pop_rows]
+        keys = stack_keys(self.pid[push_pop_rows], self.tid[push_pop_rows], self.domain_code[push_pop_rows])
         for key, positions in pd.Series(keys).groupby(keys, sort=False).indices.items():
             rows = push_pop_rows[positions]
-            order = np.argsort(self.start[rows], kind="stable")
-            label = str(self.domain_labels[int(key) & 0xFFFF])
-            self.groups[(int(key) >> 40, (int(key) >> 16) & 0xFFFFFF, label)] = (self.start[rows][order], rows[order])
+            # By start, longest first on ties (a parent before the child that starts with it); the
+            # table's own row order is not relied on.
+            order = np.lexsort((-self.end[rows], self.start[rows]))
+            pid, tid, code = (int(v) for v in unpack_stack_key(key))
+            self.groups[(pid, tid, str(self.domain_labels[code]))] = (self.start[rows][order], rows[order])
 
     def name_of(self, rows: np.ndarray) -> np.ndarray:
         """Range names of ``rows`` as an object array; None for -1."""
@@ -197,10 +202,18 @@ class Enclosure:
     t1: np.ndarray
     innermost: dict[str, np.ndarray]  # domain -> innermost range row
     replay: np.ndarray  # CUDA-graph replay without a capture-time node
+    # The launch call itself (differs from the context for a graph node kernel: the cudaGraphLaunch
+    # of the replay, not the node's capture): regions and the GPU projection are about the replay.
+    launch_pid: np.ndarray
+    launch_tid: np.ndarray
+    l0: np.ndarray
+    l1: np.ndarray
+    captured: np.ndarray  # kernels whose context is a capture-time node event
 
 
-def _contexts(kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(pid, tid, t0, t1, replay): the CPU interval whose enclosing ranges name each kernel.
+def _contexts(kernels: pd.DataFrame) -> tuple:
+    """(pid, tid, t0, t1, replay, launch (pid, tid, t0, t1), captured): the CPU interval whose
+    enclosing ranges name each kernel, and the launch call itself.
 
     A kernel normally uses its launch call. A CUDA-graph node kernel uses the node's creation at
     capture time when the export has it (NVTX ranges are recorded at capture, not replay); otherwise,
@@ -220,16 +233,28 @@ def _contexts(kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
     def ints(series: pd.Series) -> np.ndarray:
         return series.astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
 
-    pid = np.where(has_capture, ints(col("capture_pid")), np.where(has_launch, kernels["pid"].to_numpy(dtype=np.int64), -1))
-    tid = np.where(has_capture, ints(col("capture_tid")), np.where(has_launch, ints(col("launch_tid")), -1))
-    t0 = np.where(has_capture, ints(col("capture_start_ns")), ints(col("launch_start_ns")))
-    t1 = np.where(has_capture, ints(col("capture_end_ns")), ints(col("launch_end_ns")))
-    return pid, tid, t0, t1, replay
+    launch_pid = np.where(has_launch, kernels["pid"].to_numpy(dtype=np.int64), -1)
+    launch = (launch_pid, np.where(has_launch, ints(col("launch_tid")), -1), ints(col("launch_start_ns")),
+              ints(col("launch_end_ns")))
+    pid = np.where(has_capture, ints(col("capture_pid")), launch[0])
+    tid = np.where(has_capture, ints(col("capture_tid")), launch[1])
+    t0 = np.where(has_capture, ints(col("capture_start_ns")), launch[2])
+    t1 = np.where(has_capture, ints(col("capture_end_ns")), launch[3])
+    return pid, tid, t0, t1, replay, launch, has_capture
 
 
 def enclose(kernels: pd.DataFrame, index: _Ranges) -> Enclosure:
-    pid, tid, t0, t1, replay = _contexts(kernels)
-    return Enclosure(pid, tid, t0, t1, index.innermost(pid, tid, t0, t1), replay)
+    """The innermost range of every domain around each kernel's context (see :func:`_contexts`)."""
+    pid, tid, t0, t1, replay, launch, captured = _contexts(kernels)
+    return Enclosure(pid, tid, t0, t1, index.innermost(pid, tid, t0, t1), replay, *launch, captured)
+
+
+def launch_innermost(found: Enclosure, index: _Ranges) -> dict[str, np.ndarray]:
+    """Innermost ranges around the launch calls themselves (the same as ``found.innermost`` unless
+    some kernel is a CUDA-graph node placed at its capture)."""
+    if not found.captured.any():
+        return found.innermost
+    return index.innermost(found.launch_pid, found.launch_tid, found.l0, found.l1)
 
 
 def _pick_innermost(index: _Ranges, candidates: list[np.ndarray], m: int) -> np.ndarray:
@@ -249,9 +274,14 @@ def _layer_rows(index: _Ranges, innermost: dict[str, np.ndarray], m: int) -> np.
 
 
 def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(forward op row, backward seq used) for each operator row: the innermost range at or above the
-    op carrying ``stashed seq = N``, or a backward node with ``seq = N``, names N; the forward op is the
-    operator range of the same process with ``seq = N`` that is not a backward node."""
+    """(forward op row, backward seq used) for each operator row.
+
+    The innermost range at or above the op carrying ``stashed seq = N``, or a backward node with
+    ``seq = N``, names N. The forward op is an operator range of the same process with ``seq = N``
+    that is not itself inside a backward node (sequence numbers are per thread, so ops the autograd
+    thread runs have numbers of their own that can collide), and the latest such one that started
+    before the backward range did.
+    """
     m = len(op_rows)
     forward = np.full(m, -1, dtype=np.int64)
     seq_used = np.full(m, np.nan)
@@ -259,18 +289,34 @@ def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> 
         return forward, seq_used
     links = ~np.isnan(index.stashed) | (index.backward_node & ~np.isnan(index.seq))
     linked = index.climb(op_rows, links)
-    has = linked >= 0
-    if not has.any():
+    has = np.flatnonzero(linked >= 0)
+    if not len(has):
         return forward, seq_used
     rows = linked[has]
     seq = np.where(~np.isnan(index.stashed[rows]), index.stashed[rows], index.seq[rows])
     seq_used[has] = seq
-    fwd_candidates = eligible & ~index.backward_node & ~np.isnan(index.seq)
-    lookup: dict[tuple[int, int], int] = {}
-    for row in np.flatnonzero(fwd_candidates):  # the last (latest) op with a seq wins, as sequence numbers grow
-        lookup[(int(index.pid[row]), int(index.seq[row]))] = int(row)
-    pids = index.pid[rows]
-    forward[np.flatnonzero(has)] = [lookup.get((int(p), int(s)), -1) for p, s in zip(pids, seq)]
+    in_backward = index.climb(np.where(index.parent >= 0, index.parent, -1), index.backward_node) >= 0
+    candidates = np.flatnonzero(eligible & ~index.backward_node & ~in_backward & ~np.isnan(index.seq))
+    if not len(candidates):
+        return forward, seq_used
+    # Candidates sorted by (pid, seq, start): the answer is the last one at or before the backward range's start.
+    order = np.lexsort((index.start[candidates], index.seq[candidates], index.pid[candidates]))
+    candidates = candidates[order]
+    keys = pd.MultiIndex.from_arrays([index.pid[candidates], index.seq[candidates].astype(np.int64)])
+    first = pd.Series(np.arange(len(candidates)), index=keys).groupby(level=[0, 1]).agg(["min", "max"])
+    unique_rows, inverse = np.unique(rows, return_inverse=True)  # one lookup per backward range
+    unique_seq = np.where(~np.isnan(index.stashed[unique_rows]), index.stashed[unique_rows], index.seq[unique_rows])
+    bounds = first.reindex(pd.MultiIndex.from_arrays([index.pid[unique_rows], unique_seq.astype(np.int64)]))
+    starts = index.start[candidates]
+    answer = np.full(len(unique_rows), -1, dtype=np.int64)
+    for i, (lo, hi, t) in enumerate(zip(bounds["min"], bounds["max"], index.start[unique_rows])):
+        if np.isnan(lo):
+            continue
+        lo, hi = int(lo), int(hi)
+        pos = lo + int(np.searchsorted(starts[lo:hi + 1], t, side="right")) - 1
+        if pos >= lo:
+            answer[i] = candidates[pos]
+    forward[has] = answer[inverse]
     return forward, seq_used
 
 
@@ -496,7 +542,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     op_rows = _pick_innermost(index, [index.climb(found.innermost[d], eligible) for d in op_domains], m)
     op_rows = np.where(found.replay, -1, op_rows)
     forward, seq_used = _forward_rows(index, op_rows, eligible)
-    regions = _regions(index, found.context_pid, found.t0, found.t1)
+    regions = _regions(index, found.launch_pid, found.l0, found.l1)
 
     # Reasons, most specific first.
     corr = kernels["correlation_id"].astype("Int64")
@@ -586,7 +632,7 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     index = _Ranges(ranges)
     found = enclose(kernels, index)
     pairs_k, pairs_r = [], []
-    for cand in found.innermost.values():
+    for cand in launch_innermost(found, index).values():
         cand = cand.copy()
         while True:
             live = np.flatnonzero(cand >= 0)
@@ -595,7 +641,7 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
             pairs_k.append(live)
             pairs_r.append(cand[live])
             cand[live] = index.parent[cand[live]]
-    for row, hits in _region_hits(index, found.context_pid, found.t0, found.t1):
+    for row, hits in _region_hits(index, found.launch_pid, found.l0, found.l1):
         pairs_k.append(hits)
         pairs_r.append(np.full(len(hits), row, dtype=np.int64))
     if not pairs_k:

@@ -367,18 +367,25 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
 
 
 def iteration_at(pids: np.ndarray, times: np.ndarray, ranges: pd.DataFrame) -> pd.arrays.IntegerArray:
-    """Index of the iteration range (same process, any thread) open at each time (ns), null if none."""
-    its = ranges[ranges["iteration"].notna()].sort_values("start_ns")
-    result = pd.array([None] * len(times), dtype="Int64")
-    if its.empty or len(times) == 0:
-        return result
-    t = np.asarray(times, dtype=np.int64)
-    pos = np.searchsorted(its["start_ns"].to_numpy(), t, side="right") - 1
-    ok = pos >= 0
-    cand = np.where(ok, pos, 0)
-    inside = ok & (t < its["end_ns"].to_numpy()[cand]) & (its["pid"].to_numpy()[cand] == np.asarray(pids))
-    values = its["iteration"].to_numpy()[cand]
-    return pd.array([int(v) if hit else None for v, hit in zip(values, inside)], dtype="Int64")
+    """Index of the iteration range of the same process (any thread) open at each time (ns), null if
+    none. Iteration ranges of one process do not overlap; those of several processes (ranks) may, so
+    each process is searched on its own. A range never closed (nsys) ends at ``effective_end_ns``."""
+    its = ranges[ranges["iteration"].notna()]
+    result = np.full(len(times), -1, dtype=np.int64)
+    if not its.empty and len(times):
+        end_col = "effective_end_ns" if "effective_end_ns" in its else "end_ns"
+        t = np.asarray(times, dtype=np.int64)
+        pids = np.asarray(pids, dtype=np.int64)
+        for pid, mine in its.groupby("pid"):
+            mine = mine.sort_values("start_ns")
+            q = np.flatnonzero(pids == int(pid))
+            starts = mine["start_ns"].to_numpy(dtype=np.int64)
+            ends = mine[end_col].astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+            pos = np.searchsorted(starts, t[q], side="right") - 1
+            cand = np.maximum(pos, 0)
+            inside = (pos >= 0) & (t[q] < ends[cand])
+            result[q[inside]] = mine["iteration"].to_numpy(dtype=np.int64)[cand[inside]]
+    return pd.arrays.IntegerArray(np.maximum(result, 0), result < 0)
 
 
 def write_timeline(timeline: Timeline, out_dir: Path) -> None:

@@ -458,28 +458,44 @@ def _devices(export: _Export) -> list[dict]:
 
 
 def _graph_captures(export: _Export) -> pd.DataFrame | None:
-    """graphNodeId -> the capture-time node-creation event (thread, start, end), following clones back
-    to the original node (``originalGraphNodeId``); None when the export has no node-event table."""
+    """(pid, graphNodeId) -> the capture-time node-creation event (thread, start, end), following
+    clones (instantiation) back to the original node through ``originalGraphNodeId`` within the same
+    process (node ids repeat across processes). A clone whose original is not in the table has no
+    capture context. None when the export has no node-event table."""
     table = next((t for t in GRAPH_NODE_TABLES if export.has(t)
                   and {"graphNodeId", "originalGraphNodeId", "globalTid", "start", "end"} <= set(export.columns[t])), None)
     if table is None:
         return None
     nodes = export.query(f'SELECT graphNodeId, originalGraphNodeId, globalTid, start, "end" FROM {table}')
-    nodes = nodes.drop_duplicates("graphNodeId", keep="first").set_index("graphNodeId")
-    original = nodes["originalGraphNodeId"].to_dict()
-    rows = []
-    for node in nodes.index:
-        seen, current = set(), node
-        while not pd.isna(original.get(current)) and current not in seen and original[current] in nodes.index:
-            seen.add(current)
-            current = int(original[current])
-        src = nodes.loc[current]
-        if pd.isna(src["globalTid"]):
-            continue
-        pid, tid = decode_global_tid(np.array([src["globalTid"]]))
-        rows.append((int(node), int(pid[0]), int(tid[0]), int(src["start"]), int(src["end"])))
-    return pd.DataFrame(rows, columns=["graph_node_id", "capture_pid", "capture_tid", "capture_start_ns",
-                                       "capture_end_ns"])
+    nodes = nodes[nodes["globalTid"].notna()]
+    pid, tid = decode_global_tid(nodes["globalTid"])
+    nodes = pd.DataFrame({"pid": pid, "tid": tid, "node": nodes["graphNodeId"].astype("int64").to_numpy(),
+                          "original": nodes["originalGraphNodeId"].astype("Int64").array,
+                          "start": nodes["start"].astype("int64").to_numpy(), "end": nodes["end"].astype("int64").to_numpy()})
+    nodes = nodes.drop_duplicates(["pid", "node"], keep="first").reset_index(drop=True)
+    row_of = pd.Series(np.arange(len(nodes)), index=pd.MultiIndex.from_arrays([nodes["pid"], nodes["node"]]))
+    # Follow originals, all nodes at once (chains are short); -1: the original is not in the table.
+    original = nodes["original"].to_numpy(dtype=np.float64, na_value=np.nan)
+    pids = nodes["pid"].to_numpy()
+    current = np.arange(len(nodes))
+    for _ in range(len(nodes) + 1):
+        live = np.flatnonzero(current >= 0)
+        step = live[~np.isnan(original[current[live]])]
+        if not len(step):
+            break
+        keys = pd.MultiIndex.from_arrays([pids[current[step]], original[current[step]].astype(np.int64)])
+        found = row_of.reindex(keys).to_numpy(dtype=np.float64)
+        current[step] = np.where(np.isnan(found), -1, np.nan_to_num(found)).astype(np.int64)
+    else:  # a cycle of clones never reaches an original
+        current[:] = np.where(np.isnan(original[np.maximum(current, 0)]), current, -1)
+    known = current >= 0
+    src = np.maximum(current, 0)
+    out = pd.DataFrame({
+        "pid": nodes["pid"].to_numpy(), "graph_node_id": nodes["node"].to_numpy(),
+        "capture_pid": nodes["pid"].to_numpy(), "capture_tid": nodes["tid"].to_numpy()[src],
+        "capture_start_ns": nodes["start"].to_numpy()[src], "capture_end_ns": nodes["end"].to_numpy()[src],
+    })
+    return out[known].reset_index(drop=True)
 
 
 def _read_kernels(export: _Export, strings: pa.Array, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
@@ -728,11 +744,21 @@ def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Series:
     return dictionary.cast(pa.string()).to_pandas()
 
 
-def stack_keys(pid: np.ndarray, tid: np.ndarray, domain: pd.Series | np.ndarray) -> np.ndarray:
-    """One integer per (pid, tid, domain) push/pop stack: pid and tid are 24-bit (§2), and a capture
-    has far fewer than 65,536 domains."""
-    domain_code, _ = pd.factorize(np.asarray(domain, dtype=object) if not isinstance(domain, pd.Series) else domain)
-    return (np.asarray(pid, dtype=np.int64) << 40) | (np.asarray(tid, dtype=np.int64) << 16) | domain_code
+def stack_keys(pid: np.ndarray, tid: np.ndarray, domain) -> np.ndarray:
+    """One unsigned integer per (pid, tid, domain) push/pop stack: pid and tid are 24-bit (§2), and a
+    capture has far fewer than 65,536 domains. ``domain`` is a name array (factorized here) or
+    integer domain codes."""
+    domain = np.asarray(domain)
+    if domain.dtype.kind not in "iu":
+        domain, _ = pd.factorize(domain)
+    return ((np.asarray(pid, dtype=np.uint64) << np.uint64(40)) | (np.asarray(tid, dtype=np.uint64) << np.uint64(16))
+            | np.asarray(domain, dtype=np.uint64))
+
+
+def unpack_stack_key(key) -> tuple[int, int, int]:
+    """:func:`stack_keys` -> (pid, tid, domain code)."""
+    key = int(key)
+    return key >> 40, (key >> 16) & 0xFFFFFF, key & 0xFFFF
 
 
 def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
@@ -758,7 +784,7 @@ def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     if not len(rows):
         return depth, parent, 0
     codes, _ = pd.factorize(stack_keys(ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows],
-                                       ranges["domain"].iloc[rows]))
+                                       ranges["domain"].to_numpy(dtype=object)[rows]))
     order = np.argsort(codes, kind="stable")  # by stack, then start order
     rows, group = rows[order], codes[order]
     start = ranges["start_ns"].to_numpy(dtype=np.int64)[rows]
@@ -919,7 +945,13 @@ def _read(export: _Export) -> NsysTimeline:
                 "events: they stay unattributed (reason cuda_graph_replay)"
             )
         else:
-            raw = raw.merge(captures, on="graph_node_id", how="left")
+            raw = raw.merge(captures, on=["pid", "graph_node_id"], how="left")
+            missing = int((node_kernels.to_numpy() & raw["capture_tid"].isna().to_numpy()).sum())
+            if missing:
+                diagnostics["warnings"].append(
+                    f"{missing} kernel(s) replayed from CUDA graphs have no capture-time node event in their process: "
+                    "they stay unattributed (reason cuda_graph_replay)"
+                )
     for col in ("capture_pid", "capture_tid", "capture_start_ns", "capture_end_ns"):
         raw[col] = pd.array(raw[col], dtype="Int64") if col in raw else pd.array([None] * len(raw), dtype="Int64")
 
