@@ -256,3 +256,18 @@ def test_cli_chain_on_a_real_export_captured_elsewhere(real_nsys_files, tmp_path
                      "- no GPU activity captured for pid 50922", "| ExecutorRunFusion::cuLaunchKernel | 6 | 6 |"):
         assert expected in report, expected
     assert "CPU" not in report
+
+
+def test_evidence_is_valid_json_whatever_the_range_names(tmp_path):
+    import json
+
+    names = ['outer "quoted" \\ back', "tab\there", "ünïcode ✓"]
+    db = write_nsys_export(tmp_path / "r.sqlite",
+                           nvtx=[Nvtx(names[0], 59, "10:1", 10, 500), Nvtx(names[1], 59, "10:1", 20, 400),
+                                 Nvtx(names[2], 59, "10:1", 30, 300)],
+                           runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1)],
+                           kernels=[Kernel("gemm", 10, 7, 170, 190, 1)])
+    stages.export_timeline(db, tmp_path / "tl")
+    att = stages.attribute_files(tmp_path / "tl", None, None, tmp_path / "a.parquet")
+    evidence = json.loads(att["evidence"].iloc[0])["nvtx"]
+    assert evidence["stack"] == names and evidence["operator"] == names[2]

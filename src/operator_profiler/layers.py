@@ -132,8 +132,15 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
 
     # Signatures of the first measured iteration.
     signatures: dict[str, list] = {}
-    for instance, group in kl[kl["iteration"] == first_iteration].groupby("instance", sort=False):
-        signatures[instance] = group[["match_key", "grid", "block"]].values.tolist()
+    first = kl[kl["iteration"] == first_iteration]
+    # Entries reference one Python string per distinct value (a trace without iteration ranges puts
+    # every kernel in the rest signature: a million kernels, a few hundred names).
+    parts = [pd.factorize(first[c]) for c in ("match_key", "grid", "block")]
+    coded = pd.DataFrame({"instance": first["instance"].to_numpy(), "a": parts[0][0], "b": parts[1][0], "c": parts[2][0]})
+    labels = [list(uniques) for _, uniques in parts]
+    for instance, group in coded.groupby("instance", sort=False):
+        signatures[instance] = [[labels[0][a], labels[1][b], labels[2][c]]
+                                for a, b, c in zip(group["a"].tolist(), group["b"].tolist(), group["c"].tolist())]
 
     classes: dict[str, dict] = {}
     instance_class: dict[str, str] = {}

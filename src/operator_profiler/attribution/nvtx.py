@@ -409,24 +409,36 @@ def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, 
     return found
 
 
-def _json_strings(values: np.ndarray) -> np.ndarray:
-    """Each string as a JSON string literal (object array); vectorized, with ``json.dumps`` only
-    for the rare strings that need more than quote/backslash escaping."""
-    values = np.asarray(values, dtype=object)
-    if not len(values):
-        return values
-    arr = pa.array(values, type=pa.string())
+def _json_literals(arr: pa.Array) -> pa.Array:
+    """Each string as a JSON string literal, in Arrow (quote and backslash escaped); the rare strings
+    with control characters go through ``json.dumps``."""
     escaped = pc.replace_substring(pc.replace_substring(arr, "\\", "\\\\"), '"', '\\"')
-    out = pc.binary_join_element_wise('"', escaped, '"', "").to_numpy(zero_copy_only=False).astype(object)
-    special = pc.fill_null(pc.match_substring_regex(arr, r"[\x00-\x1f]"), False).to_numpy(zero_copy_only=False)
-    for i in np.flatnonzero(special):
-        out[i] = json.dumps(values[i], ensure_ascii=False)
+    out = pc.binary_join_element_wise('"', escaped, '"', "")
+    special = np.flatnonzero(pc.fill_null(pc.match_substring_regex(arr, r"[\x00-\x1f]"), False).to_numpy(
+        zero_copy_only=False))
+    if len(special):
+        values = out.to_numpy(zero_copy_only=False).astype(object)
+        for i in special:
+            values[i] = json.dumps(arr[int(i)].as_py(), ensure_ascii=False)
+        out = pa.array(values, type=pa.string())
     return out
 
 
-def _stack_json(index: _Ranges, rows: np.ndarray) -> dict:
-    """For ``rows`` and their ancestors: row -> the JSON list of range names from the outermost
-    ancestor down to the row, built level by level (a child's list is its parent's plus its name)."""
+def _json_strings(values: np.ndarray) -> np.ndarray:
+    """:func:`_json_literals` of Python strings, as an object array."""
+    values = np.asarray(values, dtype=object)
+    if not len(values):
+        return values
+    return _json_literals(pa.array(values, type=pa.string())).to_numpy(zero_copy_only=False).astype(object)
+
+
+def _stack_json(index: _Ranges, rows: np.ndarray) -> tuple[pa.Array, np.ndarray, pa.Array]:
+    """JSON lists of range names from the outermost ancestor down to each of ``rows`` and their
+    ancestors, built in Arrow level by level (a child's list is its parent's plus its name).
+
+    Returns (stacks, position of each range row in ``stacks`` or -1, the JSON name literal of the
+    same positions).
+    """
     needed = np.zeros(index.n, dtype=bool)
     up = np.unique(rows[rows >= 0])
     while len(up):
@@ -440,17 +452,27 @@ def _stack_json(index: _Ranges, rows: np.ndarray) -> dict:
     while (live := np.flatnonzero(up >= 0)).size:
         depth[live] += 1
         up[live] = index.parent[up[live]]
-    names = _json_strings(index.name_of(needed_rows))
-    out = np.empty(index.n, dtype=object)
+    # Order the needed rows by level so each level is a contiguous block of the result.
+    order = np.argsort(depth, kind="stable")
+    needed_rows, depth = needed_rows[order], depth[order]
+    position = np.full(index.n, -1, dtype=np.int64)
+    position[needed_rows] = np.arange(len(needed_rows))
+    names = _json_literals(index.names.take(pa.array(needed_rows)))
+    blocks: list[pa.Array] = []
+    done = 0
     for level in range(int(depth.max()) + 1 if len(depth) else 0):
-        at = np.flatnonzero(depth == level)
-        level_rows = needed_rows[at]
+        count = int((depth == level).sum())
+        level_names = names.slice(done, count)
         if level == 0:
-            out[level_rows] = "[" + names[at] + "]"
+            blocks.append(pc.binary_join_element_wise("[", level_names, "]", ""))
         else:
-            parents = np.array([s[:-1] for s in out[index.parent[level_rows]]], dtype=object)
-            out[level_rows] = parents + ", " + names[at] + "]"
-    return out
+            previous = pa.concat_arrays(blocks) if len(blocks) > 1 else blocks[0]
+            parents = previous.take(pa.array(position[index.parent[needed_rows[done:done + count]]]))
+            open_list = pc.utf8_slice_codeunits(parents, 0, -1)  # drop the closing bracket
+            blocks.append(pc.binary_join_element_wise(open_list, ", ", level_names, "]", ""))
+        done += count
+    stacks = pa.concat_arrays(blocks) if blocks else pa.array([], type=pa.string())
+    return stacks, position, names
 
 
 def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found: Enclosure, tag_domains: list[str],
@@ -461,11 +483,15 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     m = len(shown)
     if not m:
         return pd.array([], dtype="str")
-    stack = _stack_json(index, shown) if index.n else np.array([], dtype=object)
-    stack_part = np.where(shown >= 0, stack[np.maximum(shown, 0)] if index.n else "[]", "[]").astype(object)
-    op_part = np.full(m, "null", dtype=object)
-    attributed = np.flatnonzero(op_rows >= 0)
-    op_part[attributed] = _json_strings(index.name_of(op_rows[attributed]))
+    if index.n:
+        stacks, position, names = _stack_json(index, np.concatenate([shown, op_rows]))
+        at = position[np.maximum(shown, 0)]
+        stack_part = pc.fill_null(stacks.take(pa.array(np.maximum(at, 0), mask=(shown < 0) | (at < 0))), "[]")
+        at = position[np.maximum(op_rows, 0)]
+        op_part = pc.fill_null(names.take(pa.array(np.maximum(at, 0), mask=(op_rows < 0) | (at < 0))), "null")
+    else:
+        stack_part = pa.array(["[]"] * m, type=pa.string())
+        op_part = pa.array(["null"] * m, type=pa.string())
     head = np.full(m, "", dtype=object)  # keys before "operator"
     middle = np.full(m, "", dtype=object)  # keys between "operator" and "stack"
     tail = np.full(m, "", dtype=object)  # keys after "stack"
@@ -479,8 +505,9 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
             note = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
             parts.append(f'"forward_link": {json.dumps(note)}')
         head[k] = "".join(p + ", " for p in parts)
-    has_reason = np.array([r is not None for r in reason], dtype=bool)
-    for k in np.flatnonzero(has_reason | np.array([bool(r) for r in regions], dtype=bool)):
+    has_reason = pd.notna(reason)
+    has_regions = np.fromiter((r is not NO_ITEMS for r in regions), dtype=bool, count=len(regions))
+    for k in np.flatnonzero(has_reason | has_regions):
         parts = []
         if reason[k] is not None:
             parts.append(f'"reason": {json.dumps(reason[k])}')
@@ -494,10 +521,18 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         tail[tagged] = tail[tagged] + prefix + _json_strings(index.name_of(rows[tagged]))
     tagged = tail != ""
     tail[tagged] = ', "tags": {' + np.array([t[2:] for t in tail[tagged]], dtype=object) + "}"
-    pieces = [pa.array(piece, type=pa.string()) for piece in (head, op_part, middle, stack_part, tail)]
-    joined = pc.binary_join_element_wise('{"nvtx": {', pieces[0], '"operator": ', pieces[1], pieces[2], ', "stack": ',
-                                         pieces[3], pieces[4], "}}", "")
+    head, middle, tail = (pa.array(piece, type=pa.string()) for piece in (head, middle, tail))
+    joined = pc.binary_join_element_wise('{"nvtx": {', head, '"operator": ', op_part, middle, ', "stack": ',
+                                         stack_part, tail, "}}", "")
     return joined.to_pandas().array
+
+
+def _names_array(index: _Ranges, rows: np.ndarray):
+    """Range names of ``rows`` (null for -1) as an Arrow-backed string array (no Python str per row)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if not index.n:
+        return pd.array([None] * len(rows), dtype="str")
+    return index.names.take(pa.array(np.maximum(rows, 0), mask=rows < 0)).to_pandas().array
 
 
 def _warn_about_domains(index: _Ranges, options: NvtxOptions, found: Enclosure, reason: np.ndarray) -> None:
@@ -576,8 +611,8 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     shown = np.where(shown >= 0, shown, _pick_innermost(index, list(found.innermost.values()), m))
     tag_domains = [d for d in index.domains if d not in options.operator_domains and d != NVTX_DOMAIN]
     kernel_ids = kernels["kernel_id"].to_numpy(dtype=np.int64)
-    operator = index.name_of(np.where(attributed, op_rows, -1))
-    fwd_name = index.name_of(forward)
+    operator = _names_array(index, np.where(attributed, op_rows, -1))
+    fwd_name = _names_array(index, forward)
     evidence = _evidence_json(index, shown, op_rows, found, tag_domains, regions, seq_used, forward, reason)
     by_kernel = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
 

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from .. import tables
 from ..files import InputError, write_json, write_parquet_atomic
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
-from .kineto import Timeline, finish_kernels
+from .kineto import Timeline, finish_kernels, iteration_at
 
 log = logging.getLogger(__name__)
 
@@ -683,6 +683,7 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     _end_pid, end_tid = decode_global_tid(end_gtid.fillna(0))
     ranges["end_tid"] = pd.array(end_tid, dtype="Int64")
     ranges.loc[end_gtid.isna().to_numpy(), "end_tid"] = pd.NA
+    del df, parsed, end_gtid  # the query's columns are copied into ranges: free them before nesting
     # Domain ids are per process (§4): name each (pid, domain id) pair once.
     pair_key = ranges["pid"].to_numpy(dtype=np.int64) << 32 | ranges["domain_id"].to_numpy(dtype=np.int64)
     pairs, pair_of_row = np.unique(pair_key, return_inverse=True)
@@ -955,13 +956,19 @@ def _read(export: _Export) -> NsysTimeline:
     for col in ("capture_pid", "capture_tid", "capture_start_ns", "capture_end_ns"):
         raw[col] = pd.array(raw[col], dtype="Int64") if col in raw else pd.array([None] * len(raw), dtype="Int64")
 
-    ranges = _read_ranges(export, strings, capture_end, diagnostics)
     unnamed = raw["name"].isna().to_numpy()
     if unnamed.any():
         diagnostics["warnings"].append(f"{int(unnamed.sum())} kernel name(s) missing from StringIds; named "
                                        "'<unknown kernel>'")
         raw["name"] = raw["name"].fillna("<unknown kernel>")
-    kernels = finish_kernels(raw, ranges if len(ranges) else _no_ranges(), source="nsys")
+    # Kernels are put in launch order before the NVTX ranges are read (the sort copies the table:
+    # keeping the two peaks apart keeps memory down); the iteration needs the ranges, so it comes after.
+    kernels = finish_kernels(raw, _no_ranges(), source="nsys")
+    del raw, parts
+    ranges = _read_ranges(export, strings, capture_end, diagnostics)
+    if len(ranges):
+        launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
+        kernels["iteration"] = iteration_at(kernels["pid"].to_numpy(), launch, ranges)
     inverted = (kernels["duration_ns"] < 0).to_numpy()
     if inverted.any():
         # No negative time reaches the totals (cases.md C04); the kernel itself stays visible.
