@@ -112,7 +112,7 @@ class _Ranges:
         self.end = end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
         # Names stay in Arrow (millions of ranges, few names needed): see name_of().
         self.names = pa.array(ranges["name"].astype("str"), type=pa.string()) if n else pa.array([], pa.string())
-        domain_code, self.domain_labels = pd.factorize(ranges["domain"].astype("str"))
+        domain_code, self.domain_labels = pd.factorize(ranges["domain"])
         self.domain_code = np.asarray(domain_code, dtype=np.int64)
         self.pid = ranges["pid"].to_numpy(dtype=np.int64)
         self.tid = ranges["tid"].to_numpy(dtype=np.int64)
@@ -698,8 +698,8 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     sel = ranges[["name", "domain", "kind", "pid", "tid", "depth"]].iloc[rows]  # only what the table shows
     out = pd.DataFrame(
         {
-            "range_id": index.range_id[rows], "name": sel["name"].array, "domain": sel["domain"].array,
-            "kind": sel["kind"].array, "pid": sel["pid"].to_numpy(dtype=np.int64),
+            "range_id": index.range_id[rows], "name": sel["name"].array, "domain": sel["domain"].astype("str").array,
+            "kind": sel["kind"].astype("str").array, "pid": sel["pid"].to_numpy(dtype=np.int64),
             "tid": sel["tid"].to_numpy(dtype=np.int64), "depth": sel["depth"].to_numpy(dtype=np.int64),
             "stream": agg["stream"].to_numpy(), "cpu_start_ns": index.start[rows],
             "cpu_end_ns": index.end[rows], "gpu_start_ns": agg["gpu_start_ns"].to_numpy(),

@@ -738,11 +738,12 @@ def _range_texts(df: pd.DataFrame, strings: pa.Array) -> pd.Series:
     return text.to_pandas()
 
 
-def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Series:
-    """A ``str`` Series from integer codes into ``labels`` (built in Arrow: no Python str per row)."""
-    dictionary = pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)),
-                                                pa.array(labels, type=pa.string()))
-    return dictionary.cast(pa.string()).to_pandas()
+def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Categorical:
+    """A categorical column from integer codes into ``labels`` (which may repeat): a handful of
+    distinct values over millions of rows (domain, kind) cost one byte or so per row in memory; the
+    parquet writer stores them as plain strings (the table contract)."""
+    uniques, remap = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
+    return pd.Categorical.from_codes(remap[np.asarray(codes, dtype=np.int64)], categories=uniques)
 
 
 def stack_keys(pid: np.ndarray, tid: np.ndarray, domain) -> np.ndarray:
@@ -965,6 +966,10 @@ def _read(export: _Export) -> NsysTimeline:
     # keeping the two peaks apart keeps memory down); the iteration needs the ranges, so it comes after.
     kernels = finish_kernels(raw, _no_ranges(), source="nsys")
     del raw, parts
+    # Few distinct values over many rows: categorical in memory, plain strings in the parquet files.
+    for column in ("activity", "source", "launch_api", "grid", "block"):
+        kernels[column] = kernels[column].astype("category")
+    launches["api"] = launches["api"].astype("category")
     ranges = _read_ranges(export, strings, capture_end, diagnostics)
     if len(ranges):
         launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
