@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .timeline.kineto import iteration_at
@@ -137,10 +138,10 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     # every kernel in the rest signature: a million kernels, a few hundred names).
     parts = [pd.factorize(first[c]) for c in ("match_key", "grid", "block")]
     coded = pd.DataFrame({"instance": first["instance"].to_numpy(), "a": parts[0][0], "b": parts[1][0], "c": parts[2][0]})
-    labels = [list(uniques) for _, uniques in parts]
+    labels = [np.array(list(uniques), dtype=object) for _, uniques in parts]
     for instance, group in coded.groupby("instance", sort=False):
-        signatures[instance] = [[labels[0][a], labels[1][b], labels[2][c]]
-                                for a, b, c in zip(group["a"].tolist(), group["b"].tolist(), group["c"].tolist())]
+        columns = (labels[i][group[c].to_numpy()].tolist() for i, c in enumerate("abc"))
+        signatures[instance] = list(map(list, zip(*columns)))
 
     classes: dict[str, dict] = {}
     instance_class: dict[str, str] = {}
