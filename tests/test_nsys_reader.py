@@ -271,3 +271,58 @@ def test_evidence_is_valid_json_whatever_the_range_names(tmp_path):
     att = stages.attribute_files(tmp_path / "tl", None, None, tmp_path / "a.parquet")
     evidence = json.loads(att["evidence"].iloc[0])["nvtx"]
     assert evidence["stack"] == names and evidence["operator"] == names[2]
+
+
+def test_files_from_different_timelines_are_refused(tmp_path):
+    one = _small(tmp_path / "one.sqlite")
+    two = write_nsys_export(tmp_path / "two.sqlite", runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1),
+                                                             Runtime("cudaLaunchKernel_v7000", "10:1", 250, 255, 2)],
+                            kernels=[Kernel("a", 10, 7, 170, 190, 1), Kernel("b", 10, 7, 270, 290, 2)])
+    (tmp_path / "layers.json").write_text("[]")
+    for name, db in (("one", one), ("two", two)):
+        assert _opprof("timeline", "--nsys", db, "--out", tmp_path / name).returncode == 0
+        assert _opprof("classify", "--timeline", tmp_path / name, "--layers", tmp_path / "layers.json",
+                       "--out", tmp_path / f"{name}_layers").returncode == 0
+    line = _one_line_error(_opprof("attribute", "--timeline", tmp_path / "two", "--kernel-layers",
+                                   tmp_path / "one_layers" / "kernel_layers.parquet", "--out", tmp_path / "a.parquet"))
+    assert "come from different timelines" in line
+    assert _opprof("attribute", "--timeline", tmp_path / "one", "--out", tmp_path / "a.parquet").returncode == 0
+    assert _opprof("aggregate", "--attribution", tmp_path / "a.parquet", "--instances",
+                   tmp_path / "one_layers" / "instances.parquet", "--classes", tmp_path / "one_layers" / "classes.json",
+                   "--out", tmp_path / "agg").returncode == 0
+    line = _one_line_error(_opprof("report", "--results", tmp_path / "agg", "--timeline", tmp_path / "two",
+                                   "--out", tmp_path / "r.md"))
+    assert "timeline of 2 kernels" in line and "1" in line
+
+
+def test_report_of_a_capture_whose_ranges_are_in_another_domain(tmp_path, real_nsys_files):
+    extrap = next(p for p in real_nsys_files if p.name.startswith("extrap_concurrent"))
+    (tmp_path / "layers.json").write_text("[]")
+    for step in (("timeline", "--nsys", extrap, "--out", tmp_path / "tl"),
+                 ("classify", "--timeline", tmp_path / "tl", "--layers", tmp_path / "layers.json", "--out", tmp_path / "l"),
+                 ("attribute", "--timeline", tmp_path / "tl", "--out", tmp_path / "a.parquet"),
+                 ("aggregate", "--attribution", tmp_path / "a.parquet", "--instances", tmp_path / "l" / "instances.parquet",
+                  "--classes", tmp_path / "l" / "classes.json", "--out", tmp_path / "agg"),
+                 ("report", "--results", tmp_path / "agg", "--timeline", tmp_path / "tl", "--out", tmp_path / "r.md")):
+        assert _opprof(*step).returncode == 0, step[0]
+    report = (tmp_path / "r.md").read_text()
+    assert "12 kernel(s) lie inside NVTX ranges, but none that names an operator" in report
+    assert "--nvtx-operator-domain NAME" in report
+    gpus = next(line for line in report.splitlines() if line.startswith("- GPU(s):"))
+    assert gpus == "- GPU(s): GeForce GTX 1060 with Max-Q Design"  # not the display adapters the export also lists
+
+
+def test_graph_kernels_are_projected_onto_their_capture_ranges(tmp_path):
+    from nsys_export import GraphNode
+
+    db = write_nsys_export(tmp_path / "r.sqlite", nvtx=[Nvtx("aten::mm", 59, "10:1", 100, 200)],
+                           graph_nodes=[GraphNode("10:1", 150, 160, 1), GraphNode("10:1", 300, 301, 11, 1)],
+                           runtime=[Runtime("cudaGraphLaunch", "10:1", 1000, 1010, 50),
+                                    Runtime("cudaGraphLaunch", "10:1", 2000, 2010, 51)],
+                           kernels=[Kernel("k", 10, 7, 1030, 1040, 50, graph_node_id=11),
+                                    Kernel("k", 10, 7, 2030, 2040, 51, graph_node_id=11)])
+    stages.export_timeline(db, tmp_path / "tl")
+    projection = tables.read_table(tmp_path / "tl" / "nvtx_gpu_projection.parquet").set_index("name")
+    row = projection.loc["aten::mm"]
+    assert (int(row["kernel_count"]), int(row["gpu_time_ns"]), int(row["gpu_start_ns"]), int(row["gpu_end_ns"])) == \
+        (2, 20, 1030, 2040)

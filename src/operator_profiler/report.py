@@ -54,7 +54,9 @@ def _imported_lines(coverage: dict, diagnostics: dict | None) -> list[str]:
     """Header of a report on a trace captured elsewhere (no run.json): what the timeline says."""
     lines = []
     if diagnostics:
-        gpus = ", ".join(sorted({str(d.get("name")) for d in diagnostics.get("devices", []) if d.get("name")}))
+        # CUDA devices only: Windows exports also list display adapters (no streaming multiprocessors).
+        gpus = ", ".join(sorted({str(d.get("name")) for d in diagnostics.get("devices", [])
+                                 if d.get("name") and d.get("smCount", 1)}))
         lines += [f"- trace: `{diagnostics.get('file')}` (Nsight Systems {diagnostics.get('product_version') or 'unknown'}, "
                   f"export schema {diagnostics.get('schema_version') or 'unknown'}), captured elsewhere",
                   f"- GPU(s): {gpus or 'not recorded'}"]
@@ -174,5 +176,10 @@ def render_markdown(
         lines += [f"| `{_short(u['name'])}` | {u['count']} | {_ms(u['time_ns'])} | {u['reason']} |"
                   for u in coverage["unattributed"]]
     else:
-        lines += ["None: every kernel was attributed."]
+        lines += ["None: every kernel was attributed." if coverage["kernel_count"] else "None (no kernels)."]
+    if coverage.get("unattributed_reasons", {}).get("no_operator_range"):
+        lines += ["", f"{coverage['unattributed_reasons']['no_operator_range']} kernel(s) lie inside NVTX ranges, but "
+                  "none that names an operator: their ranges are in other NVTX domains (see each kernel's evidence "
+                  "`tags`) or ignored. To use a domain: `opprof attribute --nvtx-operator-domain NAME`, or "
+                  "`nvtx.operator_domains` in the config."]
     return "\n".join(lines) + "\n"

@@ -134,6 +134,10 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         kl = read_parquet_file(kernel_layers, "a kernel_layers table",
                                "write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR",
                                ("kernel_id", "layer", "layer_class"))
+        if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
+                kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
+            raise InputError(f"{kernel_layers} lists {len(kl)} kernels, the timeline {timeline_dir} {len(kernels)}: they "
+                             f"come from different timelines; run: opprof classify --timeline {timeline_dir} ...")
     else:
         kl, _, _ = layer_classes.classify_layers(kernels, ranges, [])
     if isinstance(fusion_map, (str, Path)):
@@ -178,9 +182,15 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
                          "captured elsewhere", expect=dict) if run_path is not None else None
     diagnostics = read_json_file(diagnostics_path, "a timeline's diagnostics.json", "write the timeline with opprof "
                                  "timeline --nsys", expect=dict) if diagnostics_path is not None else None
+    coverage = read_json_file(coverage_path, "coverage.json", hint, expect=dict)
+    if diagnostics and "counts" in diagnostics:
+        in_timeline = diagnostics["counts"].get("kernels", 0) + diagnostics["counts"].get("graph_launch_rows", 0)
+        if in_timeline != coverage.get("kernel_count"):
+            raise InputError(f"{diagnostics_path} describes a timeline of {in_timeline} kernels, {coverage_path} "
+                             f"{coverage.get('kernel_count')}: pass the timeline these results were made from")
     text = report_md.render_markdown(
         workload, run,
-        read_json_file(coverage_path, "coverage.json", hint, expect=dict),
+        coverage,
         read_parquet_file(operators_path, "an operators table", hint, ("operator", "time_ns")),
         read_parquet_file(modules_path, "a modules table", hint, ("module", "time_ns")),
         read_parquet_file(layer_classes_path, "a layer classes table", hint, ("layer_class", "instances")),

@@ -541,7 +541,7 @@ def _warn_about_domains(index: _Ranges, options: NvtxOptions, found: Enclosure, 
     if not index.n:
         return
     missing = [d for d in options.operator_domains if d not in index.domains]
-    if missing:
+    if missing and index.domains:  # (no push/pop ranges at all: the reader said so already)
         log.warning("NVTX operator domain(s) %s have no push/pop ranges in this capture; domains present: %s",
                     ", ".join(repr(d) for d in missing), ", ".join(repr(d) for d in index.domains) or "none")
     stuck = reason == "no_operator_range"
@@ -651,7 +651,8 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (nsys-sqlite.md §6).
 
     A kernel is projected onto every range of every domain on its launch thread's stacks that encloses
-    its launch (and onto the start/end regions of its process).
+    its launch (and onto the start/end regions of its process); a CUDA-graph node kernel also onto the
+    ranges open at its node's capture (their GPU span then covers every replay).
 
     Returns:
         One row per (range, stream): ``range_id, name, domain, kind, pid, tid, depth, stream,
@@ -667,7 +668,12 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     index = _Ranges(ranges)
     found = enclose(kernels, index)
     pairs_k, pairs_r = [], []
-    for cand in launch_innermost(found, index).values():
+    # A kernel counts for the ranges around its launch call; a CUDA-graph node kernel also for the
+    # ranges open where its node was captured (the op that made it), as nsys's projection does.
+    starts = list(launch_innermost(found, index).values())
+    if found.captured.any():
+        starts += [np.where(found.captured, cand, -1) for cand in found.innermost.values()]
+    for cand in starts:
         cand = cand.copy()
         while True:
             live = np.flatnonzero(cand >= 0)
@@ -684,6 +690,9 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
                              for c in columns})
     k = np.concatenate(pairs_k)
     r = np.concatenate(pairs_r)
+    if found.captured.any():  # a range both around the launch and the capture counts the kernel once
+        unique = pd.DataFrame({"k": k, "r": r}).drop_duplicates()
+        k, r = unique["k"].to_numpy(), unique["r"].to_numpy()
     pairs = pd.DataFrame(
         {
             "row": r, "stream": kernels["stream"].to_numpy(dtype=np.int64)[k],
