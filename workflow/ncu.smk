@@ -21,6 +21,7 @@ rule replay_ncu:
 rule parse_ncu:
     input:
         csv="results/{workload}/ncu/{cls}.csv",
+        lib=[LIB / "ncu" / "csv_reader.py", *ANALYSIS_LIB],
     output:
         "results/{workload}/ncu/{cls}.parquet",
     log:

@@ -49,6 +49,13 @@ def _cmd_timeline(args) -> None:
     print(f"{len(timeline.kernels)} kernels, {len(timeline.launches)} launches, {len(timeline.ranges)} ranges -> {args.out}")
 
 
+def _cmd_ncu(args) -> None:
+    table = stages.parse_ncu_files([Path(f) for f in args.files], Path(args.out))
+    metrics = [c for c in table.columns if c not in ("source", "ncu_id", "pid", "name", "match_key", "occurrence",
+                                                     "stream", "grid", "block")]
+    print(f"{len(table)} kernels, {len(metrics)} metrics from {len(args.files)} file(s) -> {args.out}")
+
+
 def _cmd_fusion_map(args) -> None:
     fusion = stages.build_fusion_map(Path(args.inductor_dir), Path(args.out))
     print(f"{len(fusion)} call sites in {fusion['graph'].nunique() if len(fusion) else 0} graphs -> {args.out}")
@@ -117,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--nsys", help="Nsight Systems export (.sqlite or .nsys-rep)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_timeline)
+
+    s = sub.add_parser("ncu", help="Nsight Compute CSVs (ncu --csv, details or raw page) -> per-kernel counters parquet")
+    s.add_argument("files", nargs="+", help="ncu --csv output files")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_cmd_ncu)
 
     s = sub.add_parser("fusion-map", help="Inductor debug directory -> fusion map parquet")
     s.add_argument("--inductor-dir", required=True)

@@ -198,3 +198,34 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
         diagnostics=diagnostics,
     )
     write_text_atomic(out, text)
+
+
+def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
+    """ncu CSVs -> one row per profiled kernel (``ncu/{cls}.parquet``, DESIGN.md §3).
+
+    Columns: ``source`` (the CSV), ``ncu_id``, ``pid``, ``name``, ``match_key`` (the name as printed:
+    the replay asks ncu for mangled names), ``occurrence`` (index among the kernels of the same file,
+    process and name, in ncu_id order), ``stream``, ``grid``, ``block``, then one column per metric as
+    ncu spells it, in base units; the units are in the parquet metadata (``units``: metric -> unit).
+
+    Raises:
+        NcuCsvError: a CSV that is empty, has no header, holds a failed run's errors or a non-numeric
+            metric (the message says what ncu reported and how to fix it).
+    """
+    from .ncu.csv_reader import read_ncu_csv, wide_metrics
+
+    frames, units = [], {}
+    for path in csv_paths:
+        wide = wide_metrics(read_ncu_csv(Path(path)))
+        units.update(wide.attrs.get("units", {}))
+        wide.insert(0, "source", str(path))
+        wide.insert(wide.columns.get_loc("name") + 1, "match_key", wide["name"])
+        keys = ["pid", "match_key"] if wide["pid"].notna().all() else ["match_key"]
+        wide.insert(wide.columns.get_loc("match_key") + 1, "occurrence",
+                    wide.sort_values("ncu_id").groupby(keys, dropna=False).cumcount().reindex(wide.index).astype("int64"))
+        frames.append(wide)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    table.attrs = {"units": units}
+    write_parquet_atomic(table, out)
+    return table
+

@@ -1,0 +1,384 @@
+"""Read Nsight Compute ``ncu --csv`` output (details page or raw page) into one long, normalised table.
+
+Format facts come from ``../shared/docs/ncu.md`` (cited as "ncu.md §x") and were checked against the real files in
+``../shared/data/real/ncu/`` (provenance in ``PROVENANCE.md`` there):
+
+* Pages (ncu.md §1.1-1.3). ``details`` is long: one row per kernel x metric, with optional rule columns
+  (``Rule Name``/``Rule Type``/``Rule Description``, and ``Estimated Speedup Type``/``Estimated Speedup`` in
+  2023.x+), either the 2021-era ``Kernel Time`` identity columns or the newer ``Block Size``/``Grid Size``/
+  ``Device``/``CC`` ones. Metric rows end early when rule columns exist ("ragged rows", padded here). Rule rows
+  (empty Metric Name, rule columns filled) are not metrics: they go to ``df.attrs["rules"]``. ``raw`` is wide:
+  identity columns, then one column per metric *name*; the second row holds the units.
+* Preamble (ncu.md §1.5, key fact 3): ``==PROF==``/``==WARNING==``/``==ERROR==`` lines and application stdout
+  may precede the header; ``==XXX==`` lines are also skipped after it.
+* ``ID`` (ncu.md §1.7): 0-based index of the profiled result, global across kernel names: the invocation-order
+  join key.
+* Numbers (ncu.md §1.5): locale digit grouping (``"6,400"``, ``"967,585,940.83"``, Spanish ``"2.508.800"``),
+  ``n/a`` (missing, not 0), text values (``CachePreferNone``). The grouping/decimal convention is detected once
+  per file (see :func:`_detect_locale`); ambiguous files default to ``,`` grouping and ``.`` decimal, which is
+  what every real file uses.
+* Units (ncu.md §1.4): base units by default, but spellings changed (``nsecond`` vs ``ns``, ``cycle/second`` vs
+  ``hz``) and ``--print-units auto`` scales with SI factor 1000, also for bytes (``Kbyte`` = 1000 byte). Values
+  are converted to base units: ``byte``, ``second``, ``hz`` (for ``cycle/second``), counts (``inst``,
+  ``cycle``, ...), ``%`` unchanged; unknown unit strings are kept as printed with factor 1.
+* Instanced metrics (ncu.md §1.2, UNVERIFIED format ``158 (0: 158)`` / ``a; b; c``): the leading aggregate is
+  kept as the value, the whole cell in ``text``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from operator_profiler.files import InputError
+
+__all__ = ["KERNEL_COLUMNS", "LONG_COLUMNS", "NcuCsvError", "normalize_unit", "read_ncu_csv", "wide_metrics"]
+
+#: Columns of :func:`read_ncu_csv`'s result, in order.
+LONG_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block", "section", "metric", "value", "text", "unit",
+                "raw_unit"]
+#: Per-kernel columns kept by :func:`wide_metrics`.
+KERNEL_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block"]
+
+# Identity (non-metric) columns of both pages (ncu.md §1.2, §1.3, §1.6); NVTX columns are matched by substring.
+_IDENTITY = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time", "Context", "Stream",
+             "Block Size", "Grid Size", "Device", "CC"}
+_DETAILS = {"Section Name", "Metric Name", "Metric Unit", "Metric Value"}
+_RULE_COLS = ["Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup"]
+_TOOL_LINE = re.compile(r"^==[A-Z]+==")
+
+PERMISSION_URL = "https://developer.nvidia.com/ERR_NVGPUCTRPERM"
+
+
+class NcuCsvError(InputError):
+    """An ``ncu --csv`` file that cannot be read; the message names the file, the line or field, and the fix."""
+
+
+# ---------------------------------------------------------------- units (ncu.md §1.4)
+
+_PREFIX = {"": 1.0, "n": 1e-9, "u": 1e-6, "µ": 1e-6, "m": 1e-3, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+# base word -> normalised name; words that take SI prefixes
+_SCALABLE = {"byte": "byte", "second": "second", "hz": "hz", "Hz": "hz", "cycle": "cycle", "inst": "inst",
+             "warp": "warp", "block": "block", "thread": "thread", "sector": "sector", "request": "request",
+             "wavefront": "wavefront", "register": "register", "transaction": "transaction"}
+_ALIASES = {"ns": ("second", 1e-9), "us": ("second", 1e-6), "µs": ("second", 1e-6), "ms": ("second", 1e-3),
+            "s": ("second", 1.0), "sec": ("second", 1.0), "B": ("byte", 1.0), "KB": ("byte", 1e3),
+            "MB": ("byte", 1e6), "GB": ("byte", 1e9), "TB": ("byte", 1e12)}
+
+
+def _unit_part(part: str) -> tuple[str, float]:
+    if part in _ALIASES:
+        return _ALIASES[part]
+    for word, base in _SCALABLE.items():
+        if part.endswith(word) and part[: -len(word)] in _PREFIX:
+            return base, _PREFIX[part[: -len(word)]]
+    return part, 1.0
+
+
+def normalize_unit(raw_unit: str) -> tuple[str, float]:
+    """Map a unit as ncu prints it to ``(base unit, factor)``; ``value_in_base = printed_value * factor``.
+
+    ``nsecond``/``ns``/``usecond``/``msecond`` -> ``second``; ``Kbyte``/``Mbyte`` (SI 1000) -> ``byte``;
+    ``cycle/second``, ``hz``, ``Ghz``, ``cycle/nsecond`` -> ``hz``; ``Gbyte/second`` -> ``byte/second``;
+    ``register/thread``, ``byte/block``, ``%``, ``inst`` etc. keep their names (ncu.md §1.4). Unknown -> (as is, 1).
+    """
+    u = (raw_unit or "").strip()
+    if not u or u == "%":
+        return u, 1.0
+    parts = u.split("/")
+    if len(parts) > 2:
+        return u, 1.0
+    num, f = _unit_part(parts[0])
+    if len(parts) == 2:
+        den, g = _unit_part(parts[1])
+        f /= g
+        if num == "cycle" and den == "second":
+            return "hz", f
+        return f"{num}/{den}", f
+    return num, f
+
+
+# ---------------------------------------------------------------- numbers (ncu.md §1.5)
+
+_NUMLIKE = re.compile(r"^[+-]?[\d.,]*\d[\d.,]*$")
+_LEADING = re.compile(r"^\s*([+-]?[\d.,]*\d)\s*(?:\(|;)")  # instanced "158 (0: 158)" / "a; b; c"
+_SCIENTIFIC = re.compile(r"^[+-]?\d+(\.\d+)?[eE][+-]?\d+$")  # not seen in ncu output; accepted defensively
+_MISSING = {"", "n/a", "N/A", "nan", "NaN"}
+
+
+def _detect_locale(cells: list[str]) -> tuple[str, str]:
+    """Return ``(group, decimal)`` separators for a file from its number-like cells.
+
+    Evidence for ``,`` grouping / ``.`` decimal: ``1,234.5``, ``1,234,567``, ``12.5`` (a ``.`` not followed by
+    exactly three digits). Evidence for ``.`` grouping / ``,`` decimal: ``1.234,5``, ``2.508.800``, ``12,5``.
+    ``1,234`` or ``1.234`` alone is ambiguous. No evidence -> ``(",", ".")`` (every real file, ncu.md §1.5).
+    """
+    en = de = None
+    for c in cells:
+        if "," in c and "." in c:
+            if c.rfind(".") > c.rfind(","):
+                en = en or c
+            else:
+                de = de or c
+        elif c.count(",") > 1:
+            en = en or c
+        elif c.count(".") > 1:
+            de = de or c
+        elif "." in c and not re.search(r"\.\d{3}$", c):
+            en = en or c
+        elif "," in c and not re.search(r",\d{3}$", c):
+            de = de or c
+        if en and de:
+            break
+    if de and not en:
+        return ".", ","
+    if en and de:
+        raise ValueError(f"both {en!r} (1,234.5 style) and {de!r} (1.234,5 style)")
+    return ",", "."
+
+
+def _to_float(cell: str, group: str, decimal: str) -> float | None:
+    """Parse one cell; ``None`` when it is not a number (text value)."""
+    s = cell.strip()
+    if s in _MISSING:
+        return math.nan
+    m = _LEADING.match(s)
+    if m:
+        s = m.group(1)
+    if _SCIENTIFIC.match(s):
+        return float(s)
+    if not _NUMLIKE.match(s):
+        return None
+    s = s.replace(group, "").replace(decimal, ".")
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _err(path: Path, where: str, what: str, fix: str) -> NcuCsvError:
+    return NcuCsvError(f"{path}: {where}: {what}. {fix}")
+
+
+def _failed_run_error(path: Path, tool_lines: list[tuple[int, str]]) -> NcuCsvError | None:
+    errors = [(n, ln) for n, ln in tool_lines if ln.startswith("==ERROR==") or "ERR_" in ln]
+    if not errors:
+        return None
+    n, first = errors[0]
+    said = first.strip()
+    if any("ERR_NVGPUCTRPERM" in ln for _, ln in errors):
+        fix = (f"ncu was not allowed to read the GPU performance counters (ERR_NVGPUCTRPERM). Re-run ncu with "
+               f"permission to access GPU performance counters: as root / with sudo, in a container started with "
+               f"--cap-add=SYS_ADMIN, or after an administrator enables counter access for all users (driver option "
+               f"NVreg_RestrictProfilingOnlyToAdminUsers=0); see {PERMISSION_URL}. If locking clocks is also refused, "
+               f"pin clocks with nvidia-smi and pass --clock-control none (../shared/docs/ncu.md §2)")
+    else:
+        fix = "Fix what ncu reported and re-run the profile; this file holds no results"
+    return _err(path, f"line {n}", f"this is the output of a failed ncu run, ncu reported: {said!r}", fix)
+
+
+def _lines(text: str, start: int, tool_lines: list[tuple[int, str]], cur: list[int]) -> Iterator[str]:
+    """Yield physical lines from index ``start``, skipping ``==XXX==`` lines; ``cur[0]`` = 1-based line number."""
+    for i, line in enumerate(text.splitlines(keepends=True)[start:], start=start + 1):
+        if _TOOL_LINE.match(line):
+            tool_lines.append((i, line.rstrip("\r\n")))
+            continue
+        cur[0] = i
+        yield line
+
+
+def _dims(cell: str) -> str | None:
+    """``"(384, 1, 1)"`` -> ``"384,1,1"`` (ncu.md §1.2 Block Size / Grid Size)."""
+    if cell is None:
+        return None
+    s = cell.strip().strip("()[]").replace(" ", "")
+    return s or None
+
+
+def _int_or_none(cell: str | None):
+    if cell is None:
+        return None
+    s = cell.strip().replace(",", "")
+    return int(s) if re.fullmatch(r"-?\d+", s) else (cell.strip() or None)
+
+
+def read_ncu_csv(path) -> pd.DataFrame:
+    """Read an ``ncu --csv`` file (``--page details`` or ``--page raw``) into a long, normalised DataFrame.
+
+    One row per (profiled result, metric). Columns (:data:`LONG_COLUMNS`):
+
+    * ``ncu_id`` (int): the ncu ``ID`` column, 0-based profiling order, global across kernel names (ncu.md §1.7).
+    * ``pid`` (Int64, null if no ``Process ID`` column), ``name`` (``Kernel Name`` as printed),
+      ``stream`` (Int64 when numeric), ``grid``/``block`` (``"x,y,z"`` from ``Grid Size``/``Block Size``; null in
+      the 2021-era ``Kernel Time`` layout, which lacks them, ncu.md §1.2).
+    * ``section``: ``Section Name`` (details page; e.g. ``Command line profiler metrics``), null on the raw page.
+    * ``metric``: as ncu spells it (raw metric name, or the label such as ``Duration`` on the details page).
+    * ``value`` (float): in ``unit``; NaN for ``n/a``, empty or text values. ``text``: the cell as printed.
+    * ``unit``: normalised base unit (:func:`normalize_unit`); ``raw_unit``: the unit as printed.
+
+    ``df.attrs``: ``"source"`` (path), ``"page"`` (``"details"``/``"raw"``), ``"locale"`` (grouping, decimal),
+    ``"rules"`` (list of dicts: ncu_id, section, rule, type, description, speedup_type, speedup; details page).
+    Rows are sorted by ``ncu_id`` (stable: file order within one result).
+
+    Raises:
+        NcuCsvError: empty file, no CSV header, output of a failed ncu run (``==ERROR==``, ERR_NVGPUCTRPERM),
+            a row whose ID is not an integer, mixed number locales, or a non-number in a metric with a unit.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise NcuCsvError(f"{path}: cannot read the ncu CSV ({e.strerror or e}). Check the path given.") from e
+    text = raw.decode("utf-8", errors="replace").lstrip("\ufeff")
+    if not text.strip():
+        raise _err(path, "line 1", "the file is empty",
+                   "Re-export it with `ncu -i run.ncu-rep --csv --page raw --print-units base > file.csv`; with "
+                   "-o/--export and no --page, ncu prints nothing (../shared/docs/ncu.md §1.1)")
+    all_lines = text.splitlines()
+    header_idx = None
+    for i, line in enumerate(all_lines):
+        if _TOOL_LINE.match(line):
+            continue
+        try:
+            first = next(csv.reader([line]))
+        except csv.Error:
+            continue
+        if first and first[0].strip() == "ID" and len(first) > 1:
+            header_idx = i
+            break
+    pre_tool = [(i + 1, ln) for i, ln in enumerate(all_lines[: header_idx if header_idx is not None else None])
+                if _TOOL_LINE.match(ln)]
+    if header_idx is None:
+        failed = _failed_run_error(path, pre_tool)
+        if failed:
+            raise failed
+        raise _err(path, f"lines 1-{len(all_lines)}",
+                   'no ncu CSV header (a line starting with "ID",) was found',
+                   "Pass the output of `ncu --csv` (details or raw page), not the console report; "
+                   "see ../shared/docs/ncu.md §1.2-1.3 for the expected headers")
+
+    tool_lines: list[tuple[int, str]] = list(pre_tool)
+    cur = [header_idx + 1]
+    reader = csv.reader(_lines(text, header_idx, tool_lines, cur))
+    header = [h.strip() for h in next(reader)]
+    col = {h: i for i, h in enumerate(header)}
+    rows: list[tuple[int, list[str]]] = []
+    for r in reader:
+        if not r or all(not c.strip() for c in r):
+            continue
+        rows.append((cur[0], r + [""] * (len(header) - len(r))))  # ragged rows (ncu.md §1.2)
+    page = "details" if _DETAILS <= set(col) else "raw"
+
+    def cell(r, name):
+        i = col.get(name)
+        return r[i] if i is not None else None
+
+    units_row = None
+    if page == "raw" and rows and not rows[0][1][col["ID"]].strip():
+        units_row = rows.pop(0)[1]  # ncu.md §1.3: second row = units
+    if not rows:
+        failed = _failed_run_error(path, tool_lines)
+        if failed:
+            raise failed
+        raise _err(path, f"line {header_idx + 1}", "the CSV header has no result rows: ncu profiled no kernel",
+                   "Check the kernel/NVTX filters (-k, --nvtx-include needs a trailing '/' for push/pop ranges, "
+                   "../shared/docs/ncu.md §2) and that the workload launched kernels")
+
+    for lineno, r in rows:
+        if not re.fullmatch(r"\d+", r[col["ID"]].strip()):
+            raise _err(path, f"line {lineno}, field ID", f"{r[col['ID']]!r} is not a result ID (an integer)",
+                       "The CSV is corrupted or application output is mixed into it; write ncu's CSV to its own "
+                       "file with --log-file or redirect the application's stdout (../shared/docs/ncu.md §1.1)")
+
+    if page == "details":
+        value_cells = [r[col["Metric Value"]] for _, r in rows]
+    else:
+        metric_cols = [h for h in header if h not in _IDENTITY and "Push/Pop_Range" not in h
+                       and "Start/Stop_Range" not in h and h]
+        value_cells = [r[col[m]] for _, r in rows for m in metric_cols]
+    try:
+        group, decimal = _detect_locale([c.strip() for c in value_cells if _NUMLIKE.match(c.strip())])
+    except ValueError as e:
+        raise _err(path, "Metric Value cells", f"numbers use two different digit-grouping conventions ({e})",
+                   "Export the whole report in one locale, e.g. `LC_ALL=C ncu -i run.ncu-rep --csv ...` "
+                   "(../shared/docs/ncu.md §1.5)") from None
+
+    out: list[tuple] = []
+    rules: list[dict] = []
+
+    def kernel(r):
+        return (int(r[col["ID"]]), _int_or_none(cell(r, "Process ID")), cell(r, "Kernel Name"),
+                _int_or_none(cell(r, "Stream")), _dims(cell(r, "Grid Size")), _dims(cell(r, "Block Size")))
+
+    def add(lineno, r, k, section, metric, txt, raw_unit, field):
+        unit, factor = normalize_unit(raw_unit)
+        v = _to_float(txt, group, decimal)
+        if v is None:
+            if unit:  # a unit means ncu printed a number here
+                raise _err(path, f"line {lineno}, field {field!r} (metric {metric!r}, ID {k[0]})",
+                           f"{txt!r} is not a number but the metric has unit {raw_unit!r}",
+                           "The file is damaged or not ncu output; re-export it with `ncu -i run.ncu-rep --csv "
+                           "--print-units base` (../shared/docs/ncu.md §1.4-1.5)")
+            v = math.nan
+        out.append((*k, section, metric, v * factor if not math.isnan(v) else v, txt, unit, raw_unit))
+
+    if page == "details":
+        for lineno, r in rows:
+            k = kernel(r)
+            metric = r[col["Metric Name"]]
+            if not metric.strip():
+                rule = {c: cell(r, c) for c in _RULE_COLS}
+                if any(rule.values()):
+                    rules.append({"ncu_id": k[0], "section": r[col["Section Name"]], "rule": rule["Rule Name"],
+                                  "type": rule["Rule Type"], "description": rule["Rule Description"],
+                                  "speedup_type": rule["Estimated Speedup Type"],
+                                  "speedup": _to_float(rule["Estimated Speedup"] or "", group, decimal)})
+                continue
+            add(lineno, r, k, r[col["Section Name"]], metric, r[col["Metric Value"]], r[col["Metric Unit"]],
+                "Metric Value")
+    else:
+        for lineno, r in rows:
+            k = kernel(r)
+            for m in metric_cols:
+                add(lineno, r, k, None, m, r[col[m]], units_row[col[m]] if units_row else "", m)
+
+    df = pd.DataFrame(out, columns=LONG_COLUMNS)
+    df = df.sort_values("ncu_id", kind="stable").reset_index(drop=True)  # ncu writes ID order; keep it guaranteed
+    df["ncu_id"] = df["ncu_id"].astype("int64")
+    for c in ("pid", "stream"):
+        if df[c].map(lambda x: x is None or isinstance(x, int)).all():
+            df[c] = df[c].astype("Int64")
+    df["value"] = df["value"].astype("float64")
+    df.attrs.update({"source": str(path), "page": page, "locale": (group, decimal), "rules": rules})
+    return df
+
+
+def wide_metrics(long_df: pd.DataFrame) -> pd.DataFrame:
+    """One row per ``ncu_id`` (ascending): :data:`KERNEL_COLUMNS`, then one column per metric name (base units).
+
+    Text-valued metrics are NaN here (their text stays in the long table). ``df.attrs["units"]`` maps each metric
+    column to its base unit. A metric name that occurs in several sections for one result (labels such as
+    ``Duration`` on a details page) is named ``"<section>: <metric>"`` instead, to keep the values apart.
+    """
+    df = long_df.copy()
+    dup = df.duplicated(["ncu_id", "metric"], keep=False)
+    if dup.any():
+        clash = set(df.loc[dup, "metric"])
+        df["metric"] = [f"{s}: {m}" if m in clash else m for s, m in zip(df["section"], df["metric"])]
+    kernels = df.drop_duplicates("ncu_id")[KERNEL_COLUMNS].set_index("ncu_id")
+    values = df.pivot_table(index="ncu_id", columns="metric", values="value", aggfunc="first", dropna=False,
+                            sort=False)
+    order = list(dict.fromkeys(df["metric"]))
+    values = values.reindex(columns=order)
+    wide = kernels.join(values).sort_index().reset_index()
+    wide.columns.name = None
+    wide.attrs["units"] = dict(zip(df["metric"], df["unit"]))
+    return wide

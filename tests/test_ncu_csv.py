@@ -1,0 +1,365 @@
+"""``operator_profiler.ncu.csv_reader`` on the five real ncu CSVs and on small synthetic CSVs, one per documented
+variant of ../shared/docs/ncu.md §1 (raw page with units row, digit grouping in two locales, ``n/a``, ``==PROF==``
+and application-stdout preambles, the 20-column layout with estimated speedups) and per bad input.
+
+Expected real values were read by hand from the files in ../shared/data/real/ncu/ (provenance in PROVENANCE.md
+there); each carries the 1-based line number it comes from.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from operator_profiler.files import InputError
+from operator_profiler.ncu.csv_reader import (
+    LONG_COLUMNS,
+    NcuCsvError,
+    normalize_unit,
+    read_ncu_csv,
+    wide_metrics,
+)
+
+# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
+NCU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "ncu"
+BERT = "a100_pytorch_bert_mha_eager_details_kerneltime_rules.csv"
+GPT2 = "a100_pytorch_gpt2_flashattn_details_kerneltime_rules.csv"
+DROPOUT = "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv"
+POOL = "a100_pytorch_adaptive_avgpool_details_blockgrid_rules_preamble.csv"
+CONV = "a100_cudnn_conv2d_details_kerneltime_rules_app_stdout_preamble.csv"
+
+
+def _real(name: str) -> Path:
+    path = NCU_DIR / name
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"real ncu CSV missing in a CI run: {path}")
+        pytest.skip(f"real data not available: {path}")
+    return path
+
+
+def _one(df, ncu_id, metric):
+    row = df[(df.ncu_id == ncu_id) & (df.metric == metric)]
+    assert len(row) == 1, (ncu_id, metric, len(row))
+    return row.iloc[0]
+
+
+# ---------------------------------------------------------------- real files
+
+
+def test_dropout_162_launches_in_id_order():
+    df = read_ncu_csv(_real(DROPOUT))
+    assert list(df.columns) == LONG_COLUMNS
+    assert df.attrs["page"] == "details" and df.attrs["rules"] == []
+    ids = list(df.drop_duplicates("ncu_id").ncu_id)
+    assert ids == list(range(162))
+    assert df.name.nunique() == 1 and df.name.iloc[0].startswith(
+        "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<double, double, unsigned int, 1, 4>")
+    assert df.groupby("ncu_id").size().eq(21).all()
+    assert df.grid.isna().all() and df.block.isna().all()  # "Kernel Time" layout has no Grid/Block Size
+    # line 2: "0",...,"dram__bytes.sum","byte","4,194,688"
+    r = _one(df, 0, "dram__bytes.sum")
+    assert (r.value, r.text, r.unit, r.raw_unit, r.pid, r.stream) == (4194688.0, "4,194,688", "byte", "byte", 33512, 7)
+    # line 5: "0",...,"gpu__time_duration.sum","nsecond","11,744" -> seconds
+    r = _one(df, 0, "gpu__time_duration.sum")
+    assert r.value == pytest.approx(11744e-9) and (r.unit, r.raw_unit, r.text) == ("second", "nsecond", "11,744")
+    # line 3386: "161",...,"gpu__time_duration.sum","nsecond","34,208"
+    assert _one(df, 161, "gpu__time_duration.sum").value == pytest.approx(34208e-9)
+    # line 3383: "161",...,"dram__bytes.sum","byte","23,473,664"
+    assert _one(df, 161, "dram__bytes.sum").value == 23473664.0
+    wide = wide_metrics(df)
+    assert list(wide.ncu_id) == list(range(162)) and wide.shape == (162, 6 + 21)
+    assert wide.attrs["units"]["gpu__time_duration.sum"] == "second"
+    assert wide.loc[161, "dram__bytes.sum"] == 23473664.0
+
+
+def test_bert_global_ids_rules_and_hz():
+    df = read_ncu_csv(_real(BERT))
+    assert df.ncu_id.nunique() == 26 and sorted(df.ncu_id.unique()) == list(range(26))
+    # ncu.md §1.7: IDs are global across kernel names
+    assert sorted(df[df.name == "ampere_sgemm_32x32_sliced1x4_tn"].ncu_id.unique()) == [6, 10, 14, 22]
+    # line 32: "0",...,"sm__cycles_elapsed.avg.per_second","cycle/second","967,585,940.83"
+    r = _one(df, 0, "sm__cycles_elapsed.avg.per_second")
+    assert r.value == pytest.approx(967585940.83) and (r.unit, r.raw_unit) == ("hz", "cycle/second")
+    # line 373: "6",...,"ampere_sgemm_32x32_sliced1x4_tn",...,"dram__bytes.sum","byte","303,360"
+    r = _one(df, 6, "dram__bytes.sum")
+    assert (r["name"], r.value, r.section) == ("ampere_sgemm_32x32_sliced1x4_tn", 303360.0,
+                                               "Command line profiler metrics")
+    # text-valued metric: NaN value, text kept
+    r = _one(df, 0, "Function Cache Configuration")
+    assert math.isnan(r.value) and r.text == "cudaFuncCachePreferNone" and r.unit == ""
+    assert len(df.attrs["rules"]) == 51
+    assert not df.metric.eq("").any()  # rule rows are not metrics
+    assert wide_metrics(df).shape == (26, 6 + 60)
+
+
+def test_gpt2_flashattn():
+    df = read_ncu_csv(_real(GPT2))
+    assert df.ncu_id.nunique() == 10 and len(df) == 600
+    # line 604: "9",...,"void splitKreduce_kernel<...",...,"Launch Statistics","Registers Per Thread","register/thread","32"
+    r = _one(df, 9, "Registers Per Thread")
+    assert r["name"].startswith("void splitKreduce_kernel<(int)32, (int)16, int, __half")
+    assert (r.value, r.unit, r.section) == (32.0, "register/thread", "Launch Statistics")
+    assert len(df.attrs["rules"]) == 18
+
+
+def test_pooling_prof_preamble_block_grid_layout():
+    df = read_ncu_csv(_real(POOL))  # 3 ==PROF== lines before the header (line 4)
+    assert df.ncu_id.nunique() == 240 and list(df.drop_duplicates("ncu_id").ncu_id) == list(range(240))
+    wide = wide_metrics(df)
+    assert wide.shape == (240, 6 + 38)
+    # line 26: "0",...,"(32, 16, 1)","(1, 1, 1)","0","8.0","Launch Statistics","Function Cache Configuration","","CachePreferNone"
+    k0 = wide.iloc[0]
+    assert (k0.ncu_id, k0.pid, k0.stream, k0.block, k0.grid) == (0, 102476, 7, "32,16,1", "1,1,1")
+    assert _one(df, 0, "Function Cache Configuration").text == "CachePreferNone"
+    # line 29: "0",...,"Shared Memory Configuration Size","byte","16,384"
+    assert _one(df, 0, "Shared Memory Configuration Size").value == 16384.0
+    # line 9392: "239",...,"(32, 8, 1)","(32768, 1, 1)",...,"Registers Per Thread","register/thread","38"
+    k = wide.iloc[239]
+    assert (k.block, k.grid, k["Registers Per Thread"]) == ("32,8,1", "32768,1,1", 38.0)
+    assert k["name"].startswith("void at::native::<unnamed>::adaptive_average_pool<float>")
+    assert len(df.attrs["rules"]) == 283
+
+
+def test_conv2d_app_stdout_preamble():
+    df = read_ncu_csv(_real(CONV))  # 12 lines of ==PROF== and application stdout before the header
+    assert df.ncu_id.unique().tolist() == [0] and len(df) == 60
+    # line 14: "0","17313",...,"dram__bytes.sum","byte","66,048"
+    r = _one(df, 0, "dram__bytes.sum")
+    assert (r.value, r.pid, r.stream) == (66048.0, 17313, 7)
+    assert r["name"].startswith("void implicit_convolve_sgemm<float, float, (int)128")
+    # line 66: "LaunchStats","","","","LaunchConfiguration","WRN","The grid for this launch ..."
+    (rule,) = [x for x in df.attrs["rules"] if x["rule"] == "LaunchConfiguration"]
+    assert (rule["ncu_id"], rule["section"], rule["type"]) == (0, "LaunchStats", "WRN")
+    assert rule["description"].startswith("The grid for this launch is configured to execute only 64 blocks")
+
+
+# ---------------------------------------------------------------- synthetic variants
+
+DETAILS_HDR = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Kernel Time","Context","Stream",'
+               '"Section Name","Metric Name","Metric Unit","Metric Value"\n')
+K0 = '"0","11","python","h","k_a","2023-May-09 15:12:33","1","7",'
+K1 = '"1","11","python","h","k_b, with comma","2023-May-09 15:12:34","1","13",'
+
+
+def _write(tmp_path, text: str, name="run.csv") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_raw_page_with_units_row(tmp_path):
+    hdr = ('"ID","Process ID","Process Name","Host Name",'
+           '"thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg","Kernel Name","Context",'
+           '"Stream","Block Size","Grid Size","Device","CC","dram__bytes.sum","gpu__time_duration.sum",'
+           '"launch__func_cache_config","sm__cycles_elapsed.avg.per_second","smsp__inst_executed.sum"\n')
+    units = '"","","","","","","","","","","","","Kbyte","usecond","","Ghz","inst"\n'
+    r0 = '"0","5","python","h","1  ""<default domain>:step:none:none:none:none:none:none""","k_a","1","7","(128, 1, 1)","(64, 2, 1)","0","9.0","1.5","2.5","CachePreferNone","1.98","1,024"\n'
+    r1 = '"1","5","python","h","","k_b","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","n/a","0.5","CachePreferL1","1.98","7"\n'
+    df = read_ncu_csv(_write(tmp_path, hdr + units + r0 + r1))
+    assert df.attrs["page"] == "raw"
+    assert set(df.metric) == {"dram__bytes.sum", "gpu__time_duration.sum", "launch__func_cache_config",
+                              "sm__cycles_elapsed.avg.per_second", "smsp__inst_executed.sum"}  # NVTX column is not a metric
+    r = _one(df, 0, "dram__bytes.sum")
+    assert (r.value, r.unit, r.raw_unit, r.text, r.grid, r.block) == (1500.0, "byte", "Kbyte", "1.5", "64,2,1", "128,1,1")
+    assert r.section is None
+    r = _one(df, 0, "gpu__time_duration.sum")
+    assert r.value == pytest.approx(2.5e-6) and r.unit == "second"
+    assert _one(df, 0, "sm__cycles_elapsed.avg.per_second").value == pytest.approx(1.98e9)
+    assert _one(df, 0, "smsp__inst_executed.sum").value == 1024.0
+    assert math.isnan(_one(df, 1, "dram__bytes.sum").value) and _one(df, 1, "dram__bytes.sum").text == "n/a"
+    wide = wide_metrics(df)
+    assert wide.attrs["units"] == {"dram__bytes.sum": "byte", "gpu__time_duration.sum": "second",
+                                   "launch__func_cache_config": "", "sm__cycles_elapsed.avg.per_second": "hz",
+                                   "smsp__inst_executed.sum": "inst"}
+    assert list(wide.columns[:6]) == ["ncu_id", "pid", "name", "stream", "grid", "block"]
+    assert math.isnan(wide.loc[1, "launch__func_cache_config"])
+
+
+def test_thousands_separators_en(tmp_path):
+    text = (DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","1,234.5"\n'
+            + K0 + '"Command line profiler metrics","smsp__inst_executed.sum","inst","6,400"\n'
+            + K1 + '"Command line profiler metrics","dram__bytes.sum","byte","2,508,800"\n')
+    df = read_ncu_csv(_write(tmp_path, text))
+    assert df.attrs["locale"] == (",", ".")
+    assert df.value.tolist() == [1234.5, 6400.0, 2508800.0]
+    assert df.name.tolist()[-1] == "k_b, with comma" and df.stream.tolist() == [7, 7, 13]
+
+
+def test_thousands_separators_dot_grouping_locale(tmp_path):
+    text = (DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","1.234,5"\n'
+            + K0 + '"Command line profiler metrics","smsp__inst_executed.sum","inst","6.400"\n'
+            + K1 + '"Command line profiler metrics","dram__bytes.sum","byte","2.508.800"\n')
+    df = read_ncu_csv(_write(tmp_path, text))
+    assert df.attrs["locale"] == (".", ",")
+    assert df.value.tolist() == [1234.5, 6400.0, 2508800.0]
+
+
+def test_na_and_text_values(tmp_path):
+    text = (DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes_read.sum","","n/a"\n'
+            + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","n/a"\n'
+            + K0 + '"Launch Statistics","Function Cache Configuration","","CachePreferNone"\n'
+            + K0 + '"Command line profiler metrics","l1tex__t_bytes.sum","byte","1.5e+03"\n')
+    df = read_ncu_csv(_write(tmp_path, text))
+    assert df.value.iloc[:3].isna().all() and df.text.tolist() == ["n/a", "n/a", "CachePreferNone", "1.5e+03"]
+    assert df.value.iloc[3] == 1500.0
+
+
+def test_prof_and_app_stdout_preamble(tmp_path):
+    pre = ("==PROF== Connected to process 11 (/usr/bin/python3)\n"
+           "loss = 0.5, step 1\n"
+           "==WARNING== Found outstanding GPU clock reset, trying to revert...\n"
+           '"not", "a", "header"\n'
+           '==PROF== Profiling "k_a" - 0: 0%....50%....100% - 8 passes\n'
+           "==PROF== Disconnected from process 11\n")
+    text = pre + DETAILS_HDR + K0 + '"Command line profiler metrics","gpu__time_duration.sum","ns","3,200"\n'
+    text += "==PROF== Report: run.ncu-rep\n"
+    df = read_ncu_csv(_write(tmp_path, text))
+    assert len(df) == 1 and df.value.iloc[0] == pytest.approx(3.2e-6) and df.unit.iloc[0] == "second"
+
+
+def test_speedup_layout_ragged_rule_rows(tmp_path):
+    hdr = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value","Rule Name","Rule Type",'
+           '"Rule Description","Estimated Speedup Type","Estimated Speedup"\n')
+    k = '"0","9","python","h","k_a","1","7","(384, 1, 1)","(9, 32, 1)","0","10.0",'
+    text = (hdr + k + '"GPU Speed Of Light Throughput","Duration","ns","5,120",\n'
+            + k + '"GPU Speed Of Light Throughput","SM Frequency","hz","1980000000",\n'
+            + k + '"LaunchStats","","","","LaunchConfiguration","OPT","grid too small","global","50"\n')
+    df = read_ncu_csv(_write(tmp_path, text))
+    assert df.metric.tolist() == ["Duration", "SM Frequency"]
+    assert df.value.tolist() == [pytest.approx(5.12e-6), 1.98e9] and df.unit.tolist() == ["second", "hz"]
+    assert df.attrs["rules"] == [{"ncu_id": 0, "section": "LaunchStats", "rule": "LaunchConfiguration",
+                                  "type": "OPT", "description": "grid too small", "speedup_type": "global",
+                                  "speedup": 50.0}]
+
+
+@pytest.mark.parametrize(
+    ("raw", "unit", "factor"),
+    [("nsecond", "second", 1e-9), ("ns", "second", 1e-9), ("usecond", "second", 1e-6), ("msecond", "second", 1e-3),
+     ("Kbyte", "byte", 1e3), ("Mbyte", "byte", 1e6), ("cycle/second", "hz", 1.0), ("hz", "hz", 1.0),
+     ("Ghz", "hz", 1e9), ("cycle/nsecond", "hz", 1e9), ("Gbyte/second", "byte/second", 1e9),
+     ("register/thread", "register/thread", 1.0), ("byte/block", "byte/block", 1.0), ("%", "%", 1.0),
+     ("", "", 1.0), ("SM", "SM", 1.0), ("cluster", "cluster", 1.0), ("inst", "inst", 1.0)],
+)
+def test_normalize_unit(raw, unit, factor):
+    got_unit, got_factor = normalize_unit(raw)
+    assert got_unit == unit and got_factor == pytest.approx(factor)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_empty_file(tmp_path):
+    p = _write(tmp_path, "\n  \n")
+    with pytest.raises(NcuCsvError) as e:
+        read_ncu_csv(p)
+    assert isinstance(e.value, InputError)
+    assert str(e.value) == (
+        f"{p}: line 1: the file is empty. Re-export it with `ncu -i run.ncu-rep --csv --page raw --print-units base "
+        "> file.csv`; with -o/--export and no --page, ncu prints nothing (../shared/docs/ncu.md §1.1)")
+
+
+def test_no_header(tmp_path):
+    p = _write(tmp_path, "==PROF== Connected to process 3\nhello\n  k_a  Duration  ns  3200\n")
+    with pytest.raises(NcuCsvError) as e:
+        read_ncu_csv(p)
+    assert str(e.value) == (
+        f'{p}: lines 1-3: no ncu CSV header (a line starting with "ID",) was found. Pass the output of `ncu --csv` '
+        "(details or raw page), not the console report; see ../shared/docs/ncu.md §1.2-1.3 for the expected headers")
+
+
+def test_non_numeric_metric(tmp_path):
+    text = (DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","128"\n'
+            + K1 + '"Command line profiler metrics","dram__bytes.sum","byte","lots"\n')
+    p = _write(tmp_path, text)
+    with pytest.raises(NcuCsvError) as e:
+        read_ncu_csv(p)
+    assert str(e.value) == (
+        f"{p}: line 3, field 'Metric Value' (metric 'dram__bytes.sum', ID 1): 'lots' is not a number but the metric "
+        "has unit 'byte'. The file is damaged or not ncu output; re-export it with `ncu -i run.ncu-rep --csv "
+        "--print-units base` (../shared/docs/ncu.md §1.4-1.5)")
+
+
+def test_non_numeric_raw_column(tmp_path):
+    text = ('"ID","Kernel Name","dram__bytes.sum"\n"","","byte"\n"0","k_a","12"\n"1","k_b","?"\n')
+    p = _write(tmp_path, text)
+    with pytest.raises(NcuCsvError, match=r"line 4, field 'dram__bytes.sum' \(metric 'dram__bytes.sum', ID 1\): "
+                                          r"'\?' is not a number"):
+        read_ncu_csv(p)
+
+
+def test_err_nvgpuctrperm_only(tmp_path):
+    line = ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
+            "Counters on the target device 0. For instructions on enabling permissions and to get more "
+            "information see https://developer.nvidia.com/ERR_NVGPUCTRPERM")
+    p = _write(tmp_path, f"==PROF== Connected to process 42 (/usr/bin/python3)\n{line}\n"
+                         "==PROF== Disconnected from process 42\n==WARNING== No kernels were profiled.\n")
+    with pytest.raises(NcuCsvError) as e:
+        read_ncu_csv(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: line 2: this is the output of a failed ncu run, ncu reported: {line!r}. ")
+    assert "permission to access GPU performance counters" in msg
+    assert "https://developer.nvidia.com/ERR_NVGPUCTRPERM" in msg and "--clock-control none" in msg
+    assert "\n" not in msg
+
+
+def test_header_without_rows(tmp_path):
+    p = _write(tmp_path, DETAILS_HDR + "==WARNING== No kernels were profiled.\n")
+    with pytest.raises(NcuCsvError, match=r"line 1: the CSV header has no result rows: ncu profiled no kernel"):
+        read_ncu_csv(p)
+
+
+def test_mixed_locales(tmp_path):
+    text = (DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","1,234.5"\n'
+            + K1 + '"Command line profiler metrics","dram__bytes.sum","byte","1.234,5"\n')
+    with pytest.raises(NcuCsvError, match="two different digit-grouping conventions"):
+        read_ncu_csv(_write(tmp_path, text))
+
+
+def test_bad_id(tmp_path):
+    text = DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","1"\n' + "step 2 done\n"
+    with pytest.raises(NcuCsvError, match=r"line 3, field ID: 'step 2 done' is not a result ID"):
+        read_ncu_csv(_write(tmp_path, text))
+
+
+# The stage and the CLI (opprof ncu, rule parse_ncu) ----------------------------------------------------
+
+
+def test_opprof_ncu_writes_one_row_per_kernel_with_occurrences_and_units(tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    dropout = _real("a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
+    out = tmp_path / "ncu.parquet"
+    result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "ncu", str(dropout), "--out", str(out)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_parquet(out)
+    assert len(table) == 162 and table["ncu_id"].tolist() == list(range(162))
+    assert table["occurrence"].tolist() == list(range(162))  # one kernel name, in launch order
+    assert (table["match_key"] == table["name"]).all()
+    assert table.attrs["units"]["dram__bytes.sum"] == "byte"
+
+
+def test_opprof_ncu_on_a_failed_run_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "failed.csv"
+    bad.write_text("==PROF== Connected to process 4242 (/usr/bin/python3.11)\n"
+                   "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
+                   "Counters on the target device 0. For instructions on enabling permissions and to get more "
+                   "information see https://developer.nvidia.com/ERR_NVGPUCTRPERM\n")
+    out = tmp_path / "ncu.parquet"
+    result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "ncu", str(bad), "--out", str(out)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "ERR_NVGPUCTRPERM" in lines[0] and str(bad) in lines[0]
+    assert not out.exists()
