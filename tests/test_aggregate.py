@@ -180,3 +180,43 @@ def test_real_trace_without_fusion_map_has_unattributed_row():
     # aten::addmm: every kernel is one op instance of its own.
     n_addmm = sum(1 for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("name") == "aten::addmm")
     assert ops.loc["aten::addmm", "calls"] == ops.loc["aten::addmm", "kernels"] == n_addmm
+
+
+def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
+    """Issue #4 acceptance: a two-kernel operator, durations 900 and 100 ns, SM throughput 80 % and
+    20 %: the operator's figure is (900*80 + 100*20) / 1000 = 74 %, its DRAM bytes the sum."""
+    import json
+
+    from operator_profiler import stages, tables
+
+    attribution = pd.DataFrame({
+        "kernel_id": [0, 1, 2], "operator": ["aten::mm", "aten::mm", None], "forward_operator": None,
+        "module": ["h.0", "h.0", None], "layer": ["h.0", "h.0", None], "layer_class": "Block", "path": "nvtx",
+        "fused_ops": [[], [], []], "source_nodes": [[], [], []], "reason": None, "evidence": "{}",
+        "operator_range_id": pd.array([7, 7, None], dtype="Int64"), "duration_ns": [900, 100, 50],
+        "iteration": pd.array([0, 0, 0], dtype="Int64"), "name": ["gemm", "gemm_tail", "copy"],
+    })
+    attribution.loc[2, "path"] = "unattributed"
+    tables.write_table(attribution, tables.ATTRIBUTION, tmp_path / "attribution.parquet")
+    # ncu's own kernel times are deliberately different: the weights must be the timeline's.
+    pd.DataFrame({"kernel_id": [0, 1], "sm__throughput.avg.pct_of_peak_sustained_elapsed": [80.0, 20.0],
+                  "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": [30.0, 10.0],
+                  "dram__bytes.sum": [1000.0, 3000.0], "gpu__time_duration.sum": [1e-7, 9e-7]}
+                 ).to_parquet(tmp_path / "counters.parquet")
+    pd.DataFrame({"layer": ["h.0"], "layer_class": ["Block"], "iteration": [0], "time_ns": [1000]}).to_parquet(
+        tmp_path / "instances.parquet")
+    (tmp_path / "classes.json").write_text(json.dumps({"Block": {"module_class": "Block", "instances": ["h.0"],
+                                                                 "kernel_count": 2, "representative": "h.0"}}))
+    out = tmp_path / "agg"
+    stages.aggregate_files(tmp_path / "attribution.parquet", tmp_path / "instances.parquet", tmp_path / "classes.json",
+                           {"per_iteration": False, "device": "cuda"}, out / "operators.parquet",
+                           out / "operators.csv", out / "modules.parquet", out / "layer_classes.parquet",
+                           out / "coverage.json", counters_path=tmp_path / "counters.parquet")
+    ops = pd.read_parquet(out / "operators.parquet").set_index("operator")
+    assert ops.loc["aten::mm", "sm_sol"] == pytest.approx(74.0)
+    assert ops.loc["aten::mm", "dram_bytes"] == 4000.0
+    assert ops.loc["aten::mm", "bottleneck"] == "compute-bound"  # SM 74 % vs memory 28 %
+    assert int(ops.loc["aten::mm", "counters_kernels"]) == 2
+    assert pd.isna(ops.loc["(unattributed)", "sm_sol"])  # no counters for the copy: not guessed
+    coverage = json.loads((out / "coverage.json").read_text())
+    assert coverage["counters_coverage"] == pytest.approx(2 / 3) and coverage["counters_note"] is None

@@ -4,7 +4,12 @@ rule aggregate:
         instances="results/{workload}/layers/instances.parquet",
         classes="results/{workload}/layers/classes.json",
         counters=counters_input,
-        lib=[LIB / "aggregate.py", *ANALYSIS_LIB],
+        lib=[
+            LIB / "aggregate.py",
+            LIB / "ncu" / "catalog.py",
+            LIB / "ncu" / "metrics.yaml",
+            *ANALYSIS_LIB,
+        ],
     output:
         operators="results/{workload}/operators.parquet",
         operators_csv="results/{workload}/operators.csv",

@@ -101,13 +101,35 @@ def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd
     return pd.DataFrame(rows, columns=columns)
 
 
+def with_counters(table: pd.DataFrame, attribution: pd.DataFrame, counters: pd.DataFrame, key: str, catalog) -> pd.DataFrame:
+    """Add the catalog metrics of each ``key`` group (operator or module) to ``table``.
+
+    ``counters``: one row per matched kernel (``kernel_id`` + metric columns as ncu spells them, base
+    units), from ``matched/kernel_metrics.parquet``. Each metric is combined over the group's kernels by
+    its catalog rule with the *timeline* durations as weights (``../shared/docs/DESIGN.md``: durations
+    come from the clock-locked capture, not from ncu's replay); ``counters_kernels`` says how many of
+    the group's kernels had counters, and ``bottleneck`` labels the group from its SOL figures.
+    """
+    from .ncu.catalog import aggregate as combine
+    from .ncu.catalog import label_bottlenecks
+
+    fill = UNATTRIBUTED if key == "operator" else OUTSIDE_LAYERS
+    joined = attribution[["kernel_id", key, "duration_ns"]].assign(**{key: attribution[key].fillna(fill)}).merge(
+        counters, on="kernel_id", how="left")
+    figures = combine(joined, key, catalog)
+    figures["bottleneck"] = label_bottlenecks(figures, catalog)
+    table = table.drop(columns=[c for c in ("bottleneck",) if c in table])
+    return table.merge(figures.drop(columns=["kernels"]), on=key, how="left")
+
+
 def counters_note(device: str | None) -> str:
     if device == "cpu":
         return "hardware counters: not collected on CPU (Nsight Compute is GPU-only)"
     return "hardware counters: not collected (no Nsight Compute data for these kernels)"
 
 
-def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None) -> dict:
+def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None,
+             counters: pd.DataFrame | None = None) -> dict:
     """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1.
     ``device`` (``cpu``, ``cuda``, or None when unknown) words the note on missing counters."""
     total = int(attribution["duration_ns"].sum())
@@ -139,7 +161,9 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
         "attributed_count": int(len(attributed)),
         "by_path": {p: (int(t) / total if total else 0.0) for p, t in by_path.items()},
         "path_agreement": {"correlation/inductor": agree / len(both)} if len(both) else {},
-        "counters_coverage": None if not counters_collected else 0.0,
+        "counters_coverage": None if not counters_collected else (
+            float(attribution["kernel_id"].isin(counters["kernel_id"]).mean()) if counters is not None and len(attribution)
+            else 0.0),
         "counters_note": None if counters_collected else counters_note(device),
         "unattributed": [
             {"name": r.name, "time_ns": int(r.time_ns), "count": int(r.count), "reason": r.reason}

@@ -84,7 +84,8 @@ def _cmd_aggregate(args) -> None:
     out = Path(args.out)
     stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes),
                            {"per_iteration": not args.totals, "device": args.device}, out / "operators.parquet", out / "operators.csv",
-                           out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json")
+                           out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json",
+                           counters_path=Path(args.counters) if args.counters else None)
     print(f"wrote operators.csv, modules.parquet, layer_classes.parquet, coverage.json in {out}")
 
 
@@ -161,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--classes", required=True, help="classes.json from 'opprof classify'")
     s.add_argument("--totals", action="store_true", help="do not divide by the number of iterations")
     s.add_argument("--device", choices=("cpu", "cuda"), help="where the trace ran (words the note on counters)")
+    s.add_argument("--counters", help="matched/kernel_metrics.parquet from 'opprof match': adds the catalog's "
+                                      "hardware metrics and a bottleneck label per operator and module")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_aggregate)
 

@@ -156,7 +156,10 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
 
 
 def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
-                    out_layer_classes: Path, out_coverage: Path) -> None:
+                    out_layer_classes: Path, out_coverage: Path, counters_path: Path | None = None) -> None:
+    """Operators, modules, layer classes and coverage; with ``counters_path``
+    (``matched/kernel_metrics.parquet``) the catalog's hardware metrics and a bottleneck label per
+    operator and module."""
     hint = "write it with opprof attribute / opprof classify (see opprof --help)"
     attribution = read_parquet_file(attribution_path, "an attribution table", hint,
                                     tuple(tables.ATTRIBUTION.names) + ("duration_ns", "operator_range_id"),
@@ -165,11 +168,22 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
                                   ("layer", "layer_class", "iteration", "time_ns"))
     classes = read_json_file(classes_path, "classes.json of opprof classify", hint, expect=dict)
     operators = agg.operators_table(attribution, options["per_iteration"])
+    modules = agg.modules_table(attribution)
+    counters = None
+    if counters_path is not None:
+        from .ncu.catalog import load_catalog
+
+        counters = read_parquet_file(counters_path, "matched kernel counters", "write it with: opprof match ...",
+                                     ("kernel_id",))
+        catalog = load_catalog(options.get("catalog"))
+        operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
+        modules = agg.with_counters(modules, attribution, counters, "module", catalog)
     write_parquet_atomic(operators, out_operators_parquet)
-    write_parquet_atomic(agg.modules_table(attribution), out_modules)
+    write_parquet_atomic(modules, out_modules)
     write_parquet_atomic(agg.layer_classes_table(instances, classes), out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
-    write_json(out_coverage, agg.coverage(attribution, counters_collected=False, device=options.get("device")))
+    write_json(out_coverage, agg.coverage(attribution, counters_collected=counters is not None,
+                                          device=options.get("device"), counters=counters))
 
 
 def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
