@@ -56,6 +56,19 @@ def _cmd_ncu(args) -> None:
     print(f"{len(table)} kernels, {len(metrics)} metrics from {len(args.files)} file(s) -> {args.out}")
 
 
+def _cmd_match(args) -> None:
+    window = None
+    if args.window:
+        import json
+        window = json.loads(Path(args.window).read_text())
+    out = Path(args.out)
+    matched, diag = stages.match_files(Path(args.timeline), [Path(f) for f in args.ncu],
+                                       out / "matched" / "kernel_metrics.parquet", out / "matched" / "diagnostics.json",
+                                       window)
+    print(f"{diag['matched']} matched, {diag['ncu_only']} ncu-only, {diag['timeline_only']} timeline-only, "
+          f"{len(diag['name_disagreements'])} name disagreement(s) -> {out / 'matched'}")
+
+
 def _cmd_fusion_map(args) -> None:
     fusion = stages.build_fusion_map(Path(args.inductor_dir), Path(args.out))
     print(f"{len(fusion)} call sites in {fusion['graph'].nunique() if len(fusion) else 0} graphs -> {args.out}")
@@ -130,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("files", nargs="+", help="ncu --csv output files")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_ncu)
+
+    s = sub.add_parser("match", help="ncu counters <-> timeline kernels by (match_key, occurrence)")
+    s.add_argument("--timeline", required=True, help="timeline directory (kernels.parquet)")
+    s.add_argument("--ncu", required=True, action="append", help="ncu parquet from 'opprof ncu' (repeatable)")
+    s.add_argument("--out", required=True, help="writes OUT/matched/kernel_metrics.parquet and diagnostics.json")
+    s.add_argument("--window", help="JSON: replayed window (kernel_ids, launch_skip, launch_count)")
+    s.set_defaults(func=_cmd_match)
 
     s = sub.add_parser("fusion-map", help="Inductor debug directory -> fusion map parquet")
     s.add_argument("--inductor-dir", required=True)

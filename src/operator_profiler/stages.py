@@ -243,3 +243,30 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
     write_parquet_atomic(table, out)
     return table
 
+
+
+def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, out_diagnostics: Path,
+                window: dict | None = None) -> tuple[pd.DataFrame, dict]:
+    """``timeline/kernels.parquet`` + ``ncu/{cls}.parquet`` files -> ``matched/kernel_metrics.parquet`` and
+    ``matched/diagnostics.json`` (invocation-order matching, :mod:`operator_profiler.matching`)."""
+    from .matching import match_invocations
+
+    kernels = read_parquet_file(Path(timeline_dir) / "kernels.parquet", "the timeline kernels table",
+                                "run 'opprof timeline' first", ("kernel_id", "name", "match_key", "occurrence"))
+    frames, units = [], {}
+    for path in ncu_paths:
+        frame = read_parquet_file(Path(path), "an ncu counters table", "run 'opprof ncu' first",
+                                  ("ncu_id", "name", "match_key"))
+        units.update(frame.attrs.get("units", {}))
+        if "source" not in frame.columns:
+            frame.insert(0, "source", str(path))
+        frames.append(frame)
+    ncu = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["source", "ncu_id", "name", "match_key"])
+    ncu.attrs = {"units": units}
+    matched, diagnostics = match_invocations(kernels, ncu, window)
+    diagnostics["ncu_files"] = [str(p) for p in ncu_paths]
+    diagnostics["units"] = units
+    write_parquet_atomic(matched, out_metrics)
+    write_json(out_diagnostics, diagnostics)
+    return matched, diagnostics
