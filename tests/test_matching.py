@@ -204,3 +204,30 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
     assert metrics[["kernel_id", "ncu_id", "dram__bytes.sum"]].values.tolist() == [[0, 0, 2000.0], [1, 1, 5.0]]
     diag = json.loads((tmp_path / "matched" / "diagnostics.json").read_text())
     assert diag["units"] == {"dram__bytes.sum": "byte"} and diag["timeline_only_kernels"][0]["reason"] == "not_in_ncu"
+
+
+# Layer-class broadcast ---------------------------------------------------------------------------
+
+
+def test_counters_of_the_measured_instance_are_broadcast_by_position():
+    """Two identical layers (one class) and one kernel outside layers: ncu measured only blocks.0
+    (the representative) and the rest kernel; blocks.1 gets blocks.0's counters position by position.
+    A kernel whose position has a different kernel name in the representative gets none."""
+    from operator_profiler.matching import broadcast_to_instances
+
+    kernels = pd.DataFrame({"kernel_id": range(7),
+                            "match_key": ["gemm", "relu", "gemm", "relu", "copy", "gemm", "oddball"]})
+    kernel_layers = pd.DataFrame({
+        "kernel_id": range(7),
+        "layer_class": ["Block-1", "Block-1", "Block-1", "Block-1", "rest", "Block-1", "Block-1"],
+        "position": [0, 1, 0, 1, 0, 0, 1],  # kernels 5, 6: blocks.0 again in a later iteration, one odd kernel
+    })
+    matched = pd.DataFrame({"kernel_id": [0, 1, 4], "ncu_id": [0, 1, 2], "dram__bytes.sum": [100.0, 10.0, 7.0]})
+    matched.attrs = {"units": {"dram__bytes.sum": "byte"}}
+    counters, stats = broadcast_to_instances(matched, kernels, kernel_layers)
+    got = counters.set_index("kernel_id")
+    assert got["counters_from"].to_dict() == {0: 0, 1: 1, 2: 0, 3: 1, 4: 4, 5: 0}
+    assert got["dram__bytes.sum"].to_dict() == {0: 100.0, 1: 10.0, 2: 100.0, 3: 10.0, 4: 7.0, 5: 100.0}
+    assert 6 not in got.index  # 'oddball' at the position of 'relu': not guessed
+    assert stats["Block-1"] == {"kernels": 6, "measured": 2, "filled": 3, "without_counters": 1, "name_mismatch": 1}
+    assert counters.attrs["units"] == {"dram__bytes.sum": "byte"}

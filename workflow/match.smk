@@ -2,6 +2,7 @@ rule match_invocations:
     input:
         kernels="results/{workload}/timeline/kernels.parquet",
         ncu=ncu_tables,
+        kernel_layers="results/{workload}/layers/kernel_layers.parquet",
         lib=[LIB / "matching.py", *ANALYSIS_LIB],
     output:
         metrics="results/{workload}/matched/kernel_metrics.parquet",

@@ -57,14 +57,14 @@ def _cmd_ncu(args) -> None:
 
 
 def _cmd_match(args) -> None:
-    window = None
-    if args.window:
-        import json
-        window = json.loads(Path(args.window).read_text())
+    from .files import read_json_file
+
+    window = read_json_file(Path(args.window), "a replay window", "a JSON object: {\"kernel_ids\": [...]} or "
+                            "{\"launch_skip\": N, \"launch_count\": M}", expect=dict) if args.window else None
     out = Path(args.out)
     matched, diag = stages.match_files(Path(args.timeline), [Path(f) for f in args.ncu],
                                        out / "matched" / "kernel_metrics.parquet", out / "matched" / "diagnostics.json",
-                                       window)
+                                       window, Path(args.kernel_layers) if args.kernel_layers else None)
     print(f"{diag['matched']} matched, {diag['ncu_only']} ncu-only, {diag['timeline_only']} timeline-only, "
           f"{len(diag['name_disagreements'])} name disagreement(s) -> {out / 'matched'}")
 
@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ncu", required=True, action="append", help="ncu parquet from 'opprof ncu' (repeatable)")
     s.add_argument("--out", required=True, help="writes OUT/matched/kernel_metrics.parquet and diagnostics.json")
     s.add_argument("--window", help="JSON: replayed window (kernel_ids, launch_skip, launch_count)")
+    s.add_argument("--kernel-layers", help="kernel_layers.parquet from 'opprof classify': broadcast each layer "
+                                           "class's measured counters to its other instances")
     s.set_defaults(func=_cmd_match)
 
     s = sub.add_parser("fusion-map", help="Inductor debug directory -> fusion map parquet")

@@ -246,10 +246,12 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
 
 
 def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, out_diagnostics: Path,
-                window: dict | None = None) -> tuple[pd.DataFrame, dict]:
+                window: dict | None = None, kernel_layers_path: Path | None = None) -> tuple[pd.DataFrame, dict]:
     """``timeline/kernels.parquet`` + ``ncu/{cls}.parquet`` files -> ``matched/kernel_metrics.parquet`` and
-    ``matched/diagnostics.json`` (invocation-order matching, :mod:`operator_profiler.matching`)."""
-    from .matching import match_invocations
+    ``matched/diagnostics.json`` (invocation-order matching, :mod:`operator_profiler.matching`). With
+    ``kernel_layers_path`` the counters of each layer class's measured instance are broadcast to the
+    class's other instances by position (``counters_from`` names the measured kernel)."""
+    from .matching import broadcast_to_instances, match_invocations
 
     kernels = read_parquet_file(Path(timeline_dir) / "kernels.parquet", "the timeline kernels table",
                                 "run 'opprof timeline' first", ("kernel_id", "name", "match_key", "occurrence"))
@@ -265,6 +267,10 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         columns=["source", "ncu_id", "name", "match_key"])
     ncu.attrs = {"units": units}
     matched, diagnostics = match_invocations(kernels, ncu, window)
+    if kernel_layers_path is not None:
+        kernel_layers = read_parquet_file(kernel_layers_path, "a kernel_layers table", "run 'opprof classify' first",
+                                          ("kernel_id", "layer_class", "position"))
+        matched, diagnostics["broadcast"] = broadcast_to_instances(matched, kernels, kernel_layers)
     diagnostics["ncu_files"] = [str(p) for p in ncu_paths]
     diagnostics["units"] = units
     write_parquet_atomic(matched, out_metrics)
