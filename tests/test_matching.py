@@ -231,3 +231,18 @@ def test_counters_of_the_measured_instance_are_broadcast_by_position():
     assert 6 not in got.index  # 'oddball' at the position of 'relu': not guessed
     assert stats["Block-1"] == {"kernels": 6, "measured": 2, "filled": 3, "without_counters": 1, "name_mismatch": 1}
     assert counters.attrs["units"] == {"dram__bytes.sum": "byte"}
+
+
+def test_two_measured_instances_report_how_far_apart_they_are():
+    from operator_profiler.matching import broadcast_to_instances
+
+    kernels = pd.DataFrame({"kernel_id": range(4), "match_key": ["gemm", "relu", "gemm", "relu"]})
+    kernel_layers = pd.DataFrame({"kernel_id": range(4), "layer_class": "Block-1", "position": [0, 1, 0, 1]})
+    matched = pd.DataFrame({"kernel_id": range(4), "ncu_id": range(4),
+                            "dram__bytes.sum": [100.0, 10.0, 110.0, 10.0], "sm__throughput.avg.pct_of_peak_sustained_elapsed":
+                            [50.0, 20.0, 50.0, 25.0]})
+    counters, stats = broadcast_to_instances(matched, kernels, kernel_layers)
+    assert counters["counters_from"].tolist() == [0, 1, 2, 3]  # measured kernels keep their own
+    diff = stats["Block-1"]["verify_max_relative_difference"]
+    assert diff["dram__bytes.sum"] == pytest.approx(10 / 110)
+    assert diff["sm__throughput.avg.pct_of_peak_sustained_elapsed"] == pytest.approx(5 / 25)

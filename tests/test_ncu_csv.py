@@ -363,3 +363,38 @@ def test_opprof_ncu_on_a_failed_run_is_a_one_line_error(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "ERR_NVGPUCTRPERM" in lines[0] and str(bad) in lines[0]
     assert not out.exists()
+
+
+def test_an_ncu_rep_is_exported_with_ncu_from_path_or_refused_clearly(tmp_path):
+    """The ``ncu`` here is a fake (a test double that writes a saved CSV): real Nsight Compute cannot
+    run on the test machine. Without ncu on PATH the error says how to export by hand."""
+    import json
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    report = tmp_path / "run.ncu-rep"
+    report.write_bytes(b"binary report")
+    dropout = _real("a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
+    empty_bin = tmp_path / "empty"
+    empty_bin.mkdir()
+    cmd = [sys.executable, "-m", "operator_profiler.cli", "ncu", str(report), "--out", str(tmp_path / "n.parquet")]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False, env={**os.environ, "PATH": str(empty_bin)})
+    assert result.returncode == 1 and "needs Nsight Compute's 'ncu' on PATH" in result.stderr
+    assert "Traceback" not in result.stderr
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.jsonl"
+    fake = bin_dir / "ncu"
+    fake.write_text(f"#!{sys.executable}\n# FAKE ncu (test double)\nimport json, sys\n"
+                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                    f"sys.stdout.write(open({str(dropout)!r}).read())\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                            env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    (args,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert args[:2] == ["-i", str(report)] and "--csv" in args and args[args.index("--page") + 1] == "raw"
+    assert args[args.index("--print-kernel-base") + 1] == "mangled"
+    assert "162 kernels" in result.stdout

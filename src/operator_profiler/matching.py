@@ -363,7 +363,8 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
         ``counters_from`` (the measured kernel id) and the metric columns (``attrs["units"]`` kept);
         ``stats`` per class: measured kernels, kernels filled by broadcast, kernels left without counters
         because no kernel at their position was measured or its ``match_key`` differs (reported, never
-        guessed).
+        guessed), and, where two or more instances were measured (``dedup.verify``),
+        ``verify_max_relative_difference`` per metric (the first measured instance stays the source).
     """
     metrics = [c for c in matched.columns if c not in ("kernel_id", "ncu_id", "ncu_source")]
     layout = kernel_layers[["kernel_id", "layer_class", "position"]].merge(
@@ -386,6 +387,17 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
             "without_counters": int((~ok).sum()),
             "name_mismatch": int((group["counters_from"].notna() & ~ok).sum()),
         }
+    # dedup.verify: where ncu measured two or more instances of a class, how far apart they are
+    # (the largest relative difference per metric over the class's positions).
+    twice = measured[measured.duplicated(["layer_class", "position"], keep=False)]
+    if len(twice) and metrics:
+        values = twice.merge(matched[["kernel_id", *metrics]], on="kernel_id")
+        by_position = values.groupby(["layer_class", "position"])[metrics]
+        spread = (by_position.max() - by_position.min()) / by_position.agg(lambda v: v.abs().max())
+        for cls, table in spread.groupby(level=0):
+            worst = table.max()
+            stats[str(cls)]["verify_max_relative_difference"] = {
+                m: float(v) for m, v in worst.items() if pd.notna(v)}
     filled = placed[agrees][["kernel_id", "counters_from"]].astype({"counters_from": "int64"})
     counters = filled.merge(matched[["kernel_id", *metrics]].rename(columns={"kernel_id": "counters_from"}),
                             on="counters_from", how="left").sort_values("kernel_id").reset_index(drop=True)

@@ -215,7 +215,8 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
 
 
 def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
-    """ncu CSVs -> one row per profiled kernel (``ncu/{cls}.parquet``, DESIGN.md §3).
+    """ncu CSVs (or ``.ncu-rep`` reports, exported with ``ncu`` from PATH) -> one row per profiled
+    kernel (``ncu/{cls}.parquet``, DESIGN.md §3).
 
     Columns: ``source`` (the CSV), ``ncu_id``, ``pid``, ``name``, ``match_key`` (the name as printed:
     the replay asks ncu for mangled names), ``occurrence`` (index among the kernels of the same file,
@@ -226,11 +227,17 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
         NcuCsvError: a CSV that is empty, has no header, holds a failed run's errors or a non-numeric
             metric (the message says what ncu reported and how to fix it).
     """
-    from .ncu.csv_reader import read_ncu_csv, wide_metrics
+    import tempfile
+
+    from .ncu.csv_reader import export_report_csv, read_ncu_csv, wide_metrics
 
     frames, units = [], {}
     for path in csv_paths:
-        wide = wide_metrics(read_ncu_csv(Path(path)))
+        if Path(path).suffix == ".ncu-rep":  # exported with ncu itself (it must be on PATH)
+            with tempfile.TemporaryDirectory(prefix="opprof-ncu-") as tmp:
+                wide = wide_metrics(read_ncu_csv(export_report_csv(Path(path), Path(tmp))))
+        else:
+            wide = wide_metrics(read_ncu_csv(Path(path)))
         units.update(wide.attrs.get("units", {}))
         wide.insert(0, "source", str(path))
         wide.insert(wide.columns.get_loc("name") + 1, "match_key", wide["name"])

@@ -382,3 +382,31 @@ def wide_metrics(long_df: pd.DataFrame) -> pd.DataFrame:
     wide.columns.name = None
     wide.attrs["units"] = dict(zip(df["metric"], df["unit"]))
     return wide
+
+
+def export_report_csv(report: Path, out_dir: Path) -> Path:
+    """``.ncu-rep`` -> raw-page CSV with ``ncu -i REPORT --csv --page raw --print-units base
+    --print-kernel-base mangled --rename-kernels off`` (``../shared/docs/ncu.md`` §1.9).
+
+    Raises:
+        NcuCsvError: ncu is not on PATH, or the import failed (its message is included).
+    """
+    import shutil
+    import subprocess
+
+    report = Path(report)
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        raise NcuCsvError(f"{report}: reading a .ncu-rep needs Nsight Compute's 'ncu' on PATH; where it is installed "
+                          f"run 'ncu -i {report.name} --csv --page raw --print-units base --print-kernel-base mangled "
+                          "--rename-kernels off > report.csv' and pass the CSV")
+    out = Path(out_dir) / (report.stem + ".raw.csv")
+    with open(out, "w") as fh:
+        proc = subprocess.run([ncu, "-i", str(report), "--csv", "--page", "raw", "--print-units", "base",
+                               "--print-kernel-base", "mangled", "--rename-kernels", "off"],
+                              stdout=fh, stderr=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        detail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise NcuCsvError(f"{report}: 'ncu -i ... --csv --page raw' failed (exit {proc.returncode}): {detail}")
+    return out
+
