@@ -220,3 +220,18 @@ def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
     assert pd.isna(ops.loc["(unattributed)", "sm_sol"])  # no counters for the copy: not guessed
     coverage = json.loads((out / "coverage.json").read_text())
     assert coverage["counters_coverage"] == pytest.approx(2 / 3) and coverage["counters_note"] is None
+
+
+def test_report_shows_counter_columns_when_counters_were_matched():
+    from operator_profiler.report import render_markdown
+
+    operators = pd.DataFrame({"operator": ["aten::mm"], "calls": [1], "kernels": [2], "time_ns": [1000],
+                              "time_share": [1.0], "paths": ["nvtx"], "sm_sol": [74.0], "memory_sol": [28.0],
+                              "dram_bytes": [4_000_000.0], "bottleneck": ["compute-bound"]})
+    coverage = {"attributed_count": 2, "kernel_count": 2, "coverage_time": 1.0, "kernel_time_ns": 1000,
+                "by_path": {"nvtx": 1.0}, "unattributed": [], "counters_note": None}
+    text = render_markdown("w", None, coverage, operators, pd.DataFrame({"module": [], "kernels": [], "time_ns": [],
+                                                                         "time_share": []}),
+                           pd.DataFrame(), 5)
+    assert "| operator | calls | kernels | total_ms | share | paths | SM SOL % | memory SOL % | DRAM MB | bottleneck |" in text
+    assert "| aten::mm | 1 | 2 | 0.001 | 100.00% | nvtx | 74.0 | 28.0 | 4.0 | compute-bound |" in text

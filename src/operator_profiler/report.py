@@ -144,6 +144,11 @@ def render_markdown(
         ]
         columns.append("ms per iteration: median [min-max]")
     columns.append("paths")
+    for metric, label, scale in (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1),
+                                 ("dram_bytes", "DRAM MB", 1e-6), ("achieved_occupancy", "occupancy %", 1)):
+        if metric in top:  # hardware counters were matched (opprof aggregate --counters)
+            top[label] = [("" if pd.isna(v) else f"{v * scale:.1f}") for v in top[metric]]
+            columns.append(label)
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
     lines += [_table(top[columns]), "", "## Layer classes", ""]
