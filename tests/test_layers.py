@@ -190,3 +190,13 @@ def test_no_layer_ranges_gives_only_rest(tmp_path):
     assert classes[L.REST_CLASS]["kernel_count"] == 3
     assert kl["layer"].isna().all() and list(kl["position"]) == [0, 1, 2]
     assert len(instances) == 1 and int(instances["kernel_count"].iloc[0]) == 3
+
+
+def test_verify_names_two_instances_per_class_to_replay(tmp_path):
+    t = read_kineto(_trace(tmp_path, {f"h.{i}": BLOCK for i in range(3)}))
+    _, _, plain = L.classify_layers(t.kernels, t.ranges, LAYERS_JSON)
+    _, _, verified = L.classify_layers(t.kernels, t.ranges, LAYERS_JSON, verify=True)
+    (cls,) = [c for c in plain if c != L.REST_CLASS]
+    assert plain[cls]["replay_instances"] == ["h.0"]
+    assert verified[cls]["replay_instances"] == ["h.0", "h.1"]
+    assert verified[L.REST_CLASS]["replay_instances"] == [L.REST_CLASS]  # nothing to compare the rest with

@@ -22,5 +22,7 @@ checkpoint classify_layers:
         "results/{workload}/benchmarks/classify_layers.tsv"
     conda:
         "../envs/analysis.yaml"
+    params:
+        verify=config["dedup"]["verify"],
     script:
         "../scripts/classify_layers.py"

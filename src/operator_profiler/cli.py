@@ -77,7 +77,7 @@ def _cmd_fusion_map(args) -> None:
 def _cmd_classify(args) -> None:
     out = Path(args.out)
     classes = stages.classify(Path(args.timeline), Path(args.layers), out / "instances.parquet",
-                              out / "kernel_layers.parquet", out / "classes.json", out / "classes")
+                              out / "kernel_layers.parquet", out / "classes.json", out / "classes", args.verify)
     for name, entry in classes.items():
         print(f"{name}: {len(entry['instances'])} instance(s), {entry['kernel_count']} kernels each")
 
@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("classify", help="layer instances and classes from a timeline")
     s.add_argument("--timeline", required=True)
     s.add_argument("--layers", required=True, help="layers.json written by the capture")
+    s.add_argument("--verify", action="store_true", help="name two instances per class for ncu to replay "
+                                                         "(their counters are compared: dedup.verify)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_classify)
 

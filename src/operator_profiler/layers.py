@@ -97,7 +97,8 @@ def _class_name(module_class: str, signature: list) -> str:
     return f"{_UNSAFE.sub('_', module_class)}-{digest}"
 
 
-def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
+def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict], verify: bool = False
+                    ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
     """Group layer instances into classes.
 
     Args:
@@ -113,7 +114,9 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         ``instances``: layer, module, module_class, layer_class, iteration, kernel_count, time_ns,
         representative;
         ``classes``: class name -> canonical dict (class, module_class, signature, instances,
-        representative, kernel_count). No timestamps, so an unchanged class serializes identically.
+        representative, kernel_count, replay_instances: the representative, and with ``verify`` a
+        second instance when the class has one). No timestamps, so an unchanged class serializes
+        identically.
     """
     module_class = {l["path"]: l["class"] for l in layers}
     assigned = kernel_layers(kernels, ranges)
@@ -165,6 +168,10 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         }
         instance_class[REST_CLASS] = REST_CLASS
     kl["layer_class"] = kl["instance"].map(instance_class)
+    for entry in classes.values():
+        # What ncu replays: the representative; with ``verify`` also a second instance, whose
+        # counters are compared with the representative's (dedup.verify).
+        entry["replay_instances"] = entry["instances"][: 2 if verify else 1]
 
     instances = (
         kl.groupby(["instance", "iteration"], sort=False)

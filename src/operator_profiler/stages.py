@@ -104,8 +104,9 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None) -> kine
 
 
 def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_kernel_layers: Path,
-             out_summary: Path, out_classes_dir: Path) -> dict[str, dict]:
-    """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class."""
+             out_summary: Path, out_classes_dir: Path, verify: bool = False) -> dict[str, dict]:
+    """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class
+    (``verify``: each class names two instances to replay, see config ``dedup.verify``)."""
     kernels, ranges = read_timeline(timeline_dir)
     hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
             "file containing [] (no layers)")
@@ -113,7 +114,7 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     for index, entry in enumerate(layers):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
             raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
-    kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers)
+    kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers, verify)
     write_parquet_atomic(instances, out_instances)
     write_parquet_atomic(kernel_layers, out_kernel_layers)
     write_json(out_summary, classes)
