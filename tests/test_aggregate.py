@@ -220,6 +220,8 @@ def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
     assert pd.isna(ops.loc["(unattributed)", "sm_sol"])  # no counters for the copy: not guessed
     coverage = json.loads((out / "coverage.json").read_text())
     assert coverage["counters_coverage"] == pytest.approx(2 / 3) and coverage["counters_note"] is None
+    layer_classes = pd.read_parquet(out / "layer_classes.parquet").set_index("layer_class")
+    assert layer_classes.loc["Block", "sm_sol"] == pytest.approx(74.0)  # the class's kernels are the two gemms
 
 
 def test_report_shows_counter_columns_when_counters_were_matched():
@@ -235,3 +237,20 @@ def test_report_shows_counter_columns_when_counters_were_matched():
                            pd.DataFrame(), 5)
     assert "| operator | calls | kernels | total_ms | share | paths | SM SOL % | memory SOL % | DRAM MB | bottleneck |" in text
     assert "| aten::mm | 1 | 2 | 0.001 | 100.00% | nvtx | 74.0 | 28.0 | 4.0 | compute-bound |" in text
+
+
+def test_report_lists_counters_per_layer_class_and_the_verify_check():
+    from operator_profiler.report import render_markdown
+
+    coverage = {"attributed_count": 1, "kernel_count": 1, "coverage_time": 1.0, "kernel_time_ns": 1000,
+                "by_path": {"nvtx": 1.0}, "unattributed": [], "counters_note": None}
+    matching = {"broadcast": {
+        "Block-1": {"kernels": 6, "measured": 4, "filled": 2, "without_counters": 0, "name_mismatch": 0,
+                    "verify_max_relative_difference": {"dram__bytes.sum": 0.0909, "sm__throughput": 0.2}},
+        "rest": {"kernels": 2, "measured": 2, "filled": 0, "without_counters": 0, "name_mismatch": 0}}}
+    operators = pd.DataFrame({"operator": ["aten::mm"], "calls": [1], "kernels": [1], "time_ns": [1000],
+                              "time_share": [1.0], "paths": ["nvtx"], "bottleneck": ["not_collected"]})
+    modules = pd.DataFrame({"module": [], "kernels": [], "time_ns": [], "time_share": []})
+    text = render_markdown("w", None, coverage, operators, modules, pd.DataFrame(), 5, matching=matching)
+    assert "| Block-1 | 6 | 4 | 2 | 0 | 20.0% (sm__throughput) |" in text
+    assert "| rest | 2 | 2 | 0 | 0 | not verified |" in text

@@ -126,6 +126,13 @@ def counters_input(wildcards):
     return []
 
 
+def matching_input(wildcards):
+    """On CUDA the report shows the counters per layer class (and the dedup.verify check)."""
+    if DEVICE == "cuda":
+        return f"results/{wildcards.workload}/matched/diagnostics.json"
+    return []
+
+
 def diagnostics_input(wildcards):
     """The nsys reader's findings go into the report."""
     if TIMELINE == "nsys":

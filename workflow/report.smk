@@ -6,6 +6,7 @@ rule report:
         modules="results/{workload}/modules.parquet",
         layer_classes="results/{workload}/layer_classes.parquet",
         diagnostics=diagnostics_input,
+        matching=matching_input,
         lib=[LIB / "report.py", *ANALYSIS_LIB],
     output:
         "results/{workload}/report.md",

@@ -102,7 +102,7 @@ def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd
 
 
 def with_counters(table: pd.DataFrame, attribution: pd.DataFrame, counters: pd.DataFrame, key: str, catalog) -> pd.DataFrame:
-    """Add the catalog metrics of each ``key`` group (operator or module) to ``table``.
+    """Add the catalog metrics of each ``key`` group (operator, module or layer_class) to ``table``.
 
     ``counters``: one row per matched kernel (``kernel_id`` + metric columns as ncu spells them, base
     units), from ``matched/kernel_metrics.parquet``. Each metric is combined over the group's kernels by
@@ -113,7 +113,7 @@ def with_counters(table: pd.DataFrame, attribution: pd.DataFrame, counters: pd.D
     from .ncu.catalog import aggregate as combine
     from .ncu.catalog import label_bottlenecks
 
-    fill = UNATTRIBUTED if key == "operator" else OUTSIDE_LAYERS
+    fill = {"operator": UNATTRIBUTED, "module": OUTSIDE_LAYERS, "layer_class": "rest"}[key]
     joined = attribution[["kernel_id", key, "duration_ns"]].assign(**{key: attribution[key].fillna(fill)}).merge(
         counters, on="kernel_id", how="left")
     figures = combine(joined, key, catalog)

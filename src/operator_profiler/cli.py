@@ -107,7 +107,8 @@ def _cmd_report(args) -> None:
     stages.report_files(args.workload or d.name, Path(args.run) if args.run else None, d / "coverage.json",
                         d / "operators.parquet", d / "modules.parquet", d / "layer_classes.parquet",
                         {"top_operators": args.top}, Path(args.out),
-                        diagnostics_path=Path(args.timeline) / "diagnostics.json" if args.timeline else None)
+                        diagnostics_path=Path(args.timeline) / "diagnostics.json" if args.timeline else None,
+                        match_diagnostics_path=Path(args.matching) if args.matching else None)
     print(f"wrote {args.out}")
 
 
@@ -195,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results", required=True, help="folder with operators.parquet, coverage.json ...")
     s.add_argument("--run", help="the capture's run.json (leave out for a trace captured elsewhere)")
     s.add_argument("--timeline", help="the timeline folder of an nsys trace: its diagnostics.json goes in the report")
+    s.add_argument("--matching", help="matched/diagnostics.json of 'opprof match': counters per layer class and "
+                                      "the dedup.verify check")
     s.add_argument("--workload")
     s.add_argument("--top", type=_positive_int, default=20)
     s.add_argument("--out", required=True)

@@ -70,6 +70,24 @@ def _imported_lines(coverage: dict, diagnostics: dict | None) -> list[str]:
     return lines
 
 
+def _dedup_lines(matching: dict | None) -> list[str]:
+    """Counters per layer class: measured, broadcast by position, missing; and the dedup.verify check."""
+    broadcast = (matching or {}).get("broadcast")
+    if not broadcast:
+        return []
+    lines = ["Hardware counters per layer class (measured on the replayed instance, copied by position to the "
+             "others; a kernel whose position names another kernel gets none):", "",
+             "| layer_class | kernels | measured | copied | without counters | largest difference between two "
+             "replayed instances |", "|---|---|---|---|---|---|"]
+    for cls, entry in broadcast.items():
+        verify = entry.get("verify_max_relative_difference")
+        worst = max(verify.items(), key=lambda kv: kv[1]) if verify else None
+        check = f"{worst[1] * 100:.1f}% ({worst[0]})" if worst else "not verified"
+        lines.append(f"| {cls} | {entry['kernels']} | {entry['measured']} | {entry['filled']} | "
+                     f"{entry['without_counters']} | {check} |")
+    return lines + [""]
+
+
 def _notes(diagnostics: dict | None) -> list[str]:
     if not diagnostics or not (diagnostics.get("warnings") or diagnostics.get("info")):
         return []
@@ -86,6 +104,7 @@ def render_markdown(
     layer_classes: pd.DataFrame,
     top_operators: int,
     diagnostics: dict | None = None,
+    matching: dict | None = None,
 ) -> str:
     """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
     capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's."""
@@ -171,6 +190,7 @@ def render_markdown(
         lines += ["No repeated submodules (layers) were found in this model: every kernel is in the class "
                   "`rest`. Layers are children of an `nn.ModuleList`/`nn.Sequential` with the same class "
                   "and parameter shapes.", ""]
+    lines += _dedup_lines(matching)
     lines += ["## Modules (total over the measured iterations)", ""]
     lines += [_table(modules.assign(total_ms=lambda d: d["time_ns"].map(_ms),
                                     share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format))[

@@ -179,16 +179,21 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
         catalog = load_catalog(options.get("catalog"))
         operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
         modules = agg.with_counters(modules, attribution, counters, "module", catalog)
+        layer_table = agg.with_counters(agg.layer_classes_table(instances, classes), attribution, counters,
+                                        "layer_class", catalog)
+    else:
+        layer_table = agg.layer_classes_table(instances, classes)
     write_parquet_atomic(operators, out_operators_parquet)
     write_parquet_atomic(modules, out_modules)
-    write_parquet_atomic(agg.layer_classes_table(instances, classes), out_layer_classes)
+    write_parquet_atomic(layer_table, out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
     write_json(out_coverage, agg.coverage(attribution, counters_collected=counters is not None,
                                           device=options.get("device"), counters=counters))
 
 
 def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
-                 layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None) -> None:
+                 layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
+                 match_diagnostics_path: Path | None = None) -> None:
     """The Markdown report. ``run_path`` is the capture's ``run.json`` (None for a trace captured
     elsewhere); ``diagnostics_path`` an nsys timeline's ``diagnostics.json`` (source file, versions,
     GPUs and the reader's warnings go into the report)."""
@@ -211,6 +216,8 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
         read_parquet_file(layer_classes_path, "a layer classes table", hint, ("layer_class", "instances")),
         options["top_operators"],
         diagnostics=diagnostics,
+        matching=read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
+                                expect=dict) if match_diagnostics_path is not None else None,
     )
     write_text_atomic(out, text)
 
