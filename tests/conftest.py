@@ -27,3 +27,14 @@ def real_nsys_files() -> list[Path]:
             pytest.fail(f"no real nsys exports in {REAL_DATA / 'nsys'} in a CI run")
         pytest.skip(f"real data not available: {REAL_DATA / 'nsys'}")
     return files
+
+
+def real_file(*parts: str) -> Path:
+    """A file of ``../shared/data/real``: fails a CI run when it is missing, skips the test otherwise."""
+    path = REAL_DATA.joinpath(*parts)
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"real data file missing in a CI run: {path}")
+        pytest.skip(f"real data not available: {path}")
+    return path
+

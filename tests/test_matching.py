@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import real_file
 
 from operator_profiler import stages
 from operator_profiler.matching import base_name, match_invocations, names_agree
@@ -22,12 +22,7 @@ HDR = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","St
 
 
 def _real(name: str) -> Path:
-    path = REAL_NCU / name
-    if not path.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"real ncu CSV missing in a CI run: {path}")
-        pytest.skip(f"real data not available: {path}")
-    return path
+    return real_file("ncu", name)
 
 
 def _row(i, name, metric, unit, value, grid="(1, 1, 1)", block="(1, 1, 1)"):

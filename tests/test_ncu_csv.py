@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import real_file
 
 from operator_profiler.files import InputError
 from operator_profiler.ncu.csv_reader import (
@@ -33,12 +34,7 @@ CONV = "a100_cudnn_conv2d_details_kerneltime_rules_app_stdout_preamble.csv"
 
 
 def _real(name: str) -> Path:
-    path = NCU_DIR / name
-    if not path.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"real ncu CSV missing in a CI run: {path}")
-        pytest.skip(f"real data not available: {path}")
-    return path
+    return real_file("ncu", name)
 
 
 def _one(df, ncu_id, metric):
@@ -369,7 +365,6 @@ def test_an_ncu_rep_is_exported_with_ncu_from_path_or_refused_clearly(tmp_path):
     """The ``ncu`` here is a fake (a test double that writes a saved CSV): real Nsight Compute cannot
     run on the test machine. Without ncu on PATH the error says how to export by hand."""
     import json
-    import os
     import stat
     import subprocess
     import sys

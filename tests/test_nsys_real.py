@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import real_file
 from nsys_export import c01_export, fake_nsys
 
 from operator_profiler.attribution.nvtx import (
@@ -68,12 +69,7 @@ TIMELINE_FILES = ("kernels.parquet", "launches.parquet", "ranges.parquet", "gpu_
 
 
 def _real(name: str) -> Path:
-    path = NSYS_DIR / name
-    if not path.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"real nsys export missing in a CI run: {path}")
-        pytest.skip(f"real data not available: {path}")
-    return path
+    return real_file("nsys", name)
 
 
 def _db(path: Path) -> sqlite3.Connection:
