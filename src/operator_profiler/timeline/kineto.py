@@ -361,9 +361,15 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     # Per process: correlation ids and launch order are per process (a multi-rank capture, cases.md C22).
     kernels["occurrence"] = kernels.groupby(["pid", "match_key"]).cumcount().astype("int64")
     kernels["source"] = source
-    launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
-    kernels["iteration"] = iteration_at(kernels["pid"].to_numpy(), launch, ranges)
+    kernels["iteration"] = kernel_iterations(kernels, ranges)
     return kernels
+
+
+def kernel_iterations(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.arrays.IntegerArray:
+    """The measured iteration of each kernel: the iteration range open at its launch call (its start
+    when the launch is unknown)."""
+    launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
+    return iteration_at(kernels["pid"].to_numpy(), launch, ranges)
 
 
 def iteration_at(pids: np.ndarray, times: np.ndarray, ranges: pd.DataFrame) -> pd.arrays.IntegerArray:

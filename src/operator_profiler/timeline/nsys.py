@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from .. import tables
 from ..files import InputError, write_json, write_parquet_atomic
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
-from .kineto import Timeline, finish_kernels, iteration_at
+from .kineto import Timeline, finish_kernels, kernel_iterations
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +140,6 @@ def _extract(arr: pa.Array, present: pa.Array, pattern: str) -> pa.Array:
     matched = pc.extract_regex(pc.if_else(present, arr, pa.scalar("", pa.string())), pattern)
     values = pc.struct_field(matched, "v")
     return pc.if_else(pc.and_(present, pc.is_valid(matched)), values, pa.scalar(None, pa.string()))
-
-
-def parse_range_text(text: str) -> dict:
-    """One range text -> ``{"name", "seq", "op_id", "sizes", "stashed_seq"}`` (see :func:`parse_range_texts`)."""
-    row = parse_range_texts([text]).iloc[0]
-    return {k: (None if pd.isna(v) else (int(v) if k in ("seq", "op_id", "stashed_seq") else v)) for k, v in row.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -972,8 +966,7 @@ def _read(export: _Export) -> NsysTimeline:
     launches["api"] = launches["api"].astype("category")
     ranges = _read_ranges(export, strings, capture_end, diagnostics)
     if len(ranges):
-        launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
-        kernels["iteration"] = iteration_at(kernels["pid"].to_numpy(), launch, ranges)
+        kernels["iteration"] = kernel_iterations(kernels, ranges)
     inverted = (kernels["duration_ns"] < 0).to_numpy()
     if inverted.any():
         # No negative time reaches the totals (cases.md C04); the kernel itself stays visible.
@@ -1102,9 +1095,6 @@ def read_report(path: Path) -> NsysTimeline:
         timeline.diagnostics["sqlite_export"] = "exported with nsys export --type sqlite to a temporary file (deleted)"
         return timeline
     return read_nsys(path)
-
-
-ACTIVITIES_SCHEMA_NOTE = "gpu_activities.parquet: memcpy/memset rows (kind, copy_kind, pid, device, stream, times, bytes)"
 
 
 def write_nsys_timeline(timeline: NsysTimeline, out_dir: Path) -> None:
