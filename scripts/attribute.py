@@ -1,4 +1,5 @@
-"""Rule attribute: one attribution record per kernel (paths a and c on Kineto, b on nsys)."""
+"""Rule attribute: one attribution record per kernel (paths a and c on Kineto; b on nsys, plus a and c
+from the separate torch.profiler run when there is one)."""
 from pathlib import Path
 
 from operator_profiler import stages
@@ -6,5 +7,7 @@ from operator_profiler.attribution.nvtx import NvtxOptions
 from operator_profiler.errors import run_rule
 
 fusion = snakemake.input.fusion_map or None
+kineto = Path(snakemake.input.kineto).parent if snakemake.input.kineto else None
 run_rule(snakemake.log[0], stages.attribute_files, Path(snakemake.input.kernels).parent,
-         snakemake.input.kernel_layers, fusion, snakemake.output[0], NvtxOptions.from_config(snakemake.params.nvtx))
+         snakemake.input.kernel_layers, fusion, snakemake.output.kernels, NvtxOptions.from_config(snakemake.params.nvtx),
+         kineto)

@@ -31,12 +31,12 @@ def frame() -> pd.DataFrame:
     - unattributed: kernel 6 (no_fusion_map, 250 ns), kernel 7 (no reason, 50 ns).
     """
     rows = [
-        (0, "aten::addmm", 10, 100, "correlation", None, "gemm", _ev()),
-        (1, "aten::addmm", 10, 50, "correlation", None, "reduce", _ev()),
-        (2, "aten::addmm", 11, 150, "correlation", None, "gemm", _ev(["aten::addmm", "aten::view"])),
+        (0, "aten::addmm", 10, 100, "correlation", None, "gemm", _ev(operator="aten::addmm")),
+        (1, "aten::addmm", 10, 50, "correlation", None, "reduce", _ev(operator="aten::addmm")),
+        (2, "aten::addmm", 11, 150, "correlation", None, "gemm", _ev(["aten::addmm", "aten::view"], "aten::addmm")),
         (3, "aten::add+aten::gelu", None, 200, "inductor", None, "cpp_fused_add_gelu_0", _ev(["aten::add", "aten::gelu"])),
         (4, "aten::add+aten::gelu", None, 100, "inductor", None, "cpp_fused_add_gelu_0", _ev(["aten::add", "aten::gelu"])),
-        (5, "aten::mm", 12, 100, "correlation", None, "mm", _ev(["aten::addmm"])),
+        (5, "aten::mm", 12, 100, "correlation", None, "mm", _ev(["aten::addmm"], "aten::mm")),
         (6, None, None, 250, "unattributed", "no_fusion_map", "cpp_fused_x_1", _ev()),
         (7, None, None, 50, "unattributed", None, "mystery", _ev()),
     ]
@@ -103,6 +103,12 @@ def test_coverage_recomputed_by_hand(frame):
     assert cov["by_path"] == pytest.approx({"correlation": 0.4, "inductor": 0.3, "unattributed": 0.3})
     # Kernels with both an op range and inductor evidence: 2 (agrees) and 5 (disagrees).
     assert cov["path_agreement"] == {"correlation/inductor": pytest.approx(0.5)}
+    assert cov["path_agreement_counts"] == {"correlation/inductor": {"both": 2, "agree": 1}}
+    # What each path answered, whatever the merge chose: (a) kernels 0, 1, 2, 5 (400 ns);
+    # (c) the kernels with fused ops 2, 3, 4, 5 (150 + 200 + 100 + 100 ns).
+    assert cov["path_coverage"] == {"correlation": {"count": 0.5, "time": pytest.approx(0.4)},
+                                    "inductor": {"count": 0.5, "time": pytest.approx(0.55)}}
+    assert cov["valid_timed_kernels"] == 8
     assert cov["counters_coverage"] is None and "not collected" in cov["counters_note"]
     assert cov["unattributed"] == [
         {"name": "cpp_fused_x_1", "time_ns": 250, "count": 1, "reason": "no_fusion_map"},

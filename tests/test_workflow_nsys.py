@@ -16,8 +16,8 @@ Test doubles and synthetic data (nothing here is a real capture):
   ``opprof.layer:blocks.<j>`` push/pop ranges on thread 100:100, default-domain op ranges
   ``aten::mm, seq = N, op_id = M`` / ``aten::relu, ...`` inside each layer, one launch + one kernel per op.
 * ``layers.json`` is what the harness writes for the custom model below (``workloads.find_layers``); the
-  model is never run. ``kineto.json.gz`` is an empty but valid torch.profiler trace (path (a) merging on
-  nsys timelines is a later issue; attribute only has to accept it).
+  model is never run. ``kineto.json.gz`` is a synthetic torch.profiler run of the same program
+  (another process and clock): attribute pairs its kernels with the nsys ones by invocation order.
 
 The repository's Snakefile, workflow/, scripts/ and src/ are copied to a temporary folder and the copy's
 src/ is put first on PYTHONPATH: the library modules are declared inputs of the rules, so an edit or a
@@ -49,6 +49,8 @@ from nsys_export import (
 )
 from test_workflow import job_counts
 
+from operator_profiler import aggregate as agg
+
 ROOT = Path(__file__).resolve().parents[1]
 W = "toy"
 ITERATIONS = 2
@@ -68,7 +70,7 @@ TARGETS = tuple(f"results/{W}/{p}" for p in ("attribution/kernels.parquet", "tim
 CAPTURE_OUTPUTS = tuple(f"results/{W}/{p}" for p in (
     "clocks/target.json", "capture/timeline.nsys-rep", "capture/run.json", "capture/layers.json",
     "capture/clocks_applied.json", "capture/kineto.json.gz"))
-CPU_RULES = {"export_timeline": 1, "classify_layers": 1, "attribute": 1}
+CPU_RULES = {"export_timeline": 1, "export_kineto_timeline": 1, "classify_layers": 1, "attribute": 1}
 
 CONFIG = {
     "harness": {"seed": 0, "warmup": 1, "iterations": ITERATIONS},
@@ -157,7 +159,40 @@ def place_captures(work: Path, layers: list[dict]) -> None:
     (out / "capture" / "layers.json").write_text(json.dumps(layers, indent=1) + "\n")
     (out / "capture" / "clocks_applied.json").write_text(json.dumps({"locked": True, "device": "cuda"}))
     with gzip.open(out / "capture" / "kineto.json.gz", "wt") as fh:
-        json.dump({"traceEvents": []}, fh)
+        json.dump(synthetic_kineto_run(), fh)
+
+
+KINETO_PID = 4242  # the torch.profiler run is another process, on another clock
+
+
+def synthetic_kineto_run() -> dict:
+    """The capture_kineto run of the same program: same iterations, layers and kernel order as
+    synthetic_capture, another pid, clock and correlation ids; ops as torch.profiler records them
+    (aten::linear > aten::mm), kernel names as Kineto demangles them (with the parameter list)."""
+    events = []
+    corr = 5000
+
+    def x(cat, name, ts, dur, pid=KINETO_PID, tid=1, **args):
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+                       "args": args})
+
+    for it in range(ITERATIONS):
+        t_it = 10.0 + it * 300.0
+        x("user_annotation", f"opprof.iteration:{it}", t_it, 250.0)
+        for j, layer in enumerate(LAYERS):
+            t_layer = t_it + 5 + j * 120
+            x("user_annotation", f"opprof.layer:{layer}", t_layer, 100.0)
+            for k, (op, kernel_name) in enumerate(OPS):
+                t_op = t_layer + 5 + k * 40
+                corr += 1
+                if op == "aten::mm":
+                    x("cpu_op", "aten::linear", t_op - 1, 30.0)
+                x("cpu_op", op, t_op, 20.0)
+                x("cuda_runtime", "cudaLaunchKernel", t_op + 5, 3.0, correlation=corr)
+                x("kernel", kernel_name + "(int, float*)", t_op + 10, 1.0 + 0.1 * k, pid=0, tid=STREAM,
+                  correlation=corr, device=0, stream=STREAM)
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+            "baseTimeNanoseconds": 1_790_000_000_000_000_000, "traceEvents": events}
 
 
 # ------------------------------------------------------------------------------ running snakemake
@@ -258,10 +293,20 @@ def test_attribution_names_the_placed_ops_layers_and_iterations(finished_run):
     assert got["iteration"].astype(int).tolist() == expected["iteration"].tolist()
     assert got["name"].tolist() == expected["name"].tolist()
     assert got["duration_ns"].tolist() == expected["duration_ns"].tolist()
-    assert (got["path"] == "nvtx").all() and got["reason"].isna().all()
+    # Path (a) from the torch.profiler run (paired by invocation order) names the operator; NVTX agrees.
+    assert (got["path"] == "correlation").all() and got["reason"].isna().all()
     # emit_nvtx decorations are stripped from the operator; the range is still the evidence.
     evidence = got["evidence"].map(json.loads)
     assert [e["nvtx"]["operator"] for e in evidence] == expected["operator"].tolist()
+    assert [e["correlation"]["operator"] for e in evidence] == expected["operator"].tolist()
+    assert [e["correlation"]["stack"][-1] for e in evidence] == expected["operator"].tolist()
+    pairing = json.loads((setup["work"] / "results" / W / "attribution" / "pairing.json").read_text())
+    n = len(expected)
+    assert pairing == {"target_kernels": n, "source_kernels": n, "paired": n, "keyed_by": "iteration",
+                       "mismatched_iterations": [], "named_by_kineto_run": n}
+    coverage = agg.coverage(attribution, counters_collected=False)
+    assert coverage["path_coverage"] == {"correlation": {"count": 1.0, "time": 1.0}, "nvtx": {"count": 1.0, "time": 1.0}}
+    assert coverage["path_agreement_counts"] == {"correlation/nvtx": {"both": n, "agree": n}}
 
 
 @pytest.mark.workflow
@@ -331,17 +376,20 @@ def test_ignore_ranges_edit_reruns_only_attribute_and_unattributes_relu(finished
         relu = attribution[attribution["name"] == OPS[1][1]]
         mm = attribution[attribution["name"] == OPS[0][1]]
         assert len(relu) == len(mm) == ITERATIONS * len(LAYERS)
-        assert (mm["operator"] == "aten::mm").all() and (mm["path"] == "nvtx").all()
+        assert (mm["operator"] == "aten::mm").all() and (mm["path"] == "correlation").all()
+        for evidence in mm["evidence"].map(json.loads):
+            assert evidence["nvtx"]["operator"] == "aten::mm"
         # The ignored relu range is skipped and nothing in an operator domain encloses the launch: NVTX
         # stacks are per (thread, domain), so the default-domain relu range has no parent (the layer and
         # iteration ranges are on the opprof domain's stack, and are markers, never operators). A range of
-        # another domain does enclose it, hence no_operator_range rather than no_enclosing_range.
-        assert relu["operator"].isna().all() and (relu["path"] == "unattributed").all()
-        assert (relu["reason"] == "no_operator_range").all(), relu["reason"].tolist()
+        # another domain does enclose it, hence no_operator_range rather than no_enclosing_range. Path (a)
+        # from the torch.profiler run still names the operator (correlation > NVTX).
+        assert (relu["operator"] == "aten::relu").all() and (relu["path"] == "correlation").all()
         assert sorted(relu["layer"]) == sorted(list(LAYERS) * ITERATIONS)  # the layer does not come from the op
         for evidence in relu["evidence"].map(json.loads):
             assert evidence["nvtx"]["operator"] is None and evidence["nvtx"]["reason"] == "no_operator_range"
             assert len(evidence["nvtx"]["stack"]) == 1 and evidence["nvtx"]["stack"][0].startswith("aten::relu")
+            assert evidence["correlation"]["operator"] == "aten::relu"
     finally:
         # Back to the unedited config for any test that runs after this one (re-runs attribute only).
         restore = snakemake(setup, *TARGETS, *CUDA_NSYS)

@@ -1,3 +1,9 @@
+# With an nsys timeline, the pairing of its kernels with the torch.profiler run's is summarised too.
+ATTRIBUTION_OUTPUTS = {"kernels": "results/{workload}/attribution/kernels.parquet"}
+if TIMELINE == "nsys":
+    ATTRIBUTION_OUTPUTS["pairing"] = "results/{workload}/attribution/pairing.json"
+
+
 rule attribute:
     input:
         kernels="results/{workload}/timeline/kernels.parquet",
@@ -8,12 +14,13 @@ rule attribute:
         lib=[
             LIB / "attribution" / "correlation.py",
             LIB / "attribution" / "merge.py",
+            LIB / "attribution" / "transfer.py",
             LIB / "attribution" / "inductor.py",
             LIB / "attribution" / "nvtx.py",
             *ANALYSIS_LIB,
         ],
     output:
-        "results/{workload}/attribution/kernels.parquet",
+        **ATTRIBUTION_OUTPUTS,
     log:
         "logs/attribute/{workload}.log",
     benchmark:

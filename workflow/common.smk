@@ -50,12 +50,12 @@ TIMELINE_OUTPUTS = {
     "kernels": "results/{workload}/timeline/kernels.parquet",
     "launches": "results/{workload}/timeline/launches.parquet",
     "ranges": "results/{workload}/timeline/ranges.parquet",
+    "diagnostics": "results/{workload}/timeline/diagnostics.json",
 }
 if TIMELINE == "nsys":
     TIMELINE_OUTPUTS.update(
         activities="results/{workload}/timeline/gpu_activities.parquet",
         projection="results/{workload}/timeline/nvtx_gpu_projection.parquet",
-        diagnostics="results/{workload}/timeline/diagnostics.json",
     )
 WORKLOADS = sorted(config["workloads"])
 
@@ -134,16 +134,14 @@ def matching_input(wildcards):
 
 
 def diagnostics_input(wildcards):
-    """The nsys reader's findings go into the report."""
-    if TIMELINE == "nsys":
-        return f"results/{wildcards.workload}/timeline/diagnostics.json"
-    return []
+    """The timeline reader's findings go into the report."""
+    return f"results/{wildcards.workload}/timeline/diagnostics.json"
 
 
 def kineto_input(wildcards):
     """With an nsys timeline, path (a) reads the separate torch.profiler run."""
     if TIMELINE == "nsys":
-        return f"results/{wildcards.workload}/capture/kineto.json.gz"
+        return f"results/{wildcards.workload}/timeline_kineto/kernels.parquet"
     return []
 
 

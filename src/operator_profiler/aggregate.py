@@ -12,6 +12,8 @@ from collections import Counter
 
 import pandas as pd
 
+from .timeline.kineto import DISPATCHER_OP
+
 UNATTRIBUTED = "(unattributed)"
 OUTSIDE_LAYERS = "(outside layers)"
 
@@ -128,6 +130,66 @@ def counters_note(device: str | None) -> str:
     return "hardware counters: not collected (no Nsight Compute data for these kernels)"
 
 
+PATHS = ("correlation", "nvtx", "inductor")
+
+
+def _path_answers(evidence: str) -> dict[str, object]:
+    """What each path said in one kernel's evidence JSON: the operator name (paths a, b), the fused
+    ATen ops (path c, only for the call's own kernel), or None when the path ran without an answer."""
+    ev = json.loads(evidence)
+    answers: dict[str, object] = {}
+    for key in ("correlation", "nvtx"):
+        if key in ev:
+            answers[key] = ev[key].get("operator")
+    site = ev.get("inductor")
+    if site is not None:
+        answers["inductor"] = site.get("fused_ops") or None if site.get("call_site", True) else None
+    return answers
+
+
+def _agree(path_1: str, answer_1, path_2: str, answer_2) -> bool:
+    if path_2 == "inductor":  # a named op agrees with the fusion map when it is one of the fused ops
+        return answer_1 in answer_2
+    return answer_1 == answer_2
+
+
+def _path_coverage(attribution: pd.DataFrame, total_ns: int) -> tuple[dict, dict]:
+    """Per path: the share of kernels (count and time, 0-1) it named an operator for, whatever the
+    merge chose; per pair of paths: on how many kernels both answered and how many agreed.
+
+    Rows whose evidence holds one path only (a plain nsys or CPU run: most rows) are counted from the
+    ``path`` column without parsing their JSON.
+    """
+    evidence = attribution["evidence"].astype(str)
+    present = {p: evidence.str.contains(f'"{p}"', regex=False).to_numpy() for p in PATHS}
+    n_present = sum(v.astype(int) for v in present.values()) if len(attribution) else 0
+    answered = {p: pd.Series(False, index=attribution.index) for p in PATHS}
+    agreement = {f"{a}/{b}": {"both": 0, "agree": 0} for i, a in enumerate(PATHS) for b in PATHS[i + 1:]}
+    single = n_present <= 1
+    for p in PATHS:
+        answered[p] |= pd.Series(present[p] & single, index=attribution.index) & (attribution["path"] == p)
+    multi = attribution.index[~single] if len(attribution) else attribution.index
+    for idx, ev in zip(multi, evidence.loc[multi]):
+        answers = _path_answers(ev)
+        for p, answer in answers.items():
+            answered[p].loc[idx] = answer is not None
+        named = [(p, a) for p, a in answers.items() if a is not None]
+        for i, (p1, a1) in enumerate(named):
+            for p2, a2 in named[i + 1:]:
+                if p2 == "inductor" and not DISPATCHER_OP.match(str(a1)):
+                    continue  # a wrapper (Inductor's CPU-side kernel event) is not an ATen op to compare
+                pair = agreement[f"{p1}/{p2}"]
+                pair["both"] += 1
+                pair["agree"] += int(_agree(p1, a1, p2, a2))
+    durations = attribution["duration_ns"]
+    coverage = {
+        p: {"count": float(answered[p].mean()) if len(attribution) else 0.0,
+            "time": float(durations[answered[p]].sum() / total_ns) if total_ns else 0.0}
+        for p in PATHS if present[p].any()
+    }
+    return coverage, {pair: a for pair, a in agreement.items() if a["both"]}
+
+
 def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None,
              counters: pd.DataFrame | None = None) -> dict:
     """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1.
@@ -135,15 +197,7 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
     total = int(attribution["duration_ns"].sum())
     attributed = attribution[attribution["path"] != "unattributed"]
     by_path = attribution.groupby("path")["duration_ns"].sum()
-    # Agreement of paths (a) and (c) on the operator of an extern/fallback call: only the call's own
-    # kernel counts (work nested in the call, like addmm's bias copy, has an operator of its own).
-    both = []
-    with_site = attribution[attribution["evidence"].str.contains('"inductor"', regex=False)]
-    for ev, op, range_id in zip(with_site["evidence"], with_site["operator"], with_site["operator_range_id"]):
-        site = json.loads(ev).get("inductor")
-        if site is not None and not pd.isna(range_id) and site.get("call_site", True):
-            both.append(op in site["fused_ops"] or not site["fused_ops"])
-    agree = sum(both)
+    path_coverage, agreement = _path_coverage(attribution, total)
     unattributed = attribution[attribution["path"] == "unattributed"]
     groups = (
         unattributed.assign(reason=unattributed["reason"].fillna("unknown"))
@@ -160,7 +214,11 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
         "kernel_count": int(len(attribution)),
         "attributed_count": int(len(attributed)),
         "by_path": {p: (int(t) / total if total else 0.0) for p, t in by_path.items()},
-        "path_agreement": {"correlation/inductor": agree / len(both)} if len(both) else {},
+        "path_coverage": path_coverage,
+        "path_agreement": {pair: a["agree"] / a["both"] for pair, a in agreement.items() if a["both"]},
+        "path_agreement_counts": agreement,
+        "valid_timed_kernels": int(attribution["valid_time"].astype(bool).sum()) if "valid_time" in attribution
+        else int(len(attribution)),
         "counters_coverage": None if not counters_collected else (
             float(attribution["kernel_id"].isin(counters["kernel_id"]).mean()) if counters is not None and len(attribution)
             else 0.0),

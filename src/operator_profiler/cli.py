@@ -88,9 +88,11 @@ def _cmd_attribute(args) -> None:
         fusion = stages.load_fusion_map_checked(Path(args.inductor_dir))
     options = NvtxOptions(tuple(args.nvtx_operator_domain or DEFAULT_OPERATOR_DOMAINS), tuple(args.nvtx_ignore_range or ()))
     result = stages.attribute_files(Path(args.timeline), Path(args.kernel_layers) if args.kernel_layers else None,
-                                    fusion, Path(args.out), options)
+                                    fusion, Path(args.out), options,
+                                    Path(args.kineto_timeline) if args.kineto_timeline else None)
     attributed = (result["path"] != "unattributed").sum()
-    print(f"{attributed} of {len(result)} kernels attributed -> {args.out}")
+    by_path = ", ".join(f"{p} {n}" for p, n in result["path"].value_counts().sort_index().items())
+    print(f"{attributed} of {len(result)} kernels attributed ({by_path}) -> {args.out}")
 
 
 def _cmd_aggregate(args) -> None:
@@ -179,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: 'default', the unnamed domain where torch emit_nvtx writes)")
     s.add_argument("--nvtx-ignore-range", action="append", metavar="REGEX",
                    help="nsys timelines: range names never used as the operator (repeatable)")
+    s.add_argument("--kineto-timeline", metavar="DIR",
+                   help="nsys timelines: timeline folder of a torch.profiler run of the same program "
+                        "('opprof timeline --kineto'); its kernels are paired by invocation order and "
+                        "lend paths (a) correlation and (c) fusion map")
     s.set_defaults(func=_cmd_attribute)
 
     s = sub.add_parser("aggregate", help="operators, modules, layer classes, coverage")

@@ -57,9 +57,13 @@ def _imported_lines(coverage: dict, diagnostics: dict | None) -> list[str]:
         # CUDA devices only: Windows exports also list display adapters (no streaming multiprocessors).
         gpus = ", ".join(sorted({str(d.get("name")) for d in diagnostics.get("devices", [])
                                  if d.get("name") and d.get("smCount", 1)}))
-        lines += [f"- trace: `{diagnostics.get('file')}` (Nsight Systems {diagnostics.get('product_version') or 'unknown'}, "
-                  f"export schema {diagnostics.get('schema_version') or 'unknown'}), captured elsewhere",
-                  f"- GPU(s): {gpus or 'not recorded'}"]
+        if diagnostics.get("format") == "kineto":
+            lines += [f"- trace: `{diagnostics.get('file')}` (torch.profiler / Kineto, "
+                      f"{diagnostics.get('time_base', 'unknown').replace('_', ' ')} timestamps), captured elsewhere"]
+        else:
+            lines += [f"- trace: `{diagnostics.get('file')}` (Nsight Systems {diagnostics.get('product_version') or 'unknown'}, "
+                      f"export schema {diagnostics.get('schema_version') or 'unknown'}), captured elsewhere"]
+        lines += [f"- GPU(s): {gpus or 'not recorded'}"]
     else:
         lines += ["- trace captured elsewhere (no run.json): model, device and clocks are not known"]
     measured = len(coverage.get("iteration_time_ns", {}))
@@ -91,7 +95,10 @@ def _dedup_lines(matching: dict | None) -> list[str]:
 def _notes(diagnostics: dict | None) -> list[str]:
     if not diagnostics or not (diagnostics.get("warnings") or diagnostics.get("info")):
         return []
+    unknown = diagnostics.get("launches_without_kernel_by_operator") or {}
     return ["", "## Capture notes", "", *[f"- warning: {w}" for w in diagnostics.get("warnings", [])],
+            *[f"- device time **unknown** (launch without kernel record) for `{op}`: {_plural(n, 'launch')}"
+              for op, n in sorted(unknown.items())],
             *[f"- {i}" for i in diagnostics.get("info", [])]]
 
 

@@ -17,7 +17,8 @@ from . import layers as layer_classes
 from . import report as report_md
 from . import tables
 from .attribution import inductor, nvtx
-from .attribution.merge import attribute
+from .attribution.correlation import enclosing_ops
+from .attribution.merge import attribute, merge_fusion_by_name, merge_kineto_run
 from .files import (
     InputError,
     read_json_file,
@@ -71,7 +72,7 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 
 
-NSYS_ONLY_OUTPUTS = ("gpu_activities.parquet", "nvtx_gpu_projection.parquet", "diagnostics.json")
+NSYS_ONLY_OUTPUTS = ("gpu_activities.parquet", "nvtx_gpu_projection.parquet")
 
 
 def export_timeline(trace: Path, out_dir: Path, kind: str | None = None) -> kineto.Timeline:
@@ -97,10 +98,34 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None) -> kine
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
         return timeline
     timeline = kineto.read_kineto(trace)
+    _name_launch_operators(timeline)
+    for warning in timeline.diagnostics["warnings"]:
+        log.warning("%s: %s", trace, warning)
     kineto.write_timeline(timeline, out_dir)
+    write_json(Path(out_dir) / "diagnostics.json", timeline.diagnostics)
     for stale in NSYS_ONLY_OUTPUTS:  # from an nsys timeline written to the same folder before
         (Path(out_dir) / stale).unlink(missing_ok=True)
     return timeline
+
+
+def _name_launch_operators(timeline: kineto.Timeline) -> None:
+    """Name the op around each kernel launch that has no kernel record (cases.md C04): its device
+    time is unknown, which the report says per operator instead of showing 0."""
+    missing = timeline.diagnostics.get("launches_without_kernel") or []
+    if not missing:
+        return
+    probe = pd.DataFrame({
+        "kernel_id": range(len(missing)), "pid": [m["pid"] for m in missing],
+        "launch_tid": [m["tid"] for m in missing], "launch_start_ns": [m["start_ns"] for m in missing],
+        "launch_end_ns": [m["end_ns"] for m in missing], "correlation_id": [m["correlation_id"] for m in missing],
+    })
+    found = enclosing_ops(probe, timeline.ranges)
+    per_operator: dict[str, int] = {}
+    for i, entry in enumerate(missing):
+        entry["operator"] = found[i].operator
+        key = found[i].operator or "<no enclosing op>"
+        per_operator[key] = per_operator.get(key, 0) + 1
+    timeline.diagnostics["launches_without_kernel_by_operator"] = per_operator
 
 
 def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_kernel_layers: Path,
@@ -123,37 +148,66 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
 
 
 def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | pd.DataFrame | None,
-                    out: Path, nvtx_options: nvtx.NvtxOptions | None = None) -> pd.DataFrame:
+                    out: Path, nvtx_options: nvtx.NvtxOptions | None = None,
+                    kineto_timeline: Path | None = None) -> pd.DataFrame:
     """Attribution of every kernel of a timeline -> ``attribution/kernels.parquet``.
 
     A Kineto timeline runs paths (a) correlation and (c) the fusion map; an nsys timeline runs path
-    (b) NVTX enclosure with ``nvtx_options``. ``fusion_map`` is a ``fusion_map.parquet`` path or an
-    already loaded fusion map.
+    (b) NVTX enclosure with ``nvtx_options``, plus (a) and (c) from ``kineto_timeline`` (the
+    timeline folder of a torch.profiler run of the same program, paired by invocation order; its
+    summary goes to ``pairing.json`` beside ``out``). ``fusion_map`` is a ``fusion_map.parquet``
+    path or an already loaded fusion map.
+
+    Raises:
+        InputError: unreadable inputs, tables from different timelines, or a ``kineto_timeline``
+            that is not a Kineto timeline.
     """
     kernels, ranges = read_timeline(timeline_dir)
-    if kernel_layers is not None:
-        kl = read_parquet_file(kernel_layers, "a kernel_layers table",
-                               "write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR",
-                               ("kernel_id", "layer", "layer_class"))
-        if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
-                kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
-            raise InputError(f"{kernel_layers} lists {len(kl)} kernels, the timeline {timeline_dir} {len(kernels)}: they "
-                             f"come from different timelines; run: opprof classify --timeline {timeline_dir} ...")
-    else:
-        kl, _, _ = layer_classes.classify_layers(kernels, ranges, [])
+    kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers)
     if isinstance(fusion_map, (str, Path)):
         fusion_map = read_parquet_file(fusion_map, "a fusion map", "write it with: opprof fusion-map "
                                        "--inductor-dir DIR --out FILE", ("graph", "call_index", "profiler_name"))
     fusion = fusion_map
     if is_nsys(kernels):
-        if fusion is not None and len(fusion):
-            log.warning("the fusion map (path c) is not yet joined to nsys timelines (issue #5); "
-                        "attributing by NVTX enclosure only")
         result = nvtx.attribute_nvtx(kernels, ranges, kl, nvtx_options or nvtx.NvtxOptions())
+        if kineto_timeline is not None:
+            k_kernels, k_ranges = read_timeline(kineto_timeline)
+            if is_nsys(k_kernels):
+                raise InputError(f"{kineto_timeline} is an nsys timeline; --kineto-timeline takes the timeline "
+                                 "folder of a torch.profiler run (opprof timeline --kineto TRACE --out DIR)")
+            k_layers, _, _ = layer_classes.classify_layers(k_kernels, k_ranges, [])
+            kineto_result = attribute(k_kernels, k_ranges, k_layers, fusion)
+            result, summary = merge_kineto_run(result, kernels, kineto_result, k_kernels)
+            if summary["paired"] < summary["target_kernels"]:
+                log.warning("%d of %d kernels have no partner in the torch.profiler run %s (paired by invocation "
+                            "order): they keep the NVTX answer only", summary["target_kernels"] - summary["paired"],
+                            summary["target_kernels"], kineto_timeline)
+            if summary["mismatched_iterations"]:
+                log.warning("the two runs launched different kernels in iteration(s) %s: pairing there may be off",
+                            summary["mismatched_iterations"][:10])
+            write_json(Path(out).parent / "pairing.json", summary)
+        elif fusion is not None and len(fusion):
+            result = merge_fusion_by_name(result, kernels, fusion)
     else:
+        if kineto_timeline is not None:
+            log.warning("--kineto-timeline is ignored: the timeline %s is itself a Kineto timeline", timeline_dir)
         result = attribute(kernels, ranges, kl, fusion)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
+
+
+def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir: Path,
+                       kernel_layers: Path | None) -> pd.DataFrame:
+    if kernel_layers is None:
+        return layer_classes.classify_layers(kernels, ranges, [])[0]
+    kl = read_parquet_file(kernel_layers, "a kernel_layers table",
+                           "write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR",
+                           ("kernel_id", "layer", "layer_class"))
+    if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
+            kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
+        raise InputError(f"{kernel_layers} lists {len(kl)} kernels, the timeline {timeline_dir} {len(kernels)}: they "
+                         f"come from different timelines; run: opprof classify --timeline {timeline_dir} ...")
+    return kl
 
 
 def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
@@ -204,7 +258,8 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
                                  "timeline --nsys", expect=dict) if diagnostics_path is not None else None
     coverage = read_json_file(coverage_path, "coverage.json", hint, expect=dict)
     if diagnostics and "counts" in diagnostics:
-        in_timeline = diagnostics["counts"].get("kernels", 0) + diagnostics["counts"].get("graph_launch_rows", 0)
+        counts = diagnostics["counts"]
+        in_timeline = counts.get("kernels", 0) + counts.get("cpu_kernels", 0) + counts.get("graph_launch_rows", 0)
         if in_timeline != coverage.get("kernel_count"):
             raise InputError(f"{diagnostics_path} describes a timeline of {in_timeline} kernels, {coverage_path} "
                              f"{coverage.get('kernel_count')}: pass the timeline these results were made from")

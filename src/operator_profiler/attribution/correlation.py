@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..timeline.kineto import DISPATCHER_OP
+from ..timeline.kineto import DISPATCHER_OP, external_id_mode
 
 COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
 
@@ -27,6 +27,11 @@ class OpStack:
     stack: list[int] = field(default_factory=list)  # range ids, outermost first
     operator: str | None = None
     operator_range_id: int | None = None
+    # "dispatcher_op" (aten::mm, c10d::allreduce_) or "cpu_op" (no dispatcher op encloses the launch:
+    # the innermost profiler op, e.g. a custom autograd Function or Inductor's CPU-side kernel event)
+    operator_kind: str | None = None
+    # kernel "External id" vs the ops of the stack (op_id traces only): "agrees" / "disagrees"
+    external_id_check: str | None = None
     forward_operator: str | None = None
     forward_range_id: int | None = None
     compiled_region: int | None = None  # range id of the enclosing "## Call CompiledFxGraph" range
@@ -101,10 +106,23 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
         ranges: timeline ranges (range_id, pid, tid, start_ns, end_ns, name, kind, depth, seq,
             fwd_thread_id).
 
+    The operator is the innermost dispatcher op (``aten::addmm``) of the stack, else the innermost
+    ``cpu_op`` (a custom autograd ``Function`` node, Inductor's CPU-side ``triton_*`` event,
+    ``CompiledFunction`` around a CUDA graph replay), flagged by ``operator_kind``. A backward
+    kernel's ``forward_operator`` comes from the ``fwdbwd`` flow of its autograd node when the
+    trace has flows, else from the node's ``Sequence number`` (kineto-and-inductor.md §1.7). Where
+    the trace's ``External id`` is an op id (``external_id_mode == "op_id"``, §1.6) it is checked
+    against the stack, never used to pick the op.
+
     Returns:
-        kernel_id -> :class:`OpStack`. ``reason`` is ``no_launch_record`` when the launch is not in
-        the trace window, ``no_enclosing_operator`` when no dispatcher op encloses the launch.
+        kernel_id -> :class:`OpStack`. ``reason``: ``null_correlation`` (correlation id missing or
+        <= 0, cases.md C05), ``no_launch_record`` (the launch is not in the trace window: an orphan,
+        or a dangling id), ``no_enclosing_operator`` (no profiler op encloses the launch).
     """
+    check_external = external_id_mode(kernels) == "op_id"
+    range_external = ranges.set_index("range_id")["external_id"].to_dict() if "external_id" in ranges else {}
+    flow_forward = (ranges.set_index("range_id")["forward_range_id"].dropna().astype("int64").to_dict()
+                    if "forward_range_id" in ranges else {})
     ranges = ranges.set_index("range_id", drop=False)
     names = ranges["name"].to_dict()
     kinds = ranges["kind"].to_dict()
@@ -120,25 +138,45 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
         found = OpStack()
         result[int(k.kernel_id)] = found
         if pd.isna(k.launch_tid) or pd.isna(k.launch_start_ns):
-            found.reason = "no_launch_record"
+            corr = k.correlation_id
+            found.reason = "null_correlation" if pd.isna(corr) or int(corr) <= 0 else "no_launch_record"
             continue
         t0, t1 = int(k.launch_start_ns), int(k.launch_end_ns)
-        if own_range is not None and not pd.isna(own_range_of[kid := int(k.kernel_id)]):
+        own = own_range_of.get(int(k.kernel_id)) if own_range is not None else None
+        own = None if own is None or pd.isna(own) else int(own)
+        if own is not None:
             # A CPU kernel is a range itself: start from it, not from a time search, which could
             # pick a zero-length sibling with the same timestamp.
-            hits = threads.ancestors(int(own_range_of[kid]), t0, t1)
+            hits = threads.ancestors(own, t0, t1)
         else:
             hits = threads.enclosing(int(k.pid), int(k.launch_tid), t0, t1)
         found.stack = hits
         for rid in reversed(hits):
             if kinds[rid] == "cpu_op" and DISPATCHER_OP.match(names[rid]):
-                found.operator, found.operator_range_id = names[rid], rid
+                found.operator, found.operator_range_id, found.operator_kind = names[rid], rid, "dispatcher_op"
                 break
+        else:
+            # Not the kernel's own range (a CPU kernel naming itself says nothing) and not outside
+            # the compiled-graph region around it (CompiledFunction names no operator).
+            for rid in reversed(hits):
+                if names[rid].startswith(COMPILED_GRAPH_PREFIX):
+                    break
+                if kinds[rid] == "cpu_op" and rid != own:
+                    found.operator, found.operator_range_id, found.operator_kind = names[rid], rid, "cpu_op"
+                    break
+        ext = getattr(k, "external_id", None)
+        if check_external and ext is not None and not pd.isna(ext) and hits:
+            found.external_id_check = (
+                "agrees" if any(range_external.get(r) == int(ext) for r in hits) else "disagrees")
         for rid in reversed(hits):
             if names[rid].startswith(COMPILED_GRAPH_PREFIX):
                 found.compiled_region = rid
                 break
         for rid in reversed(hits):  # innermost autograd node of a backward pass
+            if rid in flow_forward:
+                fwd = flow_forward[rid]
+                found.forward_operator, found.forward_range_id = names[fwd], fwd
+                break
             if not pd.isna(seqs[rid]) and fwd_tid[rid] == 1:
                 fwd = forward_by_seq.get((int(k.pid), int(seqs[rid])))
                 if fwd is not None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 
 from .. import tables
 from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
 from . import inductor
 from .correlation import OpStack, enclosing_ops
+from .transfer import align_runs
 
 # Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
 VIEW_OPS = frozenset(
@@ -139,10 +141,16 @@ def attribute(
             "correlation": {
                 "stack": [names[r] for r in found.stack],
                 "operator": found.operator,
+                **({"operator_kind": found.operator_kind} if found.operator_kind else {}),
+                **({"external_id_check": found.external_id_check} if found.external_id_check else {}),
                 **({"reason": found.reason} if found.reason else {}),
+                **({"correlation_id": int(k.correlation_id)} if found.reason == "no_launch_record" else {}),
             }
         }
-        operator, path, reason = found.operator, "correlation" if found.operator else "unattributed", found.reason
+        # Precedence (DESIGN.md §3): a dispatcher op around the launch; else the fusion map's ops of
+        # a generated kernel; else the innermost profiler op around the launch.
+        dispatcher = found.operator_kind == "dispatcher_op"
+        operator, path, reason = (found.operator, "correlation", None) if dispatcher else (None, "unattributed", found.reason)
         fused_ops: list[str] = []
         source_nodes: list[str] = []
         if site is not None:
@@ -156,8 +164,10 @@ def attribute(
                 operator = fused_operator_label(fused_ops)
                 path = "inductor" if operator else "unattributed"
                 reason = None if operator else "fusion_map_without_ops"
-        elif found.compiled_region is not None and operator is None:
+        elif found.compiled_region is not None and operator is None and found.operator is None:
             reason = region_reasons.get(kid, reason)
+        if operator is None and found.operator is not None:
+            operator, path, reason = found.operator, "correlation", None
         layer = layer_of.get(kid)
         layer = None if pd.isna(layer) else layer
         module = module_of.get(kid)
@@ -179,10 +189,134 @@ def attribute(
                 "duration_ns": int(k.duration_ns),
                 "iteration": k.iteration,
                 "name": k.name,
+                "valid_time": bool(getattr(k, "valid_time", True)),
             }
         )
-    columns = [*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name"]
+    columns = [*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name", "valid_time"]
     out = pd.DataFrame.from_records(records, columns=columns)  # columns: also right for no kernels
     out["operator_range_id"] = pd.array(out["operator_range_id"], dtype="Int64")
     out["iteration"] = pd.array(out["iteration"], dtype="Int64")
+    return out
+
+
+def _join_evidence(first: str, second: str) -> str:
+    """Two evidence JSON objects with different top-level keys -> one object (no re-parse)."""
+    if not second or second == "{}":
+        return first
+    if not first or first == "{}":
+        return second
+    return first[:-1] + ", " + second[1:]
+
+
+def merge_kineto_run(primary: pd.DataFrame, kernels: pd.DataFrame, kineto_result: pd.DataFrame,
+                     kineto_kernels: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Add paths (a) and (c) from a separate torch.profiler run of the same program to an nsys
+    timeline's path (b) result (the ``capture_kineto`` run of DESIGN.md §2).
+
+    The runs' kernels are paired by invocation order (:func:`operator_profiler.attribution.transfer.align_runs`).
+    Precedence (DESIGN.md §3): where the Kineto run named an operator (correlation, or the fusion
+    map for a generated kernel) it wins; otherwise NVTX's answer stays. ``fused_ops``/``source_nodes``
+    come from the fusion map; ``forward_operator`` from (a), else (b). Every kernel's evidence gets a
+    ``correlation`` entry (``reason: no_partner_in_kineto_run`` when unpaired), so coverage by path
+    counts it.
+
+    Args:
+        primary: :func:`operator_profiler.attribution.nvtx.attribute_nvtx` output on ``kernels``.
+        kernels: the nsys timeline's kernels table.
+        kineto_result: :func:`attribute` output on the Kineto run's timeline ``kineto_kernels``.
+
+    Returns:
+        ``(attribution, summary)``: the merged attribution (same columns as ``primary``) and the
+        pairing summary (counts, ``keyed_by``, ``mismatched_iterations``).
+    """
+    pairs, summary = align_runs(kernels, kineto_kernels)
+    src = kineto_result.set_index(kineto_result["kernel_id"].astype("int64"))
+    out = primary.copy()
+    row_of = pd.Series(np.arange(len(out)), index=out["kernel_id"].astype("int64"))
+    rows = row_of.reindex(pairs["kernel_id"]).to_numpy()
+    partner = src.loc[pairs["source_kernel_id"].to_numpy()]
+    evidence = out["evidence"].astype(object).to_numpy().copy()
+    paired = np.zeros(len(out), dtype=bool)
+    paired[rows] = True
+    kineto_evidence = [
+        ev[:-1] + f', "kineto_kernel_id": {int(sk)}}}' if ev.endswith("}") else ev
+        for ev, sk in zip(partner["evidence"], pairs["source_kernel_id"])
+    ]
+    for i, ev in zip(rows, kineto_evidence):
+        evidence[i] = _join_evidence(evidence[i], ev)
+    unpaired = '{"correlation": {"reason": "no_partner_in_kineto_run"}}'
+    for i in np.flatnonzero(~paired):
+        evidence[i] = _join_evidence(evidence[i], unpaired)
+    out["evidence"] = evidence
+
+    named = (partner["path"] != "unattributed").to_numpy()
+    take = rows[named]
+    chosen = partner[named]
+    for column in ("operator", "path", "fused_ops", "source_nodes"):
+        values = out[column].astype(object).to_numpy().copy()
+        values[take] = chosen[column].astype(object).to_numpy()
+        out[column] = values
+    # The fusion map's ops also on kernels whose operator stays NVTX's.
+    fused = partner["fused_ops"].map(len).to_numpy() > 0
+    fill = rows[fused & ~named]
+    for column in ("fused_ops", "source_nodes"):
+        values = out[column].astype(object).to_numpy().copy()
+        values[fill] = partner.loc[fused & ~named, column].astype(object).to_numpy() if fill.size else values[fill]
+        out[column] = values
+    forward = out["forward_operator"].astype(object).to_numpy().copy()
+    kineto_forward = partner["forward_operator"].astype(object).to_numpy()
+    has_forward = pd.notna(kineto_forward)
+    forward[rows[has_forward]] = kineto_forward[has_forward]
+    out["forward_operator"] = forward
+    reason = out["reason"].astype(object).to_numpy().copy()
+    reason[take] = None
+    out["reason"] = reason
+    # An op instance of the Kineto run (to count calls) must not collide with this timeline's range
+    # ids: it is stored as -(its Kineto range id + 1).
+    op_range = pd.array(out["operator_range_id"], dtype="Int64").copy()
+    kineto_range = pd.array(chosen["operator_range_id"], dtype="Int64")
+    op_range[take] = -(kineto_range + 1)
+    out["operator_range_id"] = op_range
+    summary["named_by_kineto_run"] = int(named.sum())
+    return out, summary
+
+
+def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.DataFrame:
+    """Path (c) on a timeline without compiled-graph regions (an nsys capture): the fusion map is
+    joined by kernel name and call-site order (:func:`operator_profiler.attribution.inductor.attribute_by_name`).
+
+    A generated kernel (Triton / C++) found in the map gets the fused ops' label as its operator
+    (path ``inductor``): the NVTX range around its launch is the compiled-graph wrapper, not an op.
+    Every kernel the map knows gets ``fused_ops``/``source_nodes``; a kernel with an Inductor name the
+    map cannot place keeps its NVTX answer, with the map's reason in the evidence.
+    """
+    found = inductor.attribute_by_name(kernels, fusion_map)
+    found = found.set_index(found["kernel_id"].astype("int64"))
+    out = primary.copy()
+    ids = out["kernel_id"].astype("int64").to_numpy()
+    rows = found.reindex(ids)
+    matched = rows["graph"].notna().to_numpy() if "graph" in rows else np.zeros(len(out), dtype=bool)
+    has_reason = rows["reason"].notna().to_numpy() if "reason" in rows else np.zeros(len(out), dtype=bool)
+    operator = out["operator"].astype(object).to_numpy().copy()
+    path = out["path"].astype(object).to_numpy().copy()
+    reason = out["reason"].astype(object).to_numpy().copy()
+    fused_col = out["fused_ops"].astype(object).to_numpy().copy()
+    nodes_col = out["source_nodes"].astype(object).to_numpy().copy()
+    evidence = out["evidence"].astype(object).to_numpy().copy()
+    for i in np.flatnonzero(matched | has_reason):
+        row = rows.iloc[i]
+        if matched[i]:
+            fused = list(row["fused_ops"])
+            site = {"graph": row["graph"], "call_index": int(row["call_index"]), "kernel": row["kernel"],
+                    "kind": row.get("kind"), "fused_ops": fused, "origin": row.get("origin"), "call_site": True,
+                    "joined_by": "kernel_name"}
+            fused_col[i], nodes_col[i] = fused, list(row["source_nodes"])
+            label = fused_operator_label(fused)
+            if label and row.get("kind") != "extern":
+                operator[i], path[i], reason[i] = label, "inductor", None
+        else:
+            site = {"reason": row["reason"]}
+        evidence[i] = _join_evidence(evidence[i], json.dumps({"inductor": site}, sort_keys=True, default=str))
+    out["operator"], out["path"], out["reason"] = operator, path, reason
+    out["fused_ops"], out["source_nodes"], out["evidence"] = fused_col, nodes_col, evidence
     return out

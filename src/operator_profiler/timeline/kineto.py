@@ -22,7 +22,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class Timeline:
     kernels: pd.DataFrame
     launches: pd.DataFrame
     ranges: pd.DataFrame
+    # What the reader noticed (counts, launch APIs, warnings); written as the timeline's diagnostics.json.
+    diagnostics: dict = field(default_factory=dict)
 
 
 RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "python_function": "python_function"}
@@ -230,12 +233,19 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
             "range_id": rows["range_id"].to_numpy(),
             # range_id is the position in ``ranges`` (set by _nest), so positions are range ids.
             "parent_range_id": enclosing[chosen],
+            "external_id": pd.array(rows["external_id"], dtype="Int64"),
+            "valid_time": True,
         }
     )
 
 
+GPU_KERNEL_FIELDS = ["pid", "device", "stream", "name", "mangled_name", "start_ns", "end_ns", "correlation_id", "grid",
+                     "block", "graph_id", "graph_node_id", "external_id", "valid_time"]
+
+
 def _gpu_kernels(rows: list[dict], launches: pd.DataFrame) -> pd.DataFrame:
-    kernels = pd.DataFrame(rows)
+    kernels = pd.DataFrame(rows, columns=GPU_KERNEL_FIELDS)
+    kernels["valid_time"] = kernels["valid_time"].astype(bool)
     # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key.
     keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
     by_corr = keyed.drop_duplicates("correlation_id", keep=False).set_index("correlation_id")
@@ -246,19 +256,42 @@ def _gpu_kernels(rows: list[dict], launches: pd.DataFrame) -> pd.DataFrame:
         kernels[col] = values
     # Kineto writes the device index as a GPU event's pid; the process is the launch's.
     kernels["pid"] = kernels.pop("launch_pid").fillna(kernels["pid"])
-    for col in ("pid", "launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id"):
+    for col in ("pid", "launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id",
+                "external_id"):
         kernels[col] = pd.array(kernels[col], dtype="Int64")
+    # An invalid kernel record (cases.md C04) is placed at its launch's end: zero length, never at epoch 0.
+    invalid = ~kernels["valid_time"]
+    if invalid.any():
+        at = kernels.loc[invalid, "launch_end_ns"].fillna(kernels.loc[invalid, "start_ns"]).astype("int64")
+        kernels.loc[invalid, "start_ns"] = at
+        kernels.loc[invalid, "end_ns"] = at
     kernels["launch_api"] = kernels["launch_api"].astype(object).where(kernels["launch_api"].notna(), None)
     return kernels
+
+
+# Launch calls that start GPU work expected to appear as a kernel record (cases.md C04, C06: any
+# runtime/driver call carrying the kernel's correlation id joins; this list only decides which
+# calls *without* a kernel record are worth a warning).
+KERNEL_LAUNCH_API = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
+MEMORY_CATEGORIES = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
+
+
+def _external_id(args: dict) -> int | None:
+    return _int_or_none(args.get("External id", args.get("external id")))
 
 
 def read_kineto(path: Path) -> Timeline:
     """Read a torch.profiler Chrome trace (GPU or CPU-only) into the timeline tables.
 
     Returns:
-        ``Timeline(kernels, launches, ranges)`` with the columns of :mod:`operator_profiler.tables`
-        (KERNELS, LAUNCHES, RANGES); times in integer ns on the trace's clock
-        (``baseTimeNanoseconds + ts``).
+        ``Timeline(kernels, launches, ranges, diagnostics)`` with the columns of
+        :mod:`operator_profiler.tables` (KERNELS, LAUNCHES, RANGES); times in integer ns on the
+        trace's clock (``baseTimeNanoseconds + ts``). Extra columns: kernels ``external_id`` and
+        ``valid_time`` (False for a kernel record with ``ts`` 0 or a negative ``dur``, cases.md C04:
+        its ``duration_ns`` is 0 and its interval is its launch's end, so it weighs nothing and
+        draws nothing at epoch 0); ranges ``external_id`` and ``forward_range_id`` (on a backward op,
+        the forward op its ``fwdbwd`` flow comes from, §1.7). ``diagnostics`` holds the counts, the
+        launch APIs seen (C06), the ``External id`` mode (§1.6), orphan kernels and warnings.
 
     Raises:
         TimelineError: the file is not a Kineto trace, or an event lacks ``ts``/``dur`` (named with
@@ -270,15 +303,33 @@ def read_kineto(path: Path) -> Timeline:
     range_rows: list[dict] = []
     launch_rows: list[dict] = []
     kernel_rows: list[dict] = []
+    flow_rows: list[tuple] = []
+    memory_correlations: set[int] = set()
+    categories: Counter = Counter()
     for index, ev in enumerate(trace["traceEvents"]):
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
+        if not isinstance(ev, dict):
             continue
-        cat = ev.get("cat")
+        cat, ph = ev.get("cat"), ev.get("ph")
+        categories[str(cat)] += 1
+        if ph in ("s", "f") and cat == "fwdbwd":
+            ts = ev.get("ts")
+            pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
+            if ts is not None and pid is not None and tid is not None:
+                flow_rows.append((ev.get("id"), ph, pid, tid, base + _to_ns(ts)))
+            continue
+        if ph != "X":
+            continue
+        if cat in MEMORY_CATEGORIES:
+            corr = _int_or_none((ev.get("args") or {}).get("correlation"))
+            if corr is not None:
+                memory_correlations.add(corr)
+            continue
         if cat not in RANGE_CATEGORIES and cat not in LAUNCH_CATEGORIES and cat not in KERNEL_CATEGORIES:
             continue
         try:
-            start = base + _to_ns(ev["ts"])
-            end = start + _to_ns(ev["dur"])
+            raw_ts, raw_dur = ev["ts"], ev["dur"]
+            start = base + _to_ns(raw_ts)
+            end = start + _to_ns(raw_dur)
         except (KeyError, TypeError, ArithmeticError):
             raise TimelineError(
                 f"{path}: traceEvents[{index}] ({ev.get('name')!r}, cat {cat!r}) has no valid ts/dur; "
@@ -294,31 +345,36 @@ def read_kineto(path: Path) -> Timeline:
                     "pid": pid, "tid": tid, "start_ns": start, "end_ns": end, "name": str(ev.get("name", "")),
                     "kind": RANGE_CATEGORIES[cat], "seq": _int_or_none(args.get("Sequence number")),
                     "fwd_thread_id": _int_or_none(args.get("Fwd thread id")), "order": index,
+                    "external_id": _external_id(args),
                 }
             )
         elif cat in LAUNCH_CATEGORIES:
             launch_rows.append(
                 {
                     "pid": pid, "tid": tid, "start_ns": start, "end_ns": end, "api": str(ev.get("name", "")),
-                    "correlation_id": _int_or_none(args.get("correlation")),
+                    "correlation_id": _int_or_none(args.get("correlation")), "external_id": _external_id(args),
                 }
             )
         else:
+            # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
+            valid = raw_ts != 0 and raw_dur >= 0
             kernel_rows.append(
                 {
                     "pid": pid, "device": _int_or_none(args.get("device", ev.get("pid"))),
                     "stream": _int_or_none(args.get("stream", ev.get("tid"))), "name": str(ev.get("name", "")),
-                    "mangled_name": None, "start_ns": start, "end_ns": end,
+                    "mangled_name": None, "start_ns": start, "end_ns": end if valid else start,
                     "correlation_id": _int_or_none(args.get("correlation")),
                     "grid": _xyz(args.get("grid")), "block": _xyz(args.get("block")),
                     "graph_id": _int_or_none(args.get("graph id")),
                     "graph_node_id": _int_or_none(args.get("graph node id")),
+                    "external_id": _external_id(args), "valid_time": valid,
                 }
             )
 
-    ranges = pd.DataFrame(range_rows, columns=["pid", "tid", "start_ns", "end_ns", "name", "kind", "seq", "fwd_thread_id", "order"])
-    ranges["seq"] = pd.array(ranges["seq"], dtype="Int64")
-    ranges["fwd_thread_id"] = pd.array(ranges["fwd_thread_id"], dtype="Int64")
+    ranges = pd.DataFrame(range_rows, columns=["pid", "tid", "start_ns", "end_ns", "name", "kind", "seq",
+                                               "fwd_thread_id", "order", "external_id"])
+    for col in ("seq", "fwd_thread_id", "external_id"):
+        ranges[col] = pd.array(ranges[col], dtype="Int64")
     ranges = _nest(ranges)
     ranges["end_tid"] = pd.array([None] * len(ranges), dtype="Int64")
     ranges["domain"] = "torch.profiler"
@@ -329,15 +385,136 @@ def read_kineto(path: Path) -> Timeline:
     ranges["iteration"] = pd.array(
         [int(v) if ok else None for v, ok in zip(iteration, is_iteration)], dtype="Int64"
     )
+    ranges["forward_range_id"] = _bind_fwdbwd_flows(ranges, flow_rows)
 
-    launches = pd.DataFrame(launch_rows, columns=["pid", "tid", "start_ns", "end_ns", "api", "correlation_id"])
+    launches = pd.DataFrame(launch_rows, columns=["pid", "tid", "start_ns", "end_ns", "api", "correlation_id",
+                                                  "external_id"])
     launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
     launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
     launches["correlation_id"] = pd.array(launches["correlation_id"], dtype="Int64")
+    launches["external_id"] = pd.array(launches["external_id"], dtype="Int64")
 
-    kernels = _gpu_kernels(kernel_rows, launches) if kernel_rows else _cpu_kernels(ranges)
+    gpu_trace = bool(kernel_rows) or _has_gpu_activity(trace, categories, launches)
+    if kernel_rows:
+        kernels = _gpu_kernels(kernel_rows, launches)
+    elif gpu_trace:
+        kernels = _gpu_kernels([], launches)
+    else:
+        kernels = _cpu_kernels(ranges)
     kernels = finish_kernels(kernels, ranges, source="kineto")
-    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"))
+    diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
+    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), diagnostics=diagnostics)
+
+
+def _has_gpu_activity(trace: dict, categories: Counter, launches: pd.DataFrame) -> bool:
+    """A trace recorded with CUDA activities, even when it holds no kernel record (counter mode)."""
+    if trace.get("deviceProperties") or categories.get("cuda_profiler_range"):
+        return True
+    return bool(len(launches)) and bool(launches["api"].str.contains(KERNEL_LAUNCH_API).any())
+
+
+def _bind_fwdbwd_flows(ranges: pd.DataFrame, flows: list[tuple]) -> pd.arrays.IntegerArray:
+    """Backward op -> forward op through the ``fwdbwd`` flow events (§1.7 of kineto-and-inductor.md).
+
+    A flow's ``s`` end sits at the start of the forward op that created the autograd node, its ``f``
+    end at the start of the backward op, each on its op's thread; several ops can start at the same
+    time on a thread (``aten::linear`` > ``aten::t``), the deepest one is the flow's op.
+    """
+    result = np.full(len(ranges), -1, dtype=np.int64)
+    if flows and len(ranges):
+        by_start: dict[tuple[int, int, int], int] = {}
+        for rid, pid, tid, start, depth in sorted(
+                zip(ranges["range_id"], ranges["pid"], ranges["tid"], ranges["start_ns"], ranges["depth"]),
+                key=lambda r: r[4]):
+            by_start[(int(pid), int(tid), int(start))] = int(rid)  # deepest last
+        starts: dict = {}
+        ends: dict = {}
+        for flow_id, ph, pid, tid, ts in flows:
+            rid = by_start.get((pid, tid, ts))
+            if rid is not None:
+                (starts if ph == "s" else ends)[(pid, flow_id)] = rid
+        for key, bwd in ends.items():
+            fwd = starts.get(key)
+            if fwd is not None:
+                result[bwd] = fwd  # range_id is the row position (set by _nest)
+    return pd.arrays.IntegerArray(np.maximum(result, 0), result < 0)
+
+
+def external_id_mode(kernels: pd.DataFrame) -> str:
+    """What a GPU kernel's ``External id`` means in this trace (kineto-and-inductor.md §1.6).
+
+    ``op_id``: the id of the op that launched it (Kineto after PR #873, 2024-02); ``correlation``:
+    the kernel's own correlation id (Kineto before the fix, issue #843: never join it to ops);
+    ``absent``: no kernel carries one.
+    """
+    if "external_id" not in kernels or not len(kernels):
+        return "absent"
+    both = kernels[kernels["external_id"].notna() & kernels["correlation_id"].notna()]
+    if not len(both):
+        return "absent"
+    same = (both["external_id"].astype("int64") == both["correlation_id"].astype("int64")).mean()
+    return "correlation" if same > 0.5 else "op_id"
+
+
+def _diagnostics(path: Path, trace: dict, categories: Counter, kernels: pd.DataFrame, launches: pd.DataFrame,
+                 memory_correlations: set[int], gpu_trace: bool) -> dict:
+    warnings: list[str] = []
+    gpu = kernels[kernels["device"] >= 0] if len(kernels) else kernels
+    orphans = int(gpu["launch_start_ns"].isna().sum()) if len(gpu) else 0
+    null_corr = int((gpu["correlation_id"].fillna(0) <= 0).sum()) if len(gpu) else 0
+    invalid = int((~gpu["valid_time"].astype(bool)).sum()) if len(gpu) and "valid_time" in gpu else 0
+    kernel_launch = launches[launches["api"].str.contains(KERNEL_LAUNCH_API)] if len(launches) else launches
+    with_kernel = set(gpu["correlation_id"].dropna().astype("int64")) if len(gpu) else set()
+    without = kernel_launch[~kernel_launch["correlation_id"].isin(with_kernel | memory_correlations)
+                            & kernel_launch["correlation_id"].notna()] if len(kernel_launch) else kernel_launch
+    if gpu_trace and not len(gpu):
+        ranges_n = categories.get("cuda_profiler_range", 0)
+        why = (f"it holds {ranges_n} cuda_profiler_range events: it was recorded in CUPTI range-profiler mode "
+               "(profiler_metrics=...), which replaces kernel records by counter ranges"
+               if ranges_n else "the GPU activity records are missing (profiled without ProfilerActivity.CUDA, "
+                                "or all dropped by the tracer)")
+        warnings.append(f"no kernel events: {path.name} has GPU launch calls but no 'kernel' records; {why}. "
+                        "Record the trace again with activities=[CPU, CUDA] and no profiler_metrics; counters "
+                        "come from ncu")
+    if orphans:
+        warnings.append(f"{orphans} kernel(s) have no launch record in the trace window (launched before the "
+                        "profiler started, or a null/dangling correlation id): left unattributed")
+    if invalid:
+        warnings.append(f"{invalid} kernel record(s) carry an invalid timestamp (ts 0 or negative dur, cases.md "
+                        "C04): kept with 0 ns duration, excluded from time shares")
+    if len(without):
+        warnings.append(f"{len(without)} launch(es) have no kernel record (possibly dropped as out-of-range by "
+                        "the tracer): their device time is unknown")
+    mode = external_id_mode(kernels)
+    return {
+        "file": str(path),
+        "format": "kineto",
+        "base_time_ns": int(trace.get("baseTimeNanoseconds") or 0) or None,
+        "time_base": "relative" if trace.get("baseTimeNanoseconds") else "absolute_epoch",
+        "devices": [{k: d.get(k) for k in ("id", "name", "computeMajor", "computeMinor", "numSms")}
+                    for d in trace.get("deviceProperties") or [] if isinstance(d, dict)],
+        "distributed": trace.get("distributedInfo"),
+        "event_categories": dict(sorted(categories.items())),
+        "counts": {
+            "kernels": int(len(gpu)) if gpu_trace else 0,
+            "cpu_kernels": 0 if gpu_trace else int(len(kernels)),
+            "launch_calls": int(len(launches)),
+            "orphan_kernels": orphans,
+            "null_correlation_kernels": null_corr,
+            "invalid_timestamp_kernels": invalid,
+            "launches_without_kernel": int(len(without)),
+            "memory_activities": len(memory_correlations),
+        },
+        "launch_apis": dict(Counter(gpu.get("launch_api", pd.Series(dtype=object)).dropna())) if len(gpu) else {},
+        "launches_without_kernel": [
+            {"api": a, "correlation_id": int(c), "pid": int(p), "tid": int(t), "start_ns": int(s), "end_ns": int(e)}
+            for a, c, p, t, s, e in zip(without["api"], without["correlation_id"], without["pid"], without["tid"],
+                                        without["start_ns"], without["end_ns"])
+        ] if len(without) else [],
+        "external_id_mode": mode,
+        "warnings": warnings,
+        "info": [],
+    }
 
 
 def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> pd.DataFrame:

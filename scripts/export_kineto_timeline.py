@@ -1,0 +1,8 @@
+"""Rule export_kineto_timeline: the torch.profiler run beside an nsys capture -> timeline tables."""
+from pathlib import Path
+
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+run_rule(snakemake.log[0], stages.export_timeline, snakemake.input.trace,
+         Path(snakemake.output.kernels).parent, "kineto")

@@ -1,0 +1,218 @@
+"""Path (a) on Kineto traces: the cases of ../shared/docs/cases.md (C01, C04, C05, C06) as fixtures
+written by the test, and the pairing of a Kineto run with an nsys run of the same program.
+
+Fixture helpers follow the conventions of cases.md ("Conventions used in fixtures"): times in µs as
+in the trace, ``cpu_op(name, tid, ts, dur, ext)``, ``launch(api, cat, tid, ts, dur, corr, ext)``,
+``kern(name, stream, ts, dur, corr[, ext])``. Expected values are those the case states.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from operator_profiler import aggregate as agg
+from operator_profiler import stages
+from operator_profiler.attribution.merge import attribute
+from operator_profiler.attribution.transfer import kernel_base_name
+from operator_profiler.layers import classify_layers
+from operator_profiler.timeline.kineto import read_kineto
+
+PID = 1
+
+
+def cpu_op(name, tid, ts, dur, ext=None, cat="cpu_op", **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"External id": ext, **args} if ext is not None else dict(args)}
+
+
+def launch(api, cat, tid, ts, dur, corr, ext=None):
+    args = {"correlation": corr, **({"External id": ext} if ext is not None else {})}
+    return {"ph": "X", "cat": cat, "name": api, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def kern(name, stream, ts, dur, corr, ext=None):
+    args = {"correlation": corr, "stream": stream, "device": 0, **({"External id": ext} if ext is not None else {})}
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": args}
+
+
+def _attribute(tmp_path, events, **top):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "GPU"}], **top,
+                                "traceEvents": events}))
+    timeline = read_kineto(path)
+    layers, _, _ = classify_layers(timeline.kernels, timeline.ranges, [])
+    return timeline, attribute(timeline.kernels, timeline.ranges, layers, None)
+
+
+def test_c01_backward_kernel_gets_the_op_of_its_launch_thread(tmp_path):
+    events = [
+        cpu_op("autograd::engine::evaluate_function: MmBackward0", 2, 2.0, 2.0, 30),
+        cpu_op("MmBackward0", 2, 2.1, 1.8, 31),
+        cpu_op("user:backward", 1, 1.0, 8.0, 29, cat="user_annotation"),
+        launch("cudaLaunchKernel", "cuda_runtime", 2, 2.5, 0.1, 7, 31),
+        kern("gemm_bwd", 7, 2.7, 1.0, 7),
+    ]
+    _, a = _attribute(tmp_path, events)
+    row = a.iloc[0]
+    assert row["operator"] == "MmBackward0" and row["path"] == "correlation"
+    evidence = json.loads(row["evidence"])["correlation"]
+    assert evidence["stack"] == ["autograd::engine::evaluate_function: MmBackward0", "MmBackward0"]
+    assert "user:backward" not in evidence["stack"]  # tid 1's range is never the launch thread's
+    assert evidence["operator_kind"] == "cpu_op"
+
+
+def _c04_events():
+    return [
+        cpu_op("aten::mm", 1, 100.0, 50.0, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 110.0, 2.0, 11, 1),
+        cpu_op("aten::add", 1, 200.0, 30.0, 2), launch("cudaLaunchKernel", "cuda_runtime", 1, 205.0, 2.0, 12, 2),
+        kern("add_kernel", 7, 0, 0, 12),
+        cpu_op("aten::relu", 1, 300.0, 20.0, 3), launch("cudaLaunchKernel", "cuda_runtime", 1, 305.0, 2.0, 13, 3),
+        kern("relu_kernel", 7, 330.0, 5.0, 13),
+        cpu_op("aten::mul", 1, 400.0, 20.0, 4), launch("cudaLaunchKernel", "cuda_runtime", 1, 405.0, 2.0, 14, 4),
+        kern("mul_kernel", 7, 410.0, -3.0, 14),
+    ]
+
+
+def test_c04_invalid_kernel_timestamps_weigh_nothing(tmp_path):
+    timeline, a = _attribute(tmp_path, _c04_events())
+    by = a.set_index("name")
+    assert by.loc["relu_kernel", "operator"] == "aten::relu" and by.loc["relu_kernel", "duration_ns"] == 5000
+    for name, op, launch_end_us in (("add_kernel", "aten::add", 207), ("mul_kernel", "aten::mul", 407)):
+        assert by.loc[name, "operator"] == op
+        assert not by.loc[name, "valid_time"]
+        assert by.loc[name, "duration_ns"] == 0  # never clamped to a large value
+        k = timeline.kernels.set_index("name").loc[name]
+        # drawn at its launch's end, zero length: nothing starts at epoch 0
+        assert int(k["start_ns"]) == int(k["end_ns"]) == launch_end_us * 1000
+    cov = agg.coverage(a, counters_collected=False)
+    assert cov["kernel_count"] == 3 and cov["attributed_count"] == 3
+    assert cov["valid_timed_kernels"] == 1
+    assert cov["kernel_time_ns"] == 5000 and cov["coverage_time"] == 1.0
+    d = timeline.diagnostics
+    assert d["counts"]["invalid_timestamp_kernels"] == 2
+    assert d["counts"]["launches_without_kernel"] == 1 and d["counts"]["launch_calls"] == 4
+
+
+def test_c04_launch_without_kernel_names_its_operator(tmp_path):
+    trace = tmp_path / "c04.json"
+    trace.write_text(json.dumps({"deviceProperties": [{"id": 0}], "traceEvents": _c04_events()}))
+    timeline = stages.export_timeline(trace, tmp_path / "timeline")
+    diagnostics = json.loads((tmp_path / "timeline" / "diagnostics.json").read_text())
+    assert diagnostics["launches_without_kernel_by_operator"] == {"aten::mm": 1}
+    assert diagnostics["launches_without_kernel"][0]["correlation_id"] == 11
+    assert any("1 launch(es) have no kernel record (possibly dropped as out-of-range" in w
+               for w in diagnostics["warnings"])
+    assert timeline.diagnostics["counts"]["invalid_timestamp_kernels"] == 2
+
+
+def test_c05_null_and_dangling_correlation_ids_never_join(tmp_path):
+    events = [
+        kern("ncclDevKernel_Generic", 20, 500, 400, 0), kern("ncclDevKernel_Generic", 20, 1500, 400, 0),
+        kern("multi_tensor_apply_kernel", 7, 2000, 50, 284),
+        kern("copy_kernel", 7, 2100, 10, -1),
+        cpu_op("aten::add", 1, 2190, 20, 4), launch("cudaLaunchKernel", "cuda_runtime", 1, 2195, 2, 285, 4),
+        kern("add_kernel", 7, 2200, 10, 285),
+        # launches with ids 0 and -1 exist: a join on them would glue the kernels above to aten::add
+        launch("cudaLaunchKernel", "cuda_runtime", 1, 2196, 1, 0, 4),
+        launch("cudaLaunchKernel", "cuda_runtime", 1, 2197, 1, -1, 4),
+    ]
+    _, a = _attribute(tmp_path, events)
+    assert len(a) == 5
+    assert a.loc[a["name"] == "add_kernel", "operator"].tolist() == ["aten::add"]
+    nccl = a[a["name"] == "ncclDevKernel_Generic"]
+    assert len(nccl) == 2 and (nccl["reason"] == "null_correlation").all() and nccl["operator"].isna().all()
+    assert a.loc[a["name"] == "copy_kernel", "reason"].tolist() == ["null_correlation"]
+    dangling = a[a["name"] == "multi_tensor_apply_kernel"].iloc[0]
+    assert dangling["reason"] == "no_launch_record"
+    assert json.loads(dangling["evidence"])["correlation"]["correlation_id"] == 284
+    cov = agg.coverage(a, counters_collected=False)
+    assert cov["attributed_count"] == 1 and cov["kernel_time_ns"] == 870_000
+    assert cov["attributed_time_ns"] == 10_000
+    # two separate entries, not merged: one group per (name, reason) with both kernels counted
+    nccl_groups = [u for u in cov["unattributed"] if u["name"] == "ncclDevKernel_Generic"]
+    assert nccl_groups == [{"name": "ncclDevKernel_Generic", "time_ns": 800_000, "count": 2,
+                            "reason": "null_correlation"}]
+
+
+def test_c06_every_launch_api_joins(tmp_path):
+    events = [
+        cpu_op("aten::addmm", 1, 0, 50, 1), launch("cudaLaunchKernelExC", "cuda_runtime", 1, 10, 3, 101, 1),
+        kern("sm90_xmma_gemm_bf16", 7, 20, 30, 101, 1),
+        cpu_op("triton_poi_fused_relu_0", 1, 60, 20, 2), launch("cuLaunchKernel", "cuda_driver", 1, 65, 3, 102, 2),
+        kern("triton_poi_fused_relu_0", 7, 70, 5, 102, 2),
+        cpu_op("c10d::allreduce_", 1, 90, 30, 3), launch("cuLaunchKernelEx", "cuda_driver", 1, 95, 3, 103, 3),
+        kern("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 100, 200, 103, 3),
+        cpu_op("aten::neg", 1, 130, 10, 4), launch("cudaLaunchKernel_v99", "cuda_runtime", 1, 132, 2, 104, 4),
+        kern("neg_kernel", 7, 135, 2, 104, 4),
+    ]
+    timeline, a = _attribute(tmp_path, events)
+    assert dict(zip(a["name"], a["operator"])) == {
+        "sm90_xmma_gemm_bf16": "aten::addmm", "triton_poi_fused_relu_0": "triton_poi_fused_relu_0",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "c10d::allreduce_", "neg_kernel": "aten::neg"}
+    assert agg.coverage(a, counters_collected=False)["coverage_time"] == 1.0
+    assert timeline.diagnostics["launch_apis"] == {"cudaLaunchKernelExC": 1, "cuLaunchKernel": 1,
+                                                   "cuLaunchKernelEx": 1, "cudaLaunchKernel_v99": 1}
+    # post-2024 External ids are op ids: checked against the stack, and they agree
+    assert timeline.diagnostics["external_id_mode"] == "op_id"
+    assert {json.loads(e)["correlation"]["external_id_check"] for e in a["evidence"]} == {"agrees"}
+
+
+def test_pre_2024_external_id_is_the_correlation_id_and_is_not_joined(tmp_path):
+    """kineto issue #843: External id == correlation on GPU events. Here the number 2 collides with
+    the id of aten::mul; a join on External id would name aten::mul, enclosure names aten::add."""
+    events = [
+        cpu_op("aten::add", 1, 0, 20, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 5, 2, 2, 2),
+        kern("add_kernel", 7, 10, 3, 2, ext=2),
+        cpu_op("aten::mul", 1, 30, 20, 2),
+    ]
+    timeline, a = _attribute(tmp_path, events)
+    assert timeline.diagnostics["external_id_mode"] == "correlation"
+    assert a.iloc[0]["operator"] == "aten::add"
+    assert "external_id_check" not in json.loads(a.iloc[0]["evidence"])["correlation"]
+
+
+def test_fwdbwd_flow_names_the_forward_op(tmp_path):
+    """§1.7: the fwdbwd flow links the backward op to the forward op that made its node, even when
+    the sequence numbers would point elsewhere (here the seq matches no forward op at all)."""
+    events = [
+        cpu_op("aten::linear", 1, 0, 30, 1), cpu_op("aten::addmm", 1, 5, 20, 2, **{"Sequence number": 7,
+                                                                                   "Fwd thread id": 0}),
+        cpu_op("autograd::engine::evaluate_function: AddmmBackward0", 2, 100, 40, 3),
+        cpu_op("AddmmBackward0", 2, 101, 38, 4, **{"Sequence number": 99, "Fwd thread id": 1}),
+        cpu_op("aten::mm", 2, 105, 20, 5),
+        launch("cudaLaunchKernel", "cuda_runtime", 2, 110, 2, 50, 5),
+        kern("gemm_bwd", 7, 115, 10, 50),
+        {"ph": "s", "id": 1, "pid": PID, "tid": 1, "ts": 5, "cat": "fwdbwd", "name": "fwdbwd"},
+        {"ph": "f", "id": 1, "pid": PID, "tid": 2, "ts": 101, "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"},
+    ]
+    _, a = _attribute(tmp_path, events)
+    row = a.iloc[0]
+    assert row["operator"] == "aten::mm" and row["forward_operator"] == "aten::addmm"
+
+
+def test_counter_only_trace_says_no_kernel_events(tmp_path):
+    events = [cpu_op("aten::conv2d", 1, 0, 30, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 5, 2, 9, 1),
+              {"ph": "X", "cat": "cuda_profiler_range", "name": "conv_kernel", "pid": 0, "tid": 0, "ts": 40,
+               "dur": 100, "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 10}}]
+    timeline, a = _attribute(tmp_path, events)
+    assert len(timeline.kernels) == 0 and len(a) == 0  # not mistaken for a CPU-only trace
+    assert any(w.startswith("no kernel events") and "1 cuda_profiler_range events" in w
+               for w in timeline.diagnostics["warnings"])
+
+
+@pytest.mark.parametrize("name, base", [
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::AbsFunctor<float>, "
+     "at::detail::Array<char*, 2> >(int, at::native::AbsFunctor<float>, at::detail::Array<char*, 2>)",
+     "at::native::vectorized_elementwise_kernel"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)",
+     "at::native::(anonymous namespace)::cunn_SoftMaxForward"),
+    ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__"
+     "5x_cublas", "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_"
+     "kernel__5x_cublas"),
+    ("ampere_sgemm_128x64_tn", "ampere_sgemm_128x64_tn"),
+])
+def test_kernel_base_name(name, base):
+    assert kernel_base_name(name) == base
