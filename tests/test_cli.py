@@ -105,7 +105,7 @@ def test_timeline_then_attribute_real_compiled_trace(tmp_path):
     d = tmp_path / "d"
     res = opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert {p.name for p in d.iterdir()} == {"kernels.parquet", "launches.parquet", "ranges.parquet"}
+    assert {p.name for p in d.iterdir()} == {"kernels.parquet", "launches.parquet", "ranges.parquet", "diagnostics.json"}
     kernels = pd.read_parquet(d / "kernels.parquet")
     assert f"{len(kernels)} kernels" in res.stdout
 
