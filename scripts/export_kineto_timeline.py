@@ -5,4 +5,5 @@ from operator_profiler import stages
 from operator_profiler.errors import run_rule
 
 run_rule(snakemake.log[0], stages.export_timeline, snakemake.input.trace,
-         Path(snakemake.output.kernels).parent, "kineto")
+         Path(snakemake.output.kernels).parent, "kineto",
+         snakemake.params.expect_gpu)

@@ -216,3 +216,27 @@ def test_counter_only_trace_says_no_kernel_events(tmp_path):
 ])
 def test_kernel_base_name(name, base):
     assert kernel_base_name(name) == base
+
+
+def test_trace_without_any_event_is_a_clear_error(tmp_path, capsys):
+    from operator_profiler.cli import main
+
+    trace = tmp_path / "empty.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {}}]}))
+    out = tmp_path / "timeline"
+    assert main(["timeline", "--kineto", str(trace), "--out", str(out)]) == 1
+    assert not out.exists()  # no partial output
+    err = capsys.readouterr().err
+    assert "no kernel events and no operator events" in err and "Traceback" not in err
+
+
+def test_cpu_trace_where_a_gpu_run_was_expected(tmp_path, capsys):
+    from operator_profiler.cli import main
+
+    trace = tmp_path / "cpu.json"
+    trace.write_text(json.dumps({"deviceProperties": [], "traceEvents": [cpu_op("aten::mm", 1, 0, 10, 1)]}))
+    assert main(["timeline", "--kineto", str(trace), "--out", str(tmp_path / "ok")]) == 0  # a CPU trace
+    assert main(["timeline", "--kineto", str(trace), "--out", str(tmp_path / "gpu"), "--expect-gpu"]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU events" in err and "ProfilerActivity.CUDA" in err and "Traceback" not in err
+    assert not (tmp_path / "gpu" / "kernels.parquet").exists()

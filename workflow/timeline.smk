@@ -16,6 +16,8 @@ rule export_timeline:
         "results/{workload}/benchmarks/export_timeline.tsv"
     conda:
         "../envs/analysis.yaml"
+    params:
+        expect_gpu=DEVICE == "cuda",
     script:
         "../scripts/export_timeline.py"
 
@@ -37,5 +39,7 @@ rule export_kineto_timeline:
         "results/{workload}/benchmarks/export_kineto_timeline.tsv"
     conda:
         "../envs/analysis.yaml"
+    params:
+        expect_gpu=True,
     script:
         "../scripts/export_kineto_timeline.py"

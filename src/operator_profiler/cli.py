@@ -45,7 +45,8 @@ def _cmd_timeline(args) -> None:
     if args.kineto and source.suffix.lower() in stages.NSYS_SUFFIXES:
         raise InputError(f"{source}: --kineto takes a torch.profiler trace (.json or .json.gz); for an nsys report "
                          "use --nsys")
-    timeline = stages.export_timeline(source, Path(args.out), kind="nsys" if args.nsys else "kineto")
+    timeline = stages.export_timeline(source, Path(args.out), kind="nsys" if args.nsys else "kineto",
+                                      expect_gpu=args.expect_gpu)
     print(f"{len(timeline.kernels)} kernels, {len(timeline.launches)} launches, {len(timeline.ranges)} ranges -> {args.out}")
 
 
@@ -140,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--kineto", help="torch.profiler Chrome trace (.json or .json.gz)")
     src.add_argument("--nsys", help="Nsight Systems export (.sqlite or .nsys-rep)")
     s.add_argument("--out", required=True)
+    s.add_argument("--expect-gpu", action="store_true",
+                   help="fail when a torch.profiler trace has no GPU kernel record (a CUDA run profiled "
+                        "without ProfilerActivity.CUDA) instead of reading it as a CPU trace")
     s.set_defaults(func=_cmd_timeline)
 
     s = sub.add_parser("ncu", help="Nsight Compute CSVs (ncu --csv, details or raw page) -> per-kernel counters parquet")

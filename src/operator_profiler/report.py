@@ -92,6 +92,29 @@ def _dedup_lines(matching: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _share(coverage: dict, path: str, key: str) -> str:
+    """What a path answered on its own (``path_coverage``), whatever the merge chose."""
+    entry = (coverage.get("path_coverage") or {}).get(path)
+    return f"{entry[key] * 100:.2f}%" if entry else "-"
+
+
+def _agreement_lines(coverage: dict) -> list[str]:
+    counts = coverage.get("path_agreement_counts") or {}
+    if not counts:
+        return []
+    return ["", "Where two paths both named an operator: "
+            + "; ".join(f"{pair} agree on {a['agree']} of {a['both']} kernels ({a['agree'] / a['both'] * 100:.1f}%)"
+                        for pair, a in sorted(counts.items())) + "."]
+
+
+def _invalid_time_line(coverage: dict) -> list[str]:
+    valid = coverage.get("valid_timed_kernels")
+    if valid is None or valid == coverage["kernel_count"]:
+        return []
+    return ["", f"**{coverage['kernel_count'] - valid} kernel record(s) carry invalid timestamps** (ts 0 or a "
+                "negative duration): attributed, but counted with 0 ns."]
+
+
 def _notes(diagnostics: dict | None) -> list[str]:
     if not diagnostics or not (diagnostics.get("warnings") or diagnostics.get("info")):
         return []
@@ -150,9 +173,12 @@ def render_markdown(
         *(["", "**The trace holds no kernels**: nothing ran inside the measured window."] if not coverage["kernel_count"] else []),
         *_iteration_spread(coverage),
         "",
-        "| path | time share |",
-        "|---|---|",
-        *[f"| {p} | {s * 100:.2f}% |" for p, s in sorted(coverage["by_path"].items())],
+        "| path | time share (chosen) | kernels it named (any) | time it named (any) |",
+        "|---|---|---|---|",
+        *[f"| {p} | {s * 100:.2f}% | {_share(coverage, p, 'count')} | {_share(coverage, p, 'time')} |"
+          for p, s in sorted(coverage["by_path"].items())],
+        *_agreement_lines(coverage),
+        *_invalid_time_line(coverage),
         *_notes(diagnostics),
         "",
         f"## Top {min(top_operators, len(operators))} of {len(operators)} operators",

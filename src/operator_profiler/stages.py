@@ -75,14 +75,19 @@ NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 NSYS_ONLY_OUTPUTS = ("gpu_activities.parquet", "nvtx_gpu_projection.parquet")
 
 
-def export_timeline(trace: Path, out_dir: Path, kind: str | None = None) -> kineto.Timeline:
+def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_gpu: bool = False) -> kineto.Timeline:
     """A trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``.
 
     A Kineto trace (``.json``/``.json.gz``) or an Nsight Systems report (``.sqlite`` export, or
     ``.nsys-rep`` exported with ``nsys``); for nsys also ``gpu_activities.parquet`` (memcpy/memset),
     ``nvtx_gpu_projection.parquet`` (per-stream GPU projection of every NVTX range) and
     ``diagnostics.json`` (schema version, counts per process, warnings), whose warnings are logged.
-    ``kind`` (``nsys`` or ``kineto``) overrides the guess from the file suffix.
+    ``kind`` (``nsys`` or ``kineto``) overrides the guess from the file suffix. ``expect_gpu``
+    (a CUDA run): a Kineto trace without GPU kernel records is an error, not a CPU trace.
+
+    Raises:
+        TimelineError: unreadable trace; a Kineto trace with neither kernels nor profiler ops; with
+            ``expect_gpu``, a Kineto trace without GPU kernel records.
     """
     trace = Path(trace)
     if kind is None:
@@ -98,6 +103,12 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None) -> kine
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
         return timeline
     timeline = kineto.read_kineto(trace)
+    gpu_kernels = timeline.diagnostics["counts"]["kernels"]
+    if expect_gpu and not gpu_kernels:
+        raise kineto.TimelineError(
+            f"{trace}: no GPU events: the trace holds no 'kernel' record "
+            f"({timeline.diagnostics['counts']['cpu_kernels']} CPU ops); profile the CUDA run with "
+            "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])")
     _name_launch_operators(timeline)
     for warning in timeline.diagnostics["warnings"]:
         log.warning("%s: %s", trace, warning)

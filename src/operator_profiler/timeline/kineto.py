@@ -401,6 +401,12 @@ def read_kineto(path: Path) -> Timeline:
         kernels = _gpu_kernels([], launches)
     else:
         kernels = _cpu_kernels(ranges)
+    if not gpu_trace and not len(kernels):
+        raise TimelineError(
+            f"{path}: no kernel events and no operator events (categories: "
+            f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}); record the trace with "
+            "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) around the model's "
+            "iterations")
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
     return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), diagnostics=diagnostics)
