@@ -347,3 +347,60 @@ def test_integer_microsecond_trace_still_matches_its_graphs(tmp_path):
     attributed = attribute(old.kernels, old.ranges, kl, inductor.load_fusion_map(INDUCTOR_DIR))
     cpp = attributed[attributed["name"].str.startswith("graph_0_cpp_")]
     assert len(cpp) > 0 and (cpp["path"] == "inductor").all()
+
+
+# --- C20 (b): a generic `triton_` device kernel resolved through its CPU-side event ----------------------------------
+
+_C20_CODE = '''
+triton_poi_fused_add_cos_0 = async_compile.triton('triton_poi_fused_add_cos_0', """
+def triton_poi_fused_add_cos_0(in_ptr0, xnumel):
+    pass
+""", device_str='cuda')
+triton_red_fused_sum_1 = async_compile.triton('triton_', """
+def triton_(in_ptr0, xnumel, rnumel):
+    pass
+""", device_str='cuda')
+
+def call(args):
+    with torch.cuda._DeviceGuard(0):
+        # Topologically Sorted Source Nodes: [add, cos], Original ATen: [aten.add, aten.cos]
+        triton_poi_fused_add_cos_0.run(buf0, 4, grid=grid(4), stream=stream0)
+        # Topologically Sorted Source Nodes: [sum_1], Original ATen: [aten.sum]
+        triton_red_fused_sum_1.run(buf0, 4, 4, grid=grid(4), stream=stream0)
+    return (buf1, )
+'''
+
+
+def test_c20_generic_kernel_resolved_through_cpu_side_event(tmp_path):
+    """cases.md C20 fixture: (a) `triton_poi_fused_add_cos_0_0d1d2de` on the GPU (no CPU-side event) and (b) a
+    `triton_` kernel launched by cuLaunchKernel (corr 77) inside the CPU-side event `triton_red_fused_sum_1`,
+    both in one `## Call CompiledFxGraph` region (Kineto layout of kineto-and-inductor.md §3.5)."""
+    graph = tmp_path / "torchinductor" / "model__0_inference_0.0"
+    graph.mkdir(parents=True)
+    (graph / "output_code.py").write_text(_C20_CODE)
+    fmap = inductor.load_fusion_map(tmp_path)
+
+    def ev(name, cat, ts, dur, pid=100, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        ev("## Call CompiledFxGraph abc ##", "user_annotation", 10, 100),
+        ev("cuLaunchKernel", "cuda_driver", 12, 2, correlation=76),
+        ev("triton_red_fused_sum_1", "cpu_op", 20, 10),
+        ev("cuLaunchKernel", "cuda_driver", 22, 2, correlation=77),
+        ev("triton_poi_fused_add_cos_0_0d1d2de", "kernel", 30, 5, pid=0, tid=7, correlation=76, device=0, stream=7),
+        ev("triton_", "kernel", 40, 5, pid=0, tid=7, correlation=77, device=0, stream=7),
+    ]
+    path = tmp_path / "c20.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = read_kineto(path)
+    kl, _, _ = classify_layers(t.kernels, t.ranges, [])
+    a = attribute(t.kernels, t.ranges, kl, fmap).set_index("name")
+    assert a.loc["triton_poi_fused_add_cos_0_0d1d2de", "fused_ops"] == ["aten::add", "aten::cos"]  # (a)
+    assert a.loc["triton_", "fused_ops"] == ["aten::sum"]  # (b)
+    assert a.loc["triton_", "path"] == "inductor" and a.loc["triton_", "operator"] == "aten::sum"
+    assert json.loads(a.loc["triton_", "evidence"])["inductor"]["call_index"] == 1
+    # (b') the same kernels with no CPU-side event and no region (an nsys-only capture): by name only
+    by_name = inductor.attribute_by_name(t.kernels, fmap).merge(t.kernels[["kernel_id", "name"]]).set_index("name")
+    assert by_name.loc["triton_", "reason"] == "ambiguous_generic_kernel_name"
+    assert by_name.loc["triton_poi_fused_add_cos_0_0d1d2de", "fused_ops"] == ["aten::add", "aten::cos"]

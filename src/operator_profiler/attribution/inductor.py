@@ -4,7 +4,8 @@ TorchInductor writes, per compiled FX graph, a debug directory (``TORCH_COMPILE_
 holds the generated kernels and a ``call()`` function that launches them in order.  This module turns every call
 site of ``call()`` into one row saying which kernel runs, what name a profiler timeline shows for it, and which
 ATen operators / FX nodes it was fused from.  A timeline region ``## Call CompiledFxGraph <key> ##`` is then mapped
-to its graph by :func:`match_region` (the i-th kernel of the region is call site i).
+to its graph by :func:`match_region` (the i-th kernel of the region is call site i); a timeline without such
+regions (nsys) is joined by kernel name and call-site order with :func:`attribute_by_name`.
 
 Format facts are from ``../shared/docs/kineto-and-inductor.md`` §3 (measured on torch 2.13 CPU artifacts and an
 Oct-2024 CUDA debug dir): directory layout §3.2, ``output_code.py`` anatomy and comment dialects §3.3, kernel
@@ -23,11 +24,16 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = [
+    "ATTRIBUTE_BY_NAME_COLUMNS",
+    "BY_NAME_REASONS",
     "FUSION_MAP_COLUMNS",
     "InductorArtifactError",
+    "attribute_by_name",
     "find_graph_dirs",
+    "is_generic_triton_name",
     "load_fusion_map",
     "match_region",
+    "normalize_kernel_name",
     "parse_output_code",
 ]
 
@@ -46,6 +52,7 @@ FUSION_MAP_COLUMNS = [
     "fused_ops",
     "source_nodes",
     "post_grad_nodes",
+    "module_stack",
     "origin",
 ]
 
@@ -70,6 +77,9 @@ _PARTITION_CALL_RE = re.compile(r"^\s*\(?[\w\s,]*\)?\s*=\s*self\.partitions\[(\d
 _SOURCE_NODES_RE = re.compile(
     r"^#\s*(?:(?:Topologically Sorted|Unsorted)\s+)?Source Nodes:\s*\[(.*?)\],\s*Original ATen:\s*\[(.*?)\]\s*$"
 )
+# `#   mask => convert_element_type` (2.13/Oct-2024 "Source node to ATen node mapping") and the pre-PR #126698
+# `# add => add, mul` lines: a source node and the post-grad FX nodes it became.
+_NODE_MAPPING_RE = re.compile(r"^#\s*(\w+)\s*=>\s*(\w+(?:\s*,\s*\w+)*)\s*$")
 _DEBUG_HANDLE_RE = re.compile(r"^#\s*\[Provenance debug handles\]\s*(\S+):(\d+)\s*$")
 _ASSIGN = r"(?:\w+(?:\s*,\s*\w+)*\s*,?\s*=\s*)?"  # optional `bufN = ` / `buf1, buf2 = ` in front of a call
 _EXTERN_CALL_RE = re.compile(rf"^{_ASSIGN}(extern_kernels\.(\w+))\(")
@@ -82,8 +92,17 @@ _ATEN_NAME_RE = re.compile(r"\baten(?:\.|::)([A-Za-z_]\w*)")
 _FX_NODE_RE = re.compile(r"^\s*(\w+)(?:\s*:\s*\"[^\"]*\")?\s*=\s*torch\.ops\.(\w+)\.(\w+)\.\w+\(", re.M)
 # Descriptive kernel names: cpp_fused_<ops>_<n>, triton_<poi|red|per|tem|for|spl|unk>_fused_<ops>_<n> (§3.4).
 _FUSED_NAME_RE = re.compile(r"^(?:cpp|triton_[a-z]+)_fused_(.+?)(?:_\d+)?$")
-# Triton 2.0-era compiled symbols carry a specialisation suffix: triton__0d1d2d, ...13d14 (§3.4).
-_OLD_TRITON_SYMBOL_RE = re.compile(r"^triton__\d[\dcd]*$")
+# Triton 2.x compiled symbols carry a specialisation suffix after the name: `triton__0d1d2d` (generic `triton_`
+# + `_0d1d2d`), `..._0_0d1d2de`, `...13d14` (last group without a letter); §3.4, cases.md C20.  At least one
+# `<digits><letters>` group is required, so a kernel index such as `_0` is never taken for a suffix.
+_TRITON_SIGNATURE_SUFFIX_RE = re.compile(r"_(?:\d+[cde]+)+\d*$")
+GENERIC_TRITON_SYMBOL = "triton_"
+# FX graph file (fx_graph_readable.py) summary comment above a group of nodes (torch/fx/graph.py
+# `_ParsedStackTrace.get_summary_str`): `# File: <file>:<line> in <fn>, code: <code>`; nodes without a stack
+# trace follow `# No stacktrace found for following nodes`.
+_FX_FILE_COMMENT_RE = re.compile(r"^\s*#\s*File:\s*(.+?)\s*$")
+_FX_NO_STACK_RE = re.compile(r"^\s*#\s*No stacktrace found")
+_FX_ASSIGN_RE = re.compile(r"^\s+(\w+)(?:\s*:\s*\"[^\"]*\")?\s*=\s*\S")
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,17 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     * ``fused_ops`` (list[str]): sorted unique ``ns::op`` names (``aten::native_layer_norm``).
     * ``source_nodes`` (list[str]): pre-grad (Dynamo) FX node names, e.g. ``layer_norm``.
     * ``post_grad_nodes`` (list[str]): post-grad FX node names (provenance JSON only, else empty).
+    * ``module_stack`` (list[str]): the user source lines the call site's nodes were traced from, as the
+      ``# File: <file>:<line> in <fn>, code: <code>`` comments of ``fx_graph_readable.py`` (falling back to
+      ``fx_graph_transformed.py``) state them, without the ``File: `` prefix, e.g.
+      ``/tmp/gen/gen_inductor_cpu.py:39 in forward, code: q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)``;
+      unique, in graph order.  Each is the innermost user frame (the ``forward`` line of the module that
+      produced the nodes; torch prints only that frame, ``torch/fx/graph.py`` ``_parse_stack_trace``) -- torch
+      2.13 debug dirs carry no ``nn_module_stack``, so this is the module information they hold.  The nodes
+      looked up are, by precedence: ``post_grad_nodes``; the right-hand sides of the call site's
+      ``# <source node> => <post-grad nodes>`` mapping lines (or of the kernel definition's header comment when
+      its Source Nodes equal the call site's, §3.3); the ``source_nodes`` names themselves (backward graphs
+      name their source nodes after post-grad nodes).  Empty when no FX graph file or no node is found.
     * ``origin`` (str): what the row's attribution rests on, by precedence:
       ``provenance_json`` -- ``cppCodeToPost["<kernel>:<handle>"]`` (key from the debug-handle comment) gives
       ``post_grad_nodes`` and, through ``postToPre``, ``source_nodes`` (§3.6); ``source_nodes_comment`` -- the call
@@ -163,7 +193,9 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     text = _read_text(code_path, what="Inductor output_code.py")
     body = _call_body(text, code_path)
     kernels = _kernel_defs(text)
+    headers = _header_comments(text)
     fx_ops, vocab_text = _fx_node_ops(graph_dir)
+    frames, frame_order = _fx_node_frames(graph_dir)
     vocab = _aten_vocabulary(text + "\n" + vocab_text)
     prov = _load_provenance(graph_dir, provenance)
     cpp_to_post = prov.get("cppCodeToPost") or {}
@@ -171,6 +203,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
 
     rows: list[dict] = []
     comment: tuple[list[str], list[str]] | None = None  # (source nodes, fused ops) waiting for its call
+    mapping: list[str] = []  # post-grad nodes of the waiting comment's `a => b, c` lines
     handle: tuple[str, int] | None = None
     for raw in body:
         line = raw.strip()
@@ -179,8 +212,11 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
         if line.startswith("#"):
             if m := _SOURCE_NODES_RE.match(line):
                 comment = (_split_list(m.group(1)), sorted({_op_name(x) for x in _split_list(m.group(2))}))
+                mapping = []
             elif m := _DEBUG_HANDLE_RE.match(line):
                 handle = (m.group(1), int(m.group(2)))
+            elif comment is not None and (m := _NODE_MAPPING_RE.match(line)):
+                mapping.extend(_split_list(m.group(2)))
             continue
         call = _match_call(line, kernels)
         if call is None:
@@ -201,6 +237,11 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
                 fused = []
         if not fused:
             fused = _ops_from_name(kernel, kdef, vocab)
+        header = headers.get(kernel)
+        if not mapping and header is not None and comment is not None and header[0] == comment[0]:
+            mapping = header[1]
+        lookup = post_nodes or mapping or list(src_nodes)
+        module_stack = sorted({frames[n] for n in lookup if frames.get(n)}, key=frame_order.__getitem__)
         rows.append(
             {
                 "graph": graph_dir.name,
@@ -213,10 +254,12 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
                 "fused_ops": fused,
                 "source_nodes": list(src_nodes),
                 "post_grad_nodes": post_nodes,
+                "module_stack": module_stack,
                 "origin": origin,
             }
         )
         comment = handle = None
+        mapping = []
     if not rows:
         return _empty_fusion_map()
     return pd.DataFrame(rows, columns=FUSION_MAP_COLUMNS).astype({"call_index": "int64", "debug_handle": "Int64"})
@@ -243,12 +286,25 @@ def match_region(profiler_names: Sequence[str], fusion_map: pd.DataFrame) -> tup
     region (cpu_ops ``graph_0_cpp_fused_*``, ``aten::addmm``, Triton record functions ...; §3.5).  A name matches
     call site i when it equals that row's ``profiler_name`` or its ``gpu_symbol`` (generic GPU names such as
     ``triton_``, also with the Triton 2.0 specialisation suffix ``triton__0d1d2d``; §3.4).
-    Returns ``(graph, [call_index, ...])`` (one index per name) for the first graph in sorted graph order whose
-    sequence has the same length and matches element-wise, or ``None`` when no graph matches.
+    Names are compared after :func:`normalize_kernel_name` (a Triton 2.x signature suffix such as
+    ``_0d1d2de`` is dropped, cases.md C20).
+
+    Several graphs (forward and backward, one per recompilation; each numbers its kernels from 0 again, so the
+    same kernel name can occur in several graphs) may match one region.  The graph with the most *descriptive*
+    matches (name equal to ``profiler_name``, not only to a generic ``gpu_symbol``) wins; among equally good
+    graphs the first in sorted graph order is returned when they all have the same call sites
+    (``kernel``, ``fused_ops``, ``source_nodes`` per position: a recompilation of the same code), and
+    ``None`` when they differ (e.g. ``["triton_", "triton_"]`` fits two different two-kernel graphs: guessing
+    would attribute wrong ops).
+
+    Returns ``(graph, [call_index, ...])`` (one index per name), or ``None`` when no graph -- or more than one
+    different graph -- matches.
     """
     names = list(profiler_names)
     if fusion_map.empty:
         return None
+    best: list[tuple[str, pd.DataFrame]] = []
+    best_score = -1
     for graph, rows in sorted(fusion_map.groupby("graph", sort=False), key=lambda kv: str(kv[0])):
         if len(rows) != len(names):
             continue
@@ -257,9 +313,229 @@ def match_region(profiler_names: Sequence[str], fusion_map: pd.DataFrame) -> tup
             _name_matches(n, prof, sym)
             for n, prof, sym in zip(names, rows["profiler_name"], rows["gpu_symbol"], strict=True)
         )
-        if ok:
-            return str(graph), [int(i) for i in rows["call_index"]]
-    return None
+        if not ok:
+            continue
+        score = sum(normalize_kernel_name(n) == prof for n, prof in zip(names, rows["profiler_name"]))
+        if score > best_score:
+            best, best_score = [(str(graph), rows)], score
+        elif score == best_score:
+            best.append((str(graph), rows))
+    if not best:
+        return None
+    signatures = {_call_site_signature(rows) for _, rows in best}
+    if len(signatures) > 1:
+        return None
+    graph, rows = best[0]
+    return graph, [int(i) for i in rows["call_index"]]
+
+
+def normalize_kernel_name(name: str) -> str:
+    """A profiler kernel name as ``output_code.py`` spells it: a Triton 2.x specialisation suffix is removed.
+
+    ``triton_poi_fused_add_cos_0_0d1d2de`` -> ``triton_poi_fused_add_cos_0``; ``triton__0d1d2d`` and
+    ``triton__0d1d2d3d4d5d6d7d8d9d10d11d12d13d14`` -> ``triton_`` (the generic symbol); the suffix is ``_``
+    followed by one or more ``<digits><c|d|e...>`` groups and optionally bare digits, so a kernel index
+    (``triton_poi_fused_add_cos_0``) is never stripped.  Only names starting with ``triton`` are changed.
+    Source: kineto-and-inductor.md §3.4; cases.md C20 (triton issue #1386, pytorch issue #120478).
+    """
+    if not name.startswith("triton"):
+        return name
+    return _TRITON_SIGNATURE_SUFFIX_RE.sub("", name)
+
+
+def is_generic_triton_name(name: str) -> bool:
+    """Whether a device kernel name is the generic ``triton_`` of ``unique_kernel_names=False`` (torch <= 2.5),
+    also with a Triton 2.x signature suffix (``triton__0d1d2d``), which names no particular kernel (§3.4)."""
+    return normalize_kernel_name(name) == GENERIC_TRITON_SYMBOL
+
+
+def _call_site_signature(rows: pd.DataFrame) -> tuple:
+    return tuple(
+        (k, tuple(ops), tuple(src))
+        for k, ops, src in zip(rows["kernel"], rows["fused_ops"], rows["source_nodes"])
+    )
+
+
+ATTRIBUTE_BY_NAME_COLUMNS = [
+    "kernel_id",
+    "graph",
+    "call_index",
+    "kernel",
+    "fused_ops",
+    "source_nodes",
+    "module_stack",
+    "match",
+    "reason",
+]
+
+BY_NAME_REASONS = {
+    "no_fusion_map": "the fusion map is empty",
+    "ambiguous_generic_kernel_name": "the device name is the generic `triton_` (torch <= 2.5, "
+    "unique_kernel_names=False; also `triton__0d1d2d`-style) and no CPU-side event names the kernel",
+    "kernel_name_in_several_call_sites": "the name belongs to call sites with different ops/source nodes and "
+    "the launch order does not decide between them (several graphs, or a launch count per iteration that is "
+    "not a multiple of the call-site count)",
+    "not_in_fusion_map": "an Inductor-generated name (triton_*/cpp_*) that no call site of the fusion map has",
+    "extern_kernel_name_unknown": "not an Inductor-generated name: library kernels of extern calls "
+    "(cuBLAS/cuDNN for extern_kernels.mm/addmm/convolution) and eager kernels; left to the other paths",
+}
+
+_INDUCTOR_NAME_RE = re.compile(r"^(?:triton_|(?:graph_\d+_)?cpp_)")
+
+
+def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.DataFrame:
+    """Join kernels to fusion-map call sites by name, without a compiled-graph region (nsys timelines).
+
+    An nsys capture has no ``## Call CompiledFxGraph`` ranges (unless emit_nvtx was on), so
+    :func:`match_region` cannot be used; the device kernel name alone must find its call site.
+
+    ``kernels``: at least ``kernel_id, name, pid, iteration, start_ns`` (timeline KERNELS table,
+    ``operator_profiler.tables``); ``match_key`` is used instead of ``name`` when present (the mangled name,
+    identical for unmangled Triton symbols), ``launch_start_ns`` (launch order) before ``start_ns`` when present.
+    ``fusion_map``: :func:`load_fusion_map` output.
+
+    A name (after :func:`normalize_kernel_name`, which drops a Triton 2.x ``_0d1d2de`` suffix, cases.md C20)
+    matches a generated call site (kind ``triton``/``cpp``) whose ``kernel``, ``profiler_name`` or non-generic
+    ``gpu_symbol`` equals it.  Extern/fallback call sites are never matched by name: the cuBLAS/cuDNN kernel
+    an ``extern_kernels.mm`` launches has a library name (kineto-and-inductor.md §3.3), so those kernels are
+    left to the correlation/NVTX paths.  When a name has several call sites, call-site order decides (§4.4): a
+    graph's ``call()`` is straight-line code run once per execution, so within one process and one
+    ``iteration`` (null: the whole process) the j-th launch of the name is call site ``j mod n`` of the ``n``
+    call sites with that name -- valid when every graph holding the name has the same sequence of those call
+    sites (one graph; or recompilations of the same code) and the launch count is a multiple of ``n``.
+
+    Returns one row per kernel, columns :data:`ATTRIBUTE_BY_NAME_COLUMNS`:
+
+    * ``kernel_id`` (int64); ``graph`` (str, null when unattributed or when identical call sites of several
+      graphs fit); ``call_index`` (Int64, same nulls); ``kernel`` (str, the output_code name, null when
+      unattributed); ``fused_ops``, ``source_nodes``, ``module_stack`` (list[str], empty when unattributed);
+    * ``match`` (str or null): ``unique_call_site`` (the name has one call site), ``call_site_order`` (chosen by
+      launch position), ``identical_call_sites`` (several call sites, all with the same ops, source nodes and
+      module stack, so the answer does not depend on which);
+    * ``reason`` (str or null): for unattributed kernels, one of :data:`BY_NAME_REASONS`.
+
+    Rows with the same answer share their list objects: copy before mutating one.  Cost: one dictionary
+    look-up per distinct (name, call-site position) plus vectorised grouping -- about 1-2 s per million kernels.
+
+    Raises ``KeyError`` when a required column is missing.
+    """
+    if kernels.empty:
+        return _by_name_frame(pd.DataFrame({"kernel_id": pd.Series(dtype="int64")}), [])
+    key_col = "match_key" if "match_key" in kernels else "name"
+    order = kernels["launch_start_ns"].fillna(kernels["start_ns"]) if "launch_start_ns" in kernels else kernels["start_ns"]
+    raw = kernels[key_col].fillna(kernels["name"]).astype(str)
+    frame = pd.DataFrame({
+        "kernel_id": kernels["kernel_id"].astype("int64").to_numpy(),
+        "key": raw.map({n: normalize_kernel_name(n) for n in raw.unique()}).to_numpy(),
+        "pid": kernels["pid"].to_numpy(),
+        "iteration": pd.array(kernels["iteration"], dtype="Int64").fillna(-1).to_numpy(dtype="int64"),
+        "order": pd.array(order, dtype="Int64").fillna(0).to_numpy(dtype="int64"),
+    }).sort_values(["pid", "order", "kernel_id"], kind="stable")
+    groups = frame.groupby(["pid", "iteration", "key"], sort=False)
+    frame["position"] = groups.cumcount()
+    frame["count"] = groups["key"].transform("size")
+
+    index = _name_index(fusion_map)
+    empty_map = fusion_map is None or fusion_map.empty
+    # call sites per name; 1 for names without call sites (their answer does not depend on the order)
+    n_sites = frame["key"].map({k: len(next(iter(index[k].values()))) if k in index else 1
+                                for k in frame["key"].unique()}).to_numpy(dtype="int64")
+    # one answer per (name, position mod n, count mod n): factorize that triple as one int64
+    key_codes, key_names = pd.factorize(frame["key"].to_numpy())
+    width = int(n_sites.max()) + 1
+    triple = (key_codes.astype("int64") * width + frame["position"].to_numpy() % n_sites) * width \
+        + frame["count"].to_numpy() % n_sites
+    codes, uniques = pd.factorize(triple)
+    answers = []
+    for t in uniques:
+        rest, c = divmod(int(t), width)
+        k, p = divmod(rest, width)
+        key = key_names[k]
+        sites = index.get(key)
+        if empty_map:
+            answers.append({"reason": "no_fusion_map"})
+        elif sites is None:
+            if key == GENERIC_TRITON_SYMBOL:
+                answers.append({"reason": "ambiguous_generic_kernel_name"})
+            elif _INDUCTOR_NAME_RE.match(key):
+                answers.append({"reason": "not_in_fusion_map"})
+            else:
+                answers.append({"reason": "extern_kernel_name_unknown"})
+        else:
+            answers.append(_resolve_sites(sites, int(p), int(c)))
+    frame["answer"] = codes
+    return _by_name_frame(frame[["kernel_id", "answer"]], answers)
+
+
+def _name_index(fusion_map: pd.DataFrame | None) -> dict[str, dict[str, list[dict]]]:
+    """name -> graph -> that graph's generated call sites answering to the name, in call order."""
+    index: dict[str, dict[str, list[dict]]] = {}
+    if fusion_map is None or fusion_map.empty:
+        return index
+    rows = fusion_map[fusion_map["kind"].isin(["triton", "cpp"])].sort_values(["graph", "call_index"])
+    for r in rows.to_dict("records"):
+        names = {r["kernel"], r["profiler_name"]}
+        sym = r.get("gpu_symbol")
+        if isinstance(sym, str) and not is_generic_triton_name(sym):
+            names.add(sym)
+        for n in names:
+            if isinstance(n, str) and n:
+                index.setdefault(n, {}).setdefault(str(r["graph"]), []).append(r)
+    return index
+
+
+def _content(r: Mapping) -> tuple:
+    return (tuple(r["fused_ops"]), tuple(r["source_nodes"]), tuple(r.get("module_stack", ()) if
+            r.get("module_stack") is not None else ()))
+
+
+def _resolve_sites(sites: Mapping[str, list[dict]], position: int, count: int) -> dict:
+    graphs = sorted(sites)
+    sequences = {tuple(_content(r) for r in sites[g]) for g in graphs}
+    contents = {c for seq in sequences for c in seq}
+    one_graph = len(graphs) == 1
+    n = len(sites[graphs[0]])
+    if len(sequences) == 1 and count % n == 0:
+        chosen = sites[graphs[0]][position % n]
+        match = "unique_call_site" if n == 1 else "call_site_order"
+        if not one_graph:
+            match = "identical_call_sites" if len(contents) == 1 else "call_site_order"
+        return _site_row(chosen, match, with_place=one_graph)
+    if len(contents) == 1:
+        return _site_row(sites[graphs[0]][0], "identical_call_sites", with_place=False)
+    return {"reason": "kernel_name_in_several_call_sites"}
+
+
+def _site_row(r: Mapping, match: str, with_place: bool) -> dict:
+    module_stack = r.get("module_stack")
+    return {
+        "graph": str(r["graph"]) if with_place else None,
+        "call_index": int(r["call_index"]) if with_place else None,
+        "kernel": r["kernel"],
+        "fused_ops": list(r["fused_ops"]),
+        "source_nodes": list(r["source_nodes"]),
+        "module_stack": list(module_stack) if module_stack is not None else [],
+        "match": match,
+    }
+
+
+def _by_name_frame(frame: pd.DataFrame, answers: list[dict]) -> pd.DataFrame:
+    """``frame``: kernel_id, answer (index into ``answers``) -> the ATTRIBUTE_BY_NAME_COLUMNS table, by kernel_id."""
+    frame = frame.sort_values("kernel_id", kind="stable").reset_index(drop=True)
+    codes = frame["answer"].to_numpy() if "answer" in frame else []
+    full = [{"graph": None, "call_index": None, "kernel": None, "fused_ops": [], "source_nodes": [],
+             "module_stack": [], "match": None, "reason": None, **a} for a in answers]
+    out = pd.DataFrame({"kernel_id": frame["kernel_id"].astype("int64")})
+    for col in ATTRIBUTE_BY_NAME_COLUMNS[1:]:
+        values = [a[col] for a in full]
+        if col in ("fused_ops", "source_nodes", "module_stack"):
+            # rows with the same answer share one list object (1M kernels: copies would cost seconds)
+            out[col] = pd.Series([values[i] for i in codes], dtype=object)
+        elif col == "call_index":
+            out[col] = pd.array([values[i] for i in codes], dtype="Int64")
+        else:
+            out[col] = pd.Series([values[i] for i in codes], dtype=object)
+    return out
 
 
 # --- helpers --------------------------------------------------------------------------------------------------------
@@ -340,6 +616,58 @@ def _match_call(line: str, kernels: Mapping[str, _KernelDef]) -> tuple[str, _Ker
     if (m := _NAME_CALL_RE.match(line)) and m.group(1) in kernels:
         return m.group(1), kernels[m.group(1)]
     return None
+
+
+def _header_comments(text: str) -> dict[str, tuple[list[str], list[str]]]:
+    """Kernel name -> (Source Nodes, post-grad nodes of the ``a => b`` lines) of the comment block right above
+    its module-level definition (describes the kernel's first instance only, §3.3)."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _KERNEL_DEF_RE.match(line)
+        if m is None:
+            continue
+        j = i - 1
+        block: list[str] = []
+        while j >= 0 and lines[j].lstrip().startswith("#"):
+            block.insert(0, lines[j].strip())
+            j -= 1
+        src, post = None, []
+        for c in block:
+            if sm := _SOURCE_NODES_RE.match(c):
+                src, post = _split_list(sm.group(1)), []
+            elif src is not None and (mm := _NODE_MAPPING_RE.match(c)):
+                post.extend(_split_list(mm.group(2)))
+        if src is not None:
+            out[m.group(1)] = (src, post)
+    return out
+
+
+def _fx_node_frames(graph_dir: Path) -> tuple[dict[str, str | None], dict[str, int]]:
+    """Post-grad node name -> its ``# File:`` summary (``None`` under ``# No stacktrace found``), and each
+    summary's first position in the file, from ``fx_graph_readable.py`` (names missing there: from
+    ``fx_graph_transformed.py``).  torch prints a summary only when it changes, so it holds for every node
+    below it until the next one (``torch/fx/graph.py`` ``_format_nodes``)."""
+    frames: dict[str, str | None] = {}
+    order: dict[str, int] = {}
+    for fname in FX_GRAPH_FILES:  # readable first; transformed only adds names
+        p = graph_dir / fname
+        if not p.is_file():
+            continue
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue  # optional input: without it module_stack stays empty
+        current: str | None = None
+        for line in lines:
+            if m := _FX_FILE_COMMENT_RE.match(line):
+                current = m.group(1)
+                order.setdefault(current, len(order))
+            elif _FX_NO_STACK_RE.match(line):
+                current = None
+            elif (m := _FX_ASSIGN_RE.match(line)) and m.group(1) not in frames:
+                frames[m.group(1)] = current
+    return frames, order
 
 
 def _fx_node_ops(graph_dir: Path) -> tuple[dict[str, str], str]:
@@ -461,12 +789,11 @@ def _unique(items) -> list[str]:
 def _name_matches(name: str, profiler_name: str, gpu_symbol) -> bool:
     if name == profiler_name:
         return True
-    if not isinstance(gpu_symbol, str):
-        return False
-    return name == gpu_symbol or (gpu_symbol == "triton_" and bool(_OLD_TRITON_SYMBOL_RE.match(name)))
+    name = normalize_kernel_name(name)
+    return name == profiler_name or (isinstance(gpu_symbol, str) and name == gpu_symbol)
 
 
 def _empty_fusion_map() -> pd.DataFrame:
     dtypes = {"call_index": "int64", "debug_handle": "Int64", "fused_ops": object, "source_nodes": object,
-              "post_grad_nodes": object}
+              "post_grad_nodes": object, "module_stack": object}
     return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, "str")) for c in FUSION_MAP_COLUMNS})
