@@ -295,8 +295,10 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
     out = primary.copy()
     ids = out["kernel_id"].astype("int64").to_numpy()
     rows = found.reindex(ids)
-    matched = rows["graph"].notna().to_numpy() if "graph" in rows else np.zeros(len(out), dtype=bool)
-    has_reason = rows["reason"].notna().to_numpy() if "reason" in rows else np.zeros(len(out), dtype=bool)
+    matched = rows["match"].notna().to_numpy()
+    # Kernels that are not Inductor kernels at all (cuBLAS, eager ATen kernels) get no inductor evidence.
+    has_reason = (rows["reason"].notna() & ~rows["reason"].isin(["extern_kernel_name_unknown", "no_fusion_map"])
+                  ).to_numpy()
     operator = out["operator"].astype(object).to_numpy().copy()
     path = out["path"].astype(object).to_numpy().copy()
     reason = out["reason"].astype(object).to_numpy().copy()
@@ -307,12 +309,14 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
         row = rows.iloc[i]
         if matched[i]:
             fused = list(row["fused_ops"])
-            site = {"graph": row["graph"], "call_index": int(row["call_index"]), "kernel": row["kernel"],
-                    "kind": row.get("kind"), "fused_ops": fused, "origin": row.get("origin"), "call_site": True,
-                    "joined_by": "kernel_name"}
+            site = {"graph": None if pd.isna(row["graph"]) else row["graph"],
+                    "call_index": None if pd.isna(row["call_index"]) else int(row["call_index"]),
+                    "kernel": row["kernel"], "fused_ops": fused, "source_nodes": list(row["source_nodes"]),
+                    "module_stack": list(row["module_stack"]), "call_site": True,
+                    "joined_by": f"kernel_name:{row['match']}"}
             fused_col[i], nodes_col[i] = fused, list(row["source_nodes"])
             label = fused_operator_label(fused)
-            if label and row.get("kind") != "extern":
+            if label:  # only generated (Triton / C++) call sites are matched by name
                 operator[i], path[i], reason[i] = label, "inductor", None
         else:
             site = {"reason": row["reason"]}
