@@ -49,11 +49,11 @@ class _ThreadRanges:
 
     def __init__(self, ranges: pd.DataFrame):
         closed = ranges[ranges["end_ns"].notna()]
-        self.start = dict(zip(closed["range_id"].astype("int64"), closed["start_ns"].astype("int64")))
-        self.end = dict(zip(closed["range_id"].astype("int64"), closed["end_ns"].astype("int64")))
-        self.parent = {
-            int(r): (None if pd.isna(p) else int(p)) for r, p in zip(closed["range_id"], closed["parent_id"])
-        }
+        ids = closed["range_id"].astype("int64").tolist()
+        self.start = dict(zip(ids, closed["start_ns"].astype("int64").tolist()))
+        self.end = dict(zip(ids, closed["end_ns"].astype("int64").tolist()))
+        parents = closed["parent_id"].astype("Int64").fillna(-1).astype("int64").tolist()
+        self.parent = {r: (p if p >= 0 else None) for r, p in zip(ids, parents)}
         self.threads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # Pre-order (the timeline reader numbers ranges parents-first). A child recorded as starting
         # slightly before its parent (clock skew, cases.md C17) is searched at its parent's start:
@@ -123,18 +123,21 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
     range_external = ranges.set_index("range_id")["external_id"].to_dict() if "external_id" in ranges else {}
     flow_forward = (ranges.set_index("range_id")["forward_range_id"].dropna().astype("int64").to_dict()
                     if "forward_range_id" in ranges else {})
-    ranges = ranges.set_index("range_id", drop=False)
-    names = ranges["name"].to_dict()
-    kinds = ranges["kind"].to_dict()
-    seqs = ranges["seq"].to_dict()
-    fwd_tid = ranges["fwd_thread_id"].to_dict()
+    # Plain dicts built from lists: per-element access to Arrow-backed columns is slow.
+    range_ids = ranges["range_id"].astype("int64").tolist()
+    names = dict(zip(range_ids, ranges["name"].astype(str).tolist()))
+    kinds = dict(zip(range_ids, ranges["kind"].astype(str).tolist()))
+    seqs = dict(zip(range_ids, ranges["seq"].astype("Int64").astype(object).where(ranges["seq"].notna(), None)))
+    fwd_tid = dict(zip(range_ids, ranges["fwd_thread_id"].astype("Int64").fillna(-1).astype("int64").tolist()))
     threads = _ThreadRanges(ranges.reset_index(drop=True))
     forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
 
     own_range = kernels["range_id"] if "range_id" in kernels else None
     own_range_of = dict(zip(kernels["kernel_id"].astype(int), own_range)) if own_range is not None else {}
     result: dict[int, OpStack] = {}
-    for k in kernels.itertuples(index=False):
+    wanted = [c for c in ("kernel_id", "pid", "launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id",
+                          "external_id") if c in kernels]
+    for k in kernels[wanted].itertuples(index=False):
         found = OpStack()
         result[int(k.kernel_id)] = found
         if pd.isna(k.launch_tid) or pd.isna(k.launch_start_ns):
@@ -177,7 +180,7 @@ def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpSt
                 fwd = flow_forward[rid]
                 found.forward_operator, found.forward_range_id = names[fwd], fwd
                 break
-            if not pd.isna(seqs[rid]) and fwd_tid[rid] == 1:
+            if seqs[rid] is not None and fwd_tid[rid] == 1:
                 fwd = forward_by_seq.get((int(k.pid), int(seqs[rid])))
                 if fwd is not None:
                     found.forward_operator, found.forward_range_id = names[fwd], fwd

@@ -133,7 +133,8 @@ def attribute(
     module_of = dict(zip(kernel_layers["kernel_id"].astype(int), module_column))
 
     records = []
-    for k in kernels.itertuples(index=False):
+    wanted = [c for c in ("kernel_id", "correlation_id", "duration_ns", "iteration", "name", "valid_time") if c in kernels]
+    for k in kernels[wanted].itertuples(index=False):
         kid = int(k.kernel_id)
         found = stacks[kid]
         site = call_sites.get(kid)
