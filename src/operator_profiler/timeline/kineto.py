@@ -19,10 +19,8 @@ markers (``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd 
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -31,10 +29,9 @@ import pandas as pd
 
 from .. import tables
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
+from .trace_json import KinetoTrace, TimelineError, open_trace
 
-
-class TimelineError(ValueError):
-    """The trace file is not a readable Kineto trace; the message names the file and the field."""
+__all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_timeline"]
 
 
 @dataclass
@@ -42,6 +39,8 @@ class Timeline:
     kernels: pd.DataFrame
     launches: pd.DataFrame
     ranges: pd.DataFrame
+    # What the reader repaired or skipped (cases.md C18), one plain sentence each (for diagnostics.json).
+    warnings: list[str] = field(default_factory=list)
 
 
 RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "python_function": "python_function"}
@@ -69,36 +68,40 @@ METADATA_OPS = frozenset(
 _THOUSAND = Decimal(1000)
 
 
+_FLOAT_FAST_LIMIT = float(2**42)
+
+
 def _to_ns(value) -> int:
-    """µs (int, or Decimal from the exact float parse) -> integer ns, no float drift."""
+    """µs -> integer ns, no float drift.
+
+    ``value`` as :mod:`.trace_json` gives it: ``int``; ``float`` with ``|value| < 2**43`` (the nearest
+    double of a 3-decimal µs value is then within 0.49 ns of it, so exact rounding of ``value*1000``
+    is the written ns; below ``2**42`` the float product itself is within 0.5); or ``str``/``Decimal``
+    holding the exact decimal text. Rounds half to even beyond ns. Raises ``ArithmeticError`` (or
+    ``TypeError``) for non-numbers.
+    """
+    cls = value.__class__
+    if cls is int:
+        return value * 1000
+    if cls is float and -_FLOAT_FAST_LIMIT < value < _FLOAT_FAST_LIMIT:
+        return round(value * 1000)
     if isinstance(value, int):
         return value * 1000
     return int((Decimal(value) * _THOUSAND).to_integral_value(ROUND_HALF_EVEN))
 
 
-def load_trace(path: Path) -> dict:
-    """Parse a ``.json`` or ``.json.gz`` Kineto trace; floats are parsed exactly (``Decimal``).
+def load_trace(path: Path) -> KinetoTrace:
+    """Open a ``.json`` or ``.json.gz`` Kineto trace for streaming (:mod:`.trace_json`).
+
+    The result gives ``get(key)`` for the top-level metadata, ``events()`` yielding ``(index, event)``
+    in file order, ``offset(index)`` (byte offset of the event being processed) and ``warnings``
+    (repairs/skips of malformed events, cases.md C18); ``trace["traceEvents"]`` still materialises
+    the list for small files.
 
     Raises:
-        TimelineError: unreadable file, invalid JSON, or no ``traceEvents`` list.
+        TimelineError: unreadable file, invalid JSON, or no ``traceEvents`` list (file + byte offset).
     """
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        # Invalid UTF-8 (old Kineto, Python frame names) becomes U+FFFD instead of failing the file
-        # (cases.md C18).
-        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
-            trace = json.load(fh, parse_float=Decimal)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TimelineError(
-            f"{path}: not a readable torch.profiler (Kineto) trace ({exc}); "
-            "pass the file written by prof.export_chrome_trace(...), optionally gzipped"
-        ) from None
-    if isinstance(trace, list):  # the bare-array form of the Chrome trace format
-        trace = {"traceEvents": trace}
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise TimelineError(f"{path}: no 'traceEvents' list at the top level; not a Kineto trace")
-    return trace
+    return open_trace(Path(path))
 
 
 def _int_or_none(value) -> int | None:
@@ -261,8 +264,10 @@ def read_kineto(path: Path) -> Timeline:
         (``baseTimeNanoseconds + ts``).
 
     Raises:
-        TimelineError: the file is not a Kineto trace, or an event lacks ``ts``/``dur`` (named with
-            its index in ``traceEvents``).
+        TimelineError: the file is not a Kineto trace, is truncated or malformed beyond one event
+            (:mod:`.trace_json`), or an event lacks ``ts``/``dur`` (named with its index in
+            ``traceEvents`` and its byte offset). Malformed events that could be confined are
+            repaired or skipped and reported in ``Timeline.warnings`` instead.
     """
     path = Path(path)
     trace = load_trace(path)
@@ -270,7 +275,7 @@ def read_kineto(path: Path) -> Timeline:
     range_rows: list[dict] = []
     launch_rows: list[dict] = []
     kernel_rows: list[dict] = []
-    for index, ev in enumerate(trace["traceEvents"]):
+    for index, ev in trace.events():
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         cat = ev.get("cat")
@@ -281,7 +286,8 @@ def read_kineto(path: Path) -> Timeline:
             end = start + _to_ns(ev["dur"])
         except (KeyError, TypeError, ArithmeticError):
             raise TimelineError(
-                f"{path}: traceEvents[{index}] ({ev.get('name')!r}, cat {cat!r}) has no valid ts/dur; "
+                f"{path}: traceEvents[{index}] at byte offset {trace.offset(index)} ({ev.get('name')!r}, cat {cat!r}) "
+                "has no valid ts/dur; "
                 "the trace is truncated or not written by torch.profiler"
             ) from None
         args = ev.get("args") or {}
@@ -337,7 +343,7 @@ def read_kineto(path: Path) -> Timeline:
 
     kernels = _gpu_kernels(kernel_rows, launches) if kernel_rows else _cpu_kernels(ranges)
     kernels = finish_kernels(kernels, ranges, source="kineto")
-    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"))
+    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), warnings=list(trace.warnings))
 
 
 def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> pd.DataFrame:
