@@ -433,36 +433,61 @@ class KinetoTrace:
             return orjson.loads(_quote_ts(text))
         return evs
 
+    def _one(self, text: bytes):
+        """One element: ``(value, repaired)`` with the same ts exactness as :meth:`_bulk`;
+        raises ``ValueError``."""
+        try:
+            ev = orjson.loads(_quote_ts(text) if self._exact else text)
+        except orjson.JSONDecodeError:
+            return _lenient(text), True
+        if not self._exact and _needs_exact([ev]):
+            self._exact = True
+            ev = orjson.loads(_quote_ts(text))
+        return ev, False
+
+    def _error_pos(self, lo: int, hi: int, exc: orjson.JSONDecodeError) -> int:
+        """Buffer position of the first error in ``buf[lo:hi]`` (orjson reports invalid UTF-8 at
+        the start of its input, so that position comes from a strict decode)."""
+        if "UTF-8" in str(exc):
+            try:
+                self._reader.buf[lo:hi].decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return lo + bad.start
+        return min(lo + max(exc.pos - 1, 0), hi)  # -1: the "[" added by _bulk
+
     def _parse_range(self, lo: int, hi: int, nxt: int):
         """Yield the events in ``buf[lo:hi]`` (from an event start to the end of an event);
-        return where the next event starts (``nxt``, or later if recovery went past ``hi``)."""
-        buf = self._reader.buf
+        return where the next event starts (``nxt``, or later if recovery went past ``hi``;
+        -1: the rest belongs to :meth:`_final`)."""
         while lo < hi:
             try:
                 evs = self._bulk(lo, hi)
             except orjson.JSONDecodeError as exc:
-                p = lo + max(exc.pos - 1, 0)  # -1: the added "["
+                p = self._error_pos(lo, hi, exc)
+            else:
+                yield from self._emit_bulk(evs, lo, hi)
+                return nxt
+            # the whole events before the error position, in bulk (the error position only moves back)
+            while True:
                 good = None
-                for m in _BOUNDARY.finditer(buf, lo, p + 1):
+                for m in _BOUNDARY.finditer(self._reader.buf, lo, p + 1):
                     if m.end() - 1 <= p:
                         good = m
-                if good is not None:
-                    try:
-                        evs = self._bulk(lo, good.start() + 1)
-                    except orjson.JSONDecodeError as again:  # not expected: the error came later
-                        p = lo + max(again.pos - 1, 0)
-                        continue
-                    yield from self._emit_bulk(evs, lo, good.start() + 1)
-                    lo = good.end() - 1
-                lo = yield from self._recover(lo, p)
-                buf = self._reader.buf  # _recover may have read more
-                if lo < 0:
-                    return lo
-                if lo >= hi:
-                    return max(lo, nxt)
-                continue
-            yield from self._emit_bulk(evs, lo, hi)
-            return nxt
+                if good is None:
+                    break
+                try:
+                    evs = self._bulk(lo, good.start() + 1)
+                except orjson.JSONDecodeError as again:
+                    p = min(p, self._error_pos(lo, good.start() + 1, again), good.start())
+                    continue
+                yield from self._emit_bulk(evs, lo, good.start() + 1)
+                lo = good.end() - 1
+                break
+            lo = yield from self._recover(lo, p)
+            if lo < 0:
+                return lo
+            if lo >= hi:
+                return max(lo, nxt)
         return nxt
 
     def _recover(self, bad: int, p: int):
@@ -486,8 +511,9 @@ class KinetoTrace:
                     f"{MAX_RECOVER >> 20} MB; the trace is corrupt: re-export it, or repair the bytes at that offset"
                 )
             try:
-                ev, _ = _loads(r.buf[bad:end])
-                self._repaired.append(r.base + bad)
+                ev, repaired = self._one(r.buf[bad:end])
+                if repaired:
+                    self._repaired.append(r.base + bad)
                 yield from self._emit_one(ev, bad, end)
                 return m.end() - 1
             except ValueError:
@@ -530,7 +556,7 @@ class KinetoTrace:
                 continue
             text = r.buf[pos:m.start() + 1]
             try:
-                ev, repaired = _loads(text)
+                ev, repaired = self._one(text)
                 if repaired:
                     self._repaired.append(r.base + pos)
                 yield from self._emit_one(ev, pos, m.start() + 1)
