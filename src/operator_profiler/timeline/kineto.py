@@ -83,8 +83,13 @@ def _to_ns(value) -> int:
     cls = value.__class__
     if cls is int:
         return value * 1000
-    if cls is float and -_FLOAT_FAST_LIMIT < value < _FLOAT_FAST_LIMIT:
-        return round(value * 1000)
+    if cls is float:
+        if -_FLOAT_FAST_LIMIT < value < _FLOAT_FAST_LIMIT:
+            return round(value * 1000)
+        if value == value and abs(value) != float("inf"):  # exact: value * 1000, rounded half to even
+            num, den = value.as_integer_ratio()
+            q, r = divmod(num * 1000, den)
+            return q + (2 * r > den or (2 * r == den and q & 1))
     if isinstance(value, int):
         return value * 1000
     return int((Decimal(value) * _THOUSAND).to_integral_value(ROUND_HALF_EVEN))

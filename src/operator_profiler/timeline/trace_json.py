@@ -49,6 +49,7 @@ to one event within :data:`MAX_RECOVER` bytes, a file that ends before ``traceEv
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import re
@@ -370,10 +371,17 @@ class KinetoTrace:
         self._index = 0
         self._skipped, self._repaired, self.warnings = [], [], []
         self._reader = _Reader(self.path)
+        # The cyclic GC off while events stream: the caller typically keeps millions of acyclic rows,
+        # and each full collection would walk them all (measured: orjson.loads 3.3 s -> 1.0 s for
+        # 600k events). Restored as it was when the iteration ends or is abandoned.
+        was_enabled = gc.isenabled()
+        gc.disable()
         try:
             yield from self._events()
         finally:
             self._reader.close()
+            if was_enabled:
+                gc.enable()
         self._summarise()
 
     def _events(self):
