@@ -11,7 +11,7 @@ early-2024 transitional form). Malformed files are real (``../shared/docs/cases.
 ``"`` in Python frame names, raw control characters, invalid UTF-8, ids up to 2**64-1, multi-GB files.
 
 Design (measured on this repository's 2-core machine, hta_df_index_resolver, 53.7 MB, 216,092 events,
-garbage collector off; see the report of the ``kineto-parser`` branch):
+garbage collector off, parse only; the full read_kineto is dominated by its per-event loop and tables):
 
 =================================================  =======
 whole-file ``json.loads(parse_float=Decimal)``      0.59 s  (the previous reader; whole file in memory)
