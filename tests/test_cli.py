@@ -159,7 +159,10 @@ def test_malformed_stage_inputs_are_one_line_errors(tmp_path):
 
 
 def test_a_trace_without_kernels_goes_through_every_stage(tmp_path):
-    (tmp_path / "empty.json").write_text('{"traceEvents": []}')
+    # A profiler window in which nothing ran: one annotation, no op, no kernel. (A trace with no
+    # event at all is refused: test_kineto_cases.test_trace_without_any_event_is_a_clear_error.)
+    (tmp_path / "empty.json").write_text('{"traceEvents": [{"ph": "X", "cat": "user_annotation", '
+                                         '"name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}')
     (tmp_path / "layers.json").write_text("[]")
     steps = [
         ["timeline", "--kineto", "empty.json", "--out", "tl"],

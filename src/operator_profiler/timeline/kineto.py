@@ -19,8 +19,6 @@ markers (``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd 
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,10 +30,9 @@ import pandas as pd
 
 from .. import tables
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
+from .trace_json import KinetoTrace, TimelineError, open_trace
 
-
-class TimelineError(ValueError):
-    """The trace file is not a readable Kineto trace; the message names the file and the field."""
+__all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_timeline"]
 
 
 @dataclass
@@ -43,8 +40,13 @@ class Timeline:
     kernels: pd.DataFrame
     launches: pd.DataFrame
     ranges: pd.DataFrame
-    # What the reader noticed (counts, launch APIs, warnings); written as the timeline's diagnostics.json.
+    # What the reader noticed (counts, launch APIs, warnings including the malformed events repaired
+    # or skipped, cases.md C18); written as the timeline's diagnostics.json.
     diagnostics: dict = field(default_factory=dict)
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.diagnostics.get("warnings", [])
 
 
 RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "python_function": "python_function"}
@@ -72,36 +74,45 @@ METADATA_OPS = frozenset(
 _THOUSAND = Decimal(1000)
 
 
+_FLOAT_FAST_LIMIT = float(2**42)
+
+
 def _to_ns(value) -> int:
-    """µs (int, or Decimal from the exact float parse) -> integer ns, no float drift."""
+    """µs -> integer ns, no float drift.
+
+    ``value`` as :mod:`.trace_json` gives it: ``int``; ``float`` with ``|value| < 2**43`` (the nearest
+    double of a 3-decimal µs value is then within 0.49 ns of it, so exact rounding of ``value*1000``
+    is the written ns; below ``2**42`` the float product itself is within 0.5); or ``str``/``Decimal``
+    holding the exact decimal text. Rounds half to even beyond ns. Raises ``ArithmeticError`` (or
+    ``TypeError``) for non-numbers.
+    """
+    cls = value.__class__
+    if cls is int:
+        return value * 1000
+    if cls is float:
+        if -_FLOAT_FAST_LIMIT < value < _FLOAT_FAST_LIMIT:
+            return round(value * 1000)
+        if value == value and abs(value) != float("inf"):  # exact: value * 1000, rounded half to even
+            num, den = value.as_integer_ratio()
+            q, r = divmod(num * 1000, den)
+            return q + (2 * r > den or (2 * r == den and q & 1))
     if isinstance(value, int):
         return value * 1000
     return int((Decimal(value) * _THOUSAND).to_integral_value(ROUND_HALF_EVEN))
 
 
-def load_trace(path: Path) -> dict:
-    """Parse a ``.json`` or ``.json.gz`` Kineto trace; floats are parsed exactly (``Decimal``).
+def load_trace(path: Path) -> KinetoTrace:
+    """Open a ``.json`` or ``.json.gz`` Kineto trace for streaming (:mod:`.trace_json`).
+
+    The result gives ``get(key)`` for the top-level metadata, ``events()`` yielding ``(index, event)``
+    in file order, ``offset(index)`` (byte offset of the event being processed) and ``warnings``
+    (repairs/skips of malformed events, cases.md C18); ``trace["traceEvents"]`` still materialises
+    the list for small files.
 
     Raises:
-        TimelineError: unreadable file, invalid JSON, or no ``traceEvents`` list.
+        TimelineError: unreadable file, invalid JSON, or no ``traceEvents`` list (file + byte offset).
     """
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        # Invalid UTF-8 (old Kineto, Python frame names) becomes U+FFFD instead of failing the file
-        # (cases.md C18).
-        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
-            trace = json.load(fh, parse_float=Decimal)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TimelineError(
-            f"{path}: not a readable torch.profiler (Kineto) trace ({exc}); "
-            "pass the file written by prof.export_chrome_trace(...), optionally gzipped"
-        ) from None
-    if isinstance(trace, list):  # the bare-array form of the Chrome trace format
-        trace = {"traceEvents": trace}
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise TimelineError(f"{path}: no 'traceEvents' list at the top level; not a Kineto trace")
-    return trace
+    return open_trace(Path(path))
 
 
 def _int_or_none(value) -> int | None:
@@ -291,90 +302,105 @@ def read_kineto(path: Path) -> Timeline:
         its ``duration_ns`` is 0 and its interval is its launch's end, so it weighs nothing and
         draws nothing at epoch 0); ranges ``external_id`` and ``forward_range_id`` (on a backward op,
         the forward op its ``fwdbwd`` flow comes from, §1.7). ``diagnostics`` holds the counts, the
-        launch APIs seen (C06), the ``External id`` mode (§1.6), orphan kernels and warnings.
+        launch APIs seen (C06), the ``External id`` mode (§1.6), orphan kernels and warnings
+        (including the malformed events the loader repaired or skipped, cases.md C18).
 
     Raises:
-        TimelineError: the file is not a Kineto trace, or an event lacks ``ts``/``dur`` (named with
-            its index in ``traceEvents``).
+        TimelineError: the file is not a Kineto trace, is truncated or malformed beyond one event
+            (:mod:`.trace_json`), an event lacks ``ts``/``dur`` (named with its index in
+            ``traceEvents`` and its byte offset), or the trace holds neither kernels nor ops.
     """
     path = Path(path)
     trace = load_trace(path)
     base = int(trace.get("baseTimeNanoseconds") or 0)
-    range_rows: list[dict] = []
-    launch_rows: list[dict] = []
-    kernel_rows: list[dict] = []
+    # Columns are filled directly (no dict per event): the loop runs once per event of traces with
+    # millions of them, and row dicts would hold the whole trace in memory again.
+    r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext = ([] for _ in range(10))
+    l_pid, l_tid, l_start, l_end, l_api, l_corr, l_ext = ([] for _ in range(7))
+    kernel_rows: list[tuple] = []
     flow_rows: list[tuple] = []
     memory_correlations: set[int] = set()
     categories: Counter = Counter()
-    for index, ev in enumerate(trace["traceEvents"]):
-        if not isinstance(ev, dict):
+    to_ns, int_or_none, external = _to_ns, _int_or_none, _external_id
+    for index, ev in trace.events():
+        if ev.__class__ is not dict:
             continue
-        cat, ph = ev.get("cat"), ev.get("ph")
-        categories[str(cat)] += 1
-        if ph in ("s", "f") and cat == "fwdbwd":
-            ts = ev.get("ts")
-            pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
-            if ts is not None and pid is not None and tid is not None:
-                flow_rows.append((ev.get("id"), ph, pid, tid, base + _to_ns(ts)))
-            continue
+        cat = ev.get("cat")
+        ph = ev.get("ph")
+        categories[cat] += 1
         if ph != "X":
+            if cat == "fwdbwd" and (ph == "s" or ph == "f"):
+                ts = ev.get("ts")
+                pid, tid = int_or_none(ev.get("pid")), int_or_none(ev.get("tid"))
+                if ts is not None and pid is not None and tid is not None:
+                    flow_rows.append((ev.get("id"), ph, pid, tid, base + to_ns(ts)))
             continue
-        if cat in MEMORY_CATEGORIES:
-            corr = _int_or_none((ev.get("args") or {}).get("correlation"))
-            if corr is not None:
-                memory_correlations.add(corr)
-            continue
-        if cat not in RANGE_CATEGORIES and cat not in LAUNCH_CATEGORIES and cat not in KERNEL_CATEGORIES:
+        kind = RANGE_CATEGORIES.get(cat)
+        is_launch = kind is None and cat in LAUNCH_CATEGORIES
+        if kind is None and not is_launch and cat not in KERNEL_CATEGORIES:
+            if cat in MEMORY_CATEGORIES:
+                corr = int_or_none((ev.get("args") or {}).get("correlation"))
+                if corr is not None:
+                    memory_correlations.add(corr)
             continue
         try:
             raw_ts, raw_dur = ev["ts"], ev["dur"]
-            start = base + _to_ns(raw_ts)
-            end = start + _to_ns(raw_dur)
+            start = base + to_ns(raw_ts)
+            end = start + to_ns(raw_dur)
         except (KeyError, TypeError, ArithmeticError):
             raise TimelineError(
-                f"{path}: traceEvents[{index}] ({ev.get('name')!r}, cat {cat!r}) has no valid ts/dur; "
-                "the trace is truncated or not written by torch.profiler"
+                f"{path}: traceEvents[{index}] at byte offset {trace.offset(index)} ({ev.get('name')!r}, cat {cat!r}) "
+                "has no valid ts/dur; the trace is truncated or not written by torch.profiler"
             ) from None
-        args = ev.get("args") or {}
-        pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
-        if cat in RANGE_CATEGORIES:
+        args = ev.get("args") or _NO_ARGS
+        if kind is not None:
+            pid, tid = int_or_none(ev.get("pid")), int_or_none(ev.get("tid"))
             if pid is None or tid is None:
                 continue
-            range_rows.append(
-                {
-                    "pid": pid, "tid": tid, "start_ns": start, "end_ns": end, "name": str(ev.get("name", "")),
-                    "kind": RANGE_CATEGORIES[cat], "seq": _int_or_none(args.get("Sequence number")),
-                    "fwd_thread_id": _int_or_none(args.get("Fwd thread id")), "order": index,
-                    "external_id": _external_id(args),
-                }
-            )
-        elif cat in LAUNCH_CATEGORIES:
-            launch_rows.append(
-                {
-                    "pid": pid, "tid": tid, "start_ns": start, "end_ns": end, "api": str(ev.get("name", "")),
-                    "correlation_id": _int_or_none(args.get("correlation")), "external_id": _external_id(args),
-                }
-            )
+            r_pid.append(pid)
+            r_tid.append(tid)
+            r_start.append(start)
+            r_end.append(end)
+            r_name.append(str(ev.get("name", "")))
+            r_kind.append(kind)
+            if args:
+                seq = args.get("Sequence number")
+                r_seq.append(None if seq is None else int_or_none(seq))
+                fwd = args.get("Fwd thread id")
+                r_fwd.append(None if fwd is None else int_or_none(fwd))
+                r_ext.append(external(args))
+            else:
+                r_seq.append(None)
+                r_fwd.append(None)
+                r_ext.append(None)
+            r_order.append(index)
+        elif is_launch:
+            l_pid.append(int_or_none(ev.get("pid")))
+            l_tid.append(int_or_none(ev.get("tid")))
+            l_start.append(start)
+            l_end.append(end)
+            l_api.append(str(ev.get("name", "")))
+            l_corr.append(int_or_none(args.get("correlation")))
+            l_ext.append(external(args))
         else:
             # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
             valid = raw_ts != 0 and raw_dur >= 0
-            kernel_rows.append(
-                {
-                    "pid": pid, "device": _int_or_none(args.get("device", ev.get("pid"))),
-                    "stream": _int_or_none(args.get("stream", ev.get("tid"))), "name": str(ev.get("name", "")),
-                    "mangled_name": None, "start_ns": start, "end_ns": end if valid else start,
-                    "correlation_id": _int_or_none(args.get("correlation")),
-                    "grid": _xyz(args.get("grid")), "block": _xyz(args.get("block")),
-                    "graph_id": _int_or_none(args.get("graph id")),
-                    "graph_node_id": _int_or_none(args.get("graph node id")),
-                    "external_id": _external_id(args), "valid_time": valid,
-                }
-            )
+            kernel_rows.append((
+                int_or_none(ev.get("pid")), int_or_none(args.get("device", ev.get("pid"))),
+                int_or_none(args.get("stream", ev.get("tid"))), str(ev.get("name", "")), None, start,
+                end if valid else start, int_or_none(args.get("correlation")), _xyz(args.get("grid")),
+                _xyz(args.get("block")), int_or_none(args.get("graph id")), int_or_none(args.get("graph node id")),
+                external(args), valid,
+            ))
 
-    ranges = pd.DataFrame(range_rows, columns=["pid", "tid", "start_ns", "end_ns", "name", "kind", "seq",
-                                               "fwd_thread_id", "order", "external_id"])
-    for col in ("seq", "fwd_thread_id", "external_id"):
-        ranges[col] = pd.array(ranges[col], dtype="Int64")
+    ranges = pd.DataFrame({
+        "pid": np.array(r_pid, dtype=np.int64), "tid": np.array(r_tid, dtype=np.int64),
+        "start_ns": np.array(r_start, dtype=np.int64), "end_ns": np.array(r_end, dtype=np.int64),
+        "name": pd.array(r_name, dtype="str"), "kind": pd.array(r_kind, dtype="str"),
+        "seq": pd.array(r_seq, dtype="Int64"), "fwd_thread_id": pd.array(r_fwd, dtype="Int64"),
+        "order": np.array(r_order, dtype=np.int64), "external_id": pd.array(r_ext, dtype="Int64"),
+    })
+    del r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext
     ranges = _nest(ranges)
     ranges["end_tid"] = pd.array([None] * len(ranges), dtype="Int64")
     ranges["domain"] = "torch.profiler"
@@ -382,26 +408,26 @@ def read_kineto(path: Path) -> Timeline:
     ranges["layer"] = layer.where(ranges["name"].str.startswith(LAYER_PREFIX), None)
     iteration = ranges["name"].str.removeprefix(ITERATION_PREFIX)
     is_iteration = ranges["name"].str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
-    ranges["iteration"] = pd.array(
-        [int(v) if ok else None for v, ok in zip(iteration, is_iteration)], dtype="Int64"
-    )
+    ranges["iteration"] = pd.to_numeric(iteration.where(is_iteration), errors="coerce").astype("Int64")
     ranges["forward_range_id"] = _bind_fwdbwd_flows(ranges, flow_rows)
 
-    launches = pd.DataFrame(launch_rows, columns=["pid", "tid", "start_ns", "end_ns", "api", "correlation_id",
-                                                  "external_id"])
+    launches = pd.DataFrame({
+        "pid": pd.array(l_pid, dtype="Int64"), "tid": pd.array(l_tid, dtype="Int64"),
+        "start_ns": np.array(l_start, dtype=np.int64), "end_ns": np.array(l_end, dtype=np.int64),
+        "api": pd.array(l_api, dtype="str"), "correlation_id": pd.array(l_corr, dtype="Int64"),
+        "external_id": pd.array(l_ext, dtype="Int64"),
+    })
+    del l_pid, l_tid, l_start, l_end, l_api, l_corr, l_ext
     launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
     launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
-    launches["correlation_id"] = pd.array(launches["correlation_id"], dtype="Int64")
-    launches["external_id"] = pd.array(launches["external_id"], dtype="Int64")
 
+    categories = Counter({str(c): n for c, n in categories.items()})
     gpu_trace = bool(kernel_rows) or _has_gpu_activity(trace, categories, launches)
-    if kernel_rows:
+    if gpu_trace:
         kernels = _gpu_kernels(kernel_rows, launches)
-    elif gpu_trace:
-        kernels = _gpu_kernels([], launches)
     else:
         kernels = _cpu_kernels(ranges)
-    if not gpu_trace and not len(kernels):
+    if not gpu_trace and not len(kernels) and not len(ranges):
         raise TimelineError(
             f"{path}: no kernel events and no operator events (categories: "
             f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}); record the trace with "
@@ -409,7 +435,11 @@ def read_kineto(path: Path) -> Timeline:
             "iterations")
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
+    diagnostics["warnings"] = list(trace.warnings) + diagnostics["warnings"]
     return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), diagnostics=diagnostics)
+
+
+_NO_ARGS: dict = {}
 
 
 def _has_gpu_activity(trace: dict, categories: Counter, launches: pd.DataFrame) -> bool:
