@@ -57,14 +57,14 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     thread (a layer module called inside another layer takes its own kernels; the outer layer keeps
     the rest). A backward kernel (launched by an autograd node, outside every layer range) belongs to
     the layer of the forward op that created its node, found through the autograd sequence number
-    (:func:`operator_profiler.attribution.correlation.enclosing_ops`; for an nsys timeline
+    (:func:`operator_profiler.attribution.correlation.find_ops`; for an nsys timeline
     :func:`operator_profiler.attribution.nvtx.kernel_layer_ranges`).
 
     Returns:
         DataFrame aligned with ``kernels``: ``layer`` (instance label, see :func:`instance_labels`;
         None outside every layer) and ``module`` (the module path).
     """
-    from .attribution.correlation import enclosing_ops
+    from .attribution.correlation import find_ops
 
     out = pd.DataFrame({"layer": None, "module": None}, index=kernels.index, dtype=object)
     if kernels.empty or not ranges["layer"].notna().any():
@@ -80,15 +80,20 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
         out["module"] = [path_of.get(int(r)) for r in rids]
         return out
     layer_range = layer_range_of_ranges(ranges)
-    stacks = enclosing_ops(kernels, ranges)
-    for idx, kid in zip(kernels.index, kernels["kernel_id"].astype(int)):
-        found = stacks[kid]
-        rid = next((r for r in reversed(found.stack) if r in labels), None)
-        if rid is None and found.forward_range_id is not None:
-            rid = layer_range.get(found.forward_range_id)
+    ops = find_ops(kernels, ranges)
+    range_ids = ops.range_ids
+    layer_col, module_col = out["layer"].to_numpy(dtype=object), out["module"].to_numpy(dtype=object)
+    for i in range(len(kernels)):
+        pos = ops.layer[i]
+        rid = int(range_ids[pos]) if pos >= 0 else None
+        if rid is not None and rid not in labels:
+            rid = None
+        if rid is None and ops.forward[i] >= 0:
+            rid = layer_range.get(int(range_ids[ops.forward[i]]))
         if rid is not None:
-            out.at[idx, "layer"] = labels[rid]
-            out.at[idx, "module"] = path_of[rid]
+            layer_col[i] = labels[rid]
+            module_col[i] = path_of[rid]
+    out["layer"], out["module"] = layer_col, module_col
     return out
 
 

@@ -10,6 +10,8 @@ ranges that enclose the launch interval on the launch thread (``../shared/docs/k
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,93 +100,231 @@ def _forward_ops_by_seq(ranges: pd.DataFrame) -> dict[tuple[int, int], int]:
     return {(int(p), int(s)): int(r) for p, s, r in zip(fwd["pid"], fwd["seq"], fwd["range_id"])}
 
 
-def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> dict[int, OpStack]:
-    """Run path (a) for every kernel.
+@dataclass
+class OpTable:
+    """Path (a) for all kernels at once, as arrays aligned with the kernels table (row ``i``).
+
+    Range references are *positions* in the ranges table (``-1``: none); ``range_ids`` maps them to
+    ``range_id``. ``operator_kind``/``reason``/``external_id_check`` are object arrays (None where empty).
+    """
+
+    kernel_id: np.ndarray
+    innermost: np.ndarray  # innermost range enclosing the launch
+    operator: np.ndarray  # range of the operator (dispatcher op, else innermost other cpu_op)
+    operator_kind: np.ndarray
+    compiled_region: np.ndarray
+    forward: np.ndarray  # forward op of the innermost backward node
+    layer: np.ndarray  # innermost enclosing range whose ``layer`` is set
+    exact: np.ndarray  # every ancestor of ``innermost`` encloses the launch (no overrun child)
+    external_id_check: np.ndarray
+    reason: np.ndarray
+    range_ids: np.ndarray
+    names: list
+    t0: np.ndarray
+    t1: np.ndarray
+    threads: "_ThreadRanges"
+
+    def stack(self, i: int) -> list[int]:
+        """Range ids enclosing kernel row ``i``'s launch, outermost first."""
+        if self.innermost[i] < 0:
+            return []
+        return self.threads.ancestors(int(self.range_ids[self.innermost[i]]), int(self.t0[i]), int(self.t1[i]))
+
+    def stack_json(self, i: int, cache: dict) -> str:
+        """``stack(i)`` as a JSON list of range names (cached per innermost range when exact)."""
+        inner = int(self.innermost[i])
+        if inner < 0:
+            return "[]"
+        if self.exact[i]:
+            text = cache.get(inner)
+            if text is None:
+                text = cache[inner] = json.dumps([self.names[self._pos(r)] for r in self.stack(i)])
+            return text
+        return json.dumps([self.names[self._pos(r)] for r in self.stack(i)])
+
+    def _pos(self, range_id: int) -> int:
+        return int(self.threads.position[range_id])
+
+
+def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
+    """Run path (a) for every kernel, vectorized (one binary search per kernel, one climb per nesting
+    level for all kernels at once).
 
     Args:
-        kernels: timeline kernels (needs pid, launch_tid, launch_start_ns, launch_end_ns).
-        ranges: timeline ranges (range_id, pid, tid, start_ns, end_ns, name, kind, depth, seq,
-            fwd_thread_id).
+        kernels: timeline kernels (kernel_id, pid, launch_tid, launch_start_ns, launch_end_ns,
+            correlation_id; optional external_id, and range_id for CPU kernels).
+        ranges: timeline ranges (range_id, pid, tid, start_ns, end_ns, parent_id, name, kind, seq,
+            fwd_thread_id, layer; optional external_id, forward_range_id).
 
     The operator is the innermost dispatcher op (``aten::addmm``) of the stack, else the innermost
     ``cpu_op`` (a custom autograd ``Function`` node, Inductor's CPU-side ``triton_*`` event,
-    ``CompiledFunction`` around a CUDA graph replay), flagged by ``operator_kind``. A backward
-    kernel's ``forward_operator`` comes from the ``fwdbwd`` flow of its autograd node when the
-    trace has flows, else from the node's ``Sequence number`` (kineto-and-inductor.md §1.7). Where
-    the trace's ``External id`` is an op id (``external_id_mode == "op_id"``, §1.6) it is checked
-    against the stack, never used to pick the op.
+    ``CompiledFunction`` around a CUDA graph replay; never the kernel's own range, never above the
+    compiled-graph region around it), flagged by ``operator_kind``. A backward kernel's forward op
+    comes from the ``fwdbwd`` flow of its innermost autograd node when the trace has flows, else from
+    the node's ``Sequence number`` (kineto-and-inductor.md §1.7). Where the trace's ``External id``
+    is an op id (``external_id_mode == "op_id"``, §1.6) it is checked against the stack, never used
+    to pick the op. Containment is checked at every level (an integer-µs child can overrun its
+    parent, so an ancestor may end before the launch).
 
     Returns:
-        kernel_id -> :class:`OpStack`. ``reason``: ``null_correlation`` (correlation id missing or
-        <= 0, cases.md C05), ``no_launch_record`` (the launch is not in the trace window: an orphan,
-        or a dangling id), ``no_enclosing_operator`` (no profiler op encloses the launch).
+        :class:`OpTable`. ``reason``: ``null_correlation`` (correlation id missing or <= 0, cases.md
+        C05), ``no_launch_record`` (the launch is not in the trace window: an orphan, or a dangling
+        id), ``no_enclosing_operator`` (no profiler op encloses the launch).
     """
-    check_external = external_id_mode(kernels) == "op_id"
-    range_external = ranges.set_index("range_id")["external_id"].to_dict() if "external_id" in ranges else {}
-    flow_forward = (ranges.set_index("range_id")["forward_range_id"].dropna().astype("int64").to_dict()
-                    if "forward_range_id" in ranges else {})
-    # Plain dicts built from lists: per-element access to Arrow-backed columns is slow.
-    range_ids = ranges["range_id"].astype("int64").tolist()
-    names = dict(zip(range_ids, ranges["name"].astype(str).tolist()))
-    kinds = dict(zip(range_ids, ranges["kind"].astype(str).tolist()))
-    seqs = dict(zip(range_ids, ranges["seq"].astype("Int64").astype(object).where(ranges["seq"].notna(), None)))
-    fwd_tid = dict(zip(range_ids, ranges["fwd_thread_id"].astype("Int64").fillna(-1).astype("int64").tolist()))
+    n = len(kernels)
+    m = len(ranges)
+    range_ids = ranges["range_id"].astype("int64").to_numpy()
+    position = pd.Series(np.arange(m, dtype=np.int64), index=range_ids)
+    r_start = ranges["start_ns"].astype("int64").to_numpy()
+    r_end = ranges["end_ns"].astype("Int64").fillna(-1).astype("int64").to_numpy()  # never closed: encloses nothing
+    parent_ids = ranges["parent_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+    r_parent = np.where(parent_ids >= 0, position.reindex(parent_ids).fillna(-1).to_numpy(dtype=np.int64), -1)
+    names = ranges["name"].astype(str).tolist()
+    name_s = ranges["name"].astype(str)
+    is_cpu_op = (ranges["kind"].astype(str) == "cpu_op").to_numpy()
+    is_dispatcher = is_cpu_op & name_s.str.match(DISPATCHER_OP).to_numpy(dtype=bool)
+    is_region = name_s.str.startswith(COMPILED_GRAPH_PREFIX).to_numpy(dtype=bool)
+    is_layer = ranges["layer"].notna().to_numpy() if "layer" in ranges else np.zeros(m, dtype=bool)
+    flow_fwd = (position.reindex(ranges["forward_range_id"].astype("Int64").fillna(-1).astype("int64"))
+                .fillna(-1).to_numpy(dtype=np.int64) if "forward_range_id" in ranges else np.full(m, -1))
+    seq = ranges["seq"].astype("Int64")
+    is_bwd_node = (seq.notna() & (ranges["fwd_thread_id"].astype("Int64") == 1).fillna(False)).to_numpy(dtype=bool)
+    is_bwd_node |= flow_fwd >= 0
+    r_ext = (ranges["external_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+             if "external_id" in ranges else np.full(m, -1))
     threads = _ThreadRanges(ranges.reset_index(drop=True))
-    forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
+    threads.position = dict(zip(range_ids.tolist(), range(m)))
 
-    own_range = kernels["range_id"] if "range_id" in kernels else None
-    own_range_of = dict(zip(kernels["kernel_id"].astype(int), own_range)) if own_range is not None else {}
-    result: dict[int, OpStack] = {}
-    wanted = [c for c in ("kernel_id", "pid", "launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id",
-                          "external_id") if c in kernels]
-    for k in kernels[wanted].itertuples(index=False):
-        found = OpStack()
-        result[int(k.kernel_id)] = found
-        if pd.isna(k.launch_tid) or pd.isna(k.launch_start_ns):
-            corr = k.correlation_id
-            found.reason = "null_correlation" if pd.isna(corr) or int(corr) <= 0 else "no_launch_record"
-            continue
-        t0, t1 = int(k.launch_start_ns), int(k.launch_end_ns)
-        own = own_range_of.get(int(k.kernel_id)) if own_range is not None else None
-        own = None if own is None or pd.isna(own) else int(own)
-        if own is not None:
-            # A CPU kernel is a range itself: start from it, not from a time search, which could
-            # pick a zero-length sibling with the same timestamp.
-            hits = threads.ancestors(own, t0, t1)
-        else:
-            hits = threads.enclosing(int(k.pid), int(k.launch_tid), t0, t1)
-        found.stack = hits
-        for rid in reversed(hits):
-            if kinds[rid] == "cpu_op" and DISPATCHER_OP.match(names[rid]):
-                found.operator, found.operator_range_id, found.operator_kind = names[rid], rid, "dispatcher_op"
-                break
-        else:
-            # Not the kernel's own range (a CPU kernel naming itself says nothing) and not outside
-            # the compiled-graph region around it (CompiledFunction names no operator).
-            for rid in reversed(hits):
-                if names[rid].startswith(COMPILED_GRAPH_PREFIX):
-                    break
-                if kinds[rid] == "cpu_op" and rid != own:
-                    found.operator, found.operator_range_id, found.operator_kind = names[rid], rid, "cpu_op"
-                    break
-        ext = getattr(k, "external_id", None)
-        if check_external and ext is not None and not pd.isna(ext) and hits:
-            found.external_id_check = (
-                "agrees" if any(range_external.get(r) == int(ext) for r in hits) else "disagrees")
-        for rid in reversed(hits):
-            if names[rid].startswith(COMPILED_GRAPH_PREFIX):
-                found.compiled_region = rid
-                break
-        for rid in reversed(hits):  # innermost autograd node of a backward pass
-            if rid in flow_forward:
-                fwd = flow_forward[rid]
-                found.forward_operator, found.forward_range_id = names[fwd], fwd
-                break
-            if seqs[rid] is not None and fwd_tid[rid] == 1:
-                fwd = forward_by_seq.get((int(k.pid), int(seqs[rid])))
-                if fwd is not None:
-                    found.forward_operator, found.forward_range_id = names[fwd], fwd
-                break
-        if found.operator is None:
-            found.reason = "no_enclosing_operator"
-    return result
+    launch_tid = kernels["launch_tid"].astype("Int64")
+    launch_start = kernels["launch_start_ns"].astype("Int64")
+    has_launch = (launch_tid.notna() & launch_start.notna()).to_numpy()
+    t0 = launch_start.fillna(0).astype("int64").to_numpy()
+    t1 = kernels["launch_end_ns"].astype("Int64").fillna(0).astype("int64").to_numpy()
+    pids = kernels["pid"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+    tids = launch_tid.fillna(-1).astype("int64").to_numpy()
+    own = (position.reindex(kernels["range_id"].astype("Int64").fillna(-1).astype("int64")).fillna(-1)
+           .to_numpy(dtype=np.int64) if "range_id" in kernels else np.full(n, -1))
+
+    # The last range starting at or before the launch on its thread (pre-order, running-max starts),
+    # or the kernel's own range (a CPU kernel is a range itself: a time search could pick a
+    # zero-length sibling with the same timestamp).
+    candidate = np.full(n, -1, dtype=np.int64)
+    searched = has_launch & (own < 0)
+    if searched.any() and m:
+        keys = pd.DataFrame({"pid": pids[searched], "tid": tids[searched], "row": np.flatnonzero(searched)})
+        for (pid, tid), group in keys.groupby(["pid", "tid"], sort=False):
+            thread = threads.threads.get((int(pid), int(tid)))
+            if thread is None:
+                continue
+            starts, ids = thread
+            rows = group["row"].to_numpy()
+            pos = np.searchsorted(starts, t0[rows], side="right") - 1
+            ok = pos >= 0
+            candidate[rows[ok]] = position.reindex(ids[pos[ok]]).to_numpy(dtype=np.int64)
+    candidate = np.where(has_launch & (own >= 0), own, candidate)
+
+    innermost = np.full(n, -1, dtype=np.int64)
+    operator = np.full(n, -1, dtype=np.int64)
+    fallback = np.full(n, -1, dtype=np.int64)
+    region = np.full(n, -1, dtype=np.int64)
+    backward_node = np.full(n, -1, dtype=np.int64)
+    layer = np.full(n, -1, dtype=np.int64)
+    blocked = np.zeros(n, dtype=bool)  # a compiled-graph region lies between the launch and this level
+    enclosing_count = np.zeros(n, dtype=np.int64)
+    levels = np.zeros(n, dtype=np.int64)
+    check_external = external_id_mode(kernels) == "op_id"
+    k_ext = (kernels["external_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+             if "external_id" in kernels else np.full(n, -1))
+    ext_agrees = np.zeros(n, dtype=bool)
+    cur = candidate.copy()
+    active = np.flatnonzero(cur >= 0)
+    while len(active):
+        r = cur[active]
+        enc = (r_start[r] <= t0[active]) & (r_end[r] >= t1[active])
+        rows, rr = active[enc], r[enc]
+        enclosing_count[rows] += 1
+        innermost[rows[innermost[rows] < 0]] = rr[innermost[rows] < 0]
+        set_region = is_region[rr] & (region[rows] < 0)
+        region[rows[set_region]] = rr[set_region]
+        first = operator[rows] < 0
+        hit = first & is_dispatcher[rr]
+        operator[rows[hit]] = rr[hit]
+        blocked[rows[is_region[rr]]] = True
+        fb = (fallback[rows] < 0) & is_cpu_op[rr] & (rr != own[rows]) & ~blocked[rows]
+        fallback[rows[fb]] = rr[fb]
+        bw = (backward_node[rows] < 0) & is_bwd_node[rr]
+        backward_node[rows[bw]] = rr[bw]
+        lay = (layer[rows] < 0) & is_layer[rr]
+        layer[rows[lay]] = rr[lay]
+        if check_external:
+            ext_agrees[rows] |= (r_ext[rr] == k_ext[rows]) & (k_ext[rows] >= 0)
+        levels[active] += 1
+        cur[active] = r_parent[r]
+        active = active[cur[active] >= 0]
+    # exact: every ancestor of the innermost range encloses the launch (the common case)
+    depth_of = np.append(ranges["depth"].astype("Int64").fillna(0).astype("int64").to_numpy(), 0)
+    exact = (innermost >= 0) & (enclosing_count == depth_of[innermost] + 1)  # -1 reads the appended 0
+
+    kind = np.full(n, None, dtype=object)
+    kind[operator >= 0] = "dispatcher_op"
+    use_fallback = (operator < 0) & (fallback >= 0)
+    operator = np.where(use_fallback, fallback, operator)
+    kind[use_fallback] = "cpu_op"
+
+    forward = np.full(n, -1, dtype=np.int64)
+    has_node = backward_node >= 0
+    if has_node.any():
+        node = backward_node[has_node]
+        by_flow = flow_fwd[node]
+        forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
+        node_seq = seq.fillna(-1).astype("int64").to_numpy()[node]
+        by_seq = np.array([position.get(forward_by_seq.get((int(p), int(s))), -1) if s >= 0 else -1
+                           for p, s in zip(pids[has_node], node_seq)], dtype=np.int64)
+        forward[has_node] = np.where(by_flow >= 0, by_flow, by_seq)
+
+    reason = np.full(n, None, dtype=object)
+    corr = kernels["correlation_id"].astype("Int64")
+    null_corr = (corr.isna() | (corr.fillna(0) <= 0)).to_numpy()
+    reason[~has_launch & null_corr] = "null_correlation"
+    reason[~has_launch & ~null_corr] = "no_launch_record"
+    reason[has_launch & (operator < 0)] = "no_enclosing_operator"
+    external_check = np.full(n, None, dtype=object)
+    if check_external:
+        checked = (k_ext >= 0) & (innermost >= 0)
+        external_check[checked & ext_agrees] = "agrees"
+        external_check[checked & ~ext_agrees] = "disagrees"
+    return OpTable(kernel_id=kernels["kernel_id"].astype("int64").to_numpy(), innermost=innermost,
+                   operator=operator, operator_kind=kind, compiled_region=region, forward=forward, layer=layer,
+                   exact=exact, external_id_check=external_check, reason=reason, range_ids=range_ids, names=names,
+                   t0=t0, t1=t1, threads=threads)
+
+
+class _LazyStacks(Mapping):
+    """kernel_id -> :class:`OpStack`, built on access from an :class:`OpTable`."""
+
+    def __init__(self, table: OpTable):
+        self.table = table
+        self.row = {int(k): i for i, k in enumerate(table.kernel_id)}
+
+    def __getitem__(self, kernel_id: int) -> OpStack:
+        t, i = self.table, self.row[int(kernel_id)]
+        rid = lambda pos: None if pos < 0 else int(t.range_ids[pos])  # noqa: E731
+        op, fwd = int(t.operator[i]), int(t.forward[i])
+        return OpStack(
+            stack=t.stack(i), operator=None if op < 0 else t.names[op], operator_range_id=rid(op),
+            operator_kind=t.operator_kind[i], external_id_check=t.external_id_check[i],
+            forward_operator=None if fwd < 0 else t.names[fwd], forward_range_id=rid(fwd),
+            compiled_region=rid(int(t.compiled_region[i])), reason=t.reason[i],
+        )
+
+    def __iter__(self):
+        return iter(self.row)
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+
+def enclosing_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> Mapping[int, OpStack]:
+    """Path (a) per kernel as ``kernel_id -> OpStack`` (built lazily from :func:`find_ops`, whose
+    docstring gives the rules and reasons)."""
+    return _LazyStacks(find_ops(kernels, ranges))

@@ -15,10 +15,9 @@ import json
 import numpy as np
 import pandas as pd
 
-from .. import tables
 from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
 from . import inductor
-from .correlation import OpStack, enclosing_ops
+from .correlation import OpStack, _LazyStacks, find_ops
 from .transfer import align_runs
 
 # Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
@@ -124,79 +123,103 @@ def attribute(
         ``path == "unattributed"``, ``operator`` null and a machine-readable ``reason``.
     """
     fusion_map = fusion_map if fusion_map is not None else pd.DataFrame()
-    stacks = enclosing_ops(kernels, ranges)
-    call_sites, region_reasons = _region_call_sites(kernels, stacks, ranges, fusion_map)
-    names = ranges.set_index("range_id")["name"].to_dict()
-    layer_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer"]))
-    class_of = dict(zip(kernel_layers["kernel_id"].astype(int), kernel_layers["layer_class"]))
-    module_column = kernel_layers["module"] if "module" in kernel_layers else kernel_layers["layer"]
-    module_of = dict(zip(kernel_layers["kernel_id"].astype(int), module_column))
+    ops = find_ops(kernels, ranges)
+    n = len(kernels)
+    kernel_ids = ops.kernel_id
+    # Only the kernels inside a compiled-graph region need their full stack (call units of path c).
+    in_region = np.flatnonzero(ops.compiled_region >= 0)
+    stacks = _LazyStacks(ops)
+    region_stacks = {int(kernel_ids[i]): stacks[int(kernel_ids[i])] for i in in_region}
+    region_kernels = kernels.iloc[in_region]
+    call_sites, region_reasons = _region_call_sites(region_kernels, region_stacks, ranges, fusion_map)
 
-    records = []
-    wanted = [c for c in ("kernel_id", "correlation_id", "duration_ns", "iteration", "name", "valid_time") if c in kernels]
-    for k in kernels[wanted].itertuples(index=False):
-        kid = int(k.kernel_id)
-        found = stacks[kid]
-        site = call_sites.get(kid)
-        evidence: dict = {
-            "correlation": {
-                "stack": [names[r] for r in found.stack],
-                "operator": found.operator,
-                **({"operator_kind": found.operator_kind} if found.operator_kind else {}),
-                **({"external_id_check": found.external_id_check} if found.external_id_check else {}),
-                **({"reason": found.reason} if found.reason else {}),
-                **({"correlation_id": int(k.correlation_id)} if found.reason == "no_launch_record" else {}),
-            }
-        }
-        # Precedence (DESIGN.md §3): a dispatcher op around the launch; else the fusion map's ops of
-        # a generated kernel; else the innermost profiler op around the launch.
-        dispatcher = found.operator_kind == "dispatcher_op"
-        operator, path, reason = (found.operator, "correlation", None) if dispatcher else (None, "unattributed", found.reason)
-        fused_ops: list[str] = []
-        source_nodes: list[str] = []
+    names = ops.names
+    op_pos = ops.operator
+    dispatcher = ops.operator_kind == "dispatcher_op"
+    has_op = op_pos >= 0
+    operator = np.where(dispatcher, np.array([names[p] if p >= 0 else None for p in op_pos], dtype=object), None)
+    fallback_name = np.array([names[p] if p >= 0 else None for p in op_pos], dtype=object)
+    path = np.where(dispatcher, "correlation", "unattributed").astype(object)
+    reason = np.where(dispatcher, None, ops.reason).astype(object)
+    fused_col = np.empty(n, dtype=object)
+    nodes_col = np.empty(n, dtype=object)
+    empty: list = []
+    fused_col[:] = [empty] * n
+    nodes_col[:] = [empty] * n
+    row_of = {int(k): i for i, k in enumerate(kernel_ids)} if call_sites or region_reasons else {}
+    site_rows: dict[int, dict] = {}
+    for kid, site in call_sites.items():
+        i = row_of[kid]
+        site_rows[i] = site
+        fused_col[i], nodes_col[i] = list(site["fused_ops"]), list(site["source_nodes"])
+        if operator[i] is None:
+            label = fused_operator_label(list(site["fused_ops"]))
+            operator[i] = label
+            path[i] = "inductor" if label else "unattributed"
+            reason[i] = None if label else "fusion_map_without_ops"
+    for kid, why in region_reasons.items():
+        i = row_of[kid]
+        if operator[i] is None and not has_op[i]:
+            reason[i] = why
+    fallback = (operator == None) & has_op & ~dispatcher  # noqa: E711 (object array)
+    operator[fallback] = fallback_name[fallback]
+    path[fallback] = "correlation"
+    reason[fallback] = None
+    reason[path != "unattributed"] = None
+
+    # Evidence JSON, keys sorted as json.dumps(sort_keys=True) writes them.
+    corr = kernels["correlation_id"].astype("Int64").fillna(0).astype("int64").to_numpy()
+    stack_cache: dict = {}
+    evidence = np.empty(n, dtype=object)
+    for i in range(n):
+        parts = []
+        if ops.reason[i] == "no_launch_record":
+            parts.append(f'"correlation_id": {corr[i]}')
+        if ops.external_id_check[i] is not None:
+            parts.append(f'"external_id_check": "{ops.external_id_check[i]}"')
+        parts.append(f'"operator": {json.dumps(fallback_name[i])}')
+        if ops.operator_kind[i] is not None:
+            parts.append(f'"operator_kind": "{ops.operator_kind[i]}"')
+        if ops.reason[i] is not None:
+            parts.append(f'"reason": "{ops.reason[i]}"')
+        parts.append(f'"stack": {ops.stack_json(i, stack_cache)}')
+        text = '{"correlation": {' + ", ".join(parts) + "}"
+        site = site_rows.get(i)
         if site is not None:
-            fused_ops, source_nodes = list(site["fused_ops"]), list(site["source_nodes"])
-            evidence["inductor"] = {
+            text += ', "inductor": ' + json.dumps({
                 "graph": site["graph"], "call_index": site["call_index"], "kernel": site["kernel"],
-                "kind": site["kind"], "fused_ops": fused_ops, "origin": site["origin"],
-                "call_site": site["call_site"],
-            }
-            if operator is None:
-                operator = fused_operator_label(fused_ops)
-                path = "inductor" if operator else "unattributed"
-                reason = None if operator else "fusion_map_without_ops"
-        elif found.compiled_region is not None and operator is None and found.operator is None:
-            reason = region_reasons.get(kid, reason)
-        if operator is None and found.operator is not None:
-            operator, path, reason = found.operator, "correlation", None
-        layer = layer_of.get(kid)
-        layer = None if pd.isna(layer) else layer
-        module = module_of.get(kid)
-        module = None if pd.isna(module) else module
-        records.append(
-            {
-                "kernel_id": kid,
-                "operator": operator,
-                "forward_operator": found.forward_operator,
-                "module": module,
-                "layer": layer,
-                "layer_class": class_of.get(kid),
-                "path": path,
-                "fused_ops": fused_ops,
-                "source_nodes": source_nodes,
-                "reason": reason if path == "unattributed" else None,
-                "evidence": json.dumps(evidence, sort_keys=True),
-                "operator_range_id": found.operator_range_id,
-                "duration_ns": int(k.duration_ns),
-                "iteration": k.iteration,
-                "name": k.name,
-                "valid_time": bool(getattr(k, "valid_time", True)),
-            }
-        )
-    columns = [*tables.ATTRIBUTION.names, "operator_range_id", "duration_ns", "iteration", "name", "valid_time"]
-    out = pd.DataFrame.from_records(records, columns=columns)  # columns: also right for no kernels
-    out["operator_range_id"] = pd.array(out["operator_range_id"], dtype="Int64")
-    out["iteration"] = pd.array(out["iteration"], dtype="Int64")
+                "kind": site["kind"], "fused_ops": list(site["fused_ops"]), "origin": site["origin"],
+                "call_site": site["call_site"]}, sort_keys=True)
+        evidence[i] = text + "}"
+
+    layers = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
+    module_column = "module" if "module" in kernel_layers else "layer"
+
+    def pick(column: str) -> np.ndarray:
+        values = layers[column].reindex(kernel_ids)
+        return np.where(values.isna(), None, values.astype(object)).astype(object)
+
+    forward = np.array([names[p] if p >= 0 else None for p in ops.forward], dtype=object)
+    out = pd.DataFrame({
+        "kernel_id": kernel_ids,
+        "operator": operator,
+        "forward_operator": forward,
+        "module": pick(module_column),
+        "layer": pick("layer"),
+        "layer_class": pick("layer_class"),
+        "path": path,
+        "fused_ops": fused_col,
+        "source_nodes": nodes_col,
+        "reason": reason,
+        "evidence": evidence,
+        "operator_range_id": pd.arrays.IntegerArray(
+            np.where(has_op, ops.range_ids[np.maximum(op_pos, 0)] if len(ops.range_ids) else 0, 0).astype(np.int64),
+            ~has_op),
+        "duration_ns": kernels["duration_ns"].astype("int64").to_numpy(),
+        "iteration": pd.array(kernels["iteration"], dtype="Int64"),
+        "name": kernels["name"].astype(str).to_numpy(dtype=object),
+        "valid_time": kernels["valid_time"].astype(bool).to_numpy() if "valid_time" in kernels else True,
+    })
     return out
 
 
