@@ -82,7 +82,7 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     layer_range = layer_range_of_ranges(ranges)
     ops = find_ops(kernels, ranges)
     range_ids = ops.range_ids
-    layer_col, module_col = out["layer"].to_numpy(dtype=object), out["module"].to_numpy(dtype=object)
+    layer_col, module_col = out["layer"].to_numpy(dtype=object).copy(), out["module"].to_numpy(dtype=object).copy()
     for i in range(len(kernels)):
         pos = ops.layer[i]
         rid = int(range_ids[pos]) if pos >= 0 else None
@@ -93,7 +93,8 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
         if rid is not None:
             layer_col[i] = labels[rid]
             module_col[i] = path_of[rid]
-    out["layer"], out["module"] = layer_col, module_col
+    out["layer"] = pd.Series(layer_col, index=out.index, dtype=object)
+    out["module"] = pd.Series(module_col, index=out.index, dtype=object)
     return out
 
 
