@@ -303,7 +303,7 @@ def test_attribution_names_the_placed_ops_layers_and_iterations(finished_run):
     pairing = json.loads((setup["work"] / "results" / W / "attribution" / "pairing.json").read_text())
     n = len(expected)
     assert pairing == {"target_kernels": n, "source_kernels": n, "paired": n, "keyed_by": "iteration",
-                       "mismatched_iterations": [], "named_by_kineto_run": n}
+                       "mismatched_iterations": [], "first_difference": None, "named_by_kineto_run": n}
     coverage = agg.coverage(attribution, counters_collected=False)
     assert coverage["path_coverage"] == {"correlation": {"count": 1.0, "time": 1.0}, "nvtx": {"count": 1.0, "time": 1.0}}
     assert coverage["path_agreement_counts"] == {"correlation/nvtx": {"both": n, "agree": n}}

@@ -194,8 +194,13 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                             "order): they keep the NVTX answer only", summary["target_kernels"] - summary["paired"],
                             summary["target_kernels"], kineto_timeline)
             if summary["mismatched_iterations"]:
-                log.warning("the two runs launched different kernels in iteration(s) %s: pairing there may be off",
-                            summary["mismatched_iterations"][:10])
+                diff = summary["first_difference"]
+                where = "the whole run" if diff["iteration"] < 0 else f"iteration {diff['iteration']}"
+                log.warning("the torch.profiler run %s launched a different kernel sequence than this timeline in %s "
+                            "(%d vs %d kernels; first difference at position %d: %s here, %s there): those kernels "
+                            "keep the NVTX answer only. Are both captures of the same program, shapes and settings?",
+                            kineto_timeline, where, diff["target_kernels"], diff["source_kernels"], diff["position"],
+                            diff["target"], diff["source"])
             write_json(Path(out).parent / "pairing.json", summary)
         elif fusion is not None and len(fusion):
             result = merge_fusion_by_name(result, kernels, fusion)
