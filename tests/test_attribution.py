@@ -310,9 +310,15 @@ def test_fused_operator_label_drops_view_ops_and_sorts():
 
 
 def test_fused_operator_label_only_views_keeps_them():
-    assert fused_operator_label(["aten::transpose", "aten::cat", "aten::view"]) == \
-        "aten::cat+aten::transpose+aten::view"
-    assert {"aten::cat", "aten::transpose", "aten::view"} <= VIEW_OPS
+    assert fused_operator_label(["aten::transpose", "aten::permute", "aten::view"]) == \
+        "aten::permute+aten::transpose+aten::view"
+    assert {"aten::permute", "aten::transpose", "aten::view"} <= VIEW_OPS
+
+
+def test_fused_operator_label_keeps_ops_that_copy_data():
+    """cat, clone, _to_copy, contiguous move data: they are the kernel's work, not views."""
+    assert fused_operator_label(["aten::cat", "aten::transpose", "aten::view"]) == "aten::cat"
+    assert not {"aten::cat", "aten::clone", "aten::_to_copy", "aten::contiguous"} & VIEW_OPS
 
 
 def test_fused_operator_label_empty_is_none():
@@ -404,3 +410,22 @@ def test_c20_generic_kernel_resolved_through_cpu_side_event(tmp_path):
     by_name = inductor.attribute_by_name(t.kernels, fmap).merge(t.kernels[["kernel_id", "name"]]).set_index("name")
     assert by_name.loc["triton_", "reason"] == "ambiguous_generic_kernel_name"
     assert by_name.loc["triton_poi_fused_add_cos_0_0d1d2de", "fused_ops"] == ["aten::add", "aten::cos"]
+
+
+def test_fused_copy_kernel_does_not_merge_into_the_op_it_serves(compiled):
+    """QA finding: the layout copy ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_
+    transpose_view_2`` dropped its view ops and took the name of the SDPA backward fallback, doubling
+    that op's calls in operators.csv. Counted here from the raw trace: the fallback op runs once per
+    step, and so does the copy kernel."""
+    from operator_profiler import aggregate as agg
+
+    events, _, a = compiled
+    sdpa_bwd = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+    fallback_calls = sum(1 for o in events if o["cat"] == "cpu_op" and o["name"] == sdpa_bwd)
+    copy_name = "graph_0_cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_view_2"
+    copies = sum(1 for o in events if o["cat"] == "cpu_op" and o["name"] == copy_name)
+    assert fallback_calls == copies == 2
+    ops = agg.operators_table(a, per_iteration=False).set_index("operator")
+    assert ops.loc[sdpa_bwd, "calls"] == fallback_calls and ops.loc[sdpa_bwd, "paths"] == "correlation"
+    label = f"{sdpa_bwd}+aten::transpose+aten::view"
+    assert ops.loc[label, "calls"] == copies and ops.loc[label, "paths"] == "inductor"

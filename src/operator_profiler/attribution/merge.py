@@ -21,12 +21,12 @@ from .correlation import OpStack, _LazyStacks, find_ops
 from .transfer import align_runs
 
 # Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
+# (Ops that copy data, such as cat, clone, _to_copy and contiguous, are work and stay in the label.)
 VIEW_OPS = frozenset(
     "aten::" + op
     for op in (
         "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "split", "split_with_sizes",
-        "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "clone", "_to_copy",
-        "contiguous", "unbind", "cat",
+        "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "unbind",
     )
 )
 
@@ -37,6 +37,19 @@ def fused_operator_label(fused_ops: list[str]) -> str | None:
         return None
     compute = [op for op in fused_ops if op not in VIEW_OPS] or list(fused_ops)
     return "+".join(sorted(compute))
+
+
+def _keep_fused_rows_apart(operator: np.ndarray, path: np.ndarray, fused_ops: np.ndarray,
+                           dispatcher: np.ndarray) -> None:
+    """A fused kernel whose label equals an op that kernels also ran as a real call (the layout copy
+    ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_view_2`` next to the SDPA
+    backward fallback) would merge into that op's row and inflate its calls: label it with all its
+    ops, views included, or mark it ``(fused)``. In place."""
+    called = set(operator[dispatcher])
+    for i in np.flatnonzero(path == "inductor"):
+        if operator[i] in called:
+            full = "+".join(sorted(set(fused_ops[i])))
+            operator[i] = full if full not in called else f"{full} (fused)"
 
 
 def _call_units(members: list[int], stacks: dict[int, OpStack], region: int, names: dict[int, str],
@@ -161,6 +174,7 @@ def attribute(
         i = row_of[kid]
         if operator[i] is None and not has_op[i]:
             reason[i] = why
+    _keep_fused_rows_apart(operator, path, fused_col, dispatcher)
     fallback = (operator == None) & has_op & ~dispatcher  # noqa: E711 (object array)
     operator[fallback] = fallback_name[fallback]
     path[fallback] = "correlation"
