@@ -68,6 +68,9 @@ def test_operators_table_counts_and_shares(frame):
     assert ops.loc["aten::mm", ["iteration_min_ns", "iteration_max_ns"]].tolist() == [0, 100]
     # the kernel outside the iterations counts in the total only
     assert ops.loc[agg.UNATTRIBUTED, "iteration_max_ns"] == 250
+    # ... and not in the mean per iteration: kernel 6 (250 ns, iteration 1) over 2 iterations, without
+    # kernel 7's 50 ns (QA finding: warm-up time was divided into the per-iteration figure)
+    assert ops.loc[agg.UNATTRIBUTED, "time_per_iteration_ns"] == 125
     assert ops.loc["aten::add+aten::gelu", "paths"] == "inductor"
     assert (ops["bottleneck"] == "not_collected").all()
 
@@ -109,6 +112,7 @@ def test_coverage_recomputed_by_hand(frame):
     assert cov["path_coverage"] == {"correlation": {"count": 0.5, "time": pytest.approx(0.4)},
                                     "inductor": {"count": 0.5, "time": pytest.approx(0.55)}}
     assert cov["valid_timed_kernels"] == 8
+    assert cov["outside_iterations_time_ns"] == 50  # kernel 7
     assert cov["counters_coverage"] is None and "not collected" in cov["counters_note"]
     assert cov["unattributed"] == [
         {"name": "cpp_fused_x_1", "time_ns": 250, "count": 1, "reason": "no_fusion_map"},

@@ -21,8 +21,9 @@ OUTSIDE_LAYERS = "(outside layers)"
 def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFrame:
     """One row per operator, sorted by time (descending).
 
-    Columns: operator, calls, kernels, time_ns (all measured iterations), time_share (0-1),
-    mean_kernel_ns, paths, bottleneck; with ``per_iteration`` also time_per_iteration_ns (mean) and
+    Columns: operator, calls, kernels, time_ns (every kernel of the attribution), time_share (0-1),
+    mean_kernel_ns, paths, bottleneck; with ``per_iteration`` also time_per_iteration_ns (the mean over
+    the measured iterations, from the kernels inside them only) and
     iteration_min_ns / iteration_median_ns / iteration_max_ns (the operator's time in each measured
     iteration present in the attribution, to spot a noisy iteration; omitted when no kernel lies in
     an iteration range). Unattributed kernels form the row ``(unattributed)`` so
@@ -62,8 +63,11 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
                 "iteration_max_ns": per_it.max(axis=1),
             }
         ).round().astype("int64")
+        stats["time_per_iteration_ns"] = (per_it.sum(axis=1) / max(iterations, 1)).round().astype("int64")
         table = table.merge(stats, left_on="operator", right_index=True, how="left")
-        table["time_per_iteration_ns"] = (table["time_ns"] / max(iterations, 1)).round().astype("int64")
+        # Operators that ran only outside the measured iterations (warm-up leftovers): 0 per iteration.
+        for column in ("time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"):
+            table[column] = table[column].fillna(0).astype("int64")
         columns[5:5] = ["time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"]
     return table[columns].sort_values(["time_ns", "operator"], ascending=[False, True]).reset_index(drop=True)
 
@@ -209,6 +213,8 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
     return {
         "kernel_time_ns": total,
         "iteration_time_ns": {str(i): int(t) for i, t in per_iteration.items()},
+        # Kernel time outside every measured iteration (when the trace marks iterations).
+        "outside_iterations_time_ns": int(total - per_iteration.sum()) if len(per_iteration) else None,
         "attributed_time_ns": int(attributed["duration_ns"].sum()),
         "coverage_time": (int(attributed["duration_ns"].sum()) / total) if total else 0.0,
         "kernel_count": int(len(attribution)),

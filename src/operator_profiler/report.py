@@ -92,6 +92,15 @@ def _dedup_lines(matching: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _outside_iterations(coverage: dict) -> list[str]:
+    outside = coverage.get("outside_iterations_time_ns")
+    if not outside:
+        return []
+    return ["", f"**{_ms(outside)} ms of the {_ms(coverage['kernel_time_ns'])} ms kernel time lies outside the "
+                "measured iterations** (warm-up or teardown work in the trace window): it counts in the totals "
+                "and shares, not in the per-iteration columns."]
+
+
 def _share(coverage: dict, path: str, key: str) -> str:
     """What a path answered on its own (``path_coverage``), whatever the merge chose."""
     entry = (coverage.get("path_coverage") or {}).get(path)
@@ -172,6 +181,7 @@ def render_markdown(
         f"{coverage['coverage_time'] * 100:.2f}% of {_ms(coverage['kernel_time_ns'])} ms kernel time.",
         *(["", "**The trace holds no kernels**: nothing ran inside the measured window."] if not coverage["kernel_count"] else []),
         *_iteration_spread(coverage),
+        *_outside_iterations(coverage),
         "",
         "| path | time share (chosen) | kernels it named (any) | time it named (any) |",
         "|---|---|---|---|",
