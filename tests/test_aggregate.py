@@ -211,9 +211,11 @@ def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
     # ncu's own kernel times are deliberately different: the weights must be the timeline's.
     pd.DataFrame({"kernel_id": [0, 1], "sm__throughput.avg.pct_of_peak_sustained_elapsed": [80.0, 20.0],
                   "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": [30.0, 10.0],
-                  "dram__bytes.sum": [1000.0, 3000.0], "gpu__time_duration.sum": [1e-7, 9e-7]}
+                  "dram__bytes.sum": [1000.0, 3000.0], "gpu__time_duration.sum": [1e-7, 9e-7],
+                  "ncu_id": [0, 1], "counters_from": ["h.0", "h.0"]}
                  ).to_parquet(tmp_path / "counters.parquet")
-    pd.DataFrame({"layer": ["h.0"], "layer_class": ["Block"], "iteration": [0], "time_ns": [1000]}).to_parquet(
+    pd.DataFrame({"layer": ["h.0", "rest"], "layer_class": ["Block", "rest"], "iteration": [0, 0],
+                  "time_ns": [1000, 50], "kernel_count": [2, 1]}).to_parquet(
         tmp_path / "instances.parquet")
     (tmp_path / "classes.json").write_text(json.dumps({"Block": {"module_class": "Block", "instances": ["h.0"],
                                                                  "kernel_count": 2, "representative": "h.0"}}))

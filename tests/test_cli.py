@@ -176,3 +176,31 @@ def test_a_trace_without_kernels_goes_through_every_stage(tmp_path):
         assert res.returncode == 0, res.stderr
     coverage = json.loads((tmp_path / "agg" / "coverage.json").read_text())
     assert coverage["kernel_count"] == 0 and coverage["coverage_time"] == 0.0
+
+
+def test_tables_of_another_timeline_are_refused(tmp_path):
+    """QA findings: aggregate took instances/classes of another trace (layer figures of 19,370 kernels
+    beside modules of 79), --counters took an attribution table (a traceback), --kernel-layers took an
+    attribution table (silently). Each is now a one-line error naming the file, exit 1."""
+    from conftest import real_file
+
+    (tmp_path / "layers.json").write_text("[]")
+    for name, trace in (("a", "hta_critical_path_alexnet__trace.json.gz"), ("b", "hta_triton_example.json.gz")):
+        for step in (["timeline", "--kineto", real_file("kineto", trace), "--out", f"tl_{name}"],
+                     ["classify", "--timeline", f"tl_{name}", "--layers", "layers.json", "--out", f"lay_{name}"]):
+            assert opprof(*step, cwd=tmp_path).returncode == 0
+    assert opprof("attribute", "--timeline", "tl_a", "--out", "a.parquet", cwd=tmp_path).returncode == 0
+    cases = [
+        (["aggregate", "--attribution", "a.parquet", "--instances", "lay_b/instances.parquet", "--classes",
+          "lay_b/classes.json", "--out", "agg1"], "does not describe the timeline of"),
+        (["aggregate", "--attribution", "a.parquet", "--instances", "lay_a/instances.parquet", "--classes",
+          "lay_a/classes.json", "--counters", "a.parquet", "--out", "agg2"], "ncu_id"),
+        (["attribute", "--timeline", "tl_a", "--kernel-layers", "a.parquet", "--out", "a2.parquet"], "position"),
+    ]
+    for args, needle in cases:
+        res = opprof(*args, cwd=tmp_path)
+        assert res.returncode == 1, (args, res.stderr)
+        lines = _error_lines(res.stderr)
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "agg1").exists() and not (tmp_path / "agg2").exists()
+    assert not (tmp_path / "a2.parquet").exists()

@@ -216,9 +216,9 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
                        kernel_layers: Path | None) -> pd.DataFrame:
     if kernel_layers is None:
         return layer_classes.classify_layers(kernels, ranges, [])[0]
-    kl = read_parquet_file(kernel_layers, "a kernel_layers table",
+    kl = read_parquet_file(kernel_layers, "a kernel_layers table (layers/kernel_layers.parquet)",
                            "write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR",
-                           ("kernel_id", "layer", "layer_class"))
+                           ("kernel_id", "layer", "layer_class", "position"))
     if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
             kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
         raise InputError(f"{kernel_layers} lists {len(kl)} kernels, the timeline {timeline_dir} {len(kernels)}: they "
@@ -238,14 +238,16 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     instances = read_parquet_file(instances_path, "a layer instances table", hint,
                                   ("layer", "layer_class", "iteration", "time_ns"))
     classes = read_json_file(classes_path, "classes.json of opprof classify", hint, expect=dict)
+    _check_same_timeline(attribution, attribution_path, instances, instances_path)
     operators = agg.operators_table(attribution, options["per_iteration"])
     modules = agg.modules_table(attribution)
     counters = None
     if counters_path is not None:
         from .ncu.catalog import load_catalog
 
-        counters = read_parquet_file(counters_path, "matched kernel counters", "write it with: opprof match ...",
-                                     ("kernel_id",))
+        counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
+                                     "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
+                                     ("kernel_id", "ncu_id", "counters_from"))
         catalog = load_catalog(options.get("catalog"))
         operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
         modules = agg.with_counters(modules, attribution, counters, "module", catalog)
@@ -259,6 +261,24 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
     write_json(out_coverage, agg.coverage(attribution, counters_collected=counters is not None,
                                           device=options.get("device"), counters=counters))
+
+
+def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, instances: pd.DataFrame,
+                         instances_path: Path) -> None:
+    """The attribution and the layer instances must describe the same timeline: the kernels the
+    attribution puts in layers are exactly those the instances count.
+
+    Raises:
+        InputError: naming both files and the counts that disagree.
+    """
+    # Every kernel is in one instance: a layer instance or the class "rest" (layers.REST_CLASS).
+    counted = int(instances["kernel_count"].sum()) if "kernel_count" in instances and len(instances) else 0
+    unknown = set(attribution["layer"].dropna()) - set(instances["layer"])
+    if (len(instances) and counted != len(attribution)) or unknown:
+        detail = (f"layers {sorted(unknown)[:3]} are not among its instances" if unknown
+                  else f"its instances hold {counted} kernels, the attribution {len(attribution)}")
+        raise InputError(f"{instances_path} does not describe the timeline of {attribution_path}: {detail}; pass the "
+                         "instances.parquet/classes.json that opprof classify wrote for the same timeline")
 
 
 def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
