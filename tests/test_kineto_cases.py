@@ -86,6 +86,9 @@ def test_c04_invalid_kernel_timestamps_weigh_nothing(tmp_path):
         k = timeline.kernels.set_index("name").loc[name]
         # drawn at its launch's end, zero length: nothing starts at epoch 0
         assert int(k["start_ns"]) == int(k["end_ns"]) == launch_end_us * 1000
+    ops = agg.operators_table(a, per_iteration=False).set_index("operator")
+    assert ops.loc["aten::add", "kernels_without_time"] == ops.loc["aten::mul", "kernels_without_time"] == 1
+    assert ops.loc["aten::relu", "kernels_without_time"] == 0
     cov = agg.coverage(a, counters_collected=False)
     assert cov["kernel_count"] == 3 and cov["attributed_count"] == 3
     assert cov["valid_timed_kernels"] == 1
@@ -240,3 +243,51 @@ def test_cpu_trace_where_a_gpu_run_was_expected(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no GPU events" in err and "ProfilerActivity.CUDA" in err and "Traceback" not in err
     assert not (tmp_path / "gpu" / "kernels.parquet").exists()
+
+
+def test_merged_processes_with_the_same_correlation_id_are_not_joined(tmp_path):
+    """QA finding: two processes' traces merged into one file, both using correlation 5. Neither kernel
+    may be joined to either launch, and the warning says why (not 'launched before the profiler')."""
+    events = [cpu_op("aten::add", 1, 0, 10, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 2, 1, 5),
+              kern("add_kernel", 7, 5, 1, 5)]
+    other = [dict(e, pid=200) for e in (cpu_op("aten::mul", 1, 20, 10, 1),
+                                         launch("cudaLaunchKernel", "cuda_runtime", 1, 22, 1, 5))]
+    timeline, a = _attribute(tmp_path, events + other + [kern("mul_kernel", 7, 25, 1, 5)])
+    assert (a["path"] == "unattributed").all() and len(a) == 2
+    assert any("2 launch calls share their correlation id" in w for w in timeline.diagnostics["warnings"])
+
+
+def test_fusion_map_of_another_model_warns(tmp_path, caplog):
+    from conftest import real_file
+
+    trace = real_file("inductor-cpu", "traces", "trace_compiled_cpu.json.gz")
+    other_model = real_file("inductor-cuda", "PROVENANCE.md").parent
+    stages.export_timeline(trace, tmp_path / "tl")
+    fusion = stages.load_fusion_map_checked(other_model)
+    with caplog.at_level("WARNING"):
+        a = stages.attribute_files(tmp_path / "tl", None, fusion, tmp_path / "a.parquet")
+    assert (a["reason"] == "fusion_map_mismatch").sum() > 0
+    assert any("matched no kernel" in r.message and "another run or model" in r.message for r in caplog.records)
+
+
+def test_c04_report_says_unknown_not_zero(tmp_path):
+    """End to end through the CLI: the report names the op whose launch has no kernel record and the
+    ops whose kernel records have invalid timestamps as *unknown* time (cases.md C04)."""
+    from operator_profiler.cli import main
+
+    (tmp_path / "c04.json").write_text(json.dumps({"deviceProperties": [{"id": 0}], "traceEvents": _c04_events()}))
+    (tmp_path / "layers.json").write_text("[]")
+    d = str(tmp_path)
+    for args in (["timeline", "--kineto", f"{d}/c04.json", "--out", f"{d}/tl"],
+                 ["classify", "--timeline", f"{d}/tl", "--layers", f"{d}/layers.json", "--out", f"{d}/lay"],
+                 ["attribute", "--timeline", f"{d}/tl", "--kernel-layers", f"{d}/lay/kernel_layers.parquet",
+                  "--out", f"{d}/a.parquet"],
+                 ["aggregate", "--attribution", f"{d}/a.parquet", "--instances", f"{d}/lay/instances.parquet",
+                  "--classes", f"{d}/lay/classes.json", "--device", "cuda", "--out", f"{d}/agg"],
+                 ["report", "--results", f"{d}/agg", "--timeline", f"{d}/tl", "--workload", "c04", "--out",
+                  f"{d}/report.md"]):
+        assert main(args) == 0, args
+    report = (tmp_path / "report.md").read_text()
+    assert "device time **unknown** (launch without kernel record) for `aten::mm`: 1 launch" in report
+    assert "Time **unknown**" in report and "`aten::add` 1 kernel" in report and "`aten::mul` 1 kernel" in report
+    assert "2 kernel record(s) carry invalid timestamps" in report

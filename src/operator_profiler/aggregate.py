@@ -22,7 +22,8 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
     """One row per operator, sorted by time (descending).
 
     Columns: operator, calls, kernels, time_ns (every kernel of the attribution), time_share (0-1),
-    mean_kernel_ns, paths, bottleneck; with ``per_iteration`` also time_per_iteration_ns (the mean over
+    mean_kernel_ns, paths, bottleneck, kernels_without_time (kernel records whose time is unknown: their
+    0 ns are not a measurement); with ``per_iteration`` also time_per_iteration_ns (the mean over
     the measured iterations, from the kernels inside them only) and
     iteration_min_ns / iteration_median_ns / iteration_max_ns (the operator's time in each measured
     iteration present in the attribution, to spot a noisy iteration; omitted when no kernel lies in
@@ -41,12 +42,17 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
             "kernels": grouped.size(),
             "time_ns": grouped["duration_ns"].sum().astype("int64"),
             "paths": grouped["path"].agg(lambda s: ",".join(sorted(set(s)))),
+            # Kernel records with invalid timestamps (Kineto, cases.md C04): their time is unknown, not 0.
+            "kernels_without_time": (~df["valid_time"].astype(bool)).groupby(df["operator"], sort=False).sum()
+            if "valid_time" in df else 0,
         }
     ).reset_index()
+    table["kernels_without_time"] = table["kernels_without_time"].astype("int64")
     table["time_share"] = table["time_ns"] / total if total else 0.0
     table["mean_kernel_ns"] = (table["time_ns"] / table["kernels"]).round().astype("int64")
     table["bottleneck"] = "not_collected"
-    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns", "paths", "bottleneck"]
+    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns", "paths", "bottleneck",
+               "kernels_without_time"]
     measured = df[df["iteration"].notna()]
     if per_iteration and len(measured):  # a trace without iteration ranges has nothing per iteration
         seen = sorted(int(i) for i in measured["iteration"].unique())

@@ -93,7 +93,7 @@ def _cmd_attribute(args) -> None:
                                     Path(args.kineto_timeline) if args.kineto_timeline else None)
     attributed = (result["path"] != "unattributed").sum()
     by_path = ", ".join(f"{p} {n}" for p, n in result["path"].value_counts().sort_index().items())
-    print(f"{attributed} of {len(result)} kernels attributed ({by_path}) -> {args.out}")
+    print(f"{attributed} of {len(result)} kernels attributed" + (f" ({by_path})" if by_path else "") + f" -> {args.out}")
 
 
 def _cmd_aggregate(args) -> None:
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="Markdown report from aggregated results")
     s.add_argument("--results", required=True, help="folder with operators.parquet, coverage.json ...")
     s.add_argument("--run", help="the capture's run.json (leave out for a trace captured elsewhere)")
-    s.add_argument("--timeline", help="the timeline folder of an nsys trace: its diagnostics.json goes in the report")
+    s.add_argument("--timeline", help="the timeline folder (nsys or Kineto): its diagnostics.json goes in the report")
     s.add_argument("--matching", help="matched/diagnostics.json of 'opprof match': counters per layer class and "
                                       "the dedup.verify check")
     s.add_argument("--workload")

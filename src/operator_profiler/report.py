@@ -7,7 +7,7 @@ import pandas as pd
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith(("ch", "sh", "s", "x")) else "s")
 
 
 def _ms(ns: float) -> str:
@@ -90,6 +90,15 @@ def _dedup_lines(matching: dict | None) -> list[str]:
         lines.append(f"| {cls} | {entry['kernels']} | {entry['measured']} | {entry['filled']} | "
                      f"{entry['without_counters']} | {check} |")
     return lines + [""]
+
+
+def _unknown_time_lines(operators: pd.DataFrame) -> list[str]:
+    if "kernels_without_time" not in operators or not operators["kernels_without_time"].any():
+        return []
+    rows = operators[operators["kernels_without_time"] > 0]
+    return ["", "Time **unknown** (kernel records with invalid timestamps, counted as 0 ms above): "
+            + "; ".join(f"`{r.operator}` {_plural(int(r.kernels_without_time), 'kernel')}" for r in rows.itertuples())
+            + "."]
 
 
 def _outside_iterations(coverage: dict) -> list[str]:
@@ -179,7 +188,10 @@ def render_markdown(
         "",
         f"{coverage['attributed_count']} of {coverage['kernel_count']} kernels attributed, "
         f"{coverage['coverage_time'] * 100:.2f}% of {_ms(coverage['kernel_time_ns'])} ms kernel time.",
-        *(["", "**The trace holds no kernels**: nothing ran inside the measured window."] if not coverage["kernel_count"] else []),
+        *(["", "**The trace holds no kernels**" + (
+            ": see the capture notes below." if diagnostics and any(w.startswith("no kernel events")
+                                                                    for w in diagnostics.get("warnings", []))
+            else ": nothing ran inside the measured window.")] if not coverage["kernel_count"] else []),
         *_iteration_spread(coverage),
         *_outside_iterations(coverage),
         "",
@@ -213,7 +225,7 @@ def render_markdown(
             columns.append(label)
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
-    lines += [_table(top[columns]), "", "## Layer classes", ""]
+    lines += [_table(top[columns]), *_unknown_time_lines(operators), "", "## Layer classes", ""]
     layered = layer_classes[layer_classes["layer_class"] != "rest"] if len(layer_classes) else layer_classes
     if len(layer_classes):
         lc = layer_classes.assign(

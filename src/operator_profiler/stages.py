@@ -208,6 +208,14 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         if kineto_timeline is not None:
             log.warning("--kineto-timeline is ignored: the timeline %s is itself a Kineto timeline", timeline_dir)
         result = attribute(kernels, ranges, kl, fusion)
+    if fusion is not None and len(fusion):
+        matched = int(result["evidence"].str.contains('"inductor": {"call_index"', regex=False).sum())
+        unmatched_reasons = result["reason"].isin(["fusion_map_mismatch"]).sum()
+        if not matched:
+            log.warning("the fusion map (%d call sites of %d graphs) matched no kernel of %s%s: is it from "
+                        "another run or model?", len(fusion), fusion["graph"].nunique(), timeline_dir,
+                        f" ({unmatched_reasons} kernels in compiled-graph regions that do not match it)"
+                        if unmatched_reasons else "")
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
 
@@ -291,7 +299,7 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
     run = read_json_file(run_path, "the capture's run.json", "pass capture/run.json, or leave --run out for a trace "
                          "captured elsewhere", expect=dict) if run_path is not None else None
     diagnostics = read_json_file(diagnostics_path, "a timeline's diagnostics.json", "write the timeline with opprof "
-                                 "timeline --nsys", expect=dict) if diagnostics_path is not None else None
+                                 "timeline (--kineto TRACE | --nsys REPORT) --out DIR", expect=dict) if diagnostics_path is not None else None
     coverage = read_json_file(coverage_path, "coverage.json", hint, expect=dict)
     if diagnostics and "counts" in diagnostics:
         counts = diagnostics["counts"]

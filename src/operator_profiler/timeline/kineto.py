@@ -512,13 +512,19 @@ def _diagnostics(path: Path, trace: dict, categories: Counter, kernels: pd.DataF
         warnings.append(f"no kernel events: {path.name} has GPU launch calls but no 'kernel' records; {why}. "
                         "Record the trace again with activities=[CPU, CUDA] and no profiler_metrics; counters "
                         "come from ncu")
+    keyed = launches["correlation_id"].dropna()
+    ambiguous = int(keyed[keyed > 0].duplicated(keep=False).sum()) if len(launches) else 0
     if orphans:
         warnings.append(f"{orphans} kernel(s) have no launch record in the trace window (launched before the "
                         "profiler started, or a null/dangling correlation id): left unattributed")
+    if ambiguous:
+        warnings.append(f"{ambiguous} launch calls share their correlation id with another launch (traces of "
+                        "several processes merged into one file?): their kernels cannot be joined and stay "
+                        "unattributed; profile each process into its own trace")
     if invalid:
-        warnings.append(f"{invalid} kernel record(s) carry an invalid timestamp (ts 0 or negative dur, cases.md "
-                        "C04): kept with 0 ns duration, excluded from time shares")
-    if len(without):
+        warnings.append(f"{invalid} kernel record(s) carry an invalid timestamp (ts 0 or a negative dur): "
+                        "attributed, but their time is unknown (counted as 0 ns, excluded from time shares)")
+    if len(without) and len(gpu):  # (no kernel record at all is the warning above)
         warnings.append(f"{len(without)} launch(es) have no kernel record (possibly dropped as out-of-range by "
                         "the tracer): their device time is unknown")
     mode = external_id_mode(kernels)
@@ -541,7 +547,9 @@ def _diagnostics(path: Path, trace: dict, categories: Counter, kernels: pd.DataF
             "launches_without_kernel": int(len(without)),
             "memory_activities": len(memory_correlations),
         },
-        "launch_apis": dict(Counter(gpu.get("launch_api", pd.Series(dtype=object)).dropna())) if len(gpu) else {},
+        # Launch calls per API that launched a kernel (a graph launch replaying 8 kernels counts once).
+        "launch_apis": (gpu.dropna(subset=["launch_api"]).drop_duplicates(["pid", "correlation_id"])["launch_api"]
+                        .value_counts().to_dict() if len(gpu) else {}),
         "launches_without_kernel": [
             {"api": a, "correlation_id": int(c), "pid": int(p), "tid": int(t), "start_ns": int(s), "end_ns": int(e)}
             for a, c, p, t, s, e in zip(without["api"], without["correlation_id"], without["pid"], without["tid"],
