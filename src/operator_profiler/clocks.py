@@ -380,14 +380,14 @@ def locked_clocks(target: dict, out_applied: Path, device: str | None = None):
                     failed = str(exc)
                 if failed:
                     ok = False
-                    warnings.append(f"`{NVIDIA_SMI} {' '.join(args)}` failed ({failed or proc.returncode}): clocks "
+                    warnings.append(f"`{NVIDIA_SMI} {' '.join(args)}` failed ({failed}): clocks "
                                     f"may still be locked; run `sudo {NVIDIA_SMI} {' '.join(args)}`")
                     log.error("clocks: %s", warnings[-1])
             applied["restored"] = ok if locked else None
             write_json(out_applied, applied)
         finally:
-            if main:
-                signal.signal(signal.SIGTERM, previous)
+            if main:  # None: the previous handler was not installed from Python; the default is the safe guess
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def ncu_clock_args(applied: dict) -> list[str]:
