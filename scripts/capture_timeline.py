@@ -17,4 +17,5 @@ run_rule(
     out.run,
     out.layers,
     out.clocks,
+    snakemake.input.clocks,
 )

@@ -49,8 +49,9 @@ def build(width):
 
 
 def custom_env(workdir: Path) -> dict:
+    """This checkout's src/ first (not another checkout's editable install), then ``workdir`` (custom models)."""
     env = os.environ.copy()
-    env["PYTHONPATH"] = str(workdir)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(workdir)])
     return env
 
 
@@ -222,9 +223,7 @@ def _failing_run(tmp_path, workload: dict, module_source: str | None = None):
         (tmp_path / "usermodels.py").write_text(textwrap.dedent(module_source))
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({**TINY, "workloads": {"mine": workload}}))
-    env = os.environ.copy()
-    env["PYTHONPATH"] = str(tmp_path)
-    result = snakemake(tmp_path, config, env=env)
+    result = snakemake(tmp_path, config, env=custom_env(tmp_path))
     assert result.returncode != 0
     log = (tmp_path / "logs" / "capture_timeline" / "mine.log").read_text()
     # No half-written capture is left behind.

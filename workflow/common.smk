@@ -70,7 +70,14 @@ wildcard_constraints:
 # analysis change never re-runs a GPU capture.
 CAPTURE_LIB = [
     LIB / m
-    for m in ("capture.py", "harness.py", "workloads.py", "naming.py", "files.py")
+    for m in (
+        "capture.py",
+        "clocks.py",
+        "harness.py",
+        "workloads.py",
+        "naming.py",
+        "files.py",
+    )
 ]
 ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
 

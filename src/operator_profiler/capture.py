@@ -10,28 +10,27 @@ import os
 import shutil
 from pathlib import Path
 
-from .files import write_json
+from .clocks import locked_clocks, select_clocks  # noqa: F401  (select_clocks: kept importable from here)
+from .files import InputError, read_json_file, write_json
 
 
 class GpuStageUnavailable(RuntimeError):
     """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
 
 
-def select_clocks(config: dict, device: str, out: Path) -> None:
-    """``clocks/target.json``: what to lock. On CPU there is nothing to lock (policy ``none``)."""
-    if device == "cpu":
-        write_json(out, {"policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock",
-                         "sm_mhz": None, "mem_mhz": None, "gpu": None})
-        return
-    raise GpuStageUnavailable(
-        "select_clocks on device cuda needs a CUDA GPU and the clock-locking stage (issue #6, not built yet); "
-        "run with device: cpu (or auto on a machine without a GPU)"
-    )
-
-
 def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, device: str, timeline_tool: str,
-                     out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path) -> None:
-    """Run the harness under torch.profiler (CPU, or CUDA with ``timeline: torch``)."""
+                     out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path,
+                     clocks_target: Path | dict | None = None) -> None:
+    """Run the harness under torch.profiler (CPU, or CUDA with ``timeline: torch``).
+
+    On CUDA the run happens inside :func:`operator_profiler.clocks.locked_clocks` with ``clocks_target``
+    (the ``clocks/target.json`` path, or its dict), which writes ``out_clocks`` (``clocks_applied.json``)
+    and restores the clocks whatever happens.
+
+    Raises:
+        InputError: CUDA without a readable ``clocks_target``.
+        ClockError, ClockPermissionError: see :func:`~operator_profiler.clocks.locked_clocks`.
+    """
     from . import harness
 
     if device == "cuda" and timeline_tool == "nsys":
@@ -41,12 +40,25 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
         )
     out_trace = Path(out_trace)
     tmp_trace = Path(str(out_trace) + ".partial.gz")
-    run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
-                              workload_name=workload_name)
-    os.replace(tmp_trace, out_trace)
-    write_json(out_clocks, {"locked": False, "device": device,
-                            "reason": "CPU run: no GPU clocks" if device == "cpu" else "clock locking not built yet (issue #6)",
-                            "workload": workload_name, "measured_s": run["measured_s"]})
+    if device == "cpu":
+        run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
+                                  workload_name=workload_name)
+        os.replace(tmp_trace, out_trace)
+        write_json(out_clocks, {"locked": False, "device": device, "reason": "CPU run: no GPU clocks",
+                                "workload": workload_name, "measured_s": run["measured_s"]})
+        return
+    if not isinstance(clocks_target, dict):
+        if clocks_target is None:
+            raise InputError("capture_timeline on device cuda needs the clock target (clocks/target.json from "
+                             "select_clocks); pass it")
+        clocks_target = read_json_file(Path(clocks_target), "the clock target", "run the select_clocks rule",
+                                       expect=dict)
+    with locked_clocks(clocks_target, Path(out_clocks), device) as applied:
+        applied["workload"] = workload_name
+        run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
+                                  workload_name=workload_name)
+        os.replace(tmp_trace, out_trace)
+        applied["measured_s"] = run["measured_s"]
 
 
 def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: Path) -> None:

@@ -30,10 +30,14 @@ def _cmd_capture(args) -> None:
         from .config import ConfigError
 
         raise ConfigError(f"workload {args.workload!r} is not defined in {args.config} (have: {sorted(workloads)})")
+    from .clocks import choose_target
+
     out = Path(args.out)
+    device = resolve_device(config["device"])
     capture.capture_timeline(args.workload, workloads[args.workload], config["harness"],
-                            resolve_device(config["device"]), "torch", out / "timeline.kineto.json.gz",
-                            out / "run.json", out / "layers.json", out / "clocks_applied.json")
+                            device, "torch", out / "timeline.kineto.json.gz",
+                            out / "run.json", out / "layers.json", out / "clocks_applied.json",
+                            choose_target(config["clocks"], device))
     print(f"wrote {out}/timeline.kineto.json.gz, run.json, layers.json")
 
 

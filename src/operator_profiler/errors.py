@@ -9,6 +9,7 @@ from typing import Callable
 
 from .attribution.inductor import InductorArtifactError
 from .capture import GpuStageUnavailable
+from .clocks import ClockError
 from .config import ConfigError
 from .files import InputError
 from .timeline.kineto import TimelineError
@@ -25,7 +26,7 @@ class DeviceUnavailable(RuntimeError):
 
 
 USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
-               DeviceUnavailable, InputError, FileNotFoundError)
+               DeviceUnavailable, InputError, FileNotFoundError, ClockError)
 
 
 def _fail(log, log_path: str, line: str) -> None:

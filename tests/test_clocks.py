@@ -1,0 +1,441 @@
+"""GPU clock selection and locking (:mod:`operator_profiler.clocks`) against a FAKE ``nvidia-smi``.
+
+There is no GPU on the test machine. Every test here puts a **test double** first on ``PATH``: a small
+Python script named ``nvidia-smi`` that appends its argv (one JSON list a line) to a log file and
+answers ``--query-gpu`` / ``--query-supported-clocks`` from a JSON state file, which ``-lgc/-lmc``
+update and ``-rgc/-rmc`` clear, so later queries see the lock. It imitates the documented command line
+and CSV shape (``--format=csv,noheader,nounits``) and return codes (3 = not supported, 4 = no
+permission); its error texts are approximations. The tests therefore prove the commands we send, their
+order, and that clocks are restored (after a failing tool, KeyboardInterrupt and SIGTERM), not how a
+real driver behaves: that needs a GPU machine.
+"""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from operator_profiler import clocks
+from operator_profiler.clocks import (
+    GPU_FIELDS,
+    ClockError,
+    ClockPermissionError,
+    choose_target,
+    locked_clocks,
+    ncu_clock_args,
+    query_gpu,
+    select_clocks,
+)
+from operator_profiler.config import ConfigError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+H100 = "NVIDIA H100 80GB HBM3"
+
+FAKE = textwrap.dedent('''\
+    import json, os, sys
+    argv = sys.argv[1:]
+    with open(os.environ["FAKE_NVSMI_LOG"], "a") as f:
+        f.write(json.dumps(argv) + "\\n")
+    path = os.environ["FAKE_NVSMI_STATE"]
+    with open(path) as f:
+        st = json.load(f)
+    idx = argv[argv.index("-i") + 1] if "-i" in argv else "0"
+    gpu = st["gpus"].get(idx)
+    if gpu is None:
+        print("No devices were found")
+        sys.exit(6)
+    def save():
+        with open(path + ".tmp", "w") as f:
+            json.dump(st, f)
+        os.replace(path + ".tmp", path)
+    def mhz(v):
+        return "[N/A]" if v is None else str(v)
+    for flag, key in (("-lgc", "locked_sm"), ("-lmc", "locked_mem"), ("-rgc", "locked_sm"), ("-rmc", "locked_mem")):
+        if flag in argv:
+            how = st.get("fail", {}).get(flag)
+            if how == "permission":
+                print(f"Failed to change clocks for GPU {idx}: Insufficient Permissions")
+                sys.exit(4)
+            if how == "unsupported":
+                print(f"Setting locked clocks is not supported for GPU {idx}.")
+                sys.exit(3)
+            if flag in ("-lgc", "-lmc"):
+                lo, hi = argv[argv.index(flag) + 1].split(",")
+                gpu[key] = int(hi)
+                print(f"GPU clocks set to ({lo}, {hi}) for GPU {idx}.")
+            else:
+                gpu[key] = None
+                print(f"All done.")
+            save()
+            sys.exit(0)
+    for a in argv:
+        if a.startswith("--query-gpu="):
+            sm = gpu["locked_sm"] + gpu.get("skew_sm", 0) if gpu["locked_sm"] else gpu["idle_sm"]
+            mem = gpu["locked_mem"] if gpu["locked_mem"] else gpu["idle_mem"]
+            values = {"name": gpu["name"], "uuid": gpu["uuid"], "clocks.current.sm": sm, "clocks.current.memory": mem,
+                      "clocks.max.sm": gpu["max_sm"], "clocks.max.memory": gpu["max_mem"],
+                      "clocks.default_applications.graphics": gpu["app_sm"],
+                      "clocks.default_applications.memory": gpu["app_mem"]}
+            print(", ".join(str(values[f]) if f in ("name", "uuid") else mhz(values[f])
+                            for f in a.split("=", 1)[1].split(",")))
+            sys.exit(0)
+        if a.startswith("--query-supported-clocks="):
+            for mem, grs in gpu["supported"].items():
+                for gr in grs:
+                    print(f"{mem}, {gr}")
+            sys.exit(0)
+    print("fake nvidia-smi: unexpected arguments", argv, file=sys.stderr)
+    sys.exit(2)
+''')
+
+
+def _gpu(**kw):
+    gpu = {"name": H100, "uuid": "GPU-1234", "idle_sm": 345, "idle_mem": 2619, "max_sm": 1980, "max_mem": 2619,
+           "app_sm": 1755, "app_mem": 2619, "supported": {"2619": [1980, 1755, 1500, 1200], "1593": [1500, 1200]},
+           "locked_sm": None, "locked_mem": None}
+    gpu.update(kw)
+    return gpu
+
+
+class FakeSmi:
+    def __init__(self, root: Path):
+        self.bin = root / "fake bin"
+        self.bin.mkdir(parents=True)
+        exe = self.bin / "nvidia-smi"
+        exe.write_text(f"#!{sys.executable}\n" + FAKE)
+        exe.chmod(0o755)
+        self.state = root / "fake state.json"
+        self.log = root / "fake calls.log"
+        self.log.write_text("")
+        self.write({"gpus": {"0": _gpu()}})
+
+    def write(self, state: dict) -> None:
+        self.state.write_text(json.dumps(state))
+
+    def read(self) -> dict:
+        return json.loads(self.state.read_text())
+
+    def gpu(self, **kw) -> None:
+        st = self.read()
+        st["gpus"]["0"].update(kw)
+        self.write(st)
+
+    def fail(self, flag: str, how: str) -> None:
+        st = self.read()
+        st.setdefault("fail", {})[flag] = how
+        self.write(st)
+
+    def calls(self) -> list[list[str]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def clear(self) -> None:
+        self.log.write_text("")
+
+    def env(self) -> dict:
+        return {"FAKE_NVSMI_STATE": str(self.state), "FAKE_NVSMI_LOG": str(self.log),
+                "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def smi(tmp_path, monkeypatch):
+    fake = FakeSmi(tmp_path / "with space")
+    for k, v in fake.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake
+
+
+@pytest.fixture
+def out(tmp_path):
+    d = tmp_path / "results dir" / "w l" / "capture"
+    return d / "clocks_applied.json"
+
+
+QUERY = ["-i", "0", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
+SUPPORTED = ["-i", "0", "--query-supported-clocks=memory,graphics", "--format=csv,noheader,nounits"]
+
+
+def _target(policy="base", sm=1755, mem=2619):
+    return {"policy": policy, "device": "cuda", "gpu": H100, "gpu_index": "0", "gpu_uuid": "GPU-1234",
+            "sm_mhz": sm, "mem_mhz": mem, "reason": f"policy {policy}"}
+
+
+# --- select_clocks -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config, sm, mem", [
+    ({"policy": "base"}, 1755, 2619),
+    ({"policy": "max"}, 1980, 2619),
+    ({"policy": "fixed", "sm_mhz": 1500, "mem_mhz": 1593}, 1500, 1593),
+    ({"policy": "none", "sm_mhz": None, "mem_mhz": None}, None, None),
+])
+def test_select_clocks_writes_target_from_exact_queries(smi, tmp_path, config, sm, mem):
+    target = tmp_path / "out with space" / "clocks" / "target.json"
+    select_clocks(config, "cuda", target)
+    got = json.loads(target.read_text())
+    assert got == {"policy": config["policy"], "device": "cuda", "gpu": H100, "gpu_index": "0",
+                   "gpu_uuid": "GPU-1234", "sm_mhz": sm, "mem_mhz": mem, "reason": got["reason"]}
+    assert got["reason"].startswith(f"policy {config['policy']}")
+    assert smi.calls() == [QUERY, SUPPORTED]
+
+
+def test_select_clocks_cpu_unchanged(smi, tmp_path):
+    select_clocks({"policy": "max"}, "cpu", tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text()) == {
+        "policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock", "sm_mhz": None,
+        "mem_mhz": None, "gpu": None}
+    assert smi.calls() == []
+    from operator_profiler import capture
+
+    assert capture.select_clocks is select_clocks  # old import path still works
+
+
+def test_fixed_needs_both_clocks(smi):
+    with pytest.raises(ConfigError, match="needs both clocks.sm_mhz and clocks.mem_mhz"):
+        choose_target({"policy": "fixed", "sm_mhz": 1500, "mem_mhz": None}, "cuda")
+
+
+def test_fixed_unsupported_clocks_name_the_supported_values(smi):
+    with pytest.raises(ConfigError) as e:
+        choose_target({"policy": "fixed", "sm_mhz": 1500, "mem_mhz": 1000}, "cuda")
+    assert "clocks.mem_mhz 1000 is not a supported memory clock" in str(e.value)
+    assert "supported memory clocks (MHz): 2619, 1593" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        choose_target({"policy": "fixed", "sm_mhz": 1755, "mem_mhz": 1593}, "cuda")
+    assert "clocks.sm_mhz 1755 is not a supported SM clock" in str(e.value)
+    assert "at memory clock 1593 MHz; supported SM clocks (MHz): 1500, 1200" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_base_without_default_application_memory_clock_falls_back_to_max(smi):
+    smi.gpu(app_mem=None)
+    t = choose_target({"policy": "base"}, "cuda")
+    assert (t["sm_mhz"], t["mem_mhz"]) == (1755, 2619)
+    assert "memory at clocks.max.memory" in t["reason"]
+
+
+def test_base_without_default_application_sm_clock_fails(smi):
+    smi.gpu(app_sm=None)
+    with pytest.raises(ClockError, match="reports no default application clock.*set clocks.policy max"):
+        choose_target({"policy": "base"}, "cuda")
+
+
+def test_missing_nvidia_smi_is_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ClockError) as e:
+        choose_target({"policy": "base"}, "cuda")
+    assert str(e.value).startswith("nvidia-smi not found on PATH") and "policy: none" in str(e.value)
+    # policy none does not need it
+    t = choose_target({"policy": "none"}, "cuda")
+    assert t["gpu"] is None and t["sm_mhz"] is None and "not found" in t["reason"]
+
+
+def test_gpu_id_follows_cuda_visible_devices(smi, monkeypatch):
+    assert clocks.gpu_id("cuda") == "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert clocks.gpu_id("cuda") == "3" and clocks.gpu_id("cuda:1") == "5"
+    with pytest.raises(ClockError, match="not among CUDA_VISIBLE_DEVICES"):
+        clocks.gpu_id("cuda:2")
+
+
+def test_query_gpu(smi):
+    g = query_gpu(0)
+    assert g["name"] == H100 and g["sm_mhz"] == 345 and g["max_sm_mhz"] == 1980
+    assert g["default_app_sm_mhz"] == 1755 and g["supported"] == {2619: [1980, 1755, 1500, 1200], 1593: [1500, 1200]}
+
+
+# --- locked_clocks -------------------------------------------------------------------------------------------
+
+
+def _lock_calls(sm, mem):
+    return [QUERY, ["-i", "0", "-lgc", f"{sm},{sm}"], ["-i", "0", "-lmc", f"{mem},{mem}"], QUERY]
+
+
+@pytest.mark.parametrize("policy, sm, mem", [("base", 1755, 2619), ("max", 1980, 2619), ("fixed", 1500, 1593)])
+def test_locked_clocks_exact_commands_and_restore(smi, out, policy, sm, mem):
+    with locked_clocks(_target(policy, sm, mem), out) as applied:
+        assert smi.calls() == _lock_calls(sm, mem)
+        assert smi.read()["gpus"]["0"]["locked_sm"] == sm
+        assert applied["locked"] is True and applied["applied"] == {"sm_mhz": sm, "mem_mhz": mem}
+        assert ncu_clock_args(applied) == ["--clock-control", "none"]
+    assert smi.calls() == _lock_calls(sm, mem) + [QUERY, ["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    got = json.loads(out.read_text())
+    assert got["locked"] is True and got["restored"] is True and got["warnings"] == []
+    assert got["requested"] == got["applied"] == got["applied_after"] == {"sm_mhz": sm, "mem_mhz": mem}
+    assert got["outcome"] == "completed" and got["gpu"] == H100 and got["policy"] == policy
+    st = smi.read()["gpus"]["0"]
+    assert st["locked_sm"] is None and st["locked_mem"] is None
+
+
+def test_policy_none_runs_no_command(smi, out):
+    with locked_clocks(_target("none", None, None), out) as applied:
+        assert ncu_clock_args(applied) == []
+    assert smi.calls() == []
+    got = json.loads(out.read_text())
+    assert got["locked"] is False and got["reason"] == "clocks not locked (policy none)"
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("tool crashed"), KeyboardInterrupt()])
+def test_restored_after_failing_tool(smi, out, exc):
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(type(exc)):
+        with locked_clocks(_target(), out):
+            raise exc
+    assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert signal.getsignal(signal.SIGTERM) is previous
+    got = json.loads(out.read_text())
+    assert got["restored"] is True
+    assert got["outcome"] == ("failed: RuntimeError: tool crashed" if isinstance(exc, RuntimeError)
+                              else "interrupted: KeyboardInterrupt")
+    assert smi.read()["gpus"]["0"]["locked_sm"] is None
+
+
+CHILD = textwrap.dedent('''\
+    import json, sys, time
+    from pathlib import Path
+    from operator_profiler.clocks import locked_clocks
+    with locked_clocks(json.loads(sys.argv[1]), Path(sys.argv[2])):
+        print("locked", flush=True)
+        time.sleep(60)
+    print("not reached", flush=True)
+''')
+
+
+def test_restored_after_sigterm(smi, out):
+    env = {**os.environ, **smi.env(), "PYTHONPATH": str(SRC)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(_target()), str(out)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        assert smi.read()["gpus"]["0"]["locked_sm"] == 1755
+        child.send_signal(signal.SIGTERM)
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 143, stderr
+    assert "not reached" not in stdout and "Traceback" not in stderr
+    assert smi.calls() == _lock_calls(1755, 2619) + [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    got = json.loads(out.read_text())
+    assert got["restored"] is True and got["outcome"] == "interrupted: SIGTERM" and got["locked"] is True
+    st = smi.read()["gpus"]["0"]
+    assert st["locked_sm"] is None and st["locked_mem"] is None
+
+
+def test_permission_denied_gives_the_fixes_and_locks_nothing(smi, out):
+    smi.fail("-lgc", "permission")
+    with pytest.raises(ClockPermissionError) as e:
+        with locked_clocks(_target(), out):
+            pytest.fail("the block must not run without the lock")
+    msg = str(e.value)
+    assert "nvidia-smi -i 0 -lgc 1755,1755" in msg and "Insufficient Permissions" in msg
+    assert "run the GPU jobs as root" in msg and "sudo nvidia-smi -acp UNRESTRICTED" in msg
+    assert "clocks: {policy: none}" in msg and "\n" not in msg
+    assert smi.calls() == [QUERY, ["-i", "0", "-lgc", "1755,1755"]]  # nothing locked, nothing to reset
+    got = json.loads(out.read_text())
+    assert got["locked"] is False and got["restored"] is None and got["outcome"].startswith("failed: ClockPermission")
+
+
+def test_permission_denied_exit_path_is_one_failed_line(smi, out, tmp_path, capsys):
+    from operator_profiler.errors import run_rule
+
+    smi.fail("-lgc", "permission")
+    log = tmp_path / "logs dir" / "capture.log"
+    log.parent.mkdir()
+
+    def job():
+        with locked_clocks(_target(), out):
+            pass
+
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_rule(str(log), job)
+    finally:  # run_rule points logging at its (now closed) log file
+        for h in root.handlers[:]:
+            root.removeHandler(h)
+        for h in handlers:
+            root.addHandler(h)
+    assert e.value.code == 1
+    text = log.read_text()
+    assert "Traceback" not in text
+    failed = [line for line in text.splitlines() if line.startswith("FAILED:")]
+    assert len(failed) == 1 and "sudo nvidia-smi -acp UNRESTRICTED" in failed[0]
+
+
+def test_memory_lock_refused_restores_the_gpu_clock(smi, out):
+    smi.fail("-lmc", "unsupported")
+    with pytest.raises(ClockPermissionError, match="not supported on this GPU.*policy: none"):
+        with locked_clocks(_target(), out):
+            pass
+    assert smi.calls() == [QUERY, ["-i", "0", "-lgc", "1755,1755"], ["-i", "0", "-lmc", "2619,2619"],
+                           ["-i", "0", "-rgc"]]
+    assert json.loads(out.read_text())["restored"] is True
+    assert smi.read()["gpus"]["0"]["locked_sm"] is None
+
+
+def test_failed_restore_is_recorded(smi, out):
+    smi.fail("-rgc", "permission")
+    with locked_clocks(_target(), out):
+        pass
+    got = json.loads(out.read_text())
+    assert got["restored"] is False
+    assert any("nvidia-smi -i 0 -rgc" in w and "may still be locked" in w for w in got["warnings"])
+    assert smi.calls()[-1] == ["-i", "0", "-rmc"]  # the memory clock is still reset
+
+
+def test_readback_mismatch_is_a_warning(smi, out):
+    smi.gpu(skew_sm=-200)
+    with locked_clocks(_target(), out) as applied:
+        assert applied["locked"] is True and applied["applied"]["sm_mhz"] == 1555
+    got = json.loads(out.read_text())
+    assert len(got["warnings"]) == 2  # after locking and after the run
+    assert "SM clock read back after locking: 1555 MHz, requested 1755 MHz" in got["warnings"][0]
+
+
+def test_other_gpu_model_is_refused(smi, out):
+    smi.gpu(name="NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ClockError, match="chosen for NVIDIA H100 80GB HBM3, but this job runs on NVIDIA A100"):
+        with locked_clocks(_target(), out):
+            pass
+    assert smi.calls() == [QUERY]
+
+
+def test_ncu_clock_args():
+    assert ncu_clock_args({"locked": True}) == ["--clock-control", "none"]
+    assert ncu_clock_args({"locked": False}) == []
+    assert ncu_clock_args({}) == []
+
+
+# --- capture wiring ------------------------------------------------------------------------------------------
+
+
+def test_capture_timeline_runs_the_harness_inside_the_lock(smi, tmp_path, monkeypatch):
+    from operator_profiler import capture, harness
+
+    out = tmp_path / "cap ture"
+    out.mkdir()
+    seen = {}
+
+    def fake_run_capture(workload, harness_cfg, device, trace, layers, run, workload_name=None):
+        seen["calls"] = smi.calls()
+        seen["locked"] = smi.read()["gpus"]["0"]["locked_sm"]
+        Path(trace).write_bytes(b"x")
+        return {"measured_s": 1.5}
+
+    monkeypatch.setattr(harness, "run_capture", fake_run_capture)
+    target = tmp_path / "tar get.json"
+    target.write_text(json.dumps(_target("max", 1980, 2619)))
+    capture.capture_timeline("w", {}, {}, "cuda", "torch", out / "timeline.kineto.json.gz", out / "run.json",
+                             out / "layers.json", out / "clocks_applied.json", target)
+    assert seen == {"calls": _lock_calls(1980, 2619), "locked": 1980}
+    got = json.loads((out / "clocks_applied.json").read_text())
+    assert got["locked"] is True and got["restored"] is True
+    assert got["workload"] == "w" and got["measured_s"] == 1.5
+    assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
