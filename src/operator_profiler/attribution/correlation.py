@@ -51,11 +51,18 @@ class _ThreadRanges:
 
     def __init__(self, ranges: pd.DataFrame):
         closed = ranges[ranges["end_ns"].notna()]
-        ids = closed["range_id"].astype("int64").tolist()
-        self.start = dict(zip(ids, closed["start_ns"].astype("int64").tolist()))
-        self.end = dict(zip(ids, closed["end_ns"].astype("int64").tolist()))
-        parents = closed["parent_id"].astype("Int64").fillna(-1).astype("int64").tolist()
-        self.parent = {r: (p if p >= 0 else None) for r, p in zip(ids, parents)}
+        # Arrays indexed by range id (ids are row numbers 0..n-1 in our timelines): dicts of a few
+        # million ints would cost hundreds of MB.
+        ids = ranges["range_id"].astype("int64").to_numpy()
+        size = int(ids.max()) + 1 if len(ids) else 0
+        self.start = np.zeros(size, dtype=np.int64)
+        self.end = np.full(size, -1, dtype=np.int64)  # unclosed or unknown: encloses nothing
+        self.parent = np.full(size, -1, dtype=np.int64)
+        self.position = np.full(size, -1, dtype=np.int64)
+        self.start[ids] = ranges["start_ns"].astype("int64").to_numpy()
+        self.end[ids] = ranges["end_ns"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+        self.parent[ids] = ranges["parent_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+        self.position[ids] = np.arange(len(ids), dtype=np.int64)
         self.threads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # Pre-order (the timeline reader numbers ranges parents-first). A child recorded as starting
         # slightly before its parent (clock skew, cases.md C17) is searched at its parent's start:
@@ -83,10 +90,11 @@ class _ThreadRanges:
         traces, see the timeline reader's nesting) can have ancestors that ended before ``t0``.
         """
         stack = []
-        while rid is not None:
-            if self.start[rid] <= t0 and self.end[rid] >= t1:
-                stack.append(rid)
-            rid = self.parent.get(rid)
+        start, end, parent = self.start, self.end, self.parent
+        while rid is not None and rid >= 0:
+            if start[rid] <= t0 and end[rid] >= t1:
+                stack.append(int(rid))
+            rid = int(parent[rid])
         return stack[::-1]
 
 
@@ -193,7 +201,6 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     r_ext = (ranges["external_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
              if "external_id" in ranges else np.full(m, -1))
     threads = _ThreadRanges(ranges.reset_index(drop=True))
-    threads.position = dict(zip(range_ids.tolist(), range(m)))
 
     launch_tid = kernels["launch_tid"].astype("Int64")
     launch_start = kernels["launch_start_ns"].astype("Int64")

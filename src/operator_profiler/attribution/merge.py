@@ -231,7 +231,7 @@ def attribute(
             ~has_op),
         "duration_ns": kernels["duration_ns"].astype("int64").to_numpy(),
         "iteration": pd.array(kernels["iteration"], dtype="Int64"),
-        "name": kernels["name"].astype(str).to_numpy(dtype=object),
+        "name": kernels["name"].astype(str).array,  # shares the timeline's strings
         "valid_time": kernels["valid_time"].astype(bool).to_numpy() if "valid_time" in kernels else True,
     })
     return out

@@ -20,6 +20,7 @@ markers (``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd 
 from __future__ import annotations
 
 import re
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -113,6 +114,32 @@ def load_trace(path: Path) -> KinetoTrace:
         TimelineError: unreadable file, invalid JSON, or no ``traceEvents`` list (file + byte offset).
     """
     return open_trace(Path(path))
+
+
+NULL_INT = -(2**63)  # "no value" in the array('q') columns of read_kineto
+
+
+def _int_or_null(value) -> int:
+    """An int for an int64 column: ``value`` as int, :data:`NULL_INT` when missing or not a number
+    (or beyond int64, which no field read into these columns holds)."""
+    if value.__class__ is int and -(2**63) < value < 2**63:
+        return value
+    if value is None:
+        return NULL_INT
+    try:
+        value = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return NULL_INT
+    return value if -(2**63) < value < 2**63 else NULL_INT
+
+
+def _ints(values: array) -> np.ndarray:
+    return np.frombuffer(values, dtype=np.int64).copy() if len(values) else np.zeros(0, dtype=np.int64)
+
+
+def _nullable(values: array) -> pd.arrays.IntegerArray:
+    data = _ints(values)
+    return pd.arrays.IntegerArray(data, data == NULL_INT)
 
 
 def _int_or_none(value) -> int | None:
@@ -314,14 +341,20 @@ def read_kineto(path: Path) -> Timeline:
     trace = load_trace(path)
     base = int(trace.get("baseTimeNanoseconds") or 0)
     # Columns are filled directly (no dict per event): the loop runs once per event of traces with
-    # millions of them, and row dicts would hold the whole trace in memory again.
-    r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext = ([] for _ in range(10))
-    l_pid, l_tid, l_start, l_end, l_api, l_corr, l_ext = ([] for _ in range(7))
+    # millions of them. Integers go to array('q') (8 bytes each, no int objects; a null is NULL_INT)
+    # and repeated strings (op and API names) are shared through one dict, so the columns stay small.
+    r_pid, r_tid, r_start, r_end, r_seq, r_fwd, r_order, r_ext = (array("q") for _ in range(8))
+    r_name: list[str] = []
+    r_kind: list[str] = []
+    l_pid, l_tid, l_start, l_end, l_corr, l_ext = (array("q") for _ in range(6))
+    l_api: list[str] = []
     kernel_rows: list[tuple] = []
     flow_rows: list[tuple] = []
     memory_correlations: set[int] = set()
     categories: Counter = Counter()
-    to_ns, int_or_none, external = _to_ns, _int_or_none, _external_id
+    shared: dict[str, str] = {}
+    to_ns, int_or_null = _to_ns, _int_or_null
+    null = NULL_INT
     for index, ev in trace.events():
         if ev.__class__ is not dict:
             continue
@@ -331,7 +364,7 @@ def read_kineto(path: Path) -> Timeline:
         if ph != "X":
             if cat == "fwdbwd" and (ph == "s" or ph == "f"):
                 ts = ev.get("ts")
-                pid, tid = int_or_none(ev.get("pid")), int_or_none(ev.get("tid"))
+                pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
                 if ts is not None and pid is not None and tid is not None:
                     flow_rows.append((ev.get("id"), ph, pid, tid, base + to_ns(ts)))
             continue
@@ -339,7 +372,7 @@ def read_kineto(path: Path) -> Timeline:
         is_launch = kind is None and cat in LAUNCH_CATEGORIES
         if kind is None and not is_launch and cat not in KERNEL_CATEGORIES:
             if cat in MEMORY_CATEGORIES:
-                corr = int_or_none((ev.get("args") or {}).get("correlation"))
+                corr = _int_or_none((ev.get("args") or {}).get("correlation"))
                 if corr is not None:
                     memory_correlations.add(corr)
             continue
@@ -353,52 +386,56 @@ def read_kineto(path: Path) -> Timeline:
                 "has no valid ts/dur; the trace is truncated or not written by torch.profiler"
             ) from None
         args = ev.get("args") or _NO_ARGS
+        name = ev.get("name", "")
+        if name.__class__ is not str:
+            name = str(name)
+        name = shared.setdefault(name, name)
         if kind is not None:
-            pid, tid = int_or_none(ev.get("pid")), int_or_none(ev.get("tid"))
-            if pid is None or tid is None:
+            pid, tid = int_or_null(ev.get("pid")), int_or_null(ev.get("tid"))
+            if pid == null or tid == null:
                 continue
             r_pid.append(pid)
             r_tid.append(tid)
             r_start.append(start)
             r_end.append(end)
-            r_name.append(str(ev.get("name", "")))
+            r_name.append(name)
             r_kind.append(kind)
             if args:
-                seq = args.get("Sequence number")
-                r_seq.append(None if seq is None else int_or_none(seq))
-                fwd = args.get("Fwd thread id")
-                r_fwd.append(None if fwd is None else int_or_none(fwd))
-                r_ext.append(external(args))
+                r_seq.append(int_or_null(args.get("Sequence number")))
+                r_fwd.append(int_or_null(args.get("Fwd thread id")))
+                ext = args.get("External id")
+                r_ext.append(int_or_null(ext if ext is not None else args.get("external id")))
             else:
-                r_seq.append(None)
-                r_fwd.append(None)
-                r_ext.append(None)
+                r_seq.append(null)
+                r_fwd.append(null)
+                r_ext.append(null)
             r_order.append(index)
         elif is_launch:
-            l_pid.append(int_or_none(ev.get("pid")))
-            l_tid.append(int_or_none(ev.get("tid")))
+            l_pid.append(int_or_null(ev.get("pid")))
+            l_tid.append(int_or_null(ev.get("tid")))
             l_start.append(start)
             l_end.append(end)
-            l_api.append(str(ev.get("name", "")))
-            l_corr.append(int_or_none(args.get("correlation")))
-            l_ext.append(external(args))
+            l_api.append(name)
+            l_corr.append(int_or_null(args.get("correlation")))
+            ext = args.get("External id")
+            l_ext.append(int_or_null(ext if ext is not None else args.get("external id")))
         else:
             # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
             valid = raw_ts != 0 and raw_dur >= 0
             kernel_rows.append((
-                int_or_none(ev.get("pid")), int_or_none(args.get("device", ev.get("pid"))),
-                int_or_none(args.get("stream", ev.get("tid"))), str(ev.get("name", "")), None, start,
-                end if valid else start, int_or_none(args.get("correlation")), _xyz(args.get("grid")),
-                _xyz(args.get("block")), int_or_none(args.get("graph id")), int_or_none(args.get("graph node id")),
-                external(args), valid,
+                _int_or_none(ev.get("pid")), _int_or_none(args.get("device", ev.get("pid"))),
+                _int_or_none(args.get("stream", ev.get("tid"))), name, None, start,
+                end if valid else start, _int_or_none(args.get("correlation")), _xyz(args.get("grid")),
+                _xyz(args.get("block")), _int_or_none(args.get("graph id")), _int_or_none(args.get("graph node id")),
+                _external_id(args), valid,
             ))
+    del shared
 
     ranges = pd.DataFrame({
-        "pid": np.array(r_pid, dtype=np.int64), "tid": np.array(r_tid, dtype=np.int64),
-        "start_ns": np.array(r_start, dtype=np.int64), "end_ns": np.array(r_end, dtype=np.int64),
+        "pid": _ints(r_pid), "tid": _ints(r_tid), "start_ns": _ints(r_start), "end_ns": _ints(r_end),
         "name": pd.array(r_name, dtype="str"), "kind": pd.array(r_kind, dtype="str"),
-        "seq": pd.array(r_seq, dtype="Int64"), "fwd_thread_id": pd.array(r_fwd, dtype="Int64"),
-        "order": np.array(r_order, dtype=np.int64), "external_id": pd.array(r_ext, dtype="Int64"),
+        "seq": _nullable(r_seq), "fwd_thread_id": _nullable(r_fwd), "order": _ints(r_order),
+        "external_id": _nullable(r_ext),
     })
     del r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext
     ranges = _nest(ranges)
@@ -412,10 +449,8 @@ def read_kineto(path: Path) -> Timeline:
     ranges["forward_range_id"] = _bind_fwdbwd_flows(ranges, flow_rows)
 
     launches = pd.DataFrame({
-        "pid": pd.array(l_pid, dtype="Int64"), "tid": pd.array(l_tid, dtype="Int64"),
-        "start_ns": np.array(l_start, dtype=np.int64), "end_ns": np.array(l_end, dtype=np.int64),
-        "api": pd.array(l_api, dtype="str"), "correlation_id": pd.array(l_corr, dtype="Int64"),
-        "external_id": pd.array(l_ext, dtype="Int64"),
+        "pid": _nullable(l_pid), "tid": _nullable(l_tid), "start_ns": _ints(l_start), "end_ns": _ints(l_end),
+        "api": pd.array(l_api, dtype="str"), "correlation_id": _nullable(l_corr), "external_id": _nullable(l_ext),
     })
     del l_pid, l_tid, l_start, l_end, l_api, l_corr, l_ext
     launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
@@ -458,21 +493,13 @@ def _bind_fwdbwd_flows(ranges: pd.DataFrame, flows: list[tuple]) -> pd.arrays.In
     """
     result = np.full(len(ranges), -1, dtype=np.int64)
     if flows and len(ranges):
-        by_start: dict[tuple[int, int, int], int] = {}
-        for rid, pid, tid, start, depth in sorted(
-                zip(ranges["range_id"], ranges["pid"], ranges["tid"], ranges["start_ns"], ranges["depth"]),
-                key=lambda r: r[4]):
-            by_start[(int(pid), int(tid), int(start))] = int(rid)  # deepest last
-        starts: dict = {}
-        ends: dict = {}
-        for flow_id, ph, pid, tid, ts in flows:
-            rid = by_start.get((pid, tid, ts))
-            if rid is not None:
-                (starts if ph == "s" else ends)[(pid, flow_id)] = rid
-        for key, bwd in ends.items():
-            fwd = starts.get(key)
-            if fwd is not None:
-                result[bwd] = fwd  # range_id is the row position (set by _nest)
+        ends = pd.DataFrame(flows, columns=["flow", "ph", "pid", "tid", "start_ns"])
+        ends["flow"] = ends["flow"].astype(str)  # ids are ints or strings depending on the writer
+        at = ranges[["pid", "tid", "start_ns", "depth", "range_id"]].merge(ends, on=["pid", "tid", "start_ns"])
+        # the deepest range at the flow's point; range_id is the row position (set by _nest)
+        at = at.sort_values("depth").drop_duplicates(["flow", "ph", "pid"], keep="last")
+        pairs = at[at["ph"] == "s"].merge(at[at["ph"] == "f"], on=["pid", "flow"], suffixes=("_fwd", "_bwd"))
+        result[pairs["range_id_bwd"].to_numpy(dtype=np.int64)] = pairs["range_id_fwd"].to_numpy(dtype=np.int64)
     return pd.arrays.IntegerArray(np.maximum(result, 0), result < 0)
 
 
@@ -578,7 +605,9 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     else:
         kernels["range_id"] = pd.array([None] * len(kernels), dtype="Int64")
         kernels["parent_kernel_id"] = pd.array([None] * len(kernels), dtype="Int64")
-    kernels["match_key"] = kernels["mangled_name"].fillna(kernels["name"])
+    # Without mangled names (Kineto) the key is the name itself: share its column instead of copying it.
+    kernels["match_key"] = (kernels["name"] if kernels["mangled_name"].isna().all()
+                            else kernels["mangled_name"].fillna(kernels["name"]))
     # Per process: correlation ids and launch order are per process (a multi-rank capture, cases.md C22).
     kernels["occurrence"] = kernels.groupby(["pid", "match_key"]).cumcount().astype("int64")
     kernels["source"] = source
