@@ -616,3 +616,16 @@ def test_c18_big_gzipped_trace_streams_with_bounded_memory(tmp_path):
     assert r["warnings"] == []
     assert r["first_start"] == 1727743122000000000 + 5_000_000_000_002_500  # exact ns after the base
     assert r["peak_rss_mb"] < 2048, f"peak RSS {r['peak_rss_mb']:.0f} MB"
+
+
+def test_ids_beyond_int64_become_null_not_an_overflow(tmp_path):
+    """cases.md C18: ids above 2**63-1 (here an External id and a correlation) must not overflow the
+    int64 columns: they are read as missing."""
+    big = 18446744073709551615
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+               "args": {"External id": big, "Sequence number": big}},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 11, "dur": 1,
+               "args": {"correlation": big, "External id": big}}]
+    t = read_kineto(_write(tmp_path / "t.json", {"traceEvents": events}))
+    assert t.ranges["external_id"].isna().all() and t.ranges["seq"].isna().all()
+    assert t.launches["correlation_id"].isna().all() and t.launches["external_id"].isna().all()

@@ -117,6 +117,7 @@ def load_trace(path: Path) -> KinetoTrace:
 
 
 NULL_INT = -(2**63)  # "no value" in the array('q') columns of read_kineto
+_I64 = 2**63
 
 
 def _int_or_null(value) -> int:
@@ -355,80 +356,89 @@ def read_kineto(path: Path) -> Timeline:
     shared: dict[str, str] = {}
     to_ns, int_or_null = _to_ns, _int_or_null
     null = NULL_INT
-    for index, ev in trace.events():
-        if ev.__class__ is not dict:
-            continue
-        cat = ev.get("cat")
-        ph = ev.get("ph")
-        categories[cat] += 1
-        if ph != "X":
-            if cat == "fwdbwd" and (ph == "s" or ph == "f"):
-                ts = ev.get("ts")
-                pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
-                if ts is not None and pid is not None and tid is not None:
-                    flow_rows.append((ev.get("id"), ph, pid, tid, base + to_ns(ts)))
-            continue
-        kind = RANGE_CATEGORIES.get(cat)
-        is_launch = kind is None and cat in LAUNCH_CATEGORIES
-        if kind is None and not is_launch and cat not in KERNEL_CATEGORIES:
-            if cat in MEMORY_CATEGORIES:
-                corr = _int_or_none((ev.get("args") or {}).get("correlation"))
-                if corr is not None:
-                    memory_correlations.add(corr)
-            continue
-        try:
-            raw_ts, raw_dur = ev["ts"], ev["dur"]
-            start = base + to_ns(raw_ts)
-            end = start + to_ns(raw_dur)
-        except (KeyError, TypeError, ArithmeticError):
-            raise TimelineError(
-                f"{path}: traceEvents[{index}] at byte offset {trace.offset(index)} ({ev.get('name')!r}, cat {cat!r}) "
-                "has no valid ts/dur; the trace is truncated or not written by torch.profiler"
-            ) from None
-        args = ev.get("args") or _NO_ARGS
-        name = ev.get("name", "")
-        if name.__class__ is not str:
-            name = str(name)
-        name = shared.setdefault(name, name)
-        if kind is not None:
-            pid, tid = int_or_null(ev.get("pid")), int_or_null(ev.get("tid"))
-            if pid == null or tid == null:
+    for first, events in trace.chunks():
+        for index, ev in enumerate(events, first):  # one Python loop per chunk of events
+            if ev.__class__ is not dict:
                 continue
-            r_pid.append(pid)
-            r_tid.append(tid)
-            r_start.append(start)
-            r_end.append(end)
-            r_name.append(name)
-            r_kind.append(kind)
-            if args:
-                r_seq.append(int_or_null(args.get("Sequence number")))
-                r_fwd.append(int_or_null(args.get("Fwd thread id")))
-                ext = args.get("External id")
-                r_ext.append(int_or_null(ext if ext is not None else args.get("external id")))
+            cat = ev.get("cat")
+            ph = ev.get("ph")
+            categories[cat] += 1
+            if ph != "X":
+                if cat == "fwdbwd" and (ph == "s" or ph == "f"):
+                    ts = ev.get("ts")
+                    pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
+                    if ts is not None and pid is not None and tid is not None:
+                        flow_rows.append((ev.get("id"), ph, pid, tid, base + to_ns(ts)))
+                continue
+            kind = RANGE_CATEGORIES.get(cat)
+            is_launch = kind is None and cat in LAUNCH_CATEGORIES
+            if kind is None and not is_launch and cat not in KERNEL_CATEGORIES:
+                if cat in MEMORY_CATEGORIES:
+                    corr = _int_or_none((ev.get("args") or {}).get("correlation"))
+                    if corr is not None:
+                        memory_correlations.add(corr)
+                continue
+            try:
+                raw_ts, raw_dur = ev["ts"], ev["dur"]
+                # int µs (pre-2024 traces) inline; floats and exact decimal text through _to_ns
+                start = base + (raw_ts * 1000 if raw_ts.__class__ is int else to_ns(raw_ts))
+                end = start + (raw_dur * 1000 if raw_dur.__class__ is int else to_ns(raw_dur))
+            except (KeyError, TypeError, ArithmeticError):
+                raise TimelineError(
+                    f"{path}: traceEvents[{index}] at byte offset {trace.offset(index)} ({ev.get('name')!r}, cat {cat!r}) "
+                    "has no valid ts/dur; the trace is truncated or not written by torch.profiler"
+                ) from None
+            args = ev.get("args") or _NO_ARGS
+            name = ev.get("name", "")
+            if name.__class__ is not str:
+                name = str(name)
+            name = shared.setdefault(name, name)
+            if kind is not None:
+                pid, tid = ev.get("pid"), ev.get("tid")
+                if pid.__class__ is not int or tid.__class__ is not int or not -_I64 < pid < _I64 or not -_I64 < tid < _I64:
+                    pid, tid = int_or_null(pid), int_or_null(tid)
+                    if pid == null or tid == null:
+                        continue
+                r_pid.append(pid)
+                r_tid.append(tid)
+                r_start.append(start)
+                r_end.append(end)
+                r_name.append(name)
+                r_kind.append(kind)
+                if args:
+                    v = args.get("Sequence number")
+                    r_seq.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
+                    v = args.get("Fwd thread id")
+                    r_fwd.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
+                    v = args.get("External id")
+                    r_ext.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v if v is not None else args.get("external id")))
+                else:
+                    r_seq.append(null)
+                    r_fwd.append(null)
+                    r_ext.append(null)
+                r_order.append(index)
+            elif is_launch:
+                v = ev.get("pid")
+                l_pid.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
+                v = ev.get("tid")
+                l_tid.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
+                l_start.append(start)
+                l_end.append(end)
+                l_api.append(name)
+                v = args.get("correlation")
+                l_corr.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
+                v = args.get("External id")
+                l_ext.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v if v is not None else args.get("external id")))
             else:
-                r_seq.append(null)
-                r_fwd.append(null)
-                r_ext.append(null)
-            r_order.append(index)
-        elif is_launch:
-            l_pid.append(int_or_null(ev.get("pid")))
-            l_tid.append(int_or_null(ev.get("tid")))
-            l_start.append(start)
-            l_end.append(end)
-            l_api.append(name)
-            l_corr.append(int_or_null(args.get("correlation")))
-            ext = args.get("External id")
-            l_ext.append(int_or_null(ext if ext is not None else args.get("external id")))
-        else:
-            # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
-            valid = raw_ts != 0 and raw_dur >= 0
-            kernel_rows.append((
-                _int_or_none(ev.get("pid")), _int_or_none(args.get("device", ev.get("pid"))),
-                _int_or_none(args.get("stream", ev.get("tid"))), name, None, start,
-                end if valid else start, _int_or_none(args.get("correlation")), _xyz(args.get("grid")),
-                _xyz(args.get("block")), _int_or_none(args.get("graph id")), _int_or_none(args.get("graph node id")),
-                _external_id(args), valid,
-            ))
+                # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
+                valid = raw_ts != 0 and raw_dur >= 0
+                kernel_rows.append((
+                    _int_or_none(ev.get("pid")), _int_or_none(args.get("device", ev.get("pid"))),
+                    _int_or_none(args.get("stream", ev.get("tid"))), name, None, start,
+                    end if valid else start, _int_or_none(args.get("correlation")), _xyz(args.get("grid")),
+                    _xyz(args.get("block")), _int_or_none(args.get("graph id")), _int_or_none(args.get("graph node id")),
+                    _external_id(args), valid,
+                ))
     del shared
 
     ranges = pd.DataFrame({

@@ -66,6 +66,9 @@ EXACT_TS_LIMIT = float(2**43)  # µs; below it a float64 ts still determines its
 _WS = b" \t\r\n"
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
 _ARRAY_END = re.compile(rb"\}[ \t\r\n]*\]")
+# A ts with a fraction and at least 13 integer digits: the only kind that can reach EXACT_TS_LIMIT
+# (2**43 µs has 13 digits); Kineto writes no exponents. A chunk without one needs no per-event check.
+_BIG_FRACTIONAL_TS = re.compile(rb'"ts"[ \t\r\n]*:[ \t\r\n]*-?[0-9]{13,}\.[0-9]')
 _TS_NUMBER = re.compile(rb'("(?:ts|dur)"[ \t\r\n]*:[ \t\r\n]*)(-?[0-9]+\.[0-9]+(?:[eE][-+]?[0-9]+)?)')
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
@@ -368,6 +371,14 @@ class KinetoTrace:
 
     def events(self) -> Iterator[tuple[int, object]]:
         """Yield ``(index, event)`` in file order; fills :attr:`warnings` when done (see class doc)."""
+        for index, events in self.chunks():
+            for event in events:
+                yield index, event
+                index += 1
+
+    def chunks(self) -> Iterator[tuple[int, list]]:
+        """Yield ``(index of the first event, [event, ...])`` in file order: :meth:`events` without a
+        generator step per event (the caller loops over each list). Fills :attr:`warnings` when done."""
         self._index = 0
         self._skipped, self._repaired, self.warnings = [], [], []
         self._reader = _Reader(self.path)
@@ -421,25 +432,25 @@ class KinetoTrace:
         index = self._index
         self._index += len(evs)
         self.events_read += len(evs)
-        for ev in evs:
-            yield index, ev
-            index += 1
+        yield index, evs
 
     def _emit_one(self, ev, lo: int, hi: int):
         self._segments.append((self._index, 1, self._reader.base + lo, self._reader.base + hi))
         self._index += 1
         self.events_read += 1
-        yield self._index - 1, ev
+        yield self._index - 1, [ev]
 
     def _bulk(self, lo: int, hi: int) -> list:
         text = b"[" + self._reader.buf[lo:hi] + b"]"
         if self._exact:
             return orjson.loads(_quote_ts(text))
-        evs = orjson.loads(text)
-        if _needs_exact(evs):
-            self._exact = True
-            return orjson.loads(_quote_ts(text))
-        return evs
+        if _BIG_FRACTIONAL_TS.search(text) is not None:  # cheaper than looking at every parsed ts
+            evs = orjson.loads(text)
+            if _needs_exact(evs):
+                self._exact = True
+                return orjson.loads(_quote_ts(text))
+            return evs
+        return orjson.loads(text)
 
     def _one(self, text: bytes):
         """One element: ``(value, repaired)`` with the same ts exactness as :meth:`_bulk`;
