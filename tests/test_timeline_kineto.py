@@ -588,17 +588,15 @@ print(json.dumps({"kernels": len(k), "joined": int(k["launch_start_ns"].notna().
                   "first_start": int(k["start_ns"].min()), "ops": int((k["launch_api"] == "cudaLaunchKernel").sum()),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
-# cases.md C18 asks for 2,000,000 kernels (6M events, ~1.6 GB JSON). Measured on the 2-core machine:
-# 500,000 (1.5M events, 344 MB JSON, 16 MB gzip) take 3 s to write and 18 s to read, peak RSS
-# 1.36 GB; the streaming parser alone stays at 163 MB (4 s) on it, as it would on 2M; read_kineto's
-# rows and tables grow ~2.5 KB per kernel+launch+op, so 2M would take ~75 s and ~5 GB. 500,000 is
-# the largest that fits the test's one-minute and 2 GB budget.
-BIG_KERNELS = 500_000
+# cases.md C18 fixture B: 2,000,000 kernels (6M events with their launches and ops, ~1.4 GB of JSON,
+# 65 MB gzipped). Measured on the 2-core machine: ~9 s to write, ~45 s to read, peak RSS 1.6 GB
+# (the streaming parser itself stays near 160 MB; the rest is the tables).
+BIG_KERNELS = 2_000_000
 
 
 @pytest.mark.slow
 def test_c18_big_gzipped_trace_streams_with_bounded_memory(tmp_path):
-    """cases.md C18 fixture B, scaled to BIG_KERNELS (see there why not 2M): a .json.gz of kernels +
+    """cases.md C18 fixture B (BIG_KERNELS, see there): a .json.gz of kernels +
     launches + ops, read in a child process whose peak RSS (ru_maxrss) must stay below 2 GB, with
     every kernel joined to its launch and exact ns times."""
     import os

@@ -282,29 +282,32 @@ GPU_KERNEL_FIELDS = ["pid", "device", "stream", "name", "mangled_name", "start_n
                      "block", "graph_id", "graph_node_id", "external_id", "valid_time"]
 
 
-def _gpu_kernels(rows: list[dict], launches: pd.DataFrame) -> pd.DataFrame:
-    kernels = pd.DataFrame(rows, columns=GPU_KERNEL_FIELDS)
-    kernels["valid_time"] = kernels["valid_time"].astype(bool)
-    # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key.
+def _gpu_kernels(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
+    """GPU kernel records (columns of GPU_KERNEL_FIELDS) joined to their launch by correlation id."""
+    # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key; an id
+    # that two launches carry (merged processes) is ambiguous: no join either.
     keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
-    by_corr = keyed.drop_duplicates("correlation_id", keep=False).set_index("correlation_id")
-    corr = kernels["correlation_id"]
-    hit = corr.isin(by_corr.index)
-    for col, src in (("launch_pid", "pid"), ("launch_tid", "tid"), ("launch_start_ns", "start_ns"), ("launch_end_ns", "end_ns"), ("launch_api", "api")):
-        values = corr.where(hit).map(by_corr[src]) if len(by_corr) else pd.Series([None] * len(kernels))
-        kernels[col] = values
+    by_corr = keyed.drop_duplicates("correlation_id", keep=False)
+    index = pd.Index(by_corr["correlation_id"].astype("int64"))
+    corr = kernels["correlation_id"].astype("Int64")
+    rows = index.get_indexer(corr.fillna(0).astype("int64")) if len(index) else np.full(len(kernels), -1)
+    hit = rows >= 0
+    take = np.maximum(rows, 0)
+    for col, src in (("launch_pid", "pid"), ("launch_tid", "tid"), ("launch_start_ns", "start_ns"),
+                     ("launch_end_ns", "end_ns")):
+        values = by_corr[src].astype("Int64").to_numpy(dtype=np.int64, na_value=0)[take] if len(index) else take
+        kernels[col] = pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64),
+                                              ~hit | (by_corr[src].isna().to_numpy()[take] if len(index) else True))
+    apis = by_corr["api"].astype(object).to_numpy()[take] if len(index) else np.full(len(kernels), None)
+    kernels["launch_api"] = np.where(hit, apis, None)
     # Kineto writes the device index as a GPU event's pid; the process is the launch's.
     kernels["pid"] = kernels.pop("launch_pid").fillna(kernels["pid"])
-    for col in ("pid", "launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id",
-                "external_id"):
-        kernels[col] = pd.array(kernels[col], dtype="Int64")
     # An invalid kernel record (cases.md C04) is placed at its launch's end: zero length, never at epoch 0.
-    invalid = ~kernels["valid_time"]
+    invalid = ~kernels["valid_time"].to_numpy(dtype=bool)
     if invalid.any():
         at = kernels.loc[invalid, "launch_end_ns"].fillna(kernels.loc[invalid, "start_ns"]).astype("int64")
         kernels.loc[invalid, "start_ns"] = at
         kernels.loc[invalid, "end_ns"] = at
-    kernels["launch_api"] = kernels["launch_api"].astype(object).where(kernels["launch_api"].notna(), None)
     return kernels
 
 
@@ -349,7 +352,11 @@ def read_kineto(path: Path) -> Timeline:
     r_kind: list[str] = []
     l_pid, l_tid, l_start, l_end, l_corr, l_ext = (array("q") for _ in range(6))
     l_api: list[str] = []
-    kernel_rows: list[tuple] = []
+    k_pid, k_device, k_stream, k_start, k_end, k_corr, k_graph, k_node, k_ext = (array("q") for _ in range(9))
+    k_name: list[str] = []
+    k_grid: list[str | None] = []
+    k_block: list[str | None] = []
+    k_valid = bytearray()
     flow_rows: list[tuple] = []
     memory_correlations: set[int] = set()
     categories: Counter = Counter()
@@ -432,13 +439,21 @@ def read_kineto(path: Path) -> Timeline:
             else:
                 # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
                 valid = raw_ts != 0 and raw_dur >= 0
-                kernel_rows.append((
-                    _int_or_none(ev.get("pid")), _int_or_none(args.get("device", ev.get("pid"))),
-                    _int_or_none(args.get("stream", ev.get("tid"))), name, None, start,
-                    end if valid else start, _int_or_none(args.get("correlation")), _xyz(args.get("grid")),
-                    _xyz(args.get("block")), _int_or_none(args.get("graph id")), _int_or_none(args.get("graph node id")),
-                    _external_id(args), valid,
-                ))
+                k_pid.append(int_or_null(ev.get("pid")))
+                k_device.append(int_or_null(args.get("device", ev.get("pid"))))
+                k_stream.append(int_or_null(args.get("stream", ev.get("tid"))))
+                k_name.append(name)
+                k_start.append(start)
+                k_end.append(end if valid else start)
+                k_corr.append(int_or_null(args.get("correlation")))
+                grid, block = _xyz(args.get("grid")), _xyz(args.get("block"))
+                k_grid.append(grid if grid is None else shared.setdefault(grid, grid))
+                k_block.append(block if block is None else shared.setdefault(block, block))
+                k_graph.append(int_or_null(args.get("graph id")))
+                k_node.append(int_or_null(args.get("graph node id")))
+                v = args.get("External id")
+                k_ext.append(int_or_null(v if v is not None else args.get("external id")))
+                k_valid.append(valid)
     del shared
 
     ranges = pd.DataFrame({
@@ -466,10 +481,20 @@ def read_kineto(path: Path) -> Timeline:
     launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
     launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
 
+    gpu_kernels = pd.DataFrame({
+        "pid": _nullable(k_pid), "device": _nullable(k_device), "stream": _nullable(k_stream),
+        "name": pd.array(k_name, dtype="str"), "mangled_name": pd.array([None] * len(k_name), dtype="str"),
+        "start_ns": _ints(k_start), "end_ns": _ints(k_end), "correlation_id": _nullable(k_corr),
+        "grid": pd.array(k_grid, dtype="str"), "block": pd.array(k_block, dtype="str"),
+        "graph_id": _nullable(k_graph), "graph_node_id": _nullable(k_node), "external_id": _nullable(k_ext),
+        "valid_time": np.frombuffer(bytes(k_valid), dtype=bool).copy(),
+    })
+    del k_pid, k_device, k_stream, k_name, k_start, k_end, k_corr, k_grid, k_block, k_graph, k_node, k_ext, k_valid
+
     categories = Counter({str(c): n for c, n in categories.items()})
-    gpu_trace = bool(kernel_rows) or _has_gpu_activity(trace, categories, launches)
+    gpu_trace = bool(len(gpu_kernels)) or _has_gpu_activity(trace, categories, launches)
     if gpu_trace:
-        kernels = _gpu_kernels(kernel_rows, launches)
+        kernels = _gpu_kernels(gpu_kernels, launches)
     else:
         kernels = _cpu_kernels(ranges)
     if not gpu_trace and not len(kernels) and not len(ranges):
