@@ -429,3 +429,20 @@ def test_fused_copy_kernel_does_not_merge_into_the_op_it_serves(compiled):
     assert ops.loc[sdpa_bwd, "calls"] == fallback_calls and ops.loc[sdpa_bwd, "paths"] == "correlation"
     label = f"{sdpa_bwd}+aten::transpose+aten::view"
     assert ops.loc[label, "calls"] == copies and ops.loc[label, "paths"] == "inductor"
+
+
+def test_a_fused_kernel_of_exactly_the_op_stays_in_its_row():
+    """A compiled layer's fused layer norm beside the eager final layer norm (GPT-2's ln_f) is a call of
+    the same op: one row. Only a kernel whose label dropped view ops is moved to a row of its own."""
+    import numpy as np
+
+    from operator_profiler.attribution.merge import _keep_fused_rows_apart
+
+    operator = np.array(["aten::native_layer_norm", "aten::native_layer_norm", "aten::sdpa_bwd", "aten::sdpa_bwd"],
+                        dtype=object)
+    path = np.array(["correlation", "inductor", "correlation", "inductor"], dtype=object)
+    fused = np.empty(4, dtype=object)
+    fused[:] = [[], ["aten::native_layer_norm"], [], ["aten::sdpa_bwd", "aten::transpose", "aten::view"]]
+    _keep_fused_rows_apart(operator, path, fused, path == "correlation")
+    assert list(operator) == ["aten::native_layer_norm", "aten::native_layer_norm", "aten::sdpa_bwd",
+                              "aten::sdpa_bwd+aten::transpose+aten::view"]

@@ -41,15 +41,16 @@ def fused_operator_label(fused_ops: list[str]) -> str | None:
 
 def _keep_fused_rows_apart(operator: np.ndarray, path: np.ndarray, fused_ops: np.ndarray,
                            dispatcher: np.ndarray) -> None:
-    """A fused kernel whose label equals an op that kernels also ran as a real call (the layout copy
-    ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_view_2`` next to the SDPA
-    backward fallback) would merge into that op's row and inflate its calls: label it with all its
-    ops, views included, or mark it ``(fused)``. In place."""
+    """A fused kernel whose label dropped view ops and then equals an op that kernels also ran as a
+    real call (the layout copy ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_
+    view_2`` next to the SDPA backward fallback) is not a call of that op: it would merge into the op's
+    row and inflate its calls. Such a kernel is labelled with all its ops, views included. A fused kernel
+    of exactly the op (a compiled layer's layer norm beside the eager final one) *is* a call of it and
+    keeps the plain label. In place."""
     called = set(operator[dispatcher])
     for i in np.flatnonzero(path == "inductor"):
         if operator[i] in called:
-            full = "+".join(sorted(set(fused_ops[i])))
-            operator[i] = full if full not in called else f"{full} (fused)"
+            operator[i] = "+".join(sorted(set(fused_ops[i])))
 
 
 def _call_units(members: list[int], stacks: dict[int, OpStack], region: int, names: dict[int, str],
