@@ -6,4 +6,4 @@ from operator_profiler.errors import run_rule
 
 out = snakemake.output
 run_rule(snakemake.log[0], stages.classify, Path(snakemake.input.kernels).parent, snakemake.input.layers,
-         out.instances, out.kernel_layers, out.summary, out.classes_dir, snakemake.params.verify)
+         out.instances, out.kernel_layers, out.summary, out.classes_dir, snakemake.params.verify, out.plans_dir)

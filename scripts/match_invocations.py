@@ -6,4 +6,5 @@ from operator_profiler.errors import run_rule
 
 run_rule(snakemake.log[0], stages.match_files, Path(snakemake.input.kernels).parent,
          [Path(p) for p in snakemake.input.ncu], Path(snakemake.output.metrics), Path(snakemake.output.diagnostics),
-         None, Path(snakemake.input.kernel_layers))
+         stages.replay_window(snakemake.input.replays) if snakemake.input.replays else None,
+         Path(snakemake.input.kernel_layers))

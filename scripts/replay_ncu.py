@@ -1,13 +1,9 @@
-"""Rule replay_ncu: one Nsight Compute replay per layer class (GPU)."""
-from operator_profiler import capture
+"""Rule replay_ncu: one Nsight Compute replay per layer class (GPU; operator_profiler.ncu.replay)."""
+import json
+
 from operator_profiler.errors import run_rule
+from operator_profiler.ncu.replay import replay_files
 
-
-def needs_gpu():
-    raise capture.GpuStageUnavailable(
-        "replay_ncu needs a CUDA GPU with Nsight Compute and the replay stage (issue #6, not built yet); "
-        "run with device: cpu"
-    )
-
-
-run_rule(snakemake.log[0], needs_gpu)
+i, o, p = snakemake.input, snakemake.output, snakemake.params
+run_rule(snakemake.log[0], replay_files, i.plan, i.clocks, json.loads(p.workload), json.loads(p.harness),
+         snakemake.wildcards.workload, p.device, o.csv, o.replay, o.clocks)

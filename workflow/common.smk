@@ -80,6 +80,11 @@ CAPTURE_LIB = [
     )
 ]
 ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
+# The ncu replay (GPU): the capture side, the command builder, the harness re-run and the metric set.
+REPLAY_LIB = [
+    *CAPTURE_LIB,
+    *(LIB / "ncu" / m for m in ("replay.py", "replay_target.py", "metrics.yaml")),
+]
 
 
 def custom_model_source(wildcards):
@@ -123,6 +128,16 @@ def layer_classes(wildcards):
 def ncu_tables(wildcards):
     return [
         f"results/{wildcards.workload}/ncu/{cls}.parquet"
+        for cls in layer_classes(wildcards)
+    ]
+
+
+def replay_records(wildcards):
+    """The classes' ncu replay records (window for matching, wall time for the report); CUDA only."""
+    if DEVICE != "cuda":
+        return []
+    return [
+        f"results/{wildcards.workload}/ncu/{cls}.replay.json"
         for cls in layer_classes(wildcards)
     ]
 

@@ -1,5 +1,5 @@
-# One small canonical JSON per layer class: an unchanged class never re-runs its ncu replay
-# (small inputs are compared by checksum).
+# One small canonical JSON per layer class and one ncu replay plan per class: an unchanged class
+# never re-runs its ncu replay (small inputs are compared by checksum).
 checkpoint classify_layers:
     input:
         kernels="results/{workload}/timeline/kernels.parquet",
@@ -9,6 +9,7 @@ checkpoint classify_layers:
             LIB / "layers.py",
             LIB / "attribution" / "correlation.py",
             LIB / "attribution" / "nvtx.py",
+            LIB / "ncu" / "replay.py",
             *ANALYSIS_LIB,
         ],
     output:
@@ -16,6 +17,7 @@ checkpoint classify_layers:
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",
         summary="results/{workload}/layers/classes.json",
         classes_dir=directory("results/{workload}/layers/classes"),
+        plans_dir=directory("results/{workload}/layers/replay"),
     log:
         "logs/classify_layers/{workload}.log",
     benchmark:

@@ -3,7 +3,8 @@ rule match_invocations:
         kernels="results/{workload}/timeline/kernels.parquet",
         ncu=ncu_tables,
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",
-        lib=[LIB / "matching.py", *ANALYSIS_LIB],
+        replays=replay_records,
+        lib=[LIB / "matching.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
     output:
         metrics="results/{workload}/matched/kernel_metrics.parquet",
         diagnostics="results/{workload}/matched/diagnostics.json",

@@ -1,9 +1,18 @@
+# One ncu run per layer class (per contiguous segment of its replay window; operator_profiler.ncu.replay).
+# Inputs are the class JSON and its replay plan, both written by the classify_layers checkpoint and
+# byte-identical while the class is unchanged (small inputs are compared by checksum), so an unchanged
+# class never re-runs its replay; params are the config slices only (no run-dependent values).
 rule replay_ncu:
     input:
         cls="results/{workload}/layers/classes/{cls}.json",
+        plan="results/{workload}/layers/replay/{cls}.json",
         clocks="results/{workload}/clocks/target.json",
+        lib=REPLAY_LIB,
+        model=custom_model_source,
     output:
-        "results/{workload}/ncu/{cls}.csv",
+        csv="results/{workload}/ncu/{cls}.csv",
+        replay="results/{workload}/ncu/{cls}.replay.json",
+        clocks="results/{workload}/ncu/{cls}.clocks_applied.json",
     log:
         "logs/replay_ncu/{workload}/{cls}.log",
     benchmark:
@@ -14,6 +23,8 @@ rule replay_ncu:
         gpu=GPU,
     params:
         workload=workload_params,
+        harness=json.dumps(config["harness"], sort_keys=True),
+        device=DEVICE,
     script:
         "../scripts/replay_ncu.py"
 

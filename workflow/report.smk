@@ -7,7 +7,8 @@ rule report:
         layer_classes="results/{workload}/layer_classes.parquet",
         diagnostics=diagnostics_input,
         matching=matching_input,
-        lib=[LIB / "report.py", *ANALYSIS_LIB],
+        replays=replay_records,
+        lib=[LIB / "report.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
     output:
         "results/{workload}/report.md",
     log:

@@ -153,6 +153,17 @@ def _window(kernels: pd.DataFrame, window: dict | None) -> tuple[pd.DataFrame, i
     return tl, total - len(tl)
 
 
+def _source_window(windows: dict, source, union: pd.DataFrame) -> pd.DataFrame:
+    """The timeline kernels of one ncu file's own window: looked up by the source as given, its file name,
+    or its stem (``results/w/ncu/<cls>.csv`` -> ``<cls>``); a file without a window gets the union."""
+    text = "" if source is None else str(source)
+    name = text.replace("\\", "/").rsplit("/", 1)[-1]
+    for key in (text, name, name.rsplit(".", 1)[0]):
+        if key in windows:
+            return windows[key]
+    return union
+
+
 def _resolve_keys(tl: pd.DataFrame, ncu_keys) -> dict:
     """ncu match_key -> timeline match_key (equal key, else a unique timeline key with that mangled or name)."""
     tl_keys = set(tl["match_key"])
@@ -181,14 +192,23 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
         ncu: parsed ncu rows (``stages.parse_ncu_files``); ``occurrence`` orders the rows of a key, else
             ``ncu_id``. Several ``source`` files are matched independently.
         window: the replayed window: ``kernel_ids`` (the class instance / NVTX range replayed) and/or
-            ``launch_skip`` / ``launch_count`` (an int, or ``{match_key: int}``), applied per key.
+            ``launch_skip`` / ``launch_count`` (an int, or ``{match_key: int}``), applied per key; or
+            ``{"sources": {name: window}}``, one such window per ncu file (``source``, its file name or
+            stem: the ncu replay's ``ncu/{cls}.csv`` -> ``cls``, :func:`operator_profiler.ncu.replay.match_window`),
+            the rest of the timeline being outside the window.
 
     Returns:
         ``matched`` (``kernel_id, ncu_id, ncu_source``, then the metric columns; one row per matched kernel,
         ``attrs["units"]`` copied) and ``diagnostics`` (see the module docstring and DESIGN.md §4).
     """
     metrics = [c for c in ncu.columns if c not in KERNEL_COLUMNS]
-    tl, outside = _window(kernels, window)
+    per_source = (window or {}).get("sources")
+    if per_source is not None:  # one window per ncu file (a replay per layer class): the union is matched
+        windows = {name: _window(kernels, w)[0] for name, w in per_source.items()}
+        union = sorted({int(k) for w in windows.values() for k in w["kernel_id"]})
+        tl, outside = _window(kernels, {"kernel_ids": union})
+    else:
+        tl, outside = _window(kernels, window)
     tl_by_id = tl.set_index("kernel_id", drop=False)
     diag = {"matched": 0, "ncu_only": 0, "timeline_only": 0, "outside_window": int(outside),
             "name_disagreements": [], "first_divergence": {}, "per_key": {}, "hints": [],
@@ -201,7 +221,8 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
         part = ncu if source is None else ncu[ncu["source"] == source]
         order = ["occurrence", "ncu_id"] if "occurrence" in part.columns else ["ncu_id"]
         part = part.sort_values(order)
-        key_map = _resolve_keys(tl, part["match_key"].unique()) if len(part) else {}
+        src_tl = tl if per_source is None else _source_window(windows, source, tl)
+        key_map = _resolve_keys(src_tl, part["match_key"].unique()) if len(part) else {}
         for nkey, rows in part.groupby("match_key", sort=False):
             tkey = key_map.get(nkey)
             if tkey is None:
@@ -209,7 +230,7 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
                     _ncu_only(diag, r, "no_timeline_kernel_with_this_key", source)
                 diag["per_key"][str(nkey)] = {"timeline": 0, "ncu": len(rows), "matched": 0, "status": "ncu_only"}
                 continue
-            cands = tl[(tl["match_key"] == tkey) & ~tl["kernel_id"].isin(used_kernels)]
+            cands = src_tl[(src_tl["match_key"] == tkey) & ~src_tl["kernel_id"].isin(used_kernels)]
             _match_key(diag, pairs, used_kernels, tkey, cands, rows, source)
 
     matched_ids = {k for k, _ in pairs}
@@ -360,7 +381,7 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
 
     Returns:
         ``(counters, stats)``: one row per kernel that has counters, its own or its class's, with
-        ``counters_from`` (the measured kernel id) and the metric columns (``attrs["units"]`` kept);
+        ``counters_from`` (the measured kernel id), that kernel's ``ncu_id``/``ncu_source`` and the metric columns (``attrs["units"]`` kept);
         ``stats`` per class: measured kernels, kernels filled by broadcast, kernels left without counters
         because no kernel at their position was measured or its ``match_key`` differs (reported, never
         guessed), and, where two or more instances were measured (``dedup.verify``),
@@ -399,7 +420,8 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
             stats[str(cls)]["verify_max_relative_difference"] = {
                 m: float(v) for m, v in worst.items() if pd.notna(v)}
     filled = placed[agrees][["kernel_id", "counters_from"]].astype({"counters_from": "int64"})
-    counters = filled.merge(matched[["kernel_id", *metrics]].rename(columns={"kernel_id": "counters_from"}),
+    carry = [c for c in ("ncu_id", "ncu_source") if c in matched.columns]  # the measured row (DESIGN.md §3)
+    counters = filled.merge(matched[["kernel_id", *carry, *metrics]].rename(columns={"kernel_id": "counters_from"}),
                             on="counters_from", how="left").sort_values("kernel_id").reset_index(drop=True)
     counters.attrs = {"units": matched.attrs.get("units", {})}
     return counters, stats

@@ -92,6 +92,25 @@ def _dedup_lines(matching: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _replay_lines(replays: list[dict] | None) -> list[str]:
+    """Measured ncu replay time per layer class against replaying every layer instance (N/K per class)."""
+    if not replays:
+        return []
+    from .ncu.replay import replay_estimate
+
+    est = replay_estimate(replays)
+    lines = ["ncu replay time (wall seconds of the ncu runs, harness re-run included; the estimate scales each "
+             "class by its instances / replayed instances):", "",
+             "| layer_class | instances | replayed | kernels | ncu runs | measured (s) | every instance (s) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['class']} | {r['instances']} | {r['replayed']} | {r['kernels']} | {r['runs']} | "
+              f"{r['wall_s']:.1f} | {r['estimate_all_s']:.1f} |" for r in est["classes"]]
+    saved = f" ({est['estimate_all_s'] / est['wall_s']:.1f}x)" if est["wall_s"] else ""
+    lines += ["", f"Replaying {est['replayed']} of {est['instances']} instances took {est['wall_s']:.1f} s; replaying "
+                  f"every instance would take about {est['estimate_all_s']:.1f} s{saved}.", ""]
+    return lines
+
+
 def _unknown_time_lines(operators: pd.DataFrame) -> list[str]:
     if "kernels_without_time" not in operators or not operators["kernels_without_time"].any():
         return []
@@ -153,9 +172,11 @@ def render_markdown(
     top_operators: int,
     diagnostics: dict | None = None,
     matching: dict | None = None,
+    replays: list[dict] | None = None,
 ) -> str:
     """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
-    capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's."""
+    capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's;
+    ``replays`` the classes' ncu ``replay.json`` records."""
     cpu = run is not None and run["versions"]["device"] == "cpu"
     if run is None:
         iterations = max(len(coverage.get("iteration_time_ns", {})), 1)
@@ -246,6 +267,7 @@ def render_markdown(
                   "`rest`. Layers are children of an `nn.ModuleList`/`nn.Sequential` with the same class "
                   "and parameter shapes.", ""]
     lines += _dedup_lines(matching)
+    lines += _replay_lines(replays)
     lines += ["## Modules (total over the measured iterations)", ""]
     lines += [_table(modules.assign(total_ms=lambda d: d["time_ns"].map(_ms),
                                     share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format))[

@@ -140,9 +140,13 @@ def _name_launch_operators(timeline: kineto.Timeline) -> None:
 
 
 def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_kernel_layers: Path,
-             out_summary: Path, out_classes_dir: Path, verify: bool = False) -> dict[str, dict]:
+             out_summary: Path, out_classes_dir: Path, verify: bool = False,
+             out_plans_dir: Path | None = None) -> dict[str, dict]:
     """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class
-    (``verify``: each class names two instances to replay, see config ``dedup.verify``)."""
+    (``verify``: each class names two instances to replay, see config ``dedup.verify``) and, with
+    ``out_plans_dir``, one ncu replay plan per class (:func:`operator_profiler.ncu.replay.plan_replay`;
+    written here, by the checkpoint, so that an unchanged class keeps a byte-identical plan and the GPU
+    replay depends on nothing else the timeline export rewrites)."""
     kernels, ranges = read_timeline(timeline_dir)
     hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
             "file containing [] (no layers)")
@@ -155,6 +159,10 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     write_parquet_atomic(kernel_layers, out_kernel_layers)
     write_json(out_summary, classes)
     layer_classes.write_classes(classes, out_classes_dir)
+    if out_plans_dir is not None:
+        from .ncu.replay import write_plans
+
+        write_plans(kernels, kernel_layers, classes, out_plans_dir)
     return classes
 
 
@@ -291,10 +299,11 @@ def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, inst
 
 def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
                  layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
-                 match_diagnostics_path: Path | None = None) -> None:
+                 match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None) -> None:
     """The Markdown report. ``run_path`` is the capture's ``run.json`` (None for a trace captured
     elsewhere); ``diagnostics_path`` an nsys timeline's ``diagnostics.json`` (source file, versions,
-    GPUs and the reader's warnings go into the report)."""
+    GPUs and the reader's warnings go into the report); ``replay_paths`` the classes'
+    ``ncu/{cls}.replay.json`` (measured replay time against replaying every layer instance)."""
     hint = "run opprof aggregate first"
     run = read_json_file(run_path, "the capture's run.json", "pass capture/run.json, or leave --run out for a trace "
                          "captured elsewhere", expect=dict) if run_path is not None else None
@@ -317,6 +326,7 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
         diagnostics=diagnostics,
         matching=read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
                                 expect=dict) if match_diagnostics_path is not None else None,
+        replays=read_replay_records(replay_paths) if replay_paths else None,
     )
     write_text_atomic(out, text)
 
@@ -390,3 +400,22 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     write_parquet_atomic(matched, out_metrics)
     write_json(out_diagnostics, diagnostics)
     return matched, diagnostics
+
+
+def read_replay_records(paths: list[Path]) -> list[dict]:
+    """The ``ncu/{cls}.replay.json`` files of the ncu replays (:func:`operator_profiler.ncu.replay.run_replay`)."""
+    records = []
+    for path in paths:
+        record = read_json_file(Path(path), "an ncu replay record", "run the replay_ncu rule (GPU) first", expect=dict)
+        for key in ("class", "window", "wall_s"):
+            if key not in record:
+                raise InputError(f"{path}: no {key!r} in this replay record; re-run the replay_ncu rule for this class")
+        records.append(record)
+    return records
+
+
+def replay_window(paths: list[Path]) -> dict:
+    """The matching window of the classes' ncu replays: ``{"sources": {cls: {"kernel_ids": [...]}}}``."""
+    from .ncu.replay import match_window
+
+    return match_window({r["class"]: r for r in read_replay_records(paths)})

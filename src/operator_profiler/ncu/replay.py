@@ -1,0 +1,421 @@
+"""Nsight Compute replay of one layer class (issue #6 item 4): plan the window, build the exact ncu
+command, run it, export the raw page and record what was run.
+
+**The replay window: launch counting from cudaProfilerStart (our choice, and why).** ncu numbers the
+kernel launches of the profiled application from its start, warm-up included, while the timeline
+(``timeline/kernels.parquet``) only holds the measured window (torch.profiler's window, or nsys
+``--capture-range=cudaProfilerApi``). So the replay re-runs the workload harness with its measured
+iterations bracketed by ``cudaProfilerStart/Stop`` (``harness.run_capture(profiler="cuda_profiler_api")``)
+and runs ncu with ``--profile-from-start off``: launches before ``cudaProfilerStart`` (warm-up, compile,
+autotuning: cases.md C15) are neither profiled nor counted, and the k-th launch ncu sees is the k-th kernel
+of the timeline's process in ``kernel_id`` order (launch order). The class's replay instances are then
+selected with ``--launch-skip N --launch-count M`` (no ``-k`` filter, so ``--launch-skip`` counts every
+launch, ../shared/docs/ncu.md §2 and §1.7). The alternatives and why not:
+
+- ``--launch-skip-before-match`` from the application start: needs the warm-up's launch count, which the
+  timeline does not have and which varies (Inductor autotuning, cuDNN/cuBLAS heuristics, lazy init).
+- NVTX include filter of the layer range (``--nvtx --nvtx-include "opprof@opprof.layer:h.0/"``):
+  push/pop ranges are per thread, so backward kernels launched by the autograd thread are dropped
+  (cases.md C02); the range's domain depends on whether the ``nvtx`` package is installed (else
+  torch's default domain); it matches the layer in every iteration unless ``--range-filter`` is added;
+  and the class ``rest`` (kernels outside every layer) has no range to include at all.
+
+**UNVERIFIED** (no GPU on the machine this was written on): that ``--launch-skip`` counts only
+launches inside ``cudaProfilerStart/Stop`` under ``--profile-from-start off`` (ncu.md §2 only says
+"Filtering honours cudaProfilerStart/Stop"). Check on a GPU: a replay whose ncu IDs match the planned
+kernels' names position by position (``matched/diagnostics.json``: no ``name_disagreements``).
+
+A class's replay instances are contiguous in launch order only in simple cases: ``rest`` has kernels
+before and after the layers, and in training a layer's backward kernels run long after its forward.
+The window is therefore a list of *segments* (maximal runs of consecutive launch positions); each
+segment is one ncu run (one re-run of the harness), and their raw-page CSVs are concatenated in launch
+order into ``ncu/{cls}.csv`` (IDs renumbered, one process id; see :func:`merge_raw_csvs`). An inference
+layer class is one segment, so one ncu run.
+
+Matching (``stages.match_files``, the ``window`` JSON): per class CSV the planned ``kernel_ids``, so ncu's
+k-th row of a kernel name pairs with the k-th planned kernel of that name
+(``{"sources": {cls: {"kernel_ids": [...]}}}``, :func:`match_window`).
+
+Functions: :func:`plan_replay` (class JSON + timeline -> plan), :func:`replay_command` (the ncu argv),
+:func:`target_argv` (the harness re-run), :func:`run_replay` (run, time, export, ``replay.json``),
+:func:`replay_estimate` (measured vs all-instances time for the report).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from ..files import InputError, write_json
+from ..layers import REST_CLASS
+from ..matching import COMMUNICATION
+from .csv_reader import PERMISSION_URL, export_report_csv
+
+log = logging.getLogger(__name__)
+
+NCU = "ncu"
+TARGET_MODULE = "operator_profiler.ncu.replay_target"
+COUNTED_FROM = ("cudaProfilerStart: ncu --profile-from-start off, the harness re-run brackets its measured "
+                "iterations with cudaProfilerStart/Stop, so warm-up launches are not counted")
+
+
+class NcuReplayError(InputError):
+    """The ncu replay could not run or its output is unusable; the message names the class and the fix."""
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+
+def _segments(positions: list[int], kernel_ids: list[int]) -> list[dict]:
+    segments: list[dict] = []
+    for pos, kid in zip(positions, kernel_ids):
+        if segments and pos == segments[-1]["launch_skip"] + segments[-1]["launch_count"]:
+            segments[-1]["launch_count"] += 1
+            segments[-1]["last_kernel_id"] = kid
+        else:
+            segments.append({"launch_skip": pos, "launch_count": 1, "first_kernel_id": kid, "last_kernel_id": kid})
+    return segments
+
+
+def plan_replay(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, class_json: dict) -> dict:
+    """The replay window of one class: its replay instances' kernels in the first measured iteration.
+
+    Args:
+        kernels: ``timeline/kernels.parquet`` (``kernel_id, pid, iteration, name, match_key``; optional
+            ``activity``: nsys ``graph`` rows are not launches ncu profiles one by one).
+        kernel_layers: ``layers/kernel_layers.parquet`` (``kernel_id, layer, layer_class``).
+        class_json: one ``layers/classes/{cls}.json`` (``class, instances, replay_instances``).
+
+    Returns:
+        A canonical dict (no timestamps: it changes only when the window does): ``class``, ``instances``
+        (all instance labels), ``replay_instances``, ``iteration`` (first measured iteration, None when the
+        timeline has no iteration ranges), ``pid``, ``kernel_count``, ``segments`` (``launch_skip``,
+        ``launch_count``: 0-based launch positions counted from cudaProfilerStart, see the module docstring;
+        ``first_kernel_id``, ``last_kernel_id``), ``counted_from``, ``window`` (``{"kernel_ids": [...]}``, for
+        matching) and ``warnings`` (communication kernels in the window, CUDA-graph rows in the timeline).
+
+    Raises:
+        NcuReplayError: no kernel of the replay instances in the timeline, or kernels of several processes.
+    """
+    cls = class_json["class"]
+    replay = list(class_json.get("replay_instances") or [class_json["representative"]])
+    kl = kernel_layers[["kernel_id", "layer", "layer_class"]]
+    tl = kernels.merge(kl, on="kernel_id", how="left", validate="one_to_one")
+    warnings: list[str] = []
+    if "activity" in tl.columns and (tl["activity"].fillna("kernel") == "graph").any():
+        warnings.append("the timeline traced CUDA graphs as whole graphs (<cuda_graph N> rows): their node kernels "
+                        "are launches ncu profiles one by one (--graph-profiling node) but the timeline cannot place "
+                        "them; launch positions after a graph launch are wrong. Capture with --cuda-graph-trace=node")
+        tl = tl[tl["activity"].fillna("kernel") != "graph"]
+    measured = tl["iteration"].dropna() if "iteration" in tl.columns else pd.Series(dtype="float64")
+    iteration = int(measured.min()) if len(measured) else None
+    in_iteration = tl["iteration"] == iteration if iteration is not None else pd.Series(True, index=tl.index)
+    if cls == REST_CLASS:
+        mine = tl["layer"].isna() & (tl["layer_class"] == REST_CLASS)
+    else:
+        mine = tl["layer"].isin(replay)
+    chosen = tl[mine & in_iteration]
+    if chosen.empty:
+        raise NcuReplayError(f"layer class {cls}: no kernel of its replay instances {replay} in the first measured "
+                             "iteration of the timeline; re-run classify_layers on this timeline")
+    pids = sorted(chosen["pid"].dropna().astype("int64").unique().tolist())
+    if len(pids) != 1:
+        raise NcuReplayError(f"layer class {cls}: its replay instances ran in {len(pids)} processes {pids}; the replay "
+                             "counts launches of one process: profile one process (rank) per workload")
+    pid = pids[0]
+    process = tl[tl["pid"] == pid].sort_values("kernel_id")
+    position = pd.Series(range(len(process)), index=process["kernel_id"].to_numpy())
+    ids = sorted(int(k) for k in chosen["kernel_id"])
+    segments = _segments([int(position[k]) for k in ids], ids)
+    names = chosen["name"].astype(str)
+    comm = names.str.contains(COMMUNICATION) | chosen["match_key"].astype(str).str.contains(COMMUNICATION)
+    if comm.any():
+        warnings.append(f"{int(comm.sum())} communication kernel(s) in the window (e.g. {names[comm].iloc[0][:80]}): "
+                        "ncu serialises launches and NCCL kernels wait on other ranks, so the replay may hang "
+                        "(cases.md C16)")
+    return {
+        "class": cls,
+        "instances": list(class_json.get("instances", [])),
+        "replay_instances": replay,
+        "iteration": iteration,
+        "pid": pid,
+        "kernel_count": len(ids),
+        "segments": segments,
+        "counted_from": COUNTED_FROM,
+        "window": {"kernel_ids": ids},
+        "warnings": warnings,
+    }
+
+
+def write_plans(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, classes: dict[str, dict], out_dir: Path) -> None:
+    """One ``{cls}.json`` plan per class in ``out_dir`` (canonical JSON, rewritten only when it changes,
+    stale ones removed), so an unchanged class keeps a byte-identical plan and its replay is not re-run."""
+    from ..layers import canonical_json
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("*.json"):
+        if stale.stem not in classes:
+            stale.unlink()
+    for name, entry in classes.items():
+        target = out_dir / f"{name}.json"
+        text = canonical_json(plan_replay(kernels, kernel_layers, entry))
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+
+# ------------------------------------------------------------------------------------------ command
+
+
+def target_argv(workload: dict, harness_cfg: dict, out_dir: Path, workload_name: str | None = None,
+                iterations: int | None = None) -> list[str]:
+    """The program ncu runs: the workload harness again, measured iterations inside cudaProfilerStart/Stop.
+
+    ``[sys.executable, "-m", "operator_profiler.ncu.replay_target", "--workload", JSON, "--harness", JSON,
+    "--out", DIR, ("--name", NAME)]`` (:mod:`operator_profiler.ncu.replay_target`). ``iterations`` (default:
+    the harness's) can cut the re-run to the iterations the plan needs (the first measured one).
+
+    TODO(capture side, issue #6): when the capture stage gets its own command-line entry for a
+    ``cuda_profiler_api`` harness run (the nsys capture needs the same window), point this at it.
+    """
+    harness_cfg = dict(harness_cfg, **({"iterations": int(iterations)} if iterations else {}))
+    argv = [sys.executable, "-m", TARGET_MODULE, "--workload", json.dumps(workload, sort_keys=True),
+            "--harness", json.dumps(harness_cfg, sort_keys=True), "--out", str(out_dir)]
+    return argv + (["--name", workload_name] if workload_name else [])
+
+
+def replay_command(plan: dict, catalog, out_report: Path, applied_clocks: dict, target: list[str],
+                   segment: int = 0, arch: str | None = None) -> list[str]:
+    """The exact ncu argv of one segment of ``plan`` (a list: never through a shell, so paths with spaces
+    stay one argument).
+
+    ``ncu --profile-from-start off --launch-skip N --launch-count M --metrics <catalog, arch>
+    --replay-mode kernel --cache-control all [--clock-control none] --print-kernel-base mangled
+    --export REPORT --force-overwrite <target ...>`` (ncu.md §2, §6; Nsight Compute CLI guide
+    https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html). ``--clock-control none`` only when
+    :func:`operator_profiler.clocks.locked_clocks` locked the clocks (:func:`~operator_profiler.clocks.ncu_clock_args`);
+    otherwise ncu locks them itself. ``catalog``: :class:`~operator_profiler.ncu.catalog.Catalog`;
+    ``arch``: ampere/hopper/blackwell (None: every architecture's names).
+    """
+    from ..clocks import ncu_clock_args
+
+    seg = plan["segments"][segment]
+    return [NCU, "--profile-from-start", "off",
+            "--launch-skip", str(seg["launch_skip"]), "--launch-count", str(seg["launch_count"]),
+            "--metrics", catalog.metrics_argument(arch),
+            "--replay-mode", "kernel", "--cache-control", "all", *ncu_clock_args(applied_clocks),
+            "--print-kernel-base", "mangled",
+            "--export", str(out_report), "--force-overwrite", *target]
+
+
+# ------------------------------------------------------------------------------------------ run
+
+
+def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess) -> NcuReplayError | None:
+    text = (proc.stdout or "") + "\n" + (proc.stderr or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("==ERROR==") or "ERR_NVGPUCTRPERM" in ln]
+    what = f"layer class {cls}: `{shlex.join(cmd[:7])} ...`"
+    if any("ERR_NVGPUCTRPERM" in ln for ln in errors):
+        return NcuReplayError(f"{what} was not allowed to read the GPU performance counters (ERR_NVGPUCTRPERM); fix: "
+                              "run the GPU jobs as root, or start the container with --cap-add=SYS_ADMIN, or have an "
+                              "administrator set the driver option NVreg_RestrictProfilingOnlyToAdminUsers=0; see "
+                              f"{PERMISSION_URL}")
+    if proc.returncode != 0 or errors:
+        said = errors[0] if errors else (lines[-1] if lines else "no output")
+        return NcuReplayError(f"{what} failed (exit {proc.returncode}): {said}; the full output is in the rule's log")
+    if any("No kernels were profiled" in ln for ln in lines):
+        return NcuReplayError(f"{what} profiled no kernels: the re-run launched fewer kernels than the timeline "
+                              "planned (a non-deterministic workload, or a config changed since the capture); "
+                              "re-run the capture and classify_layers")
+    return None
+
+
+def merge_raw_csvs(paths: list[Path], out: Path) -> list[int | None]:
+    """Concatenate raw-page CSVs (header, units row, one row per result; ncu.md §1.3) of the segments of one
+    class, in order, into ``out``: ``ID`` renumbered 0.. in order and ``Process ID`` set to the first
+    file's, so the file reads as one run in launch order. Returns each file's original process id.
+
+    Raises:
+        NcuReplayError: a file without a header, or headers that differ (another metric set or ncu version).
+    """
+    header, units, rows, pids = None, None, [], []
+    for path in paths:
+        lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.startswith("==")]
+        table = list(csv.reader(lines))
+        if not table or "ID" not in table[0]:
+            raise NcuReplayError(f"{path}: no raw-page CSV header (\"ID\",...); re-export with "
+                                 "ncu -i REPORT --csv --page raw")
+        if header is None:
+            header, units = table[0], (table[1] if len(table) > 1 and table[1][0] == "" else None)
+        elif table[0] != header:
+            raise NcuReplayError(f"{path}: its columns differ from {paths[0]} (another metric set or ncu version); "
+                                 "re-run the replay of this class")
+        body = [r for r in table[1:] if r and r[0] != ""]
+        pid_col = header.index("Process ID") if "Process ID" in header else None
+        pids.append(int(body[0][pid_col]) if body and pid_col is not None and body[0][pid_col].isdigit() else None)
+        rows.extend(body)
+    id_col = header.index("ID")
+    pid_col = header.index("Process ID") if "Process ID" in header else None
+    for i, row in enumerate(rows):
+        row[id_col] = str(i)
+        if pid_col is not None and pids[0] is not None:
+            row[pid_col] = str(pids[0])
+    buf = io.StringIO()
+    writer = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    writer.writerow(header)
+    if units is not None:
+        writer.writerow(units)
+    writer.writerows(rows)
+    tmp = Path(str(out) + ".partial")
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, out)
+    return pids
+
+
+def run_replay(plan: dict, catalog, out_csv: Path, out_json: Path, applied_clocks: dict, target: list[str],
+               arch: str | None = None) -> dict:
+    """Run the ncu replay of ``plan`` (one ncu process per segment), export each report's raw page, merge
+    them into ``out_csv`` and write ``out_json`` (``replay.json``).
+
+    The reports are kept beside the CSV: ``{cls}.ncu-rep`` (``{cls}.part<k>.ncu-rep`` for several segments).
+    ``replay.json``: ``class, instances, replay_instances, kernels_planned, segments`` (each with ``command``
+    (argv list), ``command_text`` (shell-quoted), ``wall_s``, ``report``, ``pid``), ``wall_s`` (seconds, sum
+    over segments, ncu's own wall time including the harness re-run), ``estimate_all_instances_s`` (wall_s x
+    instances / replayed instances: replaying every instance of the class), ``arch``, ``clocks``,
+    ``window`` (for matching), ``warnings``.
+
+    Raises:
+        NcuReplayError: ncu not on PATH, ncu failed (ERR_NVGPUCTRPERM gets the fix), or profiled nothing.
+        NcuCsvError: the export of a report failed.
+    """
+    import shutil
+
+    if shutil.which(NCU) is None:
+        raise NcuReplayError(f"layer class {plan['class']}: Nsight Compute's '{NCU}' is not on PATH; install Nsight "
+                             "Compute (it ships with the CUDA toolkit) and add its folder to PATH, or run with "
+                             "device: cpu")
+    out_csv, out_json = Path(out_csv), Path(out_json)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    cls = plan["class"]
+    several = len(plan["segments"]) > 1
+    segments, csvs = [], []
+    for k in range(len(plan["segments"])):
+        report = out_csv.with_name(f"{cls}.part{k}.ncu-rep" if several else f"{cls}.ncu-rep")
+        cmd = replay_command(plan, catalog, report, applied_clocks, target, k, arch)
+        log.info("replay_ncu: %s", shlex.join(cmd))
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - t0
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                print(stream, file=sys.stderr, end="" if stream.endswith("\n") else "\n")
+        error = _failure(cls, cmd, proc)
+        if error is not None:
+            raise error
+        csvs.append(export_report_csv(report, out_csv.parent))
+        segments.append({**plan["segments"][k], "command": cmd, "command_text": shlex.join(cmd),
+                         "wall_s": round(wall, 3), "report": report.name})
+    pids = merge_raw_csvs(csvs, out_csv)
+    for seg, pid, path in zip(segments, pids, csvs):
+        seg["pid"] = pid
+        if path != out_csv:
+            path.unlink(missing_ok=True)
+    wall_s = round(sum(s["wall_s"] for s in segments), 3)
+    record = {
+        "class": cls, "instances": plan["instances"], "replay_instances": plan["replay_instances"],
+        "kernels_planned": plan["kernel_count"], "segments": segments, "wall_s": wall_s,
+        "estimate_all_instances_s": round(_scale(plan) * wall_s, 3), "arch": arch,
+        "clocks": applied_clocks, "window": plan["window"], "warnings": plan.get("warnings", []),
+    }
+    write_json(out_json, record)
+    return record
+
+
+def _scale(record: dict) -> float:
+    """instances / replayed instances (N/K) of one class (1 for ``rest``)."""
+    n, k = len(record.get("instances") or []), len(record.get("replay_instances") or [])
+    return n / k if n and k else 1.0
+
+
+def match_window(records: dict[str, dict]) -> dict:
+    """``stages.match_files`` window from the classes' ``replay.json`` (or plans): ``{"sources": {cls: window}}``;
+    matching looks each ncu file up by its name's stem (``ncu/{cls}.parquet`` -> ``cls``)."""
+    return {"sources": {cls: rec["window"] for cls, rec in sorted(records.items())}}
+
+
+def replay_estimate(records: list[dict]) -> dict:
+    """Measured replay time against replaying every layer instance.
+
+    Returns ``{"classes": [{class, instances, replayed, kernels, runs, wall_s, estimate_all_s}], "wall_s",
+    "estimate_all_s", "instances", "replayed"}``: ``estimate_all_s`` = sum over classes of wall_s x N/K
+    (N instances, K replayed). It scales each run's whole wall time, harness start-up included, so it is an
+    upper bound of what one ncu run over every layer would take."""
+    rows = []
+    for r in sorted(records, key=lambda r: r["class"]):
+        rows.append({"class": r["class"], "instances": len(r.get("instances") or []),
+                     "replayed": len(r.get("replay_instances") or []), "kernels": r.get("kernels_planned"),
+                     "runs": len(r.get("segments") or []), "wall_s": float(r["wall_s"]),
+                     "estimate_all_s": float(r["wall_s"]) * _scale(r)})
+    return {"classes": rows, "wall_s": sum(r["wall_s"] for r in rows),
+            "estimate_all_s": sum(r["estimate_all_s"] for r in rows),
+            "instances": sum(r["instances"] for r in rows), "replayed": sum(r["replayed"] for r in rows)}
+
+
+def gpu_arch(device_index: str = "0") -> str | None:
+    """Catalog architecture of a GPU from ``nvidia-smi --query-gpu=compute_cap`` (None when it cannot tell:
+    the replay then asks for every architecture's metric names)."""
+    import shutil
+
+    from .catalog import arch_for_cc
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    proc = subprocess.run([smi, "-i", str(device_index), "--query-gpu=compute_cap", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, check=False)
+    try:
+        return arch_for_cc(proc.stdout.strip().splitlines()[0]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        return None
+
+
+def replay_files(plan_path: Path, clocks_target: Path, workload: dict, harness_cfg: dict, workload_name: str,
+                 device: str, out_csv: Path, out_json: Path, out_clocks: Path) -> dict:
+    """Rule ``replay_ncu``: read the class's plan (``layers/replay/{cls}.json``) and ``clocks/target.json``,
+    lock the clocks (:func:`operator_profiler.clocks.locked_clocks`, restored whatever happens; written to
+    ``out_clocks``), run :func:`run_replay` with the harness re-run of :func:`target_argv` (the plan's
+    iterations only), and return the ``replay.json`` record.
+
+    Raises:
+        GpuStageUnavailable: ``device`` is not cuda.
+        InputError, ClockError, NcuReplayError, NcuCsvError: see the functions above.
+    """
+    from ..capture import GpuStageUnavailable
+    from ..clocks import gpu_id, locked_clocks
+    from ..files import read_json_file
+    from .catalog import load_catalog
+
+    if device != "cuda":
+        raise GpuStageUnavailable(f"replay_ncu needs a CUDA GPU with Nsight Compute (device is {device!r}); ncu "
+                                  "counters are not collected on a CPU run")
+    plan = read_json_file(Path(plan_path), "an ncu replay plan", "it is written by classify_layers", expect=dict)
+    target = read_json_file(Path(clocks_target), "clocks/target.json", "run select_clocks first", expect=dict)
+    catalog = load_catalog()
+    arch = gpu_arch(gpu_id(device))
+    out_csv = Path(out_csv)
+    run_dir = out_csv.with_name(f"{plan['class']}.target")  # the re-run's layers.json and run.json
+    iterations = plan["iteration"] + 1 if plan.get("iteration") is not None else None
+    argv = target_argv(workload, harness_cfg, run_dir, workload_name, iterations)
+    with locked_clocks(target, Path(out_clocks), device) as applied:
+        return run_replay(plan, catalog, out_csv, out_json, applied, argv, arch)

@@ -1,0 +1,442 @@
+"""The ncu replay per layer class (:mod:`operator_profiler.ncu.replay`, rule ``replay_ncu``), on a machine
+without a GPU or Nsight Compute.
+
+Test doubles and synthetic data (nothing here is a real GPU run):
+
+* ``ncu`` is a FAKE Python script put first on PATH. It appends its argv (one JSON list a line) to a log.
+  A collection call (``--launch-skip N --launch-count M ... --export REPORT program...``) does not run the
+  program: it takes launches N..N+M-1 of a launch sequence the test wrote (kernel names in the order the
+  re-run would launch them after ``cudaProfilerStart``) and writes them into REPORT (JSON, not a real
+  ``.ncu-rep``). An import call (``-i REPORT --csv --page raw ...``) prints a raw-page CSV (header, units row,
+  one row per result) whose metric names, units and values are those of the first results of the REAL
+  recorded CSV ``../shared/data/real/ncu/a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv``
+  (read at test time, never copied into the repository), under the kernel names of the sequence.
+  ``FAKE_NCU_FAIL=perm`` makes a collection fail as ncu does without counter permission (ERR_NVGPUCTRPERM).
+  The raw-page layout is the documented one (ncu.md §1.3, itself UNVERIFIED against a real raw page).
+* ``nvidia-smi`` is the FAKE of tests/test_clocks.py (clock locking; no ``compute_cap`` answer, so the
+  replay asks for every architecture's metric names).
+* The GPT-2-like timeline is synthetic: 3 embedding kernels, 12 identical blocks of 6 kernels, 2 head kernels
+  per iteration, two iterations. The expected launch windows are written out by hand below.
+* The workflow tests reuse tests/test_workflow_nsys.py (placed GPU captures, fake ``nsys``) and add the fake
+  ``ncu`` and ``nvidia-smi``: they prove that a finished run re-runs no replay, and that a class that appears
+  later runs exactly one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import real_file
+
+from operator_profiler import stages
+from operator_profiler.ncu import replay
+from operator_profiler.ncu.catalog import load_catalog
+
+REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
+
+FAKE_NCU = r'''
+import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ["FAKE_NCU_LOG"], "a") as fh:
+    fh.write(json.dumps(argv) + "\n")
+def opt(name):
+    return argv[argv.index(name) + 1]
+if "-i" in argv:  # ncu -i REPORT --csv --page raw ...: print the raw page
+    report = json.load(open(opt("-i")))
+    data = json.load(open(os.environ["FAKE_NCU_DATA"]))
+    ident = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+             "Grid Size", "Device", "CC"]
+    metrics = [m for m, _ in data["metrics"]]
+    q = lambda row: ",".join('"%s"' % c for c in row)
+    print(q(ident + metrics))
+    print(q([""] * len(ident) + [u for _, u in data["metrics"]]))
+    for i, (name, grid, block) in enumerate(report["launches"]):
+        values = data["values"][i % len(data["values"])]
+        print(q([str(i), str(report["pid"]), "python3", "host", name, "1", "7", block, grid, "0", "9.0"] + values))
+    sys.exit(0)
+if os.environ.get("FAKE_NCU_FAIL") == "perm":
+    print("==PROF== Connected to process 4711 (python3)")
+    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
+          "Counters on the target device 0.")
+    sys.exit(1)
+skip, count = int(opt("--launch-skip")), int(opt("--launch-count"))
+launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
+n = int(os.environ.get("FAKE_NCU_PID_COUNTER_START", "4711")) + sum(1 for _ in open(os.environ["FAKE_NCU_LOG"]))
+print("==PROF== Connected to process %d (python3)" % n)
+if not launches:
+    print("==WARNING== No kernels were profiled.")
+    sys.exit(0)
+with open(opt("--export"), "w") as fh:
+    json.dump({"launches": launches, "pid": n}, fh)
+print("==PROF== Report: " + opt("--export"))
+'''
+
+
+def real_metric_rows(n: int = 4) -> dict:
+    """Metric names, units and the values of the first ``n`` results of the real dropout CSV (details page)."""
+    rows = list(csv.DictReader(real_file(*REAL_CSV).open()))
+    metrics: dict[str, str] = {}
+    values: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if int(r["ID"]) >= n:
+            break
+        metrics.setdefault(r["Metric Name"], r["Metric Unit"])
+        values.setdefault(r["ID"], {})[r["Metric Name"]] = r["Metric Value"].replace(",", "")
+    return {"metrics": list(metrics.items()),
+            "values": [[values[i].get(m, "") for m in metrics] for i in sorted(values, key=int)]}
+
+
+class FakeNcu:
+    def __init__(self, root: Path, sequence: list[list[str]]):
+        self.bin = root / "fake ncu bin"
+        self.bin.mkdir(parents=True)
+        exe = self.bin / "ncu"
+        exe.write_text(f"#!{sys.executable}\n" + FAKE_NCU)
+        exe.chmod(0o755)
+        self.log = root / "ncu calls.jsonl"
+        self.data = root / "real metric rows.json"
+        self.data.write_text(json.dumps(real_metric_rows()))
+        self.sequence = root / "launch sequence.json"
+        self.set_sequence(sequence)
+
+    def set_sequence(self, sequence: list[list[str]]) -> None:
+        self.sequence.write_text(json.dumps(sequence))
+
+    def env(self) -> dict:
+        return {"FAKE_NCU_LOG": str(self.log), "FAKE_NCU_DATA": str(self.data),
+                "FAKE_NCU_SEQUENCE": str(self.sequence)}
+
+    def calls(self) -> list[list[str]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def collections(self) -> list[list[str]]:
+        return [c for c in self.calls() if "-i" not in c]
+
+
+# ------------------------------------------------------------------------------ a GPT-2-like timeline
+
+PID = 321
+BLOCK_CLASS = "GPT2Block-0123abcd"
+HEAD = [("embedding_kernel", "(8,1,1)"), ("embedding_kernel", "(8,1,1)"), ("add_kernel", "(16,1,1)")]
+BLOCK = [("layer_norm_kernel", "(4,1,1)"), ("ampere_sgemm_128x64_tn", "(24,4,1)"), ("fmha_kernel", "(12,1,1)"),
+         ("ampere_sgemm_128x64_tn", "(8,4,1)"), ("layer_norm_kernel", "(4,1,1)"), ("gelu_kernel", "(32,1,1)")]
+TAIL = [("layer_norm_kernel", "(4,1,1)"), ("ampere_sgemm_128x64_nn", "(393,1,1)")]
+N_LAYERS = 12
+
+
+def gpt2_timeline(iterations: int = 2) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
+    """kernels, kernel_layers and class JSONs of a 12-block GPT-2-like forward (CUDA, one process)."""
+    kernels, layers = [], []
+    for it in range(iterations):
+        parts = [(None, HEAD)] + [(f"transformer.h.{j}", BLOCK) for j in range(N_LAYERS)] + [(None, TAIL)]
+        rest_pos = 0
+        for layer, seq in parts:
+            for pos, (name, grid) in enumerate(seq):
+                kid = len(kernels)
+                kernels.append({"kernel_id": kid, "pid": PID, "iteration": it, "name": name, "match_key": name,
+                                "grid": grid.strip("()"), "block": "128,1,1", "activity": "kernel"})
+                layers.append({"kernel_id": kid, "layer": layer, "module": layer,
+                               "layer_class": BLOCK_CLASS if layer else "rest",
+                               "position": pos if layer else rest_pos})
+                rest_pos += 0 if layer else 1
+    instances = [f"transformer.h.{j}" for j in range(N_LAYERS)]
+    classes = {
+        BLOCK_CLASS: {"class": BLOCK_CLASS, "instances": instances, "replay_instances": instances[:1],
+                      "representative": instances[0], "kernel_count": len(BLOCK)},
+        "rest": {"class": "rest", "instances": ["rest"], "replay_instances": ["rest"], "representative": "rest",
+                 "kernel_count": len(HEAD) + len(TAIL)},
+    }
+    return pd.DataFrame(kernels), pd.DataFrame(layers), classes
+
+
+def launch_sequence(kernels: pd.DataFrame) -> list[list[str]]:
+    """What the re-run launches after cudaProfilerStart: the timeline's kernels in launch order, as
+    [name, grid, block] in ncu's "(x, y, z)" spelling."""
+    def dims(s):
+        return "(" + ", ".join(str(s).split(",")) + ")"
+    ordered = kernels.sort_values("kernel_id")
+    return [[n, dims(g), dims(b)] for n, g, b in zip(ordered["name"], ordered["grid"], ordered["block"])]
+
+
+# ------------------------------------------------------------------------------ plan
+
+
+def test_plan_gpt2_launch_windows_per_class():
+    kernels, kl, classes = gpt2_timeline()
+    block = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    # Launch order after cudaProfilerStart: 3 embedding kernels, then h.0's 6 kernels.
+    assert block["segments"] == [{"launch_skip": 3, "launch_count": 6, "first_kernel_id": 3, "last_kernel_id": 8}]
+    assert block["window"] == {"kernel_ids": [3, 4, 5, 6, 7, 8]}
+    assert block["kernel_count"] == 6 and block["iteration"] == 0 and block["pid"] == PID
+    assert block["instances"] == [f"transformer.h.{j}" for j in range(12)]
+    # rest: the 3 head kernels (launches 0-2) and the 2 tail kernels after 12 x 6 block kernels (75, 76):
+    # two segments, two ncu runs; the second iteration is never replayed.
+    rest = replay.plan_replay(kernels, kl, classes["rest"])
+    assert [(s["launch_skip"], s["launch_count"]) for s in rest["segments"]] == [(0, 3), (3 + 12 * 6, 2)]
+    assert rest["window"] == {"kernel_ids": [0, 1, 2, 75, 76]}
+    # dedup.verify: two replay instances, adjacent blocks -> one window of 12 launches.
+    verify = replay.plan_replay(kernels, kl, dict(classes[BLOCK_CLASS],
+                                                  replay_instances=["transformer.h.0", "transformer.h.1"]))
+    assert [(s["launch_skip"], s["launch_count"]) for s in verify["segments"]] == [(3, 12)]
+    assert block["warnings"] == rest["warnings"] == []
+
+
+def test_plan_counts_launches_of_the_process_only_and_flags_nccl():
+    kernels, kl, classes = gpt2_timeline(iterations=1)
+    # A kernel of another process launched first does not shift this process's launch positions.
+    other = pd.DataFrame([{"kernel_id": -1, "pid": 999, "iteration": 0, "name": "x", "match_key": "x",
+                           "grid": "1,1,1", "block": "1,1,1", "activity": "kernel"}])
+    kernels = pd.concat([other, kernels], ignore_index=True)
+    kl = pd.concat([pd.DataFrame([{"kernel_id": -1, "layer": None, "module": None, "layer_class": "rest",
+                                   "position": 0}]), kl], ignore_index=True)
+    kernels.loc[kernels["kernel_id"] == 5, "name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    plan = replay.plan_replay(kernels[kernels["pid"] == PID], kl[kl["kernel_id"] >= 0], classes[BLOCK_CLASS])
+    assert plan["segments"][0]["launch_skip"] == 3
+    assert any("communication" in w and "C16" in w for w in plan["warnings"])
+    with pytest.raises(replay.NcuReplayError, match="2 processes"):
+        replay.plan_replay(kernels, kl, classes["rest"])
+
+
+# ------------------------------------------------------------------------------ command
+
+
+def test_replay_command_exact_argv_with_spaces():
+    kernels, kl, classes = gpt2_timeline()
+    plan = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    catalog = load_catalog()
+    report = Path("/data/my results/gpt 2/ncu") / f"{BLOCK_CLASS}.ncu-rep"
+    target = replay.target_argv({"kind": "gpt2"}, {"seed": 0, "warmup": 2, "iterations": 5},
+                                Path("/data/my results/gpt 2/ncu/run dir"), "gpt 2", iterations=1)
+    assert target == [sys.executable, "-m", "operator_profiler.ncu.replay_target", "--workload", '{"kind": "gpt2"}',
+                      "--harness", '{"iterations": 1, "seed": 0, "warmup": 2}',
+                      "--out", "/data/my results/gpt 2/ncu/run dir", "--name", "gpt 2"]
+    cmd = replay.replay_command(plan, catalog, report, {"locked": True}, target, arch="hopper")
+    assert cmd == ["ncu", "--profile-from-start", "off", "--launch-skip", "3", "--launch-count", "6",
+                   "--metrics", catalog.metrics_argument("hopper"), "--replay-mode", "kernel",
+                   "--cache-control", "all", "--clock-control", "none", "--print-kernel-base", "mangled",
+                   "--export", "/data/my results/gpt 2/ncu/GPT2Block-0123abcd.ncu-rep", "--force-overwrite",
+                   *target]
+    # Clocks not locked by us: ncu's own --clock-control default applies.
+    assert "--clock-control" not in replay.replay_command(plan, catalog, report, {"locked": False}, target)
+    # The shell form in replay.json round-trips to the same argv (paths with spaces stay one argument).
+    assert shlex.split(shlex.join(cmd)) == cmd
+
+
+# ------------------------------------------------------------------------------ run
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    kernels, kl, classes = gpt2_timeline()
+    fake = FakeNcu(tmp_path, launch_sequence(kernels))
+    for k, v in fake.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
+    return fake, kernels, kl, classes
+
+
+def test_run_replay_writes_csv_and_record_and_the_csv_matches_the_plan(fake_ncu, tmp_path):
+    fake, kernels, kl, classes = fake_ncu
+    out = tmp_path / "results dir" / "gpt 2" / "ncu"
+    target = ["python", "-c", "print('the harness')", "an arg with spaces"]
+    catalog = load_catalog()
+    records = {}
+    for cls in (BLOCK_CLASS, "rest"):
+        plan = replay.plan_replay(kernels, kl, classes[cls])
+        records[cls] = replay.run_replay(plan, catalog, out / f"{cls}.csv", out / f"{cls}.replay.json",
+                                         {"locked": False}, target)
+    collections = fake.collections()
+    # One ncu run for the block class, two for rest (head and tail segments); the exact argv is replay_command's.
+    assert [(c[c.index("--launch-skip") + 1], c[c.index("--launch-count") + 1]) for c in collections] == [
+        ("3", "6"), ("0", "3"), ("75", "2")]
+    assert collections[0][-4:] == target
+    assert collections[0][collections[0].index("--export") + 1] == str(out / f"{BLOCK_CLASS}.ncu-rep")
+    assert [c[c.index("--export") + 1] for c in collections[1:]] == [str(out / "rest.part0.ncu-rep"),
+                                                                    str(out / "rest.part1.ncu-rep")]
+    imports = [c for c in fake.calls() if "-i" in c]
+    assert imports[0] == ["-i", str(out / f"{BLOCK_CLASS}.ncu-rep"), "--csv", "--page", "raw", "--print-units",
+                          "base", "--print-kernel-base", "mangled", "--rename-kernels", "off"]
+
+    record = json.loads((out / "rest.replay.json").read_text())
+    assert record["class"] == "rest" and record["kernels_planned"] == 5 and len(record["segments"]) == 2
+    assert record["segments"][0]["command"] == ["ncu", *collections[1]]  # the fake logs argv[1:]
+    assert shlex.split(record["segments"][0]["command_text"]) == record["segments"][0]["command"]
+    assert record["wall_s"] == pytest.approx(sum(s["wall_s"] for s in record["segments"]), abs=2e-3)
+    assert record["window"] == {"kernel_ids": [0, 1, 2, 75, 76]}
+    block = records[BLOCK_CLASS]
+    assert block["estimate_all_instances_s"] == pytest.approx(12 * block["wall_s"], abs=0.01)
+    assert not list(out.glob("*.raw.csv"))  # the per-segment exports were merged and removed
+
+    # The merged CSV reads as one run in launch order; matched with the replay windows, every planned
+    # kernel gets its row, and nothing is left over.
+    for cls in records:
+        table = stages.parse_ncu_files([out / f"{cls}.csv"], out / f"{cls}.parquet")
+        assert table["ncu_id"].tolist() == list(range(records[cls]["kernels_planned"]))
+        assert table["pid"].nunique() == 1
+        assert "dram__bytes.sum" in table.columns and table["dram__bytes.sum"].notna().all()
+    timeline = tmp_path / "timeline"
+    timeline.mkdir()
+    kernels.assign(occurrence=kernels.groupby("match_key").cumcount()).to_parquet(timeline / "kernels.parquet")
+    window = stages.replay_window([out / f"{cls}.replay.json" for cls in records])
+    matched, diag = stages.match_files(timeline, [out / f"{cls}.parquet" for cls in records],
+                                       tmp_path / "m" / "kernel_metrics.parquet", tmp_path / "m" / "diag.json", window)
+    assert sorted(matched["kernel_id"]) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 75, 76]
+    assert diag["ncu_only"] == 0 and diag["timeline_only"] == 0 and diag["name_disagreements"] == []
+
+
+def test_ncu_without_counter_permission_is_one_line_with_the_fix(fake_ncu, tmp_path, monkeypatch):
+    fake, kernels, kl, classes = fake_ncu
+    monkeypatch.setenv("FAKE_NCU_FAIL", "perm")
+    plan = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    with pytest.raises(replay.NcuReplayError) as e:
+        replay.run_replay(plan, load_catalog(), tmp_path / "ncu" / "c.csv", tmp_path / "ncu" / "c.replay.json",
+                          {"locked": False}, ["python", "x.py"])
+    msg = str(e.value)
+    assert "\n" not in msg and "ERR_NVGPUCTRPERM" in msg and BLOCK_CLASS in msg
+    assert "--cap-add=SYS_ADMIN" in msg and "NVreg_RestrictProfilingOnlyToAdminUsers=0" in msg
+    assert not (tmp_path / "ncu" / "c.replay.json").exists()
+
+
+def test_ncu_missing_and_nothing_profiled(fake_ncu, tmp_path, monkeypatch):
+    fake, kernels, kl, classes = fake_ncu
+    plan = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    fake.set_sequence([])  # the re-run launches fewer kernels than planned
+    with pytest.raises(replay.NcuReplayError, match="profiled no kernels"):
+        replay.run_replay(plan, load_catalog(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(replay.NcuReplayError, match="not on PATH"):
+        replay.run_replay(plan, load_catalog(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
+
+
+def test_replay_estimate_and_report_lines():
+    from operator_profiler.report import _replay_lines
+
+    records = [{"class": BLOCK_CLASS, "instances": [f"h.{j}" for j in range(12)], "replay_instances": ["h.0"],
+                "kernels_planned": 6, "segments": [{}], "wall_s": 10.0},
+               {"class": "rest", "instances": ["rest"], "replay_instances": ["rest"], "kernels_planned": 5,
+                "segments": [{}, {}], "wall_s": 4.0}]
+    est = replay.replay_estimate(records)
+    assert est["wall_s"] == 14.0 and est["estimate_all_s"] == 12 * 10.0 + 4.0
+    text = "\n".join(_replay_lines(records))
+    assert f"| {BLOCK_CLASS} | 12 | 1 | 6 | 1 | 10.0 | 120.0 |" in text
+    assert "| rest | 1 | 1 | 5 | 2 | 4.0 | 4.0 |" in text
+    assert "took 14.0 s" in text and "about 124.0 s (8.9x)" in text
+
+
+# ------------------------------------------------------------------------------ workflow
+
+
+@pytest.fixture(scope="module")
+def replay_run(tmp_path_factory):
+    pytest.importorskip("snakemake")
+    import test_workflow_nsys as wf
+    from test_clocks import FakeSmi
+
+    base = tmp_path_factory.mktemp("wf replay")
+    setup = wf.make_setup(base)
+    smi = FakeSmi(base / "smi")
+    run_json = setup["work"] / "results" / wf.W / "capture" / "run.json"  # as a CUDA capture writes it
+    run = json.loads(run_json.read_text())
+    run["versions"] = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.13", "cuda_runtime": "13.0",
+                       "driver": "580.00"}
+    run_json.write_text(json.dumps(run, indent=1))
+    nvtx, runtime, kernels, expected = wf.synthetic_capture()
+    ncu = FakeNcu(base, [[e["name"], "(1, 1, 1)", "(128, 1, 1)"] for e in expected])
+    env = setup["env"]
+    env.update({k: v for k, v in smi.env().items() if k != "PATH"}, **ncu.env())
+    env["PATH"] = f"{ncu.bin}{os.pathsep}{smi.bin}{os.pathsep}{env['PATH']}"
+    target = (f"results/{wf.W}/report.md",)
+    result = wf.snakemake(setup, *target, *wf.CUDA_NSYS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return setup, ncu, smi, base, target
+
+
+@pytest.mark.workflow
+def test_workflow_replays_each_class_once_and_reports_it(replay_run):
+    import test_workflow_nsys as wf
+
+    setup, ncu, smi, _, target = replay_run
+    out = setup["work"] / "results" / wf.W
+    (cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]
+    (call,) = ncu.collections()
+    # blocks.0 is launches 0-1 after cudaProfilerStart; the clocks were locked by us (fake nvidia-smi).
+    assert call[:6] == ["--profile-from-start", "off", "--launch-skip", "0", "--launch-count", "2"]  # argv[1:]
+    assert call[call.index("--clock-control") + 1] == "none"
+    assert call[call.index("--export") + 1] == f"results/{wf.W}/ncu/{cls}.ncu-rep"
+    program = call[call.index("--force-overwrite") + 1:]
+    assert program[1:3] == ["-m", "operator_profiler.ncu.replay_target"]
+    assert json.loads(program[program.index("--harness") + 1])["iterations"] == 1
+    assert ["-i", "0", "-lgc", "1755,1755"] in smi.calls() and ["-i", "0", "-rgc"] in smi.calls()
+    record = json.loads((out / "ncu" / f"{cls}.replay.json").read_text())
+    assert record["window"] == {"kernel_ids": [0, 1]} and record["clocks"]["locked"] is True
+    diag = json.loads((out / "matched" / "diagnostics.json").read_text())
+    assert diag["matched"] == 2 and diag["name_disagreements"] == [] and diag["ncu_only"] == 0
+    assert diag["broadcast"][cls]["filled"] == 2 * wf.ITERATIONS * len(wf.LAYERS) - 2
+    report = (out / "report.md").read_text()
+    assert "ncu replay time" in report and f"| {cls} | 2 | 1 | 2 | 1 |" in report
+
+    # A finished run: nothing to do, no replay.
+    dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+
+
+@pytest.mark.workflow
+def test_workflow_new_class_runs_exactly_one_replay(replay_run):
+    import test_workflow_nsys as wf
+    from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
+
+    setup, ncu, _, base, target = replay_run
+    out = setup["work"] / "results" / wf.W
+    (block_cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]
+    block_files = {p: p.read_bytes() for p in (out / "layers" / "classes" / f"{block_cls}.json",
+                                               out / "layers" / "replay" / f"{block_cls}.json")}
+    # A new capture: the same blocks, then one kernel after the blocks in each iteration (outside every
+    # layer): a new class `rest`; the block class and its launch window are unchanged.
+    nvtx, runtime, kernels, expected = wf.synthetic_capture()
+    sequence, extra = [], 10_000
+    by_iteration: dict[int, list] = {}
+    for e in expected:
+        by_iteration.setdefault(e["iteration"], []).append(e)
+    for it, rows in by_iteration.items():
+        sequence += [[e["name"], "(1, 1, 1)", "(128, 1, 1)"] for e in rows]
+        t = 1_000_000 + it * 100_000 + 85_000
+        extra += 1
+        nvtx.append(Nvtx(f"aten::add, seq = {extra}, op_id = {extra}", 59, wf.THREAD, t, t + 2_000))
+        runtime.append(Runtime("cudaLaunchKernel_v7000", wf.THREAD, t + 100, t + 200, extra))
+        kernels.append(Kernel("add_kernel", wf.PID, wf.STREAM, t + 300, t + 800, extra))
+        sequence.append(["add_kernel", "(1, 1, 1)", "(128, 1, 1)"])
+    kernels.sort(key=lambda k: k.start)
+    fixture = base / "synthetic_export.sqlite"  # what the fake nsys copies
+    fixture.unlink()
+    write_nsys_export(fixture, nvtx=nvtx, runtime=runtime, kernels=kernels,
+                      domains={(wf.PID, wf.OPPROF_DOMAIN): "opprof"})
+    ncu.set_sequence(sequence)
+    (out / "capture" / "timeline.nsys-rep").write_bytes(b"\x00a new placeholder capture\x00")
+
+    # The checkpoint decides the classes: run the CPU stages up to it, then plan the rest.
+    step = wf.snakemake(setup, f"results/{wf.W}/layers/classes.json", *wf.CUDA_NSYS)
+    assert step.returncode == 0, step.stderr[-4000:]
+    assert sorted(p.stem for p in (out / "layers" / "classes").glob("*.json")) == sorted([block_cls, "rest"])
+    assert {p: p.read_bytes() for p in block_files} == block_files
+    dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = wf.job_counts(dry.stdout)
+    assert counts.get("replay_ncu") == 1 and counts.get("parse_ncu") == 1, dry.stdout[-3000:]
+    assert "cls=rest" in dry.stdout and f"cls={block_cls}" not in dry.stdout
+
+    before = len(ncu.collections())
+    result = wf.snakemake(setup, *target, *wf.CUDA_NSYS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (new,) = ncu.collections()[before:]
+    # rest = the add kernel after blocks.0 and blocks.1 (launches 0-3) of the first iteration.
+    assert new[new.index("--launch-skip") + 1: new.index("--launch-skip") + 4] == ["4", "--launch-count", "1"]
+    diag = json.loads((out / "matched" / "diagnostics.json").read_text())
+    assert diag["matched"] == 3 and diag["name_disagreements"] == []
