@@ -10,4 +10,4 @@ fusion = snakemake.input.fusion_map or None
 kineto = Path(snakemake.input.kineto).parent if snakemake.input.kineto else None
 run_rule(snakemake.log[0], stages.attribute_files, Path(snakemake.input.kernels).parent,
          snakemake.input.kernel_layers, fusion, snakemake.output.kernels, NvtxOptions.from_config(snakemake.params.nvtx),
-         kineto)
+         kineto, list(snakemake.input.runs))

@@ -18,4 +18,5 @@ run_rule(
     out.layers,
     out.clocks,
     snakemake.input.clocks,
+    snakemake.params.timeline_requested,
 )

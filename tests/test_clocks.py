@@ -423,7 +423,7 @@ def test_capture_timeline_runs_the_harness_inside_the_lock(smi, tmp_path, monkey
     out.mkdir()
     seen = {}
 
-    def fake_run_capture(workload, harness_cfg, device, trace, layers, run, workload_name=None):
+    def fake_run_capture(workload, harness_cfg, device, trace, layers, run, workload_name=None, **kw):
         seen["calls"] = smi.calls()
         seen["locked"] = smi.read()["gpus"]["0"]["locked_sm"]
         Path(trace).write_bytes(b"x")

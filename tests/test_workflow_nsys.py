@@ -1,8 +1,9 @@
 """The workflow's CPU rules on an Nsight Systems timeline, on a machine without a GPU.
 
 With ``--config device=cuda timeline=nsys`` the workflow expects GPU captures (``clocks/target.json``,
-``capture/timeline.nsys-rep``, ``run.json``, ``layers.json``, ``clocks_applied.json``, ``kineto.json.gz``)
-that this machine cannot make (the capture rules raise "not built yet (issue #6)"). The tests place those
+``capture/timeline.nsys-rep``, ``run.json``, ``layers.json``, ``clocks_applied.json``, ``kineto.json.gz``,
+``kineto_run.json``, ``kineto_clocks_applied.json``)
+that this machine cannot make (no GPU, no real nsys). The tests place those
 files themselves, as if captured on a GPU node and copied here, and ask Snakemake only for the CPU outputs:
 ``timeline/*`` (export_timeline), ``layers/*`` (classify_layers) and ``attribution/kernels.parquet`` (attribute).
 
@@ -69,7 +70,8 @@ TARGETS = tuple(f"results/{W}/{p}" for p in ("attribution/kernels.parquet", "tim
 # What the GPU node would have written (select_clocks, capture_timeline, capture_kineto).
 CAPTURE_OUTPUTS = tuple(f"results/{W}/{p}" for p in (
     "clocks/target.json", "capture/timeline.nsys-rep", "capture/run.json", "capture/layers.json",
-    "capture/clocks_applied.json", "capture/kineto.json.gz"))
+    "capture/clocks_applied.json", "capture/kineto.json.gz", "capture/kineto_run.json",
+    "capture/kineto_clocks_applied.json"))
 CPU_RULES = {"export_timeline": 1, "export_kineto_timeline": 1, "classify_layers": 1, "attribute": 1}
 
 CONFIG = {
@@ -160,6 +162,11 @@ def place_captures(work: Path, layers: list[dict]) -> None:
     (out / "capture" / "clocks_applied.json").write_text(json.dumps({"locked": True, "device": "cuda"}))
     with gzip.open(out / "capture" / "kineto.json.gz", "wt") as fh:
         json.dump(synthetic_kineto_run(), fh)
+    # The harness's count of the kineto run's kernels (attribute checks it against the nsys timeline's count).
+    (out / "capture" / "kineto_run.json").write_text(json.dumps(
+        {"workload": CONFIG["workloads"][W], "harness": CONFIG["harness"], "profiler": "torch",
+         "versions": {"device": "cuda"}, "measured_kernels": ITERATIONS * len(LAYERS) * len(OPS)}, indent=1))
+    (out / "capture" / "kineto_clocks_applied.json").write_text(json.dumps({"locked": True, "device": "cuda"}))
 
 
 KINETO_PID = 4242  # the torch.profiler run is another process, on another clock
@@ -419,7 +426,7 @@ def test_captures_copied_in_the_wrong_order_are_marked_up_to_date_with_touch(tmp
     assert touch.returncode == 0, touch.stderr[-2000:]
     assert {p: (work / p).read_bytes() for p in CAPTURE_OUTPUTS} == contents  # only mtimes changed
     # --touch also touches the jobs' log files (creating them empty); a capture that ran would have
-    # written "not built yet (issue #6)" there.
+    # written its FAILED line there (no GPU here).
     for rule in ("capture_timeline", "capture_kineto"):
         assert (work / "logs" / rule / f"{W}.log").read_text() == ""
     assert nsys_calls(setup) == []

@@ -11,6 +11,7 @@ rule attribute:
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",
         fusion_map=fusion_map_input,
         kineto=kineto_input,
+        runs=runs_input,
         lib=[
             LIB / "attribution" / "correlation.py",
             LIB / "attribution" / "merge.py",

@@ -24,6 +24,7 @@ rule capture_timeline:
         harness=json.dumps(config["harness"], sort_keys=True),
         device=DEVICE,
         timeline=TIMELINE,
+        timeline_requested=config["timeline"],
     script:
         "../scripts/capture_timeline.py"
 
@@ -36,6 +37,8 @@ rule capture_kineto:
         model=custom_model_source,
     output:
         trace="results/{workload}/capture/kineto.json.gz",
+        run="results/{workload}/capture/kineto_run.json",
+        clocks="results/{workload}/capture/kineto_clocks_applied.json",
     log:
         "logs/capture_kineto/{workload}.log",
     benchmark:
@@ -54,10 +57,12 @@ rule capture_kineto:
 
 rule compile_artifacts:
     input:
+        clocks="results/{workload}/clocks/target.json",
         lib=CAPTURE_LIB,
         model=custom_model_source,
     output:
         debug=directory("results/{workload}/inductor/debug"),
+        clocks="results/{workload}/inductor/clocks_applied.json",
     log:
         "logs/compile_artifacts/{workload}.log",
     benchmark:

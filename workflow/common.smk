@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from operator_profiler.capture import resolve_timeline
 from operator_profiler.config import ConfigError, validate_config
 
 try:
@@ -34,15 +35,8 @@ DEVICE = (
     if config["device"] != "auto"
     else ("cuda" if _cuda_visible() else "cpu")
 )
-TIMELINE = (
-    "torch"
-    if DEVICE == "cpu"
-    else (
-        config["timeline"]
-        if config["timeline"] != "auto"
-        else ("nsys" if shutil.which("nsys") else "torch")
-    )
-)
+# Resolved once, here, when the DAG is built (auto: nsys when on PATH); run.json records it.
+TIMELINE = resolve_timeline(config["timeline"], DEVICE)
 GPU = 1 if DEVICE == "cuda" else 0
 TRACE_EXT = "nsys-rep" if TIMELINE == "nsys" else "kineto.json.gz"
 # The nsys reader also writes memcpy/memset rows, the NVTX GPU projection and its diagnostics.
@@ -165,6 +159,14 @@ def kineto_input(wildcards):
     if TIMELINE == "nsys":
         return f"results/{wildcards.workload}/timeline_kineto/kernels.parquet"
     return []
+
+
+def runs_input(wildcards):
+    """The run.json of every capture of the workload whose kernel counts must agree (attribute checks)."""
+    runs = [f"results/{wildcards.workload}/capture/run.json"]
+    if TIMELINE == "nsys":
+        runs.append(f"results/{wildcards.workload}/capture/kineto_run.json")
+    return runs
 
 
 def final_outputs():

@@ -41,6 +41,51 @@ def _cmd_capture(args) -> None:
     print(f"wrote {out}/timeline.kineto.json.gz, run.json, layers.json")
 
 
+def _json_arg(text: str, what: str) -> dict:
+    """``text`` is inline JSON (starts with ``{``) or the path of a JSON file."""
+    from .files import read_json_file
+
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{what}: not valid JSON ({exc}); pass a JSON object or the path of a JSON file") from None
+        if not isinstance(value, dict):
+            raise InputError(f"{what}: expected a JSON object")
+        return value
+    return read_json_file(Path(text), what, "pass a JSON object or the path of a JSON file", expect=dict)
+
+
+def _cmd_run_harness(args) -> None:
+    """The harness once, in this process: what ``nsys profile`` launches and what an ncu replay re-runs.
+
+    argv contract (stable; ``capture.harness_argv`` builds it)::
+
+        python -m operator_profiler.cli run-harness --workload-json W --harness-json H --device cuda
+            --profiler {torch,cuda_profiler_api,none} --out-run RUN.json [--out-layers LAYERS.json]
+            [--out-trace TRACE.json.gz] [--workload-name NAME] [--record-json R]
+
+    ``W``: the workload's config slice, ``H``: the ``harness`` section (``seed``, ``warmup``,
+    ``iterations``), ``R``: extra keys for run.json; each inline JSON (starting with ``{``) or a JSON file
+    path. ``--profiler cuda_profiler_api`` brackets the measured iterations with cudaProfilerStart/Stop:
+    use ``nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop`` or ``ncu
+    --profile-from-start off`` around it to record exactly the measured window. ``--out-trace`` is
+    required with ``--profiler torch``. Exit status 0 on success; 1 with one line ``opprof run-harness:
+    error: ...`` on a user error (bad workload, no GPU, unreadable JSON).
+    """
+    from . import harness
+
+    if args.profiler == "torch" and not args.out_trace:
+        raise InputError("run-harness --profiler torch needs --out-trace TRACE.json.gz")
+    workload = _json_arg(args.workload_json, "--workload-json")
+    harness_cfg = _json_arg(args.harness_json, "--harness-json")
+    record = _json_arg(args.record_json, "--record-json") if args.record_json else None
+    run = harness.run_capture(workload, harness_cfg, args.device, args.out_trace, args.out_layers, args.out_run,
+                              profiler=args.profiler, workload_name=args.workload_name, record=record)
+    print(f"run-harness: {harness_cfg.get('iterations')} measured iteration(s) in {run['measured_s']} s "
+          f"(profiler {args.profiler}) -> {args.out_run}")
+
+
 def _cmd_timeline(args) -> None:
     source = Path(args.kineto or args.nsys)
     if args.nsys and source.suffix.lower() in (".json", ".gz"):
@@ -94,7 +139,8 @@ def _cmd_attribute(args) -> None:
     options = NvtxOptions(tuple(args.nvtx_operator_domain or DEFAULT_OPERATOR_DOMAINS), tuple(args.nvtx_ignore_range or ()))
     result = stages.attribute_files(Path(args.timeline), Path(args.kernel_layers) if args.kernel_layers else None,
                                     fusion, Path(args.out), options,
-                                    Path(args.kineto_timeline) if args.kineto_timeline else None)
+                                    Path(args.kineto_timeline) if args.kineto_timeline else None,
+                                    [Path(r) for r in args.run or ()])
     attributed = (result["path"] != "unattributed").sum()
     by_path = ", ".join(f"{p} {n}" for p, n in result["path"].value_counts().sort_index().items())
     print(f"{attributed} of {len(result)} kernels attributed" + (f" ({by_path})" if by_path else "") + f" -> {args.out}")
@@ -139,6 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workload", required=True)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_capture)
+
+    s = sub.add_parser("run-harness", help="run a workload's harness once (what nsys launches; ncu replays)",
+                       description=_cmd_run_harness.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--workload-json", required=True, help="the workload's config slice: inline JSON or a file")
+    s.add_argument("--harness-json", required=True, help="the harness section (seed, warmup, iterations)")
+    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    s.add_argument("--profiler", default="cuda_profiler_api", choices=("torch", "cuda_profiler_api", "none"))
+    s.add_argument("--out-run", required=True, help="run.json to write")
+    s.add_argument("--out-layers", help="layers.json to write (left out: not written)")
+    s.add_argument("--out-trace", help="gzipped Chrome trace (--profiler torch)")
+    s.add_argument("--workload-name", help="the workload's name in the config (error messages)")
+    s.add_argument("--record-json", help="extra keys for run.json: inline JSON or a file")
+    s.set_defaults(func=_cmd_run_harness)
 
     s = sub.add_parser("timeline", help="trace -> kernels/launches/ranges parquet tables")
     src = s.add_mutually_exclusive_group(required=True)
@@ -193,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="nsys timelines: timeline folder of a torch.profiler run of the same program "
                         "('opprof timeline --kineto'); its kernels are paired by invocation order and "
                         "lend paths (a) correlation and (c) fusion map")
+    s.add_argument("--run", action="append", metavar="RUN_JSON",
+                   help="run.json of a capture of this workload, this timeline's first (repeatable): the kernel "
+                        "counts of the measured window must agree, else attribute fails")
     s.set_defaults(func=_cmd_attribute)
 
     s = sub.add_parser("aggregate", help="operators, modules, layer classes, coverage")

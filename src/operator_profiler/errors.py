@@ -8,7 +8,7 @@ import traceback
 from typing import Callable
 
 from .attribution.inductor import InductorArtifactError
-from .capture import GpuStageUnavailable
+from .capture import CaptureError, GpuStageUnavailable
 from .clocks import ClockError
 from .config import ConfigError
 from .files import InputError
@@ -26,7 +26,7 @@ class DeviceUnavailable(RuntimeError):
 
 
 USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
-               DeviceUnavailable, InputError, FileNotFoundError, ClockError)
+               DeviceUnavailable, InputError, FileNotFoundError, ClockError, CaptureError)
 
 
 def _fail(log, log_path: str, line: str) -> None:

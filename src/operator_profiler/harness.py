@@ -33,6 +33,8 @@ from . import workloads
 from .errors import DeviceUnavailable
 from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
 
+PROFILERS = ("torch", "cuda_profiler_api", "none")
+
 
 def resolve_device(requested: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cpu``/``cuda`` pass through.
@@ -104,6 +106,18 @@ def _seed_everything(seed: int, device: str) -> None:
     torch.backends.cudnn.deterministic = True
     if device == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def _settings() -> dict:
+    """The settings every run of one workload must share (recorded in ``run.json``)."""
+    return {
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "autotuning": "in warm-up only (torch.compile default mode; cudnn.benchmark off)",
+    }
 
 
 def _configure_inductor(debug_dir: Path | None, device: str) -> None:
@@ -182,6 +196,7 @@ def run_capture(
     inductor_dir: Path | None = None,
     profiler: str = "torch",
     workload_name: str | None = None,
+    record: dict | None = None,
 ) -> dict:
     """Build the workload and run warm-up + measured iterations, recording what was run.
 
@@ -194,19 +209,34 @@ def run_capture(
         run_path: ``run.json``: versions, device, config slice, timings, NVTX backend.
         inductor_dir: TORCH_COMPILE_DEBUG root for compiled workloads (debug artifacts + provenance).
         workload_name: the workload's name in the config (for error messages; default: its kind).
-        profiler: ``torch`` (torch.profiler around the measured iterations),
-            ``cuda_profiler_api`` (cudaProfilerStart/Stop, for nsys ``--capture-range=cudaProfilerApi``)
-            or ``none`` (no profiler: a compile-only run).
+        profiler: one of :data:`PROFILERS`:
+            ``torch``: torch.profiler around the measured iterations, written to ``trace_path``
+            (gzipped Chrome trace); on CUDA ``run.json`` gets ``measured_kernels``, the number of kernel
+            records (``cat: kernel``) in the trace, i.e. the kernels of the measured window.
+            ``cuda_profiler_api``: the measured iterations are bracketed by ``torch.cuda.profiler.start()``
+            / ``stop()`` (``cudaProfilerStart``/``cudaProfilerStop``, after a device synchronize), so
+            ``nsys profile --capture-range=cudaProfilerApi`` and ``ncu --profile-from-start off`` record
+            exactly the measured iterations; on CUDA the iterations also run under
+            ``torch.autograd.profiler.emit_nvtx(record_shapes=True)``, which writes one NVTX range per
+            ATen op in the default domain (path (b) names operators from them). No kernel count is known
+            in-process: the timeline reader counts them (``measured_kernels`` null).
+            ``none``: no profiler (a compile-only run).
+        record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
 
     Returns:
-        The ``run.json`` content.
+        The ``run.json`` content. Besides versions and config it holds ``settings`` (cudnn.benchmark off,
+        deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the
+        kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``.
 
     Raises:
         workloads.WorkloadError: the workload cannot be built or its forward raises.
         DeviceUnavailable: ``device`` is ``cuda`` and torch sees no CUDA GPU.
     """
+    if profiler not in PROFILERS:
+        raise ValueError(f"unknown profiler {profiler!r} (expected one of {', '.join(PROFILERS)})")
     device = resolve_device(device)
-    layers_path, run_path = Path(layers_path), Path(run_path)
+    layers_path = Path(layers_path) if layers_path is not None else None
+    run_path = Path(run_path)
     trace_path = Path(trace_path) if trace_path is not None else None
     inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
     _seed_everything(harness["seed"], device)
@@ -249,41 +279,41 @@ def run_capture(
         run_step("warm-up")
     warmup_s = time.perf_counter() - t0
 
+    def measured_iterations() -> None:
+        for i in range(harness["iterations"]):
+            with emitter.range(f"{ITERATION_PREFIX}{i}"):
+                run_step(f"measured iteration {i}")
+
+    measured_kernels: int | None = None
+    kernels_source: str | None = None
     t0 = time.perf_counter()
     if profiler == "torch":
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
         with profile(activities=activities, record_shapes=True) as prof:
-            for i in range(harness["iterations"]):
-                with emitter.range(f"{ITERATION_PREFIX}{i}"):
-                    run_step(f"measured iteration {i}")
+            measured_iterations()
         assert trace_path is not None
-        _export_gzipped_trace(prof, trace_path)
+        kernel_records = _export_gzipped_trace(prof, trace_path)
+        if device == "cuda":
+            measured_kernels, kernels_source = kernel_records, "torch.profiler kernel records (cat kernel)"
     elif profiler == "cuda_profiler_api":
-        torch.cuda.profiler.start()
-        try:
-            for i in range(harness["iterations"]):
-                with emitter.range(f"{ITERATION_PREFIX}{i}"):
-                    run_step(f"measured iteration {i}")
-        finally:
-            torch.cuda.profiler.stop()
-    elif profiler == "none":  # e.g. compile_artifacts: only the compilation matters
-        for i in range(harness["iterations"]):
-            with emitter.range(f"{ITERATION_PREFIX}{i}"):
-                run_step(f"measured iteration {i}")
-    else:
-        raise ValueError(f"unknown profiler {profiler!r}")
+        with cuda_profiler_range(nvtx_ops=device == "cuda"):
+            measured_iterations()
+        kernels_source = "counted by the timeline reader (nsys capture range)"
+    else:  # none, e.g. compile_artifacts: only the compilation matters
+        measured_iterations()
     measured_s = time.perf_counter() - t0
 
-    layers_path.parent.mkdir(parents=True, exist_ok=True)
-    layers_path.write_text(
-        json.dumps(
-            [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes} for l in layers],
-            indent=1,
+    if layers_path is not None:
+        layers_path.parent.mkdir(parents=True, exist_ok=True)
+        layers_path.write_text(
+            json.dumps(
+                [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes} for l in layers],
+                indent=1,
+            )
+            + "\n"
         )
-        + "\n"
-    )
     run = {
         "versions": _versions(device),
         "workload": workload,
@@ -296,17 +326,57 @@ def run_capture(
         "profiler": profiler,
         "warmup_s": round(warmup_s, 3),
         "measured_s": round(measured_s, 3),
+        "settings": _settings(),
+        "measured_kernels": measured_kernels,
+        "measured_kernels_source": kernels_source,
+        **(record or {}),
     }
-    run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    run_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_path.with_name(run_path.name + ".partial")
+    tmp.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, run_path)
     return run
 
 
-def _export_gzipped_trace(prof, trace_path: Path) -> None:
+@contextlib.contextmanager
+def cuda_profiler_range(nvtx_ops: bool = True) -> Iterator[None]:
+    """The measured window for tools that honour the CUDA profiler API.
+
+    Synchronizes the device, calls ``torch.cuda.profiler.start()`` (``cudaProfilerStart``), runs the block
+    (under ``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` when ``nvtx_ops``: one NVTX range per
+    ATen op, default domain), synchronizes again and calls ``torch.cuda.profiler.stop()``
+    (``cudaProfilerStop``), also when the block raises. ``nsys profile --capture-range=cudaProfilerApi
+    --capture-range-end=stop`` then records exactly the block, and so does ``ncu --profile-from-start off``
+    (CUDA runtime API, Profiler Control: "Enables profile collection by the active profiling tool for the
+    current context"; Nsight Systems and Nsight Compute CLI guides).
+    """
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    try:
+        if nvtx_ops:
+            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+                yield
+        else:
+            yield
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.profiler.stop()
+
+
+def _export_gzipped_trace(prof, trace_path: Path) -> int:
+    """Write the gzipped Chrome trace; return its number of kernel records (``"cat": "kernel"``)."""
     import gzip
 
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     raw = trace_path.with_name(trace_path.name + ".tmp.json")
     prof.export_chrome_trace(str(raw))
+    kernels = 0
     with open(raw, "rb") as src, gzip.open(trace_path, "wb", compresslevel=6) as dst:
-        shutil.copyfileobj(src, dst)
+        for chunk in iter(lambda: src.read(1 << 20), b""):
+            dst.write(chunk)
+    with open(raw, "rb") as src:
+        kernels = sum(1 for e in json.load(src).get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X")
     raw.unlink()
+    return kernels

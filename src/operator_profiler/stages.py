@@ -166,9 +166,55 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     return classes
 
 
+def timeline_kernel_count(kernels: pd.DataFrame) -> int:
+    """Kernels of a timeline that count as launches of the measured window: every kernel row, less nsys's
+    ``<cuda_graph N>`` rows of graphs traced at graph granularity (``activity == "graph"``)."""
+    if "activity" in kernels.columns:
+        return int((kernels["activity"] != "graph").sum())
+    return len(kernels)
+
+
+def check_kernel_counts(counts: dict[str, int | None]) -> None:
+    """Fail when the runs of one workload launched different numbers of kernels in their measured window.
+
+    ``counts`` maps a run's label (its run.json, or a timeline) to its kernel count; ``None`` (not known)
+    is skipped. Every run of a workload (the timeline capture, the torch.profiler run beside nsys, each ncu
+    replay) uses the same seed, shapes and settings, and autotuning happens in warm-up, so the invocation
+    order must be identical: pairing and counter matching rely on it.
+
+    Raises:
+        InputError: two known counts differ (the message lists them all and what to check).
+    """
+    known = {label: int(n) for label, n in counts.items() if n is not None}
+    if len(set(known.values())) > 1:
+        listed = ", ".join(f"{label}: {n}" for label, n in known.items())
+        raise InputError(f"the runs of this workload launched different numbers of kernels in the measured window "
+                         f"({listed}), so their invocation order differs and kernels cannot be paired by it; "
+                         "check that all runs used the same config, seed, shapes and settings (run.json "
+                         "'settings'), that nothing autotunes in the measured window (harness.warmup >= 1), "
+                         "and re-run the captures")
+
+
+def _check_run_counts(runs: list[Path], kernels: pd.DataFrame) -> dict[str, int | None]:
+    """Kernel counts of the workload's runs: each run.json's ``measured_kernels`` (the harness's count, null
+    under nsys), and for the first run (the one this timeline comes from) the timeline reader's count too.
+    CPU runs are skipped (their "kernels" are compute calls, not launches)."""
+    counts: dict[str, int | None] = {}
+    for i, path in enumerate(runs):
+        run = read_json_file(Path(path), "a capture's run.json", "run the capture rules", expect=dict)
+        device = (run.get("versions") or {}).get("device") or run.get("device")
+        if device == "cpu":
+            continue
+        counts[f"{path} (recorded by the harness)"] = run.get("measured_kernels")
+        if i == 0:
+            counts[f"{path} (counted in its timeline)"] = timeline_kernel_count(kernels)
+    check_kernel_counts(counts)
+    return counts
+
+
 def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | pd.DataFrame | None,
                     out: Path, nvtx_options: nvtx.NvtxOptions | None = None,
-                    kineto_timeline: Path | None = None) -> pd.DataFrame:
+                    kineto_timeline: Path | None = None, runs: list[Path] | None = None) -> pd.DataFrame:
     """Attribution of every kernel of a timeline -> ``attribution/kernels.parquet``.
 
     A Kineto timeline runs paths (a) correlation and (c) the fusion map; an nsys timeline runs path
@@ -177,11 +223,17 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     summary goes to ``pairing.json`` beside ``out``). ``fusion_map`` is a ``fusion_map.parquet``
     path or an already loaded fusion map.
 
+    ``runs``: the run.json of every capture of the workload, this timeline's first (``capture/run.json``,
+    then ``capture/kineto_run.json``): their kernel counts of the measured window must agree
+    (:func:`check_kernel_counts`; the nsys count is the timeline reader's), else nothing is attributed.
+
     Raises:
-        InputError: unreadable inputs, tables from different timelines, or a ``kineto_timeline``
-            that is not a Kineto timeline.
+        InputError: unreadable inputs, tables from different timelines, a ``kineto_timeline``
+            that is not a Kineto timeline, or runs with different kernel counts.
     """
     kernels, ranges = read_timeline(timeline_dir)
+    if runs:
+        _check_run_counts([Path(r) for r in runs], kernels)
     kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers)
     if isinstance(fusion_map, (str, Path)):
         fusion_map = read_parquet_file(fusion_map, "a fusion map", "write it with: opprof fusion-map "
