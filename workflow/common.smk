@@ -77,7 +77,7 @@ ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.
 # The ncu replay (GPU): the capture side, the command builder, the harness re-run and the metric set.
 REPLAY_LIB = [
     *CAPTURE_LIB,
-    *(LIB / "ncu" / m for m in ("replay.py", "replay_target.py", "metrics.yaml")),
+    *(LIB / "ncu" / m for m in ("replay.py", "metrics.yaml")),
 ]
 
 

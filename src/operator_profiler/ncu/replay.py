@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import os
 import shlex
@@ -64,7 +63,6 @@ from .csv_reader import PERMISSION_URL, export_report_csv
 log = logging.getLogger(__name__)
 
 NCU = "ncu"
-TARGET_MODULE = "operator_profiler.ncu.replay_target"
 COUNTED_FROM = ("cudaProfilerStart: ncu --profile-from-start off, the harness re-run brackets its measured "
                 "iterations with cudaProfilerStart/Stop, so warm-up launches are not counted")
 
@@ -179,19 +177,17 @@ def write_plans(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, classes: dic
 
 def target_argv(workload: dict, harness_cfg: dict, out_dir: Path, workload_name: str | None = None,
                 iterations: int | None = None) -> list[str]:
-    """The program ncu runs: the workload harness again, measured iterations inside cudaProfilerStart/Stop.
+    """The program ncu runs: the workload harness again in a fresh process, its measured iterations
+    inside cudaProfilerStart/Stop: ``opprof run-harness ... --device cuda --profiler cuda_profiler_api``
+    (:func:`operator_profiler.capture.harness_argv`, the same entry the nsys capture launches), writing
+    its ``run.json``/``layers.json`` into ``out_dir``. ``iterations`` (default: the harness's) cuts the
+    re-run to the iterations the plan needs (the first measured one)."""
+    from ..capture import harness_argv
 
-    ``[sys.executable, "-m", "operator_profiler.ncu.replay_target", "--workload", JSON, "--harness", JSON,
-    "--out", DIR, ("--name", NAME)]`` (:mod:`operator_profiler.ncu.replay_target`). ``iterations`` (default:
-    the harness's) can cut the re-run to the iterations the plan needs (the first measured one).
-
-    TODO(capture side, issue #6): when the capture stage gets its own command-line entry for a
-    ``cuda_profiler_api`` harness run (the nsys capture needs the same window), point this at it.
-    """
     harness_cfg = dict(harness_cfg, **({"iterations": int(iterations)} if iterations else {}))
-    argv = [sys.executable, "-m", TARGET_MODULE, "--workload", json.dumps(workload, sort_keys=True),
-            "--harness", json.dumps(harness_cfg, sort_keys=True), "--out", str(out_dir)]
-    return argv + (["--name", workload_name] if workload_name else [])
+    out_dir = Path(out_dir)
+    return harness_argv(workload_name or "workload", workload, harness_cfg, "cuda", "cuda_profiler_api",
+                        out_dir / "run.json", out_layers=out_dir / "layers.json")
 
 
 def replay_command(plan: dict, catalog, out_report: Path, applied_clocks: dict, target: list[str],
