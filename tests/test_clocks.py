@@ -439,3 +439,18 @@ def test_capture_timeline_runs_the_harness_inside_the_lock(smi, tmp_path, monkey
     assert got["locked"] is True and got["restored"] is True
     assert got["workload"] == "w" and got["measured_s"] == 1.5
     assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+
+
+def test_report_line_says_what_was_locked_or_that_nothing_was():
+    """The report's clocks line comes from the capture's clocks_applied.json (written by locked_clocks)."""
+    from operator_profiler.report import _clocks_text
+
+    locked = {"locked": True, "gpu": "NVIDIA H100 80GB HBM3", "applied": {"sm_mhz": 1755, "mem_mhz": 2619},
+              "restored": True, "warnings": []}
+    assert _clocks_text(locked) == "locked at SM 1755 MHz, memory 2619 MHz (read back) on NVIDIA H100 80GB HBM3"
+    drifted = dict(locked, restored=False, warnings=["SM clock read back 1410 MHz after the run"])
+    assert _clocks_text(drifted).endswith("; **not restored afterwards**; warning: SM clock read back 1410 MHz "
+                                          "after the run")
+    assert _clocks_text({"locked": False, "reason": "clocks not locked (policy none)"}) == (
+        "**not locked** (clocks not locked (policy none)): durations may drift with boost clocks")
+    assert _clocks_text(None) == "unknown (no capture/clocks_applied.json)"

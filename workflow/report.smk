@@ -1,6 +1,7 @@
 rule report:
     input:
         run="results/{workload}/capture/run.json",
+        clocks="results/{workload}/capture/clocks_applied.json",
         coverage="results/{workload}/coverage.json",
         operators="results/{workload}/operators.parquet",
         modules="results/{workload}/modules.parquet",

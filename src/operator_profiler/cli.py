@@ -157,11 +157,14 @@ def _cmd_aggregate(args) -> None:
 
 def _cmd_report(args) -> None:
     d = Path(args.results)
+    # the capture writes clocks_applied.json beside run.json
+    clocks = Path(args.run).parent / "clocks_applied.json" if args.run else Path("/nonexistent")
     stages.report_files(args.workload or d.name, Path(args.run) if args.run else None, d / "coverage.json",
                         d / "operators.parquet", d / "modules.parquet", d / "layer_classes.parquet",
                         {"top_operators": args.top}, Path(args.out),
                         diagnostics_path=Path(args.timeline) / "diagnostics.json" if args.timeline else None,
-                        match_diagnostics_path=Path(args.matching) if args.matching else None)
+                        match_diagnostics_path=Path(args.matching) if args.matching else None,
+                        clocks_path=clocks if clocks.is_file() else None)
     print(f"wrote {args.out}")
 
 

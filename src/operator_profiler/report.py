@@ -129,6 +129,21 @@ def _outside_iterations(coverage: dict) -> list[str]:
                 "and shares, not in the per-iteration columns."]
 
 
+def _clocks_text(clocks: dict | None) -> str:
+    """The capture's clocks_applied.json in one line: what was locked and read back, or that the whole
+    profile ran with clocks not locked (durations then drift with boost and temperature)."""
+    if not clocks:
+        return "unknown (no capture/clocks_applied.json)"
+    if not clocks.get("locked"):
+        return f"**not locked** ({clocks.get('reason') or 'policy none'}): durations may drift with boost clocks"
+    got = clocks.get("applied") or {}
+    text = (f"locked at SM {got.get('sm_mhz', '?')} MHz, memory {got.get('mem_mhz', '?')} MHz (read back) on "
+            f"{clocks.get('gpu') or 'the GPU'}")
+    if clocks.get("restored") is False:
+        text += "; **not restored afterwards**"
+    return text + "".join(f"; warning: {w}" for w in clocks.get("warnings") or [])
+
+
 def _share(coverage: dict, path: str, key: str) -> str:
     """What a path answered on its own (``path_coverage``), whatever the merge chose."""
     entry = (coverage.get("path_coverage") or {}).get(path)
@@ -173,6 +188,7 @@ def render_markdown(
     diagnostics: dict | None = None,
     matching: dict | None = None,
     replays: list[dict] | None = None,
+    clocks: dict | None = None,
 ) -> str:
     """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
     capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's;
@@ -195,7 +211,7 @@ def render_markdown(
             f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
             f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
             f"- {coverage['counters_note'] or 'hardware counters: collected'}",
-            f"- clocks: {'not locked (CPU run)' if cpu else 'see capture/clocks_applied.json'}",
+            f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
         ]
     if cpu:
         lines += [

@@ -351,11 +351,13 @@ def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, inst
 
 def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
                  layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
-                 match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None) -> None:
+                 match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
+                 clocks_path: Path | None = None) -> None:
     """The Markdown report. ``run_path`` is the capture's ``run.json`` (None for a trace captured
     elsewhere); ``diagnostics_path`` an nsys timeline's ``diagnostics.json`` (source file, versions,
     GPUs and the reader's warnings go into the report); ``replay_paths`` the classes'
-    ``ncu/{cls}.replay.json`` (measured replay time against replaying every layer instance)."""
+    ``ncu/{cls}.replay.json`` (measured replay time against replaying every layer instance);
+    ``clocks_path`` the capture's ``clocks_applied.json`` (locked clocks read back, or "not locked")."""
     hint = "run opprof aggregate first"
     run = read_json_file(run_path, "the capture's run.json", "pass capture/run.json, or leave --run out for a trace "
                          "captured elsewhere", expect=dict) if run_path is not None else None
@@ -379,6 +381,8 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
         matching=read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
                                 expect=dict) if match_diagnostics_path is not None else None,
         replays=read_replay_records(replay_paths) if replay_paths else None,
+        clocks=read_json_file(clocks_path, "the capture's clocks_applied.json", "it is written by the capture",
+                              expect=dict) if clocks_path is not None else None,
     )
     write_text_atomic(out, text)
 
