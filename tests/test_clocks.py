@@ -369,15 +369,49 @@ def test_permission_denied_exit_path_is_one_failed_line(smi, out, tmp_path, caps
     assert len(failed) == 1 and "sudo nvidia-smi -acp UNRESTRICTED" in failed[0]
 
 
-def test_memory_lock_refused_restores_the_gpu_clock(smi, out):
+def test_memory_lock_unsupported_keeps_the_sm_lock_with_a_warning(smi, out):
+    """QA: GPUs whose memory runs at one clock may refuse -lmc ("not supported", exit 3): the SM clock
+    lock is kept, the job runs, and only -rgc is reset afterwards."""
     smi.fail("-lmc", "unsupported")
-    with pytest.raises(ClockPermissionError, match="not supported on this GPU.*policy: none"):
+    with locked_clocks(_target(), out) as applied:
+        assert applied["locked"] is True
+        assert any(w.startswith("memory clock not locked") for w in applied["warnings"])
+    calls = smi.calls()
+    assert calls[:3] == [QUERY, ["-i", "0", "-lgc", "1755,1755"], ["-i", "0", "-lmc", "2619,2619"]]
+    assert calls[-1] == ["-i", "0", "-rgc"] and ["-i", "0", "-rmc"] not in calls
+    assert json.loads(out.read_text())["restored"] is True
+    assert smi.read()["gpus"]["0"]["locked_sm"] is None
+
+
+def test_memory_lock_without_permission_restores_the_gpu_clock(smi, out):
+    smi.fail("-lmc", "permission")
+    with pytest.raises(ClockPermissionError, match="no permission"):
         with locked_clocks(_target(), out):
             pass
     assert smi.calls() == [QUERY, ["-i", "0", "-lgc", "1755,1755"], ["-i", "0", "-lmc", "2619,2619"],
                            ["-i", "0", "-rgc"]]
     assert json.loads(out.read_text())["restored"] is True
-    assert smi.read()["gpus"]["0"]["locked_sm"] is None
+
+
+def test_gpu_jobs_on_one_gpu_run_one_at_a_time(smi, out, tmp_path):
+    """QA: two jobs on one GPU interleaved their lock and restore. A second job now waits for the
+    first (a child process holds the GPU lock; this process gets it only after the child releases)."""
+    import subprocess
+    import sys
+    import time
+
+    from operator_profiler.clocks import gpu_job_lock
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from operator_profiler.clocks import gpu_job_lock\n"
+        "with gpu_job_lock('qa-test-gpu'):\n    print('held', flush=True); time.sleep(1.5)\n")],
+        stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    t0 = time.monotonic()
+    with gpu_job_lock("qa-test-gpu"):
+        waited = time.monotonic() - t0
+    child.wait(timeout=10)
+    assert waited > 0.5, waited
 
 
 def test_failed_restore_is_recorded(smi, out):

@@ -188,3 +188,15 @@ def test_shapes_the_model_cannot_be_built_with_are_config_errors(workload, fragm
     with pytest.raises(ConfigError) as err:
         validate_config({"workloads": {"w": workload}})
     assert "workloads.w" in str(err.value) and fragment in str(err.value)
+
+
+def test_fixed_clock_policy_needs_both_clocks_at_config_time(tmp_path):
+    """QA: `clocks: {policy: fixed, sm_mhz: 1755}` passed validation and failed only in the GPU job."""
+    from operator_profiler.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("clocks: {policy: fixed, sm_mhz: 1755}\n")
+    with pytest.raises(ConfigError, match="mem_mhz"):
+        load_config(path)
+    path.write_text("clocks: {policy: fixed, sm_mhz: 1755, mem_mhz: 2619}\n")
+    assert load_config(path)["clocks"]["mem_mhz"] == 2619

@@ -136,10 +136,11 @@ def test_nsys_argv_is_exact_and_keeps_paths_with_spaces_whole(tmp_path):
                     "--workload-name", "my work", "--out-layers", str(tmp_path / "a b" / "layers.json"),
                     "--record-json", '{"timeline": "nsys"}']
     cmd = capture.nsys_command(tmp_path / "results dir" / "timeline.partial", ["python", "x"], nsys="/opt/n sys")
-    assert cmd == ["/opt/n sys", "profile", "--trace=cuda,nvtx", "--capture-range=cudaProfilerApi",
-                   "--capture-range-end=stop", "--cuda-graph-trace=node", "--force-overwrite=true",
-                   "--output", str(tmp_path / "results dir" / "timeline.partial"), "python", "x"]
-    assert tuple(cmd[2:7]) == NSYS_PROFILE_OPTIONS
+    assert cmd == ["/opt/n sys", "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
+                   "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--cuda-graph-trace=node",
+                   "--force-overwrite=true", "--output", str(tmp_path / "results dir" / "timeline.partial"), "python",
+                   "x"]
+    assert tuple(cmd[2:9]) == NSYS_PROFILE_OPTIONS
 
 
 def test_capture_timeline_nsys_runs_the_exact_command_inside_locked_clocks(smi, nsys, target, tmp_path):

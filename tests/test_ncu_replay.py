@@ -449,3 +449,22 @@ def test_workflow_new_class_runs_exactly_one_replay(replay_run):
     assert new[new.index("--launch-skip") + 1: new.index("--launch-skip") + 4] == ["4", "--launch-count", "1"]
     diag = json.loads((out / "matched" / "diagnostics.json").read_text())
     assert diag["matched"] == 3 and diag["name_disagreements"] == []
+
+
+def test_a_shifted_launch_window_fails_instead_of_attaching_a_neighbours_counters():
+    """QA: one launch more before the window made ncu profile the kernel *before* the planned one; the
+    match stage attached its counters and exited 0. Unplanned rows or planned kernels left without
+    counters in a replay now fail with the class and the counts."""
+    import pandas as pd
+
+    from operator_profiler import stages
+    from operator_profiler.files import InputError
+
+    matched = pd.DataFrame({"kernel_id": [3]})
+    diagnostics = {"ncu_only_rows": [{"ncu_id": 0, "source": "results/w/ncu/Block-1.parquet"},
+                                     {"ncu_id": 2, "source": "results/w/ncu/Block-1.parquet"}],
+                   "name_disagreements": [{"key": "gemm", "position": 0}]}
+    with pytest.raises(InputError, match=r"class Block-1: 1 of 2 planned kernels matched, 2 profiled kernel\(s\) "
+                                         r"not planned.*first disagreement.*launch window is shifted"):
+        stages._check_replay_windows({"Block-1": {"kernel_ids": [3, 4]}}, matched, diagnostics)
+    stages._check_replay_windows({"Block-1": {"kernel_ids": [3]}}, matched, {"ncu_only_rows": []})  # all good

@@ -37,6 +37,18 @@ DEVICE = (
 )
 # Resolved once, here, when the DAG is built (auto: nsys when on PATH); run.json records it.
 TIMELINE = resolve_timeline(config["timeline"], DEVICE)
+# Say now, not after the captures, that a GPU tool the DAG needs is missing on this machine.
+if DEVICE == "cuda":
+    for tool, needed_for in (
+        ("ncu", "the per-class ncu replays"),
+        ("nsys", "the nsys timeline"),
+    ):
+        if (tool == "ncu" or TIMELINE == "nsys") and shutil.which(tool) is None:
+            print(
+                f"warning: {tool} is not on PATH here: {needed_for} will fail on this machine "
+                "(fine when the jobs run on GPU nodes that have it)",
+                file=sys.stderr,
+            )
 GPU = 1 if DEVICE == "cuda" else 0
 TRACE_EXT = "nsys-rep" if TIMELINE == "nsys" else "kineto.json.gz"
 # The nsys reader also writes memcpy/memset rows, the NVTX GPU projection and its diagnostics.
@@ -77,7 +89,11 @@ ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.
 # The ncu replay (GPU): the capture side, the command builder, the harness re-run and the metric set.
 REPLAY_LIB = [
     *CAPTURE_LIB,
-    *(LIB / "ncu" / m for m in ("replay.py", "metrics.yaml")),
+    # replay.py builds the ncu command with catalog.py and exports the raw page with csv_reader.py
+    *(
+        LIB / "ncu" / m
+        for m in ("replay.py", "catalog.py", "csv_reader.py", "metrics.yaml")
+    ),
 ]
 
 

@@ -32,8 +32,9 @@ TIMELINES = ("auto", "nsys", "torch")
 NSYS = "nsys"
 # ``nsys profile`` options of the timeline capture (Nsight Systems User Guide, CLI profile command switches;
 # ../shared/docs/nsys-sqlite.md §3 "CUDA graph tables"):
-# --trace=cuda,nvtx                 CUDA API + GPU activities and NVTX ranges, nothing else (no OS runtime, no
-#                                   CPU sampling: less overhead, smaller report);
+# --trace=cuda,nvtx                 CUDA API + GPU activities and NVTX ranges, no OS-runtime tracing;
+# --sample=none --cpuctxsw=none     no CPU IP sampling and no context-switch tracing: ``--trace`` does not turn
+#                                   them off (both default on), and they only add overhead and report size here;
 # --capture-range=cudaProfilerApi   record only between cudaProfilerStart and cudaProfilerStop (the harness's
 #                                   measured iterations, harness.cuda_profiler_range);
 # --capture-range-end=stop          stop recording at cudaProfilerStop and let the application finish (it
@@ -41,8 +42,8 @@ NSYS = "nsys"
 # --cuda-graph-trace=node           one kernel row per CUDA-graph node (the default ``graph`` records one row
 #                                   per graph launch and no kernel rows);
 # --force-overwrite=true            replace a report left by an earlier failed run.
-NSYS_PROFILE_OPTIONS = ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
-                        "--cuda-graph-trace=node", "--force-overwrite=true")
+NSYS_PROFILE_OPTIONS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--capture-range=cudaProfilerApi",
+                        "--capture-range-end=stop", "--cuda-graph-trace=node", "--force-overwrite=true")
 
 
 def resolve_timeline(requested: str, device: str) -> str:

@@ -303,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"opprof {args.command}: error: {exc.strerror or exc}{where}; choose another --out (a writable folder "
               "or file path as the command expects)", file=sys.stderr)
         return 1
+    finally:
+        # Called in-process (tests, a notebook): leave the package's logging as it was found, so later
+        # logging does not go to this call's stderr, which may be closed by then.
+        package_log.handlers[:] = [h for h in package_log.handlers if h is not handler]
+        package_log.propagate = True
     return 0
 
 

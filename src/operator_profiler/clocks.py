@@ -271,6 +271,36 @@ def _lock_failure(args: list[str], proc: subprocess.CompletedProcess) -> ClockEr
     return ClockError(f"{cmd} failed with exit status {proc.returncode}: {text}; fix: {NO_PERMISSION_FIXES}")
 
 
+def _not_supported(proc: subprocess.CompletedProcess) -> bool:
+    """nvidia-smi's "not supported" answer (exit status 3, nvidia-smi man page), not a permission refusal."""
+    return proc.returncode == 3 or ("not supported" in (_output(proc) or "").lower() and proc.returncode != 4)
+
+
+@contextlib.contextmanager
+def gpu_job_lock(gpu: str):
+    """Hold an exclusive lock for one GPU for the duration of a GPU job, across processes.
+
+    Snakemake runs jobs concurrently unless ``--resources gpu=1`` is given; two captures or replays on
+    one GPU would skew each other's times and one job's clock restore would unlock the other's clocks.
+    Every GPU job therefore takes ``fcntl.flock`` on ``<tmp>/operator_profiler-gpu-<gpu>.lock`` (one
+    machine: a cluster node's jobs share its /tmp) and waits its turn, logging that it waits.
+    """
+    import fcntl
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"operator_profiler-gpu-{gpu.replace('/', '_')}.lock"
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("GPU %s is used by another profiling job; waiting for it (%s)", gpu, path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _readback(idx: str, requested: dict, when: str, warnings: list[str]) -> dict:
     gpu = query_gpu(idx, supported=False)
     got = {"sm_mhz": gpu["sm_mhz"], "mem_mhz": gpu["mem_mhz"]}
@@ -284,6 +314,19 @@ def _readback(idx: str, requested: dict, when: str, warnings: list[str]) -> dict
 
 @contextlib.contextmanager
 def locked_clocks(target: dict, out_applied: Path, device: str | None = None):
+    """Lock the GPU's clocks around a GPU job, holding the GPU exclusively (:func:`gpu_job_lock`) for
+    the whole job; see :func:`_locked_clocks` for the locking itself, what is written and raised."""
+    if target.get("device") == "cpu":
+        with _locked_clocks(target, out_applied, device) as applied:
+            yield applied
+        return
+    with gpu_job_lock(gpu_id(device or target.get("device") or "cuda")):
+        with _locked_clocks(target, out_applied, device) as applied:
+            yield applied
+
+
+@contextlib.contextmanager
+def _locked_clocks(target: dict, out_applied: Path, device: str | None = None):
     """Lock the clocks of ``target`` (a ``target.json`` dict) for the duration of the block.
 
     Yields the applied dict, which the caller may extend (e.g. with ``measured_s``); on exit it is
@@ -351,7 +394,14 @@ def locked_clocks(target: dict, out_applied: Path, device: str | None = None):
             proc = _run_smi(args)
             if proc.returncode != 0:
                 locked.pop()  # refused: nothing to reset
-                raise _lock_failure(args, proc)
+                failure = _lock_failure(args, proc)
+                if flag == "-lmc" and _not_supported(proc):
+                    # GPUs whose memory runs at one clock (HBM parts) may refuse -lmc: the SM clock
+                    # lock still holds, and the read-back shows the memory clock.
+                    warnings.append(f"memory clock not locked ({failure}); only the SM clock is locked")
+                    log.warning("clocks: %s", warnings[-1])
+                    continue
+                raise failure
         applied["locked"] = True
         applied["applied"] = _readback(idx, requested, "after locking", warnings)
         yield applied

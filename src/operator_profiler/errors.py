@@ -54,3 +54,9 @@ def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
             _fail(log, log_path, f"FAILED: internal error {type(exc).__name__}: {exc} (traceback in the log)")
         finally:
             sys.stderr = sys.__stderr__
+            # The log file closes here: detach its handler, so later logging (another rule run in the
+            # same process, as in tests) does not write to a closed file.
+            root = logging.getLogger()
+            for handler in list(root.handlers):
+                if getattr(handler, "stream", None) is log:
+                    root.removeHandler(handler)

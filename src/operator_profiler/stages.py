@@ -447,6 +447,8 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         columns=["source", "ncu_id", "name", "match_key"])
     ncu.attrs = {"units": units}
     matched, diagnostics = match_invocations(kernels, ncu, window)
+    if window and "sources" in window:
+        _check_replay_windows(window["sources"], matched, diagnostics)
     if kernel_layers_path is not None:
         kernel_layers = read_parquet_file(kernel_layers_path, "a kernel_layers table", "run 'opprof classify' first",
                                           ("kernel_id", "layer_class", "position"))
@@ -456,6 +458,32 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     write_parquet_atomic(matched, out_metrics)
     write_json(out_diagnostics, diagnostics)
     return matched, diagnostics
+
+
+def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dict) -> None:
+    """Our own replays must profile exactly the planned kernels: a replay that profiled others (the
+    launch window shifted: launches counted that the timeline does not have) would attach a neighbour's
+    counters to a kernel. Unplanned ncu rows, planned kernels left without counters or any name
+    disagreement fail the stage.
+
+    Raises:
+        InputError: naming the class, the counts and the first disagreement.
+    """
+    got = set(matched["kernel_id"].astype("int64")) if len(matched) else set()
+    problems = []
+    for cls, win in sorted(sources.items()):
+        planned = set(int(k) for k in (win or {}).get("kernel_ids") or [])
+        missing = planned - got
+        extra = [r for r in diagnostics.get("ncu_only_rows", []) if Path(str(r.get("source") or "")).stem == cls]
+        if missing or extra:
+            problems.append(f"class {cls}: {len(planned) - len(missing)} of {len(planned)} planned kernels matched, "
+                            f"{len(extra)} profiled kernel(s) not planned")
+    if problems or diagnostics.get("name_disagreements"):
+        first = (diagnostics.get("name_disagreements") or [None])[0]
+        raise InputError("the ncu replays did not profile the planned kernels (" + "; ".join(problems or ["names disagree"])
+                         + (f"; first disagreement: {first}" if first else "") + "): the launch window is shifted "
+                         "(the replayed run launched other kernels than the timeline, e.g. autotuning or a different "
+                         "input); counters are not attached: recapture, or check the replay's ncu/{cls}.replay.json")
 
 
 def read_replay_records(paths: list[Path]) -> list[dict]:
