@@ -8,6 +8,9 @@ min_version("9.27")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/common.smk"
 include: "workflow/clocks.smk"
 include: "workflow/capture.smk"
@@ -18,6 +21,7 @@ include: "workflow/match.smk"
 include: "workflow/attribute.smk"
 include: "workflow/aggregate.smk"
 include: "workflow/report.smk"
+include: "workflow/trace.smk"
 
 
 rule all:

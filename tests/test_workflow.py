@@ -149,6 +149,34 @@ def test_compiled_gpt2_kernels_are_inductor_cpp_kernels_and_extern_ops(finished_
 
 
 @pytest.mark.workflow
+def test_trace_json_holds_every_kernel_with_its_operator(finished_run):
+    work, _ = finished_run
+    out = work / "results" / "gpt2"
+    trace = json.loads((out / "trace.json").read_text())
+    kernels = tables.read_table(out / "timeline" / "kernels.parquet")
+    attribution = tables.read_table(out / "attribution" / "kernels.parquet").set_index("kernel_id")
+    events = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_kernel"]
+    assert len(events) == len(kernels) == trace["otherData"]["kernels"]
+    for e in events:
+        operator = attribution.loc[e["args"]["kernel_id"], "operator"]
+        assert e["args"]["operator"] == (None if pd.isna(operator) else operator)
+
+
+@pytest.mark.workflow
+def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
+    work, config = finished_run
+    html = tmp_path / "report.html"
+    result = snakemake(work, config, "--report", str(html), env=custom_env(work))
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = html.read_text()
+    for name in TINY["workloads"]:
+        assert name in text
+    for caption in ("Per-operator kernel time of workload", "Attribution coverage of workload",
+                    "as a Chrome/Perfetto trace", "ui.perfetto.dev"):
+        assert caption in text, caption
+
+
+@pytest.mark.workflow
 def test_second_run_does_nothing(finished_run):
     work, config = finished_run
     result = snakemake(work, config, env=custom_env(work))

@@ -12,10 +12,22 @@ rule aggregate:
         ],
     output:
         operators="results/{workload}/operators.parquet",
-        operators_csv="results/{workload}/operators.csv",
+        operators_csv=report(
+            "results/{workload}/operators.csv",
+            caption="report/operators.rst",
+            category="{workload}",
+            subcategory="Operators",
+            labels={"workload": "{workload}", "file": "operators.csv"},
+        ),
         modules="results/{workload}/modules.parquet",
         layer_classes="results/{workload}/layer_classes.parquet",
-        coverage="results/{workload}/coverage.json",
+        coverage=report(
+            "results/{workload}/coverage.json",
+            caption="report/coverage.rst",
+            category="{workload}",
+            subcategory="Coverage",
+            labels={"workload": "{workload}", "file": "coverage.json"},
+        ),
     log:
         "logs/aggregate/{workload}.log",
     benchmark:

@@ -189,5 +189,5 @@ def final_outputs():
     return [
         f"results/{w}/{name}"
         for w in WORKLOADS
-        for name in ("operators.csv", "coverage.json", "report.md")
+        for name in ("operators.csv", "coverage.json", "report.md", "trace.json")
     ]

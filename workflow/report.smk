@@ -11,7 +11,13 @@ rule report:
         replays=replay_records,
         lib=[LIB / "report.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
     output:
-        "results/{workload}/report.md",
+        report(
+            "results/{workload}/report.md",
+            caption="report/report_md.rst",
+            category="{workload}",
+            subcategory="Report",
+            labels={"workload": "{workload}", "file": "report.md"},
+        ),
     log:
         "logs/report/{workload}.log",
     benchmark:

@@ -168,6 +168,14 @@ def _cmd_report(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _cmd_trace(args) -> None:
+    trace = stages.trace_files(Path(args.timeline), Path(args.attribution), Path(args.out),
+                               Path(args.counters) if args.counters else None)
+    other = trace["otherData"]
+    print(f"{other['kernels']} kernels, {len(trace['traceEvents'])} events -> {args.out} (open it in "
+          "https://ui.perfetto.dev)")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -281,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=_positive_int, default=20)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_report)
+
+    s = sub.add_parser("trace", help="Chrome/Perfetto trace.json: kernels with their operator, module and counters")
+    s.add_argument("--timeline", required=True, help="timeline directory (kernels, ranges, launches parquet)")
+    s.add_argument("--attribution", required=True, help="attribution/kernels.parquet from 'opprof attribute'")
+    s.add_argument("--counters", help="matched/kernel_metrics.parquet from 'opprof match'")
+    s.add_argument("--out", required=True, help="trace.json to write")
+    s.set_defaults(func=_cmd_trace)
     return p
 
 

@@ -387,6 +387,36 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
     write_text_atomic(out, text)
 
 
+def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_path: Path | None = None) -> dict:
+    """``trace.json``: the timeline as a Chrome/Perfetto trace with each kernel's attribution (and
+    matched counters) in its ``args`` (``trace_export.build_trace``); written atomically.
+
+    Raises:
+        InputError: a missing or wrong input table, or an attribution of another timeline.
+    """
+    from . import trace_export
+
+    timeline_dir = Path(timeline_dir)
+    kernels, ranges = read_timeline(timeline_dir)
+    launches_path = timeline_dir / "launches.parquet"
+    launches = read_parquet_file(launches_path, "a timeline launches table", "write the timeline with opprof "
+                                 f"timeline --out {timeline_dir}", tuple(tables.LAUNCHES.names),
+                                 nullable_ints=True) if launches_path.is_file() else None
+    attribution = read_parquet_file(attribution_path, "an attribution table",
+                                    f"write it with: opprof attribute --timeline {timeline_dir} --out FILE",
+                                    tuple(tables.ATTRIBUTION.names), nullable_ints=True)
+    counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
+                                 "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
+                                 ("kernel_id", "ncu_id", "counters_from")) if counters_path is not None else None
+    try:
+        trace = trace_export.build_trace(kernels, ranges, attribution, counters=counters, launches=launches)
+    except ValueError as exc:
+        raise InputError(f"{attribution_path} does not belong to the timeline {timeline_dir}: {exc}; run opprof "
+                         f"attribute --timeline {timeline_dir} again") from None
+    write_text_atomic(out, trace_export.dumps(trace))
+    return trace
+
+
 def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
     """ncu CSVs (or ``.ncu-rep`` reports, exported with ``ncu`` from PATH) -> one row per profiled
     kernel (``ncu/{cls}.parquet``, DESIGN.md §3).
