@@ -33,9 +33,13 @@ from .timeline import kineto, nsys
 log = logging.getLogger(__name__)
 
 
+progress_log = logging.getLogger("operator_profiler.progress")
+
+
 def _progress(what: str, start: float) -> None:
-    """One progress line of a long CPU stage: counts and elapsed seconds (in the rule's log)."""
-    log.info("%s in %.1f s", what, time.perf_counter() - start)
+    """One progress line of a long CPU stage: counts and elapsed seconds (in the rule's log; the CLI
+    silences this logger)."""
+    progress_log.info("%s in %.1f s", what, time.perf_counter() - start)
 
 
 def _read_counts(timeline: kineto.Timeline) -> str:
@@ -105,7 +109,6 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     if kind is None:
         kind = "nsys" if trace.suffix.lower() in NSYS_SUFFIXES else "kineto"
     start = time.perf_counter()
-    log.info("reading %s (%s)", trace, kind)
     if kind == "nsys":
         timeline = nsys.read_report(trace)
         _progress(f"read {_read_counts(timeline)}", start)
