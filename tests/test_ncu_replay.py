@@ -393,6 +393,60 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
 
 
 @pytest.mark.workflow
+def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_capture(replay_run):
+    """Issue #7 item 5(b): the catalog is an input of replay_ncu (and aggregate), not of any capture rule."""
+    import test_workflow_nsys as wf
+
+    setup, ncu, _, _, target = replay_run
+    catalog = setup["repo"] / "src" / "operator_profiler" / "ncu" / "metrics.yaml"
+    original = catalog.read_bytes()
+    try:
+        catalog.write_bytes(original + b"# an edit of the metric catalog\n")
+        dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        assert wf.job_counts(dry.stdout) == {"replay_ncu": 1, "parse_ncu": 1, "match_invocations": 1,
+                                             "aggregate": 1, "report": 1}, dry.stdout[-3000:]
+    finally:
+        catalog.write_bytes(original)
+    # The same bytes again (newer mtime, same checksum): nothing to do.
+    dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+    # Issue #7 item 5(d) for the replay: a touch / git checkout of the replay's code re-runs nothing
+    # (replay_ncu is a shell: rule; its modules are checksummed inputs).
+    for module in ("ncu/replay.py", "ncu/catalog.py"):
+        (setup["repo"] / "src" / "operator_profiler" / module).touch()
+    dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+
+
+@pytest.mark.workflow
+def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
+    """Issue #7 item 5(e): a new capture whose layer classes are the same rewrites byte-identical class
+    JSONs and replay plans (checksummed inputs of replay_ncu): no replay runs again."""
+    import test_workflow_nsys as wf
+
+    setup, ncu, _, _, target = replay_run
+    out = setup["work"] / "results" / wf.W
+    (out / "capture" / "timeline.nsys-rep").write_bytes(b"\x00a recapture of the same program\x00")
+    dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    # Planned before the checkpoint re-runs: the CPU stages that read the timeline, no capture, no replay.
+    assert wf.job_counts(dry.stdout) == {"export_timeline": 1, "classify_layers": 1, "attribute": 1,
+                                         "match_invocations": 1, "aggregate": 1, "report": 1}, dry.stdout[-3000:]
+
+    # The checkpoint decides the classes: run the CPU stages up to it, then plan the rest.
+    step = wf.snakemake(setup, f"results/{wf.W}/layers/classes.json", *wf.CUDA_NSYS)
+    assert step.returncode == 0, step.stderr[-4000:]
+    dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert wf.job_counts(dry.stdout) == {}, dry.stdout[-3000:]
+    before = len(ncu.collections())
+    result = wf.snakemake(setup, *target, *wf.CUDA_NSYS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert len(ncu.collections()) == before
+
+
+@pytest.mark.workflow
 def test_workflow_new_class_runs_exactly_one_replay(replay_run):
     import test_workflow_nsys as wf
     from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export

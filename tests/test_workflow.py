@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -197,6 +198,50 @@ def test_aggregation_option_edit_reruns_only_aggregate_and_report(finished_run, 
 
 
 @pytest.mark.workflow
+def test_report_option_edit_reruns_only_report(finished_run, tmp_path):
+    """Issue #7 item 5(a), report side (the aggregation side is the test above)."""
+    work, _ = finished_run
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({**TINY, "report": {"top_operators": 3}}))
+    result = snakemake(work, edited, "-n", env=custom_env(work))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert job_counts(result.stdout) == {"all": 1, "report": 4}
+
+
+@pytest.mark.workflow
+def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
+    """Issue #7 item 5(c): one more (uncompiled) workload plans its own 7 jobs and nothing of the others."""
+    work, _ = finished_run
+    edited = tmp_path / "edited.yaml"
+    extra = {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}
+    edited.write_text(yaml.safe_dump({**TINY, "workloads": {**TINY["workloads"], "lstm_small": extra}}))
+    result = snakemake(work, edited, "-n", env=custom_env(work))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert job_counts(result.stdout) == {"all": 1, "select_clocks": 1, "capture_timeline": 1, "export_timeline": 1,
+                                         "classify_layers": 1, "attribute": 1, "aggregate": 1, "report": 1}
+    jobs = re.findall(r"wildcards: workload=(\w+)", result.stdout)
+    assert set(jobs) == {"lstm_small"}, jobs
+
+
+@pytest.mark.workflow
+def test_long_cpu_stages_log_their_progress(finished_run):
+    """Issue #7 item 6: export_timeline, classify_layers and attribute log counts and elapsed seconds."""
+    work, _ = finished_run
+    kernels = len(tables.read_table(work / "results" / "lstm" / "timeline" / "kernels.parquet"))
+    logs = {rule: (work / "logs" / rule / "lstm.log").read_text()
+            for rule in ("export_timeline", "classify_layers", "attribute")}
+    secs = r"in \d+\.\d s"
+    assert re.search(rf"read [\d,]+ events, {kernels:,} kernels, [\d,]+ launches, [\d,]+ ranges {secs}",
+                     logs["export_timeline"]), logs["export_timeline"]
+    assert re.search(rf"wrote the timeline tables to \S+ {secs}", logs["export_timeline"])
+    assert re.search(rf"classified {kernels:,} kernels into \d+ layer classes \(\d+ instances\) {secs}",
+                     logs["classify_layers"]), logs["classify_layers"]
+    assert re.search(rf"read {kernels:,} kernels and [\d,]+ ranges {secs}", logs["attribute"]), logs["attribute"]
+    assert re.search(rf"attributed {kernels:,} kernels \([\d,]+ to an operator\) {secs}", logs["attribute"])
+    assert not any("FAILED" in text for text in logs.values())
+
+
+@pytest.mark.workflow
 def test_iteration_count_edit_recaptures_but_does_not_recompile(finished_run, tmp_path):
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
@@ -215,6 +260,18 @@ def test_touching_library_code_reruns_nothing_and_editing_a_custom_model_recaptu
         (ROOT / "src" / "operator_profiler" / module).touch()
     result = snakemake(work, config, "-n", env=custom_env(work))
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-2000:]
+    # Issue #7 item 5(d): a git checkout that leaves the GPU rules' code as it was but gives it a new
+    # mtime (here: in the future, newer than every output) re-runs no capture. The GPU rules are shell:
+    # rules running operator_profiler.gpu_jobs, a checksummed input (a script: rule would re-run: its
+    # code trigger is the script's mtime).
+    future = time.time() + 3600
+    for module in ("gpu_jobs.py", "capture.py", "clocks.py", "workloads.py", "files.py"):
+        os.utime(ROOT / "src" / "operator_profiler" / module, (future, future))
+    result = snakemake(work, config, "-n", env=custom_env(work))
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-2000:]
+    now = time.time()
+    for module in ("gpu_jobs.py", "capture.py", "clocks.py", "workloads.py", "files.py"):
+        os.utime(ROOT / "src" / "operator_profiler" / module, (now, now))
 
     model = work / "wf_models.py"
     model.write_text(CUSTOM_MODEL.replace("range(3)", "range(4)"))

@@ -20,13 +20,16 @@ rule capture_timeline:
     resources:
         gpu=GPU,
     params:
-        workload=workload_params,
-        harness=json.dumps(config["harness"], sort_keys=True),
-        device=DEVICE,
-        timeline=TIMELINE,
-        timeline_requested=config["timeline"],
-    script:
-        "../scripts/capture_timeline.py"
+        job=gpu_job(
+            workload=workload_params,
+            harness=json.dumps(config["harness"], sort_keys=True),
+            device=DEVICE,
+            timeline=TIMELINE,
+            timeline_requested=config["timeline"],
+        ),
+        files=gpu_files,
+    shell:
+        gpu_shell("capture_timeline")
 
 
 # nsys and torch.profiler cannot share CUPTI in one process: path (a) needs its own run.
@@ -48,11 +51,14 @@ rule capture_kineto:
     resources:
         gpu=GPU,
     params:
-        workload=workload_params,
-        harness=json.dumps(config["harness"], sort_keys=True),
-        device=DEVICE,
-    script:
-        "../scripts/capture_kineto.py"
+        job=gpu_job(
+            workload=workload_params,
+            harness=json.dumps(config["harness"], sort_keys=True),
+            device=DEVICE,
+        ),
+        files=gpu_files,
+    shell:
+        gpu_shell("capture_kineto")
 
 
 rule compile_artifacts:
@@ -72,12 +78,15 @@ rule compile_artifacts:
     resources:
         gpu=GPU,
     params:
-        workload=workload_params,
-        # 1 warm-up + 1 iteration whatever the harness says: only the seed matters.
-        harness=json.dumps({"seed": config["harness"]["seed"]}),
-        device=DEVICE,
-    script:
-        "../scripts/compile_artifacts.py"
+        job=gpu_job(
+            workload=workload_params,
+            # 1 warm-up + 1 iteration whatever the harness says: only the seed matters.
+            harness=json.dumps({"seed": config["harness"]["seed"]}),
+            device=DEVICE,
+        ),
+        files=gpu_files,
+    shell:
+        gpu_shell("compile_artifacts")
 
 
 rule build_fusion_map:

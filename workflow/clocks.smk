@@ -1,6 +1,6 @@
 rule select_clocks:
     output:
-        "results/{workload}/clocks/target.json",
+        target="results/{workload}/clocks/target.json",
     log:
         "logs/select_clocks/{workload}.log",
     benchmark:
@@ -10,7 +10,10 @@ rule select_clocks:
     resources:
         gpu=GPU,
     params:
-        clocks=json.dumps(config["clocks"], sort_keys=True),
-        device=DEVICE,
-    script:
-        "../scripts/select_clocks.py"
+        job=gpu_job(
+            clocks=json.dumps(config["clocks"], sort_keys=True),
+            device=DEVICE,
+        ),
+        files=gpu_files,
+    shell:
+        gpu_shell("select_clocks")

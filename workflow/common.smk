@@ -1,6 +1,7 @@
 # Config validation, device/tool resolution and input functions shared by every stage.
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,7 @@ CAPTURE_LIB = [
         "workloads.py",
         "naming.py",
         "files.py",
+        "gpu_jobs.py",
     )
 ]
 ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
@@ -95,6 +97,62 @@ REPLAY_LIB = [
         for m in ("replay.py", "catalog.py", "csv_reader.py", "metrics.yaml")
     ),
 ]
+
+
+# The GPU rules are shell: rules running operator_profiler.gpu_jobs (a declared input, in CAPTURE_LIB):
+# for a script: rule Snakemake's code trigger is the script's mtime, so a touch or git checkout of a
+# script would re-run GPU captures; for a shell: rule it is the command text (gpu_shell), which never
+# changes. The interpreter comes from the environment, not from params (a venv path is no rerun
+# reason): "python" inside a conda environment (--sdm conda), else this interpreter.
+try:
+    from snakemake.settings.enums import DeploymentMethod
+
+    _CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+except (ImportError, AttributeError):
+    _CONDA = False
+os.environ.update(OPPROF_PYTHON="python" if _CONDA else sys.executable)
+
+
+def gpu_shell(rule):
+    return (
+        f'"$OPPROF_PYTHON" -m operator_profiler.gpu_jobs {rule} '
+        "{params.job:q} {params.files:q} {log:q}"
+    )
+
+
+def gpu_job(**params):
+    """A GPU rule's params as one JSON string (callables evaluated with the wildcards). It depends on
+    the wildcards only, so Snakemake's params trigger compares it (a params function of input or
+    output is "derived" and not compared): a config edit re-runs the rule."""
+
+    def spec(wildcards):
+        return json.dumps(
+            {k: (v(wildcards) if callable(v) else v) for k, v in params.items()},
+            sort_keys=True,
+        )
+
+    return spec
+
+
+def _named(items):
+    return {
+        name: (
+            str(value) if isinstance(value, (str, Path)) else [str(v) for v in value]
+        )
+        for name, value in items
+    }
+
+
+def gpu_files(wildcards, input, output):
+    """The wildcards and named inputs and outputs of a GPU job as JSON (files are tracked as files)."""
+    return json.dumps(
+        {
+            "wildcards": dict(wildcards.items()),
+            "input": _named(input.items()),
+            "output": _named(output.items()),
+        },
+        sort_keys=True,
+    )
 
 
 def custom_model_source(wildcards):

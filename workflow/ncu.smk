@@ -22,11 +22,14 @@ rule replay_ncu:
     resources:
         gpu=GPU,
     params:
-        workload=workload_params,
-        harness=json.dumps(config["harness"], sort_keys=True),
-        device=DEVICE,
-    script:
-        "../scripts/replay_ncu.py"
+        job=gpu_job(
+            workload=workload_params,
+            harness=json.dumps(config["harness"], sort_keys=True),
+            device=DEVICE,
+        ),
+        files=gpu_files,
+    shell:
+        gpu_shell("replay_ncu")
 
 
 rule parse_ncu:

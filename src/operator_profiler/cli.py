@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     package_log.handlers[:] = [handler]
     package_log.setLevel(logging.INFO)
     package_log.propagate = False
+    # Progress lines (counts, seconds) are for the rules' logs; on the terminal an error stays one line.
+    logging.getLogger("operator_profiler.progress").setLevel(logging.WARNING)
     try:
         args.func(args)
     except USER_ERRORS as exc:

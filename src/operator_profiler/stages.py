@@ -8,6 +8,7 @@ partial output.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,21 @@ from .files import (
 from .timeline import kineto, nsys
 
 log = logging.getLogger(__name__)
+
+
+progress_log = logging.getLogger("operator_profiler.progress")
+
+
+def _progress(what: str, start: float) -> None:
+    """One progress line of a long CPU stage: counts and elapsed seconds (in the rule's log; the CLI
+    silences this logger)."""
+    progress_log.info("%s in %.1f s", what, time.perf_counter() - start)
+
+
+def _read_counts(timeline: kineto.Timeline) -> str:
+    events = sum((timeline.diagnostics.get("event_categories") or {}).values())
+    return (f"{events:,} events, " if events else "") + (
+        f"{len(timeline.kernels):,} kernels, {len(timeline.launches):,} launches, {len(timeline.ranges):,} ranges")
 
 
 def is_nsys(kernels: pd.DataFrame) -> bool:
@@ -92,17 +108,23 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     trace = Path(trace)
     if kind is None:
         kind = "nsys" if trace.suffix.lower() in NSYS_SUFFIXES else "kineto"
+    start = time.perf_counter()
     if kind == "nsys":
         timeline = nsys.read_report(trace)
+        _progress(f"read {_read_counts(timeline)}", start)
         for warning in timeline.diagnostics["warnings"]:
             log.warning("%s: %s", trace, warning)
         for info in timeline.diagnostics["info"]:
             log.info("%s: %s", trace, info)
+        start = time.perf_counter()
         projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
         nsys.write_nsys_timeline(timeline, out_dir)
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
+        _progress(f"wrote the timeline tables and the GPU projection of {len(projection):,} ranges to {out_dir}",
+                  start)
         return timeline
     timeline = kineto.read_kineto(trace)
+    _progress(f"read {_read_counts(timeline)}", start)
     gpu_kernels = timeline.diagnostics["counts"]["kernels"]
     if expect_gpu and not gpu_kernels:
         raise kineto.TimelineError(
@@ -112,8 +134,10 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     _name_launch_operators(timeline)
     for warning in timeline.diagnostics["warnings"]:
         log.warning("%s: %s", trace, warning)
+    start = time.perf_counter()
     kineto.write_timeline(timeline, out_dir)
     write_json(Path(out_dir) / "diagnostics.json", timeline.diagnostics)
+    _progress(f"wrote the timeline tables to {out_dir}", start)
     for stale in NSYS_ONLY_OUTPUTS:  # from an nsys timeline written to the same folder before
         (Path(out_dir) / stale).unlink(missing_ok=True)
     return timeline
@@ -147,6 +171,7 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     ``out_plans_dir``, one ncu replay plan per class (:func:`operator_profiler.ncu.replay.plan_replay`;
     written here, by the checkpoint, so that an unchanged class keeps a byte-identical plan and the GPU
     replay depends on nothing else the timeline export rewrites)."""
+    start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
     hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
             "file containing [] (no layers)")
@@ -155,6 +180,8 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
             raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
     kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers, verify)
+    _progress(f"classified {len(kernels):,} kernels into {len(classes):,} layer classes "
+              f"({len(instances):,} instances)", start)
     write_parquet_atomic(instances, out_instances)
     write_parquet_atomic(kernel_layers, out_kernel_layers)
     write_json(out_summary, classes)
@@ -231,7 +258,10 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         InputError: unreadable inputs, tables from different timelines, a ``kineto_timeline``
             that is not a Kineto timeline, or runs with different kernel counts.
     """
+    start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
+    _progress(f"read {len(kernels):,} kernels and {len(ranges):,} ranges", start)
+    start = time.perf_counter()
     if runs:
         _check_run_counts([Path(r) for r in runs], kernels)
     kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers)
@@ -276,6 +306,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                         "another run or model?", len(fusion), fusion["graph"].nunique(), timeline_dir,
                         f" ({unmatched_reasons} kernels in compiled-graph regions that do not match it)"
                         if unmatched_reasons else "")
+    _progress(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
 
@@ -476,7 +507,10 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     ncu = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["source", "ncu_id", "name", "match_key"])
     ncu.attrs = {"units": units}
+    start = time.perf_counter()
     matched, diagnostics = match_invocations(kernels, ncu, window)
+    _progress(f"matched {len(kernels):,} timeline kernels with {len(ncu):,} ncu rows "
+              f"({diagnostics.get('matched', 0):,} matched)", start)
     if window and "sources" in window:
         _check_replay_windows(window["sources"], matched, diagnostics)
     if kernel_layers_path is not None:

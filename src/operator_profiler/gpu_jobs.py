@@ -1,0 +1,92 @@
+"""Entry point of the GPU rules (``select_clocks``, ``capture_timeline``, ``capture_kineto``,
+``compile_artifacts``, ``replay_ncu``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
+
+These rules use ``shell:`` rather than ``script:`` on purpose. Snakemake's ``code`` rerun trigger for a
+``script:`` rule is the script file's mtime, so a ``touch`` or a ``git checkout`` of the script re-runs every
+job of the rule, here a GPU capture or an ncu replay. For a ``shell:`` rule it is the command text, which is
+the same for all five rules (``"$OPPROF_PYTHON" -m operator_profiler.gpu_jobs RULE {params.job:q} {params.files:q} {log:q}``), and
+this module is a declared, checksummed input of each of them: an edit re-runs them, a touch does not.
+
+``PARAMS_JSON`` holds the rule's params (workflow/common.smk ``gpu_job``: compared by the params trigger),
+``FILES_JSON`` ``{"wildcards": {...}, "input": {...}, "output": {...}}`` with the named inputs and outputs as
+paths (``gpu_files``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+from .errors import run_rule
+
+
+def _select_clocks(j):
+    from . import clocks
+
+    return clocks.select_clocks, (json.loads(j.params.clocks), j.params.device, j.output.target)
+
+
+def _capture_timeline(j):
+    from . import capture
+
+    o = j.output
+    return capture.capture_timeline, (
+        j.wildcards.workload, json.loads(j.params.workload), json.loads(j.params.harness), j.params.device,
+        j.params.timeline, o.trace, o.run, o.layers, o.clocks, j.input.clocks, j.params.timeline_requested)
+
+
+def _capture_kineto(j):
+    from . import capture
+
+    o = j.output
+    return capture.capture_kineto, (
+        j.wildcards.workload, json.loads(j.params.workload), json.loads(j.params.harness), j.params.device,
+        o.trace, o.run, o.clocks, j.input.clocks)
+
+
+def _compile_artifacts(j):
+    from . import capture
+
+    return capture.compile_artifacts, (
+        json.loads(j.params.workload), json.loads(j.params.harness), j.params.device, j.output.debug,
+        j.input.clocks, j.output.clocks)
+
+
+def _replay_ncu(j):
+    from .ncu.replay import replay_files
+
+    i, o, p = j.input, j.output, j.params
+    return replay_files, (i.plan, i.clocks, json.loads(p.workload), json.loads(p.harness), j.wildcards.workload,
+                          p.device, o.csv, o.replay, o.clocks)
+
+
+RULES = {
+    "select_clocks": _select_clocks,
+    "capture_timeline": _capture_timeline,
+    "capture_kineto": _capture_kineto,
+    "compile_artifacts": _compile_artifacts,
+    "replay_ncu": _replay_ncu,
+}
+
+
+def parse_job(params_text: str, files_text: str) -> SimpleNamespace:
+    spec = {**json.loads(files_text), "params": json.loads(params_text)}
+    return SimpleNamespace(**{k: SimpleNamespace(**spec.get(k, {})) for k in ("wildcards", "input", "output", "params")})
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 4 or argv[0] not in RULES:
+        sys.exit(f"usage: python -m operator_profiler.gpu_jobs {{{','.join(RULES)}}} PARAMS_JSON FILES_JSON LOG")
+    rule, params_text, files_text, log_path = argv
+
+    def job():
+        func, args = RULES[rule](parse_job(params_text, files_text))
+        func(*args)
+
+    run_rule(log_path, job)
+
+
+if __name__ == "__main__":
+    main()
