@@ -210,7 +210,7 @@ def test_report_option_edit_reruns_only_report(finished_run, tmp_path):
 
 @pytest.mark.workflow
 def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
-    """Issue #7 item 5(c): one more (uncompiled) workload plans its own 7 jobs and nothing of the others."""
+    """Issue #7 item 5(c): one more (uncompiled) workload plans its own 8 jobs (with export_trace) and nothing of the others."""
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     extra = {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}
@@ -218,7 +218,8 @@ def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
     result = snakemake(work, edited, "-n", env=custom_env(work))
     assert result.returncode == 0, result.stderr[-2000:]
     assert job_counts(result.stdout) == {"all": 1, "select_clocks": 1, "capture_timeline": 1, "export_timeline": 1,
-                                         "classify_layers": 1, "attribute": 1, "aggregate": 1, "report": 1}
+                                         "classify_layers": 1, "attribute": 1, "aggregate": 1, "report": 1,
+                                         "export_trace": 1}
     jobs = re.findall(r"wildcards: workload=(\w+)", result.stdout)
     assert set(jobs) == {"lstm_small"}, jobs
 
