@@ -200,15 +200,22 @@ def canonical_json(obj: dict) -> str:
     return json.dumps(obj, sort_keys=True, indent=1) + "\n"
 
 
-def write_classes(classes: dict[str, dict], out_dir: Path) -> None:
-    """One ``<class>.json`` per class in ``out_dir`` (created; stale class files removed)."""
+def write_canonical_files(entries: dict[str, dict], out_dir: Path) -> None:
+    """One ``<name>.json`` (:func:`canonical_json`) per entry in ``out_dir`` (created; files of other names
+    removed). A file whose content is unchanged is not rewritten: its mtime stays, so Snakemake re-runs
+    nothing that depends on it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob("*.json"):
-        if stale.stem not in classes:
+        if stale.stem not in entries:
             stale.unlink()
-    for name, entry in classes.items():
+    for name, entry in entries.items():
         target = out_dir / f"{name}.json"
         text = canonical_json(entry)
-        if not target.exists() or target.read_text() != text:  # keep mtime when unchanged
+        if not target.exists() or target.read_text() != text:
             target.write_text(text)
+
+
+def write_classes(classes: dict[str, dict], out_dir: Path) -> None:
+    """One ``<class>.json`` per class in ``out_dir`` (:func:`write_canonical_files`)."""
+    write_canonical_files(classes, out_dir)

@@ -158,18 +158,10 @@ def plan_replay(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, class_json: 
 def write_plans(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, classes: dict[str, dict], out_dir: Path) -> None:
     """One ``{cls}.json`` plan per class in ``out_dir`` (canonical JSON, rewritten only when it changes,
     stale ones removed), so an unchanged class keeps a byte-identical plan and its replay is not re-run."""
-    from ..layers import canonical_json
+    from ..layers import write_canonical_files
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("*.json"):
-        if stale.stem not in classes:
-            stale.unlink()
-    for name, entry in classes.items():
-        target = out_dir / f"{name}.json"
-        text = canonical_json(plan_replay(kernels, kernel_layers, entry))
-        if not target.exists() or target.read_text() != text:
-            target.write_text(text)
+    write_canonical_files({name: plan_replay(kernels, kernel_layers, entry) for name, entry in classes.items()},
+                          out_dir)
 
 
 # ------------------------------------------------------------------------------------------ command
