@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from operator_profiler import aggregate as agg
 from operator_profiler import stages
 from operator_profiler.attribution.merge import attribute
-from operator_profiler.attribution.transfer import kernel_base_name
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.kineto import read_kineto
 
@@ -203,22 +200,6 @@ def test_counter_only_trace_says_no_kernel_events(tmp_path):
     assert len(timeline.kernels) == 0 and len(a) == 0  # not mistaken for a CPU-only trace
     assert any(w.startswith("no kernel events") and "1 cuda_profiler_range events" in w
                for w in timeline.diagnostics["warnings"])
-
-
-@pytest.mark.parametrize("name, base", [
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::AbsFunctor<float>, "
-     "at::detail::Array<char*, 2> >(int, at::native::AbsFunctor<float>, at::detail::Array<char*, 2>)",
-     "at::native::vectorized_elementwise_kernel"),
-    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)",
-     "at::native::(anonymous namespace)::cunn_SoftMaxForward"),
-    ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),
-    ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__"
-     "5x_cublas", "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_"
-     "kernel__5x_cublas"),
-    ("ampere_sgemm_128x64_tn", "ampere_sgemm_128x64_tn"),
-])
-def test_kernel_base_name(name, base):
-    assert kernel_base_name(name) == base
 
 
 def test_trace_without_any_event_is_a_clear_error(tmp_path, capsys):

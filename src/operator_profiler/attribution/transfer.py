@@ -10,8 +10,9 @@ Kernel names are compared by their *signature*: the demangled name without its p
 without whitespace (:func:`kernel_signature`). The two tools demangle with different demanglers
 (Kineto: the C++ ABI demangler on the CUPTI name; nsys: its own), which differ in spacing, the
 anonymous namespace and sometimes the parameter list. The sequences of a process and iteration must
-match kernel by kernel, or nothing there is paired. :func:`kernel_base_name` (no template arguments,
-no return type) is the coarser name used elsewhere to compare names loosely.
+match kernel by kernel, or nothing there is paired. (The coarser
+:func:`operator_profiler.matching.base_name`, without namespaces and template arguments, would pair
+``vectorized_elementwise_kernel<FillFunctor>`` with ``<AbsFunctor>``.)
 """
 
 from __future__ import annotations
@@ -20,40 +21,6 @@ import functools
 
 import numpy as np
 import pandas as pd
-
-_ANONYMOUS = "\x00anonymous\x00"
-
-
-@functools.lru_cache(maxsize=65536)
-def kernel_base_name(name: str) -> str:
-    """``void ns::kern<float, 4>(float*, int)`` -> ``ns::kern``; a Triton or C name is returned unchanged.
-
-    Removes, at template depth 0, the parameter list (from the first ``(``), every template argument
-    list ``<...>`` and a leading return type (the text before the last space outside brackets).
-    ``(anonymous namespace)`` qualifiers are kept as written.
-    """
-    name = name.strip()
-    out: list[str] = []
-    depth = 0
-    i = 0
-    while i < len(name):
-        ch = name[i]
-        if name.startswith("(anonymous namespace)", i) and depth == 0:
-            out.append("(anonymous namespace)")
-            i += len("(anonymous namespace)")
-            continue
-        if ch == "<":
-            depth += 1
-        elif ch == ">" and depth:
-            depth -= 1
-        elif depth == 0:
-            if ch == "(":
-                break
-            out.append(ch)
-        i += 1
-    base = "".join(out).strip().replace("(anonymous namespace)", _ANONYMOUS)
-    # "void ns::kern" -> "ns::kern": the return type ends at the last space outside brackets.
-    return base.rsplit(" ", 1)[-1].replace(_ANONYMOUS, "(anonymous namespace)")
 
 
 @functools.lru_cache(maxsize=65536)

@@ -278,12 +278,9 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-GPU_KERNEL_FIELDS = ["pid", "device", "stream", "name", "mangled_name", "start_ns", "end_ns", "correlation_id", "grid",
-                     "block", "graph_id", "graph_node_id", "external_id", "valid_time"]
-
-
 def _gpu_kernels(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
-    """GPU kernel records (columns of GPU_KERNEL_FIELDS) joined to their launch by correlation id."""
+    """GPU kernel records (the columns read_kineto builds from ``kernel`` events) joined to their launch
+    by correlation id."""
     # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key; an id
     # that two launches carry (merged processes) is ambiguous: no join either.
     keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
