@@ -28,18 +28,12 @@ from .files import (
     write_parquet_atomic,
     write_text_atomic,
 )
+from .progress import stage_done
 from .timeline import kineto, nsys
 
 log = logging.getLogger(__name__)
 
 
-progress_log = logging.getLogger("operator_profiler.progress")
-
-
-def _progress(what: str, start: float) -> None:
-    """One progress line of a long CPU stage: counts and elapsed seconds (in the rule's log; the CLI
-    silences this logger)."""
-    progress_log.info("%s in %.1f s", what, time.perf_counter() - start)
 
 
 def _read_counts(timeline: kineto.Timeline) -> str:
@@ -111,7 +105,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     start = time.perf_counter()
     if kind == "nsys":
         timeline = nsys.read_report(trace)
-        _progress(f"read {_read_counts(timeline)}", start)
+        stage_done(f"read {_read_counts(timeline)}", start)
         for warning in timeline.diagnostics["warnings"]:
             log.warning("%s: %s", trace, warning)
         for info in timeline.diagnostics["info"]:
@@ -120,11 +114,11 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
         projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
         nsys.write_nsys_timeline(timeline, out_dir)
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
-        _progress(f"wrote the timeline tables and the GPU projection of {len(projection):,} ranges to {out_dir}",
+        stage_done(f"wrote the timeline tables and the GPU projection of {len(projection):,} ranges to {out_dir}",
                   start)
         return timeline
     timeline = kineto.read_kineto(trace)
-    _progress(f"read {_read_counts(timeline)}", start)
+    stage_done(f"read {_read_counts(timeline)}", start)
     gpu_kernels = timeline.diagnostics["counts"]["kernels"]
     if expect_gpu and not gpu_kernels:
         raise kineto.TimelineError(
@@ -137,7 +131,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     start = time.perf_counter()
     kineto.write_timeline(timeline, out_dir)
     write_json(Path(out_dir) / "diagnostics.json", timeline.diagnostics)
-    _progress(f"wrote the timeline tables to {out_dir}", start)
+    stage_done(f"wrote the timeline tables to {out_dir}", start)
     for stale in NSYS_ONLY_OUTPUTS:  # from an nsys timeline written to the same folder before
         (Path(out_dir) / stale).unlink(missing_ok=True)
     return timeline
@@ -180,7 +174,7 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
             raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
     kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers, verify)
-    _progress(f"classified {len(kernels):,} kernels into {len(classes):,} layer classes "
+    stage_done(f"classified {len(kernels):,} kernels into {len(classes):,} layer classes "
               f"({len(instances):,} instances)", start)
     write_parquet_atomic(instances, out_instances)
     write_parquet_atomic(kernel_layers, out_kernel_layers)
@@ -260,7 +254,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     """
     start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
-    _progress(f"read {len(kernels):,} kernels and {len(ranges):,} ranges", start)
+    stage_done(f"read {len(kernels):,} kernels and {len(ranges):,} ranges", start)
     start = time.perf_counter()
     if runs:
         _check_run_counts([Path(r) for r in runs], kernels)
@@ -306,7 +300,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                         "another run or model?", len(fusion), fusion["graph"].nunique(), timeline_dir,
                         f" ({unmatched_reasons} kernels in compiled-graph regions that do not match it)"
                         if unmatched_reasons else "")
-    _progress(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
+    stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
 
@@ -509,7 +503,7 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     ncu.attrs = {"units": units}
     start = time.perf_counter()
     matched, diagnostics = match_invocations(kernels, ncu, window)
-    _progress(f"matched {len(kernels):,} timeline kernels with {len(ncu):,} ncu rows "
+    stage_done(f"matched {len(kernels):,} timeline kernels with {len(ncu):,} ncu rows "
               f"({diagnostics.get('matched', 0):,} matched)", start)
     if window and "sources" in window:
         _check_replay_windows(window["sources"], matched, diagnostics)

@@ -31,6 +31,7 @@ import pandas as pd
 
 from .. import tables
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
+from ..progress import Ticker
 from .trace_json import KinetoTrace, TimelineError, open_trace
 
 __all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_timeline"]
@@ -360,7 +361,9 @@ def read_kineto(path: Path) -> Timeline:
     shared: dict[str, str] = {}
     to_ns, int_or_null = _to_ns, _int_or_null
     null = NULL_INT
+    ticker = Ticker(f"reading {path.name}")
     for first, events in trace.chunks():
+        ticker.tick(first, "events", trace.fraction_read())
         for index, ev in enumerate(events, first):  # one Python loop per chunk of events
             if ev.__class__ is not dict:
                 continue

@@ -28,6 +28,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ import pyarrow.compute as pc
 from .. import tables
 from ..files import InputError, write_json, write_parquet_atomic
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
+from ..progress import stage_done
 from .kineto import Timeline, finish_kernels, kernel_iterations
 
 log = logging.getLogger(__name__)
@@ -908,11 +910,13 @@ def _read(export: _Export) -> NsysTimeline:
     diagnostics: dict = {"file": str(export.path), **_metadata(export), "warnings": [], "info": []}
     diagnostics["tables"] = {t: (t in export.columns) for t in
                              (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE)}
+    start = time.perf_counter()
     strings = _strings(export)
     capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}))
     diagnostics["capture_end_ns"] = capture_end
     launches = _read_launches(export, strings, diagnostics)
     launch_index = _launch_index(launches, diagnostics)
+    stage_done(f"{export.path.name}: read {len(strings):,} strings and {len(launches):,} launch calls", start)
 
     parts = []
     if export.has(KERNEL_TABLE):
@@ -964,6 +968,7 @@ def _read(export: _Export) -> NsysTimeline:
     for column in ("activity", "source", "launch_api", "grid", "block"):
         kernels[column] = kernels[column].astype("category")
     launches["api"] = launches["api"].astype("category")
+    stage_done(f"{export.path.name}: read {len(kernels):,} kernels", start)
     ranges = _read_ranges(export, strings, capture_end, diagnostics)
     if len(ranges):
         kernels["iteration"] = kernel_iterations(kernels, ranges)
@@ -974,6 +979,7 @@ def _read(export: _Export) -> NsysTimeline:
         diagnostics["warnings"].append(f"{int(inverted.sum())} kernel(s) end before they start ({names}); kept with "
                                        "duration 0")
         kernels.loc[inverted, "duration_ns"] = 0
+    stage_done(f"{export.path.name}: read {len(ranges):,} NVTX ranges", start)
     activities = _read_activities(export, launch_index)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
     pa.default_memory_pool().release_unused()  # Arrow keeps freed blocks; hand them back

@@ -52,6 +52,7 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -126,6 +127,15 @@ class _Reader:
         self.buf = b""
         self.base = 0
         self.eof = False
+        self.size = os.fstat(self.fh.fileno()).st_size
+
+    def fraction_read(self) -> float | None:
+        """Share of the file on disk read so far (compressed bytes for a ``.gz``), for progress lines."""
+        raw = getattr(self.fh, "fileobj", None) or self.fh
+        try:
+            return min(1.0, raw.tell() / self.size) if self.size else None
+        except (OSError, ValueError):
+            return None
 
     def fill(self, length: int) -> bool:
         """Read until ``len(buf) >= length`` or the end of the file; False if nothing was added."""
@@ -185,6 +195,7 @@ class KinetoTrace:
         self._segments: list[tuple[int, int, int, int]] = []  # (first index, count, abs lo, abs hi)
         self._exact = False
         self._bare = False
+        self._reader: _Reader | None = None
         reader = _Reader(self.path)
         try:
             self._events_start = self._scan_header(reader)
@@ -375,6 +386,10 @@ class KinetoTrace:
             for event in events:
                 yield index, event
                 index += 1
+
+    def fraction_read(self) -> float | None:
+        """While :meth:`chunks` runs: the share of the file read so far (0..1), None when unknown."""
+        return self._reader.fraction_read() if self._reader is not None else None
 
     def chunks(self) -> Iterator[tuple[int, list]]:
         """Yield ``(index of the first event, [event, ...])`` in file order: :meth:`events` without a
