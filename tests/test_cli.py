@@ -105,7 +105,9 @@ def test_timeline_then_attribute_real_compiled_trace(tmp_path):
     d = tmp_path / "d"
     res = opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert {p.name for p in d.iterdir()} == {"kernels.parquet", "launches.parquet", "ranges.parquet", "diagnostics.json"}
+    assert {p.name for p in d.iterdir()} == {"kernels.parquet", "launches.parquet", "ranges.parquet",
+                                             "gpu_activities.parquet", "diagnostics.json"}
+    assert len(pd.read_parquet(d / "gpu_activities.parquet")) == 0  # a CPU trace: no memcpy/memset
     kernels = pd.read_parquet(d / "kernels.parquet")
     assert f"{len(kernels)} kernels" in res.stdout
 

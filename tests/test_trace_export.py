@@ -12,6 +12,7 @@ a stack); every thread with events is named; the file is strict JSON (no NaN).
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
+from nsys_export import Kernel, Memcpy, Nvtx, Runtime, write_nsys_export
 
 from operator_profiler import stages, tables
 from operator_profiler.trace_export import build_trace
@@ -165,6 +166,35 @@ def test_gpu_kineto_trace_alexnet(real):
     assert trace["otherData"]["ranges_clipped"] == 0 == trace["otherData"]["kernels_in_overlap_lanes"]
 
 
+def test_memcpy_and_memset_on_their_streams_with_flows(real):
+    """The alexnet trace's gpu_memcpy events (counted here from the raw JSON) are X events on their
+    stream, with bytes, copy kind and a flow from the launch call that carries their correlation id."""
+    raw = [e for e in json.loads(gzip.decompress(TRACES["alexnet"].read_bytes()))["traceEvents"] if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    assert raw  # the real trace has them, or the test proves nothing
+    kernels, ranges, launches, attribution = load(real["alexnet"])
+    activities = tables.read_table(real["alexnet"] / "timeline" / "gpu_activities.parquet")
+    assert len(activities) == len(raw)
+    trace = build_trace(kernels, ranges, attribution, launches=launches, activities=activities)
+    validate(trace)
+    written = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("memcpy", "memset")),
+                     key=lambda e: (e["ts"], e["args"]["correlation_id"]))
+    zero = int(trace["otherData"]["time_zero_ns"])
+    expected = sorted(raw, key=lambda e: (e["ts"], e["args"]["correlation"]))
+    assert len(written) == len(expected) == trace["otherData"]["gpu_activities"]
+    for e, r in zip(written, expected):
+        assert zero + ns(e["ts"]) == r["ts"] * 1000 and ns(e["dur"]) == r["dur"] * 1000  # int µs in this trace
+        assert e["tid"] == r["args"]["stream"] and e["args"]["bytes"] == r["args"]["bytes"]
+        assert e["args"]["correlation_id"] == r["args"]["correlation"]
+        # "Memcpy HtoD (Pageable -> Device)" -> "Memcpy HtoD", "Memset (Device)" -> "Memset"
+        assert e["name"] == r["name"].split(" (")[0] and e["cat"] == r["cat"].removeprefix("gpu_")
+    launch_of = {int(c): int(t) for c, t in zip(launches["correlation_id"].dropna(), launches.dropna(
+        subset=["correlation_id"])["tid"])}
+    flows = {f["id"]: f for f in trace["traceEvents"] if f["ph"] == "s"}
+    for e in written:
+        assert flows[e["args"]["flow_id"]]["tid"] == launch_of[e["args"]["correlation_id"]]
+    assert min(e["args"]["flow_id"] for e in written) > int(kernels["kernel_id"].max())
+
+
 def test_counters_go_into_kernel_args(real):
     kernels, ranges, launches, attribution = load(real["alexnet"])
     counters = pd.DataFrame({"kernel_id": [1, 2], "ncu_id": [0, 1], "ncu_source": ["a.csv"] * 2,
@@ -202,9 +232,11 @@ def test_nsys_timeline_overlaps_unclosed_and_multi_device(tmp_path):
         tmp_path / "r.sqlite",
         runtime=[Runtime("cudaLaunchKernel_v7000", "10:1", 150, 155, 1),
                  Runtime("cudaLaunchKernel_v7000", "10:1", 160, 165, 2),
-                 Runtime("cudaLaunchKernel_v7000", "10:1", 310, 315, 3)],
+                 Runtime("cudaLaunchKernel_v7000", "10:1", 310, 315, 3),
+                 Runtime("cudaMemcpyAsync_v3020", "10:1", 195, 199, 4)],
         kernels=[Kernel("gemm", 10, 7, 170, 190, 1), Kernel("relu", 10, 7, 185, 200, 2),  # overlap on stream 7
                  Kernel("add", 10, 13, 320, 330, 3, device=1)],
+        memcpy=[Memcpy(10, 7, 201, 205, 4, bytes=4096, copy_kind=2)],
         nvtx=[Nvtx("aten::mm", 59, "10:1", 100, 200), Nvtx("aten::relu", 59, "10:1", 158, 170),
               Nvtx("region", 60, "10:1", 120, 260),  # start/end range crossing aten::mm's end: clipped
               Nvtx("aten::add", 59, "10:1", 300, None)],  # never closed: shown up to the capture's end
@@ -231,7 +263,10 @@ def test_nsys_timeline_overlaps_unclosed_and_multi_device(tmp_path):
     assert names[(by_name["relu"]["pid"], by_name["relu"]["tid"])] == "stream 7 (overlap 1)"
     unclosed = [e for e in trace["traceEvents"] if e["name"] == "aten::add" and e["ph"] == "X"]
     assert len(unclosed) == 1 and unclosed[0]["args"]["unclosed"] is True
-    assert len([e for e in trace["traceEvents"] if e["ph"] == "s"]) == 3
+    assert len([e for e in trace["traceEvents"] if e["ph"] == "s"]) == 4  # 3 kernels and the memcpy
+    (copy,) = [e for e in trace["traceEvents"] if e.get("cat") == "memcpy"]
+    assert copy["name"] == "Memcpy DtoH" and copy["args"]["bytes"] == 4096 and ns(copy["dur"]) == 4
+    assert (copy["pid"], copy["tid"]) == (by_name["gemm"]["pid"], 7)
     assert result.stdout.startswith("3 kernels")
 
 

@@ -52,16 +52,16 @@ if DEVICE == "cuda":
             )
 GPU = 1 if DEVICE == "cuda" else 0
 TRACE_EXT = "nsys-rep" if TIMELINE == "nsys" else "kineto.json.gz"
-# The nsys reader also writes memcpy/memset rows, the NVTX GPU projection and its diagnostics.
+# Both readers write the memcpy/memset rows (gpu_activities) and diagnostics; nsys also the NVTX GPU projection.
 TIMELINE_OUTPUTS = {
     "kernels": "results/{workload}/timeline/kernels.parquet",
     "launches": "results/{workload}/timeline/launches.parquet",
     "ranges": "results/{workload}/timeline/ranges.parquet",
+    "activities": "results/{workload}/timeline/gpu_activities.parquet",
     "diagnostics": "results/{workload}/timeline/diagnostics.json",
 }
 if TIMELINE == "nsys":
     TIMELINE_OUTPUTS.update(
-        activities="results/{workload}/timeline/gpu_activities.parquet",
         projection="results/{workload}/timeline/nvtx_gpu_projection.parquet",
     )
 WORKLOADS = sorted(config["workloads"])

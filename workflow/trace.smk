@@ -3,6 +3,7 @@ rule export_trace:
         kernels="results/{workload}/timeline/kernels.parquet",
         ranges="results/{workload}/timeline/ranges.parquet",
         launches="results/{workload}/timeline/launches.parquet",
+        activities="results/{workload}/timeline/gpu_activities.parquet",
         attribution="results/{workload}/attribution/kernels.parquet",
         counters=counters_input,
         lib=[LIB / "trace_export.py", *ANALYSIS_LIB],

@@ -82,16 +82,16 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 
 
-NSYS_ONLY_OUTPUTS = ("gpu_activities.parquet", "nvtx_gpu_projection.parquet")
+NSYS_ONLY_OUTPUTS = ("nvtx_gpu_projection.parquet",)
 
 
 def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_gpu: bool = False) -> kineto.Timeline:
     """A trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``.
 
     A Kineto trace (``.json``/``.json.gz``) or an Nsight Systems report (``.sqlite`` export, or
-    ``.nsys-rep`` exported with ``nsys``); for nsys also ``gpu_activities.parquet`` (memcpy/memset),
-    ``nvtx_gpu_projection.parquet`` (per-stream GPU projection of every NVTX range) and
-    ``diagnostics.json`` (schema version, counts per process, warnings), whose warnings are logged.
+    ``.nsys-rep`` exported with ``nsys``). Also ``gpu_activities.parquet`` (memcpy/memset rows, maybe
+    none) and ``diagnostics.json`` (counts, warnings, which are logged); for nsys also
+    ``nvtx_gpu_projection.parquet`` (per-stream GPU projection of every NVTX range).
     ``kind`` (``nsys`` or ``kineto``) overrides the guess from the file suffix. ``expect_gpu``
     (a CUDA run): a Kineto trace without GPU kernel records is an error, not a CPU trace.
 
@@ -433,8 +433,13 @@ def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_
     counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
                                  "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
                                  ("kernel_id", "ncu_id", "counters_from")) if counters_path is not None else None
+    activities_path = timeline_dir / "gpu_activities.parquet"
+    activities = read_parquet_file(activities_path, "the timeline's memcpy/memset table", "write the timeline "
+                                   f"again with opprof timeline --out {timeline_dir}", ("kind", "start_ns", "end_ns"),
+                                   nullable_ints=True) if activities_path.is_file() else None
     try:
-        trace = trace_export.build_trace(kernels, ranges, attribution, counters=counters, launches=launches)
+        trace = trace_export.build_trace(kernels, ranges, attribution, counters=counters, launches=launches,
+                                         activities=activities)
     except ValueError as exc:
         raise InputError(f"{attribution_path} does not belong to the timeline {timeline_dir}: {exc}; run opprof "
                          f"attribute --timeline {timeline_dir} again") from None

@@ -21,8 +21,13 @@ Events written (``ts``/``dur`` in **µs**, floats carrying ns precision):
   written *instead of* their range (``range_id``) as ``cat: "cpu_kernel"`` on the call's thread, with
   the same attribution ``args`` plus ``self_ns`` (its exclusive time; ``dur`` is the call's interval),
   so each kernel appears once and the range is not duplicated.
-* ``s``/``f`` flow events (``cat: "launch"``, ``id`` = ``kernel_id``, ``f`` with ``bp: "e"``) from each
-  GPU kernel's launch call (``launch_tid``, ``launch_start_ns``) to the kernel.
+* ``X`` memcpy/memset (``gpu_activities.parquet``; ``cat: "memcpy"``/``"memset"``, named ``Memcpy HtoD``,
+  ``Memset`` ...) on their GPU stream beside the kernels: ``args`` ``bytes``, ``copy_kind``,
+  ``correlation_id``, ``launch_api``, ``duration_ns``, ``flow_id``. They are not kernels: no operator,
+  not in the kernel totals.
+* ``s``/``f`` flow events (``cat: "launch"``, ``id`` = ``kernel_id``, or a memcpy/memset's ``flow_id``
+  (numbered after the last kernel id); ``f`` with ``bp: "e"``) from each launch call (``launch_tid``,
+  ``launch_start_ns``) to its GPU work.
 
 Well-formedness (Perfetto's JSON importer needs ``X`` events of one thread to nest properly):
 
@@ -34,7 +39,7 @@ Well-formedness (Perfetto's JSON importer needs ``X`` events of one thread to ne
   several processes on one device) goes to the next *overlap lane* of that stream (its own thread,
   ``stream <s> (overlap <k>)``), so no kernel is dropped or shortened.
 * ``otherData`` counts what was clipped or skipped (``ranges_clipped``, ``ranges_unclosed_skipped``,
-  ``kernels_in_overlap_lanes``) and records the zero point.
+  ``kernels_in_overlap_lanes``), the memcpy/memset written (``gpu_activities``) and records the zero point.
 
 Time zero: the earliest start of any written event (kernel, range, launch) in the timeline's own clock,
 kept as a decimal string ``otherData.time_zero_ns``; ``ts = (t_ns - zero) / 1000``. Relative
@@ -86,10 +91,9 @@ class _Clock:
         return (int(t_ns) - self.zero) / 1000.0
 
 
-def _zero_ns(kernels: pd.DataFrame, ranges: pd.DataFrame, launches: pd.DataFrame | None) -> int:
+def _zero_ns(kernels: pd.DataFrame, ranges: pd.DataFrame, *others: pd.DataFrame | None) -> int:
     starts = [kernels["start_ns"], ranges["start_ns"]]
-    if launches is not None:
-        starts.append(launches["start_ns"])
+    starts += [other["start_ns"] for other in others if other is not None]
     values = [int(s.dropna().min()) for s in starts if len(s.dropna())]
     return min(values) if values else 0
 
@@ -155,7 +159,8 @@ def _lanes(events: list[dict]) -> list[list[dict]]:
 
 
 def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.DataFrame,
-                counters: pd.DataFrame | None = None, launches: pd.DataFrame | None = None) -> dict:
+                counters: pd.DataFrame | None = None, launches: pd.DataFrame | None = None,
+                activities: pd.DataFrame | None = None) -> dict:
     """The trace as a JSON-ready dict (module docstring: events, units, nesting rules).
 
     Args:
@@ -165,6 +170,8 @@ def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.Dat
         counters: ``matched/kernel_metrics.parquet`` (``kernel_id``, ``ncu_id``, ``counters_from``,
             metrics in base units), or None.
         launches: ``timeline/launches.parquet`` (launch calls as ``X`` events), or None.
+        activities: ``timeline/gpu_activities.parquet`` (memcpy/memset rows, ``kineto.ACTIVITY_COLUMNS``),
+            or None.
 
     Raises:
         ValueError: the attribution does not list exactly the timeline's kernel ids.
@@ -174,10 +181,10 @@ def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.Dat
     if k_ids != a_ids:
         raise ValueError(f"the attribution lists {len(a_ids)} kernels, the timeline {len(k_ids)} "
                          f"({len(k_ids ^ a_ids)} ids differ): they come from different timelines")
-    clock = _Clock(_zero_ns(kernels, ranges, launches))
+    clock = _Clock(_zero_ns(kernels, ranges, launches, activities))
     attr = _attribution_args(attribution)
     ctr = _counter_args(counters)
-    stats = {"ranges_clipped": 0, "ranges_unclosed_skipped": 0, "kernels_in_overlap_lanes": 0}
+    stats = {"ranges_clipped": 0, "ranges_unclosed_skipped": 0, "kernels_in_overlap_lanes": 0, "gpu_activities": 0}
 
     cpu_threads: dict[tuple[int, int], list[dict]] = defaultdict(list)
     gpu_streams: dict[tuple[int, int, int], list[dict]] = defaultdict(list)
@@ -190,7 +197,7 @@ def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.Dat
                 "args": args}
 
     replaced_ranges: set[int] = set()
-    flows = []
+    flows = []  # (flow id, pid, launch tid, launch start ns, GPU start ns)
     for k in kernels.to_dict("records"):
         kid = int(k["kernel_id"])
         args = {"kernel_id": kid, **attr.get(kid, {})}
@@ -215,6 +222,24 @@ def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.Dat
         launch_tid, launch_ts = _int_or_none(k.get("launch_tid")), _int_or_none(k.get("launch_start_ns"))
         if launch_tid is not None and launch_ts is not None:
             flows.append((kid, int(k["pid"]), launch_tid, launch_ts, int(k["start_ns"])))
+    # memcpy/memset on their stream, between the kernels; flow ids continue after the kernel ids
+    next_flow = max(k_ids, default=-1) + 1
+    for a in (activities.to_dict("records") if activities is not None else ()):
+        device, stream, pid = (_int_or_none(a.get(c)) for c in ("device", "stream", "pid"))
+        if device is None or stream is None or pid is None:
+            continue
+        args = {"flow_id": next_flow, "duration_ns": int(a["end_ns"]) - int(a["start_ns"])}
+        for col in ("bytes", "copy_kind", "correlation_id", "launch_api"):
+            if _value(a.get(col)) is not None:
+                args[col] = _value(a[col])
+        name = "Memcpy " + str(args.get("copy_kind", "")) if a["kind"] == "memcpy" else "Memset"
+        gpu_streams[(device, stream, pid)].append(x_event(name.strip(), str(a["kind"]), a["start_ns"], a["end_ns"],
+                                                          args))
+        launch_tid, launch_ts = _int_or_none(a.get("launch_tid")), _int_or_none(a.get("launch_start_ns"))
+        if launch_tid is not None and launch_ts is not None:
+            flows.append((next_flow, pid, launch_tid, launch_ts, int(a["start_ns"])))
+        next_flow += 1
+        stats["gpu_activities"] += 1
 
     effective = "effective_end_ns" in ranges.columns
     for r in ranges.to_dict("records"):
@@ -285,7 +310,7 @@ def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.Dat
                 name = label + (f" (overlap {lane_no})" if lane_no else "")
                 named(gpid, tid, f"GPU {device}", name, GPU_PID_BASE + device, stream * 100 + lane_no)
                 for e in lane:
-                    kernel_track[e["args"]["kernel_id"]] = (gpid, tid)
+                    kernel_track[e["args"].get("kernel_id", e["args"].get("flow_id"))] = (gpid, tid)
                     out.append(_finish(e, gpid, tid, clock))
     flow_events = []
     for kid, pid, launch_tid, launch_ns, kernel_ns in flows:

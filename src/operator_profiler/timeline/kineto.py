@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .. import tables
+from ..files import write_parquet_atomic
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import Ticker
 from .trace_json import KinetoTrace, TimelineError, open_trace
@@ -45,6 +46,8 @@ class Timeline:
     # What the reader noticed (counts, launch APIs, warnings including the malformed events repaired
     # or skipped, cases.md C18); written as the timeline's diagnostics.json.
     diagnostics: dict = field(default_factory=dict)
+    # memcpy/memset (ACTIVITY_COLUMNS), written as gpu_activities.parquet
+    activities: pd.DataFrame | None = None
 
     @property
     def warnings(self) -> list[str]:
@@ -282,6 +285,19 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
 def _gpu_kernels(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
     """GPU kernel records (the columns read_kineto builds from ``kernel`` events) joined to their launch
     by correlation id."""
+    kernels = _join_launches(kernels, launches)
+    # An invalid kernel record (cases.md C04) is placed at its launch's end: zero length, never at epoch 0.
+    invalid = ~kernels["valid_time"].to_numpy(dtype=bool)
+    if invalid.any():
+        at = kernels.loc[invalid, "launch_end_ns"].fillna(kernels.loc[invalid, "start_ns"]).astype("int64")
+        kernels.loc[invalid, "start_ns"] = at
+        kernels.loc[invalid, "end_ns"] = at
+    return kernels
+
+
+def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
+    """GPU records (kernels, memcpy/memset) with ``launch_tid/launch_start_ns/launch_end_ns/launch_api``
+    of the launch call carrying their correlation id, and ``pid`` the launch's process."""
     # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key; an id
     # that two launches carry (merged processes) is ambiguous: no join either.
     keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
@@ -300,12 +316,6 @@ def _gpu_kernels(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
     kernels["launch_api"] = np.where(hit, apis, None)
     # Kineto writes the device index as a GPU event's pid; the process is the launch's.
     kernels["pid"] = kernels.pop("launch_pid").fillna(kernels["pid"])
-    # An invalid kernel record (cases.md C04) is placed at its launch's end: zero length, never at epoch 0.
-    invalid = ~kernels["valid_time"].to_numpy(dtype=bool)
-    if invalid.any():
-        at = kernels.loc[invalid, "launch_end_ns"].fillna(kernels.loc[invalid, "start_ns"]).astype("int64")
-        kernels.loc[invalid, "start_ns"] = at
-        kernels.loc[invalid, "end_ns"] = at
     return kernels
 
 
@@ -357,6 +367,7 @@ def read_kineto(path: Path) -> Timeline:
     k_valid = bytearray()
     flow_rows: list[tuple] = []
     memory_correlations: set[int] = set()
+    memory_rows: list[tuple | None] = []
     categories: Counter = Counter()
     shared: dict[str, str] = {}
     to_ns, int_or_null = _to_ns, _int_or_null
@@ -381,9 +392,11 @@ def read_kineto(path: Path) -> Timeline:
             is_launch = kind is None and cat in LAUNCH_CATEGORIES
             if kind is None and not is_launch and cat not in KERNEL_CATEGORIES:
                 if cat in MEMORY_CATEGORIES:
-                    corr = _int_or_none((ev.get("args") or {}).get("correlation"))
+                    margs = ev.get("args") or _NO_ARGS
+                    corr = _int_or_none(margs.get("correlation"))
                     if corr is not None:
                         memory_correlations.add(corr)
+                    memory_rows.append(_memory_row(ev, cat, margs, corr, base))
                 continue
             try:
                 raw_ts, raw_dur = ev["ts"], ev["dur"]
@@ -506,7 +519,46 @@ def read_kineto(path: Path) -> Timeline:
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
     diagnostics["warnings"] = list(trace.warnings) + diagnostics["warnings"]
-    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), diagnostics=diagnostics)
+    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), diagnostics=diagnostics,
+                    activities=_activities(memory_rows, launches))
+
+
+#: ``gpu_activities.parquet``: GPU memcpy/memset work (not kernels: never attributed or counted in the
+#: kernel totals, shown in trace.json). Times int ns; ``bytes`` int; ``copy_kind`` ``HtoD``, ``DtoH`` ...
+ACTIVITY_COLUMNS = ["kind", "copy_kind", "pid", "device", "stream", "start_ns", "end_ns", "duration_ns", "bytes",
+                    "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]
+_COPY_KIND = re.compile(r"^Memcpy (\w+)")
+
+
+def _memory_row(ev: dict, cat: str, args: dict, corr: int | None, base: int) -> tuple | None:
+    """One memcpy/memset event as an activity row (``ACTIVITY_COLUMNS`` order up to the launch
+    columns), or None when its ``ts``/``dur`` are missing or invalid (cases.md C04: it is then only
+    counted in the diagnostics). Kineto names them ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``
+    (``../shared/docs`` Kineto reference; seen in the real HTA traces)."""
+    try:
+        start = base + _to_ns(ev["ts"])
+        end = start + _to_ns(ev["dur"])
+    except (KeyError, TypeError, ArithmeticError, ValueError):
+        return None
+    if ev["ts"] == 0 or end < start:
+        return None
+    name = str(ev.get("name", ""))
+    kind = "memset" if "memset" in cat.lower() else "memcpy"
+    copy = _COPY_KIND.match(name)
+    return (kind, copy.group(1) if kind == "memcpy" and copy else None, _int_or_none(ev.get("pid")),
+            _int_or_none(args.get("device", ev.get("pid"))), _int_or_none(args.get("stream", ev.get("tid"))),
+            start, end, end - start, _int_or_none(args.get("bytes")), corr)
+
+
+def _activities(rows: list[tuple | None], launches: pd.DataFrame) -> pd.DataFrame:
+    """The memcpy/memset rows joined to their launch call (``ACTIVITY_COLUMNS``), in start order."""
+    frame = pd.DataFrame([r for r in rows if r is not None], columns=ACTIVITY_COLUMNS[:10])
+    for col in ("pid", "device", "stream", "bytes", "correlation_id"):
+        frame[col] = pd.array(frame[col], dtype="Int64")
+    for col in ("start_ns", "end_ns", "duration_ns"):
+        frame[col] = frame[col].astype("int64")
+    frame = _join_launches(frame, launches)
+    return frame.sort_values("start_ns", kind="stable").reset_index(drop=True)[ACTIVITY_COLUMNS]
 
 
 _NO_ARGS: dict = {}
@@ -685,3 +737,5 @@ def write_timeline(timeline: Timeline, out_dir: Path) -> None:
     tables.write_table(timeline.kernels, tables.KERNELS, out_dir / "kernels.parquet")
     tables.write_table(timeline.launches, tables.LAUNCHES, out_dir / "launches.parquet")
     tables.write_table(timeline.ranges, tables.RANGES, out_dir / "ranges.parquet")
+    activities = timeline.activities if timeline.activities is not None else pd.DataFrame(columns=ACTIVITY_COLUMNS)
+    write_parquet_atomic(activities, out_dir / "gpu_activities.parquet")

@@ -39,10 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import tables
-from ..files import InputError, write_json, write_parquet_atomic
+from ..files import InputError, write_json
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
-from .kineto import Timeline, finish_kernels, kernel_iterations
+from .kineto import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations
 
 log = logging.getLogger(__name__)
 
@@ -586,8 +586,7 @@ def _read_activities(export: _Export, launch_index: pd.DataFrame) -> pd.DataFram
                 }
             )
         )
-    columns = ["kind", "copy_kind", "pid", "device", "stream", "start_ns", "end_ns", "duration_ns", "bytes",
-               "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]
+    columns = ACTIVITY_COLUMNS
     if not frames:
         return pd.DataFrame(columns=columns)
     acts = pd.concat(frames, ignore_index=True)
@@ -1104,12 +1103,11 @@ def read_report(path: Path) -> NsysTimeline:
 
 
 def write_nsys_timeline(timeline: NsysTimeline, out_dir: Path) -> None:
-    """The three timeline tables plus ``gpu_activities.parquet`` and ``diagnostics.json``."""
+    """The timeline tables (with ``gpu_activities.parquet``) and ``diagnostics.json``."""
     from .kineto import write_timeline
 
     out_dir = Path(out_dir)
-    write_timeline(timeline, out_dir)
-    write_parquet_atomic(timeline.activities, out_dir / "gpu_activities.parquet")
+    write_timeline(timeline, out_dir)  # with gpu_activities.parquet
     write_json(out_dir / "diagnostics.json", json.loads(json.dumps(timeline.diagnostics, default=_json_default)))
 
 
