@@ -247,5 +247,11 @@ def final_outputs():
     return [
         f"results/{w}/{name}"
         for w in WORKLOADS
-        for name in ("operators.csv", "coverage.json", "report.md", "trace.json")
+        for name in (
+            "operators.csv",
+            "coverage.json",
+            "report.md",
+            "report.html",
+            "trace.json",
+        )
     ]
