@@ -324,8 +324,8 @@ def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> s
                        showarrow=False, font={"color": "#92400e", "size": 11})
     for label, group in points.groupby("bottleneck", sort=True):
         fig.add_trace(go.Scatter(
-            x=group["memory_sol"], y=group["sm_sol"], mode="markers", name=esc(label),
-            marker={"size": group["time_ns"], "sizemode": "area", "sizeref": 2 * biggest / 46 ** 2, "sizemin": 5,
+            x=group["memory_sol"].tolist(), y=group["sm_sol"].tolist(), mode="markers", name=esc(label),
+            marker={"size": group["time_ns"].tolist(), "sizemode": "area", "sizeref": 2 * biggest / 46 ** 2, "sizemin": 5,
                     "line": {"width": 1, "color": "#ffffff"}, "opacity": 0.85},
             hovertext=[f"{esc(o)}<br>time {t / 1e6:.3f} ms ({s * 100:.1f}%)<br>memory {m:.1f}% · SM {c:.1f}%"
                        for o, t, s, m, c in zip(group["operator"], group["time_ns"], group["time_share"],
