@@ -516,7 +516,7 @@ def _facts(profile: dict) -> dict[str, str]:
             "clocks": "not locked (CPU run)" if report_md.is_cpu_run(run) else report_md._clocks_text(profile["clocks"]),
         })
     facts.update({
-        "kernel time / iteration": f"{coverage['kernel_time_ns'] / iterations / 1e6:.3f} ms",
+        "kernel time / iteration": f"{profile['operators']['time_ns'].sum() / iterations / 1e6:.3f} ms",
         "kernels": f"{coverage['kernel_count']:,}",
         "attributed time": f"{coverage['coverage_time'] * 100:.2f}%",
         "counters": coverage.get("counters_note") or f"{(coverage.get('counters_coverage') or 0) * 100:.1f}% of kernels",
@@ -544,15 +544,15 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         warning = (f'<div class="note">These are different workloads (A: {esc(workload_identity(a["run"], a["workload"]))}; '
                    f'B: {esc(workload_identity(b["run"], b["workload"]))}): compared on request (--force); '
                    "operators need not correspond.</div>")
-    total_a = a["coverage"]["kernel_time_ns"] / it_a / 1e6
-    total_b = b["coverage"]["kernel_time_ns"] / it_b / 1e6
+    total_a = a["operators"]["time_ns"].sum() / it_a / 1e6  # the operators' sum: consistent with the table
+    total_b = b["operators"]["time_ns"].sum() / it_b / 1e6
     kpis = _kpis([("A: kernel time / iteration", f"{total_a:.3f} ms"),
                   ("B: kernel time / iteration", f"{total_b:.3f} ms"),
                   ("change", f"{total_b - total_a:+.3f} ms ({(total_b / total_a - 1) * 100:+.1f}%)" if total_a
                    else f"{total_b - total_a:+.3f} ms"),
                   ("operators only in A / only in B", f"{(table['side'] == 'only A').sum()} / "
                                                       f"{(table['side'] == 'only B').sum()}")])
-    shown = table.head(top)
+    shown = table[table["delta_ms"] != 0].head(top)
     fig = go.Figure(go.Bar(
         x=list(shown["delta_ms"])[::-1], y=[esc(report_md._short(o, 60)) for o in shown["operator"]][::-1],
         orientation="h", marker_color=["#dc2626" if d > 0 else "#16a34a" for d in shown["delta_ms"]][::-1],
@@ -585,7 +585,9 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         '<p class="muted">Times are per measured iteration (each profile\'s total divided by its measured '
         "iterations), so profiles with different iteration counts compare. Highlighted rows differ.</p>"
         f"{facts}</section>",
-        f'<section id="changes"><h2>Largest time changes</h2>{_figure(fig, "fig-compare-delta")}</section>',
+        '<section id="changes"><h2>Largest time changes</h2>' + (
+            _figure(fig, "fig-compare-delta") if len(shown) else '<p class="note">No operator\'s time changed.</p>')
+        + "</section>",
         f'<section id="operators"><h2>All {len(table)} operators</h2><p class="muted">Sorted by the size of the '
         "change; click a column header to sort. An operator that ran on one side only counts 0 ms on the other."
         f'</p>{_table(headers, body, "compare-table", scroll=True)}</section>',
