@@ -251,13 +251,13 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
         lines.append(f"- hardware counters (ncu) for {share}")
     total = coverage["kernel_time_ns"]
     counters = ("not collected" if coverage.get("counters_coverage") is None
-                else f"{coverage['counters_coverage'] * 100:.1f}% of kernels")
+                else f"{coverage['counters_coverage'] * 100:.1f}%")
     kpis = _kpis([
         ("kernel time / iteration", f"{total / iterations / 1e6:.3f} ms"),
         ("kernels", f"{coverage['kernel_count']:,}"),
         ("operators", f"{len(operators):,}"),
         ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
-        ("counters", counters),
+        ("kernels with counters", counters),
     ])
     return f'<section id="measurement"><h2>What was profiled</h2>{kpis}{_bullets(lines)}</section>'
 
@@ -320,8 +320,8 @@ def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> s
     fig.add_shape(type="rect", x0=0, y0=0, x1=threshold, y1=threshold, line_width=0, fillcolor="#fef3c7",
                   opacity=0.6, layer="below")
     fig.add_shape(type="line", x0=0, y0=0, x1=100, y1=100, line={"dash": "dot", "color": "#9ca3af"})
-    fig.add_annotation(x=threshold / 2, y=threshold / 2, text=f"latency-bound<br>(both &lt; {threshold:g}%)",
-                       showarrow=False, font={"color": "#92400e", "size": 11})
+    fig.add_annotation(x=1, y=threshold - 1, xanchor="left", yanchor="top", showarrow=False, align="left",
+                       text=f"latency-bound<br>(both &lt; {threshold:g}%)", font={"color": "#92400e", "size": 11})
     for label, group in points.groupby("bottleneck", sort=True):
         fig.add_trace(go.Scatter(
             x=group["memory_sol"].tolist(), y=group["sm_sol"].tolist(), mode="markers", name=esc(label),
