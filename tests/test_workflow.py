@@ -164,6 +164,27 @@ def test_trace_json_holds_every_kernel_with_its_operator(finished_run):
 
 
 @pytest.mark.workflow
+def test_report_html_holds_every_operator_module_and_the_cpu_note(finished_run):
+    from html_report import column, figure_ids, tables
+
+    work, _ = finished_run
+    for name in TINY["workloads"]:
+        out = work / "results" / name
+        text = (out / "report.html").read_text()
+        operators = pd.read_parquet(out / "operators.parquet")
+        page = tables(text)
+        assert column(page["operator-table"], "operator", "text") == list(operators["operator"])
+        assert [int(v) for v in column(page["operator-table"], "time (ms)")] == list(operators["time_ns"])
+        assert [int(v) for v in column(page["operator-table"], "calls")] == list(operators["calls"])
+        modules = pd.read_parquet(out / "modules.parquet")
+        assert [int(v) for v in column(page["module-table"], "total (ms)")] == list(modules["time_ns"])
+        assert "fig-sol" not in figure_ids(text) and "not collected on CPU" in text
+        # plotly.js once (in the head), one data script per figure, the sort script
+        assert text.count("<script") == len(figure_ids(text)) + 2 and text.count("plotly.js v") <= 2
+        assert "http://" not in text.split("<main>")[1] and "https://" not in text.split("<main>")[1]
+
+
+@pytest.mark.workflow
 def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     work, config = finished_run
     html = tmp_path / "report.html"
@@ -173,6 +194,7 @@ def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     for name in TINY["workloads"]:
         assert name in text
     for caption in ("Per-operator kernel time of workload", "Attribution coverage of workload",
+                    "The HTML report of workload",
                     "as a Chrome/Perfetto trace", "ui.perfetto.dev"):
         assert caption in text, caption
 

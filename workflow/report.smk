@@ -30,16 +30,6 @@ rule report:
         "../scripts/report.py"
 
 
-def counters_time_inputs(wildcards):
-    """On CUDA the HTML report states the share of kernel time with counters (attribution + matched counters)."""
-    if DEVICE != "cuda":
-        return {}
-    return {
-        "attribution": f"results/{wildcards.workload}/attribution/kernels.parquet",
-        "counters": counters_input(wildcards),
-    }
-
-
 rule report_html:
     input:
         unpack(counters_time_inputs),
