@@ -3,7 +3,7 @@
 Where each case of item 5 is tested (dry runs on finished runs, exact job counts):
 
 * (a) aggregation / report option edit: tests/test_workflow.py
-  ``test_aggregation_option_edit_reruns_only_aggregate_and_report``, ``test_report_option_edit_reruns_only_report``
+  ``test_aggregation_option_edit_reruns_only_aggregate_and_reports``, ``test_report_option_edit_reruns_only_the_reports``
   (and, nsys, tests/test_workflow_nsys.py ``test_ignore_ranges_edit_reruns_only_attribute...``).
 * (b) metric-catalog edit: tests/test_ncu_replay.py
   ``test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_capture``.
@@ -56,7 +56,7 @@ def test_every_rule_has_log_and_benchmark():
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = set(listed.stdout.split())
     blocks = rule_blocks()
-    assert names == set(blocks) and len(names) == 16, (names, set(blocks))  # incl. export_trace
+    assert names == set(blocks) and len(names) == 17, (names, set(blocks))  # incl. export_trace, report_html
     for name in names - {"all"}:  # `all` only collects the targets: it runs no job
         block = blocks[name]
         assert re.search(r"^    log:\n        \"logs/%s/" % name, block, re.M), name

@@ -393,6 +393,40 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
 
 
 @pytest.mark.workflow
+def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_run):
+    """report.html of the CUDA run (fake ncu with the real CSV's metric values): one SOL point per operator
+    with both SOL figures in operators.parquet, the counters' share, and the measured replay per class."""
+    import test_workflow_nsys as wf
+    from html_report import column, figure, tables
+
+    setup, _, _, _, _ = replay_run
+    result = wf.snakemake(setup, f"results/{wf.W}/report.html", *wf.CUDA_NSYS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = setup["work"] / "results" / wf.W
+    text = (out / "report.html").read_text()
+    operators = pd.read_parquet(out / "operators.parquet")
+    with_sol = operators.dropna(subset=["sm_sol", "memory_sol"])
+    assert len(with_sol) > 0
+    traces = [t for t in figure(text, "fig-sol") if t["type"] == "scatter"]
+    assert sorted((x, y) for t in traces for x, y in zip(t["x"], t["y"])) == sorted(
+        zip(with_sol["memory_sol"], with_sol["sm_sol"]))
+    table = tables(text)["operator-table"]
+    assert [int(v) for v in column(table, "time (ms)")] == list(operators["time_ns"])
+    assert [float(v) for v in column(table, "SM SOL %")] == pytest.approx(list(operators["sm_sol"]))
+    coverage = json.loads((out / "coverage.json").read_text())
+    assert f"hardware counters (ncu) for {coverage['counters_coverage'] * 100:.1f}% of kernels" in text
+    assert "NVIDIA H100 80GB HBM3" in text
+    (cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]
+    record = json.loads((out / "ncu" / f"{cls}.replay.json").read_text())
+    layer_rows = {r[0]["text"]: r for r in tables(text)["layer-class-table"]["rows"]}
+    headers = tables(text)["layer-class-table"]["headers"]
+    row = dict(zip(headers, layer_rows[cls]))
+    assert row["instances N"]["v"] == "2" and row["replayed K"]["v"] == "1"
+    assert float(row["replay measured (s)"]["v"]) == pytest.approx(record["wall_s"])
+    assert float(row["every instance (s)"]["v"]) == pytest.approx(2 * record["wall_s"])
+
+
+@pytest.mark.workflow
 def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_capture(replay_run):
     """Issue #7 item 5(b): the catalog is an input of replay_ncu (and aggregate), not of any capture rule."""
     import test_workflow_nsys as wf

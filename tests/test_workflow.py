@@ -164,6 +164,27 @@ def test_trace_json_holds_every_kernel_with_its_operator(finished_run):
 
 
 @pytest.mark.workflow
+def test_report_html_holds_every_operator_module_and_the_cpu_note(finished_run):
+    from html_report import column, figure_ids, tables
+
+    work, _ = finished_run
+    for name in TINY["workloads"]:
+        out = work / "results" / name
+        text = (out / "report.html").read_text()
+        operators = pd.read_parquet(out / "operators.parquet")
+        page = tables(text)
+        assert column(page["operator-table"], "operator", "text") == list(operators["operator"])
+        assert [int(v) for v in column(page["operator-table"], "time (ms)")] == list(operators["time_ns"])
+        assert [int(v) for v in column(page["operator-table"], "calls")] == list(operators["calls"])
+        modules = pd.read_parquet(out / "modules.parquet")
+        assert [int(v) for v in column(page["module-table"], "total (ms)")] == list(modules["time_ns"])
+        assert "fig-sol" not in figure_ids(text) and "not collected on CPU" in text
+        # plotly.js once (in the head), one data script per figure, the sort script
+        assert text.count("<script") == len(figure_ids(text)) + 2 and text.count("plotly.js v") <= 2
+        assert "http://" not in text.split("<main>")[1] and "https://" not in text.split("<main>")[1]
+
+
+@pytest.mark.workflow
 def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     work, config = finished_run
     html = tmp_path / "report.html"
@@ -173,6 +194,7 @@ def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     for name in TINY["workloads"]:
         assert name in text
     for caption in ("Per-operator kernel time of workload", "Attribution coverage of workload",
+                    "The HTML report of workload",
                     "as a Chrome/Perfetto trace", "ui.perfetto.dev"):
         assert caption in text, caption
 
@@ -186,7 +208,7 @@ def test_second_run_does_nothing(finished_run):
 
 
 @pytest.mark.workflow
-def test_aggregation_option_edit_reruns_only_aggregate_and_report(finished_run, tmp_path):
+def test_aggregation_option_edit_reruns_only_aggregate_and_reports(finished_run, tmp_path):
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump({**TINY, "aggregate": {"per_iteration": False}}))
@@ -194,23 +216,23 @@ def test_aggregation_option_edit_reruns_only_aggregate_and_report(finished_run, 
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout)
     assert counts.pop("all") == 1
-    assert counts == {"aggregate": 4, "report": 4}
+    assert counts == {"aggregate": 4, "report": 4, "report_html": 4}
 
 
 @pytest.mark.workflow
-def test_report_option_edit_reruns_only_report(finished_run, tmp_path):
+def test_report_option_edit_reruns_only_the_reports(finished_run, tmp_path):
     """Issue #7 item 5(a), report side (the aggregation side is the test above)."""
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump({**TINY, "report": {"top_operators": 3}}))
     result = snakemake(work, edited, "-n", env=custom_env(work))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert job_counts(result.stdout) == {"all": 1, "report": 4}
+    assert job_counts(result.stdout) == {"all": 1, "report": 4, "report_html": 4}
 
 
 @pytest.mark.workflow
 def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
-    """Issue #7 item 5(c): one more (uncompiled) workload plans its own 8 jobs (with export_trace) and nothing of the others."""
+    """Issue #7 item 5(c): one more (uncompiled) workload plans its own 9 jobs (with export_trace, report_html) and nothing of the others."""
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     extra = {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}
@@ -219,7 +241,7 @@ def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert job_counts(result.stdout) == {"all": 1, "select_clocks": 1, "capture_timeline": 1, "export_timeline": 1,
                                          "classify_layers": 1, "attribute": 1, "aggregate": 1, "report": 1,
-                                         "export_trace": 1}
+                                         "report_html": 1, "export_trace": 1}
     jobs = re.findall(r"wildcards: workload=(\w+)", result.stdout)
     assert set(jobs) == {"lstm_small"}, jobs
 

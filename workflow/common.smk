@@ -216,6 +216,16 @@ def counters_input(wildcards):
     return []
 
 
+def counters_time_inputs(wildcards):
+    """On CUDA the HTML report states the share of kernel time with counters (attribution + matched counters)."""
+    if DEVICE != "cuda":
+        return {}
+    return {
+        "attribution": f"results/{wildcards.workload}/attribution/kernels.parquet",
+        "counters": counters_input(wildcards),
+    }
+
+
 def matching_input(wildcards):
     """On CUDA the report shows the counters per layer class (and the dedup.verify check)."""
     if DEVICE == "cuda":
@@ -247,5 +257,11 @@ def final_outputs():
     return [
         f"results/{w}/{name}"
         for w in WORKLOADS
-        for name in ("operators.csv", "coverage.json", "report.md", "trace.json")
+        for name in (
+            "operators.csv",
+            "coverage.json",
+            "report.md",
+            "report.html",
+            "trace.json",
+        )
     ]

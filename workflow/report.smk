@@ -28,3 +28,43 @@ rule report:
         options=json.dumps(config["report"], sort_keys=True),
     script:
         "../scripts/report.py"
+
+
+rule report_html:
+    input:
+        unpack(counters_time_inputs),
+        run="results/{workload}/capture/run.json",
+        clocks="results/{workload}/capture/clocks_applied.json",
+        coverage="results/{workload}/coverage.json",
+        operators="results/{workload}/operators.parquet",
+        modules="results/{workload}/modules.parquet",
+        layer_classes="results/{workload}/layer_classes.parquet",
+        diagnostics=diagnostics_input,
+        matching=matching_input,
+        replays=replay_records,
+        lib=[
+            LIB / "report_html.py",
+            LIB / "report.py",
+            LIB / "ncu" / "replay.py",
+            LIB / "ncu" / "catalog.py",
+            LIB / "ncu" / "metrics.yaml",
+            *ANALYSIS_LIB,
+        ],
+    output:
+        report(
+            "results/{workload}/report.html",
+            caption="report/report_html.rst",
+            category="{workload}",
+            subcategory="Report",
+            labels={"workload": "{workload}", "file": "report.html"},
+        ),
+    log:
+        "logs/report_html/{workload}.log",
+    benchmark:
+        "results/{workload}/benchmarks/report_html.tsv"
+    conda:
+        "../envs/analysis.yaml"
+    params:
+        options=json.dumps(config["report"], sort_keys=True),
+    script:
+        "../scripts/report_html.py"

@@ -168,6 +168,21 @@ def _cmd_report(args) -> None:
     print(f"wrote {args.out}")
 
 
+def _cmd_report_html(args) -> None:
+    folder = Path(args.results)
+    stages.report_html_files(args.workload or folder.resolve().name, **stages.results_folder_inputs(folder),
+                             options={"top_operators": args.top}, out=Path(args.out))
+    print(f"wrote {args.out}")
+
+
+def _cmd_compare(args) -> None:
+    table = stages.compare_files(Path(args.results_a), Path(args.results_b), Path(args.out), force=args.force)
+    both = table[table["side"] == "both"]
+    print(f"{len(table)} operators ({len(both)} in both, {(table['side'] == 'only A').sum()} only in A, "
+          f"{(table['side'] == 'only B').sum()} only in B); time per iteration "
+          f"{table['delta_ms'].sum():+.3f} ms (B - A) -> {args.out}")
+
+
 def _cmd_trace(args) -> None:
     trace = stages.trace_files(Path(args.timeline), Path(args.attribution), Path(args.out),
                                Path(args.counters) if args.counters else None)
@@ -289,6 +304,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=_positive_int, default=20)
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_report)
+
+    s = sub.add_parser("report-html", help="self-contained HTML report of a results folder (plots, sortable tables)")
+    s.add_argument("--results", required=True, help="results/<workload>/ of a finished run (or the --out of "
+                                                     "opprof aggregate); capture/, timeline/, ncu/, matched/ "
+                                                     "files in it are used when present")
+    s.add_argument("--workload", help="the page's title (default: the folder's name)")
+    s.add_argument("--top", type=_positive_int, default=20, help="operators and modules drawn before 'other'")
+    s.add_argument("--out", "-o", required=True)
+    s.set_defaults(func=_cmd_report_html)
+
+    s = sub.add_parser("compare", help="HTML page comparing two profiles of one workload (before/after a change)",
+                       description="Per-operator time per iteration of RESULTS_B against RESULTS_A (delta B - A, "
+                                   "ratio B/A, counter deltas). Two different workloads (model kind/factory of their "
+                                   "capture/run.json) are refused unless --force.")
+    s.add_argument("results_a", metavar="RESULTS_A", help="results/<workload>/ of the first (before) run")
+    s.add_argument("results_b", metavar="RESULTS_B", help="results/<workload>/ of the second (after) run")
+    s.add_argument("--out", "-o", required=True, help="compare.html to write")
+    s.add_argument("--force", action="store_true", help="compare profiles of different workloads anyway")
+    s.set_defaults(func=_cmd_compare)
 
     s = sub.add_parser("trace", help="Chrome/Perfetto trace.json: kernels with their operator, module and counters")
     s.add_argument("--timeline", required=True, help="timeline directory (kernels, ranges, launches parquet)")

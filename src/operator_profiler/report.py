@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+# The hardware metrics shown per operator (catalog name, label, scale from the catalog's base unit).
+KEY_COUNTERS = (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1), ("dram_bytes", "DRAM MB", 1e-6),
+                ("achieved_occupancy", "occupancy %", 1))
+
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith(("ch", "sh", "s", "x")) else "s")
@@ -177,6 +181,60 @@ def _notes(diagnostics: dict | None) -> list[str]:
             *[f"- {i}" for i in diagnostics.get("info", [])]]
 
 
+def is_cpu_run(run: dict | None) -> bool:
+    return run is not None and run["versions"]["device"] == "cpu"
+
+
+def measured_iterations(run: dict | None, coverage: dict) -> int:
+    """The harness's measured iterations; for a trace captured elsewhere, its iteration ranges (at least 1)."""
+    if run is None:
+        return max(len(coverage.get("iteration_time_ns", {})), 1)
+    return run["harness"]["iterations"]
+
+
+def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,
+                      clocks: dict | None = None) -> list[str]:
+    """What was profiled and how, as Markdown bullet lines (``- ...``): model, device and versions,
+    measured iterations, counters, clocks; for a trace captured elsewhere (``run`` None) what its timeline
+    says. The HTML report shows the same lines."""
+    if run is None:
+        return _imported_lines(coverage, diagnostics)
+    cpu = is_cpu_run(run)
+    v = run["versions"]
+    iterations = measured_iterations(run, coverage)
+    device = v["device"] + (f" ({v['device_name']})" if v.get("device_name") else "")
+    if cpu:
+        device += f", {v.get('cpu_threads', '?')} CPU thread(s) for torch"
+    lines = [
+        _model_line(run),
+        f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
+        f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
+        f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
+        f"- {coverage['counters_note'] or 'hardware counters: collected'}",
+        f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
+    ]
+    if cpu:
+        lines += [
+            "- CPU kernels are compute calls with their *exclusive* time: an Inductor C++ kernel or an ATen op "
+            "minus the ops it calls, so composite ops (`aten::linear`, `aten::matmul`) show only their own "
+            "dispatch time and work such as `aten::addmm`'s bias copy appears as `aten::copy_`",
+        ]
+    return lines
+
+
+def layer_summary(layer_classes: pd.DataFrame) -> str:
+    """One sentence: N layer instances form K classes (the ncu replay saving), or that the model has no layers."""
+    layered = layer_classes[layer_classes["layer_class"] != "rest"] if len(layer_classes) else layer_classes
+    if len(layered):
+        n, k = int(layered["instances"].sum()), len(layered)
+        return (f"{_plural(n, 'layer instance')} (one per call of a layer module in an iteration; a module "
+                f"called twice, e.g. with shared weights, gives `path#1`) form {_plural(k, 'class')}: an ncu "
+                f"replay needs {k} instead of {n} layer replays ({n / k:.1f}x less).")
+    return ("No repeated submodules (layers) were found in this model: every kernel is in the class "
+            "`rest`. Layers are children of an `nn.ModuleList`/`nn.Sequential` with the same class "
+            "and parameter shapes.")
+
+
 def render_markdown(
     workload: str,
     run: dict | None,
@@ -193,32 +251,8 @@ def render_markdown(
     """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
     capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's;
     ``replays`` the classes' ncu ``replay.json`` records."""
-    cpu = run is not None and run["versions"]["device"] == "cpu"
-    if run is None:
-        iterations = max(len(coverage.get("iteration_time_ns", {})), 1)
-        lines = [f"# Operator profile: `{workload}`", "", *_imported_lines(coverage, diagnostics)]
-    else:
-        v = run["versions"]
-        iterations = run["harness"]["iterations"]
-        device = v["device"] + (f" ({v['device_name']})" if v.get("device_name") else "")
-        if cpu:
-            device += f", {v.get('cpu_threads', '?')} CPU thread(s) for torch"
-        lines = [
-            f"# Operator profile: `{workload}`",
-            "",
-            _model_line(run),
-            f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
-            f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
-            f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
-            f"- {coverage['counters_note'] or 'hardware counters: collected'}",
-            f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
-        ]
-    if cpu:
-        lines += [
-            "- CPU kernels are compute calls with their *exclusive* time: an Inductor C++ kernel or an ATen op "
-            "minus the ops it calls, so composite ops (`aten::linear`, `aten::matmul`) show only their own "
-            "dispatch time and work such as `aten::addmm`'s bias copy appears as `aten::copy_`",
-        ]
+    iterations = measured_iterations(run, coverage)
+    lines = [f"# Operator profile: `{workload}`", "", *measurement_lines(run, coverage, diagnostics, clocks)]
     lines += [
         "",
         "## Coverage",
@@ -255,15 +289,13 @@ def render_markdown(
         ]
         columns.append("ms per iteration: median [min-max]")
     columns.append("paths")
-    for metric, label, scale in (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1),
-                                 ("dram_bytes", "DRAM MB", 1e-6), ("achieved_occupancy", "occupancy %", 1)):
+    for metric, label, scale in KEY_COUNTERS:
         if metric in top:  # hardware counters were matched (opprof aggregate --counters)
             top[label] = [("" if pd.isna(v) else f"{v * scale:.1f}") for v in top[metric]]
             columns.append(label)
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
     lines += [_table(top[columns]), *_unknown_time_lines(operators), "", "## Layer classes", ""]
-    layered = layer_classes[layer_classes["layer_class"] != "rest"] if len(layer_classes) else layer_classes
     if len(layer_classes):
         lc = layer_classes.assign(
             module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
@@ -273,15 +305,7 @@ def render_markdown(
             ["layer_class", "module_class", "instances (layer calls)", "kernels_per_instance",
              "ms_per_instance_and_iteration", "total_ms", "representative"]]
         lines += [_table(lc), ""]
-    if len(layered):
-        n, k = int(layered["instances"].sum()), len(layered)
-        lines += [f"{_plural(n, 'layer instance')} (one per call of a layer module in an iteration; a module "
-                  f"called twice, e.g. with shared weights, gives `path#1`) form {_plural(k, 'class')}: an ncu "
-                  f"replay needs {k} instead of {n} layer replays ({n / k:.1f}x less).", ""]
-    else:
-        lines += ["No repeated submodules (layers) were found in this model: every kernel is in the class "
-                  "`rest`. Layers are children of an `nn.ModuleList`/`nn.Sequential` with the same class "
-                  "and parameter shapes.", ""]
+    lines += [layer_summary(layer_classes), ""]
     lines += _dedup_lines(matching)
     lines += _replay_lines(replays)
     lines += ["## Modules (total over the measured iterations)", ""]

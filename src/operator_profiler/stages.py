@@ -374,15 +374,20 @@ def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, inst
                          "instances.parquet/classes.json that opprof classify wrote for the same timeline")
 
 
-def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
-                 layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
-                 match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
-                 clocks_path: Path | None = None) -> None:
-    """The Markdown report. ``run_path`` is the capture's ``run.json`` (None for a trace captured
-    elsewhere); ``diagnostics_path`` an nsys timeline's ``diagnostics.json`` (source file, versions,
-    GPUs and the reader's warnings go into the report); ``replay_paths`` the classes'
-    ``ncu/{cls}.replay.json`` (measured replay time against replaying every layer instance);
-    ``clocks_path`` the capture's ``clocks_applied.json`` (locked clocks read back, or "not locked")."""
+def read_report_inputs(run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
+                       layer_classes_path: Path, diagnostics_path: Path | None = None,
+                       match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
+                       clocks_path: Path | None = None) -> dict:
+    """What a report shows, read and checked: ``run``, ``coverage``, ``operators``, ``modules``,
+    ``layer_classes``, ``diagnostics``, ``matching``, ``replays``, ``clocks`` (the optional ones None when
+    their path is None). ``run_path`` is the capture's ``run.json`` (None for a trace captured elsewhere);
+    ``diagnostics_path`` a timeline's ``diagnostics.json`` (source file, versions, GPUs and the reader's
+    warnings); ``replay_paths`` the classes' ``ncu/{cls}.replay.json`` (measured replay time against
+    replaying every layer instance); ``clocks_path`` the capture's ``clocks_applied.json``.
+
+    Raises:
+        InputError: a missing or wrong file, or a diagnostics.json of another timeline.
+    """
     hint = "run opprof aggregate first"
     run = read_json_file(run_path, "the capture's run.json", "pass capture/run.json, or leave --run out for a trace "
                          "captured elsewhere", expect=dict) if run_path is not None else None
@@ -395,21 +400,128 @@ def report_files(workload: str, run_path: Path | None, coverage_path: Path, oper
         if in_timeline != coverage.get("kernel_count"):
             raise InputError(f"{diagnostics_path} describes a timeline of {in_timeline} kernels, {coverage_path} "
                              f"{coverage.get('kernel_count')}: pass the timeline these results were made from")
-    text = report_md.render_markdown(
-        workload, run,
-        coverage,
-        read_parquet_file(operators_path, "an operators table", hint, ("operator", "time_ns")),
-        read_parquet_file(modules_path, "a modules table", hint, ("module", "time_ns")),
-        read_parquet_file(layer_classes_path, "a layer classes table", hint, ("layer_class", "instances")),
-        options["top_operators"],
-        diagnostics=diagnostics,
-        matching=read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
-                                expect=dict) if match_diagnostics_path is not None else None,
-        replays=read_replay_records(replay_paths) if replay_paths else None,
-        clocks=read_json_file(clocks_path, "the capture's clocks_applied.json", "it is written by the capture",
-                              expect=dict) if clocks_path is not None else None,
-    )
+    return {
+        "run": run,
+        "coverage": coverage,
+        "operators": read_parquet_file(operators_path, "an operators table", hint, ("operator", "time_ns")),
+        "modules": read_parquet_file(modules_path, "a modules table", hint, ("module", "time_ns")),
+        "layer_classes": read_parquet_file(layer_classes_path, "a layer classes table", hint,
+                                           ("layer_class", "instances")),
+        "diagnostics": diagnostics,
+        "matching": read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
+                                   expect=dict) if match_diagnostics_path is not None else None,
+        "replays": read_replay_records(replay_paths) if replay_paths else None,
+        "clocks": read_json_file(clocks_path, "the capture's clocks_applied.json", "it is written by the capture",
+                                 expect=dict) if clocks_path is not None else None,
+    }
+
+
+def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
+                 layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
+                 match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
+                 clocks_path: Path | None = None) -> None:
+    """The Markdown report (inputs: :func:`read_report_inputs`)."""
+    inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
+                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path)
+    text = report_md.render_markdown(workload, inputs.pop("run"), inputs.pop("coverage"), inputs.pop("operators"),
+                                     inputs.pop("modules"), inputs.pop("layer_classes"), options["top_operators"],
+                                     **inputs)
     write_text_atomic(out, text)
+
+
+def counters_time_share(attribution_path: Path, counters_path: Path) -> float:
+    """The share of kernel time (timeline durations) whose kernels have matched ncu counters."""
+    attribution = read_parquet_file(attribution_path, "an attribution table", "run opprof attribute first",
+                                    ("kernel_id", "duration_ns"))
+    counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
+                                 "run opprof match first", ("kernel_id",))
+    total = int(attribution["duration_ns"].sum())
+    with_counters = int(attribution.loc[attribution["kernel_id"].isin(counters["kernel_id"]), "duration_ns"].sum())
+    return with_counters / total if total else 0.0
+
+
+def report_html_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path,
+                      modules_path: Path, layer_classes_path: Path, options: dict, out: Path,
+                      diagnostics_path: Path | None = None, match_diagnostics_path: Path | None = None,
+                      replay_paths: list[Path] | None = None, clocks_path: Path | None = None,
+                      attribution_path: Path | None = None, counters_path: Path | None = None) -> None:
+    """``report.html``, self-contained (:func:`operator_profiler.report_html.render_html`); inputs as
+    :func:`report_files`, plus the attribution and the matched counters (CUDA) for the share of kernel time
+    with counters. Written atomically."""
+    from . import report_html
+
+    inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
+                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path)
+    counters_time = (counters_time_share(attribution_path, counters_path)
+                     if attribution_path is not None and counters_path is not None else None)
+    text = report_html.render_html(workload, inputs.pop("run"), inputs.pop("coverage"), inputs.pop("operators"),
+                                   inputs.pop("modules"), inputs.pop("layer_classes"), options["top_operators"],
+                                   counters_time=counters_time, **inputs)
+    write_text_atomic(out, text)
+
+
+def results_folder_inputs(folder: Path) -> dict:
+    """The report inputs of a workload's results folder (``results/<workload>/`` of a finished run), by the
+    workflow's layout: the keyword arguments of :func:`report_html_files` after ``workload``.
+
+    Raises:
+        InputError: not a folder, or no ``operators.parquet`` in it (not a results folder).
+    """
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "operators.parquet").is_file():
+        what = "is not a folder" if not folder.is_dir() else "holds no operators.parquet"
+        raise InputError(f"{folder} {what}: not a results folder; pass results/<workload>/ of a finished run "
+                         "(snakemake), or the --out folder of opprof aggregate")
+
+    def optional(relative: str) -> Path | None:
+        return folder / relative if (folder / relative).is_file() else None
+
+    counters = optional("matched/kernel_metrics.parquet")
+    return {
+        "run_path": optional("capture/run.json"),
+        "coverage_path": folder / "coverage.json",
+        "operators_path": folder / "operators.parquet",
+        "modules_path": folder / "modules.parquet",
+        "layer_classes_path": folder / "layer_classes.parquet",
+        "diagnostics_path": optional("timeline/diagnostics.json"),
+        "match_diagnostics_path": optional("matched/diagnostics.json"),
+        "replay_paths": sorted((folder / "ncu").glob("*.replay.json")) or None,
+        "clocks_path": optional("capture/clocks_applied.json"),
+        "attribution_path": optional("attribution/kernels.parquet") if counters else None,
+        "counters_path": counters,
+    }
+
+
+def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False) -> pd.DataFrame:
+    """``compare.html``: the profile in ``folder_b`` against the one in ``folder_a`` (two results folders of
+    one workload, e.g. before and after a change; :func:`operator_profiler.report_html.render_compare`).
+    Returns the per-operator comparison table. Nothing is written on an error.
+
+    Raises:
+        InputError: a folder that is not a results folder, or two different workloads (model kind/factory of
+            their run.json, or the folder names without one) unless ``force``.
+    """
+    from . import report_html
+
+    profiles = []
+    for folder in (Path(folder_a), Path(folder_b)):
+        paths = results_folder_inputs(folder)
+        inputs = read_report_inputs(paths["run_path"], paths["coverage_path"], paths["operators_path"],
+                                    paths["modules_path"], paths["layer_classes_path"],
+                                    clocks_path=paths["clocks_path"])
+        name = folder.resolve().name
+        profiles.append({"folder": str(folder), "workload": name, "run": inputs["run"], "clocks": inputs["clocks"],
+                         "coverage": inputs["coverage"], "operators": inputs["operators"]})
+    a, b = profiles
+    identity_a = report_html.workload_identity(a["run"], a["workload"])
+    identity_b = report_html.workload_identity(b["run"], b["workload"])
+    differ = identity_a != identity_b
+    if differ and not force:
+        raise InputError(f"{folder_a} and {folder_b} are profiles of different workloads ({identity_a} vs "
+                         f"{identity_b}); compare two profiles of one workload, or pass --force to compare anyway")
+    write_text_atomic(out, report_html.render_compare(a, b, forced=differ))
+    return report_html.compare_table(a["operators"], report_md.measured_iterations(a["run"], a["coverage"]),
+                                     b["operators"], report_md.measured_iterations(b["run"], b["coverage"]))
 
 
 def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_path: Path | None = None) -> dict:

@@ -1,0 +1,12 @@
+"""Rule report_html: the self-contained HTML report of one workload."""
+import json
+
+from operator_profiler import stages
+from operator_profiler.errors import run_rule
+
+i = snakemake.input
+run_rule(snakemake.log[0], stages.report_html_files, snakemake.wildcards.workload, i.run, i.coverage, i.operators,
+         i.modules, i.layer_classes, json.loads(snakemake.params.options), snakemake.output[0],
+         diagnostics_path=i.diagnostics or None, match_diagnostics_path=i.matching or None,
+         replay_paths=list(i.replays) or None, clocks_path=i.clocks,
+         attribution_path=getattr(i, "attribution", None), counters_path=getattr(i, "counters", None))

@@ -1,0 +1,598 @@
+"""The HTML pages: one workload's report (``report.html``) and the comparison of two profiles of one
+workload (``opprof compare``).
+
+Both pages are self-contained: the plotly.js bundle is inlined once in the page's head, each figure is a
+``<div>`` with its data (``Figure.to_html(include_plotlyjs=False)``), the operator tables sort with a few
+lines of inlined JavaScript, and nothing is fetched from the network. Every name that comes from the
+profile (operators are C++ templates with ``<``, ``>``, ``&``) is HTML-escaped, also in the figures'
+labels (plotly renders label text as HTML and decodes the entities).
+
+The header facts, the clocks text and the layer-class sentence are report.py's (the Markdown report),
+converted here from their Markdown inline markup.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+
+import pandas as pd
+
+from . import report as report_md
+
+# Operators/modules drawn in a bar chart before the rest are summed into one bar.
+TOP_BARS = 20
+
+# The operator table's counter columns: catalog name, label, scale (report_md.KEY_COUNTERS) plus the
+# DRAM speed of light; each header also shows the ncu metric name the value comes from.
+COUNTER_COLUMNS = (report_md.KEY_COUNTERS[0], report_md.KEY_COUNTERS[1], ("dram_sol", "DRAM SOL %", 1),
+                   *report_md.KEY_COUNTERS[2:])
+
+SORT_JS = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  var heads = table.tHead.rows[0].cells;
+  Array.prototype.forEach.call(heads, function (th, col) {
+    th.addEventListener("click", function () {
+      var ascending = th.getAttribute("aria-sort") !== "ascending";
+      Array.prototype.forEach.call(heads, function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+      var numeric = th.dataset.type === "num";
+      var key = function (row) {
+        var cell = row.cells[col];
+        var v = cell.dataset.v !== undefined ? cell.dataset.v : cell.textContent.trim();
+        return numeric ? (v === "" ? NaN : parseFloat(v)) : v.toLowerCase();
+      };
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b);
+        if (numeric) {
+          if (isNaN(x) || isNaN(y)) { return isNaN(x) - isNaN(y); }  /* empty cells last */
+          return ascending ? x - y : y - x;
+        }
+        return ascending ? x.localeCompare(y) : y.localeCompare(x);
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+"""
+
+CSS = """
+:root { --fg: #1f2937; --muted: #6b7280; --line: #e5e7eb; --accent: #2563eb; --bg: #f8fafc; --warn: #b45309; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--fg); background: var(--bg); }
+header.top { background: #0f172a; color: #f8fafc; padding: 22px 0 14px; }
+header.top h1 { margin: 0 0 4px; font-size: 24px; font-weight: 600; }
+header.top .sub { color: #cbd5e1; font-size: 14px; }
+header.top nav { margin-top: 12px; display: flex; gap: 18px; flex-wrap: wrap; }
+header.top nav a { color: #93c5fd; text-decoration: none; font-size: 14px; }
+main, header.top > div { max-width: 1240px; margin: 0 auto; padding: 0 28px; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 20px 24px; margin: 22px 0; }
+h2 { font-size: 19px; margin: 0 0 12px; font-weight: 600; }
+h3 { font-size: 15px; margin: 18px 0 8px; font-weight: 600; }
+p { margin: 8px 0; }
+.muted { color: var(--muted); font-size: 13px; }
+.note { border-left: 4px solid var(--warn); background: #fffbeb; padding: 10px 14px; border-radius: 4px; margin: 10px 0; }
+.kpis { display: grid; grid-template-columns: repeat(auto-fit, minmax(170px, 1fr)); gap: 12px; margin: 4px 0 14px; }
+.kpi { border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; background: #f9fafb; }
+.kpi .v { font-size: 21px; font-weight: 600; }
+.kpi .k { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+ul.facts { margin: 6px 0; padding-left: 20px; }
+ul.facts li { margin: 3px 0; }
+code { font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; background: #f1f5f9;
+       padding: 1px 4px; border-radius: 3px; }
+.scroll { max-height: 72vh; overflow: auto; border: 1px solid var(--line); border-radius: 8px; }
+table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
+th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
+th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 1; white-space: nowrap; }
+th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
+             font-weight: 400; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+tbody tr:nth-child(even) { background: #fafafa; }
+tbody tr:hover { background: #eff6ff; }
+table.sortable th { cursor: pointer; user-select: none; }
+table.sortable th::after { content: " \\2195"; color: #cbd5e1; }
+table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; color: var(--accent); }
+table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; color: var(--accent); }
+td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; word-break: break-all;
+          max-width: 520px; }
+.tag { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e0e7ff; color: #3730a3; }
+.tag.slower { background: #fee2e2; color: #991b1b; }
+.tag.faster { background: #dcfce7; color: #166534; }
+.tag.only { background: #fef3c7; color: #92400e; }
+.fig { margin: 8px 0 4px; }
+.grid2 { display: grid; grid-template-columns: 1fr 1fr; gap: 20px; }
+@media (max-width: 900px) { .grid2 { grid-template-columns: 1fr; } }
+footer { color: var(--muted); font-size: 12px; text-align: center; padding: 10px 0 30px; }
+"""
+
+
+# ------------------------------------------------------------------------------ small helpers
+
+
+def esc(value) -> str:
+    """HTML-escaped text of any value (None -> empty)."""
+    return "" if value is None else html.escape(str(value), quote=True)
+
+
+def inline(markdown: str) -> str:
+    """One line of the Markdown report as HTML: escaped, ``**bold**``, ``*em*`` and ```code``` converted."""
+    text = esc(markdown)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+    return re.sub(r"(?<![\w*])\*([^*]+)\*(?![\w*])", r"<em>\1</em>", text)
+
+
+def _bullets(lines: list[str]) -> str:
+    items = [inline(line[2:] if line.startswith("- ") else line) for line in lines if line.strip()]
+    return '<ul class="facts">' + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def _num_cell(value, text: str | None = None) -> str:
+    """A numeric cell: the exact value in ``data-v`` (sorting, tests), ``text`` shown."""
+    if _missing(value):
+        return '<td class="num" data-v=""></td>'
+    return f'<td class="num" data-v="{esc(value)}">{esc(text if text is not None else value)}</td>'
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "" if _missing(value) else f"{value:,.{digits}f}"
+
+
+def _table(headers: list[tuple[str, str]], rows: list[str], table_id: str, sortable: bool = True,
+           scroll: bool = False) -> str:
+    """``headers``: (inner HTML, ``num`` or ``text``); ``rows``: each row's ``<td>`` cells."""
+    head = "".join(f'<th data-type="{kind}"' + (' class="num"' if kind == "num" else "") + f">{label}</th>"
+                   for label, kind in headers)
+    body = "".join(f"<tr>{cells}</tr>" for cells in rows)
+    table = (f'<table id="{table_id}"' + (' class="sortable"' if sortable else "")
+             + f"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    return f'<div class="scroll">{table}</div>' if scroll else table
+
+
+def _figure(fig, div_id: str) -> str:
+    """A figure's div and data (no plotly.js: the page inlines it once)."""
+    fig.update_layout(template="plotly_white", font={"family": "system-ui, Segoe UI, Roboto, Arial, sans-serif",
+                                                     "size": 13},
+                      hoverlabel={"font": {"family": "ui-monospace, Menlo, Consolas, monospace"}})
+    return '<div class="fig">' + fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                                              config={"displaylogo": False, "responsive": True}) + "</div>"
+
+
+def _page(title: str, subtitle: str, nav: list[tuple[str, str]], body: str) -> str:
+    from plotly.offline import get_plotlyjs
+
+    links = "".join(f'<a href="#{anchor}">{esc(label)}</a>' for anchor, label in nav)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{CSS}</style>"
+            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
+            f'<header class="top"><div><h1>{esc(title)}</h1><div class="sub">{subtitle}</div>'
+            f"<nav>{links}</nav></div></header><main>{body}</main>"
+            "<footer>Operator Profiler &middot; self-contained page: plotly.js inlined, no network access"
+            f"</footer><script>{SORT_JS}</script></body></html>\n")
+
+
+def _kpis(items: list[tuple[str, str]]) -> str:
+    return '<div class="kpis">' + "".join(
+        f'<div class="kpi"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div></div>' for k, v in items) + "</div>"
+
+
+def _top_with_other(table: pd.DataFrame, name: str, value: str, top: int) -> pd.DataFrame:
+    """The ``top`` rows by ``value`` and one ``(other N)`` row summing the rest."""
+    ordered = table.sort_values(value, ascending=False)
+    head, rest = ordered.head(top), ordered.iloc[top:]
+    if len(rest):
+        head = pd.concat([head, pd.DataFrame({name: [f"(other {len(rest)})"], value: [rest[value].sum()]})],
+                         ignore_index=True)
+    return head
+
+
+def _hbar(labels: list[str], values: list[float], hover: list[str], x_title: str, color="#2563eb"):
+    import plotly.graph_objects as go
+
+    # Longest first from the top: plotly draws the first category at the bottom.
+    fig = go.Figure(go.Bar(x=values[::-1], y=[esc(report_md._short(s, 60)) for s in labels][::-1], orientation="h",
+                           marker_color=color if isinstance(color, str) else color[::-1],
+                           hovertext=[esc(h) for h in hover][::-1], hoverinfo="text"))
+    fig.update_layout(height=max(260, 26 * len(labels) + 110), margin={"l": 10, "r": 30, "t": 30, "b": 50},
+                      xaxis_title=x_title, yaxis={"automargin": True, "type": "category"}, bargap=0.25)
+    return fig
+
+
+def counter_metric_names() -> dict[str, str]:
+    """ncu's spelling (first catalog name) of each counter column of the operator table."""
+    from .ncu.catalog import load_catalog
+
+    catalog = load_catalog()
+    names = {}
+    for metric, _, _ in COUNTER_COLUMNS:
+        candidates = catalog[metric].candidates()
+        names[metric] = candidates[0] if candidates else metric
+    return names
+
+
+def latency_threshold() -> float:
+    """The catalog's bottleneck threshold: both SOL figures below it -> latency-bound."""
+    from .ncu.catalog import load_catalog
+
+    return float(load_catalog().bottleneck["latency_below_pct"])
+
+
+# ------------------------------------------------------------------------------ report.html
+
+
+def _header_section(workload: str, run: dict | None, coverage: dict, operators: pd.DataFrame,
+                    diagnostics: dict | None, clocks: dict | None, counters_time: float | None,
+                    replays: list[dict] | None) -> str:
+    iterations = report_md.measured_iterations(run, coverage)
+    lines = report_md.measurement_lines(run, coverage, diagnostics, clocks)
+    tools = []
+    if diagnostics and diagnostics.get("format") != "kineto" and diagnostics.get("product_version"):
+        tools.append(f"Nsight Systems {diagnostics['product_version']} (timeline)")
+    if replays:
+        tools.append(f"Nsight Compute ({report_md._plural(len(replays), 'replay')}; "
+                     f"{sum(float(r['wall_s']) for r in replays):.1f} s)")
+    if run is not None:
+        tools.insert(0, f"timeline: {run.get('timeline', 'torch')} (profiler {run.get('profiler', '?')})")
+    if tools:
+        lines.append("- tools: " + "; ".join(tools))
+    if coverage.get("counters_coverage") is not None:
+        share = f"{coverage['counters_coverage'] * 100:.1f}% of kernels"
+        if counters_time is not None:
+            share += f", {counters_time * 100:.1f}% of kernel time"
+        lines.append(f"- hardware counters (ncu) for {share}")
+    total = coverage["kernel_time_ns"]
+    counters = ("not collected" if coverage.get("counters_coverage") is None
+                else f"{coverage['counters_coverage'] * 100:.1f}%")
+    kpis = _kpis([
+        ("kernel time / iteration", f"{total / iterations / 1e6:.3f} ms"),
+        ("kernels", f"{coverage['kernel_count']:,}"),
+        ("operators", f"{len(operators):,}"),
+        ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
+        ("kernels with counters", counters),
+    ])
+    return f'<section id="measurement"><h2>What was profiled</h2>{kpis}{_bullets(lines)}</section>'
+
+
+def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str]) -> str:
+    counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if m in operators
+                and operators[m].notna().any()]
+    headers = [("operator", "text"), ("time (ms)", "num"), ("ms / iteration", "num"), ("share", "num"),
+               ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
+    headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
+                for m, label, _ in counters]
+    if "counters_kernels" in operators:
+        headers.append(("kernels with counters", "num"))
+    show_bottleneck = (operators["bottleneck"] != "not_collected").any()
+    headers += [("paths", "text")] + ([("bottleneck", "text")] if show_bottleneck else [])
+    rows = []
+    for r in operators.to_dict("records"):
+        cells = [f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td>',
+                 _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}"),
+                 _num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"),
+                 _num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"),
+                 _num_cell(int(r["calls"])), _num_cell(int(r["kernels"])),
+                 _num_cell(r["mean_kernel_ns"] / 1e3, f"{r['mean_kernel_ns'] / 1e3:.1f}")]
+        cells += [_num_cell(r[m], _fmt(None if _missing(r[m]) else r[m] * scale)) for m, _, scale in counters]
+        if "counters_kernels" in operators:
+            cells.append(_num_cell(r["counters_kernels"]))
+        cells.append(f"<td>{esc(r['paths'])}</td>")
+        if show_bottleneck:
+            cells.append(f'<td><span class="tag">{esc(r["bottleneck"])}</span></td>')
+        rows.append("".join(cells))
+    share = _top_with_other(operators[["operator", "time_share"]], "operator", "time_share", top)
+    fig = _hbar(list(share["operator"]), [v * 100 for v in share["time_share"]],
+                [f"{o}: {v * 100:.2f}%" for o, v in zip(share["operator"], share["time_share"])],
+                "share of kernel time (%)")
+    return ('<section id="operators"><h2>Operators</h2>'
+            f'<h3>Time share, top {min(top, len(operators))} of {len(operators)} operators</h3>'
+            f'{_figure(fig, "fig-operator-share")}'
+            f"<h3>All {len(operators)} operators</h3>"
+            '<p class="muted">Click a column header to sort. Times are totals over the measured iterations; counters '
+            "are combined over each operator's kernels weighted by their timeline durations (the header names the "
+            "ncu metric).</p>"
+            f'{_table(headers, rows, "operator-table", scroll=True)}</section>')
+
+
+def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> str:
+    import plotly.graph_objects as go
+
+    title = '<section id="sol"><h2>Speed of light: compute vs memory throughput</h2>'
+    if "sm_sol" not in operators or "memory_sol" not in operators:
+        note = coverage.get("counters_note") or "hardware counters: not collected"
+        return (title + f'<div class="note" id="sol-note">No speed-of-light view: {inline(note)}. It needs '
+                "Nsight Compute counters (SM and memory throughput, % of peak), which a CUDA run collects.</div>"
+                "</section>")
+    points = operators[operators["sm_sol"].notna() & operators["memory_sol"].notna()]
+    if not len(points):
+        return (title + '<div class="note" id="sol-note">No operator has both SM and memory throughput counters '
+                "(see the counters coverage above).</div></section>")
+    biggest = float(points["time_ns"].max()) or 1.0
+    fig = go.Figure()
+    fig.add_shape(type="rect", x0=0, y0=0, x1=threshold, y1=threshold, line_width=0, fillcolor="#fef3c7",
+                  opacity=0.6, layer="below")
+    fig.add_shape(type="line", x0=0, y0=0, x1=100, y1=100, line={"dash": "dot", "color": "#9ca3af"})
+    fig.add_annotation(x=1, y=threshold - 1, xanchor="left", yanchor="top", showarrow=False, align="left",
+                       text=f"latency-bound<br>(both &lt; {threshold:g}%)", font={"color": "#92400e", "size": 11})
+    for label, group in points.groupby("bottleneck", sort=True):
+        fig.add_trace(go.Scatter(
+            x=group["memory_sol"].tolist(), y=group["sm_sol"].tolist(), mode="markers", name=esc(label),
+            marker={"size": group["time_ns"].tolist(), "sizemode": "area", "sizeref": 2 * biggest / 46 ** 2, "sizemin": 5,
+                    "line": {"width": 1, "color": "#ffffff"}, "opacity": 0.85},
+            hovertext=[f"{esc(o)}<br>time {t / 1e6:.3f} ms ({s * 100:.1f}%)<br>memory {m:.1f}% · SM {c:.1f}%"
+                       for o, t, s, m, c in zip(group["operator"], group["time_ns"], group["time_share"],
+                                                group["memory_sol"], group["sm_sol"])],
+            hoverinfo="text"))
+    fig.update_layout(height=560, margin={"l": 60, "r": 20, "t": 30, "b": 60}, legend_title_text="bottleneck",
+                      xaxis={"title": "memory throughput, % of peak (gpu__compute_memory_throughput)",
+                             "range": [0, 105]},
+                      yaxis={"title": "compute (SM) throughput, % of peak (sm__throughput)", "range": [0, 105]})
+    return (title + f'<p class="muted">One point per operator with counters ({len(points)} of {len(operators)}), '
+            "marker area proportional to its kernel time. Up and left: compute-bound; down and right: "
+            "memory-bound; near the origin: neither unit busy (latency, launch overhead or too little work).</p>"
+            f'{_figure(fig, "fig-sol")}</section>')
+
+
+def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
+    rows = []
+    for path, share in sorted(coverage["by_path"].items()):
+        entry = (coverage.get("path_coverage") or {}).get(path)
+        rows.append(f"<td>{esc(path)}</td>" + _num_cell(share, f"{share * 100:.2f}%")
+                    + (_num_cell(entry["count"], f"{entry['count'] * 100:.2f}%") if entry else _num_cell(None))
+                    + (_num_cell(entry["time"], f"{entry['time'] * 100:.2f}%") if entry else _num_cell(None)))
+    paths = _table([("path", "text"), ("time share (chosen)", "num"), ("kernels it named (any)", "num"),
+                    ("time it named (any)", "num")], rows, "path-table", sortable=False)
+    text = (f"<p>{coverage['attributed_count']:,} of {coverage['kernel_count']:,} kernels attributed to an operator, "
+            f"{coverage['coverage_time'] * 100:.2f}% of {coverage['kernel_time_ns'] / 1e6:.3f} ms kernel time.</p>")
+    extra = "".join(f"<p>{inline(line)}</p>" for line in [*report_md._agreement_lines(coverage),
+                                                          *report_md._iteration_spread(coverage),
+                                                          *report_md._outside_iterations(coverage),
+                                                          *report_md._invalid_time_line(coverage)] if line)
+    unattributed = coverage.get("unattributed") or []
+    if unattributed:
+        u_rows = [f'<td class="name" title="{esc(u["name"])}">{esc(report_md._short(u["name"]))}</td>'
+                  + _num_cell(u["count"]) + _num_cell(u["time_ns"] / 1e6, f"{u['time_ns'] / 1e6:.3f}")
+                  + f"<td><code>{esc(u['reason'])}</code></td>" for u in unattributed]
+        u_table = _table([("kernel", "text"), ("count", "num"), ("total (ms)", "num"), ("reason", "text")], u_rows,
+                         "unattributed-table", scroll=True)
+    else:
+        u_table = "<p>None: every kernel was attributed.</p>" if coverage["kernel_count"] else "<p>None (no kernels).</p>"
+    notes = ""
+    if diagnostics and (diagnostics.get("warnings") or diagnostics.get("info")):
+        notes = "<h3>Capture notes</h3>" + _bullets([line for line in report_md._notes(diagnostics)
+                                                     if line.startswith("- ")])
+    return (f'<section id="coverage"><h2>Attribution coverage</h2>{text}{paths}{extra}'
+            f"<h3>Unattributed kernels</h3>{u_table}{notes}</section>")
+
+
+def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None) -> str:
+    import plotly.graph_objects as go
+
+    est = {}
+    if replays:
+        from .ncu.replay import replay_estimate
+
+        est = {r["class"]: r for r in replay_estimate(replays)["classes"]}
+    headers = [("layer class", "text"), ("module class", "text"), ("instances N", "num"), ("replayed K", "num"),
+               ("kernels / instance", "num"), ("ms / instance / iteration", "num"), ("total (ms)", "num")]
+    if est:
+        headers += [("ncu runs", "num"), ("replay measured (s)", "num"), ("every instance (s)", "num"),
+                    ("saving N/K", "num")]
+    rows, names, n_values, k_values = [], [], [], []
+    for r in layer_classes.to_dict("records"):
+        e = est.get(r["layer_class"])
+        k = e["replayed"] if e else int(r["replays_with_dedup"])
+        per = r["mean_instance_time_ns"] / max(iterations, 1) / 1e6
+        cells = (f"<td>{esc(r['layer_class'])}</td><td>{esc(r['module_class'] if not _missing(r['module_class']) else '(kernels outside layers)')}</td>"
+                 + _num_cell(int(r["instances"])) + _num_cell(k) + _num_cell(int(r["kernels_per_instance"]))
+                 + _num_cell(per, f"{per:.3f}") + _num_cell(r["time_ns"] / 1e6, f"{r['time_ns'] / 1e6:.3f}"))
+        if est:
+            saving = e["estimate_all_s"] / e["wall_s"] if e and e["wall_s"] else None
+            cells += (_num_cell(e["runs"] if e else None) + _num_cell(e["wall_s"] if e else None, _fmt(e and e["wall_s"]))
+                      + _num_cell(e["estimate_all_s"] if e else None, _fmt(e and e["estimate_all_s"]))
+                      + _num_cell(saving, f"{saving:.1f}x" if saving else ""))
+        rows.append(cells)
+        names.append(r["layer_class"])
+        n_values.append(int(r["instances"]))
+        k_values.append(k)
+    summary = f"<p>{inline(report_md.layer_summary(layer_classes))}</p>"
+    if est:
+        total = replay_estimate_total(replays)
+        summary += f"<p>{inline(total)}</p>"
+    figure = ""
+    if (layer_classes["layer_class"] != "rest").any():
+        labels = [esc(n) for n in names][::-1]  # plotly draws the first category at the bottom
+        fig = go.Figure([go.Bar(name="replayed K", y=labels, x=k_values[::-1], orientation="h",
+                                marker_color="#2563eb"),
+                         go.Bar(name="instances N", y=labels, x=n_values[::-1], orientation="h",
+                                marker_color="#94a3b8")])
+        fig.update_layout(barmode="group", height=max(240, 60 * len(names) + 120),
+                          margin={"l": 10, "r": 30, "t": 30, "b": 50}, xaxis_title="layer instances",
+                          yaxis={"automargin": True, "type": "category"}, legend={"orientation": "h", "y": 1.12})
+        figure = _figure(fig, "fig-layer-classes")
+    return (f'<section id="layers"><h2>Layer classes</h2>{summary}{figure}'
+            f'{_table(headers, rows, "layer-class-table")}</section>')
+
+
+def replay_estimate_total(replays: list[dict]) -> str:
+    """The measured ncu replay time against replaying every instance, as report.py words it."""
+    lines = [line for line in report_md._replay_lines(replays) if line.startswith("Replaying ")]
+    return lines[0] if lines else ""
+
+
+def _modules_section(modules: pd.DataFrame, top: int) -> str:
+    shown = _top_with_other(modules[["module", "time_ns"]], "module", "time_ns", top)
+    fig = _hbar(list(shown["module"]), [v / 1e6 for v in shown["time_ns"]],
+                [f"{m}: {t / 1e6:.3f} ms" for m, t in zip(shown["module"], shown["time_ns"])],
+                "kernel time over the measured iterations (ms)", color="#0d9488")
+    rows = [f'<td class="name">{esc(r["module"])}</td>' + _num_cell(int(r["kernels"]))
+            + _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")
+            + _num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%") for r in modules.to_dict("records")]
+    table = _table([("module", "text"), ("kernels", "num"), ("total (ms)", "num"), ("share", "num")], rows,
+                   "module-table", scroll=True)
+    return f'<section id="modules"><h2>Modules (layer instances)</h2>{_figure(fig, "fig-modules")}{table}</section>'
+
+
+def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.DataFrame, modules: pd.DataFrame,
+                layer_classes: pd.DataFrame, top_operators: int = TOP_BARS, diagnostics: dict | None = None,
+                matching: dict | None = None, replays: list[dict] | None = None, clocks: dict | None = None,
+                counters_time: float | None = None) -> str:
+    """``report.html`` of one workload (the inputs of :func:`report.render_markdown`; ``counters_time``: the
+    share of kernel time whose kernels have ncu counters, when collected)."""
+    iterations = report_md.measured_iterations(run, coverage)
+    device = "" if run is None else (run["versions"].get("device_name") or run["versions"]["device"])
+    subtitle = esc(" · ".join(p for p in (
+        run and run["workload"]["kind"], run and run["mode"],
+        run and ("compiled" if run["compiled"] else "eager"), device,
+        f"{report_md._plural(iterations, 'measured iteration')}") if p))
+    sections = [
+        _header_section(workload, run, coverage, operators, diagnostics, clocks, counters_time, replays),
+        _operator_section(operators, iterations, top_operators, counter_metric_names()),
+        _sol_section(operators, coverage, latency_threshold()),
+        _coverage_section(coverage, diagnostics),
+        _layers_section(layer_classes, iterations, replays),
+        _modules_section(modules, top_operators),
+    ]
+    nav = [("measurement", "Measurement"), ("operators", "Operators"), ("sol", "Speed of light"),
+           ("coverage", "Coverage"), ("layers", "Layer classes"), ("modules", "Modules")]
+    return _page(f"Operator profile: {workload}", subtitle, nav, "".join(sections))
+
+
+# ------------------------------------------------------------------------------ compare.html
+
+
+def workload_identity(run: dict | None, folder_name: str) -> str:
+    """What must agree for two profiles to be of one workload: the model kind (and a custom model's factory)
+    from run.json; the results folder's name for a trace captured elsewhere (no run.json)."""
+    if run is None:
+        return f"results folder {folder_name!r}"
+    w = run["workload"]
+    return f"kind {w['kind']!r}" + (f", factory {w['factory']!r}" if w.get("factory") else "")
+
+
+def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iterations_b: int) -> pd.DataFrame:
+    """One row per operator of either profile: ``a_ms``, ``b_ms`` (ms per measured iteration, NaN where the
+    operator did not run), ``delta_ms`` (B - A, an absent side counting 0), ``ratio`` (B / A, both sides only),
+    ``side`` (``both``, ``only A``, ``only B``) and, per counter column of the operator table present on a
+    side, ``<metric>_a``, ``<metric>_b``, ``<metric>_delta``; sorted by the size of the time change."""
+    counters = [m for m, _, _ in COUNTER_COLUMNS if m in a or m in b]
+    left = a[["operator", "time_ns", *[m for m in counters if m in a]]].rename(columns={m: f"{m}_a" for m in counters})
+    right = b[["operator", "time_ns", *[m for m in counters if m in b]]].rename(columns={m: f"{m}_b" for m in counters})
+    merged = left.merge(right, on="operator", how="outer", suffixes=("_a", "_b"), indicator=True)
+    out = pd.DataFrame({"operator": merged["operator"]})
+    out["side"] = merged["_merge"].map({"both": "both", "left_only": "only A", "right_only": "only B"}).astype(str)
+    out["a_ms"] = merged["time_ns_a"] / iterations_a / 1e6
+    out["b_ms"] = merged["time_ns_b"] / iterations_b / 1e6
+    out["delta_ms"] = out["b_ms"].fillna(0) - out["a_ms"].fillna(0)
+    out["ratio"] = out["b_ms"] / out["a_ms"].where(out["a_ms"] > 0)
+    for m in counters:
+        va = merged[f"{m}_a"] if f"{m}_a" in merged else pd.Series(float("nan"), index=merged.index)
+        vb = merged[f"{m}_b"] if f"{m}_b" in merged else pd.Series(float("nan"), index=merged.index)
+        out[f"{m}_a"], out[f"{m}_b"], out[f"{m}_delta"] = va, vb, vb - va
+    order = out["delta_ms"].abs().sort_values(ascending=False, kind="stable").index
+    return out.loc[order].reset_index(drop=True)
+
+
+def _facts(profile: dict) -> dict[str, str]:
+    run, coverage = profile["run"], profile["coverage"]
+    iterations = report_md.measured_iterations(run, coverage)
+    facts = {"results folder": str(profile["folder"])}
+    if run is not None:
+        v = run["versions"]
+        facts.update({
+            "model": report_md._model_line(run)[len("- model: "):],
+            **{f"workload.{k}": str(val) for k, val in sorted(run["workload"].items())},
+            "device": v["device"] + (f" ({v['device_name']})" if v.get("device_name") else ""),
+            "torch": str(v.get("torch")), "CUDA / driver": f"{v.get('cuda_runtime') or 'none'} / {v.get('driver') or 'n/a'}",
+            "harness": f"{iterations} measured after {run['harness']['warmup']} warm-up, seed {run['harness']['seed']}",
+            "clocks": "not locked (CPU run)" if report_md.is_cpu_run(run) else report_md._clocks_text(profile["clocks"]),
+        })
+    facts.update({
+        "kernel time / iteration": f"{profile['operators']['time_ns'].sum() / iterations / 1e6:.3f} ms",
+        "kernels": f"{coverage['kernel_count']:,}",
+        "attributed time": f"{coverage['coverage_time'] * 100:.2f}%",
+        "counters": coverage.get("counters_note") or f"{(coverage.get('counters_coverage') or 0) * 100:.1f}% of kernels",
+    })
+    return facts
+
+
+def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) -> str:
+    """``compare.html``: profile ``b`` against profile ``a`` (dicts of ``folder``, ``workload``, ``run``,
+    ``coverage``, ``operators``, ``clocks``). ``forced``: the identities differ and the user asked anyway."""
+    import plotly.graph_objects as go
+
+    it_a = report_md.measured_iterations(a["run"], a["coverage"])
+    it_b = report_md.measured_iterations(b["run"], b["coverage"])
+    table = compare_table(a["operators"], it_a, b["operators"], it_b)
+    facts_a, facts_b = _facts(a), _facts(b)
+    rows = []
+    for key in dict.fromkeys([*facts_a, *facts_b]):
+        va, vb = facts_a.get(key, ""), facts_b.get(key, "")
+        mark = ' style="background:#fff7ed"' if va != vb and key != "results folder" else ""
+        rows.append(f"<td{mark}>{esc(key)}</td><td>{inline(va)}</td><td>{inline(vb)}</td>")
+    facts = _table([("", "text"), ("A (before)", "text"), ("B (after)", "text")], rows, "facts-table", sortable=False)
+    warning = ""
+    if forced:
+        warning = (f'<div class="note">These are different workloads (A: {esc(workload_identity(a["run"], a["workload"]))}; '
+                   f'B: {esc(workload_identity(b["run"], b["workload"]))}): compared on request (--force); '
+                   "operators need not correspond.</div>")
+    total_a = a["operators"]["time_ns"].sum() / it_a / 1e6  # the operators' sum: consistent with the table
+    total_b = b["operators"]["time_ns"].sum() / it_b / 1e6
+    kpis = _kpis([("A: kernel time / iteration", f"{total_a:.3f} ms"),
+                  ("B: kernel time / iteration", f"{total_b:.3f} ms"),
+                  ("change", f"{total_b - total_a:+.3f} ms ({(total_b / total_a - 1) * 100:+.1f}%)" if total_a
+                   else f"{total_b - total_a:+.3f} ms"),
+                  ("operators only in A / only in B", f"{(table['side'] == 'only A').sum()} / "
+                                                      f"{(table['side'] == 'only B').sum()}")])
+    shown = table[table["delta_ms"] != 0].head(top)
+    fig = go.Figure(go.Bar(
+        x=list(shown["delta_ms"])[::-1], y=[esc(report_md._short(o, 60)) for o in shown["operator"]][::-1],
+        orientation="h", marker_color=["#dc2626" if d > 0 else "#16a34a" for d in shown["delta_ms"]][::-1],
+        hovertext=[f"{esc(o)}<br>A {_fmt(x, 3) or '-'} ms → B {_fmt(y, 3) or '-'} ms ({d:+.3f} ms, {s})"
+                   for o, x, y, d, s in zip(shown["operator"], shown["a_ms"], shown["b_ms"], shown["delta_ms"],
+                                            shown["side"])][::-1], hoverinfo="text"))
+    fig.update_layout(height=max(260, 26 * len(shown) + 110), margin={"l": 10, "r": 30, "t": 30, "b": 50},
+                      xaxis_title="change of time per iteration, B - A (ms); red: slower, green: faster",
+                      yaxis={"automargin": True, "type": "category"})
+    counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if f"{m}_delta" in table
+                and table[f"{m}_delta"].notna().any()]
+    headers = [("operator", "text"), ("side", "text"), ("A (ms / it)", "num"), ("B (ms / it)", "num"),
+               ("delta (ms)", "num"), ("ratio B/A", "num")]
+    headers += [(f'Δ {esc(label)}<span class="metric">B - A</span>', "num") for _, label, _ in counters]
+    body = []
+    for r in table.to_dict("records"):
+        tag = {"only A": '<span class="tag only">only in A</span>', "only B": '<span class="tag only">only in B</span>'}.get(
+            r["side"], '<span class="tag slower">slower</span>' if r["delta_ms"] > 0 else
+            '<span class="tag faster">faster</span>' if r["delta_ms"] < 0 else '<span class="tag">same</span>')
+        cells = (f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td><td data-v="{esc(r["side"])}">{tag}</td>'
+                 + _num_cell(r["a_ms"], _fmt(r["a_ms"], 3)) + _num_cell(r["b_ms"], _fmt(r["b_ms"], 3))
+                 + _num_cell(r["delta_ms"], f"{r['delta_ms']:+.3f}")
+                 + _num_cell(r["ratio"], "" if _missing(r["ratio"]) else f"{r['ratio']:.2f}x"))
+        cells += "".join(_num_cell(r[f"{m}_delta"], "" if _missing(r[f"{m}_delta"]) else f"{r[f'{m}_delta'] * scale:+.1f}")
+                         for m, _, scale in counters)
+        body.append(cells)
+    title = f"Operator profile comparison: {a['workload']}" + (f" vs {b['workload']}" if b["workload"] != a["workload"] else "")
+    sections = [
+        f'<section id="runs"><h2>The two profiles</h2>{warning}{kpis}'
+        '<p class="muted">Times are per measured iteration (each profile\'s total divided by its measured '
+        "iterations), so profiles with different iteration counts compare. Highlighted rows differ.</p>"
+        f"{facts}</section>",
+        '<section id="changes"><h2>Largest time changes</h2>' + (
+            _figure(fig, "fig-compare-delta") if len(shown) else '<p class="note">No operator\'s time changed.</p>')
+        + "</section>",
+        f'<section id="operators"><h2>All {len(table)} operators</h2><p class="muted">Sorted by the size of the '
+        "change; click a column header to sort. An operator that ran on one side only counts 0 ms on the other."
+        f'</p>{_table(headers, body, "compare-table", scroll=True)}</section>',
+    ]
+    subtitle = f"A: {esc(a['folder'])} &nbsp;→&nbsp; B: {esc(b['folder'])}"
+    return _page(title, subtitle, [("runs", "Profiles"), ("changes", "Largest changes"), ("operators", "Operators")],
+                 "".join(sections))
+

@@ -1,0 +1,202 @@
+"""report.html and compare.html (src/operator_profiler/report_html.py) on small synthetic results folders:
+what the page's tables and figures hold, read back with tests/html_report.py, against the tables written.
+
+The folders are written here in the layout of a finished run (``results/<workload>/``): the workflow tests
+(tests/test_workflow.py, tests/test_ncu_replay.py) check the pages of real runs; the browser test
+(tests/test_report_html_browser.py) renders them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from html_report import column, figure, figure_ids, tables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TEMPLATE = "void at::native::elementwise_kernel<128, 4, at::native::Op<float>&>"
+SCRIPT = "<script>alert('x')</script>"
+
+
+def run_json(device: str, kind: str = "gpt2", iterations: int = 2) -> dict:
+    return {"versions": {"device": device, "device_name": "NVIDIA H100 80GB HBM3" if device == "cuda" else None,
+                         "torch": "2.13.0", "cuda_runtime": "13.0" if device == "cuda" else None,
+                         "driver": "580.00" if device == "cuda" else None, "cpu_threads": 1},
+            "harness": {"iterations": iterations, "warmup": 1, "seed": 0},
+            "workload": {"kind": kind, "compile": False, "n_layer": 2}, "mode": "inference", "compiled": False,
+            "compile_mode": None, "timeline": "torch", "profiler": "torch"}
+
+
+def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str = "gpt2", iterations: int = 2) -> pd.DataFrame:
+    """A results folder; ``ops``: (operator, time_ns[, sm_sol, memory_sol]) rows. Returns operators.parquet."""
+    folder.mkdir(parents=True)
+    total = sum(o[1] for o in ops)
+    operators = pd.DataFrame({
+        "operator": [o[0] for o in ops], "calls": [2] * len(ops), "kernels": [3] * len(ops),
+        "time_ns": [o[1] for o in ops], "time_share": [o[1] / total for o in ops],
+        "mean_kernel_ns": [o[1] // 3 for o in ops], "paths": ["correlation"] * len(ops),
+        "bottleneck": ["not_collected"] * len(ops), "kernels_without_time": [0] * len(ops)})
+    if device == "cuda":
+        operators["sm_sol"] = [o[2] for o in ops]
+        operators["memory_sol"] = [o[3] for o in ops]
+        operators["counters_kernels"] = [0 if o[2] is None else 3 for o in ops]
+        operators["bottleneck"] = ["compute" if (o[2] or 0) > (o[3] or 0) else "memory" for o in ops]
+    operators = operators.sort_values("time_ns", ascending=False).reset_index(drop=True)
+    operators.to_parquet(folder / "operators.parquet", index=False)
+    pd.DataFrame({"module": ["h.0", "h.1", "(outside layers)"], "kernels": [3, 3, 1],
+                  "time_ns": [total // 2, total - total // 2 - 1, 1], "time_share": [0.5, 0.5, 0.0]}
+                 ).to_parquet(folder / "modules.parquet", index=False)
+    pd.DataFrame({"layer_class": ["Block-1", "rest"], "module_class": ["Block", None], "instances": [2, 1],
+                  "kernels_per_instance": [3, 1], "time_ns": [total - 1, 1], "mean_instance_time_ns": [total // 2, 1],
+                  "representative": ["h.0", "rest"], "replays_without_dedup": [2, 1], "replays_with_dedup": [1, 1]}
+                 ).to_parquet(folder / "layer_classes.parquet", index=False)
+    coverage = {"kernel_time_ns": total, "kernel_count": 3 * len(ops), "attributed_count": 3 * len(ops) - 1,
+                "coverage_time": 0.99, "by_path": {"correlation": 0.99, "unattributed": 0.01},
+                "path_coverage": {"correlation": {"count": 0.9, "time": 0.99}}, "path_agreement_counts": {},
+                "iteration_time_ns": {str(i): total // iterations for i in range(iterations)},
+                "counters_coverage": 0.75 if device == "cuda" else None,
+                "counters_note": None if device == "cuda" else
+                "hardware counters: not collected on CPU (Nsight Compute is GPU-only)",
+                "unattributed": [{"name": TEMPLATE, "time_ns": 1000, "count": 1, "reason": "no_enclosing_operator"}],
+                "unattributed_reasons": {"no_enclosing_operator": 1}}
+    (folder / "coverage.json").write_text(json.dumps(coverage))
+    (folder / "capture").mkdir()
+    (folder / "capture" / "run.json").write_text(json.dumps(run_json(device, kind, iterations)))
+    (folder / "capture" / "clocks_applied.json").write_text(json.dumps(
+        {"locked": False, "reason": "policy none"} if device == "cuda" else {"locked": False, "device": "cpu"}))
+    return operators
+
+
+def opprof(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+CPU_OPS = [("aten::addmm", 5_000_000), (TEMPLATE, 2_500_000), (SCRIPT, 1_000_000), ("aten::gelu", 250_001),
+           ("(unattributed)", 1000)]
+CUDA_OPS = [("aten::addmm", 5_000_000, 81.5, 40.25), ("aten::softmax", 2_000_000, 12.0, 77.0),
+            (TEMPLATE, 1_000_000, 3.5, 9.0), ("aten::copy_", 500_000, None, None)]
+
+
+def test_operator_table_holds_every_operator_with_its_exact_time_and_escaped_names(tmp_path):
+    operators = write_results(tmp_path / "gpt2", CPU_OPS)
+    result = opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "report.html")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "report.html").read_text()
+    table = tables(text)["operator-table"]
+    assert len(table["rows"]) == len(operators)
+    assert column(table, "operator", "text") == list(operators["operator"])  # unescaped by the parser: exact
+    assert [int(v) for v in column(table, "time (ms)")] == list(operators["time_ns"])
+    assert [float(v) for v in column(table, "share")] == pytest.approx(list(operators["time_share"]))
+    assert column(table, "time (ms)", "text")[0] == "5.000"
+    # Escaped everywhere: no tag from a name reaches the page, in tables or in the figures' labels.
+    assert SCRIPT not in text and "alert('x')</script>" not in text
+    assert "elementwise_kernel&lt;128, 4, at::native::Op&lt;float&gt;&amp;&gt;" in text
+    bars = figure(text, "fig-operator-share")[0]
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in bars["y"]
+    assert sorted(bars["x"]) == pytest.approx(sorted(operators["time_share"] * 100))
+    # the unattributed kernels with their reason
+    (row,) = tables(text)["unattributed-table"]["rows"]
+    assert row[0]["title"] == TEMPLATE and row[3]["text"] == "no_enclosing_operator"
+
+
+def test_cpu_run_shows_a_note_instead_of_the_sol_scatter(tmp_path):
+    write_results(tmp_path / "lstm", CPU_OPS)
+    assert opprof("report-html", "--results", tmp_path / "lstm", "-o", tmp_path / "r.html").returncode == 0
+    text = (tmp_path / "r.html").read_text()
+    assert "fig-sol" not in figure_ids(text)
+    assert 'id="sol-note"' in text and "not collected on CPU (Nsight Compute is GPU-only)" in text
+    assert figure_ids(text) == ["fig-operator-share", "fig-layer-classes", "fig-modules"]
+    assert "clocks: not locked (CPU run)" in text
+    assert len(tables(text)["module-table"]["rows"]) == 3
+
+
+def test_cuda_sol_scatter_has_one_point_per_operator_with_counters(tmp_path):
+    operators = write_results(tmp_path / "gpt2", CUDA_OPS, device="cuda")
+    assert opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "r.html").returncode == 0
+    text = (tmp_path / "r.html").read_text()
+    traces = [t for t in figure(text, "fig-sol") if t["type"] == "scatter"]
+    points = sorted((x, y) for t in traces for x, y in zip(t["x"], t["y"]))
+    with_counters = operators.dropna(subset=["sm_sol", "memory_sol"])
+    assert points == sorted(zip(with_counters["memory_sol"], with_counters["sm_sol"]))
+    assert sorted(t["name"] for t in traces) == sorted(set(with_counters["bottleneck"]))
+    table = tables(text)["operator-table"]
+    # key counters with ncu's metric names in the header; an operator without counters has an empty cell
+    sm = [h for h in table["headers"] if h.startswith("SM SOL %")]
+    assert sm == ["SM SOL %sm__throughput.avg.pct_of_peak_sustained_elapsed"]
+    assert any(h.endswith("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed") for h in table["headers"])
+    values = column(table, "SM SOL %")
+    assert [float(v) if v else None for v in values] == [None if pd.isna(v) else v for v in operators["sm_sol"]]
+    assert "NVIDIA H100 80GB HBM3" in text and "hardware counters (ncu) for 75.0% of kernels" in text
+    assert "durations may drift with boost clocks" in text  # clocks not locked, from report.py's text
+
+
+def test_compare_page_deltas_are_b_minus_a_per_iteration(tmp_path):
+    a = write_results(tmp_path / "a" / "gpt2", CUDA_OPS, device="cuda", iterations=2)
+    b_ops = [("aten::addmm", 6_000_000, 85.0, 41.0), ("aten::softmax", 8_000_000, 10.0, 70.0),
+             (TEMPLATE, 1_000_000, 3.5, 9.0), ("aten::new_op", 400_000, 1.0, 2.0)]
+    b = write_results(tmp_path / "b" / "gpt2", b_ops, device="cuda", iterations=4)
+    out = tmp_path / "compare.html"
+    result = opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "5 operators (3 in both, 1 only in A, 1 only in B)" in result.stdout
+    text = out.read_text()
+    table = tables(text)["compare-table"]
+    names = column(table, "operator", "text")
+    assert sorted(names) == sorted(set(a["operator"]) | set(b["operator"]))
+    per_a = dict(zip(a["operator"], a["time_ns"] / 2 / 1e6))
+    per_b = dict(zip(b["operator"], b["time_ns"] / 4 / 1e6))
+    deltas = dict(zip(names, map(float, column(table, "delta (ms)"))))
+    for name in names:
+        assert deltas[name] == pytest.approx(per_b.get(name, 0.0) - per_a.get(name, 0.0), abs=1e-12), name
+    ratios = dict(zip(names, column(table, "ratio B/A")))
+    assert float(ratios["aten::addmm"]) == pytest.approx((6e6 / 4) / (5e6 / 2))
+    assert ratios["aten::copy_"] == "" and ratios["aten::new_op"] == ""
+    sides = dict(zip(names, column(table, "side", "text")))
+    assert sides["aten::copy_"] == "only in A" and sides["aten::new_op"] == "only in B"
+    assert sides["aten::softmax"] == "slower" and sides["aten::addmm"] == "faster"
+    # sorted by the size of the change; counter deltas B - A
+    assert [abs(deltas[n]) for n in names] == sorted((abs(d) for d in deltas.values()), reverse=True)
+    sm = dict(zip(names, column(table, "Δ SM SOL %")))
+    assert float(sm["aten::addmm"]) == pytest.approx(85.0 - 81.5) and sm["aten::copy_"] == ""
+    (bars,) = figure(text, "fig-compare-delta")
+    assert sorted(bars["x"]) == pytest.approx(sorted(d for d in deltas.values() if d))
+    assert not any(math.isnan(x) for x in bars["x"])
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("opprof compare: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_compare_refuses_what_is_not_a_results_folder_and_different_workloads(tmp_path):
+    write_results(tmp_path / "gpt2", CPU_OPS)
+    write_results(tmp_path / "lstm", CPU_OPS, kind="lstm")
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "compare.html"
+    _one_line_error(opprof("compare", tmp_path / "gpt2", tmp_path / "nowhere", "-o", out), "nowhere", "is not a folder")
+    _one_line_error(opprof("compare", tmp_path / "empty", tmp_path / "gpt2", "-o", out), "holds no operators.parquet",
+                    "results/<workload>/")
+    shutil.copytree(tmp_path / "gpt2", tmp_path / "broken")
+    (tmp_path / "broken" / "operators.parquet").write_text("not parquet")
+    _one_line_error(opprof("compare", tmp_path / "gpt2", tmp_path / "broken", "-o", out), "not a readable parquet")
+    _one_line_error(opprof("compare", tmp_path / "gpt2", tmp_path / "lstm", "-o", out), "different workloads",
+                    "'gpt2'", "'lstm'", "--force")
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+    forced = opprof("compare", tmp_path / "gpt2", tmp_path / "lstm", "-o", out, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "These are different workloads" in out.read_text()
