@@ -435,8 +435,11 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
         assert counts.get(rule) == (1 if rule == "build_fusion_map" else 2), (rule, counts)
     jobs = _jobs(result.stdout)
     for job in jobs:
-        gpu = "gpu=1" in job["resources"].replace(" ", "").split(",")
+        resources = job["resources"].replace(" ", "").split(",")
+        gpu = "gpu=1" in resources
         assert gpu == (job["rule"] in GPU_RULES), job
+        # under the SLURM executor a GPU job takes its node whole (tests/test_slurm.py)
+        assert ("slurm_extra=--exclusive" in resources) == gpu, job
     assert {j["rule"] for j in jobs} >= {*GPU_RULES, "classify_layers", "attribute"}
     # classify_layers is a checkpoint: the per-class replay_ncu/parse_ncu jobs appear once it has run
     assert "classify_layers" in counts and "replay_ncu" not in counts

@@ -69,7 +69,7 @@ def test_gpu_rules_are_shell_rules_so_a_checkout_never_reruns_them():
     for name, block in blocks.items():
         if name in GPU_RULES:
             assert "    script:" not in block and f'gpu_shell("{name}")' in block, name
-            assert "resources:\n        gpu=GPU" in block
+            assert "resources:\n        gpu=GPU,\n        slurm_extra=GPU_SLURM_EXTRA," in block
         elif name != "all":
             assert f'script:\n        "../scripts/{name}.py"' in block, name
     assert {p.stem for p in (ROOT / "scripts").glob("*.py")} == set(blocks) - GPU_RULES - {"all"}

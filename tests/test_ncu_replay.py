@@ -528,6 +528,13 @@ def test_workflow_new_class_runs_exactly_one_replay(replay_run):
     counts = wf.job_counts(dry.stdout)
     assert counts.get("replay_ncu") == 1 and counts.get("parse_ncu") == 1, dry.stdout[-3000:]
     assert "cls=rest" in dry.stdout and f"cls={block_cls}" not in dry.stdout
+    # On a cluster (profiles/slurm) the replay asks for a GPU and its node whole (sbatch --gpus=1 --exclusive,
+    # tests/test_slurm.py), its parser for neither.
+    from test_gpu_capture import _jobs
+
+    resources = {j["rule"]: set(j["resources"].split(", ")) for j in _jobs(dry.stdout)}
+    assert {"gpu=1", "slurm_extra=--exclusive"} <= resources["replay_ncu"], resources
+    assert not {r for r in resources["parse_ncu"] if r.startswith(("gpu=", "slurm_extra="))}, resources
 
     before = len(ncu.collections())
     result = wf.snakemake(setup, *target, *wf.CUDA_NSYS)

@@ -19,6 +19,7 @@ rule capture_timeline:
         "../envs/torch.yaml"
     resources:
         gpu=GPU,
+        slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
             workload=workload_params,
@@ -50,6 +51,7 @@ rule capture_kineto:
         "../envs/torch.yaml"
     resources:
         gpu=GPU,
+        slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
             workload=workload_params,
@@ -77,6 +79,7 @@ rule compile_artifacts:
         "../envs/torch.yaml"
     resources:
         gpu=GPU,
+        slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
             workload=workload_params,

@@ -9,6 +9,7 @@ rule select_clocks:
         "../envs/torch.yaml"
     resources:
         gpu=GPU,
+        slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
             clocks=json.dumps(config["clocks"], sort_keys=True),

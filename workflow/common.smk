@@ -51,6 +51,10 @@ if DEVICE == "cuda":
                 file=sys.stderr,
             )
 GPU = 1 if DEVICE == "cuda" else 0
+# The GPU rules' resources: gpu=GPU, slurm_extra=GPU_SLURM_EXTRA. Under the SLURM executor
+# (profiles/slurm) gpu=1 becomes `sbatch --gpus=1`, and a GPU job takes its node whole (--exclusive), so
+# no other job changes the clocks it locked; on a CPU run the same rules are plain CPU jobs (neither).
+GPU_SLURM_EXTRA = "--exclusive" if GPU else ""
 TRACE_EXT = "nsys-rep" if TIMELINE == "nsys" else "kineto.json.gz"
 # Both readers write the memcpy/memset rows (gpu_activities) and diagnostics; nsys also the NVTX GPU projection.
 TIMELINE_OUTPUTS = {

@@ -21,6 +21,7 @@ rule replay_ncu:
         "../envs/torch.yaml"
     resources:
         gpu=GPU,
+        slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
             workload=workload_params,

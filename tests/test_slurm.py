@@ -1,0 +1,240 @@
+"""The workflow through SLURM with the shipped profile (profiles/slurm), on a real one-node cluster.
+
+The fixture sets up a throw-away SLURM cluster on this machine (tests/slurm_cluster.py: Debian
+``slurm-wlm`` + ``munge``, installed when missing; a minimal ``/etc/slurm/slurm.conf``; slurmctld and
+slurmd started here and stopped by PID at teardown, also when a test fails). A tiny CPU config (one
+compiled workload with layer classes, one eager) then runs twice: locally with ``--cores 1``, and
+with ``--profile profiles/slurm``, every job an ``sbatch`` job on this node.
+
+What must be equal is what is deterministic: the operators with their call and kernel counts and
+attribution paths, the layer classes (names, instances, kernels per instance, the canonical class
+JSON files byte for byte), the coverage counts, the attribution of every kernel (kernel id, name,
+iteration, operator, module, layer, layer class, path, fused ops, source nodes, reason), the capture
+records (run.json less its wall times, layers.json) and the report's headings. Kernel durations (and
+so time shares, the operators' order, the report's figures) are not compared: two CPU captures never
+time alike.
+
+It is slow (minutes: every job waits for SLURM's scheduler and for the status polls) but it runs in
+CI: there a setup failure fails the test, elsewhere it skips with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+from slurm_cluster import SetupError, SingleNodeSlurm
+from test_workflow import TINY, custom_env
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "profiles" / "slurm"
+CONFIG = {**TINY, "workloads": {k: TINY["workloads"][k] for k in ("gpt2", "lstm")}}
+WORKLOADS = sorted(CONFIG["workloads"])
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"single-node SLURM setup failed in a CI run: {reason}")
+    pytest.skip(f"no single-node SLURM cluster here: {reason}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        _unavailable("snakemake-executor-plugin-slurm is not installed (pip install -e .)")
+    slurm = SingleNodeSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        try:
+            slurm.start()
+        except (SetupError, OSError, subprocess.SubprocessError) as exc:
+            _unavailable(f"{exc}\n{slurm.logs()}")
+        yield slurm
+    finally:
+        # Jobs still queued or running (a failed or timed-out run) go first, then the daemons.
+        if slurm.procs:
+            subprocess.run(["scancel", "--partition=opprof"], capture_output=True, timeout=30, check=False)
+        slurm.stop()
+
+
+def _snakemake(work: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--configfile", "config.yaml", *args]
+    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=custom_env(work), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, tmp_path_factory):
+    """(local workdir, SLURM workdir, SLURM run output) of the same config."""
+    dirs = {}
+    for name in ("local", "slurm"):
+        dirs[name] = tmp_path_factory.mktemp(f"wf_{name}")
+        (dirs[name] / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    local = _snakemake(dirs["local"], "--cores", "1")
+    assert local.returncode == 0, local.stderr[-4000:]
+    # The profile as shipped, but the status polls come sooner (2 s, not 20 s, after a finished job).
+    on_slurm = _snakemake(dirs["slurm"], "--profile", str(PROFILE), "--slurm-init-seconds-before-status-checks", "2",
+                          "--verbose")  # the sbatch calls and the status command used
+    assert on_slurm.returncode == 0, on_slurm.stderr[-6000:] + cluster.logs()
+    return dirs["local"], dirs["slurm"], on_slurm.stdout + on_slurm.stderr
+
+
+def _job_count(output: str) -> int:
+    """Jobs of a finished run ("N of N steps (100%) done"), the local rule `all` included."""
+    done = re.findall(r"(\d+) of (\d+) steps \(100%\) done", output)
+    assert done, output[-3000:]
+    return int(done[-1][1])
+
+
+@pytest.mark.workflow
+@pytest.mark.slurm
+def test_every_job_ran_as_a_slurm_job_without_gpu_or_exclusive_request(runs):
+    local, work, output = runs
+    local_log = sorted((local / ".snakemake" / "log").glob("*.snakemake.log"))[-1].read_text()
+    job_ids = re.findall(r"has been submitted with SLURM jobid (\d+)", output)
+    # every job but the local target rule `all`, as many as the local run ran
+    assert len(job_ids) == len(set(job_ids)) == _job_count(local_log) - 1 == _job_count(output) - 1, output[-3000:]
+    logs = sorted((work / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert sorted(p.stem for p in logs) == sorted(job_ids)  # one sbatch log per job (kept by the profile)
+    # slurmctld knows them all as completed (squeue: the profile's status command; MinJobAge keeps them)
+    queue = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T"], capture_output=True,
+                           text=True, timeout=30, check=True).stdout
+    states = dict(line.split("|") for line in queue.split())
+    assert {j: states.get(j) for j in job_ids} == {j: "COMPLETED" for j in job_ids}
+    # the status came from squeue (the profile's slurm-status-command; no accounting here)
+    polls = re.findall(r"Status query timing \(cycle\): command=(\w+)", output)
+    assert polls and set(polls) == {"squeue"}, output[-3000:]
+    # device cpu: the capture rules asked for no GPU and did not take the node whole
+    calls = re.findall(r"sbatch call: (.*)", output)
+    assert len(calls) == len(job_ids) and not [c for c in calls if "--gpus" in c or "--exclusive" in c], calls
+    for job in job_ids:
+        info = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True,
+                              timeout=30, check=True).stdout
+        fields = dict(re.findall(r"\b(TRES|TresPerJob|TresPerNode|OverSubscribe|NumCPUs)=(\S+)", info))
+        assert "gpu" not in fields.get("TRES", "") + fields.get("TresPerJob", "") + fields.get("TresPerNode", "")
+        assert fields["OverSubscribe"] != "NO" and fields["NumCPUs"] == "1", info
+    captures = [p for p in logs if p.parts[-3] == "rule_capture_timeline"]
+    assert len(captures) == len(WORKLOADS)
+
+
+def _operators(path: Path) -> pd.DataFrame:
+    table = pd.read_csv(path)
+    keep = ["operator", "calls", "kernels", "paths", "bottleneck", "kernels_without_time"]
+    return table[keep].sort_values("operator").reset_index(drop=True)
+
+
+def _attribution(path: Path) -> pd.DataFrame:
+    table = pd.read_parquet(path)
+    keep = ["kernel_id", "name", "iteration", "operator", "forward_operator", "module", "layer", "layer_class",
+            "path", "reason", "valid_time"]
+    out = table[keep].copy()
+    for col in ("fused_ops", "source_nodes"):
+        out[col] = table[col].map(lambda v: json.dumps(list(v)))
+    return out.sort_values("kernel_id").reset_index(drop=True)
+
+
+def _coverage_counts(path: Path) -> dict:
+    cov = json.loads(path.read_text())
+    return {
+        "kernel_count": cov["kernel_count"],
+        "attributed_count": cov["attributed_count"],
+        "valid_timed_kernels": cov["valid_timed_kernels"],
+        "path_count_share": {p: v["count"] for p, v in cov["path_coverage"].items()},
+        "path_agreement_counts": cov["path_agreement_counts"],
+        "unattributed_reasons": cov["unattributed_reasons"],
+        "unattributed": sorted(json.dumps(u, sort_keys=True) for u in cov["unattributed"]),
+        "iterations": sorted(cov["iteration_time_ns"]),
+    }
+
+
+@pytest.mark.workflow
+@pytest.mark.slurm
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_slurm_run_gives_the_local_runs_deterministic_tables(runs, workload):
+    local, slurm = (d / "results" / workload for d in runs[:2])
+    pd.testing.assert_frame_equal(_operators(slurm / "operators.csv"), _operators(local / "operators.csv"))
+    pd.testing.assert_frame_equal(_attribution(slurm / "attribution" / "kernels.parquet"),
+                                  _attribution(local / "attribution" / "kernels.parquet"))
+    assert _coverage_counts(slurm / "coverage.json") == _coverage_counts(local / "coverage.json")
+
+    keep = ["layer_class", "module_class", "instances", "kernels_per_instance", "representative",
+            "replays_without_dedup", "replays_with_dedup"]
+    pd.testing.assert_frame_equal(pd.read_parquet(slurm / "layer_classes.parquet")[keep],
+                                  pd.read_parquet(local / "layer_classes.parquet")[keep])
+    classes = {p.name: p.read_bytes() for p in (local / "layers" / "classes").glob("*.json")}
+    assert classes and {p.name: p.read_bytes() for p in (slurm / "layers" / "classes").glob("*.json")} == classes
+
+    # the capture records (versions, harness, thread count, deterministic settings, measured kernels), less
+    # the wall times of warm-up and measured window
+    for name in ("run.json", "layers.json"):
+        records = [json.loads((d / "capture" / name).read_text()) for d in (local, slurm)]
+        if name == "run.json":
+            records = [{k: v for k, v in r.items() if k not in ("warmup_s", "measured_s")} for r in records]
+        assert records[0] == records[1], name
+    # the same report sections, whatever the times in them
+    headings = [[line for line in (d / "report.md").read_text().splitlines() if line.startswith("#")]
+                for d in (local, slurm)]
+    assert headings[0] == headings[1]
+
+
+# ------------------------------------------------------------------------------ the GPU request
+
+
+def _dry_run_resources(tmp_path: Path, device: str) -> dict[str, dict]:
+    """{rule: resources} of a dry run with the profile (one job per rule: one workload)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**CONFIG, "workloads": {"gpt2": CONFIG["workloads"]["gpt2"]}}))
+    result = _snakemake(tmp_path, "--profile", str(PROFILE), "-n", "--config", f"device={device}", "timeline=torch",
+                        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rules = {}
+    for block in re.split(r"\n(?:rule|checkpoint|localrule) ", result.stdout)[1:]:
+        found = re.search(r"^    resources: (.*)$", block, re.M)
+        if found:
+            pairs = (item.split("=", 1) for item in found.group(1).split(", "))
+            rules[block.split(":", 1)[0]] = {k: int(v) if v.isdigit() else v for k, v in pairs}
+    return rules
+
+
+def _sbatch_call(resources: dict) -> str:
+    """The sbatch command line the SLURM executor plugin builds from a job's resources."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    class Resources(SimpleNamespace):
+        def get(self, key, default=None):
+            return getattr(self, key, default)
+
+    job = SimpleNamespace(resources=Resources(**resources), threads=1)
+    params = {"run_uuid": "run", "slurm_logfile": "job.log", "comment_str": "rule", "account": "", "partition": "",
+              "workdir": "/work"}
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+GPU_RULES = ("select_clocks", "capture_timeline", "compile_artifacts")
+
+
+@pytest.mark.workflow
+def test_gpu_rules_ask_slurm_for_a_gpu_and_the_whole_node_only_on_cuda(tmp_path):
+    """The profile's resources through the plugin's own sbatch builder (replay_ncu, behind the checkpoint,
+    is checked in tests/test_ncu_replay.py): on CUDA --gpus=1 --exclusive for the GPU rules only; with
+    device cpu no rule asks for either, or the one-node CPU cluster of test_slurm could never run it."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    for device in ("cuda", "cpu"):
+        rules = _dry_run_resources(tmp_path / device, device)
+        assert set(GPU_RULES) < set(rules) and {"export_timeline", "attribute", "report"} < set(rules), rules
+        for rule, resources in rules.items():
+            call = _sbatch_call(resources).split()
+            gpu = device == "cuda" and rule in GPU_RULES
+            assert ("--gpus=1" in call, "--exclusive" in call) == (gpu, gpu), (rule, call)
+            assert not any("gres" in arg for arg in call), call
+            # the profile's defaults: 4000 MB, 60 min, one CPU per job
+            assert call[call.index("--mem") + 1] == "4000" and call[call.index("-t") + 1] == "60", call
+            assert "--cpus-per-task=1" in call, call
