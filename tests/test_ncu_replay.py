@@ -44,6 +44,10 @@ REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv
 FAKE_NCU = r'''
 import json, os, sys
 argv = sys.argv[1:]
+if argv == ["--version"]:  # as ncu 2025.1 prints it (not logged: it is no collection or export)
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\nCopyright (c) 2018-2025 NVIDIA Corporation\n"
+          "Version 2025.1.1.0 (build 35528883) (public-release)")
+    sys.exit(0)
 with open(os.environ["FAKE_NCU_LOG"], "a") as fh:
     fh.write(json.dumps(argv) + "\n")
 def opt(name):
@@ -273,6 +277,7 @@ def test_run_replay_writes_csv_and_record_and_the_csv_matches_the_plan(fake_ncu,
     assert shlex.split(record["segments"][0]["command_text"]) == record["segments"][0]["command"]
     assert record["wall_s"] == pytest.approx(sum(s["wall_s"] for s in record["segments"]), abs=2e-3)
     assert record["window"] == {"kernel_ids": [0, 1, 2, 75, 76]}
+    assert record["ncu_version"] == "2025.1.1.0"  # the fake's `ncu --version` last line
     block = records[BLOCK_CLASS]
     assert block["estimate_all_instances_s"] == pytest.approx(12 * block["wall_s"], abs=0.01)
     assert not list(out.glob("*.raw.csv"))  # the per-segment exports were merged and removed
@@ -424,6 +429,8 @@ def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_ru
     assert row["instances N"]["v"] == "2" and row["replayed K"]["v"] == "1"
     assert float(row["replay measured (s)"]["v"]) == pytest.approx(record["wall_s"])
     assert float(row["every instance (s)"]["v"]) == pytest.approx(2 * record["wall_s"])
+    assert f"Nsight Compute {record['ncu_version']} (1 replay;" in text
+    assert f"ncu replay time (Nsight Compute {record['ncu_version']};" in (out / "report.md").read_text()
 
 
 @pytest.mark.workflow

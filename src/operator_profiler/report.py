@@ -96,6 +96,12 @@ def _dedup_lines(matching: dict | None) -> list[str]:
     return lines + [""]
 
 
+def ncu_versions(replays: list[dict]) -> str:
+    """The Nsight Compute version(s) the replays ran (replay.json ``ncu_version``), or ``unknown``."""
+    versions = sorted({str(r.get("ncu_version")) for r in replays if r.get("ncu_version")})
+    return " / ".join(versions) if versions else "unknown"
+
+
 def _replay_lines(replays: list[dict] | None) -> list[str]:
     """Measured ncu replay time per layer class against replaying every layer instance (N/K per class)."""
     if not replays:
@@ -103,8 +109,8 @@ def _replay_lines(replays: list[dict] | None) -> list[str]:
     from .ncu.replay import replay_estimate
 
     est = replay_estimate(replays)
-    lines = ["ncu replay time (wall seconds of the ncu runs, harness re-run included; the estimate scales each "
-             "class by its instances / replayed instances):", "",
+    lines = [f"ncu replay time (Nsight Compute {ncu_versions(replays)}; wall seconds of the ncu runs, harness "
+             "re-run included; the estimate scales each class by its instances / replayed instances):", "",
              "| layer_class | instances | replayed | kernels | ncu runs | measured (s) | every instance (s) |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['class']} | {r['instances']} | {r['replayed']} | {r['kernels']} | {r['runs']} | "

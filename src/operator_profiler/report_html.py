@@ -238,7 +238,7 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
     if diagnostics and diagnostics.get("format") != "kineto" and diagnostics.get("product_version"):
         tools.append(f"Nsight Systems {diagnostics['product_version']} (timeline)")
     if replays:
-        tools.append(f"Nsight Compute ({report_md._plural(len(replays), 'replay')}; "
+        tools.append(f"Nsight Compute {report_md.ncu_versions(replays)} ({report_md._plural(len(replays), 'replay')}; "
                      f"{sum(float(r['wall_s']) for r in replays):.1f} s)")
     if run is not None:
         tools.insert(0, f"timeline: {run.get('timeline', 'torch')} (profiler {run.get('profiler', '?')})")

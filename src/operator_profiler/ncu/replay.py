@@ -47,6 +47,7 @@ import csv
 import io
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -281,7 +282,7 @@ def run_replay(plan: dict, catalog, out_csv: Path, out_json: Path, applied_clock
     (argv list), ``command_text`` (shell-quoted), ``wall_s``, ``report``, ``pid``), ``wall_s`` (seconds, sum
     over segments, ncu's own wall time including the harness re-run), ``estimate_all_instances_s`` (wall_s x
     instances / replayed instances: replaying every instance of the class), ``arch``, ``clocks``,
-    ``window`` (for matching), ``warnings``.
+    ``window`` (for matching), ``warnings``, ``ncu_version`` (:func:`ncu_version`).
 
     Raises:
         NcuReplayError: ncu not on PATH, ncu failed (ERR_NVGPUCTRPERM gets the fix), or profiled nothing.
@@ -325,9 +326,26 @@ def run_replay(plan: dict, catalog, out_csv: Path, out_json: Path, applied_clock
         "kernels_planned": plan["kernel_count"], "segments": segments, "wall_s": wall_s,
         "estimate_all_instances_s": round(_scale(plan) * wall_s, 3), "arch": arch,
         "clocks": applied_clocks, "window": plan["window"], "warnings": plan.get("warnings", []),
+        "ncu_version": ncu_version(),
     }
     write_json(out_json, record)
     return record
+
+
+_NCU_VERSION = re.compile(r"^Version (\S+)", re.MULTILINE)
+
+
+def ncu_version() -> str | None:
+    """The version of the ``ncu`` on PATH (``2025.1.1.0``) from ``ncu --version``, whose last line reads
+    ``Version 2025.1.1.0 (build 35528883) (public-release)``; None when it cannot be told (the report
+    then says unknown). Source: the output of ``ncu --version`` (Nsight Compute CLI docs,
+    https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html#general)."""
+    try:
+        proc = subprocess.run([NCU, "--version"], capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = _NCU_VERSION.search(proc.stdout) if proc.returncode == 0 else None
+    return found.group(1) if found else None
 
 
 def _scale(record: dict) -> float:
