@@ -308,7 +308,7 @@ def test_ncu_without_counter_permission_is_one_line_with_the_fix(fake_ncu, tmp_p
                           {"locked": False}, ["python", "x.py"])
     msg = str(e.value)
     assert "\n" not in msg and "ERR_NVGPUCTRPERM" in msg and BLOCK_CLASS in msg
-    assert "--cap-add=SYS_ADMIN" in msg and "NVreg_RestrictProfilingOnlyToAdminUsers=0" in msg
+    assert "--cap-add=SYS_ADMIN" in msg and "NVreg_RestrictProfilingToAdminUsers=0" in msg  # the option name of https://developer.nvidia.com/ERR_NVGPUCTRPERM
     assert not (tmp_path / "ncu" / "c.replay.json").exists()
 
 

@@ -187,11 +187,12 @@ def test_slurm_run_gives_the_local_runs_deterministic_tables(runs, workload):
 # ------------------------------------------------------------------------------ the GPU request
 
 
-def _dry_run_resources(tmp_path: Path, device: str) -> dict[str, dict]:
-    """{rule: resources} of a dry run with the profile (one job per rule: one workload)."""
+def _dry_run_resources(tmp_path: Path, device: str, profile: Path = PROFILE) -> dict[str, dict]:
+    """{rule: resources} of a dry run with the profile (one job per rule: one workload); the job's
+    threads under the key ``threads``."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**CONFIG, "workloads": {"gpt2": CONFIG["workloads"]["gpt2"]}}))
-    result = _snakemake(tmp_path, "--profile", str(PROFILE), "-n", "--config", f"device={device}", "timeline=torch",
+    result = _snakemake(tmp_path, "--profile", str(profile), "-n", "--config", f"device={device}", "timeline=torch",
                         timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rules = {}
@@ -199,7 +200,10 @@ def _dry_run_resources(tmp_path: Path, device: str) -> dict[str, dict]:
         found = re.search(r"^    resources: (.*)$", block, re.M)
         if found:
             pairs = (item.split("=", 1) for item in found.group(1).split(", "))
-            rules[block.split(":", 1)[0]] = {k: int(v) if v.isdigit() else v for k, v in pairs}
+            resources = {k: int(v) if v.isdigit() else v for k, v in pairs}
+            threads = re.search(r"^    threads: (\d+)$", block, re.M)
+            resources["threads"] = int(threads.group(1)) if threads else 1
+            rules[block.split(":", 1)[0]] = resources
     return rules
 
 
@@ -212,7 +216,8 @@ def _sbatch_call(resources: dict) -> str:
         def get(self, key, default=None):
             return getattr(self, key, default)
 
-    job = SimpleNamespace(resources=Resources(**resources), threads=1)
+    resources = dict(resources)
+    job = SimpleNamespace(threads=resources.pop("threads", 1), resources=Resources(**resources))
     params = {"run_uuid": "run", "slurm_logfile": "job.log", "comment_str": "rule", "account": "", "partition": "",
               "workdir": "/work"}
     return get_submit_command(job, params) + set_gres_string(job)
@@ -238,3 +243,29 @@ def test_gpu_rules_ask_slurm_for_a_gpu_and_the_whole_node_only_on_cuda(tmp_path)
             # the profile's defaults: 4000 MB, 60 min, one CPU per job
             assert call[call.index("--mem") + 1] == "4000" and call[call.index("-t") + 1] == "60", call
             assert "--cpus-per-task=1" in call, call
+
+
+@pytest.mark.workflow
+def test_the_profiles_gpu_cluster_example_pins_every_gpu_rule(tmp_path):
+    """The commented GPU-cluster example of profiles/slurm/config.yaml ("#| " lines), switched on as the
+    README says: every GPU rule gets the partition, the node constraint with --exclusive kept, the
+    memory; the captures 8 CPUs (sbatch --cpus-per-task and the job's threads); CPU rules keep the defaults."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    text = (PROFILE / "config.yaml").read_text()
+    assert "\n#| " in text
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "config.yaml").write_text(re.sub(r"^#\| ?", "", text, flags=re.M))
+    rules = _dry_run_resources(tmp_path / "run", "cuda", profile)
+    for rule in GPU_RULES:
+        resources = rules[rule]
+        call = _sbatch_call(resources).split()
+        assert resources["slurm_partition"] == "gpu", (rule, resources)
+        assert {"--exclusive", "--constraint=a100", "--gpus=1"} <= set(call), (rule, call)
+        assert call[call.index("--mem") + 1] == "32000", call
+        threads = 8 if rule != "select_clocks" else 1
+        assert resources["threads"] == threads and f"--cpus-per-task={threads}" in call, (rule, call)
+    for rule in ("export_timeline", "attribute", "report"):
+        call = _sbatch_call(rules[rule]).split()
+        assert "--exclusive" not in call and "slurm_partition" not in rules[rule], (rule, call)
+        assert call[call.index("--mem") + 1] == "4000" and "--cpus-per-task=1" in call, call

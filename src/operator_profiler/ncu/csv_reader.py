@@ -178,7 +178,7 @@ def _failed_run_error(path: Path, tool_lines: list[tuple[int, str]]) -> NcuCsvEr
         fix = (f"ncu was not allowed to read the GPU performance counters (ERR_NVGPUCTRPERM). Re-run ncu with "
                f"permission to access GPU performance counters: as root / with sudo, in a container started with "
                f"--cap-add=SYS_ADMIN, or after an administrator enables counter access for all users (driver option "
-               f"NVreg_RestrictProfilingOnlyToAdminUsers=0); see {PERMISSION_URL}. If locking clocks is also refused, "
+               f"NVreg_RestrictProfilingToAdminUsers=0); see {PERMISSION_URL}. If locking clocks is also refused, "
                f"pin clocks with nvidia-smi and pass --clock-control none (../shared/docs/ncu.md §2)")
     else:
         fix = "Fix what ncu reported and re-run the profile; this file holds no results"

@@ -218,7 +218,7 @@ def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess) -> Ncu
     if any("ERR_NVGPUCTRPERM" in ln for ln in errors):
         return NcuReplayError(f"{what} was not allowed to read the GPU performance counters (ERR_NVGPUCTRPERM); fix: "
                               "run the GPU jobs as root, or start the container with --cap-add=SYS_ADMIN, or have an "
-                              "administrator set the driver option NVreg_RestrictProfilingOnlyToAdminUsers=0; see "
+                              "administrator set the driver option NVreg_RestrictProfilingToAdminUsers=0; see "
                               f"{PERMISSION_URL}")
     if proc.returncode != 0 or errors:
         said = errors[0] if errors else (lines[-1] if lines else "no output")
