@@ -75,10 +75,10 @@ def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str
     return operators
 
 
-def opprof(*args) -> subprocess.CompletedProcess:
+def opprof(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, env=env)
+                          text=True, timeout=120, env=env, cwd=cwd)
 
 
 CPU_OPS = [("aten::addmm", 5_000_000), (TEMPLATE, 2_500_000), (SCRIPT, 1_000_000), ("aten::gelu", 250_001),
@@ -173,10 +173,10 @@ def test_compare_page_deltas_are_b_minus_a_per_iteration(tmp_path):
     assert not any(math.isnan(x) for x in bars["x"])
 
 
-def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> str:
+def _one_line_error(result: subprocess.CompletedProcess, *words: str, command: str = "compare") -> str:
     assert result.returncode == 1, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("opprof compare: error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"opprof {command}: error: "), result.stderr
     assert "Traceback" not in result.stderr
     for word in words:
         assert word in lines[0], lines[0]
@@ -200,3 +200,39 @@ def test_compare_refuses_what_is_not_a_results_folder_and_different_workloads(tm
     forced = opprof("compare", tmp_path / "gpt2", tmp_path / "lstm", "-o", out, "--force")
     assert forced.returncode == 0, forced.stderr
     assert "These are different workloads" in out.read_text()
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# (-o as typed, relative to the test's folder, which is the working directory; what the one error line says)
+BAD_OUTS = [("", "--out '' is empty"), (".", "--out . is a folder"), ("/", "--out / is a folder"),
+            ("..", "--out .. is a folder"), ("gpt2", "--out gpt2 is a folder"), ("gpt2/", "--out gpt2/ is a folder"),
+            ("new/", "--out new/ is a folder"),
+            ("gpt2/operators.parquet", "--out gpt2/operators.parquet does not end in .html"),
+            ("gpt2/coverage.json", "--out gpt2/coverage.json does not end in .html"),
+            ("gpt2/capture/run.json", "--out gpt2/capture/run.json does not end in .html"),
+            ("no/such/page.html", "--out no/such/page.html: the folder no/such does not exist")]
+
+
+@pytest.mark.parametrize("command", ["compare", "report-html"])
+def test_html_out_must_be_an_html_file_and_never_overwrites_the_inputs(tmp_path, command):
+    """-o onto an input file (the parquet became HTML), a folder ('.', '/', ''), or into a missing folder: one
+    error line naming what was typed, exit 1, no traceback, and every file of the results folder unchanged."""
+    write_results(tmp_path / "gpt2", CPU_OPS)
+    before = _snapshot(tmp_path)
+    args = ["compare", "gpt2", "gpt2"] if command == "compare" else ["report-html", "--results", "gpt2"]
+    for typed, says in BAD_OUTS:
+        line = _one_line_error(opprof(*args, "-o", typed, cwd=tmp_path), says, command=command)
+        assert ".tmp" not in line, line
+        assert _snapshot(tmp_path) == before, typed  # bytes equal; nothing new (no folder made, no tmp file)
+    # a page that cannot be written: the error names the path typed, not the temporary file beside it
+    if Path("/proc/self").is_dir():
+        line = _one_line_error(opprof(*args, "-o", "/proc/page.html", cwd=tmp_path), "'/proc/page.html'",
+                               command=command)
+        assert ".tmp" not in line, line
+    ok = opprof(*args, "-o", "page.HTM", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "page.HTM").read_text().startswith("<!DOCTYPE html>")
+    assert _snapshot(tmp_path / "gpt2") == {k[len("gpt2/"):]: v for k, v in before.items()}

@@ -170,13 +170,15 @@ def _cmd_report(args) -> None:
 
 def _cmd_report_html(args) -> None:
     folder = Path(args.results)
+    out = stages.html_output(args.out)  # the text typed: '' and '.' are different mistakes
     stages.report_html_files(args.workload or folder.resolve().name, **stages.results_folder_inputs(folder),
-                             options={"top_operators": args.top}, out=Path(args.out))
+                             options={"top_operators": args.top}, out=out)
     print(f"wrote {args.out}")
 
 
 def _cmd_compare(args) -> None:
-    table = stages.compare_files(Path(args.results_a), Path(args.results_b), Path(args.out), force=args.force)
+    out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
+    table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force)
     both = table[table["side"] == "both"]
     print(f"{len(table)} operators ({len(both)} in both, {(table['side'] == 'only A').sum()} only in A, "
           f"{(table['side'] == 'only B').sum()} only in B); time per iteration "
