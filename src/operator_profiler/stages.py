@@ -520,10 +520,11 @@ def results_folder_inputs(folder: Path) -> dict:
     }
 
 
-def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False) -> pd.DataFrame:
+def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False, top: int | None = None) -> pd.DataFrame:
     """``compare.html``: the profile in ``folder_b`` against the one in ``folder_a`` (two results folders of
     one workload, e.g. before and after a change; :func:`operator_profiler.report_html.render_compare`).
-    Returns the per-operator comparison table. Nothing is written on an error.
+    Returns the per-operator comparison table (:func:`operator_profiler.report_html.compare_table`); ``top``: the
+    largest changes plotted (default ``report_html.TOP_BARS``). Nothing is written on an error.
 
     Raises:
         InputError: a folder that is not a results folder, or two different workloads (model kind/factory of
@@ -548,7 +549,7 @@ def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False
     if differ and not force:
         raise InputError(f"{folder_a} and {folder_b} are profiles of different workloads ({identity_a} vs "
                          f"{identity_b}); compare two profiles of one workload, or pass --force to compare anyway")
-    write_text_atomic(out, report_html.render_compare(a, b, forced=differ))
+    write_text_atomic(out, report_html.render_compare(a, b, top=top or report_html.TOP_BARS, forced=differ))
     return report_html.compare_table(a["operators"], report_md.measured_iterations(a["run"], a["coverage"]),
                                      b["operators"], report_md.measured_iterations(b["run"], b["coverage"]))
 
