@@ -201,3 +201,36 @@ def test_compare_page_renders_in_the_browser(browser, default_run, tmp_path):
     finally:
         page.close()
     assert_real_screenshot(shot)
+
+
+def test_cuda_operator_table_keeps_the_operator_column_readable(browser, tmp_path):
+    """Counter columns name their ncu metric (long, no spaces) in the header: the metric name wraps, and the
+    operator column keeps its width (it used to shrink to ~70 px, a template name ~20 lines tall). Two long
+    names sharing their first 60 characters are two bars."""
+    from test_report_html import CUDA_OPS, write_results
+
+    prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
+    ops = [*CUDA_OPS, (prefix + "float>, std::array<char*, 1> >(int)", 700_000, 20.0, 60.0),
+           (prefix + "double>, std::array<char*, 1> >(int)", 600_000, 21.0, 61.0)]
+    operators = write_results(tmp_path / "gpt2", ops, device="cuda")
+    out = tmp_path / "report.html"
+    result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "report-html", "--results",
+                             str(tmp_path / "gpt2"), "-o", str(out)], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    shot = tmp_path / "cuda.png"
+    page, problems = open_page(browser, out, shot)
+    try:
+        widths = page.evaluate("() => Array.from(document.querySelectorAll('#operator-table td.name'))"
+                               ".map(td => td.getBoundingClientRect().width)")
+        assert len(widths) == len(operators) and min(widths) >= 250, widths
+        metric = page.evaluate("() => { const m = document.querySelector('#operator-table th .metric');"
+                               " return {w: m.getBoundingClientRect().width, lines: m.getClientRects().length,"
+                               " h: m.getBoundingClientRect().height}; }")
+        assert metric["h"] > 20 and metric["w"] < 200, metric  # wrapped onto several lines, not one wide line
+        bars = page.evaluate("() => document.querySelectorAll('#fig-operator-share .point path').length")
+        assert bars == len(operators)
+        assert assert_figures_drawn(page) == 4 and problems == []  # share, SOL, layer classes, modules
+    finally:
+        page.close()
+    assert_real_screenshot(shot)

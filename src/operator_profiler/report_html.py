@@ -97,7 +97,7 @@ table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
 th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
 th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 1; white-space: nowrap; }
 th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
-             font-weight: 400; }
+             font-weight: 400; white-space: normal; word-break: break-all; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:nth-child(even) { background: #fafafa; }
 tbody tr:hover { background: #eff6ff; }
@@ -106,7 +106,7 @@ table.sortable th::after { content: " \\2195"; color: #cbd5e1; }
 table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; color: var(--accent); }
 table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; color: var(--accent); }
 td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; word-break: break-all;
-          max-width: 520px; }
+          min-width: 260px; max-width: 520px; }
 .tag { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e0e7ff; color: #3730a3; }
 .tag.slower { background: #fee2e2; color: #991b1b; }
 .tag.faster { background: #dcfce7; color: #166534; }
