@@ -11,7 +11,6 @@ playwright download. Without it, or without playwright: skipped, or failed when 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -173,9 +172,12 @@ def test_compare_page_renders_in_the_browser(browser, default_run, tmp_path):
     b = tmp_path / "after" / "gpt2"
     shutil.copytree(a, b, ignore=shutil.ignore_patterns("*.html", "trace.json"))
     ops = pd.read_parquet(a / "operators.parquet")
+    # compare reads the per-iteration medians (aggregate.per_iteration, on in the default config)
+    assert "iteration_median_ns" in ops
     changed = ops.copy()
-    changed.loc[0, "time_ns"] *= 2
-    changed = pd.concat([changed.iloc[:-1], changed.iloc[[0]].assign(operator=ODD_NAME, time_ns=12345)],
+    changed.loc[0, ["time_ns", "iteration_median_ns"]] *= 2
+    changed = pd.concat([changed.iloc[:-1], changed.iloc[[0]].assign(operator=ODD_NAME, time_ns=12345,
+                                                                     iteration_median_ns=12345)],
                         ignore_index=True)
     changed.to_parquet(b / "operators.parquet", index=False)
     out = tmp_path / "compare.html"
@@ -191,9 +193,9 @@ def test_compare_page_renders_in_the_browser(browser, default_run, tmp_path):
         assert ODD_NAME in names  # escaped in the HTML, shown as written
         delta_col = header_index(page, "compare-table", "delta (ms)")
         deltas = dict(zip(names, map(float, column_values(page, "compare-table", delta_col))))
-        iterations = len(json.loads((a / "coverage.json").read_text())["iteration_time_ns"])
-        assert deltas[ops.loc[0, "operator"]] == pytest.approx(ops.loc[0, "time_ns"] / iterations / 1e6)
-        assert deltas[ops.iloc[-1]["operator"]] == pytest.approx(-ops.iloc[-1]["time_ns"] / iterations / 1e6)
+        assert deltas[ops.loc[0, "operator"]] == pytest.approx(ops.loc[0, "iteration_median_ns"] / 1e6)
+        assert deltas[ops.iloc[-1]["operator"]] == pytest.approx(-ops.iloc[-1]["iteration_median_ns"] / 1e6)
+        assert deltas[ODD_NAME] == pytest.approx(12345 / 1e6)
         click_sort(page, "compare-table", delta_col, "ascending")
         assert [float(v) for v in column_values(page, "compare-table", delta_col)] == sorted(deltas.values())
         assert assert_figures_drawn(page) == 1
