@@ -28,6 +28,7 @@ import csv
 import json
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -418,7 +419,11 @@ def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_ru
     table = tables(text)["operator-table"]
     assert [int(v) for v in column(table, "time (ms)")] == list(operators["time_ns"])
     assert [float(v) for v in column(table, "SM SOL %")] == pytest.approx(list(operators["sm_sol"]))
+    for header, name in (("median / iteration (ms)", "iteration_median_ns"), ("max / iteration (ms)", "iteration_max_ns")):
+        assert [float(v) for v in column(table, header)] == pytest.approx(list(operators[name] / 1e6))
     coverage = json.loads((out / "coverage.json").read_text())
+    median = statistics.median(coverage["iteration_time_ns"].values())
+    assert f'kernel time / iteration (median)</div><div class="v">{median / 1e6:.3f} ms' in text
     assert f"hardware counters (ncu) for {coverage['counters_coverage'] * 100:.1f}% of kernels" in text
     assert "NVIDIA H100 80GB HBM3" in text
     (cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]

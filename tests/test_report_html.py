@@ -8,10 +8,13 @@ The folders are written here in the layout of a finished run (``results/<workloa
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,9 +38,15 @@ def run_json(device: str, kind: str = "gpt2", iterations: int = 2) -> dict:
             "compile_mode": None, "timeline": "torch", "profiler": "torch"}
 
 
-def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str = "gpt2", iterations: int = 2) -> pd.DataFrame:
-    """A results folder; ``ops``: (operator, time_ns[, sm_sol, memory_sol]) rows. Returns operators.parquet."""
+def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str = "gpt2", iterations: int = 2,
+                  per_iteration: dict[str, list[int]] | None = None) -> pd.DataFrame:
+    """A results folder; ``ops``: (operator, time_ns[, sm_sol, memory_sol]) rows. ``per_iteration``: each
+    operator's time in each measured iteration (then time_ns is their sum, and operators.parquet has the
+    per-iteration columns aggregate.per_iteration writes). Returns operators.parquet."""
     folder.mkdir(parents=True)
+    if per_iteration:
+        iterations = len(next(iter(per_iteration.values())))
+        ops = [(o[0], sum(per_iteration[o[0]]), *o[2:]) for o in ops]
     total = sum(o[1] for o in ops)
     operators = pd.DataFrame({
         "operator": [o[0] for o in ops], "calls": [2] * len(ops), "kernels": [3] * len(ops),
@@ -49,6 +58,12 @@ def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str
         operators["memory_sol"] = [o[3] for o in ops]
         operators["counters_kernels"] = [0 if o[2] is None else 3 for o in ops]
         operators["bottleneck"] = ["compute" if (o[2] or 0) > (o[3] or 0) else "memory" for o in ops]
+    if per_iteration:
+        times = [per_iteration[o[0]] for o in ops]
+        operators["time_per_iteration_ns"] = [round(sum(t) / iterations) for t in times]
+        operators["iteration_min_ns"] = [min(t) for t in times]
+        operators["iteration_median_ns"] = [round(statistics.median(t)) for t in times]
+        operators["iteration_max_ns"] = [max(t) for t in times]
     operators = operators.sort_values("time_ns", ascending=False).reset_index(drop=True)
     operators.to_parquet(folder / "operators.parquet", index=False)
     pd.DataFrame({"module": ["h.0", "h.1", "(outside layers)"], "kernels": [3, 3, 1],
@@ -61,7 +76,8 @@ def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str
     coverage = {"kernel_time_ns": total, "kernel_count": 3 * len(ops), "attributed_count": 3 * len(ops) - 1,
                 "coverage_time": 0.99, "by_path": {"correlation": 0.99, "unattributed": 0.01},
                 "path_coverage": {"correlation": {"count": 0.9, "time": 0.99}}, "path_agreement_counts": {},
-                "iteration_time_ns": {str(i): total // iterations for i in range(iterations)},
+                "iteration_time_ns": {str(i): sum(t[i] for t in per_iteration.values()) for i in range(iterations)}
+                if per_iteration else {str(i): total // iterations for i in range(iterations)},
                 "counters_coverage": 0.75 if device == "cuda" else None,
                 "counters_note": None if device == "cuda" else
                 "hardware counters: not collected on CPU (Nsight Compute is GPU-only)",
@@ -75,10 +91,10 @@ def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str
     return operators
 
 
-def opprof(*args) -> subprocess.CompletedProcess:
+def opprof(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, env=env)
+                          text=True, timeout=120, env=env, cwd=cwd)
 
 
 CPU_OPS = [("aten::addmm", 5_000_000), (TEMPLATE, 2_500_000), (SCRIPT, 1_000_000), ("aten::gelu", 250_001),
@@ -161,9 +177,11 @@ def test_compare_page_deltas_are_b_minus_a_per_iteration(tmp_path):
     ratios = dict(zip(names, column(table, "ratio B/A")))
     assert float(ratios["aten::addmm"]) == pytest.approx((6e6 / 4) / (5e6 / 2))
     assert ratios["aten::copy_"] == "" and ratios["aten::new_op"] == ""
-    sides = dict(zip(names, column(table, "side", "text")))
+    sides = dict(zip(names, column(table, "change", "text")))
     assert sides["aten::copy_"] == "only in A" and sides["aten::new_op"] == "only in B"
     assert sides["aten::softmax"] == "slower" and sides["aten::addmm"] == "faster"
+    # no per-iteration columns in these tables: means, and the page says so
+    assert "per-iteration means" in text and "by per-iteration means" in result.stdout
     # sorted by the size of the change; counter deltas B - A
     assert [abs(deltas[n]) for n in names] == sorted((abs(d) for d in deltas.values()), reverse=True)
     sm = dict(zip(names, column(table, "Δ SM SOL %")))
@@ -173,10 +191,10 @@ def test_compare_page_deltas_are_b_minus_a_per_iteration(tmp_path):
     assert not any(math.isnan(x) for x in bars["x"])
 
 
-def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> str:
+def _one_line_error(result: subprocess.CompletedProcess, *words: str, command: str = "compare") -> str:
     assert result.returncode == 1, result.stdout + result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("opprof compare: error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"opprof {command}: error: "), result.stderr
     assert "Traceback" not in result.stderr
     for word in words:
         assert word in lines[0], lines[0]
@@ -200,3 +218,189 @@ def test_compare_refuses_what_is_not_a_results_folder_and_different_workloads(tm
     forced = opprof("compare", tmp_path / "gpt2", tmp_path / "lstm", "-o", out, "--force")
     assert forced.returncode == 0, forced.stderr
     assert "These are different workloads" in out.read_text()
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# (-o as typed, relative to the test's folder, which is the working directory; what the one error line says)
+BAD_OUTS = [("", "--out '' is empty"), (".", "--out . is a folder"), ("/", "--out / is a folder"),
+            ("..", "--out .. is a folder"), ("gpt2", "--out gpt2 is a folder"), ("gpt2/", "--out gpt2/ is a folder"),
+            ("new/", "--out new/ is a folder"),
+            ("gpt2/operators.parquet", "--out gpt2/operators.parquet does not end in .html"),
+            ("gpt2/coverage.json", "--out gpt2/coverage.json does not end in .html"),
+            ("gpt2/capture/run.json", "--out gpt2/capture/run.json does not end in .html"),
+            ("no/such/page.html", "--out no/such/page.html: the folder no/such does not exist")]
+
+
+@pytest.mark.parametrize("command", ["compare", "report-html"])
+def test_html_out_must_be_an_html_file_and_never_overwrites_the_inputs(tmp_path, command):
+    """-o onto an input file (the parquet became HTML), a folder ('.', '/', ''), or into a missing folder: one
+    error line naming what was typed, exit 1, no traceback, and every file of the results folder unchanged."""
+    write_results(tmp_path / "gpt2", CPU_OPS)
+    before = _snapshot(tmp_path)
+    args = ["compare", "gpt2", "gpt2"] if command == "compare" else ["report-html", "--results", "gpt2"]
+    for typed, says in BAD_OUTS:
+        line = _one_line_error(opprof(*args, "-o", typed, cwd=tmp_path), says, command=command)
+        assert ".tmp" not in line, line
+        assert _snapshot(tmp_path) == before, typed  # bytes equal; nothing new (no folder made, no tmp file)
+    # a page that cannot be written: the error names the path typed, not the temporary file beside it
+    if Path("/proc/self").is_dir():
+        line = _one_line_error(opprof(*args, "-o", "/proc/page.html", cwd=tmp_path), "'/proc/page.html'",
+                               command=command)
+        assert ".tmp" not in line, line
+    ok = opprof(*args, "-o", "page.HTM", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "page.HTM").read_text().startswith("<!DOCTYPE html>")
+    assert _snapshot(tmp_path / "gpt2") == {k[len("gpt2/"):]: v for k, v in before.items()}
+
+
+# A's first measured iteration is 5x slower for aten::copy_ (the machine was busy): its mean doubles, its median
+# does not move. B (5 iterations, steady) runs the same code except a slower aten::addmm.
+NOISY_A = {"aten::copy_": [5_050_000, 1_010_000, 1_000_000], "aten::addmm": [2_000_000, 2_010_000, 1_990_000],
+           "aten::gelu": [300_000, 310_000, 290_000], "aten::tiny": [500, 600, 400]}
+STEADY_B = {"aten::copy_": [1_000_000, 1_005_000, 995_000, 1_000_000, 1_002_000],
+            "aten::addmm": [3_000_000, 3_010_000, 2_990_000, 3_000_000, 3_000_000],
+            "aten::gelu": [301_000, 305_000, 299_000, 300_000, 302_000], "aten::tiny": [900, 1000, 1100, 1000, 1000]}
+
+
+def test_compare_uses_per_iteration_medians_and_tags_noise_as_same(tmp_path):
+    ops = [(name, 0) for name in NOISY_A]
+    write_results(tmp_path / "a" / "gpt2", ops, per_iteration=NOISY_A)
+    write_results(tmp_path / "b" / "gpt2", ops, per_iteration=STEADY_B)
+    out = tmp_path / "compare.html"
+    result = opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", out, "--top", "1")
+    assert result.returncode == 0, result.stderr
+    assert "by per-iteration medians: 1 slower, 0 faster, 3 the same within noise" in result.stdout
+    text = out.read_text()
+    table = tables(text)["compare-table"]
+    names = column(table, "operator", "text")
+    deltas = dict(zip(names, map(float, column(table, "delta (ms)"))))
+    a_ms = dict(zip(names, map(float, column(table, "A (median ms / it)"))))
+    for name in NOISY_A:  # the medians, computed here from the per-iteration times
+        assert a_ms[name] == pytest.approx(statistics.median(NOISY_A[name]) / 1e6, abs=1e-12)
+        assert deltas[name] == pytest.approx((statistics.median(STEADY_B[name]) - statistics.median(NOISY_A[name]))
+                                             / 1e6, abs=1e-12), name
+    # the mean would call copy_ 2.3x faster; the median moved 1% (noise), tiny +80% but 0.5 µs (noise)
+    assert sum(NOISY_A["aten::copy_"]) / 3 > 2 * statistics.median(STEADY_B["aten::copy_"])
+    changes = dict(zip(names, column(table, "change", "text")))
+    assert changes == {"aten::copy_": "same", "aten::gelu": "same", "aten::tiny": "same", "aten::addmm": "slower"}
+    (bars,) = figure(text, "fig-compare-delta")  # only changes beyond the noise tolerance; --top 1
+    assert bars["x"] == pytest.approx([deltas["aten::addmm"]]) and bars["y"] == ["aten::addmm"]
+    # the page says what it compares and the tolerance
+    assert "per-iteration median" in text and "smaller than 2% of A's time or than 1 µs" in text
+    # each side's iteration spread in the header: A's slowest iteration (copy_ 5x) is flagged, B's is not
+    assert 'id="spread-a"' in text and 'id="spread-b"' in text
+    spread_a = text.split('id="spread-a">')[1].split("</p>")[0]
+    totals_a = sorted(sum(t[i] for t in NOISY_A.values()) for i in range(3))
+    assert f"median {totals_a[1] / 1e6:.3f} ms" in spread_a
+    assert f"The slowest iteration took {totals_a[2] / totals_a[0]:.1f}x the fastest" in spread_a
+    assert "slowest" not in text.split('id="spread-b">')[1].split("</p>")[0]
+    # the headline is the median iteration of each side (coverage.json), not the mean
+    kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
+    assert kpis["A: kernel time / iteration (median)"] == f"{totals_a[1] / 1e6:.3f} ms"
+    totals_b = sorted(sum(t[i] for t in STEADY_B.values()) for i in range(5))
+    assert kpis["B: kernel time / iteration (median)"] == f"{totals_b[2] / 1e6:.3f} ms"
+
+
+def test_operator_table_has_the_per_iteration_median_min_max_and_the_headline_is_the_median(tmp_path):
+    operators = write_results(tmp_path / "gpt2", [(name, 0) for name in NOISY_A], per_iteration=NOISY_A)
+    assert opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "r.html").returncode == 0
+    text = (tmp_path / "r.html").read_text()
+    table = tables(text)["operator-table"]
+    assert column(table, "operator", "text") == list(operators["operator"])
+    for header, col in (("median / iteration (ms)", "iteration_median_ns"), ("min / iteration (ms)", "iteration_min_ns"),
+                        ("max / iteration (ms)", "iteration_max_ns")):
+        assert [float(v) for v in column(table, header)] == pytest.approx(list(operators[col] / 1e6), abs=1e-12)
+    copy_row = column(table, "operator", "text").index("aten::copy_")
+    assert column(table, "median / iteration (ms)", "text")[copy_row] == "1.010"
+    assert column(table, "mean / iteration (ms)", "text")[copy_row] == f"{sum(NOISY_A['aten::copy_']) / 3 / 1e6:.3f}"
+    coverage = json.loads((tmp_path / "gpt2" / "coverage.json").read_text())
+    median = statistics.median(coverage["iteration_time_ns"].values())
+    kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
+    assert kpis["kernel time / iteration (median)"] == f"{median / 1e6:.3f} ms"
+    # the spread warning is in the header ("What was profiled"), above the operator table it points to
+    header = text.split('<section id="measurement">')[1].split("</section>")[0]
+    assert 'class="note" id="iteration-spread"' in header and "The slowest iteration took" in header
+
+
+def test_long_names_sharing_their_first_60_characters_get_one_bar_each(tmp_path):
+    prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
+    long_ops = [(prefix + "float>, std::array<char*, 1> >(int, at::native::FillFunctor<float>, std::array<char*, 1>)",
+                 3_000_000), (prefix + "double>, std::array<char*, 1> >(int)", 2_000_000),
+                ("aten::addmm", 4_000_000), ("aten::gelu", 1_000_000)]
+    operators = write_results(tmp_path / "gpt2", long_ops)
+    result = opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "r.html", "--top", "4")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "r.html").read_text()
+    (bars,) = figure(text, "fig-operator-share")
+    assert len(bars["y"]) == len(set(bars["y"])) == 4  # one category per operator: no two bars stacked
+    by_label = dict(zip(bars["y"], bars["x"]))
+    share = dict(zip(operators["operator"], operators["time_share"] * 100))
+    assert by_label["aten::addmm"] == pytest.approx(share["aten::addmm"])
+    long_bars = sorted(v for label, v in by_label.items() if label.startswith(html.escape(prefix[:40])))
+    assert long_bars == pytest.approx(sorted([share[long_ops[0][0]], share[long_ops[1][0]]]))
+    assert any(label.endswith(" #2") for label in bars["y"])
+    # the hover shows the full name, wrapped in lines of at most 90 characters
+    hovers = [h for h in bars["hovertext"] if "FillFunctor" in h]
+    for hover, (name, _) in zip(sorted(hovers, key=len, reverse=True), long_ops[:2]):
+        lines = [html.unescape(line) for line in hover.split("<br>")]
+        assert len(lines) > 1 and all(len(line) <= 90 for line in lines)
+        assert "".join(lines).replace(" ", "").startswith(name.replace(" ", ""))
+    # the compare plot labels them apart too
+    b = tmp_path / "b" / "gpt2"
+    write_results(b, [(n, t * 2) for n, t in long_ops])
+    assert opprof("compare", tmp_path / "gpt2", b, "-o", tmp_path / "c.html").returncode == 0
+    (delta,) = figure((tmp_path / "c.html").read_text(), "fig-compare-delta")
+    assert len(delta["y"]) == len(set(delta["y"])) == 4
+
+
+def test_no_kernels_shows_why_at_the_top_and_no_empty_plots(tmp_path):
+    """A trace with no kernel records (CUPTI range-profiler mode): imported, so no run.json and no iterations."""
+    folder = tmp_path / "agg"
+    folder.mkdir()
+    pd.DataFrame({"operator": pd.Series(dtype=str), "calls": pd.Series(dtype="int64"),
+                  "kernels": pd.Series(dtype="int64"), "time_ns": pd.Series(dtype="int64"),
+                  "time_share": pd.Series(dtype=float), "mean_kernel_ns": pd.Series(dtype="int64"),
+                  "paths": pd.Series(dtype=str), "bottleneck": pd.Series(dtype=str)}
+                 ).to_parquet(folder / "operators.parquet", index=False)
+    pd.DataFrame({"module": pd.Series(dtype=str), "kernels": pd.Series(dtype="int64"), "time_ns": pd.Series(dtype="int64"),
+                  "time_share": pd.Series(dtype=float)}).to_parquet(folder / "modules.parquet", index=False)
+    pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
+        ("layer_class", str), ("module_class", str), ("instances", "int64"), ("kernels_per_instance", "int64"),
+        ("time_ns", "int64"), ("mean_instance_time_ns", "int64"), ("representative", str),
+        ("replays_without_dedup", "int64"), ("replays_with_dedup", "int64"))}
+    ).to_parquet(folder / "layer_classes.parquet", index=False)
+    (folder / "coverage.json").write_text(json.dumps({
+        "attributed_count": 0, "by_path": {}, "counters_coverage": None, "coverage_time": 0.0,
+        "counters_note": "hardware counters: not collected", "iteration_time_ns": {}, "kernel_count": 0,
+        "kernel_time_ns": 0, "unattributed": []}))
+    why = ("no kernel events: t.json has GPU launch calls but no 'kernel' records; it was recorded in CUPTI "
+           "range-profiler mode")
+    (folder / "timeline").mkdir()
+    (folder / "timeline" / "diagnostics.json").write_text(json.dumps({"format": "kineto", "file": "t.json",
+                                                                       "warnings": [why]}))
+    result = opprof("report-html", "--results", folder, "-o", tmp_path / "r.html")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "r.html").read_text()
+    assert figure_ids(text) == []  # no empty axes
+    assert 'id="fig-operator-share-none"' in text and 'id="fig-modules-none"' in text
+    header = text.split('<section id="measurement">')[1].split("</section>")[0]
+    assert 'id="no-kernels-note"' in header and "CUPTI range-profiler mode" in header
+    assert "top 0 of 0" not in text and "No operators" in text
+    assert "every kernel is in the class" not in text and "No kernels, so no layers" in text
+    # no iteration ranges: the subtitle and the headline say so instead of "1 measured iteration"
+    assert "1 measured iteration" not in text and "no iteration ranges: totals over the whole trace" in text
+    assert "kernel time (whole trace)" in text and "mean / iteration" not in text
+
+
+def test_one_operator_and_cpu_layer_classes_are_worded_right(tmp_path):
+    write_results(tmp_path / "lstm", [("aten::lstm", 1_000_000)], kind="lstm")
+    assert opprof("report-html", "--results", tmp_path / "lstm", "-o", tmp_path / "r.html").returncode == 0
+    text = (tmp_path / "r.html").read_text()
+    assert "1 operators" not in text and "<h3>The one operator</h3>" in text and "<h3>Time share per operator</h3>" in text
+    # nothing is replayed on CPU: K is what a CUDA run would replay
+    table = tables(text)["layer-class-table"]
+    assert "would replay K (CUDA)" in table["headers"] and "replayed K" not in table["headers"]
+    assert [t["name"] for t in figure(text, "fig-layer-classes")] == ["would replay K (CUDA)", "instances N"]

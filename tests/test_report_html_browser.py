@@ -11,7 +11,6 @@ playwright download. Without it, or without playwright: skipped, or failed when 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -173,9 +172,12 @@ def test_compare_page_renders_in_the_browser(browser, default_run, tmp_path):
     b = tmp_path / "after" / "gpt2"
     shutil.copytree(a, b, ignore=shutil.ignore_patterns("*.html", "trace.json"))
     ops = pd.read_parquet(a / "operators.parquet")
+    # compare reads the per-iteration medians (aggregate.per_iteration, on in the default config)
+    assert "iteration_median_ns" in ops
     changed = ops.copy()
-    changed.loc[0, "time_ns"] *= 2
-    changed = pd.concat([changed.iloc[:-1], changed.iloc[[0]].assign(operator=ODD_NAME, time_ns=12345)],
+    changed.loc[0, ["time_ns", "iteration_median_ns"]] *= 2
+    changed = pd.concat([changed.iloc[:-1], changed.iloc[[0]].assign(operator=ODD_NAME, time_ns=12345,
+                                                                     iteration_median_ns=12345)],
                         ignore_index=True)
     changed.to_parquet(b / "operators.parquet", index=False)
     out = tmp_path / "compare.html"
@@ -191,13 +193,46 @@ def test_compare_page_renders_in_the_browser(browser, default_run, tmp_path):
         assert ODD_NAME in names  # escaped in the HTML, shown as written
         delta_col = header_index(page, "compare-table", "delta (ms)")
         deltas = dict(zip(names, map(float, column_values(page, "compare-table", delta_col))))
-        iterations = len(json.loads((a / "coverage.json").read_text())["iteration_time_ns"])
-        assert deltas[ops.loc[0, "operator"]] == pytest.approx(ops.loc[0, "time_ns"] / iterations / 1e6)
-        assert deltas[ops.iloc[-1]["operator"]] == pytest.approx(-ops.iloc[-1]["time_ns"] / iterations / 1e6)
+        assert deltas[ops.loc[0, "operator"]] == pytest.approx(ops.loc[0, "iteration_median_ns"] / 1e6)
+        assert deltas[ops.iloc[-1]["operator"]] == pytest.approx(-ops.iloc[-1]["iteration_median_ns"] / 1e6)
+        assert deltas[ODD_NAME] == pytest.approx(12345 / 1e6)
         click_sort(page, "compare-table", delta_col, "ascending")
         assert [float(v) for v in column_values(page, "compare-table", delta_col)] == sorted(deltas.values())
         assert assert_figures_drawn(page) == 1
         assert problems == []
+    finally:
+        page.close()
+    assert_real_screenshot(shot)
+
+
+def test_cuda_operator_table_keeps_the_operator_column_readable(browser, tmp_path):
+    """Counter columns name their ncu metric (long, no spaces) in the header: the metric name wraps, and the
+    operator column keeps its width (it used to shrink to ~70 px, a template name ~20 lines tall). Two long
+    names sharing their first 60 characters are two bars."""
+    from test_report_html import CUDA_OPS, write_results
+
+    prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
+    ops = [*CUDA_OPS, (prefix + "float>, std::array<char*, 1> >(int)", 700_000, 20.0, 60.0),
+           (prefix + "double>, std::array<char*, 1> >(int)", 600_000, 21.0, 61.0)]
+    operators = write_results(tmp_path / "gpt2", ops, device="cuda")
+    out = tmp_path / "report.html"
+    result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "report-html", "--results",
+                             str(tmp_path / "gpt2"), "-o", str(out)], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    shot = tmp_path / "cuda.png"
+    page, problems = open_page(browser, out, shot)
+    try:
+        widths = page.evaluate("() => Array.from(document.querySelectorAll('#operator-table td.name'))"
+                               ".map(td => td.getBoundingClientRect().width)")
+        assert len(widths) == len(operators) and min(widths) >= 250, widths
+        metric = page.evaluate("() => { const m = document.querySelector('#operator-table th .metric');"
+                               " return {w: m.getBoundingClientRect().width, lines: m.getClientRects().length,"
+                               " h: m.getBoundingClientRect().height}; }")
+        assert metric["h"] > 20 and metric["w"] < 200, metric  # wrapped onto several lines, not one wide line
+        bars = page.evaluate("() => document.querySelectorAll('#fig-operator-share .point path').length")
+        assert bars == len(operators)
+        assert assert_figures_drawn(page) == 4 and problems == []  # share, SOL, layer classes, modules
     finally:
         page.close()
     assert_real_screenshot(shot)

@@ -6,6 +6,7 @@ other artifacts of the same run (the trace, layers.json), not against hard-coded
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -194,9 +195,18 @@ def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     for name in TINY["workloads"]:
         assert name in text
     for caption in ("Per-operator kernel time of workload", "Attribution coverage of workload",
-                    "The HTML report of workload",
-                    "as a Chrome/Perfetto trace", "ui.perfetto.dev"):
+                    "as a Chrome/Perfetto trace", "ui.perfetto.dev", "is not in this report"):
         assert caption in text, caption
+    # Each embedded file is a base64 data: URL named by its file. report.html (plotly.js inlined, ~5 MB)
+    # is not one of them: Chromium blanks data: iframes over 2 MB, so the page stays beside the results.
+    embedded = {}
+    for name, data in re.findall(r"data:[\w/.+-]+;charset=[\w-]+;filename=([^;\"']+);base64,([A-Za-z0-9+/=]+)", text):
+        embedded.setdefault(name, []).append(base64.b64decode(data))
+    assert len(embedded["report.md"]) == len(embedded["trace.json"]) == len(TINY["workloads"])
+    assert "report.html" not in embedded
+    assert not any(b"plotly.js v" in blob for blobs in embedded.values() for blob in blobs)
+    page_size = min((work / "results" / name / "report.html").stat().st_size for name in TINY["workloads"])
+    assert html.stat().st_size < page_size
 
 
 @pytest.mark.workflow

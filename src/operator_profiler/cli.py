@@ -170,17 +170,21 @@ def _cmd_report(args) -> None:
 
 def _cmd_report_html(args) -> None:
     folder = Path(args.results)
+    out = stages.html_output(args.out)  # the text typed: '' and '.' are different mistakes
     stages.report_html_files(args.workload or folder.resolve().name, **stages.results_folder_inputs(folder),
-                             options={"top_operators": args.top}, out=Path(args.out))
+                             options={"top_operators": args.top}, out=out)
     print(f"wrote {args.out}")
 
 
 def _cmd_compare(args) -> None:
-    table = stages.compare_files(Path(args.results_a), Path(args.results_b), Path(args.out), force=args.force)
+    out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
+    table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
     both = table[table["side"] == "both"]
+    change = table["change"].value_counts()
     print(f"{len(table)} operators ({len(both)} in both, {(table['side'] == 'only A').sum()} only in A, "
-          f"{(table['side'] == 'only B').sum()} only in B); time per iteration "
-          f"{table['delta_ms'].sum():+.3f} ms (B - A) -> {args.out}")
+          f"{(table['side'] == 'only B').sum()} only in B); by per-iteration {table.attrs['basis']}s: "
+          f"{change.get('slower', 0)} slower, {change.get('faster', 0)} faster, {change.get('same', 0)} the same "
+          f"within noise -> {args.out}")
 
 
 def _cmd_trace(args) -> None:
@@ -316,12 +320,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("compare", help="HTML page comparing two profiles of one workload (before/after a change)",
                        description="Per-operator time per iteration of RESULTS_B against RESULTS_A (delta B - A, "
-                                   "ratio B/A, counter deltas). Two different workloads (model kind/factory of their "
-                                   "capture/run.json) are refused unless --force.")
+                                   "ratio B/A, counter deltas): the per-iteration medians when both have them "
+                                   "(aggregate.per_iteration, the default), else the means; a change within the noise "
+                                   "tolerance the page states is 'same'. Two different workloads (model kind/factory of "
+                                   "their capture/run.json) are refused unless --force.")
     s.add_argument("results_a", metavar="RESULTS_A", help="results/<workload>/ of the first (before) run")
     s.add_argument("results_b", metavar="RESULTS_B", help="results/<workload>/ of the second (after) run")
     s.add_argument("--out", "-o", required=True, help="compare.html to write")
     s.add_argument("--force", action="store_true", help="compare profiles of different workloads anyway")
+    s.add_argument("--top", type=_positive_int, default=20, help="largest changes drawn in the plot")
     s.set_defaults(func=_cmd_compare)
 
     s = sub.add_parser("trace", help="Chrome/Perfetto trace.json: kernels with their operator, module and counters")

@@ -18,9 +18,13 @@ def replace_atomic(path: Path, write) -> None:
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if tmp.is_file():
             tmp.unlink()
+        if isinstance(exc, OSError):  # name the path the caller asked for, not the temporary file
+            for attr in ("filename", "filename2"):
+                if getattr(exc, attr) is not None and os.fspath(getattr(exc, attr)) == os.fspath(tmp):
+                    setattr(exc, attr, os.fspath(path))
         raise
 
 

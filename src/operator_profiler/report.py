@@ -40,17 +40,29 @@ def _model_line(run: dict) -> str:
     return f"- model: {model}, mode `{run['mode']}`, {how}"
 
 
-def _iteration_spread(coverage: dict) -> list[str]:
+def iteration_spread(coverage: dict) -> dict | None:
+    """The kernel time per measured iteration (coverage.json ``iteration_time_ns``): ``median_ns``, ``min_ns``,
+    ``max_ns`` and ``skewed`` (the slowest iteration took over 1.25x the fastest); None with fewer than 2
+    iterations."""
     per_iteration = sorted(coverage.get("iteration_time_ns", {}).values())
     if len(per_iteration) < 2:
-        return []
+        return None
     lo, hi = per_iteration[0], per_iteration[-1]
     median = per_iteration[len(per_iteration) // 2] if len(per_iteration) % 2 else (
         per_iteration[len(per_iteration) // 2 - 1] + per_iteration[len(per_iteration) // 2]) / 2
-    line = f"Kernel time per iteration: median {_ms(median)} ms, min {_ms(lo)}, max {_ms(hi)}."
-    if lo and hi > 1.25 * lo:
-        line += (f" **The slowest iteration took {hi / lo:.1f}x the fastest**: the machine was busy or the model "
-                 "is not in steady state; compare the per-iteration medians below, or add warm-up iterations.")
+    return {"median_ns": median, "min_ns": lo, "max_ns": hi, "skewed": bool(lo and hi > 1.25 * lo)}
+
+
+def _iteration_spread(coverage: dict, advice: str = "compare the per-iteration medians below, or add warm-up "
+                                                     "iterations") -> list[str]:
+    spread = iteration_spread(coverage)
+    if spread is None:
+        return []
+    line = (f"Kernel time per iteration: median {_ms(spread['median_ns'])} ms, min {_ms(spread['min_ns'])}, "
+            f"max {_ms(spread['max_ns'])}.")
+    if spread["skewed"]:
+        line += (f" **The slowest iteration took {spread['max_ns'] / spread['min_ns']:.1f}x the fastest**: the "
+                 f"machine was busy or the model is not in steady state; {advice}.")
     return ["", line]
 
 
@@ -187,6 +199,11 @@ def _notes(diagnostics: dict | None) -> list[str]:
             *[f"- {i}" for i in diagnostics.get("info", [])]]
 
 
+def no_kernel_warnings(diagnostics: dict | None) -> list[str]:
+    """The timeline reader's warnings that say why a trace has no kernel records (e.g. CUPTI range-profiler mode)."""
+    return [w for w in (diagnostics or {}).get("warnings", []) if w.startswith("no kernel events")]
+
+
 def is_cpu_run(run: dict | None) -> bool:
     return run is not None and run["versions"]["device"] == "cpu"
 
@@ -230,7 +247,9 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
 
 def layer_summary(layer_classes: pd.DataFrame) -> str:
     """One sentence: N layer instances form K classes (the ncu replay saving), or that the model has no layers."""
-    layered = layer_classes[layer_classes["layer_class"] != "rest"] if len(layer_classes) else layer_classes
+    if not len(layer_classes):
+        return "No kernels, so no layers or layer classes."
+    layered = layer_classes[layer_classes["layer_class"] != "rest"]
     if len(layered):
         n, k = int(layered["instances"].sum()), len(layered)
         return (f"{_plural(n, 'layer instance')} (one per call of a layer module in an iteration; a module "
@@ -266,8 +285,7 @@ def render_markdown(
         f"{coverage['attributed_count']} of {coverage['kernel_count']} kernels attributed, "
         f"{coverage['coverage_time'] * 100:.2f}% of {_ms(coverage['kernel_time_ns'])} ms kernel time.",
         *(["", "**The trace holds no kernels**" + (
-            ": see the capture notes below." if diagnostics and any(w.startswith("no kernel events")
-                                                                    for w in diagnostics.get("warnings", []))
+            ": see the capture notes below." if no_kernel_warnings(diagnostics)
             else ": nothing ran inside the measured window.")] if not coverage["kernel_count"] else []),
         *_iteration_spread(coverage),
         *_outside_iterations(coverage),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 
 import pandas as pd
 
@@ -23,6 +24,13 @@ from . import report as report_md
 
 # Operators/modules drawn in a bar chart before the rest are summed into one bar.
 TOP_BARS = 20
+# A bar's category label: names cut to this many characters (the hover shows them whole, wrapped).
+LABEL_CHARS = 60
+HOVER_LINE_CHARS = 90
+# compare: an operator's change of time per iteration within max(NOISE_SHARE of A's value, NOISE_FLOOR_MS)
+# is tagged "same" (run-to-run noise), beyond it "slower"/"faster".
+NOISE_SHARE = 0.02
+NOISE_FLOOR_MS = 0.001
 
 # The operator table's counter columns: catalog name, label, scale (report_md.KEY_COUNTERS) plus the
 # DRAM speed of light; each header also shows the ncu metric name the value comes from.
@@ -89,7 +97,7 @@ table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
 th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
 th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 1; white-space: nowrap; }
 th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
-             font-weight: 400; }
+             font-weight: 400; white-space: normal; word-break: break-all; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:nth-child(even) { background: #fafafa; }
 tbody tr:hover { background: #eff6ff; }
@@ -98,7 +106,7 @@ table.sortable th::after { content: " \\2195"; color: #cbd5e1; }
 table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; color: var(--accent); }
 table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; color: var(--accent); }
 td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; word-break: break-all;
-          max-width: 520px; }
+          min-width: 260px; max-width: 520px; }
 .tag { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e0e7ff; color: #3730a3; }
 .tag.slower { background: #fee2e2; color: #991b1b; }
 .tag.faster { background: #dcfce7; color: #166534; }
@@ -180,6 +188,13 @@ def _page(title: str, subtitle: str, nav: list[tuple[str, str]], body: str) -> s
             f"</footer><script>{SORT_JS}</script></body></html>\n")
 
 
+def _all(n: int, word: str) -> str:
+    """``All 5 operators``, ``The one operator``, ``No operators``."""
+    if n == 1:
+        return f"The one {word}"
+    return f"All {report_md._plural(n, word)}" if n else f"No {report_md._plural(n, word).split(' ', 1)[1]}"
+
+
 def _kpis(items: list[tuple[str, str]]) -> str:
     return '<div class="kpis">' + "".join(
         f'<div class="kpi"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div></div>' for k, v in items) + "</div>"
@@ -195,13 +210,35 @@ def _top_with_other(table: pd.DataFrame, name: str, value: str, top: int) -> pd.
     return head
 
 
+def bar_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
+    """Category labels of a bar chart, one per name: cut to ``limit`` characters and made unique (`` #2``,
+    `` #3``...), since plotly stacks every bar of one category label into one bar. Not escaped."""
+    labels, used = [], set()
+    for name in names:
+        label, n = report_md._short(str(name), limit), 1
+        while label in used:
+            n += 1
+            label = f"{report_md._short(str(name), limit)} #{n}"
+        used.add(label)
+        labels.append(label)
+    return labels
+
+
+def hover_text(*lines: str, width: int = HOVER_LINE_CHARS) -> str:
+    """A hover label: each line escaped and wrapped at ``width`` characters (``<br>``), so a long operator name
+    does not run off the plot."""
+    return "<br>".join(esc(part) for line in lines
+                       for part in (textwrap.wrap(str(line), width, break_on_hyphens=False) or [""]))
+
+
 def _hbar(labels: list[str], values: list[float], hover: list[str], x_title: str, color="#2563eb"):
+    """Horizontal bars, one per name in ``labels`` (full names: cut and made unique here); ``hover`` raw text."""
     import plotly.graph_objects as go
 
     # Longest first from the top: plotly draws the first category at the bottom.
-    fig = go.Figure(go.Bar(x=values[::-1], y=[esc(report_md._short(s, 60)) for s in labels][::-1], orientation="h",
+    fig = go.Figure(go.Bar(x=values[::-1], y=[esc(s) for s in bar_labels(labels)][::-1], orientation="h",
                            marker_color=color if isinstance(color, str) else color[::-1],
-                           hovertext=[esc(h) for h in hover][::-1], hoverinfo="text"))
+                           hovertext=[hover_text(h) for h in hover][::-1], hoverinfo="text"))
     fig.update_layout(height=max(260, 26 * len(labels) + 110), margin={"l": 10, "r": 30, "t": 30, "b": 50},
                       xaxis_title=x_title, yaxis={"automargin": True, "type": "category"}, bargap=0.25)
     return fig
@@ -224,6 +261,37 @@ def latency_threshold() -> float:
     from .ncu.catalog import load_catalog
 
     return float(load_catalog().bottleneck["latency_below_pct"])
+
+
+def no_iteration_ranges(run: dict | None, coverage: dict) -> bool:
+    """A trace captured elsewhere without iteration ranges: its times are totals over the whole trace."""
+    return run is None and not coverage.get("iteration_time_ns")
+
+
+def headline_time(coverage: dict, iterations: int, no_ranges: bool = False, median: bool = True) -> tuple[str, float]:
+    """The headline kernel time (label, ns): with ``median`` and 2 or more measured iterations the median over
+    coverage.json's ``iteration_time_ns`` (one noisy iteration does not move it), the whole trace's total without
+    iteration ranges, else the total over the measured iterations / their number (the mean)."""
+    spread = report_md.iteration_spread(coverage)
+    if median and spread is not None:
+        return "kernel time / iteration (median)", spread["median_ns"]
+    if no_ranges:
+        return "kernel time (whole trace)", coverage["kernel_time_ns"]
+    return "kernel time / iteration" + (" (mean)" if iterations > 1 else ""), coverage["kernel_time_ns"] / iterations
+
+
+def no_kernels_note(coverage: dict, diagnostics: dict | None) -> str:
+    """Why a profile has no kernels (the timeline reader's warning, e.g. a CUPTI range-profiler trace); empty
+    when it has kernels."""
+    if coverage["kernel_count"]:
+        return ""
+    reasons = report_md.no_kernel_warnings(diagnostics) or ["nothing ran inside the measured window"]
+    return ('<div class="note" id="no-kernels-note"><strong>The trace holds no kernels</strong>, so there is no '
+            f"operator, module or layer to show: {'; '.join(inline(r) for r in reasons)}</div>")
+
+
+def _no_plot(what: str, div_id: str) -> str:
+    return f'<p class="note" id="{div_id}-none">No {what} to plot.</p>'
 
 
 # ------------------------------------------------------------------------------ report.html
@@ -249,24 +317,37 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
         if counters_time is not None:
             share += f", {counters_time * 100:.1f}% of kernel time"
         lines.append(f"- hardware counters (ncu) for {share}")
-    total = coverage["kernel_time_ns"]
     counters = ("not collected" if coverage.get("counters_coverage") is None
                 else f"{coverage['counters_coverage'] * 100:.1f}%")
+    label, time_ns = headline_time(coverage, iterations, no_iteration_ranges(run, coverage))
     kpis = _kpis([
-        ("kernel time / iteration", f"{total / iterations / 1e6:.3f} ms"),
+        (label, f"{time_ns / 1e6:.3f} ms"),
         ("kernels", f"{coverage['kernel_count']:,}"),
         ("operators", f"{len(operators):,}"),
         ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
         ("kernels with counters", counters),
     ])
-    return f'<section id="measurement"><h2>What was profiled</h2>{kpis}{_bullets(lines)}</section>'
+    kind = "note" if (report_md.iteration_spread(coverage) or {}).get("skewed") else ""
+    spread = "".join(f'<p class="{kind}" id="iteration-spread">{inline(line)}</p>'
+                     for line in report_md._iteration_spread(coverage) if line)
+    return (f'<section id="measurement"><h2>What was profiled</h2>{no_kernels_note(coverage, diagnostics)}{kpis}'
+            f"{_bullets(lines)}{spread}</section>")
 
 
-def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str]) -> str:
+PER_ITERATION_COLUMNS = (("iteration_median_ns", "median / iteration (ms)"), ("iteration_min_ns", "min / iteration (ms)"),
+                         ("iteration_max_ns", "max / iteration (ms)"))
+
+
+def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str],
+                      no_ranges: bool = False) -> str:
     counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if m in operators
                 and operators[m].notna().any()]
-    headers = [("operator", "text"), ("time (ms)", "num"), ("ms / iteration", "num"), ("share", "num"),
-               ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
+    # the operator's time in each measured iteration (aggregate.per_iteration): a noisy iteration moves the mean
+    per_iteration = [(c, label) for c, label in PER_ITERATION_COLUMNS if c in operators]
+    headers = [("operator", "text"), ("time (ms)", "num")]
+    headers += [] if no_ranges else [("mean / iteration (ms)", "num")]
+    headers += [(label, "num") for _, label in per_iteration]
+    headers += [("share", "num"), ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
     headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
                 for m, label, _ in counters]
     if "counters_kernels" in operators:
@@ -276,9 +357,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     rows = []
     for r in operators.to_dict("records"):
         cells = [f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td>',
-                 _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}"),
-                 _num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"),
-                 _num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"),
+                 _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
+        if not no_ranges:
+            cells.append(_num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"))
+        cells += [_num_cell(None if _missing(r[c]) else r[c] / 1e6, _fmt(None if _missing(r[c]) else r[c] / 1e6, 3))
+                  for c, _ in per_iteration]
+        cells += [_num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"),
                  _num_cell(int(r["calls"])), _num_cell(int(r["kernels"])),
                  _num_cell(r["mean_kernel_ns"] / 1e3, f"{r['mean_kernel_ns'] / 1e3:.1f}")]
         cells += [_num_cell(r[m], _fmt(None if _missing(r[m]) else r[m] * scale)) for m, _, scale in counters]
@@ -288,15 +372,26 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
         if show_bottleneck:
             cells.append(f'<td><span class="tag">{esc(r["bottleneck"])}</span></td>')
         rows.append("".join(cells))
-    share = _top_with_other(operators[["operator", "time_share"]], "operator", "time_share", top)
-    fig = _hbar(list(share["operator"]), [v * 100 for v in share["time_share"]],
-                [f"{o}: {v * 100:.2f}%" for o, v in zip(share["operator"], share["time_share"])],
-                "share of kernel time (%)")
+    if len(operators):
+        share = _top_with_other(operators[["operator", "time_share"]], "operator", "time_share", top)
+        fig = _hbar(list(share["operator"]), [v * 100 for v in share["time_share"]],
+                    [f"{o}: {v * 100:.2f}%" for o, v in zip(share["operator"], share["time_share"])],
+                    "share of kernel time (%)")
+        plot = _figure(fig, "fig-operator-share")
+        heading = (f"Time share, top {min(top, len(operators))} of {report_md._plural(len(operators), 'operator')}"
+                   if len(operators) > top else "Time share per operator")
+    else:
+        plot, heading = _no_plot("operator", "fig-operator-share"), "Time share"
+    if no_ranges:
+        times = "Times are totals over the whole trace (it has no iteration ranges)"
+    else:
+        times = ("Times are totals over the measured iterations (mean / iteration: the total divided by their "
+                 "number)" + ("; median, min and max: the operator's time in each measured iteration, where one "
+                              "noisy iteration moves the mean but not the median" if per_iteration else ""))
     return ('<section id="operators"><h2>Operators</h2>'
-            f'<h3>Time share, top {min(top, len(operators))} of {len(operators)} operators</h3>'
-            f'{_figure(fig, "fig-operator-share")}'
-            f"<h3>All {len(operators)} operators</h3>"
-            '<p class="muted">Click a column header to sort. Times are totals over the measured iterations; counters '
+            f"<h3>{heading}</h3>{plot}"
+            f"<h3>{_all(len(operators), 'operator')}</h3>"
+            f'<p class="muted">Click a column header to sort. {times}. Counters '
             "are combined over each operator's kernels weighted by their timeline durations (the header names the "
             "ncu metric).</p>"
             f'{_table(headers, rows, "operator-table", scroll=True)}</section>')
@@ -353,7 +448,6 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
     text = (f"<p>{coverage['attributed_count']:,} of {coverage['kernel_count']:,} kernels attributed to an operator, "
             f"{coverage['coverage_time'] * 100:.2f}% of {coverage['kernel_time_ns'] / 1e6:.3f} ms kernel time.</p>")
     extra = "".join(f"<p>{inline(line)}</p>" for line in [*report_md._agreement_lines(coverage),
-                                                          *report_md._iteration_spread(coverage),
                                                           *report_md._outside_iterations(coverage),
                                                           *report_md._invalid_time_line(coverage)] if line)
     unattributed = coverage.get("unattributed") or []
@@ -373,7 +467,8 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
             f"<h3>Unattributed kernels</h3>{u_table}{notes}</section>")
 
 
-def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None) -> str:
+def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None,
+                    no_ranges: bool = False) -> str:
     import plotly.graph_objects as go
 
     est = {}
@@ -381,8 +476,12 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
         from .ncu.replay import replay_estimate
 
         est = {r["class"]: r for r in replay_estimate(replays)["classes"]}
-    headers = [("layer class", "text"), ("module class", "text"), ("instances N", "num"), ("replayed K", "num"),
-               ("kernels / instance", "num"), ("ms / instance / iteration", "num"), ("total (ms)", "num")]
+    # K: the instances an ncu replay runs per class. Without ncu replays (CPU runs, ncu off, imported traces)
+    # nothing was replayed: K is what a CUDA run would replay.
+    k_label = "replayed K" if replays else "would replay K (CUDA)"
+    headers = [("layer class", "text"), ("module class", "text"), ("instances N", "num"), (k_label, "num"),
+               ("kernels / instance", "num"), ("ms / instance" + ("" if no_ranges else " / iteration"), "num"),
+               ("total (ms)", "num")]
     if est:
         headers += [("ncu runs", "num"), ("replay measured (s)", "num"), ("every instance (s)", "num"),
                     ("saving N/K", "num")]
@@ -409,8 +508,8 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
         summary += f"<p>{inline(total)}</p>"
     figure = ""
     if (layer_classes["layer_class"] != "rest").any():
-        labels = [esc(n) for n in names][::-1]  # plotly draws the first category at the bottom
-        fig = go.Figure([go.Bar(name="replayed K", y=labels, x=k_values[::-1], orientation="h",
+        labels = [esc(n) for n in bar_labels(names)][::-1]  # plotly draws the first category at the bottom
+        fig = go.Figure([go.Bar(name=k_label, y=labels, x=k_values[::-1], orientation="h",
                                 marker_color="#2563eb"),
                          go.Bar(name="instances N", y=labels, x=n_values[::-1], orientation="h",
                                 marker_color="#94a3b8")])
@@ -418,8 +517,8 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
                           margin={"l": 10, "r": 30, "t": 30, "b": 50}, xaxis_title="layer instances",
                           yaxis={"automargin": True, "type": "category"}, legend={"orientation": "h", "y": 1.12})
         figure = _figure(fig, "fig-layer-classes")
-    return (f'<section id="layers"><h2>Layer classes</h2>{summary}{figure}'
-            f'{_table(headers, rows, "layer-class-table")}</section>')
+    table = _table(headers, rows, "layer-class-table") if rows else ""
+    return f'<section id="layers"><h2>Layer classes</h2>{summary}{figure}{table}</section>'
 
 
 def replay_estimate_total(replays: list[dict]) -> str:
@@ -428,17 +527,22 @@ def replay_estimate_total(replays: list[dict]) -> str:
     return lines[0] if lines else ""
 
 
-def _modules_section(modules: pd.DataFrame, top: int) -> str:
-    shown = _top_with_other(modules[["module", "time_ns"]], "module", "time_ns", top)
-    fig = _hbar(list(shown["module"]), [v / 1e6 for v in shown["time_ns"]],
-                [f"{m}: {t / 1e6:.3f} ms" for m, t in zip(shown["module"], shown["time_ns"])],
-                "kernel time over the measured iterations (ms)", color="#0d9488")
+def _modules_section(modules: pd.DataFrame, top: int, no_ranges: bool = False) -> str:
+    if len(modules):
+        shown = _top_with_other(modules[["module", "time_ns"]], "module", "time_ns", top)
+        fig = _hbar(list(shown["module"]), [v / 1e6 for v in shown["time_ns"]],
+                    [f"{m}: {t / 1e6:.3f} ms" for m, t in zip(shown["module"], shown["time_ns"])],
+                    "kernel time over the " + ("whole trace" if no_ranges else "measured iterations") + " (ms)",
+                    color="#0d9488")
+        plot = _figure(fig, "fig-modules")
+    else:
+        plot = _no_plot("module", "fig-modules")
     rows = [f'<td class="name">{esc(r["module"])}</td>' + _num_cell(int(r["kernels"]))
             + _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")
             + _num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%") for r in modules.to_dict("records")]
     table = _table([("module", "text"), ("kernels", "num"), ("total (ms)", "num"), ("share", "num")], rows,
                    "module-table", scroll=True)
-    return f'<section id="modules"><h2>Modules (layer instances)</h2>{_figure(fig, "fig-modules")}{table}</section>'
+    return f'<section id="modules"><h2>Modules (layer instances)</h2>{plot}{table}</section>'
 
 
 def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.DataFrame, modules: pd.DataFrame,
@@ -448,18 +552,20 @@ def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.D
     """``report.html`` of one workload (the inputs of :func:`report.render_markdown`; ``counters_time``: the
     share of kernel time whose kernels have ncu counters, when collected)."""
     iterations = report_md.measured_iterations(run, coverage)
+    no_ranges = no_iteration_ranges(run, coverage)
     device = "" if run is None else (run["versions"].get("device_name") or run["versions"]["device"])
+    measured = ("no iteration ranges: totals over the whole trace" if no_ranges
+                else report_md._plural(iterations, "measured iteration"))
     subtitle = esc(" · ".join(p for p in (
         run and run["workload"]["kind"], run and run["mode"],
-        run and ("compiled" if run["compiled"] else "eager"), device,
-        f"{report_md._plural(iterations, 'measured iteration')}") if p))
+        run and ("compiled" if run["compiled"] else "eager"), device, measured) if p))
     sections = [
         _header_section(workload, run, coverage, operators, diagnostics, clocks, counters_time, replays),
-        _operator_section(operators, iterations, top_operators, counter_metric_names()),
+        _operator_section(operators, iterations, top_operators, counter_metric_names(), no_ranges),
         _sol_section(operators, coverage, latency_threshold()),
         _coverage_section(coverage, diagnostics),
-        _layers_section(layer_classes, iterations, replays),
-        _modules_section(modules, top_operators),
+        _layers_section(layer_classes, iterations, replays, no_ranges),
+        _modules_section(modules, top_operators, no_ranges),
     ]
     nav = [("measurement", "Measurement"), ("operators", "Operators"), ("sol", "Speed of light"),
            ("coverage", "Coverage"), ("layers", "Layer classes"), ("modules", "Modules")]
@@ -478,32 +584,60 @@ def workload_identity(run: dict | None, folder_name: str) -> str:
     return f"kind {w['kind']!r}" + (f", factory {w['factory']!r}" if w.get("factory") else "")
 
 
+def compares_medians(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Both operator tables have the per-iteration median (``iteration_median_ns``, aggregate.per_iteration)."""
+    return "iteration_median_ns" in a and "iteration_median_ns" in b
+
+
 def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iterations_b: int) -> pd.DataFrame:
     """One row per operator of either profile: ``a_ms``, ``b_ms`` (ms per measured iteration, NaN where the
-    operator did not run), ``delta_ms`` (B - A, an absent side counting 0), ``ratio`` (B / A, both sides only),
-    ``side`` (``both``, ``only A``, ``only B``) and, per counter column of the operator table present on a
-    side, ``<metric>_a``, ``<metric>_b``, ``<metric>_delta``; sorted by the size of the time change."""
+    operator did not run: the per-iteration median when both tables have it (:func:`compares_medians`), else the
+    total / measured iterations, the mean), ``delta_ms`` (B - A, an absent side counting 0), ``ratio`` (B / A,
+    both sides only), ``side`` (``both``, ``only A``, ``only B``), ``change`` (``slower``, ``faster``, ``same``:
+    ``|delta|`` within max(NOISE_SHARE of A, NOISE_FLOOR_MS); ``only A``/``only B``) and, per counter column of
+    the operator table present on a side, ``<metric>_a``, ``<metric>_b``, ``<metric>_delta``; sorted by the size
+    of the time change. ``attrs["basis"]``: ``median`` or ``mean``."""
+    median = compares_medians(a, b)
     counters = [m for m, _, _ in COUNTER_COLUMNS if m in a or m in b]
-    left = a[["operator", "time_ns", *[m for m in counters if m in a]]].rename(columns={m: f"{m}_a" for m in counters})
-    right = b[["operator", "time_ns", *[m for m in counters if m in b]]].rename(columns={m: f"{m}_b" for m in counters})
-    merged = left.merge(right, on="operator", how="outer", suffixes=("_a", "_b"), indicator=True)
+
+    def side(table: pd.DataFrame, iterations: int, suffix: str) -> pd.DataFrame:
+        ms = table["iteration_median_ns"] / 1e6 if median else table["time_ns"] / iterations / 1e6
+        return table[["operator", *[m for m in counters if m in table]]].assign(ms=ms).rename(
+            columns={m: f"{m}_{suffix}" for m in [*counters, "ms"]})
+
+    merged = side(a, iterations_a, "a").merge(side(b, iterations_b, "b"), on="operator", how="outer", indicator=True)
     out = pd.DataFrame({"operator": merged["operator"]})
     out["side"] = merged["_merge"].map({"both": "both", "left_only": "only A", "right_only": "only B"}).astype(str)
-    out["a_ms"] = merged["time_ns_a"] / iterations_a / 1e6
-    out["b_ms"] = merged["time_ns_b"] / iterations_b / 1e6
+    out["a_ms"] = merged["ms_a"].astype(float)
+    out["b_ms"] = merged["ms_b"].astype(float)
     out["delta_ms"] = out["b_ms"].fillna(0) - out["a_ms"].fillna(0)
     out["ratio"] = out["b_ms"] / out["a_ms"].where(out["a_ms"] > 0)
+    noise = (out["a_ms"].fillna(0) * NOISE_SHARE).clip(lower=NOISE_FLOOR_MS)
+    out["change"] = out["side"].where(out["side"] != "both", pd.Series(
+        ["same" if abs(d) < n else "slower" if d > 0 else "faster" for d, n in zip(out["delta_ms"], noise)],
+        index=out.index, dtype=object))
     for m in counters:
         va = merged[f"{m}_a"] if f"{m}_a" in merged else pd.Series(float("nan"), index=merged.index)
         vb = merged[f"{m}_b"] if f"{m}_b" in merged else pd.Series(float("nan"), index=merged.index)
         out[f"{m}_a"], out[f"{m}_b"], out[f"{m}_delta"] = va, vb, vb - va
     order = out["delta_ms"].abs().sort_values(ascending=False, kind="stable").index
-    return out.loc[order].reset_index(drop=True)
+    out = out.loc[order].reset_index(drop=True)
+    out.attrs["basis"] = "median" if median else "mean"
+    return out
 
 
-def _facts(profile: dict) -> dict[str, str]:
+def _per_iteration(profile: dict, median: bool) -> tuple[str, float, int, bool]:
+    """A profile's headline kernel time per iteration: (label, ns, measured iterations, no iteration ranges)."""
     run, coverage = profile["run"], profile["coverage"]
     iterations = report_md.measured_iterations(run, coverage)
+    no_ranges = no_iteration_ranges(run, coverage)
+    label, time_ns = headline_time(coverage, iterations, no_ranges, median=median)
+    return label, time_ns, iterations, no_ranges
+
+
+def _facts(profile: dict, median: bool) -> dict[str, str]:
+    run, coverage = profile["run"], profile["coverage"]
+    label, time_ns, iterations, no_ranges = _per_iteration(profile, median)
     facts = {"results folder": str(profile["folder"])}
     if run is not None:
         v = run["versions"]
@@ -516,12 +650,30 @@ def _facts(profile: dict) -> dict[str, str]:
             "clocks": "not locked (CPU run)" if report_md.is_cpu_run(run) else report_md._clocks_text(profile["clocks"]),
         })
     facts.update({
-        "kernel time / iteration": f"{profile['operators']['time_ns'].sum() / iterations / 1e6:.3f} ms",
-        "kernels": f"{coverage['kernel_count']:,}",
+        # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align
+        "kernel time": f"{time_ns / 1e6:.3f} ms{label[len('kernel time'):]}",
+        # per iteration: totals of runs with different iteration counts differ though each iteration is alike
+        "kernels / iteration": (f"{coverage['kernel_count']:,} (whole trace)" if no_ranges
+                                else f"{coverage['kernel_count'] / iterations:,.1f}"),
         "attributed time": f"{coverage['coverage_time'] * 100:.2f}%",
         "counters": coverage.get("counters_note") or f"{(coverage.get('counters_coverage') or 0) * 100:.1f}% of kernels",
     })
     return facts
+
+
+def _spread_notes(a: dict, b: dict, median: bool) -> str:
+    """Each side's kernel time per iteration (median, min, max) and report.py's warning when it is skewed."""
+    advice = ("this page compares the per-iteration medians, which one slow iteration does not move" if median else
+              "this page compares means (a profile has no per-iteration medians), which it does move: profile "
+              "again with more warm-up iterations")
+    notes = []
+    for name, profile in (("A", a), ("B", b)):
+        spread = report_md.iteration_spread(profile["coverage"])
+        for line in report_md._iteration_spread(profile["coverage"], advice):
+            if line:
+                notes.append(f'<p class="{"note" if spread["skewed"] else "muted"}" id="spread-{name.lower()}">'
+                             f"<strong>{name}</strong>: {inline(line)}</p>")
+    return "".join(notes)
 
 
 def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) -> str:
@@ -531,8 +683,9 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
 
     it_a = report_md.measured_iterations(a["run"], a["coverage"])
     it_b = report_md.measured_iterations(b["run"], b["coverage"])
+    median = compares_medians(a["operators"], b["operators"])
     table = compare_table(a["operators"], it_a, b["operators"], it_b)
-    facts_a, facts_b = _facts(a), _facts(b)
+    facts_a, facts_b = _facts(a, median), _facts(b, median)
     rows = []
     for key in dict.fromkeys([*facts_a, *facts_b]):
         va, vb = facts_a.get(key, ""), facts_b.get(key, "")
@@ -544,35 +697,51 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         warning = (f'<div class="note">These are different workloads (A: {esc(workload_identity(a["run"], a["workload"]))}; '
                    f'B: {esc(workload_identity(b["run"], b["workload"]))}): compared on request (--force); '
                    "operators need not correspond.</div>")
-    total_a = a["operators"]["time_ns"].sum() / it_a / 1e6  # the operators' sum: consistent with the table
-    total_b = b["operators"]["time_ns"].sum() / it_b / 1e6
-    kpis = _kpis([("A: kernel time / iteration", f"{total_a:.3f} ms"),
-                  ("B: kernel time / iteration", f"{total_b:.3f} ms"),
+    label_a, total_a, _, _ = _per_iteration(a, median)
+    label_b, total_b, _, _ = _per_iteration(b, median)
+    total_a, total_b = total_a / 1e6, total_b / 1e6
+    changes = table["change"].value_counts()
+    kpis = _kpis([(f"A: {label_a}", f"{total_a:.3f} ms"),
+                  (f"B: {label_b}", f"{total_b:.3f} ms"),
                   ("change", f"{total_b - total_a:+.3f} ms ({(total_b / total_a - 1) * 100:+.1f}%)" if total_a
                    else f"{total_b - total_a:+.3f} ms"),
-                  ("operators only in A / only in B", f"{(table['side'] == 'only A').sum()} / "
-                                                      f"{(table['side'] == 'only B').sum()}")])
-    shown = table[table["delta_ms"] != 0].head(top)
+                  ("operators slower / faster / same", f"{changes.get('slower', 0)} / {changes.get('faster', 0)} / "
+                                                      f"{changes.get('same', 0)}"),
+                  ("operators only in A / only in B", f"{changes.get('only A', 0)} / {changes.get('only B', 0)}")])
+    if median:
+        basis = ("Times are each operator's <strong>per-iteration median</strong> (its time in each measured "
+                 "iteration, <code>iteration_median_ns</code> of operators.parquet): one slow iteration does not "
+                 "move them, and profiles with different iteration counts compare.")
+    else:
+        basis = ("Times are <strong>per-iteration means</strong> (each profile's total divided by its measured "
+                 "iterations): a profile has no per-iteration medians (<code>aggregate.per_iteration</code> off, or "
+                 "a trace without iteration ranges), so one slow iteration moves them.")
+    tolerance = (f"A change smaller than {NOISE_SHARE * 100:g}% of A's time or than {NOISE_FLOOR_MS * 1000:g} µs "
+                 "is taken as run-to-run noise: tagged <em>same</em> and not plotted.")
+    shown = table[table["change"].ne("same") & table["delta_ms"].ne(0)].head(top)
     fig = go.Figure(go.Bar(
-        x=list(shown["delta_ms"])[::-1], y=[esc(report_md._short(o, 60)) for o in shown["operator"]][::-1],
+        x=list(shown["delta_ms"])[::-1], y=[esc(label) for label in bar_labels(list(shown["operator"]))][::-1],
         orientation="h", marker_color=["#dc2626" if d > 0 else "#16a34a" for d in shown["delta_ms"]][::-1],
-        hovertext=[f"{esc(o)}<br>A {_fmt(x, 3) or '-'} ms → B {_fmt(y, 3) or '-'} ms ({d:+.3f} ms, {s})"
-                   for o, x, y, d, s in zip(shown["operator"], shown["a_ms"], shown["b_ms"], shown["delta_ms"],
-                                            shown["side"])][::-1], hoverinfo="text"))
+        hovertext=[hover_text(o, f"A {_fmt(x, 3) or '-'} ms → B {_fmt(y, 3) or '-'} ms ({d:+.3f} ms, {c})")
+                   for o, x, y, d, c in zip(shown["operator"], shown["a_ms"], shown["b_ms"], shown["delta_ms"],
+                                            shown["change"])][::-1], hoverinfo="text"))
     fig.update_layout(height=max(260, 26 * len(shown) + 110), margin={"l": 10, "r": 30, "t": 30, "b": 50},
-                      xaxis_title="change of time per iteration, B - A (ms); red: slower, green: faster",
+                      xaxis_title=f"change of the {'median' if median else 'mean'} time per iteration, B - A (ms); "
+                                  "red: slower, green: faster",
                       yaxis={"automargin": True, "type": "category"})
     counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if f"{m}_delta" in table
                 and table[f"{m}_delta"].notna().any()]
-    headers = [("operator", "text"), ("side", "text"), ("A (ms / it)", "num"), ("B (ms / it)", "num"),
+    per = "median" if median else "mean"
+    headers = [("operator", "text"), ("change", "text"), (f"A ({per} ms / it)", "num"), (f"B ({per} ms / it)", "num"),
                ("delta (ms)", "num"), ("ratio B/A", "num")]
     headers += [(f'Δ {esc(label)}<span class="metric">B - A</span>', "num") for _, label, _ in counters]
+    tags = {"only A": '<span class="tag only">only in A</span>', "only B": '<span class="tag only">only in B</span>',
+            "slower": '<span class="tag slower">slower</span>', "faster": '<span class="tag faster">faster</span>',
+            "same": '<span class="tag">same</span>'}
     body = []
     for r in table.to_dict("records"):
-        tag = {"only A": '<span class="tag only">only in A</span>', "only B": '<span class="tag only">only in B</span>'}.get(
-            r["side"], '<span class="tag slower">slower</span>' if r["delta_ms"] > 0 else
-            '<span class="tag faster">faster</span>' if r["delta_ms"] < 0 else '<span class="tag">same</span>')
-        cells = (f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td><td data-v="{esc(r["side"])}">{tag}</td>'
+        cells = (f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td>'
+                 f'<td data-v="{esc(r["change"])}">{tags[r["change"]]}</td>'
                  + _num_cell(r["a_ms"], _fmt(r["a_ms"], 3)) + _num_cell(r["b_ms"], _fmt(r["b_ms"], 3))
                  + _num_cell(r["delta_ms"], f"{r['delta_ms']:+.3f}")
                  + _num_cell(r["ratio"], "" if _missing(r["ratio"]) else f"{r['ratio']:.2f}x"))
@@ -582,17 +751,17 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
     title = f"Operator profile comparison: {a['workload']}" + (f" vs {b['workload']}" if b["workload"] != a["workload"] else "")
     sections = [
         f'<section id="runs"><h2>The two profiles</h2>{warning}{kpis}'
-        '<p class="muted">Times are per measured iteration (each profile\'s total divided by its measured '
-        "iterations), so profiles with different iteration counts compare. Highlighted rows differ.</p>"
+        f'<p id="compare-basis">{basis} {tolerance}</p>{_spread_notes(a, b, median)}'
+        '<p class="muted">Highlighted rows differ.</p>'
         f"{facts}</section>",
         '<section id="changes"><h2>Largest time changes</h2>' + (
-            _figure(fig, "fig-compare-delta") if len(shown) else '<p class="note">No operator\'s time changed.</p>')
+            _figure(fig, "fig-compare-delta") if len(shown) else
+            '<p class="note">No operator\'s time changed beyond the noise tolerance.</p>')
         + "</section>",
-        f'<section id="operators"><h2>All {len(table)} operators</h2><p class="muted">Sorted by the size of the '
+        f'<section id="operators"><h2>{_all(len(table), "operator")}</h2><p class="muted">Sorted by the size of the '
         "change; click a column header to sort. An operator that ran on one side only counts 0 ms on the other."
         f'</p>{_table(headers, body, "compare-table", scroll=True)}</section>',
     ]
     subtitle = f"A: {esc(a['folder'])} &nbsp;→&nbsp; B: {esc(b['folder'])}"
     return _page(title, subtitle, [("runs", "Profiles"), ("changes", "Largest changes"), ("operators", "Operators")],
                  "".join(sections))
-

@@ -8,6 +8,7 @@ partial output.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -440,6 +441,32 @@ def counters_time_share(attribution_path: Path, counters_path: Path) -> float:
     return with_counters / total if total else 0.0
 
 
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def html_output(out: str | Path, example: str = "report.html") -> Path:
+    """The path of an HTML page to write (``report.html``, ``compare.html``), checked before anything is read or
+    written: a name ending in ``.html``/``.htm`` (so no input table, JSON or other file is ever overwritten by a
+    page), not a folder, in a folder that exists. Errors name ``out`` as given.
+
+    Raises:
+        InputError: an empty path, a folder, another suffix, or a missing parent folder.
+    """
+    text = str(out)
+    if not text.strip():
+        raise InputError(f"--out {text!r} is empty; name the HTML page to write, e.g. -o {example}")
+    path = Path(text)
+    if text.endswith(("/", os.sep)) or path.name in ("", ".", "..") or path.is_dir():
+        raise InputError(f"--out {text} is a folder; name the HTML page to write, e.g. -o {path / example}")
+    if path.suffix.lower() not in HTML_SUFFIXES:
+        raise InputError(f"--out {text} does not end in .html; the page is only written to an .html (or .htm) "
+                         f"file, so that no other file is overwritten: e.g. -o {example}")
+    if not path.parent.is_dir():
+        raise InputError(f"--out {text}: the folder {path.parent} does not exist; create it first, or choose "
+                         "another --out")
+    return path
+
+
 def report_html_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path,
                       modules_path: Path, layer_classes_path: Path, options: dict, out: Path,
                       diagnostics_path: Path | None = None, match_diagnostics_path: Path | None = None,
@@ -450,6 +477,7 @@ def report_html_files(workload: str, run_path: Path | None, coverage_path: Path,
     with counters. Written atomically."""
     from . import report_html
 
+    out = html_output(out)
     inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
                                 diagnostics_path, match_diagnostics_path, replay_paths, clocks_path)
     counters_time = (counters_time_share(attribution_path, counters_path)
@@ -492,10 +520,11 @@ def results_folder_inputs(folder: Path) -> dict:
     }
 
 
-def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False) -> pd.DataFrame:
+def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False, top: int | None = None) -> pd.DataFrame:
     """``compare.html``: the profile in ``folder_b`` against the one in ``folder_a`` (two results folders of
     one workload, e.g. before and after a change; :func:`operator_profiler.report_html.render_compare`).
-    Returns the per-operator comparison table. Nothing is written on an error.
+    Returns the per-operator comparison table (:func:`operator_profiler.report_html.compare_table`); ``top``: the
+    largest changes plotted (default ``report_html.TOP_BARS``). Nothing is written on an error.
 
     Raises:
         InputError: a folder that is not a results folder, or two different workloads (model kind/factory of
@@ -503,6 +532,7 @@ def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False
     """
     from . import report_html
 
+    out = html_output(out, "compare.html")
     profiles = []
     for folder in (Path(folder_a), Path(folder_b)):
         paths = results_folder_inputs(folder)
@@ -519,7 +549,7 @@ def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False
     if differ and not force:
         raise InputError(f"{folder_a} and {folder_b} are profiles of different workloads ({identity_a} vs "
                          f"{identity_b}); compare two profiles of one workload, or pass --force to compare anyway")
-    write_text_atomic(out, report_html.render_compare(a, b, forced=differ))
+    write_text_atomic(out, report_html.render_compare(a, b, top=top or report_html.TOP_BARS, forced=differ))
     return report_html.compare_table(a["operators"], report_md.measured_iterations(a["run"], a["coverage"]),
                                      b["operators"], report_md.measured_iterations(b["run"], b["coverage"]))
 
