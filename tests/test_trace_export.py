@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 from nsys_export import Kernel, Memcpy, Nvtx, Runtime, write_nsys_export
 
+from operator_profiler import report as report_md
 from operator_profiler import stages, tables
 from operator_profiler.trace_export import build_trace
 
@@ -193,6 +194,28 @@ def test_memcpy_and_memset_on_their_streams_with_flows(real):
     for e in written:
         assert flows[e["args"]["flow_id"]]["tid"] == launch_of[e["args"]["correlation_id"]]
     assert min(e["args"]["flow_id"] for e in written) > int(kernels["kernel_id"].max())
+
+
+def test_memcpy_and_memset_totals_in_diagnostics_and_report_line(real):
+    """diagnostics.json ``gpu_activities`` against the raw alexnet JSON (counts, µs durations, bytes per kind
+    and copy kind), and the report's bullet built from it."""
+    raw = [e for e in json.loads(gzip.decompress(TRACES["alexnet"].read_bytes()))["traceEvents"]
+           if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
+    summary = json.loads((real["alexnet"] / "timeline" / "diagnostics.json").read_text())["gpu_activities"]
+    for kind in ("memcpy", "memset"):
+        mine = [e for e in raw if e["cat"] == f"gpu_{kind}"]
+        assert mine, kind
+        assert summary[kind]["count"] == len(mine)
+        assert summary[kind]["time_ns"] == sum(e["dur"] for e in mine) * 1000  # int µs in this trace
+        assert summary[kind]["bytes"] == sum(e["args"]["bytes"] for e in mine)
+    copy_kinds = defaultdict(int)
+    for e in raw:
+        if e["cat"] == "gpu_memcpy":
+            copy_kinds[e["name"].split()[1]] += 1
+    assert {k: v["count"] for k, v in summary["memcpy"]["by_copy_kind"].items()} == dict(copy_kinds)
+    (line,) = report_md.gpu_activity_lines({"gpu_activities": summary})
+    assert f"{summary['memcpy']['count']} memcpys (" in line and f"{summary['memset']['count']} memsets (" in line
+    assert report_md.gpu_activity_lines({"gpu_activities": {"memcpy": None, "memset": None}}) == []
 
 
 def test_counters_go_into_kernel_args(real):

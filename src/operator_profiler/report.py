@@ -215,13 +215,35 @@ def measured_iterations(run: dict | None, coverage: dict) -> int:
     return run["harness"]["iterations"]
 
 
+def gpu_activity_lines(diagnostics: dict | None) -> list[str]:
+    """One bullet on the memcpy/memset the GPU ran besides kernels (diagnostics.json ``gpu_activities``),
+    none when there were none: they are not kernels, so no operator and no kernel total includes them."""
+    summary = (diagnostics or {}).get("gpu_activities") or {}
+    parts = []
+    for kind in ("memcpy", "memset"):
+        entry = summary.get(kind)
+        if not entry:
+            continue
+        text = f"{_plural(entry['count'], kind)} ({_ms(entry['time_ns'])} ms, {entry['bytes']:,} bytes"
+        kinds = entry.get("by_copy_kind") or {}
+        if kinds:
+            text += "; " + ", ".join(f"{k} {v['count']}" for k, v in sorted(kinds.items()))
+        parts.append(text + ")")
+    if not parts:
+        return []
+    inside = summary.get("in_iterations_time_ns")
+    scope = f", {_ms(inside)} ms of it launched in the measured iterations" if inside is not None else ""
+    return [f"- besides kernels the GPU ran {' and '.join(parts)}{scope}: not attributed to operators and not "
+            "in the kernel totals (trace.json shows them on their streams)"]
+
+
 def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,
                       clocks: dict | None = None) -> list[str]:
     """What was profiled and how, as Markdown bullet lines (``- ...``): model, device and versions,
     measured iterations, counters, clocks; for a trace captured elsewhere (``run`` None) what its timeline
     says. The HTML report shows the same lines."""
     if run is None:
-        return _imported_lines(coverage, diagnostics)
+        return _imported_lines(coverage, diagnostics) + gpu_activity_lines(diagnostics)
     cpu = is_cpu_run(run)
     v = run["versions"]
     iterations = measured_iterations(run, coverage)
@@ -242,7 +264,7 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
             "minus the ops it calls, so composite ops (`aten::linear`, `aten::matmul`) show only their own "
             "dispatch time and work such as `aten::addmm`'s bias copy appears as `aten::copy_`",
         ]
-    return lines
+    return lines + gpu_activity_lines(diagnostics)
 
 
 def layer_summary(layer_classes: pd.DataFrame) -> str:

@@ -112,6 +112,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
         for info in timeline.diagnostics["info"]:
             log.info("%s: %s", trace, info)
         start = time.perf_counter()
+        timeline.diagnostics["gpu_activities"] = kineto.gpu_activity_summary(timeline.activities, timeline.ranges)
         projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
         nsys.write_nsys_timeline(timeline, out_dir)
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
@@ -130,6 +131,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     for warning in timeline.diagnostics["warnings"]:
         log.warning("%s: %s", trace, warning)
     start = time.perf_counter()
+    timeline.diagnostics["gpu_activities"] = kineto.gpu_activity_summary(timeline.activities, timeline.ranges)
     kineto.write_timeline(timeline, out_dir)
     write_json(Path(out_dir) / "diagnostics.json", timeline.diagnostics)
     stage_done(f"wrote the timeline tables to {out_dir}", start)

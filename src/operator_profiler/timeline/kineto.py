@@ -550,6 +550,32 @@ def _memory_row(ev: dict, cat: str, args: dict, corr: int | None, base: int) -> 
             start, end, end - start, _int_or_none(args.get("bytes")), corr)
 
 
+def gpu_activity_summary(activities: pd.DataFrame | None, ranges: pd.DataFrame) -> dict:
+    """What the GPU ran besides kernels, for diagnostics.json and the report: per kind (``memcpy``,
+    ``memset``) ``count``, ``time_ns``, ``bytes`` and, for memcpy, ``by_copy_kind`` (``HtoD`` ...: the same
+    three); ``in_iterations_time_ns``: the time of those launched inside a measured iteration range
+    (None when the timeline has no iteration ranges). Times are GPU execution intervals in ns."""
+    summary: dict = {"memcpy": None, "memset": None, "in_iterations_time_ns": None}
+    if activities is None or not len(activities):
+        return summary
+
+    def totals(frame: pd.DataFrame) -> dict:
+        return {"count": len(frame), "time_ns": int(frame["duration_ns"].sum()),
+                "bytes": int(frame["bytes"].fillna(0).sum())}
+
+    for kind, frame in activities.groupby("kind", sort=True):
+        entry = totals(frame)
+        if kind == "memcpy":
+            entry["by_copy_kind"] = {str(k): totals(f) for k, f in frame.groupby(frame["copy_kind"].fillna("?"))}
+        summary[str(kind)] = entry
+    if ranges["iteration"].notna().any():
+        at = activities["launch_start_ns"].fillna(activities["start_ns"]).astype("int64").to_numpy()
+        pids = activities["pid"].fillna(-1).astype("int64").to_numpy()
+        inside = iteration_at(pids, at, ranges).to_numpy(dtype=np.int64, na_value=-1) >= 0
+        summary["in_iterations_time_ns"] = int(activities["duration_ns"].to_numpy()[inside].sum())
+    return summary
+
+
 def _activities(rows: list[tuple | None], launches: pd.DataFrame) -> pd.DataFrame:
     """The memcpy/memset rows joined to their launch call (``ACTIVITY_COLUMNS``), in start order."""
     frame = pd.DataFrame([r for r in rows if r is not None], columns=ACTIVITY_COLUMNS[:10])
