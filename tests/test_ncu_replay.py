@@ -545,7 +545,7 @@ def test_workflow_new_class_runs_exactly_one_replay(replay_run):
     from test_gpu_capture import _jobs
 
     resources = {j["rule"]: set(j["resources"].split(", ")) for j in _jobs(dry.stdout)}
-    assert {"gpu=1", "slurm_extra=--exclusive"} <= resources["replay_ncu"], resources
+    assert {"gpu=1", "slurm_extra=--exclusive", "runtime=240"} <= resources["replay_ncu"], resources
     assert not {r for r in resources["parse_ncu"] if r.startswith(("gpu=", "slurm_extra="))}, resources
 
     before = len(ncu.collections())

@@ -208,9 +208,11 @@ def _dry_run_resources(tmp_path: Path, device: str, profile: Path = PROFILE) -> 
 
 
 def _sbatch_call(resources: dict) -> str:
-    """The sbatch command line the SLURM executor plugin builds from a job's resources."""
+    """The sbatch command line the SLURM executor plugin builds from a job's resources, after the checks
+    it makes before submitting (validate_slurm_extra refuses options it sets itself, e.g. --constraint)."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm.validation import validate_slurm_extra
 
     class Resources(SimpleNamespace):
         def get(self, key, default=None):
@@ -218,6 +220,7 @@ def _sbatch_call(resources: dict) -> str:
 
     resources = dict(resources)
     job = SimpleNamespace(threads=resources.pop("threads", 1), resources=Resources(**resources))
+    validate_slurm_extra(job)
     params = {"run_uuid": "run", "slurm_logfile": "job.log", "comment_str": "rule", "account": "", "partition": "",
               "workdir": "/work"}
     return get_submit_command(job, params) + set_gres_string(job)
@@ -261,7 +264,7 @@ def test_the_profiles_gpu_cluster_example_pins_every_gpu_rule(tmp_path):
         resources = rules[rule]
         call = _sbatch_call(resources).split()
         assert resources["slurm_partition"] == "gpu", (rule, resources)
-        assert {"--exclusive", "--constraint=a100", "--gpus=1"} <= set(call), (rule, call)
+        assert {"--exclusive", "--gpus=1"} <= set(call) and call[call.index("-C") + 1] in ("a100", "'a100'"), call
         assert call[call.index("--mem") + 1] == "32000", call
         threads = 8 if rule != "select_clocks" else 1
         assert resources["threads"] == threads and f"--cpus-per-task={threads}" in call, (rule, call)

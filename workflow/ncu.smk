@@ -22,6 +22,8 @@ rule replay_ncu:
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,
+        # minutes (a cluster job's time limit): one replay per layer class, many kernel replays each
+        runtime=240,
     params:
         job=gpu_job(
             workload=workload_params,
