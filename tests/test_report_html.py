@@ -289,7 +289,8 @@ def test_compare_uses_per_iteration_medians_and_tags_noise_as_same(tmp_path):
     (bars,) = figure(text, "fig-compare-delta")  # only changes beyond the noise tolerance; --top 1
     assert bars["x"] == pytest.approx([deltas["aten::addmm"]]) and bars["y"] == ["aten::addmm"]
     # the page says what it compares and the tolerance
-    assert "per-iteration median" in text and "smaller than 2% of A's time or than 1 µs" in text
+    assert "per-iteration median" in text and "ranges [min, max] not overlapping" in text
+    assert "at least 2% of A&#x27;s time and 1 µs" in text
     # each side's iteration spread in the header: A's slowest iteration (copy_ 5x) is flagged, B's is not
     assert 'id="spread-a"' in text and 'id="spread-b"' in text
     spread_a = text.split('id="spread-a">')[1].split("</p>")[0]
@@ -302,6 +303,50 @@ def test_compare_uses_per_iteration_medians_and_tags_noise_as_same(tmp_path):
     assert kpis["A: kernel time / iteration (median)"] == f"{totals_a[1] / 1e6:.3f} ms"
     totals_b = sorted(sum(t[i] for t in STEADY_B.values()) for i in range(5))
     assert kpis["B: kernel time / iteration (median)"] == f"{totals_b[2] / 1e6:.3f} ms"
+
+
+# Two runs of the same code on a loaded machine: every operator's median moved by 40% and more, but each side's
+# per-iteration ranges overlap (noise). Only "aten::moved" is beyond it: B's range lies wholly above (or below) A's.
+SAME_A = {"aten::addmm": [1_000_000, 1_000_000, 1_400_000], "aten::gelu": [500_000, 300_000, 320_000],
+          "aten::moved": [1_000_000, 1_010_000, 990_000]}
+SAME_B = {"aten::addmm": [1_400_000, 1_400_000, 1_000_000], "aten::gelu": [300_000, 500_000, 500_000],
+          "aten::moved": [1_100_000, 1_120_000, 1_110_000]}
+
+
+@pytest.mark.parametrize("direction", ["slower", "faster"])
+def test_compare_counts_a_change_only_when_the_per_iteration_ranges_do_not_overlap(tmp_path, direction):
+    a_times, b_times = (SAME_A, SAME_B) if direction == "slower" else (SAME_B, SAME_A)
+    ops = [(name, 0) for name in SAME_A]
+    write_results(tmp_path / "a" / "gpt2", ops, per_iteration=a_times)
+    write_results(tmp_path / "b" / "gpt2", ops, per_iteration=b_times)
+    out = tmp_path / "compare.html"
+    result = opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", out)
+    assert result.returncode == 0, result.stderr
+    counts = "1 slower, 0 faster" if direction == "slower" else "0 slower, 1 faster"
+    assert f"by per-iteration medians: {counts}, 2 the same within noise (a change counts when the per-iteration " \
+           "ranges [min, max] do not overlap and it is at least 2% of A's time and 1 µs)" in result.stdout
+    table = tables(out.read_text())["compare-table"]
+    names = column(table, "operator", "text")
+    ratios = dict(zip(names, map(float, column(table, "ratio B/A"))))
+    # the medians moved by 40% (addmm) and 36-67% (gelu), far beyond the 2% floor, and are still noise
+    assert ratios["aten::addmm"] == pytest.approx(1.4 if direction == "slower" else 1 / 1.4)
+    assert abs(ratios["aten::gelu"] - 1) > 0.35
+    assert dict(zip(names, column(table, "change", "text"))) == {
+        "aten::addmm": "same", "aten::gelu": "same", "aten::moved": direction}
+    (bars,) = figure(out.read_text(), "fig-compare-delta")
+    assert bars["y"] == ["aten::moved"]
+
+
+def test_compare_without_per_iteration_columns_keeps_the_share_and_floor_rule(tmp_path):
+    write_results(tmp_path / "a" / "gpt2", [("aten::addmm", 2_000_000), ("aten::gelu", 1_000_000)])
+    write_results(tmp_path / "b" / "gpt2", [("aten::addmm", 2_030_000), ("aten::gelu", 1_050_000)])
+    result = opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", tmp_path / "c.html")
+    assert result.returncode == 0, result.stderr
+    # per iteration (2): addmm +1.5% (same), gelu +5% (slower)
+    assert ("by per-iteration means: 1 slower, 0 faster, 1 the same within noise (a change counts when it is at "
+            "least 2% of A's time and 1 µs)") in result.stdout
+    text = (tmp_path / "c.html").read_text()
+    assert "a change counts when it is at least 2% of A&#x27;s time and 1 µs" in text
 
 
 def test_operator_table_has_the_per_iteration_median_min_max_and_the_headline_is_the_median(tmp_path):

@@ -177,6 +177,8 @@ def _cmd_report_html(args) -> None:
 
 
 def _cmd_compare(args) -> None:
+    from . import report_html
+
     out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
     both = table[table["side"] == "both"]
@@ -184,7 +186,7 @@ def _cmd_compare(args) -> None:
     print(f"{len(table)} operators ({len(both)} in both, {(table['side'] == 'only A').sum()} only in A, "
           f"{(table['side'] == 'only B').sum()} only in B); by per-iteration {table.attrs['basis']}s: "
           f"{change.get('slower', 0)} slower, {change.get('faster', 0)} faster, {change.get('same', 0)} the same "
-          f"within noise -> {args.out}")
+          f"within noise ({report_html.change_rule(table.attrs['ranges'], short=True)}) -> {args.out}")
 
 
 def _cmd_trace(args) -> None:

@@ -28,7 +28,8 @@ TOP_BARS = 20
 LABEL_CHARS = 60
 HOVER_LINE_CHARS = 90
 # compare: an operator's change of time per iteration within max(NOISE_SHARE of A's value, NOISE_FLOOR_MS)
-# is tagged "same" (run-to-run noise), beyond it "slower"/"faster".
+# is tagged "same" (run-to-run noise), beyond it "slower"/"faster"; when both operators tables have the
+# per-iteration min/max, also "same" while the two sides' per-iteration ranges [min, max] overlap.
 NOISE_SHARE = 0.02
 NOISE_FLOOR_MS = 0.001
 
@@ -589,21 +590,45 @@ def compares_medians(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return "iteration_median_ns" in a and "iteration_median_ns" in b
 
 
+def compares_ranges(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Both operator tables have each operator's per-iteration range (``iteration_min_ns``,
+    ``iteration_max_ns``, aggregate.per_iteration): a change counts only beyond it."""
+    return all(c in t for t in (a, b) for c in ("iteration_min_ns", "iteration_max_ns"))
+
+
+def change_rule(ranges: bool, short: bool = False) -> str:
+    """The rule that tags a change ``slower``/``faster`` rather than ``same``, in words (page; ``short``: the
+    summary line of ``opprof compare``)."""
+    floor = f"{NOISE_SHARE * 100:g}% of A's time and {NOISE_FLOOR_MS * 1000:g} µs"
+    if short:
+        return (f"a change counts when the per-iteration ranges [min, max] do not overlap and it is at least {floor}"
+                if ranges else f"a change counts when it is at least {floor}")
+    if ranges:
+        return (f"an operator is slower (faster) only when all its per-iteration times in B are above (below) all "
+                f"of them in A, the two per-iteration ranges [min, max] not overlapping, and the change is at "
+                f"least {floor}")
+    return f"a change counts when it is at least {floor}"
+
+
 def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iterations_b: int) -> pd.DataFrame:
     """One row per operator of either profile: ``a_ms``, ``b_ms`` (ms per measured iteration, NaN where the
     operator did not run: the per-iteration median when both tables have it (:func:`compares_medians`), else the
     total / measured iterations, the mean), ``delta_ms`` (B - A, an absent side counting 0), ``ratio`` (B / A,
     both sides only), ``side`` (``both``, ``only A``, ``only B``), ``change`` (``slower``, ``faster``, ``same``:
-    ``|delta|`` within max(NOISE_SHARE of A, NOISE_FLOOR_MS); ``only A``/``only B``) and, per counter column of
+    ``|delta|`` within max(NOISE_SHARE of A, NOISE_FLOOR_MS) or, when both tables have the per-iteration range
+    (:func:`compares_ranges`), the two sides' ``[iteration_min_ns, iteration_max_ns]`` overlapping: B's min above
+    A's max is slower, B's max below A's min faster; ``only A``/``only B``) and, per counter column of
     the operator table present on a side, ``<metric>_a``, ``<metric>_b``, ``<metric>_delta``; sorted by the size
-    of the time change. ``attrs["basis"]``: ``median`` or ``mean``."""
+    of the time change. ``attrs["basis"]``: ``median`` or ``mean``; ``attrs["ranges"]``: the range rule applied."""
     median = compares_medians(a, b)
+    ranges = compares_ranges(a, b)
     counters = [m for m, _, _ in COUNTER_COLUMNS if m in a or m in b]
 
     def side(table: pd.DataFrame, iterations: int, suffix: str) -> pd.DataFrame:
         ms = table["iteration_median_ns"] / 1e6 if median else table["time_ns"] / iterations / 1e6
-        return table[["operator", *[m for m in counters if m in table]]].assign(ms=ms).rename(
-            columns={m: f"{m}_{suffix}" for m in [*counters, "ms"]})
+        extra = {"lo": table["iteration_min_ns"] / 1e6, "hi": table["iteration_max_ns"] / 1e6} if ranges else {}
+        return table[["operator", *[m for m in counters if m in table]]].assign(ms=ms, **extra).rename(
+            columns={m: f"{m}_{suffix}" for m in [*counters, "ms", *extra]})
 
     merged = side(a, iterations_a, "a").merge(side(b, iterations_b, "b"), on="operator", how="outer", indicator=True)
     out = pd.DataFrame({"operator": merged["operator"]})
@@ -613,9 +638,13 @@ def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iteration
     out["delta_ms"] = out["b_ms"].fillna(0) - out["a_ms"].fillna(0)
     out["ratio"] = out["b_ms"] / out["a_ms"].where(out["a_ms"] > 0)
     noise = (out["a_ms"].fillna(0) * NOISE_SHARE).clip(lower=NOISE_FLOOR_MS)
-    out["change"] = out["side"].where(out["side"] != "both", pd.Series(
-        ["same" if abs(d) < n else "slower" if d > 0 else "faster" for d, n in zip(out["delta_ms"], noise)],
-        index=out.index, dtype=object))
+    changes = ["same" if abs(d) < n else "slower" if d > 0 else "faster" for d, n in zip(out["delta_ms"], noise)]
+    if ranges:
+        # beyond the floor, and B's whole per-iteration range on one side of A's (NaN compares False: same)
+        changes = ["slower" if c == "slower" and lo_b > hi_a else "faster" if c == "faster" and hi_b < lo_a
+                   else "same" for c, lo_a, hi_a, lo_b, hi_b in zip(changes, merged["lo_a"], merged["hi_a"],
+                                                                     merged["lo_b"], merged["hi_b"])]
+    out["change"] = out["side"].where(out["side"] != "both", pd.Series(changes, index=out.index, dtype=object))
     for m in counters:
         va = merged[f"{m}_a"] if f"{m}_a" in merged else pd.Series(float("nan"), index=merged.index)
         vb = merged[f"{m}_b"] if f"{m}_b" in merged else pd.Series(float("nan"), index=merged.index)
@@ -623,6 +652,7 @@ def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iteration
     order = out["delta_ms"].abs().sort_values(ascending=False, kind="stable").index
     out = out.loc[order].reset_index(drop=True)
     out.attrs["basis"] = "median" if median else "mean"
+    out.attrs["ranges"] = ranges
     return out
 
 
@@ -716,8 +746,8 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         basis = ("Times are <strong>per-iteration means</strong> (each profile's total divided by its measured "
                  "iterations): a profile has no per-iteration medians (<code>aggregate.per_iteration</code> off, or "
                  "a trace without iteration ranges), so one slow iteration moves them.")
-    tolerance = (f"A change smaller than {NOISE_SHARE * 100:g}% of A's time or than {NOISE_FLOOR_MS * 1000:g} µs "
-                 "is taken as run-to-run noise: tagged <em>same</em> and not plotted.")
+    rule = change_rule(table.attrs["ranges"])
+    tolerance = (f"Run-to-run noise is tagged <em>same</em> and not plotted: {esc(rule)}.")
     shown = table[table["change"].ne("same") & table["delta_ms"].ne(0)].head(top)
     fig = go.Figure(go.Bar(
         x=list(shown["delta_ms"])[::-1], y=[esc(label) for label in bar_labels(list(shown["operator"]))][::-1],
