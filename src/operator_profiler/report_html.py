@@ -96,7 +96,13 @@ code { font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace
 .scroll { max-height: 72vh; overflow: auto; border: 1px solid var(--line); border-radius: 8px; }
 table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
 th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
-th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 1; white-space: nowrap; }
+th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 2; white-space: nowrap; }
+/* a scrolled table keeps its first column (the operator) in view: opaque, above the cells scrolling under it */
+.scroll td:first-child, .scroll th:first-child { position: sticky; left: 0; z-index: 1; background: #fff;
+                                                 box-shadow: inset -1px 0 0 var(--line); }
+.scroll thead th:first-child { z-index: 3; background: #f1f5f9; }
+.scroll tbody tr:nth-child(even) td:first-child { background: #fafafa; }
+.scroll tbody tr:hover td:first-child { background: #eff6ff; }
 th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
              font-weight: 400; white-space: normal; word-break: break-all; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -107,7 +113,7 @@ table.sortable th::after { content: " \\2195"; color: #cbd5e1; }
 table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; color: var(--accent); }
 table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; color: var(--accent); }
 td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; word-break: break-all;
-          min-width: 260px; max-width: 520px; }
+          min-width: 260px; max-width: 420px; }
 .tag { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e0e7ff; color: #3730a3; }
 .tag.slower { background: #fee2e2; color: #991b1b; }
 .tag.faster { background: #dcfce7; color: #166534; }
@@ -335,8 +341,8 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
             f"{_bullets(lines)}{spread}</section>")
 
 
-PER_ITERATION_COLUMNS = (("iteration_median_ns", "median / iteration (ms)"), ("iteration_min_ns", "min / iteration (ms)"),
-                         ("iteration_max_ns", "max / iteration (ms)"))
+# the per-iteration median, and min and max in one column ("min – max", sorted by the max)
+RANGE_HEADER = "min – max / iteration (ms)"
 
 
 def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str],
@@ -344,10 +350,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if m in operators
                 and operators[m].notna().any()]
     # the operator's time in each measured iteration (aggregate.per_iteration): a noisy iteration moves the mean
-    per_iteration = [(c, label) for c, label in PER_ITERATION_COLUMNS if c in operators]
+    per_iteration = "iteration_median_ns" in operators
+    ranges = "iteration_min_ns" in operators and "iteration_max_ns" in operators
     headers = [("operator", "text"), ("time (ms)", "num")]
     headers += [] if no_ranges else [("mean / iteration (ms)", "num")]
-    headers += [(label, "num") for _, label in per_iteration]
+    headers += [("median / iteration (ms)", "num")] if per_iteration else []
+    headers += [(RANGE_HEADER, "num")] if ranges else []
     headers += [("share", "num"), ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
     headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
                 for m, label, _ in counters]
@@ -361,8 +369,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
                  _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
         if not no_ranges:
             cells.append(_num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"))
-        cells += [_num_cell(None if _missing(r[c]) else r[c] / 1e6, _fmt(None if _missing(r[c]) else r[c] / 1e6, 3))
-                  for c, _ in per_iteration]
+        if per_iteration:
+            median = None if _missing(r["iteration_median_ns"]) else r["iteration_median_ns"] / 1e6
+            cells.append(_num_cell(median, _fmt(median, 3)))
+        if ranges:
+            lo, hi = (None if _missing(r[c]) else r[c] / 1e6 for c in ("iteration_min_ns", "iteration_max_ns"))
+            cells.append(_num_cell(hi, "" if hi is None else f"{_fmt(lo, 3)} – {_fmt(hi, 3)}"))
         cells += [_num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"),
                  _num_cell(int(r["calls"])), _num_cell(int(r["kernels"])),
                  _num_cell(r["mean_kernel_ns"] / 1e3, f"{r['mean_kernel_ns'] / 1e3:.1f}")]
