@@ -256,6 +256,33 @@ def test_html_out_must_be_an_html_file_and_never_overwrites_the_inputs(tmp_path,
     assert _snapshot(tmp_path / "gpt2") == {k[len("gpt2/"):]: v for k, v in before.items()}
 
 
+def test_html_out_refuses_another_results_folders_report_html(tmp_path):
+    """report.html in a results folder is the workflow's output: writing another workload's page (or a comparison)
+    there would make Snakemake take it as up to date. Refused in one line, the file unchanged; a workload's own
+    report.html (report-html --results of that folder) is rebuilt."""
+    write_results(tmp_path / "gpt2", CPU_OPS)
+    write_results(tmp_path / "lstm", CPU_OPS, kind="lstm")
+    (tmp_path / "lstm" / "report.html").write_text("lstm's page")
+    (tmp_path / "gpt2" / "report.html").write_text("gpt2's page")
+    before = _snapshot(tmp_path)
+    for args, command in ((["report-html", "--results", "gpt2", "-o", "lstm/report.html"], "report-html"),
+                          (["report-html", "--results", "gpt2", "-o", "./lstm/../lstm/REPORT.html"], "report-html"),
+                          (["compare", "gpt2", "lstm", "--force", "-o", "lstm/report.html"], "compare"),
+                          (["compare", "gpt2", "gpt2", "-o", "gpt2/report.html"], "compare"),
+                          (["compare", "lstm", "gpt2", "--force", "-o", "lstm/report.html"], "compare")):
+        line = _one_line_error(opprof(*args, cwd=tmp_path), command=command)
+        assert f"--out {args[-1]} is the report.html of the results folder" in line and "up to date" in line, line
+        assert _snapshot(tmp_path) == before, args
+    # its own page, and a report.html outside any results folder, are written
+    own = opprof("report-html", "--results", "gpt2", "-o", "gpt2/report.html", cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+    assert "Operator profile: gpt2" in (tmp_path / "gpt2" / "report.html").read_text()
+    assert (tmp_path / "lstm" / "report.html").read_text() == "lstm's page"
+    elsewhere = opprof("compare", "gpt2", "gpt2", "-o", "report.html", cwd=tmp_path)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert tables((tmp_path / "report.html").read_text())["compare-table"]["rows"]
+
+
 # A's first measured iteration is 5x slower for aten::copy_ (the machine was busy): its mean doubles, its median
 # does not move. B (5 iterations, steady) runs the same code except a slower aten::addmm.
 NOISY_A = {"aten::copy_": [5_050_000, 1_010_000, 1_000_000], "aten::addmm": [2_000_000, 2_010_000, 1_990_000],

@@ -170,7 +170,7 @@ def _cmd_report(args) -> None:
 
 def _cmd_report_html(args) -> None:
     folder = Path(args.results)
-    out = stages.html_output(args.out)  # the text typed: '' and '.' are different mistakes
+    out = stages.html_output(args.out, results=folder)  # the text typed: '' and '.' are different mistakes
     stages.report_html_files(args.workload or folder.resolve().name, **stages.results_folder_inputs(folder),
                              options={"top_operators": args.top}, out=out)
     print(f"wrote {args.out}")
