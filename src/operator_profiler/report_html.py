@@ -287,6 +287,12 @@ def headline_time(coverage: dict, iterations: int, no_ranges: bool = False, medi
     return "kernel time / iteration" + (" (mean)" if iterations > 1 else ""), coverage["kernel_time_ns"] / iterations
 
 
+def warns(spread: dict | None) -> bool:
+    """The iteration spread is a warning: skewed, and not only by the first measured iteration (the profiler's
+    usual start-up, stated plainly)."""
+    return bool(spread and spread["skewed"] and not spread["first_slowest"])
+
+
 def no_kernels_note(coverage: dict, diagnostics: dict | None) -> str:
     """Why a profile has no kernels (the timeline reader's warning, e.g. a CUPTI range-profiler trace); empty
     when it has kernels."""
@@ -334,7 +340,7 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
         ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
         ("kernels with counters", counters),
     ])
-    kind = "note" if (report_md.iteration_spread(coverage) or {}).get("skewed") else ""
+    kind = "note" if warns(report_md.iteration_spread(coverage)) else ""
     spread = "".join(f'<p class="{kind}" id="iteration-spread">{inline(line)}</p>'
                      for line in report_md._iteration_spread(coverage) if line)
     return (f'<section id="measurement"><h2>What was profiled</h2>{no_kernels_note(coverage, diagnostics)}{kpis}'
@@ -708,12 +714,15 @@ def _spread_notes(a: dict, b: dict, median: bool) -> str:
     advice = ("this page compares the per-iteration medians, which one slow iteration does not move" if median else
               "this page compares means (a profile has no per-iteration medians), which it does move: profile "
               "again with more warm-up iterations")
+    first = (report_md.FIRST_SLOWEST if median else "the first measured iteration is the slowest, as is usual right "
+             "after the profiler starts; this page compares means (a profile has no per-iteration medians), which it "
+             "moves")
     notes = []
     for name, profile in (("A", a), ("B", b)):
         spread = report_md.iteration_spread(profile["coverage"])
-        for line in report_md._iteration_spread(profile["coverage"], advice):
+        for line in report_md._iteration_spread(profile["coverage"], advice, first):
             if line:
-                notes.append(f'<p class="{"note" if spread["skewed"] else "muted"}" id="spread-{name.lower()}">'
+                notes.append(f'<p class="{"note" if warns(spread) else "muted"}" id="spread-{name.lower()}">'
                              f"<strong>{name}</strong>: {inline(line)}</p>")
     return "".join(notes)
 
