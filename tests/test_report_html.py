@@ -453,9 +453,13 @@ def test_long_names_sharing_their_first_60_characters_get_one_bar_each(tmp_path)
     by_label = dict(zip(bars["y"], bars["x"]))
     share = dict(zip(operators["operator"], operators["time_share"] * 100))
     assert by_label["aten::addmm"] == pytest.approx(share["aten::addmm"])
-    long_bars = sorted(v for label, v in by_label.items() if label.startswith(html.escape(prefix[:40])))
+    long_bars = sorted(v for label, v in by_label.items() if label.startswith(html.escape(prefix[:30])))
     assert long_bars == pytest.approx(sorted([share[long_ops[0][0]], share[long_ops[1][0]]]))
-    assert any(label.endswith(" #2") for label in bars["y"])
+    # cut in the middle (head … tail): these two end differently, so their tails tell them apart, no " #2"
+    for name, _ in long_ops[:2]:
+        (label,) = [html.unescape(y) for y in bars["y"] if html.unescape(y).endswith(name[-29:])]
+        assert label == name[:30] + "…" + name[-29:]
+    assert not any(label.endswith(" #2") for label in bars["y"])
     # the hover shows the full name, wrapped in lines of at most 90 characters
     hovers = [h for h in bars["hovertext"] if "FillFunctor" in h]
     for hover, (name, _) in zip(sorted(hovers, key=len, reverse=True), long_ops[:2]):
@@ -518,3 +522,47 @@ def test_one_operator_and_cpu_layer_classes_are_worded_right(tmp_path):
     table = tables(text)["layer-class-table"]
     assert "would replay K (CUDA)" in table["headers"] and "replayed K" not in table["headers"]
     assert [t["name"] for t in figure(text, "fig-layer-classes")] == ["would replay K (CUDA)", "instances N"]
+
+
+def test_bar_labels_cut_in_the_middle_and_number_only_what_still_collides():
+    sys.path.insert(0, str(ROOT / "src"))
+    from operator_profiler.report_html import bar_labels
+
+    prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
+    names = [prefix + t + ">, std::array<char*, 1> >(int)" for t in ("float", "double", "c10::Half")]
+    tail = "x" * 80
+    labels = bar_labels([*names, "aten::addmm", "kernel_" + tail + "_a", "kernel_" + tail + "_b", "k" * 70, "k" * 70])
+    assert labels[:3] == ["void at::native::(anonymous na…lFunctor<float>, std::array<…",
+                          "void at::native::(anonymous na…lFunctor<double>, std::array…",
+                          "void at::native::(anonymous na…lFunctor<c10::Half>, std::ar…"]
+    assert labels[3] == "aten::addmm"
+    # names differing at their end: head … tail shows the difference as it is
+    assert labels[4] == "kernel_" + "x" * 23 + "…" + "x" * 27 + "_a" and labels[5].endswith("x_b")
+    # identical long names (two "other" rows, say) still collide: numbered
+    assert labels[6] == "k" * 30 + "…" + "k" * 29 and labels[7] == labels[6] + " #2"
+    assert all(len(label) <= 60 for label in labels[:7])
+
+
+@pytest.mark.parametrize("command", [["report-html", "--results", "r"], ["compare", "a", "b", "-o", "c.html"]])
+@pytest.mark.parametrize("typed", ["abc", "0", "-3", "1.5"])
+def test_top_must_be_a_positive_integer(tmp_path, command, typed):
+    result = opprof(*command, "--top", typed, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"argument --top: must be a positive integer, got '{typed}'" in result.stderr.splitlines()[-1]
+    assert "_positive_int" not in result.stderr
+
+
+def test_kernels_beside_the_per_iteration_headline_are_per_iteration_on_both_pages(tmp_path):
+    """CPU_OPS: 5 operators of 3 kernels each, so coverage.json counts 15 kernels: over 2 measured iterations
+    7.5 per iteration, over 3 iterations 5 (no trailing .0)."""
+    write_results(tmp_path / "a" / "gpt2", CPU_OPS, iterations=2)
+    write_results(tmp_path / "b" / "gpt2", CPU_OPS, iterations=3)
+    for side, expect in (("a", "7.5"), ("b", "5")):
+        assert opprof("report-html", "--results", tmp_path / side / "gpt2", "-o", tmp_path / f"{side}.html").returncode == 0
+        kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>',
+                               (tmp_path / f"{side}.html").read_text()))
+        assert kpis["kernels / iteration"] == expect and "kernels" not in kpis
+    assert opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", tmp_path / "c.html").returncode == 0
+    facts = {row[0]["text"]: (row[1]["text"], row[2]["text"])
+             for row in tables((tmp_path / "c.html").read_text())["facts-table"]["rows"]}
+    assert facts["kernels / iteration"] == ("7.5", "5")

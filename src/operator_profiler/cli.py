@@ -198,9 +198,13 @@ def _cmd_trace(args) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    """``--top N``: argparse words the error ``argument --top: must be a positive integer, got 'abc'``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
 
 

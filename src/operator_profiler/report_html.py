@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import re
 import textwrap
 
@@ -217,15 +218,38 @@ def _top_with_other(table: pd.DataFrame, name: str, value: str, top: int) -> pd.
     return head
 
 
+def _middle_cut(name: str, limit: int) -> str:
+    """``name`` cut in the middle to ``limit`` characters (head … tail): template names differ at their end."""
+    if len(name) <= limit:
+        return name
+    head = limit // 2
+    return name[:head] + "…" + name[len(name) - (limit - head - 1):]
+
+
 def bar_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
-    """Category labels of a bar chart, one per name: cut to ``limit`` characters and made unique (`` #2``,
-    `` #3``...), since plotly stacks every bar of one category label into one bar. Not escaped."""
+    """Category labels of a bar chart, one per name: cut in the middle to ``limit`` characters (head … tail)
+    and made unique, since plotly stacks every bar of one category label into one bar. Long names alike at both
+    ends (``…<float>, std::array…`` and ``…<double>, std::array…``) show, after the head, the part where they first
+    differ; `` #2``, `` #3``... only for labels still alike. Not escaped."""
+    names = [str(name) for name in names]
+    cuts = [_middle_cut(name, limit) for name in names]
+    groups: dict[str, set[str]] = {}
+    for name, cut in zip(names, cuts):
+        groups.setdefault(cut, set()).add(name)
+    head, window = limit // 2, limit - limit // 2 - 2
+    for i, (name, cut) in enumerate(zip(names, cuts)):
+        if len(groups[cut]) < 2:
+            continue
+        differ = len(os.path.commonprefix(sorted(groups[cut])))  # where the names of this label first differ
+        start = max(head, differ - window // 3)
+        rest = name[start:]
+        cuts[i] = name[:head] + "…" + (rest if len(rest) <= window + 1 else rest[:window] + "…")
     labels, used = [], set()
-    for name in names:
-        label, n = report_md._short(str(name), limit), 1
+    for cut in cuts:
+        label, n = cut, 1
         while label in used:
             n += 1
-            label = f"{report_md._short(str(name), limit)} #{n}"
+            label = f"{cut} #{n}"
         used.add(label)
         labels.append(label)
     return labels
@@ -287,6 +311,15 @@ def headline_time(coverage: dict, iterations: int, no_ranges: bool = False, medi
     return "kernel time / iteration" + (" (mean)" if iterations > 1 else ""), coverage["kernel_time_ns"] / iterations
 
 
+def kernels_per_iteration(coverage: dict, iterations: int, no_ranges: bool = False) -> tuple[str, str]:
+    """The kernel count beside the per-iteration headline, per iteration as well (label, value): coverage.json's
+    ``kernel_count`` / measured iterations (``81``, ``40.5``), the whole trace's count without iteration ranges."""
+    if no_ranges:
+        return "kernels (whole trace)", f"{coverage['kernel_count']:,}"
+    per = coverage["kernel_count"] / max(iterations, 1)
+    return "kernels / iteration", f"{per:,.0f}" if per == int(per) else f"{per:,.1f}"
+
+
 def warns(spread: dict | None) -> bool:
     """The iteration spread is a warning: skewed, and not only by the first measured iteration (the profiler's
     usual start-up, stated plainly)."""
@@ -335,7 +368,7 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
     label, time_ns = headline_time(coverage, iterations, no_iteration_ranges(run, coverage))
     kpis = _kpis([
         (label, f"{time_ns / 1e6:.3f} ms"),
-        ("kernels", f"{coverage['kernel_count']:,}"),
+        kernels_per_iteration(coverage, iterations, no_iteration_ranges(run, coverage)),
         ("operators", f"{len(operators):,}"),
         ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
         ("kernels with counters", counters),
@@ -701,8 +734,7 @@ def _facts(profile: dict, median: bool) -> dict[str, str]:
         # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align
         "kernel time": f"{time_ns / 1e6:.3f} ms{label[len('kernel time'):]}",
         # per iteration: totals of runs with different iteration counts differ though each iteration is alike
-        "kernels / iteration": (f"{coverage['kernel_count']:,} (whole trace)" if no_ranges
-                                else f"{coverage['kernel_count'] / iterations:,.1f}"),
+        "kernels / iteration": kernels_per_iteration(coverage, iterations, no_ranges)[1],
         "attributed time": f"{coverage['coverage_time'] * 100:.2f}%",
         "counters": coverage.get("counters_note") or f"{(coverage.get('counters_coverage') or 0) * 100:.1f}% of kernels",
     })
