@@ -256,6 +256,33 @@ def test_html_out_must_be_an_html_file_and_never_overwrites_the_inputs(tmp_path,
     assert _snapshot(tmp_path / "gpt2") == {k[len("gpt2/"):]: v for k, v in before.items()}
 
 
+def test_html_out_refuses_another_results_folders_report_html(tmp_path):
+    """report.html in a results folder is the workflow's output: writing another workload's page (or a comparison)
+    there would make Snakemake take it as up to date. Refused in one line, the file unchanged; a workload's own
+    report.html (report-html --results of that folder) is rebuilt."""
+    write_results(tmp_path / "gpt2", CPU_OPS)
+    write_results(tmp_path / "lstm", CPU_OPS, kind="lstm")
+    (tmp_path / "lstm" / "report.html").write_text("lstm's page")
+    (tmp_path / "gpt2" / "report.html").write_text("gpt2's page")
+    before = _snapshot(tmp_path)
+    for args, command in ((["report-html", "--results", "gpt2", "-o", "lstm/report.html"], "report-html"),
+                          (["report-html", "--results", "gpt2", "-o", "./lstm/../lstm/REPORT.html"], "report-html"),
+                          (["compare", "gpt2", "lstm", "--force", "-o", "lstm/report.html"], "compare"),
+                          (["compare", "gpt2", "gpt2", "-o", "gpt2/report.html"], "compare"),
+                          (["compare", "lstm", "gpt2", "--force", "-o", "lstm/report.html"], "compare")):
+        line = _one_line_error(opprof(*args, cwd=tmp_path), command=command)
+        assert f"--out {args[-1]} is the report.html of the results folder" in line and "up to date" in line, line
+        assert _snapshot(tmp_path) == before, args
+    # its own page, and a report.html outside any results folder, are written
+    own = opprof("report-html", "--results", "gpt2", "-o", "gpt2/report.html", cwd=tmp_path)
+    assert own.returncode == 0, own.stderr
+    assert "Operator profile: gpt2" in (tmp_path / "gpt2" / "report.html").read_text()
+    assert (tmp_path / "lstm" / "report.html").read_text() == "lstm's page"
+    elsewhere = opprof("compare", "gpt2", "gpt2", "-o", "report.html", cwd=tmp_path)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert tables((tmp_path / "report.html").read_text())["compare-table"]["rows"]
+
+
 # A's first measured iteration is 5x slower for aten::copy_ (the machine was busy): its mean doubles, its median
 # does not move. B (5 iterations, steady) runs the same code except a slower aten::addmm.
 NOISY_A = {"aten::copy_": [5_050_000, 1_010_000, 1_000_000], "aten::addmm": [2_000_000, 2_010_000, 1_990_000],
@@ -289,8 +316,9 @@ def test_compare_uses_per_iteration_medians_and_tags_noise_as_same(tmp_path):
     (bars,) = figure(text, "fig-compare-delta")  # only changes beyond the noise tolerance; --top 1
     assert bars["x"] == pytest.approx([deltas["aten::addmm"]]) and bars["y"] == ["aten::addmm"]
     # the page says what it compares and the tolerance
-    assert "per-iteration median" in text and "smaller than 2% of A's time or than 1 µs" in text
-    # each side's iteration spread in the header: A's slowest iteration (copy_ 5x) is flagged, B's is not
+    assert "per-iteration median" in text and "ranges [min, max] not overlapping" in text
+    assert "at least 2% of A&#x27;s time and 1 µs" in text
+    # each side's iteration spread in the header: A's slowest iteration (its first, copy_ 5x) is named, B's is not
     assert 'id="spread-a"' in text and 'id="spread-b"' in text
     spread_a = text.split('id="spread-a">')[1].split("</p>")[0]
     totals_a = sorted(sum(t[i] for t in NOISY_A.values()) for i in range(3))
@@ -304,25 +332,111 @@ def test_compare_uses_per_iteration_medians_and_tags_noise_as_same(tmp_path):
     assert kpis["B: kernel time / iteration (median)"] == f"{totals_b[2] / 1e6:.3f} ms"
 
 
+# Two runs of the same code on a loaded machine: every operator's median moved by 40% and more, but each side's
+# per-iteration ranges overlap (noise). Only "aten::moved" is beyond it: B's range lies wholly above (or below) A's.
+SAME_A = {"aten::addmm": [1_000_000, 1_000_000, 1_400_000], "aten::gelu": [500_000, 300_000, 320_000],
+          "aten::moved": [1_000_000, 1_010_000, 990_000]}
+SAME_B = {"aten::addmm": [1_400_000, 1_400_000, 1_000_000], "aten::gelu": [300_000, 500_000, 500_000],
+          "aten::moved": [1_100_000, 1_120_000, 1_110_000]}
+
+
+@pytest.mark.parametrize("direction", ["slower", "faster"])
+def test_compare_counts_a_change_only_when_the_per_iteration_ranges_do_not_overlap(tmp_path, direction):
+    a_times, b_times = (SAME_A, SAME_B) if direction == "slower" else (SAME_B, SAME_A)
+    ops = [(name, 0) for name in SAME_A]
+    write_results(tmp_path / "a" / "gpt2", ops, per_iteration=a_times)
+    write_results(tmp_path / "b" / "gpt2", ops, per_iteration=b_times)
+    out = tmp_path / "compare.html"
+    result = opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", out)
+    assert result.returncode == 0, result.stderr
+    counts = "1 slower, 0 faster" if direction == "slower" else "0 slower, 1 faster"
+    assert f"by per-iteration medians: {counts}, 2 the same within noise (a change counts when the per-iteration " \
+           "ranges [min, max] do not overlap and it is at least 2% of A's time and 1 µs)" in result.stdout
+    table = tables(out.read_text())["compare-table"]
+    names = column(table, "operator", "text")
+    ratios = dict(zip(names, map(float, column(table, "ratio B/A"))))
+    # the medians moved by 40% (addmm) and 36-67% (gelu), far beyond the 2% floor, and are still noise
+    assert ratios["aten::addmm"] == pytest.approx(1.4 if direction == "slower" else 1 / 1.4)
+    assert abs(ratios["aten::gelu"] - 1) > 0.35
+    assert dict(zip(names, column(table, "change", "text"))) == {
+        "aten::addmm": "same", "aten::gelu": "same", "aten::moved": direction}
+    (bars,) = figure(out.read_text(), "fig-compare-delta")
+    assert bars["y"] == ["aten::moved"]
+
+
+def test_compare_without_per_iteration_columns_keeps_the_share_and_floor_rule(tmp_path):
+    write_results(tmp_path / "a" / "gpt2", [("aten::addmm", 2_000_000), ("aten::gelu", 1_000_000)])
+    write_results(tmp_path / "b" / "gpt2", [("aten::addmm", 2_030_000), ("aten::gelu", 1_050_000)])
+    result = opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", tmp_path / "c.html")
+    assert result.returncode == 0, result.stderr
+    # per iteration (2): addmm +1.5% (same), gelu +5% (slower)
+    assert ("by per-iteration means: 1 slower, 0 faster, 1 the same within noise (a change counts when it is at "
+            "least 2% of A's time and 1 µs)") in result.stdout
+    text = (tmp_path / "c.html").read_text()
+    assert "a change counts when it is at least 2% of A&#x27;s time and 1 µs" in text
+
+
 def test_operator_table_has_the_per_iteration_median_min_max_and_the_headline_is_the_median(tmp_path):
     operators = write_results(tmp_path / "gpt2", [(name, 0) for name in NOISY_A], per_iteration=NOISY_A)
     assert opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "r.html").returncode == 0
     text = (tmp_path / "r.html").read_text()
     table = tables(text)["operator-table"]
     assert column(table, "operator", "text") == list(operators["operator"])
-    for header, col in (("median / iteration (ms)", "iteration_median_ns"), ("min / iteration (ms)", "iteration_min_ns"),
-                        ("max / iteration (ms)", "iteration_max_ns")):
-        assert [float(v) for v in column(table, header)] == pytest.approx(list(operators[col] / 1e6), abs=1e-12)
+    assert [float(v) for v in column(table, "median / iteration (ms)")] == pytest.approx(
+        list(operators["iteration_median_ns"] / 1e6), abs=1e-12)
+    # min and max in one column: "min – max" shown, sorted by the max (data-v)
+    assert [float(v) for v in column(table, "min – max / iteration (ms)")] == pytest.approx(
+        list(operators["iteration_max_ns"] / 1e6), abs=1e-12)
+    assert column(table, "min – max / iteration (ms)", "text") == [
+        f"{lo / 1e6:,.3f} – {hi / 1e6:,.3f}" for lo, hi in zip(operators["iteration_min_ns"], operators["iteration_max_ns"])]
+    assert not any(h.startswith(("min /", "max /")) for h in table["headers"])
     copy_row = column(table, "operator", "text").index("aten::copy_")
     assert column(table, "median / iteration (ms)", "text")[copy_row] == "1.010"
+    assert column(table, "min – max / iteration (ms)", "text")[copy_row] == "1.000 – 5.050"
     assert column(table, "mean / iteration (ms)", "text")[copy_row] == f"{sum(NOISY_A['aten::copy_']) / 3 / 1e6:.3f}"
     coverage = json.loads((tmp_path / "gpt2" / "coverage.json").read_text())
     median = statistics.median(coverage["iteration_time_ns"].values())
     kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
     assert kpis["kernel time / iteration (median)"] == f"{median / 1e6:.3f} ms"
-    # the spread warning is in the header ("What was profiled"), above the operator table it points to
+    # the spread is in the header ("What was profiled"), above the operator table it points to: A's slowest
+    # iteration is its first measured one (copy_ 5x), said so plainly, not as a warning with advice
     header = text.split('<section id="measurement">')[1].split("</section>")[0]
-    assert 'class="note" id="iteration-spread"' in header and "The slowest iteration took" in header
+    assert 'class="" id="iteration-spread"' in header and "the first measured iteration is the slowest" in header
+
+
+def _spread_pages(folder: Path, times: dict[str, int]) -> tuple[str, str]:
+    """report.md and report.html's header of a results folder whose coverage.json has ``times`` per iteration."""
+    coverage = json.loads((folder / "coverage.json").read_text())
+    coverage["iteration_time_ns"] = times
+    (folder / "coverage.json").write_text(json.dumps(coverage))
+    md, page = folder.parent / f"{folder.name}.md", folder.parent / f"{folder.name}.html"
+    for args in (["report", "--results", folder, "--run", folder / "capture" / "run.json", "--out", md],
+                 ["report-html", "--results", folder, "-o", page]):
+        result = opprof(*args)
+        assert result.returncode == 0, result.stderr
+    return md.read_text(), page.read_text().split('<section id="measurement">')[1].split("</section>")[0]
+
+
+def test_slowest_iteration_first_is_said_plainly_and_any_other_is_a_warning(tmp_path):
+    first = "the first measured iteration is the slowest, as is usual right after the profiler starts; " \
+            "the per-iteration medians are not affected"
+    generic = "the machine was busy or the model is not in steady state; compare the per-iteration medians below, " \
+              "or add warm-up iterations"
+    # iteration indices 9, 10, 11 (keys are indices, compared as numbers: "10" < "9" as text): 9 is the first
+    write_results(tmp_path / "startup", CPU_OPS)
+    md, header = _spread_pages(tmp_path / "startup", {"10": 1_000_000, "9": 1_600_000, "11": 1_050_000})
+    line = "Kernel time per iteration: median 1.050 ms, min 1.000, max 1.600. The slowest iteration took 1.6x the " \
+           f"fastest: {first}."
+    assert line in md and "**The slowest" not in md and "add warm-up" not in md
+    assert f'<p class="" id="iteration-spread">{line}</p>' in header and "add warm-up" not in header
+    # the slowest is a later one (iteration 10): the warning with its advice, in bold, a note on the page
+    write_results(tmp_path / "busy", CPU_OPS)
+    md, header = _spread_pages(tmp_path / "busy", {"9": 1_000_000, "10": 1_600_000, "11": 1_050_000})
+    line = "Kernel time per iteration: median 1.050 ms, min 1.000, max 1.600. **The slowest iteration took 1.6x " \
+           f"the fastest**: {generic}."
+    assert line in md and "first measured" not in md
+    assert 'class="note" id="iteration-spread"' in header and "<strong>The slowest iteration took 1.6x the fastest" \
+        "</strong>: the machine was busy" in header and "first measured" not in header
 
 
 def test_long_names_sharing_their_first_60_characters_get_one_bar_each(tmp_path):
@@ -339,9 +453,13 @@ def test_long_names_sharing_their_first_60_characters_get_one_bar_each(tmp_path)
     by_label = dict(zip(bars["y"], bars["x"]))
     share = dict(zip(operators["operator"], operators["time_share"] * 100))
     assert by_label["aten::addmm"] == pytest.approx(share["aten::addmm"])
-    long_bars = sorted(v for label, v in by_label.items() if label.startswith(html.escape(prefix[:40])))
+    long_bars = sorted(v for label, v in by_label.items() if label.startswith(html.escape(prefix[:30])))
     assert long_bars == pytest.approx(sorted([share[long_ops[0][0]], share[long_ops[1][0]]]))
-    assert any(label.endswith(" #2") for label in bars["y"])
+    # cut in the middle (head … tail): these two end differently, so their tails tell them apart, no " #2"
+    for name, _ in long_ops[:2]:
+        (label,) = [html.unescape(y) for y in bars["y"] if html.unescape(y).endswith(name[-29:])]
+        assert label == name[:30] + "…" + name[-29:]
+    assert not any(label.endswith(" #2") for label in bars["y"])
     # the hover shows the full name, wrapped in lines of at most 90 characters
     hovers = [h for h in bars["hovertext"] if "FillFunctor" in h]
     for hover, (name, _) in zip(sorted(hovers, key=len, reverse=True), long_ops[:2]):
@@ -404,3 +522,47 @@ def test_one_operator_and_cpu_layer_classes_are_worded_right(tmp_path):
     table = tables(text)["layer-class-table"]
     assert "would replay K (CUDA)" in table["headers"] and "replayed K" not in table["headers"]
     assert [t["name"] for t in figure(text, "fig-layer-classes")] == ["would replay K (CUDA)", "instances N"]
+
+
+def test_bar_labels_cut_in_the_middle_and_number_only_what_still_collides():
+    sys.path.insert(0, str(ROOT / "src"))
+    from operator_profiler.report_html import bar_labels
+
+    prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
+    names = [prefix + t + ">, std::array<char*, 1> >(int)" for t in ("float", "double", "c10::Half")]
+    tail = "x" * 80
+    labels = bar_labels([*names, "aten::addmm", "kernel_" + tail + "_a", "kernel_" + tail + "_b", "k" * 70, "k" * 70])
+    assert labels[:3] == ["void at::native::(anonymous na…lFunctor<float>, std::array<…",
+                          "void at::native::(anonymous na…lFunctor<double>, std::array…",
+                          "void at::native::(anonymous na…lFunctor<c10::Half>, std::ar…"]
+    assert labels[3] == "aten::addmm"
+    # names differing at their end: head … tail shows the difference as it is
+    assert labels[4] == "kernel_" + "x" * 23 + "…" + "x" * 27 + "_a" and labels[5].endswith("x_b")
+    # identical long names (two "other" rows, say) still collide: numbered
+    assert labels[6] == "k" * 30 + "…" + "k" * 29 and labels[7] == labels[6] + " #2"
+    assert all(len(label) <= 60 for label in labels[:7])
+
+
+@pytest.mark.parametrize("command", [["report-html", "--results", "r"], ["compare", "a", "b", "-o", "c.html"]])
+@pytest.mark.parametrize("typed", ["abc", "0", "-3", "1.5"])
+def test_top_must_be_a_positive_integer(tmp_path, command, typed):
+    result = opprof(*command, "--top", typed, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"argument --top: must be a positive integer, got '{typed}'" in result.stderr.splitlines()[-1]
+    assert "_positive_int" not in result.stderr
+
+
+def test_kernels_beside_the_per_iteration_headline_are_per_iteration_on_both_pages(tmp_path):
+    """CPU_OPS: 5 operators of 3 kernels each, so coverage.json counts 15 kernels: over 2 measured iterations
+    7.5 per iteration, over 3 iterations 5 (no trailing .0)."""
+    write_results(tmp_path / "a" / "gpt2", CPU_OPS, iterations=2)
+    write_results(tmp_path / "b" / "gpt2", CPU_OPS, iterations=3)
+    for side, expect in (("a", "7.5"), ("b", "5")):
+        assert opprof("report-html", "--results", tmp_path / side / "gpt2", "-o", tmp_path / f"{side}.html").returncode == 0
+        kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>',
+                               (tmp_path / f"{side}.html").read_text()))
+        assert kpis["kernels / iteration"] == expect and "kernels" not in kpis
+    assert opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", tmp_path / "c.html").returncode == 0
+    facts = {row[0]["text"]: (row[1]["text"], row[2]["text"])
+             for row in tables((tmp_path / "c.html").read_text())["facts-table"]["rows"]}
+    assert facts["kernels / iteration"] == ("7.5", "5")

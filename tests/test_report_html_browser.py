@@ -214,7 +214,9 @@ def test_cuda_operator_table_keeps_the_operator_column_readable(browser, tmp_pat
     prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
     ops = [*CUDA_OPS, (prefix + "float>, std::array<char*, 1> >(int)", 700_000, 20.0, 60.0),
            (prefix + "double>, std::array<char*, 1> >(int)", 600_000, 21.0, 61.0)]
-    operators = write_results(tmp_path / "gpt2", ops, device="cuda")
+    # per-iteration columns too (aggregate.per_iteration, the default): the widest table a run writes
+    per_iteration = {o[0]: [o[1], o[1] * 11 // 10, o[1] * 9 // 10] for o in ops}
+    operators = write_results(tmp_path / "gpt2", ops, device="cuda", per_iteration=per_iteration)
     out = tmp_path / "report.html"
     result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "report-html", "--results",
                              str(tmp_path / "gpt2"), "-o", str(out)], capture_output=True, text=True,
@@ -233,6 +235,30 @@ def test_cuda_operator_table_keeps_the_operator_column_readable(browser, tmp_pat
         bars = page.evaluate("() => document.querySelectorAll('#fig-operator-share .point path').length")
         assert bars == len(operators)
         assert assert_figures_drawn(page) == 4 and problems == []  # share, SOL, layer classes, modules
+        # Scrolled fully right, the operator column stays at the container's left edge, above the other cells
+        # (sticky), and the header corner above the other headers.
+        box = page.locator("#operators .scroll")
+        box.scroll_into_view_if_needed()
+        sizes = box.evaluate("b => ({scroll: b.scrollWidth, client: b.clientWidth})")
+        assert sizes["scroll"] > sizes["client"] + 200, sizes  # the table does scroll sideways
+        box.evaluate("b => { b.scrollLeft = b.scrollWidth; }")
+        page.wait_for_function("() => { const b = document.querySelector('#operators .scroll');"
+                               " return b.scrollLeft + b.clientWidth >= b.scrollWidth - 1; }")
+        edges = page.evaluate("""() => {
+            const b = document.querySelector('#operators .scroll'), r = b.getBoundingClientRect();
+            const td = document.querySelector('#operator-table tbody tr td.name').getBoundingClientRect();
+            const th = document.querySelector('#operator-table thead th').getBoundingClientRect();
+            const x = td.left + 20, y = td.top + td.height / 2;
+            const hit = document.elementFromPoint(x, y);
+            const corner = document.elementFromPoint(th.left + 20, th.top + th.height / 2);
+            return {box: r.left + b.clientLeft, td: td.left, th: th.left, right: td.right, boxRight: r.right,
+                    hitName: !!(hit && hit.closest('td.name')), cornerIsHead: !!(corner && corner.closest('thead th')
+                    && corner.closest('th') === document.querySelector('#operator-table thead th'))};
+        }""")
+        assert abs(edges["td"] - edges["box"]) <= 2 and abs(edges["th"] - edges["box"]) <= 2, edges
+        assert edges["right"] < edges["boxRight"] and edges["hitName"] and edges["cornerIsHead"], edges
+        page.screenshot(path=str(tmp_path / "cuda-scrolled.png"))
+        box.screenshot(path=str(tmp_path / "cuda-table-scrolled.png"))
     finally:
         page.close()
     assert_real_screenshot(shot)

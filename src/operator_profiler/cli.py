@@ -170,13 +170,15 @@ def _cmd_report(args) -> None:
 
 def _cmd_report_html(args) -> None:
     folder = Path(args.results)
-    out = stages.html_output(args.out)  # the text typed: '' and '.' are different mistakes
+    out = stages.html_output(args.out, results=folder)  # the text typed: '' and '.' are different mistakes
     stages.report_html_files(args.workload or folder.resolve().name, **stages.results_folder_inputs(folder),
                              options={"top_operators": args.top}, out=out)
     print(f"wrote {args.out}")
 
 
 def _cmd_compare(args) -> None:
+    from . import report_html
+
     out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
     both = table[table["side"] == "both"]
@@ -184,7 +186,7 @@ def _cmd_compare(args) -> None:
     print(f"{len(table)} operators ({len(both)} in both, {(table['side'] == 'only A').sum()} only in A, "
           f"{(table['side'] == 'only B').sum()} only in B); by per-iteration {table.attrs['basis']}s: "
           f"{change.get('slower', 0)} slower, {change.get('faster', 0)} faster, {change.get('same', 0)} the same "
-          f"within noise -> {args.out}")
+          f"within noise ({report_html.change_rule(table.attrs['ranges'], short=True)}) -> {args.out}")
 
 
 def _cmd_trace(args) -> None:
@@ -196,9 +198,13 @@ def _cmd_trace(args) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    """``--top N``: argparse words the error ``argument --top: must be a positive integer, got 'abc'``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
 
 

@@ -40,28 +40,40 @@ def _model_line(run: dict) -> str:
     return f"- model: {model}, mode `{run['mode']}`, {how}"
 
 
+FIRST_SLOWEST = ("the first measured iteration is the slowest, as is usual right after the profiler starts; "
+                 "the per-iteration medians are not affected")
+
+
 def iteration_spread(coverage: dict) -> dict | None:
-    """The kernel time per measured iteration (coverage.json ``iteration_time_ns``): ``median_ns``, ``min_ns``,
-    ``max_ns`` and ``skewed`` (the slowest iteration took over 1.25x the fastest); None with fewer than 2
-    iterations."""
-    per_iteration = sorted(coverage.get("iteration_time_ns", {}).values())
+    """The kernel time per measured iteration (coverage.json ``iteration_time_ns``, keyed by iteration index):
+    ``median_ns``, ``min_ns``, ``max_ns``, ``skewed`` (the slowest iteration took over 1.25x the fastest) and
+    ``first_slowest`` (the slowest is the first measured iteration, the lowest index: the profiler's start-up,
+    which warm-up iterations do not remove); None with fewer than 2 iterations."""
+    by_index = {int(i): t for i, t in coverage.get("iteration_time_ns", {}).items()}
+    per_iteration = sorted(by_index.values())
     if len(per_iteration) < 2:
         return None
     lo, hi = per_iteration[0], per_iteration[-1]
     median = per_iteration[len(per_iteration) // 2] if len(per_iteration) % 2 else (
         per_iteration[len(per_iteration) // 2 - 1] + per_iteration[len(per_iteration) // 2]) / 2
-    return {"median_ns": median, "min_ns": lo, "max_ns": hi, "skewed": bool(lo and hi > 1.25 * lo)}
+    return {"median_ns": median, "min_ns": lo, "max_ns": hi, "skewed": bool(lo and hi > 1.25 * lo),
+            "first_slowest": by_index[min(by_index)] == hi and hi > lo}
 
 
 def _iteration_spread(coverage: dict, advice: str = "compare the per-iteration medians below, or add warm-up "
-                                                     "iterations") -> list[str]:
+                                                     "iterations", first: str = FIRST_SLOWEST) -> list[str]:
+    """The spread line; when skewed, a warning with ``advice`` (bold), or, when the slowest iteration is the
+    first measured one (the usual profiler start-up), ``first`` instead (plain: no action helps)."""
     spread = iteration_spread(coverage)
     if spread is None:
         return []
     line = (f"Kernel time per iteration: median {_ms(spread['median_ns'])} ms, min {_ms(spread['min_ns'])}, "
             f"max {_ms(spread['max_ns'])}.")
-    if spread["skewed"]:
-        line += (f" **The slowest iteration took {spread['max_ns'] / spread['min_ns']:.1f}x the fastest**: the "
+    ratio = spread["max_ns"] / spread["min_ns"] if spread["min_ns"] else 0.0
+    if spread["skewed"] and spread["first_slowest"]:
+        line += f" The slowest iteration took {ratio:.1f}x the fastest: {first}."
+    elif spread["skewed"]:
+        line += (f" **The slowest iteration took {ratio:.1f}x the fastest**: the "
                  f"machine was busy or the model is not in steady state; {advice}.")
     return ["", line]
 

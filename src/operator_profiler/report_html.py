@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import re
 import textwrap
 
@@ -28,7 +29,8 @@ TOP_BARS = 20
 LABEL_CHARS = 60
 HOVER_LINE_CHARS = 90
 # compare: an operator's change of time per iteration within max(NOISE_SHARE of A's value, NOISE_FLOOR_MS)
-# is tagged "same" (run-to-run noise), beyond it "slower"/"faster".
+# is tagged "same" (run-to-run noise), beyond it "slower"/"faster"; when both operators tables have the
+# per-iteration min/max, also "same" while the two sides' per-iteration ranges [min, max] overlap.
 NOISE_SHARE = 0.02
 NOISE_FLOOR_MS = 0.001
 
@@ -95,7 +97,13 @@ code { font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace
 .scroll { max-height: 72vh; overflow: auto; border: 1px solid var(--line); border-radius: 8px; }
 table { border-collapse: collapse; width: 100%; font-size: 13.5px; }
 th, td { padding: 6px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
-th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 1; white-space: nowrap; }
+th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 2; white-space: nowrap; }
+/* a scrolled table keeps its first column (the operator) in view: opaque, above the cells scrolling under it */
+.scroll td:first-child, .scroll th:first-child { position: sticky; left: 0; z-index: 1; background: #fff;
+                                                 box-shadow: inset -1px 0 0 var(--line); }
+.scroll thead th:first-child { z-index: 3; background: #f1f5f9; }
+.scroll tbody tr:nth-child(even) td:first-child { background: #fafafa; }
+.scroll tbody tr:hover td:first-child { background: #eff6ff; }
 th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
              font-weight: 400; white-space: normal; word-break: break-all; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -106,7 +114,7 @@ table.sortable th::after { content: " \\2195"; color: #cbd5e1; }
 table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; color: var(--accent); }
 table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; color: var(--accent); }
 td.name { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; word-break: break-all;
-          min-width: 260px; max-width: 520px; }
+          min-width: 260px; max-width: 420px; }
 .tag { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e0e7ff; color: #3730a3; }
 .tag.slower { background: #fee2e2; color: #991b1b; }
 .tag.faster { background: #dcfce7; color: #166534; }
@@ -210,15 +218,38 @@ def _top_with_other(table: pd.DataFrame, name: str, value: str, top: int) -> pd.
     return head
 
 
+def _middle_cut(name: str, limit: int) -> str:
+    """``name`` cut in the middle to ``limit`` characters (head … tail): template names differ at their end."""
+    if len(name) <= limit:
+        return name
+    head = limit // 2
+    return name[:head] + "…" + name[len(name) - (limit - head - 1):]
+
+
 def bar_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
-    """Category labels of a bar chart, one per name: cut to ``limit`` characters and made unique (`` #2``,
-    `` #3``...), since plotly stacks every bar of one category label into one bar. Not escaped."""
+    """Category labels of a bar chart, one per name: cut in the middle to ``limit`` characters (head … tail)
+    and made unique, since plotly stacks every bar of one category label into one bar. Long names alike at both
+    ends (``…<float>, std::array…`` and ``…<double>, std::array…``) show, after the head, the part where they first
+    differ; `` #2``, `` #3``... only for labels still alike. Not escaped."""
+    names = [str(name) for name in names]
+    cuts = [_middle_cut(name, limit) for name in names]
+    groups: dict[str, set[str]] = {}
+    for name, cut in zip(names, cuts):
+        groups.setdefault(cut, set()).add(name)
+    head, window = limit // 2, limit - limit // 2 - 2
+    for i, (name, cut) in enumerate(zip(names, cuts)):
+        if len(groups[cut]) < 2:
+            continue
+        differ = len(os.path.commonprefix(sorted(groups[cut])))  # where the names of this label first differ
+        start = max(head, differ - window // 3)
+        rest = name[start:]
+        cuts[i] = name[:head] + "…" + (rest if len(rest) <= window + 1 else rest[:window] + "…")
     labels, used = [], set()
-    for name in names:
-        label, n = report_md._short(str(name), limit), 1
+    for cut in cuts:
+        label, n = cut, 1
         while label in used:
             n += 1
-            label = f"{report_md._short(str(name), limit)} #{n}"
+            label = f"{cut} #{n}"
         used.add(label)
         labels.append(label)
     return labels
@@ -280,6 +311,21 @@ def headline_time(coverage: dict, iterations: int, no_ranges: bool = False, medi
     return "kernel time / iteration" + (" (mean)" if iterations > 1 else ""), coverage["kernel_time_ns"] / iterations
 
 
+def kernels_per_iteration(coverage: dict, iterations: int, no_ranges: bool = False) -> tuple[str, str]:
+    """The kernel count beside the per-iteration headline, per iteration as well (label, value): coverage.json's
+    ``kernel_count`` / measured iterations (``81``, ``40.5``), the whole trace's count without iteration ranges."""
+    if no_ranges:
+        return "kernels (whole trace)", f"{coverage['kernel_count']:,}"
+    per = coverage["kernel_count"] / max(iterations, 1)
+    return "kernels / iteration", f"{per:,.0f}" if per == int(per) else f"{per:,.1f}"
+
+
+def warns(spread: dict | None) -> bool:
+    """The iteration spread is a warning: skewed, and not only by the first measured iteration (the profiler's
+    usual start-up, stated plainly)."""
+    return bool(spread and spread["skewed"] and not spread["first_slowest"])
+
+
 def no_kernels_note(coverage: dict, diagnostics: dict | None) -> str:
     """Why a profile has no kernels (the timeline reader's warning, e.g. a CUPTI range-profiler trace); empty
     when it has kernels."""
@@ -322,20 +368,20 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
     label, time_ns = headline_time(coverage, iterations, no_iteration_ranges(run, coverage))
     kpis = _kpis([
         (label, f"{time_ns / 1e6:.3f} ms"),
-        ("kernels", f"{coverage['kernel_count']:,}"),
+        kernels_per_iteration(coverage, iterations, no_iteration_ranges(run, coverage)),
         ("operators", f"{len(operators):,}"),
         ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
         ("kernels with counters", counters),
     ])
-    kind = "note" if (report_md.iteration_spread(coverage) or {}).get("skewed") else ""
+    kind = "note" if warns(report_md.iteration_spread(coverage)) else ""
     spread = "".join(f'<p class="{kind}" id="iteration-spread">{inline(line)}</p>'
                      for line in report_md._iteration_spread(coverage) if line)
     return (f'<section id="measurement"><h2>What was profiled</h2>{no_kernels_note(coverage, diagnostics)}{kpis}'
             f"{_bullets(lines)}{spread}</section>")
 
 
-PER_ITERATION_COLUMNS = (("iteration_median_ns", "median / iteration (ms)"), ("iteration_min_ns", "min / iteration (ms)"),
-                         ("iteration_max_ns", "max / iteration (ms)"))
+# the per-iteration median, and min and max in one column ("min – max", sorted by the max)
+RANGE_HEADER = "min – max / iteration (ms)"
 
 
 def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str],
@@ -343,10 +389,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if m in operators
                 and operators[m].notna().any()]
     # the operator's time in each measured iteration (aggregate.per_iteration): a noisy iteration moves the mean
-    per_iteration = [(c, label) for c, label in PER_ITERATION_COLUMNS if c in operators]
+    per_iteration = "iteration_median_ns" in operators
+    ranges = "iteration_min_ns" in operators and "iteration_max_ns" in operators
     headers = [("operator", "text"), ("time (ms)", "num")]
     headers += [] if no_ranges else [("mean / iteration (ms)", "num")]
-    headers += [(label, "num") for _, label in per_iteration]
+    headers += [("median / iteration (ms)", "num")] if per_iteration else []
+    headers += [(RANGE_HEADER, "num")] if ranges else []
     headers += [("share", "num"), ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
     headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
                 for m, label, _ in counters]
@@ -360,8 +408,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
                  _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
         if not no_ranges:
             cells.append(_num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"))
-        cells += [_num_cell(None if _missing(r[c]) else r[c] / 1e6, _fmt(None if _missing(r[c]) else r[c] / 1e6, 3))
-                  for c, _ in per_iteration]
+        if per_iteration:
+            median = None if _missing(r["iteration_median_ns"]) else r["iteration_median_ns"] / 1e6
+            cells.append(_num_cell(median, _fmt(median, 3)))
+        if ranges:
+            lo, hi = (None if _missing(r[c]) else r[c] / 1e6 for c in ("iteration_min_ns", "iteration_max_ns"))
+            cells.append(_num_cell(hi, "" if hi is None else f"{_fmt(lo, 3)} – {_fmt(hi, 3)}"))
         cells += [_num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"),
                  _num_cell(int(r["calls"])), _num_cell(int(r["kernels"])),
                  _num_cell(r["mean_kernel_ns"] / 1e3, f"{r['mean_kernel_ns'] / 1e3:.1f}")]
@@ -589,21 +641,45 @@ def compares_medians(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return "iteration_median_ns" in a and "iteration_median_ns" in b
 
 
+def compares_ranges(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Both operator tables have each operator's per-iteration range (``iteration_min_ns``,
+    ``iteration_max_ns``, aggregate.per_iteration): a change counts only beyond it."""
+    return all(c in t for t in (a, b) for c in ("iteration_min_ns", "iteration_max_ns"))
+
+
+def change_rule(ranges: bool, short: bool = False) -> str:
+    """The rule that tags a change ``slower``/``faster`` rather than ``same``, in words (page; ``short``: the
+    summary line of ``opprof compare``)."""
+    floor = f"{NOISE_SHARE * 100:g}% of A's time and {NOISE_FLOOR_MS * 1000:g} µs"
+    if short:
+        return (f"a change counts when the per-iteration ranges [min, max] do not overlap and it is at least {floor}"
+                if ranges else f"a change counts when it is at least {floor}")
+    if ranges:
+        return (f"an operator is slower (faster) only when all its per-iteration times in B are above (below) all "
+                f"of them in A, the two per-iteration ranges [min, max] not overlapping, and the change is at "
+                f"least {floor}")
+    return f"a change counts when it is at least {floor}"
+
+
 def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iterations_b: int) -> pd.DataFrame:
     """One row per operator of either profile: ``a_ms``, ``b_ms`` (ms per measured iteration, NaN where the
     operator did not run: the per-iteration median when both tables have it (:func:`compares_medians`), else the
     total / measured iterations, the mean), ``delta_ms`` (B - A, an absent side counting 0), ``ratio`` (B / A,
     both sides only), ``side`` (``both``, ``only A``, ``only B``), ``change`` (``slower``, ``faster``, ``same``:
-    ``|delta|`` within max(NOISE_SHARE of A, NOISE_FLOOR_MS); ``only A``/``only B``) and, per counter column of
+    ``|delta|`` within max(NOISE_SHARE of A, NOISE_FLOOR_MS) or, when both tables have the per-iteration range
+    (:func:`compares_ranges`), the two sides' ``[iteration_min_ns, iteration_max_ns]`` overlapping: B's min above
+    A's max is slower, B's max below A's min faster; ``only A``/``only B``) and, per counter column of
     the operator table present on a side, ``<metric>_a``, ``<metric>_b``, ``<metric>_delta``; sorted by the size
-    of the time change. ``attrs["basis"]``: ``median`` or ``mean``."""
+    of the time change. ``attrs["basis"]``: ``median`` or ``mean``; ``attrs["ranges"]``: the range rule applied."""
     median = compares_medians(a, b)
+    ranges = compares_ranges(a, b)
     counters = [m for m, _, _ in COUNTER_COLUMNS if m in a or m in b]
 
     def side(table: pd.DataFrame, iterations: int, suffix: str) -> pd.DataFrame:
         ms = table["iteration_median_ns"] / 1e6 if median else table["time_ns"] / iterations / 1e6
-        return table[["operator", *[m for m in counters if m in table]]].assign(ms=ms).rename(
-            columns={m: f"{m}_{suffix}" for m in [*counters, "ms"]})
+        extra = {"lo": table["iteration_min_ns"] / 1e6, "hi": table["iteration_max_ns"] / 1e6} if ranges else {}
+        return table[["operator", *[m for m in counters if m in table]]].assign(ms=ms, **extra).rename(
+            columns={m: f"{m}_{suffix}" for m in [*counters, "ms", *extra]})
 
     merged = side(a, iterations_a, "a").merge(side(b, iterations_b, "b"), on="operator", how="outer", indicator=True)
     out = pd.DataFrame({"operator": merged["operator"]})
@@ -613,9 +689,13 @@ def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iteration
     out["delta_ms"] = out["b_ms"].fillna(0) - out["a_ms"].fillna(0)
     out["ratio"] = out["b_ms"] / out["a_ms"].where(out["a_ms"] > 0)
     noise = (out["a_ms"].fillna(0) * NOISE_SHARE).clip(lower=NOISE_FLOOR_MS)
-    out["change"] = out["side"].where(out["side"] != "both", pd.Series(
-        ["same" if abs(d) < n else "slower" if d > 0 else "faster" for d, n in zip(out["delta_ms"], noise)],
-        index=out.index, dtype=object))
+    changes = ["same" if abs(d) < n else "slower" if d > 0 else "faster" for d, n in zip(out["delta_ms"], noise)]
+    if ranges:
+        # beyond the floor, and B's whole per-iteration range on one side of A's (NaN compares False: same)
+        changes = ["slower" if c == "slower" and lo_b > hi_a else "faster" if c == "faster" and hi_b < lo_a
+                   else "same" for c, lo_a, hi_a, lo_b, hi_b in zip(changes, merged["lo_a"], merged["hi_a"],
+                                                                     merged["lo_b"], merged["hi_b"])]
+    out["change"] = out["side"].where(out["side"] != "both", pd.Series(changes, index=out.index, dtype=object))
     for m in counters:
         va = merged[f"{m}_a"] if f"{m}_a" in merged else pd.Series(float("nan"), index=merged.index)
         vb = merged[f"{m}_b"] if f"{m}_b" in merged else pd.Series(float("nan"), index=merged.index)
@@ -623,6 +703,7 @@ def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iteration
     order = out["delta_ms"].abs().sort_values(ascending=False, kind="stable").index
     out = out.loc[order].reset_index(drop=True)
     out.attrs["basis"] = "median" if median else "mean"
+    out.attrs["ranges"] = ranges
     return out
 
 
@@ -653,8 +734,7 @@ def _facts(profile: dict, median: bool) -> dict[str, str]:
         # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align
         "kernel time": f"{time_ns / 1e6:.3f} ms{label[len('kernel time'):]}",
         # per iteration: totals of runs with different iteration counts differ though each iteration is alike
-        "kernels / iteration": (f"{coverage['kernel_count']:,} (whole trace)" if no_ranges
-                                else f"{coverage['kernel_count'] / iterations:,.1f}"),
+        "kernels / iteration": kernels_per_iteration(coverage, iterations, no_ranges)[1],
         "attributed time": f"{coverage['coverage_time'] * 100:.2f}%",
         "counters": coverage.get("counters_note") or f"{(coverage.get('counters_coverage') or 0) * 100:.1f}% of kernels",
     })
@@ -666,12 +746,15 @@ def _spread_notes(a: dict, b: dict, median: bool) -> str:
     advice = ("this page compares the per-iteration medians, which one slow iteration does not move" if median else
               "this page compares means (a profile has no per-iteration medians), which it does move: profile "
               "again with more warm-up iterations")
+    first = (report_md.FIRST_SLOWEST if median else "the first measured iteration is the slowest, as is usual right "
+             "after the profiler starts; this page compares means (a profile has no per-iteration medians), which it "
+             "moves")
     notes = []
     for name, profile in (("A", a), ("B", b)):
         spread = report_md.iteration_spread(profile["coverage"])
-        for line in report_md._iteration_spread(profile["coverage"], advice):
+        for line in report_md._iteration_spread(profile["coverage"], advice, first):
             if line:
-                notes.append(f'<p class="{"note" if spread["skewed"] else "muted"}" id="spread-{name.lower()}">'
+                notes.append(f'<p class="{"note" if warns(spread) else "muted"}" id="spread-{name.lower()}">'
                              f"<strong>{name}</strong>: {inline(line)}</p>")
     return "".join(notes)
 
@@ -716,8 +799,8 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         basis = ("Times are <strong>per-iteration means</strong> (each profile's total divided by its measured "
                  "iterations): a profile has no per-iteration medians (<code>aggregate.per_iteration</code> off, or "
                  "a trace without iteration ranges), so one slow iteration moves them.")
-    tolerance = (f"A change smaller than {NOISE_SHARE * 100:g}% of A's time or than {NOISE_FLOOR_MS * 1000:g} µs "
-                 "is taken as run-to-run noise: tagged <em>same</em> and not plotted.")
+    rule = change_rule(table.attrs["ranges"])
+    tolerance = (f"Run-to-run noise is tagged <em>same</em> and not plotted: {esc(rule)}.")
     shown = table[table["change"].ne("same") & table["delta_ms"].ne(0)].head(top)
     fig = go.Figure(go.Bar(
         x=list(shown["delta_ms"])[::-1], y=[esc(label) for label in bar_labels(list(shown["operator"]))][::-1],

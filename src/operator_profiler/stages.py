@@ -446,13 +446,16 @@ def counters_time_share(attribution_path: Path, counters_path: Path) -> float:
 HTML_SUFFIXES = (".html", ".htm")
 
 
-def html_output(out: str | Path, example: str = "report.html") -> Path:
+def html_output(out: str | Path, example: str = "report.html", results: str | Path | None = None) -> Path:
     """The path of an HTML page to write (``report.html``, ``compare.html``), checked before anything is read or
     written: a name ending in ``.html``/``.htm`` (so no input table, JSON or other file is ever overwritten by a
-    page), not a folder, in a folder that exists. Errors name ``out`` as given.
+    page), not a folder, in a folder that exists, and not the ``report.html`` of a results folder (one holding
+    ``operators.parquet``) other than ``results`` (the folder the page is of; None: any), which Snakemake would
+    then take as up to date. Errors name ``out`` as given.
 
     Raises:
-        InputError: an empty path, a folder, another suffix, or a missing parent folder.
+        InputError: an empty path, a folder, another suffix, a missing parent folder, or another results
+            folder's report.html.
     """
     text = str(out)
     if not text.strip():
@@ -466,6 +469,11 @@ def html_output(out: str | Path, example: str = "report.html") -> Path:
     if not path.parent.is_dir():
         raise InputError(f"--out {text}: the folder {path.parent} does not exist; create it first, or choose "
                          "another --out")
+    if (path.name.lower() == "report.html" and (path.parent / "operators.parquet").is_file()
+            and (results is None or path.parent.resolve() != Path(results).resolve())):
+        raise InputError(f"--out {text} is the report.html of the results folder {path.parent} (the workflow's "
+                         "output, which Snakemake would then take as up to date); write the page elsewhere, e.g. "
+                         f"-o {example}")
     return path
 
 
@@ -479,7 +487,7 @@ def report_html_files(workload: str, run_path: Path | None, coverage_path: Path,
     with counters. Written atomically."""
     from . import report_html
 
-    out = html_output(out)
+    out = html_output(out, results=Path(operators_path).parent)
     inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
                                 diagnostics_path, match_diagnostics_path, replay_paths, clocks_path)
     counters_time = (counters_time_share(attribution_path, counters_path)
