@@ -142,13 +142,18 @@ class FakeSmi:
                 "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
 
 
-@pytest.fixture
-def smi(tmp_path, monkeypatch):
+def install_fake_smi(tmp_path: Path, monkeypatch) -> FakeSmi:
+    """The fake nvidia-smi first on PATH (in a folder with a space) for this test, no CUDA_VISIBLE_DEVICES."""
     fake = FakeSmi(tmp_path / "with space")
     for k, v in fake.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return fake
+
+
+@pytest.fixture
+def smi(tmp_path, monkeypatch):
+    return install_fake_smi(tmp_path, monkeypatch)
 
 
 @pytest.fixture

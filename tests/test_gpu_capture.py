@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_clocks import H100, QUERY, FakeSmi, _lock_calls, _target
+from test_clocks import H100, QUERY, _lock_calls, _target, install_fake_smi
 from test_workflow import ROOT, job_counts
 
 from operator_profiler import capture, cli, harness, stages
@@ -64,10 +64,7 @@ FAKE_NSYS = textwrap.dedent('''\
 
 @pytest.fixture
 def smi(tmp_path, monkeypatch):
-    fake = FakeSmi(tmp_path / "with space")
-    for k, v in fake.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake = install_fake_smi(tmp_path, monkeypatch)
     monkeypatch.delenv("FAKE_NSYS_FAIL", raising=False)
     return fake
 
