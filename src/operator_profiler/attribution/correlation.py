@@ -5,7 +5,9 @@ reader, which fills ``launch_tid``/``launch_start_ns``/``launch_end_ns``); on a 
 own launch. The operator is the innermost dispatcher op (``aten::...``) of the stack of ``cpu_op``
 ranges that enclose the launch interval on the launch thread (``../shared/docs/kineto-and-inductor.md``
 §1.6, recommended algorithm). Backward kernels get ``forward_operator`` through the Kineto
-``Sequence number`` of their autograd node (§1.7).
+``Sequence number`` of their autograd node (§1.7). Where no op encloses the launch, the innermost
+``user_annotation`` around it (``record_function``) is kept for the last-resort ``user_annotation``
+path of :mod:`.merge` (DESIGN.md §3).
 """
 
 from __future__ import annotations
