@@ -303,6 +303,12 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                         "another run or model?", len(fusion), fusion["graph"].nunique(), timeline_dir,
                         f" ({unmatched_reasons} kernels in compiled-graph regions that do not match it)"
                         if unmatched_reasons else "")
+    disagreements = agg.external_id_disagreements(result)
+    if disagreements["count"]:
+        log.warning("%d of %d checked kernels carry a Kineto External id that names another op than the one around "
+                    "their launch (their operator stays the launch's; coverage.json external_id_disagreements "
+                    "lists examples): the trace's op ids are not to be trusted", disagreements["count"],
+                    disagreements["checked"])
     stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
