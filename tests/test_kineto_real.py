@@ -121,6 +121,10 @@ def test_orphan_kernels_and_graph_replays_of_the_negative_queue_trace():
     timeline, a = _attributed(name)
     assert (a["reason"] == "no_launch_record").sum() == orphans
     assert timeline.diagnostics["counts"]["orphan_kernels"] == orphans
+    # One process launched everything in this file (torch.profiler writes a file per process): the orphans are
+    # its kernels too, not a process of their own named after the GPU event's pid (the device index).
+    launch_pids = {e["pid"] for e in raw if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    assert len(launch_pids) == 1 and set(timeline.kernels["pid"]) == launch_pids
     replayed = a.merge(timeline.kernels[["kernel_id", "launch_api"]], on="kernel_id")
     replayed = replayed[replayed["launch_api"] == "cudaGraphLaunch"]
     assert len(replayed) == 135

@@ -4,7 +4,9 @@ rule aggregate:
         instances="results/{workload}/layers/instances.parquet",
         classes="results/{workload}/layers/classes.json",
         counters=counters_input,
+        matching=matching_input,
         lib=[
+            *MATCHING_LIB,
             LIB / "aggregate.py",
             LIB / "ncu" / "catalog.py",
             LIB / "ncu" / "metrics.yaml",

@@ -228,10 +228,46 @@ def external_id_disagreements(attribution: pd.DataFrame) -> dict:
             "examples": examples}
 
 
+def counters_summary(attribution: pd.DataFrame, counters: pd.DataFrame, matching: dict | None) -> dict:
+    """How many kernels got hardware counters, how many were refused and why, how many were not measured.
+
+    ``counters``: ``matched/kernel_metrics.parquet`` (own counters, or copied from the layer class's measured
+    instance: ``counters_from``); ``matching``: ``matched/diagnostics.json`` (each kernel without a partner and
+    its reason, :data:`operator_profiler.matching.REASONS`), None when not at hand (then ``refused`` is None).
+    A refused kernel that got counters from its layer class counts as having counters. Kernel counts."""
+    from .matching import REFUSED
+
+    ids = set(attribution["kernel_id"].astype("int64"))
+    got = counters[counters["kernel_id"].isin(ids)] if counters is not None else counters
+    with_counters = set(got["kernel_id"].astype("int64")) if got is not None else set()
+    own = int((got["kernel_id"] == got["counters_from"]).sum()) if got is not None and "counters_from" in got else \
+        len(with_counters)
+    out = {"kernels": len(ids), "with_counters": len(with_counters), "measured": own,
+           "from_layer_class": len(with_counters) - own, "refused": None, "refused_reasons": None,
+           "refused_keys": None, "not_measured": None}
+    if matching is None:
+        return out
+    refused = [k for k in matching.get("timeline_only_kernels", [])
+               if k.get("reason") in REFUSED and k["kernel_id"] in ids and k["kernel_id"] not in with_counters]
+    per_key = matching.get("per_key", {})
+    keys: dict = {}
+    for k in refused:
+        e = keys.setdefault((k["match_key"], k["reason"]), {"key": k["match_key"], "name": k["name"],
+                                                            "reason": k["reason"], "refused": 0,
+                                                            "timeline": per_key.get(k["match_key"], {}).get("timeline"),
+                                                            "ncu": per_key.get(k["match_key"], {}).get("ncu")})
+        e["refused"] += 1
+    out.update(refused=len(refused), refused_reasons=dict(Counter(k["reason"] for k in refused)),
+               refused_keys=sorted(keys.values(), key=lambda e: (-e["refused"], e["key"], e["reason"])),
+               not_measured=len(ids) - len(with_counters) - len(refused))
+    return out
+
+
 def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None,
-             counters: pd.DataFrame | None = None) -> dict:
+             counters: pd.DataFrame | None = None, matching: dict | None = None) -> dict:
     """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1.
-    ``device`` (``cpu``, ``cuda``, or None when unknown) words the note on missing counters."""
+    ``device`` (``cpu``, ``cuda``, or None when unknown) words the note on missing counters; ``matching``
+    (``matched/diagnostics.json``) adds the refused kernels to ``counters`` (:func:`counters_summary`)."""
     total = int(attribution["duration_ns"].sum())
     attributed = attribution[attribution["path"] != "unattributed"]
     by_path = attribution.groupby("path")["duration_ns"].sum()
@@ -263,6 +299,7 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
             float(attribution["kernel_id"].isin(counters["kernel_id"]).mean()) if counters is not None and len(attribution)
             else 0.0),
         "counters_note": None if counters_collected else counters_note(device),
+        "counters": counters_summary(attribution, counters, matching) if counters_collected else None,
         "unattributed": [
             {"name": r.name, "time_ns": int(r.time_ns), "count": int(r.count), "reason": r.reason}
             for r in groups.itertuples(index=False)

@@ -164,7 +164,8 @@ def _cmd_aggregate(args) -> None:
     stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes),
                            {"per_iteration": not args.totals, "device": args.device}, out / "operators.parquet", out / "operators.csv",
                            out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json",
-                           counters_path=Path(args.counters) if args.counters else None)
+                           counters_path=Path(args.counters) if args.counters else None,
+                           matching_path=Path(args.matching) if args.matching else None)
     print(f"wrote operators.csv, modules.parquet, layer_classes.parquet, coverage.json in {out}")
 
 
@@ -319,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=("cpu", "cuda"), help="where the trace ran (words the note on counters)")
     s.add_argument("--counters", help="matched/kernel_metrics.parquet from 'opprof match': adds the catalog's "
                                       "hardware metrics and a bottleneck label per operator and module")
+    s.add_argument("--matching", help="matched/diagnostics.json from 'opprof match': coverage.json counts the kernels "
+                                      "whose counters were refused, per reason and kernel")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_aggregate)
 

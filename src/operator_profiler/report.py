@@ -97,7 +97,7 @@ def _imported_lines(coverage: dict, diagnostics: dict | None) -> list[str]:
     measured = len(coverage.get("iteration_time_ns", {}))
     lines += [f"- measured: {_plural(measured, 'iteration range') if measured else 'no iteration ranges: the whole trace'}"
               "; times below are totals over the trace",
-              f"- {coverage['counters_note'] or 'hardware counters: collected'}",
+              f"- {counters_text(coverage)}",
               "- clocks: unknown (not captured by this workflow)"]
     return lines
 
@@ -280,6 +280,58 @@ def gpu_activity_lines(diagnostics: dict | None) -> list[str]:
             "in the kernel totals (trace.json shows them on their streams)"]
 
 
+def counters_text(coverage: dict, keys: int = 3) -> str:
+    """One line on hardware counters: the note when none were collected, else how many kernels got counters,
+    how many were refused and why (the largest refusals per kernel name), and how many were not measured:
+    ``hardware counters (ncu): 1,234 of 1,300 kernels; 66 refused: 40 count_mismatch on `gemm_a` (timeline 3,
+    ncu 2), ...; 0 not measured``."""
+    if coverage.get("counters_note"):
+        return coverage["counters_note"]
+    c = coverage.get("counters")
+    if not c:
+        return "hardware counters: collected"
+    text = f"hardware counters (ncu): {c['with_counters']:,} of {_plural(c['kernels'], 'kernel')}"
+    if c.get("from_layer_class"):
+        text += f" ({c['measured']:,} measured, {c['from_layer_class']:,} copied from their layer class)"
+    if c.get("refused") is None:
+        return text
+    if c["refused"]:
+        shown = [f"{e['refused']:,} {e['reason']} on `{short_name(e['name'])}` (timeline {e['timeline']}, "
+                 f"ncu {e['ncu']})" for e in c["refused_keys"][:keys]]
+        more = len(c["refused_keys"]) - keys
+        text += f"; {c['refused']:,} refused: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+    else:
+        text += "; none refused"
+    return text + f"; {c['not_measured']:,} not measured"
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A long kernel name cut in the middle (start and end kept, so names differing at the end stay apart)."""
+    name = str(name)
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 2
+    return name[:head] + "…" + name[-(width - 1 - head):]
+
+
+def refused_counters_lines(coverage: dict) -> list[str]:
+    """The kernels whose ncu counters the matching refused, per kernel name and reason, with what each reason
+    means (Markdown; nothing when none were refused)."""
+    from .matching import REASONS
+
+    c = coverage.get("counters") or {}
+    if not c.get("refused"):
+        return []
+    lines = ["## Counters refused", "",
+             f"{_plural(c['refused'], 'kernel')} had an ncu measurement that could not be attached with certainty, "
+             "so they have no counters (a wrong counter is never attached):", "",
+             "| kernel | reason | refused | launches in the window | ncu rows |", "|---|---|---|---|---|"]
+    lines += [f"| `{short_name(e['name'], 120)}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"
+              for e in c["refused_keys"]]
+    lines += [""] + [f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])] + [""]
+    return lines
+
+
 def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,
                       clocks: dict | None = None) -> list[str]:
     """What was profiled and how, as Markdown bullet lines (``- ...``): model, device and versions,
@@ -298,7 +350,7 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
         f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
         f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
         f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
-        f"- {coverage['counters_note'] or 'hardware counters: collected'}",
+        f"- {counters_text(coverage)}",
         f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
     ]
     if cpu:
@@ -398,6 +450,7 @@ def render_markdown(
         lines += [_table(lc), ""]
     lines += [layer_summary(layer_classes), ""]
     lines += _dedup_lines(matching)
+    lines += refused_counters_lines(coverage)
     lines += _replay_lines(replays)
     lines += ["## Modules (total over the measured iterations)", ""]
     lines += [_table(modules.assign(total_ms=lambda d: d["time_ns"].map(_ms),

@@ -518,7 +518,24 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
         notes = "<h3>Capture notes</h3>" + _bullets([line for line in report_md._notes(diagnostics)
                                                      if line.startswith("- ")])
     return (f'<section id="coverage"><h2>Attribution coverage</h2>{text}{paths}{extra}'
-            f"<h3>Unattributed kernels</h3>{u_table}{notes}</section>")
+            f"<h3>Unattributed kernels</h3>{u_table}{_refused_counters(coverage)}{notes}</section>")
+
+
+def _refused_counters(coverage: dict) -> str:
+    """The kernels whose ncu counters the matching refused, per kernel name and reason (empty when none)."""
+    from .matching import REASONS
+
+    c = coverage.get("counters") or {}
+    if not c.get("refused"):
+        return ""
+    rows = [f'<td class="name" title="{esc(e["name"])}">{esc(report_md.short_name(e["name"], 120))}</td>'
+            f"<td><code>{esc(e['reason'])}</code></td>" + _num_cell(e["refused"]) + _num_cell(e["timeline"])
+            + _num_cell(e["ncu"]) for e in c["refused_keys"]]
+    table = _table([("kernel", "text"), ("reason", "text"), ("refused", "num"), ("launches in the window", "num"),
+                    ("ncu rows", "num")], rows, "refused-table", scroll=True)
+    reasons = _bullets([f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])])
+    return (f"<h3>Counters refused</h3><p>{c['refused']:,} kernel(s) had an ncu measurement that could not be "
+            f"attached with certainty, so they have no counters (a wrong counter is never attached).</p>{table}{reasons}")
 
 
 def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None,

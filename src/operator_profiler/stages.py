@@ -329,10 +329,12 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
 
 
 def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
-                    out_layer_classes: Path, out_coverage: Path, counters_path: Path | None = None) -> None:
+                    out_layer_classes: Path, out_coverage: Path, counters_path: Path | None = None,
+                    matching_path: Path | None = None) -> None:
     """Operators, modules, layer classes and coverage; with ``counters_path``
     (``matched/kernel_metrics.parquet``) the catalog's hardware metrics and a bottleneck label per
-    operator and module."""
+    operator and module, and with ``matching_path`` (``matched/diagnostics.json``) the kernels whose
+    counters the matching refused, per reason and key (``coverage.json`` ``counters``)."""
     hint = "write it with opprof attribute / opprof classify (see opprof --help)"
     attribution = read_parquet_file(attribution_path, "an attribution table", hint,
                                     tuple(tables.ATTRIBUTION.names) + ("duration_ns", "operator_range_id"),
@@ -361,8 +363,10 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     write_parquet_atomic(modules, out_modules)
     write_parquet_atomic(layer_table, out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
+    matching = read_json_file(Path(matching_path), "matched/diagnostics.json", "write it with: opprof match ...",
+                              expect=dict) if matching_path is not None else None
     write_json(out_coverage, agg.coverage(attribution, counters_collected=counters is not None,
-                                          device=options.get("device"), counters=counters))
+                                          device=options.get("device"), counters=counters, matching=matching))
 
 
 def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, instances: pd.DataFrame,
@@ -680,6 +684,8 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         kernel_layers = read_parquet_file(kernel_layers_path, "a kernel_layers table", "run 'opprof classify' first",
                                           ("kernel_id", "layer_class", "position"))
         matched, diagnostics["broadcast"] = broadcast_to_instances(matched, kernels, kernel_layers)
+    else:  # every kernel measured itself (DESIGN.md §3: the column is part of the table either way)
+        matched.insert(matched.columns.get_loc("ncu_source") + 1, "counters_from", matched["kernel_id"].to_numpy())
     diagnostics["ncu_files"] = [str(p) for p in ncu_paths]
     diagnostics["units"] = units
     write_parquet_atomic(matched, out_metrics)

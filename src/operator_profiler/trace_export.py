@@ -61,7 +61,7 @@ GPU_PID_BASE = 1 << 23  # > Linux PID_MAX_LIMIT (2^22): a GPU process id never e
 FLOW_CAT = "launch"
 ATTRIBUTION_ARGS = ("operator", "forward_operator", "module", "layer", "layer_class", "path", "fused_ops",
                     "source_nodes")
-_NOT_COUNTERS = {"kernel_id", "ncu_id", "ncu_source", "counters_from"}
+_NOT_COUNTERS = {"kernel_id", "ncu_id", "ncu_source", "name_rung", "counters_from"}
 
 
 def _value(v):

@@ -25,7 +25,7 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
         guessed), and, where two or more instances were measured (``dedup.verify``),
         ``verify_max_relative_difference`` per metric (the first measured instance stays the source).
     """
-    metrics = [c for c in matched.columns if c not in ("kernel_id", "ncu_id", "ncu_source")]
+    metrics = [c for c in matched.columns if c not in ("kernel_id", "ncu_id", "ncu_source", "name_rung")]
     layout = kernel_layers[["kernel_id", "layer_class", "position"]].merge(
         kernels[["kernel_id", "match_key"]], on="kernel_id", how="left")
     measured = layout[layout["kernel_id"].isin(matched["kernel_id"])]
@@ -58,7 +58,7 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
             stats[str(cls)]["verify_max_relative_difference"] = {
                 m: float(v) for m, v in worst.items() if pd.notna(v)}
     filled = placed[agrees][["kernel_id", "counters_from"]].astype({"counters_from": "int64"})
-    carry = [c for c in ("ncu_id", "ncu_source") if c in matched.columns]  # the measured row (DESIGN.md §3)
+    carry = [c for c in ("ncu_id", "ncu_source", "name_rung") if c in matched.columns]  # the measured row (DESIGN.md §3)
     counters = filled.merge(matched[["kernel_id", *carry, *metrics]].rename(columns={"kernel_id": "counters_from"}),
                             on="counters_from", how="left").sort_values("kernel_id").reset_index(drop=True)
     counters.attrs = {"units": matched.attrs.get("units", {})}

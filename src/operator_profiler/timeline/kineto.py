@@ -314,8 +314,13 @@ def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFram
                                               ~hit | (by_corr[src].isna().to_numpy()[take] if len(index) else True))
     apis = by_corr["api"].astype(object).to_numpy()[take] if len(index) else np.full(len(kernels), None)
     kernels["launch_api"] = np.where(hit, apis, None)
-    # Kineto writes the device index as a GPU event's pid; the process is the launch's.
-    kernels["pid"] = kernels.pop("launch_pid").fillna(kernels["pid"])
+    # Kineto writes the device index as a GPU event's pid; the process is the launch's. A record without its
+    # launch (an orphan: launched before the profiler started) belongs to the trace's process when the trace
+    # has one (torch.profiler writes one file per process), so it is never taken for a process of its own.
+    processes = launches["pid"].dropna().unique()
+    fallback = pd.Series(int(processes[0]), index=kernels.index, dtype="Int64") if len(processes) == 1 \
+        else kernels["pid"]
+    kernels["pid"] = kernels.pop("launch_pid").fillna(fallback)
     return kernels
 
 

@@ -1,0 +1,92 @@
+"""Visible refusals (issue #13 item 7): coverage.json, report.md and report.html say how many kernels got ncu
+counters, how many were refused and why, per kernel name. A torch.profiler GPU trace and an ncu CSV written here
+(the formats the tools write) go through the command line as a user would run it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+PID = 4242
+HDR = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+       '"Device","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+
+def _trace(path):
+    """aten::mm launches `gemm_a` three times (same configuration), aten::relu launches `relu_kernel` once."""
+    events, corr, t = [], 0, 10.0
+    for op, kernel in (("aten::mm", "gemm_a"), ("aten::mm", "gemm_a"), ("aten::mm", "gemm_a"),
+                       ("aten::relu", "relu_kernel")):
+        corr += 1
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": op, "pid": PID, "tid": 1, "ts": t, "dur": 5.0,
+             "args": {"External id": corr}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID, "tid": 1, "ts": t + 1,
+             "dur": 2.0, "args": {"correlation": corr, "External id": corr}},
+            {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": t + 4, "dur": 10.0,
+             "args": {"correlation": corr, "External id": corr, "stream": 7, "device": 0, "grid": [8, 1, 1],
+                      "block": [128, 1, 1]}},
+        ]
+        t += 20.0
+    with gzip.open(path, "wt") as fh:
+        json.dump({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}],
+                   "traceEvents": events}, fh)
+
+
+def _ncu_csv(path):
+    """ncu profiled two of the three gemm_a launches (a kernel filter let one through less) and the relu."""
+    rows = [(0, "gemm_a", 100), (1, "gemm_a", 101), (2, "relu_kernel", 102)]
+    path.write_text(HDR + "".join(
+        f'"{i}","77","python","h","{name}","1","7","(128, 1, 1)","(8, 1, 1)","0","Command line profiler metrics",'
+        f'"gpu__time_duration.sum","nsecond","{value}"\n' for i, name, value in rows))
+
+
+def opprof(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, check=False)
+
+
+def test_refused_counters_are_counted_and_shown(tmp_path):
+    _trace(tmp_path / "trace.json.gz")
+    _ncu_csv(tmp_path / "run.csv")
+    (tmp_path / "layers.json").write_text("[]")
+    steps = [
+        ["timeline", "--kineto", "trace.json.gz", "--out", "res/timeline"],
+        ["classify", "--timeline", "res/timeline", "--layers", "layers.json", "--out", "res/layers"],
+        ["attribute", "--timeline", "res/timeline", "--kernel-layers", "res/layers/kernel_layers.parquet",
+         "--out", "res/attribution/kernels.parquet"],
+        ["ncu", "run.csv", "--out", "res/ncu/run.parquet"],
+        ["match", "--timeline", "res/timeline", "--ncu", "res/ncu/run.parquet", "--out", "res"],
+        ["aggregate", "--attribution", "res/attribution/kernels.parquet", "--instances", "res/layers/instances.parquet",
+         "--classes", "res/layers/classes.json", "--device", "cuda", "--counters", "res/matched/kernel_metrics.parquet",
+         "--matching", "res/matched/diagnostics.json", "--out", "res"],
+        ["report", "--results", "res", "--timeline", "res/timeline", "--matching", "res/matched/diagnostics.json",
+         "--out", "res/report.md"],
+        ["report-html", "--results", "res", "--out", "res/report.html"],
+    ]
+    for step in steps:
+        r = opprof(*step, cwd=tmp_path)
+        assert r.returncode == 0, (step, r.stderr)
+    # Which two of the three gemm_a launches ncu measured cannot be told: none of the three gets counters; the relu,
+    # last in both sequences, does.
+    coverage = json.loads((tmp_path / "res" / "coverage.json").read_text())
+    assert coverage["counters"] == {
+        "kernels": 4, "with_counters": 1, "measured": 1, "from_layer_class": 0, "refused": 3,
+        "refused_reasons": {"unplaced_window": 3},
+        "refused_keys": [{"key": "gemm_a", "name": "gemm_a", "reason": "unplaced_window", "refused": 3,
+                          "timeline": 3, "ncu": 2}],
+        "not_measured": 0}
+    report = (tmp_path / "res" / "report.md").read_text()
+    assert ("hardware counters (ncu): 1 of 4 kernels; 3 refused: 3 unplaced_window on `gemm_a` (timeline 3, ncu 2); "
+            "0 not measured") in report
+    assert "## Counters refused" in report and "| `gemm_a` | unplaced_window | 3 | 3 | 2 |" in report
+    html = (tmp_path / "res" / "report.html").read_text()
+    assert "<h3>Counters refused</h3>" in html and 'id="refused-table"' in html
+    assert "3 unplaced_window on <code>gemm_a</code> (timeline 3, ncu 2)" in html
+
+    # Declaring the ncu run's window (launches 0-3, all four) turns the refusal into a count mismatch, still refused.
+    r = opprof("match", "--timeline", "res/timeline", "--ncu", "res/ncu/run.parquet", "--window", "run=0:4",
+               "--out", "res2", cwd=tmp_path)
+    assert r.returncode == 0 and "counters: 1 of 4 kernels; 3 refused (3 count_mismatch)" in r.stdout, r.stdout
