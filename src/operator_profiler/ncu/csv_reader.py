@@ -40,8 +40,8 @@ from operator_profiler.files import InputError
 __all__ = ["KERNEL_COLUMNS", "LONG_COLUMNS", "NcuCsvError", "normalize_unit", "read_ncu_csv", "wide_metrics"]
 
 #: Columns of :func:`read_ncu_csv`'s result, in order.
-LONG_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block", "section", "metric", "value", "text", "unit",
-                "raw_unit"]
+LONG_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block", "device", "section", "metric", "value", "text",
+                "unit", "raw_unit"]
 #: Per-kernel columns kept by :func:`wide_metrics`.
 KERNEL_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block"]
 
@@ -219,13 +219,17 @@ def read_ncu_csv(path) -> pd.DataFrame:
     * ``pid`` (Int64, null if no ``Process ID`` column), ``name`` (``Kernel Name`` as printed),
       ``stream`` (Int64 when numeric), ``grid``/``block`` (``"x,y,z"`` from ``Grid Size``/``Block Size``; null in
       the 2021-era ``Kernel Time`` layout, which lacks them, ncu.md §1.2).
+    * ``device`` (Int64): the CUDA device ordinal from the ``Device`` column (null when the file has none, as in the
+      2021-era ``Kernel Time`` layout, ncu.md §1.2). Not carried into :func:`wide_metrics` yet.
     * ``section``: ``Section Name`` (details page; e.g. ``Command line profiler metrics``), null on the raw page.
     * ``metric``: as ncu spells it (raw metric name, or the label such as ``Duration`` on the details page).
     * ``value`` (float): in ``unit``; NaN for ``n/a``, empty or text values. ``text``: the cell as printed.
     * ``unit``: normalised base unit (:func:`normalize_unit`); ``raw_unit``: the unit as printed.
 
     ``df.attrs``: ``"source"`` (path), ``"page"`` (``"details"``/``"raw"``), ``"locale"`` (grouping, decimal),
-    ``"rules"`` (list of dicts: ncu_id, section, rule, type, description, speedup_type, speedup; details page).
+    ``"rules"`` (list of dicts: ncu_id, section, rule, type, description, speedup_type, speedup; details page),
+    ``"compute_capability"`` (device ordinal, or None without a ``Device`` column -> the ``CC`` cell as printed,
+    e.g. ``"12.0"``; empty without a ``CC`` column).
     Rows are sorted by ``ncu_id`` (stable: file order within one result).
 
     Raises:
@@ -314,9 +318,15 @@ def read_ncu_csv(path) -> pd.DataFrame:
     out: list[tuple] = []
     rules: list[dict] = []
 
+    compute_capability: dict = {}
+
     def kernel(r):
+        device = _int_or_none(cell(r, "Device"))
+        cc = (cell(r, "CC") or "").strip()
+        if cc:
+            compute_capability.setdefault(device, cc)
         return (int(r[col["ID"]]), _int_or_none(cell(r, "Process ID")), cell(r, "Kernel Name"),
-                _int_or_none(cell(r, "Stream")), _dims(cell(r, "Grid Size")), _dims(cell(r, "Block Size")))
+                _int_or_none(cell(r, "Stream")), _dims(cell(r, "Grid Size")), _dims(cell(r, "Block Size")), device)
 
     def add(lineno, r, k, section, metric, txt, raw_unit, field):
         unit, factor = normalize_unit(raw_unit)
@@ -353,11 +363,12 @@ def read_ncu_csv(path) -> pd.DataFrame:
     df = pd.DataFrame(out, columns=LONG_COLUMNS)
     df = df.sort_values("ncu_id", kind="stable").reset_index(drop=True)  # ncu writes ID order; keep it guaranteed
     df["ncu_id"] = df["ncu_id"].astype("int64")
-    for c in ("pid", "stream"):
+    for c in ("pid", "stream", "device"):
         if df[c].map(lambda x: x is None or isinstance(x, int)).all():
             df[c] = df[c].astype("Int64")
     df["value"] = df["value"].astype("float64")
-    df.attrs.update({"source": str(path), "page": page, "locale": (group, decimal), "rules": rules})
+    df.attrs.update({"source": str(path), "page": page, "locale": (group, decimal), "rules": rules,
+                     "compute_capability": compute_capability})
     return df
 
 
