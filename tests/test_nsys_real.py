@@ -600,17 +600,17 @@ def _sql_innermost(conn: sqlite3.Connection, domain: int) -> dict:
 
 @pytest.fixture(scope="module")
 def nsysai_outputs(tmp_path_factory):
-    """``opprof timeline --nsys`` then ``opprof attribute --timeline`` on each nsys-ai export, once per module."""
+    """``opprof timeline --nsys`` then ``opprof attribute --timeline`` on each nsys-ai export, once per module
+    (in-process through ``cli.main``, the command line's code path)."""
+    from operator_profiler import cli
+
     outputs = {}
 
     def run(name: str) -> Path:
         if name not in outputs:
-            work = tmp_path_factory.mktemp(name.split("_")[1])
-            out = work / "timeline"
-            res = opprof("timeline", "--nsys", _real(name), "--out", out, cwd=work)
-            assert res.returncode == 0, res.stderr
-            res = opprof("attribute", "--timeline", out, "--out", out / "attribution.parquet", cwd=work)
-            assert res.returncode == 0, res.stderr
+            out = tmp_path_factory.mktemp(name.split("_")[1]) / "timeline"
+            assert cli.main(["timeline", "--nsys", str(_real(name)), "--out", str(out)]) == 0
+            assert cli.main(["attribute", "--timeline", str(out), "--out", str(out / "attribution.parquet")]) == 0
             outputs[name] = out
         return outputs[name]
 
@@ -623,16 +623,16 @@ def test_two_process_export_kernels_and_launches_stay_in_their_process(nsysai_ou
     conn = _db(_real(name))
     kernels_sql = {(pid, dev): n for pid, dev, n in conn.execute(
         f"SELECT (globalPid >> 24) & 0xFFFFFF, deviceId, count(*) FROM {KERNEL} GROUP BY 1, 2")}
-    own = f"""EXISTS (SELECT 1 FROM {RUNTIME} AS r WHERE r.correlationId = k.correlationId
-                      AND (r.globalTid >> 24) = (k.globalPid >> 24) AND r.eventClass IN (0, 1))"""
-    other = f"""EXISTS (SELECT 1 FROM {RUNTIME} AS r WHERE r.correlationId = k.correlationId
-                        AND (r.globalTid >> 24) != (k.globalPid >> 24) AND r.eventClass IN (0, 1))"""
+    # a launch row of the kernel's own process: same (pid, correlationId), §7 Q1
+    own = f"""((globalPid >> 24) & 0xFFFFFF, correlationId) IN
+              (SELECT (globalTid >> 24) & 0xFFFFFF, correlationId FROM {RUNTIME} WHERE eventClass IN (0, 1))"""
     with_launch_sql = {(pid, dev): n for pid, dev, n in conn.execute(
-        f"SELECT (globalPid >> 24) & 0xFFFFFF, deviceId, count(*) FROM {KERNEL} AS k WHERE {own} GROUP BY 1, 2")}
-    # A kernel whose correlationId only a call of the other process carries: a join on correlationId alone
+        f"SELECT (globalPid >> 24) & 0xFFFFFF, deviceId, count(*) FROM {KERNEL} WHERE {own} GROUP BY 1, 2")}
+    # A kernel without one whose correlationId a call of the other process carries: a join on correlationId alone
     # would give it that call.
-    crossed_sql = set(conn.execute(
-        f"SELECT (globalPid >> 24) & 0xFFFFFF, correlationId FROM {KERNEL} AS k WHERE NOT {own} AND {other}"))
+    crossed_sql = set(conn.execute(f"""
+        SELECT (globalPid >> 24) & 0xFFFFFF, correlationId FROM {KERNEL} WHERE NOT {own}
+        AND correlationId IN (SELECT correlationId FROM {RUNTIME} WHERE eventClass IN (0, 1))"""))
     launched = _launched(conn)
     calls_sql = Counter(conn.execute(f"""SELECT (globalTid >> 24) & 0xFFFFFF, correlationId FROM {RUNTIME}
                                          WHERE eventClass IN (0, 1) AND {launched}"""))
@@ -653,11 +653,11 @@ def test_two_process_export_kernels_and_launches_stay_in_their_process(nsysai_ou
     assert kernels[kernels["launch_tid"].notna()].groupby(["pid", "device"]).size().to_dict() == with_launch_sql
     keyed = kernels.set_index(["pid", "correlation_id"])
     assert keyed.loc[sorted(crossed_sql), "launch_tid"].isna().all()
-    assert diagnostics["cross_process_correlation_ids"] == len(crossed_sql)
     # launches.parquet holds the calls that launched GPU work of their own process, and nothing else.
     assert Counter(zip(launches["pid"], launches["correlation_id"])) == calls_sql
     assert {int(p): e["launches"] for p, e in diagnostics["per_process"].items()} == Counter(
         pid for pid, _ in calls_sql.elements())
+    assert diagnostics["cross_process_correlation_ids"] == len(crossed_sql)
 
     attribution = pd.read_parquet(out / "attribution.parquet").merge(kernels[["kernel_id", "pid", "correlation_id"]])
     unattributed = attribution[attribution["path"] == "unattributed"]

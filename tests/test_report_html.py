@@ -577,21 +577,24 @@ QWEN = "tracelens_h100_qwen1.5_0.5b_chat.json.gz"  # H100, 436 orphan kernels, 1
 BERT = "tracelens_h100_bert_small_uncased.json.gz"
 
 
+def _main(*args) -> None:
+    """One opprof command in-process (cli.main, the same code path as the command line, faster)."""
+    from operator_profiler import cli
+
+    assert cli.main([str(a) for a in args]) == 0, args
+
+
 def _imported(tmp_path: Path, trace: Path, name: str) -> tuple[Path, Path]:
     """opprof timeline / classify / attribute / aggregate of a trace captured elsewhere, in-process (cli.main):
     (timeline folder, results folder)."""
-    from operator_profiler import cli
-
     tl, agg, layers = tmp_path / f"{name}_tl", tmp_path / name, tmp_path / f"{name}_layers"
     (tmp_path / "layers.json").write_text("[]")
-    for args in (["timeline", "--kineto", trace, "--out", tl],
-                 ["classify", "--timeline", tl, "--layers", tmp_path / "layers.json", "--out", layers],
-                 ["attribute", "--timeline", tl, "--kernel-layers", layers / "kernel_layers.parquet", "--out",
-                  tmp_path / f"{name}_attribution.parquet"],
-                 ["aggregate", "--attribution", tmp_path / f"{name}_attribution.parquet", "--instances",
-                  layers / "instances.parquet", "--classes", layers / "classes.json", "--device", "cuda",
-                  "--out", agg]):
-        assert cli.main([str(a) for a in args]) == 0, args[0]
+    _main("timeline", "--kineto", trace, "--out", tl)
+    _main("classify", "--timeline", tl, "--layers", tmp_path / "layers.json", "--out", layers)
+    _main("attribute", "--timeline", tl, "--kernel-layers", layers / "kernel_layers.parquet", "--out",
+          tmp_path / f"{name}_attribution.parquet")
+    _main("aggregate", "--attribution", tmp_path / f"{name}_attribution.parquet", "--instances",
+          layers / "instances.parquet", "--classes", layers / "classes.json", "--device", "cuda", "--out", agg)
     return tl, agg
 
 
@@ -613,13 +616,11 @@ def test_report_html_takes_the_timeline_of_a_real_trace_like_report(tmp_path):
 
     tl, agg = _imported(tmp_path, trace, "qwen")
     md, page, bare = tmp_path / "r.md", tmp_path / "r.html", tmp_path / "bare.html"
-    for args in (["report", "--results", agg, "--timeline", tl, "--out", md],
-                 ["report-html", "--results", agg, "--timeline", tl, "-o", page],
-                 ["report-html", "--results", agg, "-o", bare]):
-        result = opprof(*args)
-        assert result.returncode == 0, result.stderr
+    _main("report", "--results", agg, "--timeline", tl, "--out", md)
+    _main("report-html", "--results", agg, "--timeline", tl, "-o", page)
+    _main("report-html", "--results", agg, "-o", bare)
     md, text, bare = md.read_text(), page.read_text(), bare.read_text()
-    memcpy = (f"besides kernels the GPU ran {kinds['gpu_memcpy']} memcpy (" , f" and {kinds['gpu_memset']} memsets (")
+    memcpy = (f"besides kernels the GPU ran {kinds['gpu_memcpy']} memcpy (", f" and {kinds['gpu_memset']} memsets (")
     for shown in (md, text):
         assert f"GPU(s): {gpu}" in shown and all(part in shown for part in memcpy)
         assert f"trace: <code>{trace}</code>" in shown or f"trace: `{trace}`" in shown
@@ -661,9 +662,7 @@ def test_report_html_refuses_the_timeline_of_another_trace(tmp_path):
 
     _, agg = _imported(tmp_path, real_file("kineto", BERT), "bert")
     other = tmp_path / "other_tl"
-    from operator_profiler import cli
-
-    assert cli.main(["timeline", "--kineto", str(real_file("kineto", QWEN)), "--out", str(other)]) == 0
+    _main("timeline", "--kineto", real_file("kineto", QWEN), "--out", other)
     kernels = len(pd.read_parquet(other / "kernels.parquet"))
     line = _one_line_error(opprof("report-html", "--results", agg, "--timeline", other, "-o", tmp_path / "r.html"),
                            "describes a timeline of", command="report-html")
@@ -679,23 +678,23 @@ LONG_OPS = [(LONG + "float>>(Params)", 3_000_000), (LONG + "double>>(Params)", 2
             ("aten::addmm", 1_000_000), ("(unattributed)", 500_000)]
 
 
-def test_unattributed_row_is_not_an_operator_and_long_names_stay_distinct_on_every_page(tmp_path):
+def test_unattributed_row_is_not_an_operator_and_long_names_stay_distinct_on_every_page(tmp_path, capsys):
     operators = write_results(tmp_path / "a" / "gpt2", LONG_OPS)
     write_results(tmp_path / "b" / "gpt2", [(o, t * 2) for o, t in LONG_OPS])
     n = sum(1 for o, _ in LONG_OPS if o != "(unattributed)")
     md, page, cmp = tmp_path / "r.md", tmp_path / "r.html", tmp_path / "c.html"
-    results = [opprof("report", "--results", tmp_path / "a" / "gpt2", "--out", md, "--top", "3"),
-               opprof("report-html", "--results", tmp_path / "a" / "gpt2", "-o", page, "--top", "3"),
-               opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", cmp)]
-    for result in results:
-        assert result.returncode == 0, result.stderr
+    _main("report", "--results", tmp_path / "a" / "gpt2", "--out", md, "--top", "3")
+    _main("report-html", "--results", tmp_path / "a" / "gpt2", "-o", page, "--top", "3")
+    capsys.readouterr()
+    _main("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", cmp)
+    summary = capsys.readouterr().out
     md, text, cmp_text = md.read_text(), page.read_text(), cmp.read_text()
     assert f"## Top 3 of {n} operators" in md
     kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
     assert kpis["operators"] == str(n)
     assert f"<h3>Time share, top 3 of {n} operators</h3>" in text
     assert f"<h3>All {n} operators and the unattributed kernels</h3>" in text
-    assert f"{n} operators ({n} in both, 0 only in A, 0 only in B)" in results[2].stdout
+    assert f"{n} operators ({n} in both, 0 only in A, 0 only in B)" in summary
     assert f"<h2>All {n} operators and the unattributed kernels</h2>" in cmp_text
     cmp_kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', cmp_text))
     assert cmp_kpis["operators slower / faster / same"] == f"{n} / 0 / 0"  # every one twice as slow; not the row
@@ -718,10 +717,8 @@ def test_unattributed_row_is_not_an_operator_and_long_names_stay_distinct_on_eve
 def test_only_unattributed_kernels_means_no_operator_found(tmp_path):
     write_results(tmp_path / "gpt2", [("(unattributed)", 1_000_000)])
     md, page = tmp_path / "r.md", tmp_path / "r.html"
-    for args in (["report", "--results", tmp_path / "gpt2", "--out", md],
-                 ["report-html", "--results", tmp_path / "gpt2", "-o", page]):
-        result = opprof(*args)
-        assert result.returncode == 0, result.stderr
+    _main("report", "--results", tmp_path / "gpt2", "--out", md)
+    _main("report-html", "--results", tmp_path / "gpt2", "-o", page)
     md, text = md.read_text(), page.read_text()
     assert "No operator found: every kernel is unattributed" in md and "## Top" not in md
     assert "<h3>No operator found: only unattributed kernels</h3>" in text
