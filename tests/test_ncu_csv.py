@@ -1,4 +1,4 @@
-"""``operator_profiler.ncu.csv_reader`` on the five real ncu CSVs and on small synthetic CSVs, one per documented
+"""``operator_profiler.ncu.csv_reader`` on the eight real ncu CSVs and on small synthetic CSVs, one per documented
 variant of ../shared/docs/ncu.md §1 (raw page with units row, digit grouping in two locales, ``n/a``, ``==PROF==``
 and application-stdout preambles, the 20-column layout with estimated speedups) and per bad input.
 
@@ -8,6 +8,7 @@ there); each carries the 1-based line number it comes from.
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 from pathlib import Path
@@ -31,6 +32,10 @@ GPT2 = "a100_pytorch_gpt2_flashattn_details_kerneltime_rules.csv"
 DROPOUT = "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv"
 POOL = "a100_pytorch_adaptive_avgpool_details_blockgrid_rules_preamble.csv"
 CONV = "a100_cudnn_conv2d_details_kerneltime_rules_app_stdout_preamble.csv"
+# DeepSeek-OCR on an RTX 5090 (CC 12.0), one kernel per file, newer 20-column details layout (PROVENANCE.md).
+CC120_GEMM = "llmperfopt_dsocr_cc120_cutlass_bf16_gemm_256x128_details.csv"
+CC120_FMHA = "llmperfopt_dsocr_cc120_fmha_cutlassF_bf16_attention_details.csv"
+CC120_SILU = "llmperfopt_dsocr_cc120_silu_elementwise_details.csv"
 
 
 def _real(name: str) -> Path:
@@ -131,6 +136,108 @@ def test_conv2d_app_stdout_preamble():
     (rule,) = [x for x in df.attrs["rules"] if x["rule"] == "LaunchConfiguration"]
     assert (rule["ncu_id"], rule["section"], rule["type"]) == (0, "LaunchStats", "WRN")
     assert rule["description"].startswith("The grid for this launch is configured to execute only 64 blocks")
+
+
+# ---------------------------------------------------------------- CC 12.0 details files (auto-scaled units)
+
+# ncu.md §1.4: --print-units auto scales with SI factor 1000 (also bytes); what each printed unit is in base units.
+BY_HAND = {"Mbyte": ("byte", 1e6), "Kbyte": ("byte", 1e3), "byte": ("byte", 1.0), "us": ("second", 1e-6),
+           "Ghz": ("hz", 1e9), "Gbyte/s": ("byte/second", 1e9)}
+# (file, line, metric, printed unit, printed value, value in base units) read by hand from the files
+CC120_VALUES = [
+    (CC120_GEMM, 2, "dram__bytes_read.sum", "Mbyte", "17.50", 17_500_000.0),
+    (CC120_GEMM, 7, "gpu__time_duration.sum", "us", "111.81", 111.81e-6),
+    (CC120_GEMM, 12, "SM Frequency", "Ghz", "2.00", 2.0e9),
+    (CC120_GEMM, 23, "Memory Throughput", "Gbyte/s", "156.55", 156.55e9),
+    (CC120_FMHA, 3, "dram__bytes_write.sum", "Mbyte", "6.02", 6_020_000.0),
+    (CC120_FMHA, 7, "gpu__time_duration.sum", "us", "160.74", 160.74e-6),
+    (CC120_SILU, 2, "dram__bytes_read.sum", "Kbyte", "97.54", 97_540.0),
+    (CC120_SILU, 7, "gpu__time_duration.sum", "us", "3.14", 3.14e-6),
+]
+
+
+def _csv_rows(path: Path) -> tuple[list[str], list[dict]]:
+    """The header and the rows (as dicts; a short metric row has no rule fields) by the csv module; lines before
+    the header (``==PROF==`` preamble, ncu.md §1.5) and ``==PROF==`` lines after it are skipped."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.reader(fh) if r and not r[0].startswith("==")]
+    start = next(i for i, r in enumerate(rows) if r[0] == "ID")
+    return rows[start], [dict(zip(rows[start], r)) for r in rows[start + 1:]]
+
+
+@pytest.mark.parametrize("name", [CC120_GEMM, CC120_FMHA, CC120_SILU])
+def test_cc120_details_counts_identity_and_na(name):
+    header, rows = _csv_rows(_real(name))
+    metric_rows = [r for r in rows if r["Metric Name"]]
+    rule_rows = [r for r in rows if not r["Metric Name"]]
+    na = [r["Metric Name"] for r in metric_rows if r["Metric Value"] == "n/a"]
+    kernels = {(r["ID"], r["Grid Size"], r["Block Size"], r["Device"], r["CC"], r["Process ID"], r["Stream"])
+               for r in rows}
+    # What PROVENANCE.md reports: 20 columns, 44 metric rows (43 names), 3 n/a, 4 rule rows, 1 kernel on CC 12.0.
+    assert len(header) == 20 and {"Block Size", "Grid Size", "Device", "CC"} <= set(header)
+    assert "Kernel Time" not in header
+    assert (len(metric_rows), len({r["Metric Name"] for r in metric_rows}), len(na), len(rule_rows)) == (44, 43, 3, 4)
+    assert len(kernels) == 1
+    ((ncu_id, grid, block, device, cc, pid, stream),) = kernels
+    assert cc == "12.0"
+
+    df = read_ncu_csv(_real(name))
+    assert list(df.columns) == LONG_COLUMNS and df.attrs["page"] == "details"
+    assert len(df) == len(metric_rows) and df["metric"].nunique() == len({r["Metric Name"] for r in metric_rows})
+    assert list(df["metric"]) == [r["Metric Name"] for r in metric_rows]
+    # n/a is missing (NaN), never 0; its text is kept
+    missing = df[df["value"].isna()]
+    assert sorted(missing["metric"]) == sorted(na) and set(missing["text"]) == {"n/a"}
+    assert len(df.attrs["rules"]) == len(rule_rows)
+    assert [(x["section"], x["rule"], x["type"], x["speedup_type"]) for x in df.attrs["rules"]] == [
+        (r["Section Name"], r["Rule Name"], r["Rule Type"], r["Estimated Speedup Type"]) for r in rule_rows]
+    assert [x["speedup"] for x in df.attrs["rules"] if x["speedup_type"]] == [
+        float(r["Estimated Speedup"]) for r in rule_rows if r["Estimated Speedup Type"]]
+    # identity: "(332, 1, 1)" -> "332,1,1"; Device as an integer ordinal; CC per device
+    assert set(df["ncu_id"]) == {int(ncu_id)}
+    assert set(df["grid"]) == {grid.strip("()").replace(" ", "")} and set(df["block"]) == {block.strip("()").replace(" ", "")}
+    assert set(df["device"]) == {int(device)} and str(df["device"].dtype) == "Int64"
+    assert set(df["pid"]) == {int(pid)} and set(df["stream"]) == {int(stream)}
+    assert df.attrs["compute_capability"] == {int(device): cc}
+
+    wide = wide_metrics(df)
+    assert len(wide) == 1
+    # "Memory Throughput" is in two sections (% of peak and Gbyte/s): two columns, named by section
+    doubled = [r["Section Name"] for r in metric_rows if r["Metric Name"] == "Memory Throughput"]
+    assert len(doubled) == 2
+    assert [c for c in wide.columns if c.endswith("Memory Throughput")] == [f"{s}: Memory Throughput" for s in doubled]
+    assert wide.shape[1] == 6 + len(metric_rows)
+    assert wide.loc[0, ["grid", "block"]].tolist() == [df["grid"].iloc[0], df["block"].iloc[0]]
+    # every numeric cell converts with the unit's SI factor, computed here from the CSV text
+    for r in metric_rows:
+        if r["Metric Unit"] in BY_HAND:
+            unit, factor = BY_HAND[r["Metric Unit"]]
+            got = df[(df["section"] == r["Section Name"]) & (df["metric"] == r["Metric Name"])].iloc[0]
+            assert got["unit"] == unit and got["raw_unit"] == r["Metric Unit"], r["Metric Name"]
+            assert got["value"] == pytest.approx(float(r["Metric Value"].replace(",", "")) * factor), r["Metric Name"]
+
+
+@pytest.mark.parametrize(("name", "line", "metric", "raw_unit", "printed", "expected"), CC120_VALUES)
+def test_cc120_auto_scaled_units_by_hand(name, line, metric, raw_unit, printed, expected):
+    with open(_real(name), newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    header, row = rows[0], dict(zip(rows[0], rows[line - 1]))
+    assert (row["Metric Name"], row["Metric Unit"], row["Metric Value"]) == (metric, raw_unit, printed)
+    df = read_ncu_csv(_real(name))
+    got = df[(df["metric"] == metric) & (df["section"] == row["Section Name"])]
+    assert len(got) == 1
+    assert got["value"].iloc[0] == pytest.approx(expected, rel=1e-12)
+    assert (got["unit"].iloc[0], got["raw_unit"].iloc[0], got["text"].iloc[0]) == (BY_HAND[raw_unit][0], raw_unit, printed)
+
+
+def test_kernel_time_layout_has_no_device():
+    df = read_ncu_csv(_real(BERT))  # 2021-era "Kernel Time" identity columns: no Device, no CC
+    assert df["device"].isna().all() and str(df["device"].dtype) == "Int64"
+    assert df.attrs["compute_capability"] == {}
+    pool = read_ncu_csv(_real(POOL))  # "Block Size"/"Grid Size"/"Device"/"CC" layout on an A100
+    _, rows = _csv_rows(_real(POOL))
+    assert set(pool["device"]) == {int(r["Device"]) for r in rows if r.get("Device")}
+    assert pool.attrs["compute_capability"] == {int(r["Device"]): r["CC"] for r in rows if r.get("Device")}
 
 
 # ---------------------------------------------------------------- synthetic variants

@@ -1,4 +1,4 @@
-"""The nsys reader, NVTX attribution and ``opprof timeline --nsys`` on the six real Nsight Systems exports.
+"""The nsys reader, NVTX attribution and ``opprof timeline --nsys`` on the eight real Nsight Systems exports.
 
 Every expected figure is computed here, independently of the reader, with plain ``sqlite3`` SQL on the real files
 (../shared/data/real/nsys/, provenance in PROVENANCE.md there), following ../shared/docs/nsys-sqlite.md: §2 for
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -47,6 +48,9 @@ SAXPY = "pipit_saxpy_mpi_cuda_a100_nsys2022.2.sqlite"
 EXTRAP_WIN = "extrap_concurrent_streams_nvtx_gtx1060_win_nsys2022.1.sqlite"
 EXGPU_OLD = "extrap_exgpu_a100x4_oldschema_nsys2021.sqlite"
 NOKERNELS = "uvmtorch_gptneo_nokernels_a5000_nsys2025.3.sqlite"
+# Two processes on two H100s, cut to a time window by nsys-ai's derive_test_fixture.py (PROVENANCE.md).
+FASTVIDEO = "nsysai_fastvideo_h100x2_window1s_nsys2026.sqlite"
+MFU = "nsysai_mfu_2gpu_before.sqlite"
 EXTRAP_DOMAIN = "de.tu-darmstadt.parallel.extra_prof"
 
 # What the SQL below must find (nsys-sqlite.md §7/§11, PROVENANCE.md): kernels, launches (eventClass 0/1),
@@ -58,8 +62,14 @@ PINNED = {
     EXTRAP_WIN: (12, 184, 76, 0, 30, 17, ("2022.1.1.61", "2.9.1")),
     EXGPU_OLD: (6, 18, 0, 0, 0, 0, (None, None)),
     NOKERNELS: (0, 2, 0, 0, 0, 0, ("2025.3.2.367", "3.20.3")),
+    # kernels and push/pop ranges from PROVENANCE.md; the rest counted with the sqlite3 shell
+    FASTVIDEO: (3442, 5796, 16782, 0, 904, 22, ("2026.2.1.210", "3.25.0")),
+    MFU: (4010, 7466, 19118, 0, 1020, 269, ("2026.2.1.210", "3.25.0")),
 }
 FILES = list(PINNED)
+# Kernels whose launch row (same process and correlationId) is in the file: all of them, except in the windowed
+# exports, whose window cut the launch calls of the kernels that ran first (PROVENANCE.md: 1,632 and 3,986).
+WITH_LAUNCH = {FASTVIDEO: 1632, MFU: 3986}
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -92,11 +102,13 @@ def _launch_filter(conn: sqlite3.Connection, alias: str = "") -> str:
 
 
 def _launched(conn: sqlite3.Connection) -> str:
-    """API rows that launched GPU work: their correlation id is on a kernel, memcpy or memset row."""
+    """API rows that launched GPU work: their (process, correlation id) is on a kernel, memcpy or memset row of the
+    same process (correlation ids are unique per process only, §3)."""
     tables = [t for t in (KERNEL, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in _tables(conn)]
     if not tables:
         return "0 = 1"
-    return "correlationId IN (" + " UNION ".join(f"SELECT correlationId FROM {t}" for t in tables) + ")"
+    return ("((globalTid >> 24) & 0xFFFFFF, correlationId) IN ("
+            + " UNION ".join(f"SELECT (globalPid >> 24) & 0xFFFFFF, correlationId FROM {t}" for t in tables) + ")")
 
 
 @cache
@@ -189,9 +201,15 @@ def _sql_facts(conn: sqlite3.Connection) -> dict:
     return facts
 
 
-def test_the_folder_holds_the_six_files():
+def test_the_folder_holds_the_eight_exports_and_tests_read_only_those(real_nsys_files):
     _real(THUNDER)
     assert sorted(p.name for p in NSYS_DIR.glob("*.sqlite")) == sorted(FILES)
+    # The fixture the other real-data tests loop over lists the exports only: not the nbody CSV, nor a stray file
+    # such as the one-page SQLite file named "-h" in the shared folder (no nsys table; left by a 'sqlite3 -h').
+    assert [p.name for p in real_nsys_files] == sorted(FILES)
+    strays = [p for p in NSYS_DIR.iterdir() if p.suffix not in (".sqlite", ".md", ".csv") and not p.name.startswith("LICENSE")]
+    for stray in strays:
+        assert stray not in real_nsys_files
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -202,8 +220,11 @@ def test_reader_matches_sql(name):
     # The SQL finds what the docs report ...
     assert (facts["kernels"], facts["launches"], facts["ranges"]["nvtx_push_pop"], facts["ranges"]["nvtx_start_end"],
             facts["memcpy"], facts["memset"], facts["versions"]) == PINNED[name]
-    # ... every kernel joins exactly one launch call of its process (§7 Q1 results) ...
-    assert Counter(n for n, *_ in facts["joins"].values()) == ({1: kernels_n} if kernels_n else {})
+    # ... every kernel joins exactly one launch call of its process (§7 Q1 results), except those of a windowed
+    # export whose launch call lies before the window (none) ...
+    joined = WITH_LAUNCH.get(name, kernels_n)
+    assert Counter(n for n, *_ in facts["joins"].values()) == {k: v for k, v in ((1, joined), (0, kernels_n - joined))
+                                                              if v}
 
     t = _timeline(name)
     d = t.diagnostics
@@ -225,9 +246,12 @@ def test_reader_matches_sql(name):
 
     reader = {(int(r.pid), int(r.correlation_id)): r for r in t.kernels.itertuples()}
     assert set(reader) == set(facts["joins"])
-    for key, (_, tid, start, api) in facts["joins"].items():
+    for key, (n, tid, start, api) in facts["joins"].items():
         row = reader[key]
-        assert (row.launch_tid, row.launch_start_ns, row.launch_api) == (tid, start, api), key
+        if n:
+            assert (row.launch_tid, row.launch_start_ns, row.launch_api) == (tid, start, api), key
+        else:
+            assert pd.isna(row.launch_tid) and pd.isna(row.launch_start_ns) and pd.isna(row.launch_api), key
         name_, k_start, k_end, grid = facts["kernel_rows"][key]
         assert (row.name, row.start_ns, row.end_ns, row.grid) == (name_, k_start, k_end, grid), key
 
@@ -527,3 +551,163 @@ def test_cli_exports_a_nsys_rep_with_nsys_from_path(tmp_path):
     assert list(kernels["name"]) == ["gemm_bwd", "reduce_bwd"]
     assert list(kernels["launch_tid"]) == [2, 2] and list(kernels["grid"]) == ["4,2,1", "1,1,1"]
     assert len(pd.read_parquet(out / "ranges.parquet")) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. Two processes on two GPUs, cut to a time window (nsys-ai fixtures): nothing joins across processes
+
+# PROVENANCE.md: pids, kernels per (pid, device), kernels whose launch row of their own process is in the file,
+# NVTX domains; FASTVIDEO's 11 kernels that a join on correlationId alone would give another process's call.
+NSYSAI = {
+    FASTVIDEO: {"kernels": {(111, 0): 1721, (112, 1): 1721}, "with_launch": 1632, "domains": 1, "cross": 11},
+    MFU: {"kernels": {(144, 0): 1993, (145, 1): 2017}, "with_launch": 3986, "domains": 2, "cross": None},
+}
+DECORATIONS = re.compile(r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$")  # emit_nvtx, nsys-sqlite.md §10
+
+
+def _ranges_db(name: str) -> sqlite3.Connection:
+    """An in-memory database with the file attached read-only, its push/pop ranges (eventType 59/70, unclosed ones
+    ending at the largest integer) in a temporary table ``r`` indexed in the order the innermost search reads
+    (thread, domain, latest start first, then shortest) and its kernels' own-process launch calls
+    (§7 Q1) in ``l``: the innermost enclosing range of a launch is then one index lookup (the file itself has no
+    index on NVTX_EVENTS, so a plain join would compare every launch with every range of its thread)."""
+    conn = sqlite3.connect(":memory:")
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    conn.execute("ATTACH DATABASE ? AS x", (f"file:{_real(name)}?mode=ro",))
+    conn.execute(f"""CREATE TEMP TABLE r AS
+        SELECT n.globalTid, coalesce(n.domainId, 0) AS domain, n.start, coalesce(n."end", 9223372036854775807) AS e,
+               coalesce(n.text, s.value) AS text
+        FROM x.NVTX_EVENTS AS n LEFT JOIN x.StringIds AS s ON s.id = n.textId
+        WHERE n.eventType IN {PUSH_POP}""")
+    conn.execute("CREATE INDEX r_thread ON r (globalTid, domain, start DESC, e)")
+    conn.execute(f"""CREATE TEMP TABLE l AS
+        SELECT (k.globalPid >> 24) & 0xFFFFFF AS pid, k.correlationId AS corr, k.deviceId AS device,
+               r.globalTid, r.start AS s, r."end" AS e
+        FROM x.{KERNEL} AS k JOIN x.{RUNTIME} AS r
+          ON r.correlationId = k.correlationId AND (r.globalTid >> 24) = (k.globalPid >> 24) AND r.eventClass IN (0, 1)""")
+    return conn
+
+
+def _sql_innermost(conn: sqlite3.Connection, domain: int) -> dict:
+    """(pid, correlationId) -> the raw text of the innermost push/pop range of ``domain`` on the launching thread
+    enclosing the launch call (§7 Q2: start <= call start, end >= call end; latest start, then shortest), or None."""
+    return {(pid, corr): text for pid, corr, text in conn.execute("""
+        SELECT l.pid, l.corr,
+               (SELECT r.text FROM r WHERE r.globalTid = l.globalTid AND r.domain = ? AND r.start <= l.s AND r.e >= l.e
+                ORDER BY r.start DESC, r.e ASC LIMIT 1)
+        FROM l""", (domain,))}
+
+
+@pytest.fixture(scope="module")
+def nsysai_outputs(tmp_path_factory):
+    """``opprof timeline --nsys`` then ``opprof attribute --timeline`` on each nsys-ai export, once per module
+    (in-process through ``cli.main``, the command line's code path)."""
+    from operator_profiler import cli
+
+    outputs = {}
+
+    def run(name: str) -> Path:
+        if name not in outputs:
+            out = tmp_path_factory.mktemp(name.split("_")[1]) / "timeline"
+            assert cli.main(["timeline", "--nsys", str(_real(name)), "--out", str(out)]) == 0
+            assert cli.main(["attribute", "--timeline", str(out), "--out", str(out / "attribution.parquet")]) == 0
+            outputs[name] = out
+        return outputs[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", list(NSYSAI))
+def test_two_process_export_kernels_and_launches_stay_in_their_process(nsysai_outputs, name):
+    expected = NSYSAI[name]
+    conn = _db(_real(name))
+    kernels_sql = {(pid, dev): n for pid, dev, n in conn.execute(
+        f"SELECT (globalPid >> 24) & 0xFFFFFF, deviceId, count(*) FROM {KERNEL} GROUP BY 1, 2")}
+    # a launch row of the kernel's own process: same (pid, correlationId), §7 Q1
+    own = f"""((globalPid >> 24) & 0xFFFFFF, correlationId) IN
+              (SELECT (globalTid >> 24) & 0xFFFFFF, correlationId FROM {RUNTIME} WHERE eventClass IN (0, 1))"""
+    with_launch_sql = {(pid, dev): n for pid, dev, n in conn.execute(
+        f"SELECT (globalPid >> 24) & 0xFFFFFF, deviceId, count(*) FROM {KERNEL} WHERE {own} GROUP BY 1, 2")}
+    # A kernel without one whose correlationId a call of the other process carries: a join on correlationId alone
+    # would give it that call.
+    crossed_sql = set(conn.execute(f"""
+        SELECT (globalPid >> 24) & 0xFFFFFF, correlationId FROM {KERNEL} WHERE NOT {own}
+        AND correlationId IN (SELECT correlationId FROM {RUNTIME} WHERE eventClass IN (0, 1))"""))
+    launched = _launched(conn)
+    calls_sql = Counter(conn.execute(f"""SELECT (globalTid >> 24) & 0xFFFFFF, correlationId FROM {RUNTIME}
+                                         WHERE eventClass IN (0, 1) AND {launched}"""))
+    calls_any_process = conn.execute(f"""SELECT count(*) FROM {RUNTIME} WHERE eventClass IN (0, 1) AND correlationId IN
+        (SELECT correlationId FROM {KERNEL} UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY
+         UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET)""").fetchone()[0]
+    # The SQL finds what PROVENANCE.md reports.
+    assert kernels_sql == expected["kernels"]
+    assert sum(with_launch_sql.values()) == expected["with_launch"]
+    assert expected["cross"] in (None, len(crossed_sql)) and crossed_sql
+    assert calls_any_process > sum(calls_sql.values())  # calls that share an id with the other process's GPU work
+
+    out = nsysai_outputs(name)
+    kernels = pd.read_parquet(out / "kernels.parquet")
+    launches = pd.read_parquet(out / "launches.parquet")
+    diagnostics = json.loads((out / "diagnostics.json").read_text())
+    assert kernels.groupby(["pid", "device"]).size().to_dict() == kernels_sql
+    assert kernels[kernels["launch_tid"].notna()].groupby(["pid", "device"]).size().to_dict() == with_launch_sql
+    keyed = kernels.set_index(["pid", "correlation_id"])
+    assert keyed.loc[sorted(crossed_sql), "launch_tid"].isna().all()
+    # launches.parquet holds the calls that launched GPU work of their own process, and nothing else.
+    assert Counter(zip(launches["pid"], launches["correlation_id"])) == calls_sql
+    assert {int(p): e["launches"] for p, e in diagnostics["per_process"].items()} == Counter(
+        pid for pid, _ in calls_sql.elements())
+    assert diagnostics["cross_process_correlation_ids"] == len(crossed_sql)
+
+    attribution = pd.read_parquet(out / "attribution.parquet").merge(kernels[["kernel_id", "pid", "correlation_id"]])
+    unattributed = attribution[attribution["path"] == "unattributed"]
+    assert set(unattributed["reason"]) == {"no_launch_record"}
+    assert len(unattributed) == sum(kernels_sql.values()) - expected["with_launch"]
+    crossed_rows = attribution.set_index(["pid", "correlation_id"]).loc[sorted(crossed_sql)]
+    assert (crossed_rows["path"] == "unattributed").all()
+
+
+@pytest.mark.parametrize("name", list(NSYSAI))
+def test_two_process_export_ranges_and_nvtx_attribution(nsysai_outputs, name):
+    expected = NSYSAI[name]
+    conn = _db(_real(name))
+    ranges_sql = {(pid, domain): n for pid, domain, n in conn.execute(
+        f"SELECT (globalTid >> 24) & 0xFFFFFF, coalesce(domainId, 0), count(*) FROM NVTX_EVENTS "
+        f"WHERE eventType IN {PUSH_POP + START_END} GROUP BY 1, 2")}
+    named_domains = {(pid, d): text for pid, d, text in conn.execute(
+        "SELECT (globalTid >> 24) & 0xFFFFFF, domainId, text FROM NVTX_EVENTS WHERE eventType = 75")}
+    assert sum(ranges_sql.values()) == PINNED[name][2]
+    assert len({d for _, d in ranges_sql}) == expected["domains"]
+
+    out = nsysai_outputs(name)
+    ranges = pd.read_parquet(out / "ranges.parquet")
+    assert ranges.groupby(["pid", "domain_id"]).size().to_dict() == ranges_sql
+    # Domain 0 is "default"; the window dropped the domain-create rows (eventType 75) of the other domain, so it
+    # is named by its id.
+    names = {(int(p), int(d)): str(n) for p, d, n in ranges[["pid", "domain_id", "domain"]].drop_duplicates().itertuples(
+        index=False)}
+    assert names == {key: "default" if key[1] == 0 else named_domains.get(key, f"domain {key[1]}") for key in ranges_sql}
+
+    db = _ranges_db(name)
+    operators = _sql_innermost(db, 0)
+    assert len(operators) == expected["with_launch"]
+    assert all(text for text in operators.values())  # every launch call in the window lies inside an aten:: range
+    kernels = pd.read_parquet(out / "kernels.parquet")
+    attribution = pd.read_parquet(out / "attribution.parquet").merge(
+        kernels[["kernel_id", "pid", "correlation_id", "device"]])
+    attributed = attribution[attribution["path"] == "nvtx"]
+    assert len(attributed) == expected["with_launch"]
+    got = dict(zip(zip(attributed["pid"], attributed["correlation_id"]), attributed["operator"]))
+    assert got == {key: DECORATIONS.sub("", text) for key, text in operators.items()}
+    per_device = {(pid, dev): n for pid, dev, n in db.execute("SELECT pid, device, count(*) FROM l GROUP BY 1, 2")}
+    assert attributed.groupby(["pid", "device"]).size().to_dict() == per_device
+    # The other domain's innermost range is a tag, never the operator.
+    tags = {}
+    for domain in sorted({d for _, d in ranges_sql} - {0}):
+        for key, text in _sql_innermost(db, domain).items():
+            if text is not None:
+                tags.setdefault(key, {})[names[(key[0], domain)]] = text
+    got_tags = {(int(r.pid), int(r.correlation_id)): json.loads(r.evidence)["nvtx"].get("tags") or {}
+                for r in attributed.itertuples()}
+    assert {key: t for key, t in got_tags.items() if t} == tags
+    assert (name == MFU) == bool(tags)

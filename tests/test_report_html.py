@@ -506,7 +506,9 @@ def test_no_kernels_shows_why_at_the_top_and_no_empty_plots(tmp_path):
     assert 'id="fig-operator-share-none"' in text and 'id="fig-modules-none"' in text
     header = text.split('<section id="measurement">')[1].split("</section>")[0]
     assert 'id="no-kernels-note"' in header and "CUPTI range-profiler mode" in header
-    assert "top 0 of 0" not in text and "No operators" in text
+    assert "top 0 of 0" not in text and "<h3>No operator found</h3>" in text
+    kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
+    assert kpis["operators"] == "none found"
     assert "every kernel is in the class" not in text and "No kernels, so no layers" in text
     # no iteration ranges: the subtitle and the headline say so instead of "1 measured iteration"
     assert "1 measured iteration" not in text and "no iteration ranges: totals over the whole trace" in text
@@ -566,3 +568,159 @@ def test_kernels_beside_the_per_iteration_headline_are_per_iteration_on_both_pag
     facts = {row[0]["text"]: (row[1]["text"], row[2]["text"])
              for row in tables((tmp_path / "c.html").read_text())["facts-table"]["rows"]}
     assert facts["kernels / iteration"] == ("7.5", "5")
+
+
+# ------------------------------------------------------------------------------ details seen on real traces
+
+KINETO = ROOT.parent / "shared" / "data" / "real" / "kineto"
+QWEN = "tracelens_h100_qwen1.5_0.5b_chat.json.gz"  # H100, 436 orphan kernels, 1 memcpy and 241 memsets
+BERT = "tracelens_h100_bert_small_uncased.json.gz"
+
+
+def _main(*args) -> None:
+    """One opprof command in-process (cli.main, the same code path as the command line, faster)."""
+    from operator_profiler import cli
+
+    assert cli.main([str(a) for a in args]) == 0, args
+
+
+def _imported(tmp_path: Path, trace: Path, name: str) -> tuple[Path, Path]:
+    """opprof timeline / classify / attribute / aggregate of a trace captured elsewhere, in-process (cli.main):
+    (timeline folder, results folder)."""
+    tl, agg, layers = tmp_path / f"{name}_tl", tmp_path / name, tmp_path / f"{name}_layers"
+    (tmp_path / "layers.json").write_text("[]")
+    _main("timeline", "--kineto", trace, "--out", tl)
+    _main("classify", "--timeline", tl, "--layers", tmp_path / "layers.json", "--out", layers)
+    _main("attribute", "--timeline", tl, "--kernel-layers", layers / "kernel_layers.parquet", "--out",
+          tmp_path / f"{name}_attribution.parquet")
+    _main("aggregate", "--attribution", tmp_path / f"{name}_attribution.parquet", "--instances",
+          layers / "instances.parquet", "--classes", layers / "classes.json", "--device", "cuda", "--out", agg)
+    return tl, agg
+
+
+def test_report_html_takes_the_timeline_of_a_real_trace_like_report(tmp_path):
+    """A real H100 Kineto trace captured elsewhere: report-html --timeline shows the GPU name and the memcpy line
+    as report --timeline does; the (unattributed) row is not counted as an operator; long unattributed kernel
+    names are cut in the middle and stay distinct. Expected figures from the trace's JSON."""
+    import gzip
+
+    from conftest import real_file
+
+    trace = real_file("kineto", QWEN)
+    with gzip.open(trace, "rt") as fh:
+        data = json.load(fh)
+    (gpu,) = {d["name"] for d in data["deviceProperties"]}
+    kinds = {cat: sum(1 for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == cat)
+             for cat in ("gpu_memcpy", "gpu_memset")}
+    assert gpu == "NVIDIA H100 80GB HBM3" and kinds == {"gpu_memcpy": 1, "gpu_memset": 241}  # PROVENANCE
+
+    tl, agg = _imported(tmp_path, trace, "qwen")
+    md, page, bare = tmp_path / "r.md", tmp_path / "r.html", tmp_path / "bare.html"
+    _main("report", "--results", agg, "--timeline", tl, "--out", md)
+    _main("report-html", "--results", agg, "--timeline", tl, "-o", page)
+    _main("report-html", "--results", agg, "-o", bare)
+    md, text, bare = md.read_text(), page.read_text(), bare.read_text()
+    memcpy = (f"besides kernels the GPU ran {kinds['gpu_memcpy']} memcpy (", f" and {kinds['gpu_memset']} memsets (")
+    for shown in (md, text):
+        assert f"GPU(s): {gpu}" in shown and all(part in shown for part in memcpy)
+        assert f"trace: <code>{trace}</code>" in shown or f"trace: `{trace}`" in shown
+    # without --timeline the page knows nothing of the trace (no timeline/ in an aggregate folder)
+    assert gpu not in bare and "besides kernels" not in bare and "no run.json" in bare
+
+    operators = pd.read_parquet(agg / "operators.parquet")
+    n = int((operators["operator"] != "(unattributed)").sum())
+    assert 0 < n < len(operators)  # the trace's 436 orphan kernels form the (unattributed) row
+    kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
+    assert kpis["operators"] == str(n)
+    assert f"<h3>All {n} operators and the unattributed kernels</h3>" in text
+    shown_in_md = min(20, len(operators)) - int("(unattributed)" in set(operators["operator"].head(20)))
+    assert f"## Top {shown_in_md} of {n} operators" in md and "`(unattributed)` is not an operator" in md
+
+    # unattributed kernels: distinct names stay distinct, cut in the middle (head … tail) to at most 120 characters
+    coverage = json.loads((agg / "coverage.json").read_text())
+    names = [u["name"] for u in coverage["unattributed"]]
+    assert len(set(names)) == len(names) and max(map(len, names)) > 120
+    long_names = [name for name in names if len(name) > 120]
+    assert len({name[:60] + name[-59:] for name in long_names}) < len(long_names)  # a plain head + tail cut merges two
+    rows = tables(text)["unattributed-table"]["rows"]
+    assert [row[0]["title"] for row in rows] == [row[0]["v"] for row in rows] == names
+    cells = [row[0]["text"] for row in rows]
+    assert len(set(cells)) == len(cells) and all(len(c) <= 120 for c in cells)
+    for name, cell in zip(names, cells):
+        if len(name) <= 120:
+            assert cell == name
+        else:
+            head, tail = cell.split("…", 1)
+            assert name.startswith(head) and len(head) == 60 and (tail.endswith("…") or name.endswith(tail))
+    md_rows = [line.split("|")[1].strip().strip("`") for line in md.split("## Unattributed kernels")[1].splitlines()
+               if line.startswith("| `")]
+    assert md_rows == cells
+
+
+def test_report_html_refuses_the_timeline_of_another_trace(tmp_path):
+    from conftest import real_file
+
+    _, agg = _imported(tmp_path, real_file("kineto", BERT), "bert")
+    other = tmp_path / "other_tl"
+    _main("timeline", "--kineto", real_file("kineto", QWEN), "--out", other)
+    kernels = len(pd.read_parquet(other / "kernels.parquet"))
+    line = _one_line_error(opprof("report-html", "--results", agg, "--timeline", other, "-o", tmp_path / "r.html"),
+                           "describes a timeline of", command="report-html")
+    assert f"{kernels} kernels" in line and not (tmp_path / "r.html").exists()
+    _one_line_error(opprof("report-html", "--results", agg, "--timeline", tmp_path / "nowhere", "-o",
+                           tmp_path / "r.html"), "nowhere", command="report-html")
+
+
+LONG = "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_256x128_32x3_tn_align8<" + "T, " * 30
+LONG_OPS = [(LONG + "float>>(Params)", 3_000_000), (LONG + "double>>(Params)", 2_000_000),
+            (LONG[:70] + "<float>" + LONG[70:] + ">(Params)", 1_500_000), (LONG[:70] + "<half>" + LONG[70:] + ">(Params)",
+                                                                           1_400_000),
+            ("aten::addmm", 1_000_000), ("(unattributed)", 500_000)]
+
+
+def test_unattributed_row_is_not_an_operator_and_long_names_stay_distinct_on_every_page(tmp_path, capsys):
+    operators = write_results(tmp_path / "a" / "gpt2", LONG_OPS)
+    write_results(tmp_path / "b" / "gpt2", [(o, t * 2) for o, t in LONG_OPS])
+    n = sum(1 for o, _ in LONG_OPS if o != "(unattributed)")
+    md, page, cmp = tmp_path / "r.md", tmp_path / "r.html", tmp_path / "c.html"
+    _main("report", "--results", tmp_path / "a" / "gpt2", "--out", md, "--top", "3")
+    _main("report-html", "--results", tmp_path / "a" / "gpt2", "-o", page, "--top", "3")
+    capsys.readouterr()
+    _main("compare", tmp_path / "a" / "gpt2", tmp_path / "b" / "gpt2", "-o", cmp)
+    summary = capsys.readouterr().out
+    md, text, cmp_text = md.read_text(), page.read_text(), cmp.read_text()
+    assert f"## Top 3 of {n} operators" in md
+    kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
+    assert kpis["operators"] == str(n)
+    assert f"<h3>Time share, top 3 of {n} operators</h3>" in text
+    assert f"<h3>All {n} operators and the unattributed kernels</h3>" in text
+    assert f"{n} operators ({n} in both, 0 only in A, 0 only in B)" in summary
+    assert f"<h2>All {n} operators and the unattributed kernels</h2>" in cmp_text
+    cmp_kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', cmp_text))
+    assert cmp_kpis["operators slower / faster / same"] == f"{n} / 0 / 0"  # every one twice as slow; not the row
+
+    # long names: cut in the middle (at most 120 characters), distinct, the whole name in title and data-v
+    for table_id, html_text in (("operator-table", text), ("compare-table", cmp_text)):
+        rows = tables(html_text)[table_id]["rows"]
+        full = [row[0]["v"] for row in rows]
+        shown = [row[0]["text"] for row in rows]
+        assert sorted(full) == sorted(operators["operator"]) and [row[0]["title"] for row in rows] == full
+        assert len(set(shown)) == len(shown) and all(len(s) <= 120 for s in shown)
+        assert all("…" in s for s, f in zip(shown, full) if len(f) > 120)
+    md_names = [line.split("|")[1].strip() for line in md.split("## Top")[1].split("## Layer")[0].splitlines()
+                if line.startswith("| ") and not line.startswith("| operator")]
+    assert len(md_names) == 3 and len(set(md_names)) == 3 and all(len(s) <= 120 for s in md_names)
+    # the first two differ only at their end: head … tail
+    assert md_names[:2] == [name[:60] + "…" + name[-59:] for name, _ in LONG_OPS[:2]]
+
+
+def test_only_unattributed_kernels_means_no_operator_found(tmp_path):
+    write_results(tmp_path / "gpt2", [("(unattributed)", 1_000_000)])
+    md, page = tmp_path / "r.md", tmp_path / "r.html"
+    _main("report", "--results", tmp_path / "gpt2", "--out", md)
+    _main("report-html", "--results", tmp_path / "gpt2", "-o", page)
+    md, text = md.read_text(), page.read_text()
+    assert "No operator found: every kernel is unattributed" in md and "## Top" not in md
+    assert "<h3>No operator found: only unattributed kernels</h3>" in text
+    kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
+    assert kpis["operators"] == "none found"

@@ -185,20 +185,24 @@ def _cmd_report(args) -> None:
 def _cmd_report_html(args) -> None:
     folder = Path(args.results)
     out = stages.html_output(args.out, results=folder)  # the text typed: '' and '.' are different mistakes
-    stages.report_html_files(args.workload or folder.resolve().name, **stages.results_folder_inputs(folder),
-                             options={"top_operators": args.top}, out=out)
+    inputs = stages.results_folder_inputs(folder)
+    if args.timeline:  # a trace captured elsewhere: its timeline folder is not inside the results folder
+        inputs["diagnostics_path"] = Path(args.timeline) / "diagnostics.json"
+    stages.report_html_files(args.workload or folder.resolve().name, **inputs, options={"top_operators": args.top},
+                             out=out)
     print(f"wrote {args.out}")
 
 
 def _cmd_compare(args) -> None:
     from . import report_html
+    from .report import operators_phrase
 
     out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
-    both = table[table["side"] == "both"]
-    change = table["change"].value_counts()
-    print(f"{len(table)} operators ({len(both)} in both, {(table['side'] == 'only A').sum()} only in A, "
-          f"{(table['side'] == 'only B').sum()} only in B); by per-iteration {table.attrs['basis']}s: "
+    change = report_html.operator_changes(table)  # the (unattributed) row is not an operator
+    both = sum(change.get(c, 0) for c in ("slower", "faster", "same"))
+    print(f"{operators_phrase(sum(change.values()))} ({both} in both, {change.get('only A', 0)} "
+          f"only in A, {change.get('only B', 0)} only in B); by per-iteration {table.attrs['basis']}s: "
           f"{change.get('slower', 0)} slower, {change.get('faster', 0)} faster, {change.get('same', 0)} the same "
           f"within noise ({report_html.change_rule(table.attrs['ranges'], short=True)}) -> {args.out}")
 
@@ -340,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results", required=True, help="results/<workload>/ of a finished run (or the --out of "
                                                      "opprof aggregate); capture/, timeline/, ncu/, matched/ "
                                                      "files in it are used when present")
+    s.add_argument("--timeline", help="the timeline folder (nsys or Kineto) of a trace captured elsewhere: its "
+                                      "diagnostics.json (source, GPU name, memcpy/memset, reader warnings) goes in "
+                                      "the page, as with 'opprof report' (default: timeline/ in the results folder)")
     s.add_argument("--workload", help="the page's title (default: the folder's name)")
     s.add_argument("--top", type=_positive_int, default=20, help="operators and modules drawn before 'other'")
     s.add_argument("--out", "-o", required=True)

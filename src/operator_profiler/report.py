@@ -3,7 +3,11 @@ modules, and what stayed unattributed and why."""
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
+
+from .aggregate import UNATTRIBUTED
 
 # The hardware metrics shown per operator (catalog name, label, scale from the catalog's base unit).
 KEY_COUNTERS = (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1), ("dram_bytes", "DRAM MB", 1e-6),
@@ -18,9 +22,49 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
 
 
-def _short(name: str, limit: int = 120) -> str:
-    """Demangled template kernel names run to kilobytes; the tables on disk keep them whole."""
-    return name if len(name) <= limit else name[: limit - 1] + "…"
+# A kernel or operator name in a table cell is cut to this many characters (demangled C++ template names run to
+# kilobytes; the tables on disk keep them whole, report.html shows them whole on hover).
+NAME_CHARS = 120
+
+
+def middle_cut(name: str, limit: int = NAME_CHARS) -> str:
+    """``name`` cut in the middle to ``limit`` characters (head … tail): template names differ at their end."""
+    if len(name) <= limit:
+        return name
+    head = limit // 2
+    return name[:head] + "…" + name[len(name) - (limit - head - 1):]
+
+
+def short_names(names, limit: int = NAME_CHARS) -> list[str]:
+    """Each name cut in the middle to at most ``limit`` characters (:func:`middle_cut`), distinct names kept
+    distinct where the cut would merge them: long names alike at both ends (``…<float>, std::array…`` and
+    ``…<double>, std::array…``) show, after the head, the part where they first differ (then ``…``). Names that
+    still collide (alike over that whole window) keep the same text; :func:`report_html.bar_labels` numbers them."""
+    names = [str(name) for name in names]
+    cuts = [middle_cut(name, limit) for name in names]
+    groups: dict[str, set[str]] = {}
+    for name, cut in zip(names, cuts):
+        groups.setdefault(cut, set()).add(name)
+    head, window = limit // 2, limit - limit // 2 - 2
+    for i, (name, cut) in enumerate(zip(names, cuts)):
+        if len(groups[cut]) < 2:
+            continue
+        differ = len(os.path.commonprefix(sorted(groups[cut])))  # where the names of this cut first differ
+        start = max(head, differ - window // 3)
+        rest = name[start:]
+        cuts[i] = name[:head] + "…" + (rest if len(rest) <= window + 1 else rest[:window] + "…")
+    return cuts
+
+
+def operator_count(names) -> int:
+    """How many of the operators table's names are operators: the ``(unattributed)`` row (kernels no path
+    attributed) is not one."""
+    return sum(1 for name in names if name != UNATTRIBUTED)
+
+
+def operators_phrase(n: int) -> str:
+    """``58 operators``, ``1 operator``, or ``no operator found``."""
+    return _plural(n, "operator") if n else "no operator found"
 
 
 def _table(df: pd.DataFrame) -> str:
@@ -362,6 +406,23 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
     return lines + gpu_activity_lines(diagnostics)
 
 
+def _operators_heading(operators: pd.DataFrame, top: int) -> list[str]:
+    """The operator table's heading: ``Top 20 of 58 operators`` (the ``(unattributed)`` row counted apart), or
+    that no operator was found; a line on the ``(unattributed)`` row when the table shows it."""
+    n = operator_count(operators["operator"])
+    shown = operator_count(operators["operator"].head(top))
+    has_unattributed = bool((operators["operator"].head(top) == UNATTRIBUTED).any())
+    if not n:
+        why = (": every kernel is unattributed (the `(unattributed)` row)" if has_unattributed
+               else " (no kernels)" if not len(operators) else "")
+        return ["## Operators", "", f"No operator found{why}.", ""]
+    lines = [f"## Top {shown} of {operators_phrase(n)}", ""]
+    if has_unattributed:
+        lines += ["`(unattributed)` is not an operator: it sums the kernels no path attributed (see Unattributed "
+                  "kernels below).", ""]
+    return lines
+
+
 def layer_summary(layer_classes: pd.DataFrame) -> str:
     """One sentence: N layer instances form K classes (the ncu replay saving), or that the model has no layers."""
     if not len(layer_classes):
@@ -417,10 +478,10 @@ def render_markdown(
         *_invalid_time_line(coverage),
         *_notes(diagnostics),
         "",
-        f"## Top {min(top_operators, len(operators))} of {len(operators)} operators",
-        "",
+        *_operators_heading(operators, top_operators),
     ]
     top = operators.head(top_operators).assign(
+        operator=lambda d: short_names(d["operator"]),
         total_ms=lambda d: d["time_ns"].map(_ms),
         share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format),
     )
@@ -438,7 +499,8 @@ def render_markdown(
             columns.append(label)
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
-    lines += [_table(top[columns]), *_unknown_time_lines(operators), "", "## Layer classes", ""]
+    lines += [*([_table(top[columns])] if len(top) else []), *_unknown_time_lines(operators), "", "## Layer classes",
+              ""]
     if len(layer_classes):
         lc = layer_classes.assign(
             module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
@@ -459,8 +521,9 @@ def render_markdown(
     lines += ["## Unattributed kernels", ""]
     if coverage["unattributed"]:
         lines += ["| kernel | count | total (ms) | reason |", "|---|---|---|---|"]
-        lines += [f"| `{_short(u['name'])}` | {u['count']} | {_ms(u['time_ns'])} | {u['reason']} |"
-                  for u in coverage["unattributed"]]
+        names = short_names([u["name"] for u in coverage["unattributed"]])
+        lines += [f"| `{name}` | {u['count']} | {_ms(u['time_ns'])} | {u['reason']} |"
+                  for name, u in zip(names, coverage["unattributed"])]
     else:
         lines += ["None: every kernel was attributed." if coverage["kernel_count"] else "None (no kernels)."]
     if coverage.get("unattributed_reasons", {}).get("no_operator_range"):

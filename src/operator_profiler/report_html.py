@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import html
 import math
-import os
 import re
 import textwrap
 
@@ -197,10 +196,26 @@ def _page(title: str, subtitle: str, nav: list[tuple[str, str]], body: str) -> s
 
 
 def _all(n: int, word: str) -> str:
-    """``All 5 operators``, ``The one operator``, ``No operators``."""
+    """``All 5 operators``, ``The one operator``, ``No operator found``."""
     if n == 1:
         return f"The one {word}"
-    return f"All {report_md._plural(n, word)}" if n else f"No {report_md._plural(n, word).split(' ', 1)[1]}"
+    return f"All {report_md._plural(n, word)}" if n else f"No {word} found"
+
+
+def _operators_title(names) -> str:
+    """A heading over rows of operators: ``All 58 operators``, counting the ``(unattributed)`` row apart."""
+    names = list(names)
+    n = report_md.operator_count(names)
+    unattributed = n < len(names)
+    if not n:
+        return "No operator found" + (": only unattributed kernels" if unattributed else "")
+    return _all(n, "operator") + (" and the unattributed kernels" if unattributed else "")
+
+
+def _name_cell(name: str, shown: str) -> str:
+    """A kernel or operator name cell: ``shown`` (cut in the middle, :func:`report.short_names`), the whole name
+    on hover (``title``) and in ``data-v`` (sorting, tests)."""
+    return f'<td class="name" title="{esc(name)}" data-v="{esc(name)}">{esc(shown)}</td>'
 
 
 def _kpis(items: list[tuple[str, str]]) -> str:
@@ -218,34 +233,13 @@ def _top_with_other(table: pd.DataFrame, name: str, value: str, top: int) -> pd.
     return head
 
 
-def _middle_cut(name: str, limit: int) -> str:
-    """``name`` cut in the middle to ``limit`` characters (head … tail): template names differ at their end."""
-    if len(name) <= limit:
-        return name
-    head = limit // 2
-    return name[:head] + "…" + name[len(name) - (limit - head - 1):]
-
-
 def bar_labels(names: list[str], limit: int = LABEL_CHARS) -> list[str]:
-    """Category labels of a bar chart, one per name: cut in the middle to ``limit`` characters (head … tail)
-    and made unique, since plotly stacks every bar of one category label into one bar. Long names alike at both
-    ends (``…<float>, std::array…`` and ``…<double>, std::array…``) show, after the head, the part where they first
-    differ; `` #2``, `` #3``... only for labels still alike. Not escaped."""
-    names = [str(name) for name in names]
-    cuts = [_middle_cut(name, limit) for name in names]
-    groups: dict[str, set[str]] = {}
-    for name, cut in zip(names, cuts):
-        groups.setdefault(cut, set()).add(name)
-    head, window = limit // 2, limit - limit // 2 - 2
-    for i, (name, cut) in enumerate(zip(names, cuts)):
-        if len(groups[cut]) < 2:
-            continue
-        differ = len(os.path.commonprefix(sorted(groups[cut])))  # where the names of this label first differ
-        start = max(head, differ - window // 3)
-        rest = name[start:]
-        cuts[i] = name[:head] + "…" + (rest if len(rest) <= window + 1 else rest[:window] + "…")
+    """Category labels of a bar chart, one per name: cut in the middle to ``limit`` characters as the tables cut
+    names (:func:`report.short_names`: where names alike at both ends would merge, the part where they first
+    differ is shown), and made unique, since plotly stacks every bar of one category label into one bar:
+    `` #2``, `` #3``... only for labels still alike. Not escaped."""
     labels, used = [], set()
-    for cut in cuts:
+    for cut in report_md.short_names(names, limit):
         label, n = cut, 1
         while label in used:
             n += 1
@@ -366,10 +360,11 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
     counters = ("not collected" if coverage.get("counters_coverage") is None
                 else f"{coverage['counters_coverage'] * 100:.1f}%")
     label, time_ns = headline_time(coverage, iterations, no_iteration_ranges(run, coverage))
+    n_operators = report_md.operator_count(operators["operator"])  # the (unattributed) row is not one
     kpis = _kpis([
         (label, f"{time_ns / 1e6:.3f} ms"),
         kernels_per_iteration(coverage, iterations, no_iteration_ranges(run, coverage)),
-        ("operators", f"{len(operators):,}"),
+        ("operators", f"{n_operators:,}" if n_operators else "none found"),
         ("attributed time", f"{coverage['coverage_time'] * 100:.1f}%"),
         ("kernels with counters", counters),
     ])
@@ -403,9 +398,8 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     show_bottleneck = (operators["bottleneck"] != "not_collected").any()
     headers += [("paths", "text")] + ([("bottleneck", "text")] if show_bottleneck else [])
     rows = []
-    for r in operators.to_dict("records"):
-        cells = [f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td>',
-                 _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
+    for r, shown in zip(operators.to_dict("records"), report_md.short_names(operators["operator"])):
+        cells = [_name_cell(r["operator"], shown), _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
         if not no_ranges:
             cells.append(_num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"))
         if per_iteration:
@@ -430,7 +424,9 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
                     [f"{o}: {v * 100:.2f}%" for o, v in zip(share["operator"], share["time_share"])],
                     "share of kernel time (%)")
         plot = _figure(fig, "fig-operator-share")
-        heading = (f"Time share, top {min(top, len(operators))} of {report_md._plural(len(operators), 'operator')}"
+        n = report_md.operator_count(operators["operator"])
+        drawn = operators.sort_values("time_share", ascending=False)["operator"].head(top)  # not "(other N)"
+        heading = (f"Time share, top {report_md.operator_count(drawn)} of {report_md.operators_phrase(n)}"
                    if len(operators) > top else "Time share per operator")
     else:
         plot, heading = _no_plot("operator", "fig-operator-share"), "Time share"
@@ -442,7 +438,7 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
                               "noisy iteration moves the mean but not the median" if per_iteration else ""))
     return ('<section id="operators"><h2>Operators</h2>'
             f"<h3>{heading}</h3>{plot}"
-            f"<h3>{_all(len(operators), 'operator')}</h3>"
+            f"<h3>{_operators_title(operators['operator'])}</h3>"
             f'<p class="muted">Click a column header to sort. {times}. Counters '
             "are combined over each operator's kernels weighted by their timeline durations (the header names the "
             "ncu metric).</p>"
@@ -482,8 +478,11 @@ def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> s
                       xaxis={"title": "memory throughput, % of peak (gpu__compute_memory_throughput)",
                              "range": [0, 105]},
                       yaxis={"title": "compute (SM) throughput, % of peak (sm__throughput)", "range": [0, 105]})
-    return (title + f'<p class="muted">One point per operator with counters ({len(points)} of {len(operators)}), '
-            "marker area proportional to its kernel time. Up and left: compute-bound; down and right: "
+    with_counters = report_md.operator_count(points["operator"])
+    return (title + f'<p class="muted">One point per operator with counters ({with_counters} of '
+            f'{report_md.operator_count(operators["operator"])}'
+            + (", and one for the unattributed kernels" if with_counters < len(points) else "")
+            + "), marker area proportional to its kernel time. Up and left: compute-bound; down and right: "
             "memory-bound; near the origin: neither unit busy (latency, launch overhead or too little work).</p>"
             f'{_figure(fig, "fig-sol")}</section>')
 
@@ -506,9 +505,9 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
                                                           *report_md._invalid_time_line(coverage)] if line)
     unattributed = coverage.get("unattributed") or []
     if unattributed:
-        u_rows = [f'<td class="name" title="{esc(u["name"])}">{esc(report_md._short(u["name"]))}</td>'
-                  + _num_cell(u["count"]) + _num_cell(u["time_ns"] / 1e6, f"{u['time_ns'] / 1e6:.3f}")
-                  + f"<td><code>{esc(u['reason'])}</code></td>" for u in unattributed]
+        shown = report_md.short_names([u["name"] for u in unattributed])
+        u_rows = [_name_cell(u["name"], cut) + _num_cell(u["count"]) + _num_cell(u["time_ns"] / 1e6, f"{u['time_ns'] / 1e6:.3f}")
+                  + f"<td><code>{esc(u['reason'])}</code></td>" for u, cut in zip(unattributed, shown)]
         u_table = _table([("kernel", "text"), ("count", "num"), ("total (ms)", "num"), ("reason", "text")], u_rows,
                          "unattributed-table", scroll=True)
     else:
@@ -726,6 +725,13 @@ def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iteration
     return out
 
 
+def operator_changes(table: pd.DataFrame) -> dict[str, int]:
+    """How many operators of a :func:`compare_table` are ``slower``, ``faster``, ``same``, ``only A``, ``only B``;
+    the ``(unattributed)`` row is not an operator and is not counted (it stays in the table)."""
+    rows = table[table["operator"] != report_md.UNATTRIBUTED]
+    return {k: int(v) for k, v in rows["change"].value_counts().items()}
+
+
 def _per_iteration(profile: dict, median: bool) -> tuple[str, float, int, bool]:
     """A profile's headline kernel time per iteration: (label, ns, measured iterations, no iteration ranges)."""
     run, coverage = profile["run"], profile["coverage"]
@@ -802,7 +808,7 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
     label_a, total_a, _, _ = _per_iteration(a, median)
     label_b, total_b, _, _ = _per_iteration(b, median)
     total_a, total_b = total_a / 1e6, total_b / 1e6
-    changes = table["change"].value_counts()
+    changes = operator_changes(table)
     kpis = _kpis([(f"A: {label_a}", f"{total_a:.3f} ms"),
                   (f"B: {label_b}", f"{total_b:.3f} ms"),
                   ("change", f"{total_b - total_a:+.3f} ms ({(total_b / total_a - 1) * 100:+.1f}%)" if total_a
@@ -841,9 +847,9 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
             "slower": '<span class="tag slower">slower</span>', "faster": '<span class="tag faster">faster</span>',
             "same": '<span class="tag">same</span>'}
     body = []
-    for r in table.to_dict("records"):
-        cells = (f'<td class="name" title="{esc(r["operator"])}">{esc(r["operator"])}</td>'
-                 f'<td data-v="{esc(r["change"])}">{tags[r["change"]]}</td>'
+    for r, shown in zip(table.to_dict("records"), report_md.short_names(table["operator"])):
+        cells = (_name_cell(r["operator"], shown)
+                 + f'<td data-v="{esc(r["change"])}">{tags[r["change"]]}</td>'
                  + _num_cell(r["a_ms"], _fmt(r["a_ms"], 3)) + _num_cell(r["b_ms"], _fmt(r["b_ms"], 3))
                  + _num_cell(r["delta_ms"], f"{r['delta_ms']:+.3f}")
                  + _num_cell(r["ratio"], "" if _missing(r["ratio"]) else f"{r['ratio']:.2f}x"))
@@ -860,7 +866,7 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
             _figure(fig, "fig-compare-delta") if len(shown) else
             '<p class="note">No operator\'s time changed beyond the noise tolerance.</p>')
         + "</section>",
-        f'<section id="operators"><h2>{_all(len(table), "operator")}</h2><p class="muted">Sorted by the size of the '
+        f'<section id="operators"><h2>{_operators_title(table["operator"])}</h2><p class="muted">Sorted by the size of the '
         "change; click a column header to sort. An operator that ran on one side only counts 0 ms on the other."
         f'</p>{_table(headers, body, "compare-table", scroll=True)}</section>',
     ]

@@ -226,7 +226,9 @@ def read_ncu_csv(path) -> pd.DataFrame:
     * ``unit``: normalised base unit (:func:`normalize_unit`); ``raw_unit``: the unit as printed.
 
     ``df.attrs``: ``"source"`` (path), ``"page"`` (``"details"``/``"raw"``), ``"locale"`` (grouping, decimal),
-    ``"rules"`` (list of dicts: ncu_id, section, rule, type, description, speedup_type, speedup; details page).
+    ``"rules"`` (list of dicts: ncu_id, section, rule, type, description, speedup_type, speedup; details page),
+    ``"compute_capability"`` (device ordinal, or None without a ``Device`` column -> the ``CC`` cell as printed,
+    e.g. ``"12.0"``; empty without a ``CC`` column).
     Rows are sorted by ``ncu_id`` (stable: file order within one result).
 
     Raises:
@@ -315,9 +317,14 @@ def read_ncu_csv(path) -> pd.DataFrame:
     out: list[tuple] = []
     rules: list[dict] = []
 
+    compute_capability: dict = {}
+
     def kernel(r):
-        return (int(r[col["ID"]]), _int_or_none(cell(r, "Process ID")), _int_or_none(cell(r, "Device")),
-                cell(r, "Kernel Name"),
+        device = _int_or_none(cell(r, "Device"))
+        cc = (cell(r, "CC") or "").strip()
+        if cc:
+            compute_capability.setdefault(device, cc)
+        return (int(r[col["ID"]]), _int_or_none(cell(r, "Process ID")), device, cell(r, "Kernel Name"),
                 _int_or_none(cell(r, "Stream")), _dims(cell(r, "Grid Size")), _dims(cell(r, "Block Size")))
 
     def add(lineno, r, k, section, metric, txt, raw_unit, field):
@@ -359,7 +366,8 @@ def read_ncu_csv(path) -> pd.DataFrame:
         if df[c].map(lambda x: x is None or isinstance(x, int)).all():
             df[c] = df[c].astype("Int64")
     df["value"] = df["value"].astype("float64")
-    df.attrs.update({"source": str(path), "page": page, "locale": (group, decimal), "rules": rules})
+    df.attrs.update({"source": str(path), "page": page, "locale": (group, decimal), "rules": rules,
+                     "compute_capability": compute_capability})
     return df
 
 

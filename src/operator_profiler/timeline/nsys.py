@@ -407,6 +407,42 @@ def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame) -> pd.DataFram
     return joined.drop(columns="_corr")
 
 
+def _process_keys(pid, correlation_id) -> np.ndarray:
+    """One int64 per (pid, correlation id): pid is 24-bit (§2), CUPTI correlation ids 32-bit; -1 where the id is
+    null or <= 0 (such a row never joins)."""
+    corr = pd.array(correlation_id, dtype="Int64").fillna(0).to_numpy(dtype=np.int64)
+    keys = (np.asarray(pid, dtype=np.int64) << 32) | (corr & 0xFFFFFFFF)
+    return np.where(corr > 0, keys, -1)
+
+
+def _own_process_launches(launches: pd.DataFrame, kernels: pd.DataFrame, activities: pd.DataFrame,
+                          diagnostics: dict) -> pd.DataFrame:
+    """Keep the launch calls whose ``(pid, correlationId)`` a kernel, graph or memcpy/memset row *of the same
+    process* carries; ``launch_id`` is renumbered in start order.
+
+    The SQL pre-filter matches correlation ids alone (cheap on large tables), but correlation ids are unique per
+    process only (§3, §7 Q1): in a multi-process capture a call of one process can share its id with a kernel of
+    another and would be kept as a "launch" that launched nothing. Kernels left without a launch row whose id a
+    call of another process carries are counted in ``diagnostics["cross_process_correlation_ids"]`` (never
+    joined)."""
+    call_keys = _process_keys(launches["pid"], launches["correlation_id"])
+    gpu_keys = [_process_keys(t["pid"], t["correlation_id"]) for t in (kernels, activities) if len(t)]
+    gpu_keys = np.concatenate(gpu_keys) if gpu_keys else np.zeros(0, dtype=np.int64)
+    own = np.isin(call_keys, gpu_keys[gpu_keys >= 0]) & (call_keys >= 0)
+    crossed = 0
+    if len(kernels):
+        corr = kernels["correlation_id"].astype("Int64")
+        dangling = (corr.fillna(0) > 0).to_numpy() & kernels["launch_tid"].isna().to_numpy()
+        other = launches["correlation_id"].astype("Int64").dropna().to_numpy(dtype=np.int64)
+        crossed = int(np.isin(corr[dangling].to_numpy(dtype=np.int64), other).sum())
+    diagnostics["cross_process_correlation_ids"] = crossed
+    if own.all():
+        return launches
+    kept = launches[own].reset_index(drop=True)
+    kept["launch_id"] = np.arange(len(kept), dtype=np.int64)
+    return kept
+
+
 def _xyz(df: pd.DataFrame, prefix: str) -> pd.Series:
     """``gridX, gridY, gridZ`` -> ``"x,y,z"`` (built in Arrow); null when a column is absent or null."""
     cols = [f"{prefix}{axis}" for axis in "XYZ"]
@@ -980,6 +1016,7 @@ def _read(export: _Export) -> NsysTimeline:
         kernels.loc[inverted, "duration_ns"] = 0
     stage_done(f"{export.path.name}: read {len(ranges):,} NVTX ranges", start)
     activities = _read_activities(export, launch_index)
+    launches = _own_process_launches(launches, kernels, activities, diagnostics)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
     pa.default_memory_pool().release_unused()  # Arrow keeps freed blocks; hand them back
     log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"] or "unknown",
@@ -1047,8 +1084,14 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
             diagnostics["warnings"].append(f"{int(no_corr.sum())} kernel(s) have no correlation id (NULL or <= 0): "
                                            "their launch is unknown")
         if dangling.any():
-            diagnostics["warnings"].append(f"{int(dangling.sum())} kernel(s) have a correlation id with no CUDA API row "
-                                           "in the same process")
+            crossed = diagnostics.get("cross_process_correlation_ids", 0)
+            diagnostics["warnings"].append(
+                f"{int(dangling.sum())} kernel(s) have a correlation id with no CUDA API row in the same process"
+                + (f" ({crossed} of them share it with a call of another process; correlation ids are per process, "
+                   "so those are not joined either)" if crossed else "")
+                + "; their launch is unknown and they stay unattributed (reason no_launch_record); a capture or "
+                "export window that starts after their launch calls leaves such kernels"
+            )
         # One clock: a kernel may start before its launch call returns, but never before the call
         # begins; if it does, the export's clocks disagree (cases.md C17). Attribution only uses the
         # launch call, so it is unaffected; say so rather than publish negative launch latencies.
