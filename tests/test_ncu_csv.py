@@ -206,7 +206,8 @@ def test_cc120_details_counts_identity_and_na(name):
     doubled = [r["Section Name"] for r in metric_rows if r["Metric Name"] == "Memory Throughput"]
     assert len(doubled) == 2
     assert [c for c in wide.columns if c.endswith("Memory Throughput")] == [f"{s}: Memory Throughput" for s in doubled]
-    assert wide.shape[1] == 6 + len(metric_rows)
+    # the identity columns (ncu_id, pid, device, name, stream, grid, block), then one column per metric row
+    assert wide.shape[1] == 7 + len(metric_rows) and wide.loc[0, "device"] == int(device)
     assert wide.loc[0, ["grid", "block"]].tolist() == [df["grid"].iloc[0], df["block"].iloc[0]]
     # every numeric cell converts with the unit's SI factor, computed here from the CSV text
     for r in metric_rows:

@@ -250,7 +250,7 @@ def external_id_lines(coverage: dict) -> list[str]:
     if example:
         named = (f"names `{example['external_id_op']}`" if example.get("external_id_op")
                  else "names no op in the trace")
-        line += (f" E.g. `{_short(example['name'], 60)}` launched in `{example['operator']}`: its External id "
+        line += (f" E.g. `{middle_cut(example['name'], 60)}` launched in `{example['operator']}`: its External id "
                  f"{example['external_id']} {named}.")
     return ["", line]
 
@@ -340,22 +340,13 @@ def counters_text(coverage: dict, keys: int = 3) -> str:
     if c.get("refused") is None:
         return text
     if c["refused"]:
-        shown = [f"{e['refused']:,} {e['reason']} on `{short_name(e['name'])}` (timeline {e['timeline']}, "
+        shown = [f"{e['refused']:,} {e['reason']} on `{middle_cut(e['name'], 60)}` (timeline {e['timeline']}, "
                  f"ncu {e['ncu']})" for e in c["refused_keys"][:keys]]
         more = len(c["refused_keys"]) - keys
         text += f"; {c['refused']:,} refused: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")
     else:
         text += "; none refused"
     return text + f"; {c['not_measured']:,} not measured"
-
-
-def short_name(name: str, width: int = 60) -> str:
-    """A long kernel name cut in the middle (start and end kept, so names differing at the end stay apart)."""
-    name = str(name)
-    if len(name) <= width:
-        return name
-    head = (width - 1) // 2
-    return name[:head] + "…" + name[-(width - 1 - head):]
 
 
 def refused_counters_lines(coverage: dict) -> list[str]:
@@ -370,7 +361,7 @@ def refused_counters_lines(coverage: dict) -> list[str]:
              f"{_plural(c['refused'], 'kernel')} had an ncu measurement that could not be attached with certainty, "
              "so they have no counters (a wrong counter is never attached):", "",
              "| kernel | reason | refused | launches in the window | ncu rows |", "|---|---|---|---|---|"]
-    lines += [f"| `{short_name(e['name'], 120)}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"
+    lines += [f"| `{middle_cut(e['name'])}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"
               for e in c["refused_keys"]]
     lines += [""] + [f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])] + [""]
     return lines

@@ -527,7 +527,7 @@ def _refused_counters(coverage: dict) -> str:
     c = coverage.get("counters") or {}
     if not c.get("refused"):
         return ""
-    rows = [f'<td class="name" title="{esc(e["name"])}">{esc(report_md.short_name(e["name"], 120))}</td>'
+    rows = [f'<td class="name" title="{esc(e["name"])}">{esc(report_md.middle_cut(e["name"]))}</td>'
             f"<td><code>{esc(e['reason'])}</code></td>" + _num_cell(e["refused"]) + _num_cell(e["timeline"])
             + _num_cell(e["ncu"]) for e in c["refused_keys"]]
     table = _table([("kernel", "text"), ("reason", "text"), ("refused", "num"), ("launches in the window", "num"),
