@@ -1002,6 +1002,41 @@ def scenario_cuda_graph(seed: int, rng: random.Random) -> Case:
     return case
 
 
+def scenario_user_annotation(seed: int, rng: random.Random) -> Case:
+    """A Kineto training loop whose optimizer step launches ``multi_tensor_apply_kernel`` under
+    ``Optimizer.step#FusedAdam.step`` only; ``zero_grad`` and ``forward`` annotations enclose ATen ops (which win)."""
+    program = Program()
+    rec = Recorder(program, rng, rng.randint(2_000, 60_000), rng.randint(1_000_000, 9_000_000))
+    body = random_body(rng, (7,))
+    rec.thread(MAIN_TID, "python3.12")
+    rec.thread(AUTOGRAD_TID, "pt_autograd_0")
+    for i in range(rng.randint(2, 3)):
+        with rec.op(f"ProfilerStep#{i}", MAIN_TID, kind="user_annotation"):
+            with rec.op("Optimizer.zero_grad#FusedAdam.zero_grad", MAIN_TID, kind="user_annotation"):
+                rec.run_tree(("leaf", "aten::fill_", [("fill", CONFIGS[0])]), MAIN_TID, 0, 7)
+            with rec.op("## forward ##", MAIN_TID, kind="user_annotation"):
+                for call in body:
+                    rec.run_tree(call.tree, MAIN_TID if call.thread == "main" else AUTOGRAD_TID, 0, call.stream)
+            with rec.op("Optimizer.step#FusedAdam.step", MAIN_TID, kind="user_annotation"):
+                for _ in range(rng.randint(1, 3)):
+                    rec.launch(MULTI_TENSOR_APPLY, CONFIGS[3], MAIN_TID, 0, 7)
+    return _window_case("user_annotation", seed, rng, "kineto", program, program.launches_of(rec.pid))
+
+
+def scenario_external_id(seed: int, rng: random.Random) -> Case:
+    """A Kineto trace where some kernels' ``External id`` names another op than the one around their launch."""
+    program, rec, its = _eager(rng, "kineto")
+    op_ids = [op.external_id for op in program.ops if op.kind == "cpu_op"]
+    moved = 0
+    for k in program.launches:
+        if rng.random() < 0.2 and k.call.external_id:
+            k.external_id = rng.choice([e for e in op_ids if e != k.call.external_id])
+            moved += 1
+    case = _window_case("external_id", seed, rng, "kineto", program, program.launches_of(rec.pid))
+    case.external_id_disagreements = moved
+    return case
+
+
 SCENARIOS = {
     "clean": scenario_clean,
     "ncu_missing_launch": scenario_ncu_missing_launch,
@@ -1013,14 +1048,24 @@ SCENARIOS = {
     "data_parallel": scenario_data_parallel,
     "cuda_graph": scenario_cuda_graph,
     "name_variants": scenario_name_variants,
+    "user_annotation": scenario_user_annotation,
+    "external_id": scenario_external_id,
 }
+
+
+def all_scenarios() -> dict:
+    """Every scenario: the eager ones above and the Inductor ones of :mod:`truth_inductor`."""
+    from truth_inductor import INDUCTOR_SCENARIOS
+
+    return {**SCENARIOS, **INDUCTOR_SCENARIOS}
 
 
 def build(scenario: str, seed: int) -> Case:
     """The case of ``scenario`` for ``seed`` (deterministic: a ``random.Random`` seeded from both)."""
-    if scenario not in SCENARIOS:
-        raise KeyError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-    return SCENARIOS[scenario](seed, random.Random(f"{scenario}:{seed}"))
+    scenarios = all_scenarios()
+    if scenario not in scenarios:
+        raise KeyError(f"unknown scenario {scenario!r}; known: {', '.join(scenarios)}")
+    return scenarios[scenario](seed, random.Random(f"{scenario}:{seed}"))
 
 
 def generate(scenario: str, seed: int, folder: Path) -> dict:
