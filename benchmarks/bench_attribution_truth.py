@@ -18,6 +18,8 @@ stages run and the scoring in ``tests/truth_score.py``. One row per scenario:
   ``ctr R`` = kernels given their own row / kernels whose pairing the input determines (``det`` of ``pairs``,
   the kernels that have an ncu row at all);
 * ``refused``: kernels with an ncu row but no counters, by the reason ``matched/diagnostics.json`` gives;
+* ``silent``: refusals nobody sees: kernels with an ncu row and no counters missing from ``timeline_only_kernels``,
+  plus ncu rows attached to no kernel missing from ``ncu_only_rows`` (goal: 0);
 * ``err``: programs where a stage raised; ``s``: wall time.
 
 Goals (issue 13): op P and ctr P 100 %, op R and ctr R >= 99 %. ``--details`` lists every failure with its seed.
@@ -65,13 +67,14 @@ def _reasons(counter: Counter, width: int = 46) -> str:
 
 def table(scores: dict[str, Score]) -> str:
     head = (f"{'scenario':<22} {'progs':>5} {'kernels':>7} {'lost':>4} {'op P':>7} {'op R':>7} {'nodes P':>7} "
-            f"{'nodes R':>7} {'pairs':>6} {'det':>6} {'ctr P':>7} {'ctr R':>7} {'err':>4} {'s':>6}  refused")
+            f"{'nodes R':>7} {'pairs':>6} {'det':>6} {'ctr P':>7} {'ctr R':>7} {'silent':>6} {'err':>4} {'s':>6}  refused")
     lines = [head, "-" * len(head)]
     for name, s in scores.items():
         lines.append(
             f"{name:<22} {s.cases:>5} {s.kernels:>7} {s.not_in_timeline:>4} {_pct(s.op_precision):>7} "
             f"{_pct(s.op_recall):>7} {_pct(s.nodes_precision):>7} {_pct(s.nodes_recall):>7} {s.pairs:>6} "
             f"{s.ctr_determined:>6} {_pct(s.ctr_precision):>7} {_pct(s.ctr_recall):>7} "
+            f"{s.silent_kernels + s.silent_rows:>6} "
             f"{len({e[0] for e in s.errors}):>4} {s.seconds:>6.1f}  {_reasons(s.refused)}")
     return "\n".join(lines)
 

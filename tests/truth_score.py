@@ -8,6 +8,10 @@ back: ``timeline/kernels.parquet`` (``kernel_id`` -> ``device, start_ns``), ``at
 ``matched/diagnostics.json`` (refusal reasons). A stage that raises is recorded as an error of the case; the
 stages after it that need its output are skipped.
 
+A refusal must be visible: a kernel with an ncu row but no counters must be listed in ``timeline_only_kernels``
+and an ncu row attached to no kernel in ``ncu_only_rows`` (``silent_kernels``/``silent_rows`` count those that
+are not).
+
 Figures (:class:`Score`): an *answer* is a non-null operator, a non-empty ``source_nodes`` list, or an attached
 counter row. Precision = right answers / answers (over every kernel, determined or not; an answer for a kernel
 whose truth is "no operator" is wrong); recall = right answers / kernels whose answer the input determines.
@@ -49,6 +53,8 @@ class Score:
     ctr_determined: int = 0
     ctr_recalled: int = 0
     refused: Counter = field(default_factory=Counter)  # timeline_only_kernels reasons, kernels with a true row
+    silent_kernels: int = 0  # kernels with an ncu row, no counters and not in timeline_only_kernels
+    silent_rows: int = 0  # ncu rows attached to no kernel and not in ncu_only_rows
     ncu_only: Counter = field(default_factory=Counter)  # ncu_only_rows reasons
     errors: list = field(default_factory=list)  # (seed, stage, message)
     wrong_operators: list = field(default_factory=list)  # (seed, kernel, truth, answer)
@@ -206,6 +212,11 @@ def score_case(folder: Path, truth: dict, errors: list[tuple[str, str]] = ()) ->
         diagnostics = json.loads((out / "matched" / "diagnostics.json").read_text())
     refused_reason = {int(t["kernel_id"]): t.get("reason") for t in diagnostics.get("timeline_only_kernels", [])}
     s.ncu_only.update(r.get("reason") for r in diagnostics.get("ncu_only_rows", []))
+    listed_rows = {(Path(str(r.get("source"))).name, int(r["ncu_id"])) for r in diagnostics.get("ncu_only_rows", [])}
+    attached_tokens = set(attached.values())
+    if matched is not None:
+        s.silent_rows = sum(1 for r in truth["ncu_rows"]
+                            if r["token"] not in attached_tokens and (r["file"], r["id"]) not in listed_rows)
 
     for k in truth["kernels"]:
         kid = id_of.get((k["device"], k["start_ns"]))
@@ -250,6 +261,7 @@ def score_case(folder: Path, truth: dict, errors: list[tuple[str, str]] = ()) ->
                 s.missed_counters.append((seed, label, refused_reason.get(kid, "no answer")))
         if k["ncu"] is not None and token is None:
             s.refused[refused_reason.get(kid, "no_reason")] += 1
+            s.silent_kernels += matched is not None and kid not in refused_reason
     return s
 
 
