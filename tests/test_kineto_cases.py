@@ -9,6 +9,10 @@ in the trace, ``cpu_op(name, tid, ts, dur, ext)``, ``launch(api, cat, tid, ts, d
 from __future__ import annotations
 
 import json
+from collections import Counter
+
+import numpy as np
+import pandas as pd
 
 from operator_profiler import aggregate as agg
 from operator_profiler import stages
@@ -272,3 +276,199 @@ def test_c04_report_says_unknown_not_zero(tmp_path):
     assert "device time **unknown** (launch without kernel record) for `aten::mm`: 1 launch" in report
     assert "Time **unknown**" in report and "`aten::add` 1 kernel" in report and "`aten::mul` 1 kernel" in report
     assert "2 kernel record(s) carry invalid timestamps" in report
+
+
+def _optimizer_step_events():
+    """Issue 13's example, as in the real A100 trace hta_negative_queue_length: FusedAdam's
+    ``multi_tensor_apply_kernel`` launched directly under the optimizer's ``record_function``
+    (``Optimizer.step#FusedAdam.step``), with no cpu_op around the launch. Times in µs."""
+    ann = dict(cat="user_annotation")
+    return [
+        cpu_op("ProfilerStep#3", 1, 0, 1000, **ann), cpu_op("opprof.iteration:0", 1, 1, 998, **ann),
+        cpu_op("aten::add", 1, 10, 20, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 12, 2, 11),
+        kern("add_kernel", 7, 15, 5, 11),
+        cpu_op("## optimizer ##", 1, 100, 500, **ann),
+        cpu_op("Optimizer.step#FusedAdam.step", 1, 110, 200, **ann),
+        launch("cudaLaunchKernel", "cuda_runtime", 1, 120, 3, 12), kern("multi_tensor_apply_kernel", 7, 125, 40, 12),
+        # a dispatcher op inside the annotation names its own kernel (higher precedence)
+        cpu_op("aten::mul", 1, 150, 20, 2), launch("cudaLaunchKernel", "cuda_runtime", 1, 155, 2, 13),
+        kern("mul_kernel", 7, 170, 10, 13),
+        cpu_op("Optimizer.step#FusedAdam.step", 1, 400, 150, **ann),
+        launch("cudaLaunchKernel", "cuda_runtime", 1, 410, 3, 14), kern("multi_tensor_apply_kernel", 7, 415, 60, 14),
+        # only the profiler step and our iteration range around the launch: no operator
+        launch("cudaLaunchKernel", "cuda_runtime", 1, 700, 3, 15), kern("lone_kernel", 7, 705, 5, 15),
+        # a compiled-graph region is the fusion map's: an annotation outside it names nothing
+        cpu_op("Optimizer.step#Compiled", 1, 780, 170, **ann),
+        cpu_op("## Call CompiledFxGraph abc ##", 1, 800, 100, **ann),
+        launch("cuLaunchKernel", "cuda_driver", 1, 820, 3, 16), kern("triton_poi_fused_0", 7, 830, 8, 16),
+    ]
+
+
+def test_user_annotation_names_kernels_that_no_op_encloses(tmp_path):
+    timeline, a = _attribute(tmp_path, _optimizer_step_events())
+    records = a.astype(object).where(a.notna(), None).to_dict("records")
+    rows = {name: [r for r in records if r["name"] == name] for name in set(a["name"])}
+    assert [(r["operator"], r["path"]) for r in rows["add_kernel"] + rows["mul_kernel"]] == [
+        ("aten::add", "correlation"), ("aten::mul", "correlation")]
+    ranges = timeline.ranges
+    steps = ranges[ranges["name"] == "Optimizer.step#FusedAdam.step"].sort_values("start_ns")
+    assert len(steps) == 2
+    mta = rows["multi_tensor_apply_kernel"]
+    assert [(r["operator"], r["path"], r["reason"]) for r in mta] == [
+        ("Optimizer.step#FusedAdam.step", "user_annotation", None)] * 2
+    # each kernel belongs to its own step (one call each), named in its evidence
+    assert [int(r["operator_range_id"]) for r in mta] == [int(x) for x in steps["range_id"]]
+    for r, step in zip(mta, steps["range_id"]):
+        evidence = json.loads(r["evidence"])
+        assert evidence["user_annotation"] == {"operator": "Optimizer.step#FusedAdam.step", "range_id": int(step)}
+        assert evidence["correlation"]["reason"] == "no_enclosing_operator"
+        assert evidence["correlation"]["operator"] is None
+    (lone,) = rows["lone_kernel"]
+    assert lone["path"] == "unattributed" and lone["reason"] == "no_enclosing_operator"
+    (fused,) = rows["triton_poi_fused_0"]
+    assert fused["path"] == "unattributed" and fused["reason"] == "no_fusion_map"
+    assert "user_annotation" not in json.loads(fused["evidence"])
+
+    ops = agg.operators_table(a, per_iteration=True).set_index("operator")
+    step = ops.loc["Optimizer.step#FusedAdam.step"]
+    assert (step["calls"], step["kernels"], step["time_ns"], step["paths"]) == (2, 2, 100_000, "user_annotation")
+    cov = agg.coverage(a, counters_collected=False)
+    total = (5 + 40 + 10 + 60 + 5 + 8) * 1000
+    assert cov["kernel_time_ns"] == total and cov["attributed_count"] == 4
+    assert cov["by_path"]["user_annotation"] == 100_000 / total
+    assert cov["path_coverage"]["user_annotation"] == {"count": 2 / 6, "time": 100_000 / total}
+    assert cov["coverage_time"] == (5 + 40 + 10 + 60) * 1000 / total
+    assert not any("user_annotation" in pair for pair in cov["path_agreement_counts"])
+
+
+def test_user_annotation_path_in_report_html_and_trace(tmp_path):
+    """End to end through the CLI: the new path has its row in report.md's and report.html's coverage
+    tables with one line saying what it means, and trace.json carries it per kernel."""
+    from operator_profiler.cli import main
+
+    (tmp_path / "t.json").write_text(json.dumps({"deviceProperties": [{"id": 0}], "traceEvents": _optimizer_step_events()}))
+    (tmp_path / "layers.json").write_text("[]")
+    d = str(tmp_path)
+    for args in (["timeline", "--kineto", f"{d}/t.json", "--out", f"{d}/tl"],
+                 ["classify", "--timeline", f"{d}/tl", "--layers", f"{d}/layers.json", "--out", f"{d}/lay"],
+                 ["attribute", "--timeline", f"{d}/tl", "--kernel-layers", f"{d}/lay/kernel_layers.parquet",
+                  "--out", f"{d}/a.parquet"],
+                 ["aggregate", "--attribution", f"{d}/a.parquet", "--instances", f"{d}/lay/instances.parquet",
+                  "--classes", f"{d}/lay/classes.json", "--device", "cuda", "--out", f"{d}/agg"],
+                 ["report", "--results", f"{d}/agg", "--timeline", f"{d}/tl", "--workload", "t", "--out",
+                  f"{d}/report.md"],
+                 ["report-html", "--results", f"{d}/agg", "--workload", "t", "-o",
+                  f"{d}/report.html"],
+                 ["trace", "--timeline", f"{d}/tl", "--attribution", f"{d}/a.parquet", "--out", f"{d}/trace.json"]):
+        assert main(args) == 0, args
+    share = f"{100_000 / 128_000 * 100:.2f}%"
+    report = (tmp_path / "report.md").read_text()
+    assert f"| user_annotation | {share} | 33.33% | {share} |" in report
+    line = ("2 kernels (78.12% of kernel time) had no operator around their launch and carry the name of the "
+            "`record_function` annotation around it instead (path `user_annotation`")
+    assert line in report
+    page = (tmp_path / "report.html").read_text()
+    assert "<td>user_annotation</td>" in page
+    assert line.replace("`record_function`", "<code>record_function</code>").replace(
+        "`user_annotation`", "<code>user_annotation</code>") in page
+    assert "External id" not in report and "External id" not in page  # nothing disagrees here
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    paths = Counter((e["name"], e["args"]["path"]) for e in trace["traceEvents"] if e.get("cat") == "kernel")
+    assert paths[("multi_tensor_apply_kernel", "user_annotation")] == 2
+    assert paths[("lone_kernel", "unattributed")] == 1
+
+
+def test_user_annotation_never_overrides_nvtx_in_a_paired_run(tmp_path):
+    """nsys timeline + torch.profiler run of one program (merge_kineto_run): where NVTX named a kernel,
+    the Kineto run's user annotation does not replace it; where NVTX named nothing, it is taken. The
+    nsys side here is a hand-written attribution table in attribute_nvtx's columns (a test double: the
+    precedence is what is tested), over the Kineto run's own kernel sequence."""
+    from operator_profiler.attribution.merge import merge_kineto_run
+
+    timeline, kineto = _attribute(tmp_path, _optimizer_step_events())
+    kernels = timeline.kernels.copy()
+    n = len(kernels)
+    named_by_nvtx = (kernels["name"] == "multi_tensor_apply_kernel").to_numpy() & (kernels["kernel_id"] == kernels.loc[
+        kernels["name"] == "multi_tensor_apply_kernel", "kernel_id"].min()).to_numpy()
+    primary = pd.DataFrame({
+        "kernel_id": kernels["kernel_id"], "operator": np.where(named_by_nvtx, "aten::_fused_adam_", None),
+        "forward_operator": None, "module": None, "layer": None, "layer_class": None,
+        "path": np.where(named_by_nvtx, "nvtx", "unattributed"), "fused_ops": [[] for _ in range(n)],
+        "source_nodes": [[] for _ in range(n)], "reason": np.where(named_by_nvtx, None, "no_operator_range"),
+        "evidence": ['{"nvtx": {"operator": "aten::_fused_adam_"}}' if x else '{"nvtx": {"operator": null}}'
+                     for x in named_by_nvtx],
+        "operator_range_id": pd.array([None] * n, dtype="Int64"), "duration_ns": kernels["duration_ns"],
+        "iteration": kernels["iteration"], "name": kernels["name"]})
+    merged, summary = merge_kineto_run(primary, kernels, kineto, timeline.kernels)
+    assert summary["paired"] == n
+    mta = merged[merged["name"] == "multi_tensor_apply_kernel"].sort_values("kernel_id")
+    assert list(zip(mta["operator"], mta["path"])) == [("aten::_fused_adam_", "nvtx"),
+                                                       ("Optimizer.step#FusedAdam.step", "user_annotation")]
+    assert merged.loc[merged["name"] == "add_kernel", "path"].tolist() == ["correlation"]
+    cov = agg.coverage(merged, counters_collected=False)
+    assert cov["path_coverage"]["user_annotation"]["count"] == 2 / n  # both named by it, one chosen
+    assert cov["by_path"]["user_annotation"] == 60_000 / 128_000
+
+
+def _disagreeing_external_id_events():
+    """Post-2024 Kineto (External id = the launching op's id, kineto PR #873): mul_kernel's External id
+    names aten::relu, neg_kernel's an id no op carries; their launches lie in aten::mul / aten::neg."""
+    return [
+        cpu_op("aten::add", 1, 0, 20, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 5, 2, 11, 1),
+        kern("add_kernel", 7, 10, 3, 11, ext=1),
+        cpu_op("aten::mul", 1, 30, 20, 2), launch("cudaLaunchKernel", "cuda_runtime", 1, 35, 2, 12, 2),
+        kern("mul_kernel", 7, 40, 4, 12, ext=3),
+        cpu_op("aten::relu", 1, 60, 20, 3), launch("cudaLaunchKernel", "cuda_runtime", 1, 65, 2, 13, 3),
+        kern("relu_kernel", 7, 70, 5, 13, ext=3),
+        cpu_op("aten::neg", 1, 90, 20, 4), launch("cudaLaunchKernel", "cuda_runtime", 1, 95, 2, 14, 4),
+        kern("neg_kernel", 7, 100, 6, 14, ext=99),
+    ]
+
+
+def test_external_id_disagreements_are_counted_and_reported(tmp_path, capsys):
+    timeline, a = _attribute(tmp_path, _disagreeing_external_id_events())
+    assert timeline.diagnostics["external_id_mode"] == "op_id"
+    by = a.set_index("name")
+    # the operator is the launch's (CUPTI correlation), never the External id's
+    assert by["operator"].to_dict() == {"add_kernel": "aten::add", "mul_kernel": "aten::mul",
+                                        "relu_kernel": "aten::relu", "neg_kernel": "aten::neg"}
+    said = {name: json.loads(e)["correlation"] for name, e in by["evidence"].items()}
+    assert said["mul_kernel"]["external_id_check"] == "disagrees"
+    assert (said["mul_kernel"]["external_id"], said["mul_kernel"]["external_id_op"]) == (3, "aten::relu")
+    assert (said["neg_kernel"]["external_id"], said["neg_kernel"]["external_id_op"]) == (99, None)
+    assert "external_id" not in said["add_kernel"] and said["add_kernel"]["external_id_check"] == "agrees"
+    cov = agg.coverage(a, counters_collected=False)
+    assert cov["external_id_disagreements"] == {
+        "checked": 4, "count": 2, "time_ns": 10_000,
+        "examples": [{"kernel_id": int(by.loc["neg_kernel", "kernel_id"]), "name": "neg_kernel",
+                      "operator": "aten::neg", "external_id": 99, "external_id_op": None},
+                     {"kernel_id": int(by.loc["mul_kernel", "kernel_id"]), "name": "mul_kernel",
+                      "operator": "aten::mul", "external_id": 3, "external_id_op": "aten::relu"}]}
+
+    from operator_profiler.cli import main
+
+    (tmp_path / "t.json").write_text(json.dumps({"deviceProperties": [{"id": 0}],
+                                                 "traceEvents": _disagreeing_external_id_events()}))
+    (tmp_path / "layers.json").write_text("[]")
+    d = str(tmp_path)
+    for args in (["timeline", "--kineto", f"{d}/t.json", "--out", f"{d}/tl"],
+                 ["classify", "--timeline", f"{d}/tl", "--layers", f"{d}/layers.json", "--out", f"{d}/lay"],
+                 ["attribute", "--timeline", f"{d}/tl", "--kernel-layers", f"{d}/lay/kernel_layers.parquet",
+                  "--out", f"{d}/a.parquet"],
+                 ["aggregate", "--attribution", f"{d}/a.parquet", "--instances", f"{d}/lay/instances.parquet",
+                  "--classes", f"{d}/lay/classes.json", "--device", "cuda", "--out", f"{d}/agg"],
+                 ["report", "--results", f"{d}/agg", "--timeline", f"{d}/tl", "--workload", "t", "--out",
+                  f"{d}/report.md"],
+                 ["report-html", "--results", f"{d}/agg", "--workload", "t", "-o",
+                  f"{d}/report.html"]):
+        assert main(args) == 0, args
+    assert "2 of 4 checked kernels carry a Kineto External id that names another op" in capsys.readouterr().err
+    written = json.loads((tmp_path / "agg" / "coverage.json").read_text())["external_id_disagreements"]
+    assert written == cov["external_id_disagreements"]
+    line = ("**2 kernels (0.010 ms) carry an `External id` naming another op than the one around their launch** "
+            "(of 4 checked): their operator is the launch's (CUPTI correlation); the trace's op ids are not to be "
+            "trusted. E.g. `neg_kernel` launched in `aten::neg`: its External id 99 names no op in the trace.")
+    assert line in (tmp_path / "report.md").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert ("<strong>2 kernels (0.010 ms) carry an <code>External id</code> naming another op than the one around "
+            "their launch</strong> (of 4 checked)") in page

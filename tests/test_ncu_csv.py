@@ -67,7 +67,7 @@ def test_dropout_162_launches_in_id_order():
     # line 3383: "161",...,"dram__bytes.sum","byte","23,473,664"
     assert _one(df, 161, "dram__bytes.sum").value == 23473664.0
     wide = wide_metrics(df)
-    assert list(wide.ncu_id) == list(range(162)) and wide.shape == (162, 6 + 21)
+    assert list(wide.ncu_id) == list(range(162)) and wide.shape == (162, 7 + 21)
     assert wide.attrs["units"]["gpu__time_duration.sum"] == "second"
     assert wide.loc[161, "dram__bytes.sum"] == 23473664.0
 
@@ -89,7 +89,7 @@ def test_bert_global_ids_rules_and_hz():
     assert math.isnan(r.value) and r.text == "cudaFuncCachePreferNone" and r.unit == ""
     assert len(df.attrs["rules"]) == 51
     assert not df.metric.eq("").any()  # rule rows are not metrics
-    assert wide_metrics(df).shape == (26, 6 + 60)
+    assert wide_metrics(df).shape == (26, 7 + 60)
 
 
 def test_gpt2_flashattn():
@@ -106,7 +106,7 @@ def test_pooling_prof_preamble_block_grid_layout():
     df = read_ncu_csv(_real(POOL))  # 3 ==PROF== lines before the header (line 4)
     assert df.ncu_id.nunique() == 240 and list(df.drop_duplicates("ncu_id").ncu_id) == list(range(240))
     wide = wide_metrics(df)
-    assert wide.shape == (240, 6 + 38)
+    assert wide.shape == (240, 7 + 38)
     # line 26: "0",...,"(32, 16, 1)","(1, 1, 1)","0","8.0","Launch Statistics","Function Cache Configuration","","CachePreferNone"
     k0 = wide.iloc[0]
     assert (k0.ncu_id, k0.pid, k0.stream, k0.block, k0.grid) == (0, 102476, 7, "32,16,1", "1,1,1")
@@ -171,7 +171,7 @@ def test_raw_page_with_units_row(tmp_path):
     assert wide.attrs["units"] == {"dram__bytes.sum": "byte", "gpu__time_duration.sum": "second",
                                    "launch__func_cache_config": "", "sm__cycles_elapsed.avg.per_second": "hz",
                                    "smsp__inst_executed.sum": "inst"}
-    assert list(wide.columns[:6]) == ["ncu_id", "pid", "name", "stream", "grid", "block"]
+    assert list(wide.columns[:7]) == ["ncu_id", "pid", "device", "name", "stream", "grid", "block"]
     assert math.isnan(wide.loc[1, "launch__func_cache_config"])
 
 

@@ -178,14 +178,14 @@ def test_plan_gpt2_launch_windows_per_class():
     block = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     # Launch order after cudaProfilerStart: 3 embedding kernels, then h.0's 6 kernels.
     assert block["segments"] == [{"launch_skip": 3, "launch_count": 6, "first_kernel_id": 3, "last_kernel_id": 8}]
-    assert block["window"] == {"kernel_ids": [3, 4, 5, 6, 7, 8]}
+    assert block["window"] == {"kernel_ids": [3, 4, 5, 6, 7, 8], "pid": PID}
     assert block["kernel_count"] == 6 and block["iteration"] == 0 and block["pid"] == PID
     assert block["instances"] == [f"transformer.h.{j}" for j in range(12)]
     # rest: the 3 head kernels (launches 0-2) and the 2 tail kernels after 12 x 6 block kernels (75, 76):
     # two segments, two ncu runs; the second iteration is never replayed.
     rest = replay.plan_replay(kernels, kl, classes["rest"])
     assert [(s["launch_skip"], s["launch_count"]) for s in rest["segments"]] == [(0, 3), (3 + 12 * 6, 2)]
-    assert rest["window"] == {"kernel_ids": [0, 1, 2, 75, 76]}
+    assert rest["window"] == {"kernel_ids": [0, 1, 2, 75, 76], "pid": PID}
     # dedup.verify: two replay instances, adjacent blocks -> one window of 12 launches.
     verify = replay.plan_replay(kernels, kl, dict(classes[BLOCK_CLASS],
                                                   replay_instances=["transformer.h.0", "transformer.h.1"]))
@@ -277,7 +277,7 @@ def test_run_replay_writes_csv_and_record_and_the_csv_matches_the_plan(fake_ncu,
     assert record["segments"][0]["command"] == ["ncu", *collections[1]]  # the fake logs argv[1:]
     assert shlex.split(record["segments"][0]["command_text"]) == record["segments"][0]["command"]
     assert record["wall_s"] == pytest.approx(sum(s["wall_s"] for s in record["segments"]), abs=2e-3)
-    assert record["window"] == {"kernel_ids": [0, 1, 2, 75, 76]}
+    assert record["window"] == {"kernel_ids": [0, 1, 2, 75, 76], "pid": PID}
     assert record["ncu_version"] == "2025.1.1.0"  # the fake's `ncu --version` last line
     block = records[BLOCK_CLASS]
     assert block["estimate_all_instances_s"] == pytest.approx(12 * block["wall_s"], abs=0.01)
@@ -385,7 +385,9 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
     assert json.loads(program[program.index("--harness-json") + 1])["iterations"] == 1
     assert ["-i", "0", "-lgc", "1755,1755"] in smi.calls() and ["-i", "0", "-rgc"] in smi.calls()
     record = json.loads((out / "ncu" / f"{cls}.replay.json").read_text())
-    assert record["window"] == {"kernel_ids": [0, 1]} and record["clocks"]["locked"] is True
+    timeline_pids = set(pd.read_parquet(out / "timeline" / "kernels.parquet")["pid"])
+    assert record["window"]["kernel_ids"] == [0, 1] and {record["window"]["pid"]} == timeline_pids
+    assert record["clocks"]["locked"] is True
     diag = json.loads((out / "matched" / "diagnostics.json").read_text())
     assert diag["matched"] == 2 and diag["name_disagreements"] == [] and diag["ncu_only"] == 0
     assert diag["broadcast"][cls]["filled"] == 2 * wf.ITERATIONS * len(wf.LAYERS) - 2

@@ -505,6 +505,71 @@ def test_absolute_epoch_us_with_ns_fractions_stay_exact(tmp_path):
     assert list(k["end_ns"].astype("int64")) == [1695835535123468790, 1695835535123501000]
 
 
+# Issue 13: a trace in this form *with kernels* crashed the reader ('>=' between str and int): in a
+# chunk holding such a ts, every fractional ts/dur comes back as exact decimal text (trace_json).
+EARLY_2024_WITH_KERNELS = """{"deviceProperties": [{"id": 0, "name": "Tesla V100-SXM2-32GB"}], "traceEvents": [
+{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 8, "ts": 1669843200123456.789, "dur": 40.5,
+ "args": {"External id": 5}},
+{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 1669843200123460.001,
+ "dur": 3.25, "args": {"correlation": 77, "External id": 77}},
+{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 1669843200123470.5,
+ "dur": 2.002, "args": {"correlation": 78, "External id": 78}},
+{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 8, "ts": 1669843200123480.999,
+ "dur": 1.001, "args": {"correlation": 79, "External id": 79}},
+{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 7, "tid": 8, "ts": 1669843200123490.25,
+ "dur": 1.5, "args": {"correlation": 80}},
+{"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 1669843200123470.123,
+ "dur": 8.008, "args": {"correlation": 77, "External id": 77, "device": 0, "stream": 7}},
+{"ph": "X", "cat": "kernel", "name": "dropped_ts_kernel", "pid": 0, "tid": 7, "ts": 0.000, "dur": 0.000,
+ "args": {"correlation": 78, "External id": 78, "device": 0, "stream": 7}},
+{"ph": "X", "cat": "kernel", "name": "negative_dur_kernel", "pid": 0, "tid": 7, "ts": 1669843200123500.5,
+ "dur": -1.250, "args": {"correlation": 79, "External id": 79, "device": 0, "stream": 7}},
+{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": 7, "ts": 0.000,
+ "dur": 0.000, "args": {"correlation": 80, "device": 0, "stream": 7, "bytes": 64}}
+]}"""
+
+
+def test_early_2024_form_with_kernels_reads_and_attributes_exactly(tmp_path):
+    """Kernels, launches and ops in absolute Unix µs with ns fractions (kineto-and-inductor.md §1.2):
+    exact ns everywhere, and the C04 checks (ts 0, negative dur) on exact values: ``0.000`` is a
+    dropped timestamp (not a kernel at epoch 0), ``-1.250`` a negative duration."""
+    from operator_profiler.attribution.merge import attribute
+    from operator_profiler.layers import classify_layers
+
+    assert round(float("1669843200123470.123") * 1000) != 1669843200123470123  # a float64 cannot hold it
+    t = read_kineto(_write(tmp_path / "v100.json", EARLY_2024_WITH_KERNELS))
+    k = t.kernels.set_index("name")
+    sgemm = k.loc["volta_sgemm_128x64_nn"]
+    assert (int(sgemm["start_ns"]), int(sgemm["end_ns"])) == (1669843200123470123, 1669843200123478131)
+    assert (int(sgemm["launch_start_ns"]), int(sgemm["launch_end_ns"])) == (1669843200123460001, 1669843200123463251)
+    assert int(sgemm["duration_ns"]) == 8008 and bool(sgemm["valid_time"])
+    # Invalid records are placed at their launch's end with no length (cases.md C04).
+    for name, launch_end in (("dropped_ts_kernel", 1669843200123472502), ("negative_dur_kernel", 1669843200123482000)):
+        assert not bool(k.loc[name, "valid_time"])
+        assert int(k.loc[name, "start_ns"]) == int(k.loc[name, "end_ns"]) == launch_end
+    assert t.diagnostics["counts"]["invalid_timestamp_kernels"] == 2
+    assert t.diagnostics["time_base"] == "absolute_epoch"
+    assert len(t.activities) == 0  # the memcpy with ts 0.000 is dropped, not drawn at epoch 0
+    layers, _, _ = classify_layers(t.kernels, t.ranges, [])
+    a = attribute(t.kernels, t.ranges, layers, None).set_index("name")
+    assert list(a["operator"]) == ["aten::mm"] * 3 and set(a["path"]) == {"correlation"}
+    assert a.loc["volta_sgemm_128x64_nn", "duration_ns"] == 8008
+
+
+def test_early_2024_form_with_kernels_through_the_cli(tmp_path):
+    """The crash of issue 13 was seen with ``opprof timeline --kineto``: the same fixture through the CLI."""
+    import subprocess
+    import sys
+
+    trace = _write(tmp_path / "v100.json.gz", EARLY_2024_WITH_KERNELS, gz=True)
+    run = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "timeline", "--kineto", str(trace),
+                          "--out", str(tmp_path / "timeline")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    kernels = pd.read_parquet(tmp_path / "timeline" / "kernels.parquet").set_index("name")
+    assert int(kernels.loc["volta_sgemm_128x64_nn", "start_ns"]) == 1669843200123470123
+    assert json.loads((tmp_path / "timeline" / "diagnostics.json").read_text())["counts"]["kernels"] == 3
+
+
 def test_base_time_after_trace_events_is_applied(tmp_path):
     """Kineto writes baseTimeNanoseconds after traceEvents (here after an INFO list with ']')."""
     base = 1727743122000000000

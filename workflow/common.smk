@@ -92,6 +92,10 @@ CAPTURE_LIB = [
     )
 ]
 ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
+MATCHING_LIB = [
+    LIB / "matching" / m
+    for m in ("__init__.py", "names.py", "align.py", "match.py", "broadcast.py")
+]
 # The ncu replay (GPU): the capture side, the command builder, the harness re-run and the metric set.
 REPLAY_LIB = [
     *CAPTURE_LIB,

@@ -4,7 +4,7 @@ rule match_invocations:
         ncu=ncu_tables,
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",
         replays=replay_records,
-        lib=[LIB / "matching.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
+        lib=[*MATCHING_LIB, LIB / "naming.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
     output:
         metrics="results/{workload}/matched/kernel_metrics.parquet",
         diagnostics="results/{workload}/matched/diagnostics.json",

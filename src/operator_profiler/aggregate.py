@@ -140,15 +140,18 @@ def counters_note(device: str | None) -> str:
     return "hardware counters: not collected (no Nsight Compute data for these kernels)"
 
 
-PATHS = ("correlation", "nvtx", "inductor")
+PATHS = ("correlation", "nvtx", "inductor", "user_annotation")
+# Paths whose answer is a region's name, not an operator: never compared with the others' answers.
+NOT_COMPARED = frozenset({"user_annotation"})
 
 
 def _path_answers(evidence: str) -> dict[str, object]:
-    """What each path said in one kernel's evidence JSON: the operator name (paths a, b), the fused
-    ATen ops (path c, only for the call's own kernel), or None when the path ran without an answer."""
+    """What each path said in one kernel's evidence JSON: the operator name (paths a, b; the
+    annotation's name for ``user_annotation``, written only where it was chosen), the fused ATen ops
+    (path c, only for the call's own kernel), or None when the path ran without an answer."""
     ev = json.loads(evidence)
     answers: dict[str, object] = {}
-    for key in ("correlation", "nvtx"):
+    for key in ("correlation", "nvtx", "user_annotation"):
         if key in ev:
             answers[key] = ev[key].get("operator")
     site = ev.get("inductor")
@@ -174,7 +177,8 @@ def _path_coverage(attribution: pd.DataFrame, total_ns: int) -> tuple[dict, dict
     present = {p: evidence.str.contains(f'"{p}"', regex=False).to_numpy() for p in PATHS}
     n_present = sum(v.astype(int) for v in present.values()) if len(attribution) else 0
     answered = {p: pd.Series(False, index=attribution.index) for p in PATHS}
-    agreement = {f"{a}/{b}": {"both": 0, "agree": 0} for i, a in enumerate(PATHS) for b in PATHS[i + 1:]}
+    compared = [p for p in PATHS if p not in NOT_COMPARED]
+    agreement = {f"{a}/{b}": {"both": 0, "agree": 0} for i, a in enumerate(compared) for b in compared[i + 1:]}
     single = n_present <= 1
     for p in PATHS:
         answered[p] |= pd.Series(present[p] & single, index=attribution.index) & (attribution["path"] == p)
@@ -183,7 +187,7 @@ def _path_coverage(attribution: pd.DataFrame, total_ns: int) -> tuple[dict, dict
         answers = _path_answers(ev)
         for p, answer in answers.items():
             answered[p].loc[idx] = answer is not None
-        named = [(p, a) for p, a in answers.items() if a is not None]
+        named = [(p, a) for p, a in answers.items() if a is not None and p not in NOT_COMPARED]
         for i, (p1, a1) in enumerate(named):
             for p2, a2 in named[i + 1:]:
                 if p2 == "inductor" and not DISPATCHER_OP.match(str(a1)):
@@ -198,6 +202,30 @@ def _path_coverage(attribution: pd.DataFrame, total_ns: int) -> tuple[dict, dict
         for p in PATHS if present[p].any()
     }
     return coverage, {pair: a for pair, a in agreement.items() if a["both"]}
+
+
+DISAGREEMENT_EXAMPLES = 5
+
+
+def external_id_disagreements(attribution: pd.DataFrame) -> dict:
+    """Kernels whose Kineto ``External id`` names another op than the ones enclosing their launch
+    (evidence ``correlation.external_id_check: disagrees``; checked only where the trace's kernels
+    carry op ids, DESIGN.md §3). The operator stays the launch's; this says how much to doubt the
+    trace's op ids. ``checked``: kernels the check ran on; ``count``/``time_ns`` (ns) the disagreeing
+    ones; ``examples``: the longest few (``kernel_id, name, operator, external_id, external_id_op``)."""
+    evidence = attribution["evidence"].astype(str)
+    checked = evidence.str.contains('"external_id_check": ', regex=False)
+    disagree = checked & evidence.str.contains('"external_id_check": "disagrees"', regex=False)
+    rows = attribution[disagree.to_numpy()]
+    examples = []
+    for row in rows.sort_values(["duration_ns", "kernel_id"], ascending=[False, True]).head(
+            DISAGREEMENT_EXAMPLES).itertuples(index=False):
+        said = json.loads(row.evidence)["correlation"]
+        examples.append({"kernel_id": int(row.kernel_id), "name": str(row.name),
+                         "operator": None if pd.isna(row.operator) else str(row.operator),
+                         "external_id": said.get("external_id"), "external_id_op": said.get("external_id_op")})
+    return {"checked": int(checked.sum()), "count": int(len(rows)), "time_ns": int(rows["duration_ns"].sum()),
+            "examples": examples}
 
 
 def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None,
@@ -240,4 +268,5 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
             for r in groups.itertuples(index=False)
         ],
         "unattributed_reasons": dict(Counter(unattributed["reason"].fillna("unknown"))),
+        "external_id_disagreements": external_id_disagreements(attribution),
     }

@@ -101,22 +101,35 @@ def _cmd_timeline(args) -> None:
 
 def _cmd_ncu(args) -> None:
     table = stages.parse_ncu_files([Path(f) for f in args.files], Path(args.out))
-    metrics = [c for c in table.columns if c not in ("source", "ncu_id", "pid", "name", "match_key", "occurrence",
-                                                     "stream", "grid", "block")]
+    from .matching import KERNEL_COLUMNS
+
+    metrics = [c for c in table.columns if c not in KERNEL_COLUMNS]
     print(f"{len(table)} kernels, {len(metrics)} metrics from {len(args.files)} file(s) -> {args.out}")
 
 
 def _cmd_match(args) -> None:
     from .files import read_json_file
+    from .matching import parse_process_map, parse_window_specs
 
-    window = read_json_file(Path(args.window), "a replay window", "a JSON object: {\"kernel_ids\": [...]} or "
-                            "{\"launch_skip\": N, \"launch_count\": M}", expect=dict) if args.window else None
+    json_windows = [w for w in args.window or [] if "=" not in w]
+    if json_windows and len(args.window) > 1:
+        raise InputError("--window: give either one JSON file or NAME=SKIP:COUNT / NAME=contiguous values, not both")
+    try:
+        window = (read_json_file(Path(json_windows[0]), "a window", "a JSON object: {\"kernel_ids\": [...]}, "
+                                 "{\"launch_skip\": N, \"launch_count\": M} or {\"sources\": {NAME: window}}",
+                                 expect=dict) if json_windows
+                  else parse_window_specs(args.window) if args.window else None)
+        process_map = parse_process_map(args.process_map or [])
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     out = Path(args.out)
     matched, diag = stages.match_files(Path(args.timeline), [Path(f) for f in args.ncu],
                                        out / "matched" / "kernel_metrics.parquet", out / "matched" / "diagnostics.json",
-                                       window, Path(args.kernel_layers) if args.kernel_layers else None)
-    print(f"{diag['matched']} matched, {diag['ncu_only']} ncu-only, {diag['timeline_only']} timeline-only, "
-          f"{len(diag['name_disagreements'])} name disagreement(s) -> {out / 'matched'}")
+                                       window, Path(args.kernel_layers) if args.kernel_layers else None, process_map)
+    counters = diag["counters"]
+    refused = ", ".join(f"{n} {r}" for r, n in sorted(counters["refused_reasons"].items()))
+    print(f"counters: {counters['with_counters']:,} of {counters['kernels']:,} kernels; {counters['refused']:,} refused"
+          f"{f' ({refused})' if refused else ''}; {diag['ncu_only']:,} ncu rows without a kernel -> {out / 'matched'}")
 
 
 def _cmd_fusion_map(args) -> None:
@@ -250,11 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(func=_cmd_ncu)
 
-    s = sub.add_parser("match", help="ncu counters <-> timeline kernels by (match_key, occurrence)")
+    s = sub.add_parser("match", help="ncu counters <-> timeline kernels by invocation order (scoped alignment)")
     s.add_argument("--timeline", required=True, help="timeline directory (kernels.parquet)")
     s.add_argument("--ncu", required=True, action="append", help="ncu parquet from 'opprof ncu' (repeatable)")
     s.add_argument("--out", required=True, help="writes OUT/matched/kernel_metrics.parquet and diagnostics.json")
-    s.add_argument("--window", help="JSON: replayed window (kernel_ids, launch_skip, launch_count)")
+    s.add_argument("--window", action="append",
+                   help="the launches an ncu file covers (repeatable): NAME=SKIP:COUNT (its --launch-skip and "
+                        "--launch-count), NAME=SKIP:COUNT:KERNEL (with -k KERNEL), NAME=contiguous (consecutive "
+                        "launches, start unknown); NAME is the CSV's path, file name or stem. Or one JSON file")
+    s.add_argument("--process-map", action="append", metavar="NCU_PID=TIMELINE_PID",
+                   help="pair an ncu process with a timeline process (repeatable), when they cannot be told apart")
     s.add_argument("--kernel-layers", help="kernel_layers.parquet from 'opprof classify': broadcast each layer "
                                            "class's measured counters to its other instances")
     s.set_defaults(func=_cmd_match)

@@ -1,10 +1,16 @@
-"""Names our harness gives its ranges (shared by the harness and the timeline readers; no torch import).
+"""Names shared by the capture side and the analysis (no torch import).
 
 - iteration range: ``opprof.iteration:<i>``
 - layer range:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
 - NVTX domain:     ``opprof``
+- communication kernels (NCCL): :data:`COMMUNICATION` (ncu does not profile them; they wait on other ranks)
 """
+
+import re
 
 NVTX_DOMAIN = "opprof"
 ITERATION_PREFIX = "opprof.iteration:"
 LAYER_PREFIX = "opprof.layer:"
+
+#: Communication (NCCL) kernel names, demangled or mangled.
+COMMUNICATION = re.compile(r"^(?:void )?nccl|ncclDevKernel|ncclKernel|_Z\d+nccl", re.IGNORECASE)

@@ -193,6 +193,37 @@ def _agreement_lines(coverage: dict) -> list[str]:
                         for pair, a in sorted(counts.items())) + "."]
 
 
+def external_id_lines(coverage: dict) -> list[str]:
+    """One line when kernels' Kineto ``External id`` names another op than the launch's (coverage.json
+    ``external_id_disagreements``); nothing when none disagrees."""
+    found = coverage.get("external_id_disagreements") or {}
+    if not found.get("count"):
+        return []
+    line = (f"**{_plural(found['count'], 'kernel')} ({_ms(found['time_ns'])} ms) carry an `External id` naming "
+            f"another op than the one around their launch** (of {found['checked']} checked): their operator is "
+            "the launch's (CUPTI correlation); the trace's op ids are not to be trusted.")
+    example = (found.get("examples") or [None])[0]
+    if example:
+        named = (f"names `{example['external_id_op']}`" if example.get("external_id_op")
+                 else "names no op in the trace")
+        line += (f" E.g. `{_short(example['name'], 60)}` launched in `{example['operator']}`: its External id "
+                 f"{example['external_id']} {named}.")
+    return ["", line]
+
+
+def user_annotation_lines(coverage: dict) -> list[str]:
+    """One line when kernels were named by a user annotation (path ``user_annotation``), so that a
+    region's name is not read as an ATen op."""
+    share = (coverage.get("by_path") or {}).get("user_annotation")
+    entry = (coverage.get("path_coverage") or {}).get("user_annotation")
+    if share is None or not entry:
+        return []
+    kernels = round(entry["count"] * coverage["kernel_count"])
+    return ["", f"{_plural(kernels, 'kernel')} ({share * 100:.2f}% of kernel time) had no operator around their "
+                "launch and carry the name of the `record_function` annotation around it instead (path "
+                "`user_annotation`, e.g. an optimizer step): a region of the program, not an ATen op."]
+
+
 def _invalid_time_line(coverage: dict) -> list[str]:
     valid = coverage.get("valid_timed_kernels")
     if valid is None or valid == coverage["kernel_count"]:
@@ -329,6 +360,8 @@ def render_markdown(
         *[f"| {p} | {s * 100:.2f}% | {_share(coverage, p, 'count')} | {_share(coverage, p, 'time')} |"
           for p, s in sorted(coverage["by_path"].items())],
         *_agreement_lines(coverage),
+        *user_annotation_lines(coverage),
+        *external_id_lines(coverage),
         *_invalid_time_line(coverage),
         *_notes(diagnostics),
         "",

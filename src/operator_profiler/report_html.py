@@ -500,6 +500,8 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
     text = (f"<p>{coverage['attributed_count']:,} of {coverage['kernel_count']:,} kernels attributed to an operator, "
             f"{coverage['coverage_time'] * 100:.2f}% of {coverage['kernel_time_ns'] / 1e6:.3f} ms kernel time.</p>")
     extra = "".join(f"<p>{inline(line)}</p>" for line in [*report_md._agreement_lines(coverage),
+                                                          *report_md.user_annotation_lines(coverage),
+                                                          *report_md.external_id_lines(coverage),
                                                           *report_md._outside_iterations(coverage),
                                                           *report_md._invalid_time_line(coverage)] if line)
     unattributed = coverage.get("unattributed") or []

@@ -303,6 +303,12 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                         "another run or model?", len(fusion), fusion["graph"].nunique(), timeline_dir,
                         f" ({unmatched_reasons} kernels in compiled-graph regions that do not match it)"
                         if unmatched_reasons else "")
+    disagreements = agg.external_id_disagreements(result)
+    if disagreements["count"]:
+        log.warning("%d of %d checked kernels carry a Kineto External id that names another op than the one around "
+                    "their launch (their operator stays the launch's; coverage.json external_id_disagreements "
+                    "lists examples): the trace's op ids are not to be trusted", disagreements["count"],
+                    disagreements["checked"])
     stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
@@ -603,10 +609,11 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
     """ncu CSVs (or ``.ncu-rep`` reports, exported with ``ncu`` from PATH) -> one row per profiled
     kernel (``ncu/{cls}.parquet``, DESIGN.md §3).
 
-    Columns: ``source`` (the CSV), ``ncu_id``, ``pid``, ``name``, ``match_key`` (the name as printed:
-    the replay asks ncu for mangled names), ``occurrence`` (index among the kernels of the same file,
-    process and name, in ncu_id order), ``stream``, ``grid``, ``block``, then one column per metric as
-    ncu spells it, in base units; the units are in the parquet metadata (``units``: metric -> unit).
+    Columns: ``source`` (the CSV), ``ncu_id``, ``pid``, ``device`` (ncu's ``Device``, null when the
+    layout lacks it), ``name``, ``match_key`` (the name as printed: the replay asks ncu for mangled names),
+    ``occurrence`` (index among the kernels of the same file, process, device and name, in ncu_id order),
+    ``stream``, ``grid``, ``block``, then one column per metric as ncu spells it, in base units; the units
+    are in the parquet metadata (``units``: metric -> unit).
 
     Raises:
         NcuCsvError: a CSV that is empty, has no header, holds a failed run's errors or a non-numeric
@@ -624,9 +631,11 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
         else:
             wide = wide_metrics(read_ncu_csv(Path(path)))
         units.update(wide.attrs.get("units", {}))
+        for column in ("pid", "device"):  # a non-numeric cell (never seen) must not pass for an id
+            wide[column] = pd.array(pd.to_numeric(wide[column], errors="coerce"), dtype="Int64")
         wide.insert(0, "source", str(path))
         wide.insert(wide.columns.get_loc("name") + 1, "match_key", wide["name"])
-        keys = ["pid", "match_key"] if wide["pid"].notna().all() else ["match_key"]
+        keys = [c for c in ("pid", "device") if wide[c].notna().all()] + ["match_key"]
         wide.insert(wide.columns.get_loc("match_key") + 1, "occurrence",
                     wide.sort_values("ncu_id").groupby(keys, dropna=False).cumcount().reindex(wide.index).astype("int64"))
         frames.append(wide)
@@ -638,11 +647,13 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
 
 
 def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, out_diagnostics: Path,
-                window: dict | None = None, kernel_layers_path: Path | None = None) -> tuple[pd.DataFrame, dict]:
+                window: dict | None = None, kernel_layers_path: Path | None = None,
+                process_map: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """``timeline/kernels.parquet`` + ``ncu/{cls}.parquet`` files -> ``matched/kernel_metrics.parquet`` and
-    ``matched/diagnostics.json`` (invocation-order matching, :mod:`operator_profiler.matching`). With
-    ``kernel_layers_path`` the counters of each layer class's measured instance are broadcast to the
-    class's other instances by position (``counters_from`` names the measured kernel)."""
+    ``matched/diagnostics.json`` (invocation-order matching, :func:`operator_profiler.matching.match_invocations`,
+    whose docstring describes ``window`` and ``process_map``). With ``kernel_layers_path`` the counters of
+    each layer class's measured instance are broadcast to the class's other instances by position
+    (``counters_from`` names the measured kernel)."""
     from .matching import broadcast_to_instances, match_invocations
 
     kernels = read_parquet_file(Path(timeline_dir) / "kernels.parquet", "the timeline kernels table",
@@ -659,9 +670,10 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         columns=["source", "ncu_id", "name", "match_key"])
     ncu.attrs = {"units": units}
     start = time.perf_counter()
-    matched, diagnostics = match_invocations(kernels, ncu, window)
+    matched, diagnostics = match_invocations(kernels, ncu, window, process_map)
+    counters = diagnostics["counters"]
     stage_done(f"matched {len(kernels):,} timeline kernels with {len(ncu):,} ncu rows "
-              f"({diagnostics.get('matched', 0):,} matched)", start)
+               f"({counters['with_counters']:,} with counters, {counters['refused']:,} refused)", start)
     if window and "sources" in window:
         _check_replay_windows(window["sources"], matched, diagnostics)
     if kernel_layers_path is not None:
@@ -686,6 +698,9 @@ def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dic
     """
     got = set(matched["kernel_id"].astype("int64")) if len(matched) else set()
     problems = []
+    sources = {cls: win for cls, win in sources.items() if (win or {}).get("kernel_ids") is not None}
+    if not sources:  # declared launch windows of imported files: refusals are reported, not fatal
+        return
     for cls, win in sorted(sources.items()):
         planned = set(int(k) for k in (win or {}).get("kernel_ids") or [])
         missing = planned - got

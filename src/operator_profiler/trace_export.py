@@ -12,7 +12,8 @@ Events written (``ts``/``dur`` in **µs**, floats carrying ns precision):
 * ``X`` complete events, GPU kernels (``cat: "kernel"``): ``pid`` = the GPU process of the kernel's CUDA
   device (``GPU_PID_BASE + device``, named ``GPU <device>``: above Linux's largest pid, 2^22, so never an
   OS pid), ``tid`` = the stream. ``args``: ``kernel_id``, ``operator``, ``forward_operator``, ``module``,
-  ``layer``, ``layer_class``, ``path``, ``fused_ops``, ``source_nodes``, ``reason`` (only when
+  ``layer``, ``layer_class``, ``path`` (``correlation``, ``inductor``, ``nvtx``, ``user_annotation``,
+  ``unattributed``: DESIGN.md §3), ``fused_ops``, ``source_nodes``, ``reason`` (only when
   unattributed or partial), ``duration_ns``, ``grid``, ``block``, ``correlation_id``, and ``counters``
   (ncu metric name -> value, plus ``counters_from``) when matched counters are given.
 * ``X`` CPU ranges (``ranges.parquet``: ops, annotations, NVTX ranges; ``cat`` = the range ``kind``) on

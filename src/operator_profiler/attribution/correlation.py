@@ -5,21 +5,30 @@ reader, which fills ``launch_tid``/``launch_start_ns``/``launch_end_ns``); on a 
 own launch. The operator is the innermost dispatcher op (``aten::...``) of the stack of ``cpu_op``
 ranges that enclose the launch interval on the launch thread (``../shared/docs/kineto-and-inductor.md``
 §1.6, recommended algorithm). Backward kernels get ``forward_operator`` through the Kineto
-``Sequence number`` of their autograd node (§1.7).
+``Sequence number`` of their autograd node (§1.7). Where no op encloses the launch, the innermost
+``user_annotation`` around it (``record_function``) is kept for the last-resort ``user_annotation``
+path of :mod:`.merge` (DESIGN.md §3).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from ..naming import NVTX_DOMAIN
 from ..timeline.kineto import DISPATCHER_OP, external_id_mode
 
 COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
+# user_annotation ranges that never name a kernel's operator (the user_annotation path): our harness's
+# iteration/layer ranges ("opprof.iteration:0", "opprof.layer:h.0"), torch.profiler's schedule steps
+# ("ProfilerStep#12") and Inductor's compiled-graph regions (the fusion map's business).
+NOT_AN_OPERATOR_ANNOTATION = re.compile(
+    rf"^(?:{re.escape(NVTX_DOMAIN)}\.|ProfilerStep#\d+$|{re.escape(COMPILED_GRAPH_PREFIX)})")
 
 
 @dataclass
@@ -34,6 +43,8 @@ class OpStack:
     operator_kind: str | None = None
     # kernel "External id" vs the ops of the stack (op_id traces only): "agrees" / "disagrees"
     external_id_check: str | None = None
+    # the innermost user_annotation around the launch that may name the operator (range id; see find_ops)
+    annotation_range_id: int | None = None
     forward_operator: str | None = None
     forward_range_id: int | None = None
     compiled_region: int | None = None  # range id of the enclosing "## Call CompiledFxGraph" range
@@ -125,6 +136,11 @@ class OpTable:
     layer: np.ndarray  # innermost enclosing range whose ``layer`` is set
     exact: np.ndarray  # every ancestor of ``innermost`` encloses the launch (no overrun child)
     external_id_check: np.ndarray
+    # where the check disagrees: the kernel's External id and the name of the op of the launch's
+    # process carrying it (None when no range carries it); -1 / None elsewhere
+    external_id: np.ndarray
+    external_id_op: np.ndarray
+    annotation: np.ndarray  # innermost user_annotation that may name the operator (NOT_AN_OPERATOR_ANNOTATION)
     reason: np.ndarray
     range_ids: np.ndarray
     names: list
@@ -171,8 +187,12 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     comes from the ``fwdbwd`` flow of its innermost autograd node when the trace has flows, else from
     the node's ``Sequence number`` (kineto-and-inductor.md §1.7). Where the trace's ``External id``
     is an op id (``external_id_mode == "op_id"``, §1.6) it is checked against the stack, never used
-    to pick the op. Containment is checked at every level (an integer-µs child can overrun its
-    parent, so an ancestor may end before the launch).
+    to pick the op; where it disagrees, ``external_id`` and ``external_id_op`` (the op of the launch's
+    process carrying that id) say so. ``annotation``: the innermost ``user_annotation`` range
+    around the launch (``record_function``, e.g. ``Optimizer.step#FusedAdam.step``) that is not one of
+    :data:`NOT_AN_OPERATOR_ANNOTATION` and not outside the kernel's compiled-graph region: the
+    operator of last resort (path ``user_annotation``, DESIGN.md §3). Containment is checked at every
+    level (an integer-µs child can overrun its parent, so an ancestor may end before the launch).
 
     Returns:
         :class:`OpTable`. ``reason``: ``null_correlation`` (correlation id missing or <= 0, cases.md
@@ -192,6 +212,8 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     is_cpu_op = (ranges["kind"].astype(str) == "cpu_op").to_numpy()
     is_dispatcher = is_cpu_op & name_s.str.match(DISPATCHER_OP).to_numpy(dtype=bool)
     is_region = name_s.str.startswith(COMPILED_GRAPH_PREFIX).to_numpy(dtype=bool)
+    is_annotation = ((ranges["kind"].astype(str) == "user_annotation").to_numpy()
+                     & ~name_s.str.match(NOT_AN_OPERATOR_ANNOTATION).to_numpy(dtype=bool))
     is_layer = ranges["layer"].notna().to_numpy() if "layer" in ranges else np.zeros(m, dtype=bool)
     flow_fwd = (position.reindex(ranges["forward_range_id"].astype("Int64").fillna(-1).astype("int64"))
                 .fillna(-1).to_numpy(dtype=np.int64) if "forward_range_id" in ranges else np.full(m, -1))
@@ -236,6 +258,7 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     region = np.full(n, -1, dtype=np.int64)
     backward_node = np.full(n, -1, dtype=np.int64)
     layer = np.full(n, -1, dtype=np.int64)
+    annotation = np.full(n, -1, dtype=np.int64)
     blocked = np.zeros(n, dtype=bool)  # a compiled-graph region lies between the launch and this level
     enclosing_count = np.zeros(n, dtype=np.int64)
     levels = np.zeros(n, dtype=np.int64)
@@ -259,6 +282,8 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
         blocked[rows[is_region[rr]]] = True
         fb = (fallback[rows] < 0) & is_cpu_op[rr] & (rr != own[rows]) & ~blocked[rows]
         fallback[rows[fb]] = rr[fb]
+        ann = (annotation[rows] < 0) & is_annotation[rr] & ~blocked[rows]
+        annotation[rows[ann]] = rr[ann]
         bw = (backward_node[rows] < 0) & is_bwd_node[rr]
         backward_node[rows[bw]] = rr[bw]
         lay = (layer[rows] < 0) & is_layer[rr]
@@ -296,14 +321,26 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     reason[~has_launch & ~null_corr] = "no_launch_record"
     reason[has_launch & (operator < 0)] = "no_enclosing_operator"
     external_check = np.full(n, None, dtype=object)
+    disagreeing_id = np.full(n, -1, dtype=np.int64)
+    disagreeing_op = np.full(n, None, dtype=object)
     if check_external:
         checked = (k_ext >= 0) & (innermost >= 0)
         external_check[checked & ext_agrees] = "agrees"
         external_check[checked & ~ext_agrees] = "disagrees"
+        rows = np.flatnonzero(checked & ~ext_agrees)
+        if len(rows):
+            disagreeing_id[rows] = k_ext[rows]
+            # The op carrying that id in the launch's process (ids are per process); the first if several.
+            carriers = pd.DataFrame({"pid": ranges["pid"].astype("int64").to_numpy(), "ext": r_ext, "name": names})
+            carriers = carriers[carriers["ext"] >= 0].drop_duplicates(["pid", "ext"])
+            wanted = pd.DataFrame({"pid": pids[rows], "ext": k_ext[rows]})
+            found = wanted.merge(carriers, on=["pid", "ext"], how="left")["name"]
+            disagreeing_op[rows] = np.where(found.isna(), None, found.astype(object))
     return OpTable(kernel_id=kernels["kernel_id"].astype("int64").to_numpy(), innermost=innermost,
                    operator=operator, operator_kind=kind, compiled_region=region, forward=forward, layer=layer,
-                   exact=exact, external_id_check=external_check, reason=reason, range_ids=range_ids, names=names,
-                   t0=t0, t1=t1, threads=threads)
+                   exact=exact, external_id_check=external_check, external_id=disagreeing_id,
+                   external_id_op=disagreeing_op, annotation=annotation, reason=reason, range_ids=range_ids,
+                   names=names, t0=t0, t1=t1, threads=threads)
 
 
 class _LazyStacks(Mapping):
@@ -321,7 +358,8 @@ class _LazyStacks(Mapping):
             stack=t.stack(i), operator=None if op < 0 else t.names[op], operator_range_id=rid(op),
             operator_kind=t.operator_kind[i], external_id_check=t.external_id_check[i],
             forward_operator=None if fwd < 0 else t.names[fwd], forward_range_id=rid(fwd),
-            compiled_region=rid(int(t.compiled_region[i])), reason=t.reason[i],
+            compiled_region=rid(int(t.compiled_region[i])), annotation_range_id=rid(int(t.annotation[i])),
+            reason=t.reason[i],
         )
 
     def __iter__(self):

@@ -3,8 +3,9 @@
 Precedence for ``operator`` (documented in DESIGN.md §3): the correlation path (a) names the
 operator when a dispatcher op encloses the launch; NVTX (b) comes next; a kernel that no ATen op
 encloses but that the Inductor fusion map (c) knows (a fused Triton/C++ kernel) gets the operator
-label of its fused ATen ops. The fusion map always fills ``fused_ops``/``source_nodes`` when it has
-the kernel's call site. ``layer``/``layer_class`` come from the layer classification (backward
+label of its fused ATen ops. Last of all, a kernel that no op names but a ``user_annotation`` range
+(``record_function``) encloses takes that annotation's name (path ``user_annotation``). The fusion map
+always fills ``fused_ops``/``source_nodes`` when it has the kernel's call site. ``layer``/``layer_class`` come from the layer classification (backward
 kernels belong to the layer of their forward op); ``module`` is the layer instance's module path.
 """
 
@@ -117,6 +118,13 @@ def _region_call_sites(kernels: pd.DataFrame, stacks: dict[int, OpStack], ranges
     return rows, reasons
 
 
+def _user_annotation_fallback(ops, path: np.ndarray) -> np.ndarray:
+    """Rows that no path named but that lie in a user annotation which may name an operator
+    (:func:`correlation.find_ops` ``annotation``), outside any compiled-graph region (whose kernels
+    are the fusion map's to name): they take the annotation, with the lowest precedence (DESIGN.md §3)."""
+    return (path == "unattributed") & (ops.annotation >= 0) & (ops.compiled_region < 0)
+
+
 def attribute(
     kernels: pd.DataFrame,
     ranges: pd.DataFrame,
@@ -133,7 +141,8 @@ def attribute(
 
     Returns:
         The ATTRIBUTION columns of :mod:`operator_profiler.tables` plus ``operator_range_id`` (the
-        op instance, to count calls), ``duration_ns`` and ``iteration``. Unattributed kernels have
+        op instance, to count calls; the annotation's range for path ``user_annotation``),
+        ``duration_ns`` and ``iteration``. Unattributed kernels have
         ``path == "unattributed"``, ``operator`` null and a machine-readable ``reason``.
     """
     fusion_map = fusion_map if fusion_map is not None else pd.DataFrame()
@@ -181,6 +190,12 @@ def attribute(
     path[fallback] = "correlation"
     reason[fallback] = None
     reason[path != "unattributed"] = None
+    by_annotation = _user_annotation_fallback(ops, path)
+    annotation_name = np.array([names[p] if p >= 0 else None for p in ops.annotation], dtype=object)
+    operator[by_annotation] = annotation_name[by_annotation]
+    path[by_annotation] = "user_annotation"
+    reason[by_annotation] = None
+    op_range_pos = np.where(by_annotation, ops.annotation, op_pos)
 
     # Evidence JSON, keys sorted as json.dumps(sort_keys=True) writes them.
     corr = kernels["correlation_id"].astype("Int64").fillna(0).astype("int64").to_numpy()
@@ -190,8 +205,12 @@ def attribute(
         parts = []
         if ops.reason[i] == "no_launch_record":
             parts.append(f'"correlation_id": {corr[i]}')
+        if ops.external_id[i] >= 0:
+            parts.append(f'"external_id": {int(ops.external_id[i])}')
         if ops.external_id_check[i] is not None:
             parts.append(f'"external_id_check": "{ops.external_id_check[i]}"')
+        if ops.external_id[i] >= 0:  # disagrees: the op that id names (null: none in the trace)
+            parts.append(f'"external_id_op": {json.dumps(ops.external_id_op[i])}')
         parts.append(f'"operator": {json.dumps(fallback_name[i])}')
         if ops.operator_kind[i] is not None:
             parts.append(f'"operator_kind": "{ops.operator_kind[i]}"')
@@ -205,6 +224,9 @@ def attribute(
                 "graph": site["graph"], "call_index": site["call_index"], "kernel": site["kernel"],
                 "kind": site["kind"], "fused_ops": list(site["fused_ops"]), "origin": site["origin"],
                 "call_site": site["call_site"]}, sort_keys=True)
+        if by_annotation[i]:
+            text += ', "user_annotation": ' + json.dumps({
+                "operator": annotation_name[i], "range_id": int(ops.range_ids[ops.annotation[i]])}, sort_keys=True)
         evidence[i] = text + "}"
 
     layers = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
@@ -228,8 +250,8 @@ def attribute(
         "reason": reason,
         "evidence": evidence,
         "operator_range_id": pd.arrays.IntegerArray(
-            np.where(has_op, ops.range_ids[np.maximum(op_pos, 0)] if len(ops.range_ids) else 0, 0).astype(np.int64),
-            ~has_op),
+            np.where(op_range_pos >= 0, ops.range_ids[np.maximum(op_range_pos, 0)] if len(ops.range_ids) else 0,
+                     0).astype(np.int64), op_range_pos < 0),
         "duration_ns": kernels["duration_ns"].astype("int64").to_numpy(),
         "iteration": pd.array(kernels["iteration"], dtype="Int64"),
         "name": kernels["name"].astype(str).array,  # shares the timeline's strings
@@ -254,7 +276,8 @@ def merge_kineto_run(primary: pd.DataFrame, kernels: pd.DataFrame, kineto_result
 
     The runs' kernels are paired by invocation order (:func:`operator_profiler.attribution.transfer.align_runs`).
     Precedence (DESIGN.md §3): where the Kineto run named an operator (correlation, or the fusion
-    map for a generated kernel) it wins; otherwise NVTX's answer stays. ``fused_ops``/``source_nodes``
+    map for a generated kernel) it wins; otherwise NVTX's answer stays, and the Kineto run's
+    ``user_annotation`` answer is taken only where NVTX had none. ``fused_ops``/``source_nodes``
     come from the fusion map; ``forward_operator`` from (a), else (b). Every kernel's evidence gets a
     ``correlation`` entry (``reason: no_partner_in_kineto_run`` when unpaired), so coverage by path
     counts it.
@@ -288,7 +311,10 @@ def merge_kineto_run(primary: pd.DataFrame, kernels: pd.DataFrame, kineto_result
         evidence[i] = _join_evidence(evidence[i], unpaired)
     out["evidence"] = evidence
 
-    named = (partner["path"] != "unattributed").to_numpy()
+    # A user annotation is the last resort: it names a kernel only where NVTX did not.
+    partner_path = partner["path"].to_numpy()
+    named = (partner_path != "unattributed") & (
+        (partner_path != "user_annotation") | (out["path"].to_numpy()[rows] == "unattributed"))
     take = rows[named]
     chosen = partner[named]
     for column in ("operator", "path", "fused_ops", "source_nodes"):

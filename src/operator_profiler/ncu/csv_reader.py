@@ -40,10 +40,10 @@ from operator_profiler.files import InputError
 __all__ = ["KERNEL_COLUMNS", "LONG_COLUMNS", "NcuCsvError", "normalize_unit", "read_ncu_csv", "wide_metrics"]
 
 #: Columns of :func:`read_ncu_csv`'s result, in order.
-LONG_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block", "section", "metric", "value", "text", "unit",
+LONG_COLUMNS = ["ncu_id", "pid", "device", "name", "stream", "grid", "block", "section", "metric", "value", "text", "unit",
                 "raw_unit"]
 #: Per-kernel columns kept by :func:`wide_metrics`.
-KERNEL_COLUMNS = ["ncu_id", "pid", "name", "stream", "grid", "block"]
+KERNEL_COLUMNS = ["ncu_id", "pid", "device", "name", "stream", "grid", "block"]
 
 # Identity (non-metric) columns of both pages (ncu.md §1.2, §1.3, §1.6); NVTX columns are matched by substring.
 _IDENTITY = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time", "Context", "Stream",
@@ -216,7 +216,8 @@ def read_ncu_csv(path) -> pd.DataFrame:
     One row per (profiled result, metric). Columns (:data:`LONG_COLUMNS`):
 
     * ``ncu_id`` (int): the ncu ``ID`` column, 0-based profiling order, global across kernel names (ncu.md §1.7).
-    * ``pid`` (Int64, null if no ``Process ID`` column), ``name`` (``Kernel Name`` as printed),
+    * ``pid`` (Int64, null if no ``Process ID`` column), ``device`` (Int64: the ``Device`` column, the CUDA
+      ordinal as the process sees it; null in the 2021-era layout, which lacks it), ``name`` (``Kernel Name`` as printed),
       ``stream`` (Int64 when numeric), ``grid``/``block`` (``"x,y,z"`` from ``Grid Size``/``Block Size``; null in
       the 2021-era ``Kernel Time`` layout, which lacks them, ncu.md §1.2).
     * ``section``: ``Section Name`` (details page; e.g. ``Command line profiler metrics``), null on the raw page.
@@ -315,7 +316,8 @@ def read_ncu_csv(path) -> pd.DataFrame:
     rules: list[dict] = []
 
     def kernel(r):
-        return (int(r[col["ID"]]), _int_or_none(cell(r, "Process ID")), cell(r, "Kernel Name"),
+        return (int(r[col["ID"]]), _int_or_none(cell(r, "Process ID")), _int_or_none(cell(r, "Device")),
+                cell(r, "Kernel Name"),
                 _int_or_none(cell(r, "Stream")), _dims(cell(r, "Grid Size")), _dims(cell(r, "Block Size")))
 
     def add(lineno, r, k, section, metric, txt, raw_unit, field):
@@ -353,7 +355,7 @@ def read_ncu_csv(path) -> pd.DataFrame:
     df = pd.DataFrame(out, columns=LONG_COLUMNS)
     df = df.sort_values("ncu_id", kind="stable").reset_index(drop=True)  # ncu writes ID order; keep it guaranteed
     df["ncu_id"] = df["ncu_id"].astype("int64")
-    for c in ("pid", "stream"):
+    for c in ("pid", "device", "stream"):
         if df[c].map(lambda x: x is None or isinstance(x, int)).all():
             df[c] = df[c].astype("Int64")
     df["value"] = df["value"].astype("float64")

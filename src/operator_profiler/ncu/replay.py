@@ -34,7 +34,9 @@ layer class is one segment, so one ncu run.
 
 Matching (``stages.match_files``, the ``window`` JSON): per class CSV the planned ``kernel_ids``, so ncu's
 k-th row of a kernel name pairs with the k-th planned kernel of that name
-(``{"sources": {cls: {"kernel_ids": [...]}}}``, :func:`match_window`).
+(``{"sources": {cls: {"kernel_ids": [...], "pid": <timeline process>}}}``, :func:`match_window`): the
+merged CSV's process is the plan's timeline process, and its rows pair with the planned kernels position by
+position when every position's names agree (the identity is then the only alignment pairing all of them).
 
 Functions: :func:`plan_replay` (class JSON + timeline -> plan), :func:`replay_command` (the ncu argv),
 :func:`target_argv` (the harness re-run), :func:`run_replay` (run, time, export, ``replay.json``),
@@ -58,7 +60,7 @@ import pandas as pd
 
 from ..files import InputError, write_json
 from ..layers import REST_CLASS
-from ..matching import COMMUNICATION
+from ..naming import COMMUNICATION
 from .csv_reader import PERMISSION_URL, export_report_csv
 
 log = logging.getLogger(__name__)
@@ -100,8 +102,8 @@ def plan_replay(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, class_json: 
         (all instance labels), ``replay_instances``, ``iteration`` (first measured iteration, None when the
         timeline has no iteration ranges), ``pid``, ``kernel_count``, ``segments`` (``launch_skip``,
         ``launch_count``: 0-based launch positions counted from cudaProfilerStart, see the module docstring;
-        ``first_kernel_id``, ``last_kernel_id``), ``counted_from``, ``window`` (``{"kernel_ids": [...]}``, for
-        matching) and ``warnings`` (communication kernels in the window, CUDA-graph rows in the timeline).
+        ``first_kernel_id``, ``last_kernel_id``), ``counted_from``, ``window`` (``{"kernel_ids": [...], "pid": pid}``,
+        for matching) and ``warnings`` (communication kernels in the window, CUDA-graph rows in the timeline).
 
     Raises:
         NcuReplayError: no kernel of the replay instances in the timeline, or kernels of several processes.
@@ -151,7 +153,7 @@ def plan_replay(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, class_json: 
         "kernel_count": len(ids),
         "segments": segments,
         "counted_from": COUNTED_FROM,
-        "window": {"kernel_ids": ids},
+        "window": {"kernel_ids": ids, "pid": pid},
         "warnings": warnings,
     }
 

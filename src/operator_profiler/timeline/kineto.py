@@ -451,7 +451,8 @@ def read_kineto(path: Path) -> Timeline:
                 l_ext.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v if v is not None else args.get("external id")))
             else:
                 # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
-                valid = raw_ts != 0 and raw_dur >= 0
+                # Compared in exact ns: ts/dur may be int, float or exact decimal text (trace_json).
+                valid = start != base and end >= start
                 k_pid.append(int_or_null(ev.get("pid")))
                 k_device.append(int_or_null(args.get("device", ev.get("pid"))))
                 k_stream.append(int_or_null(args.get("stream", ev.get("tid"))))
@@ -540,7 +541,7 @@ def _memory_row(ev: dict, cat: str, args: dict, corr: int | None, base: int) -> 
         end = start + _to_ns(ev["dur"])
     except (KeyError, TypeError, ArithmeticError, ValueError):
         return None
-    if ev["ts"] == 0 or end < start:
+    if start == base or end < start:  # ts 0 or a negative dur, compared in exact ns (ts may be text)
         return None
     name = str(ev.get("name", ""))
     kind = "memset" if "memset" in cat.lower() else "memcpy"

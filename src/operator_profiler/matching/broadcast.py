@@ -1,0 +1,65 @@
+"""Layer-class dedup: counters measured on one instance of a class go to every instance (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_layers: pd.DataFrame
+                           ) -> tuple[pd.DataFrame, dict]:
+    """Layer-class dedup: counters measured on one instance of a class are copied to every kernel of
+    the class at the same position (DESIGN.md §1, layer classes).
+
+    Args:
+        matched: ``kernel_id`` + metric columns of the kernels ncu measured (:func:`match_invocations`).
+        kernels: timeline kernels (``kernel_id, match_key``).
+        kernel_layers: ``kernel_id, layer_class, position`` from :func:`operator_profiler.layers.classify_layers`
+            (position: index of the kernel within its layer instance and iteration, or within the
+            iteration's kernels outside layers, class ``rest``).
+
+    Returns:
+        ``(counters, stats)``: one row per kernel that has counters, its own or its class's, with
+        ``counters_from`` (the measured kernel id), that kernel's ``ncu_id``/``ncu_source`` and the metric columns (``attrs["units"]`` kept);
+        ``stats`` per class: measured kernels, kernels filled by broadcast, kernels left without counters
+        because no kernel at their position was measured or its ``match_key`` differs (reported, never
+        guessed), and, where two or more instances were measured (``dedup.verify``),
+        ``verify_max_relative_difference`` per metric (the first measured instance stays the source).
+    """
+    metrics = [c for c in matched.columns if c not in ("kernel_id", "ncu_id", "ncu_source")]
+    layout = kernel_layers[["kernel_id", "layer_class", "position"]].merge(
+        kernels[["kernel_id", "match_key"]], on="kernel_id", how="left")
+    measured = layout[layout["kernel_id"].isin(matched["kernel_id"])]
+    # The first measured kernel at each (class, position) is the source (the representative's).
+    sources = measured.sort_values("kernel_id").drop_duplicates(["layer_class", "position"])[
+        ["layer_class", "position", "kernel_id", "match_key"]].rename(
+        columns={"kernel_id": "counters_from", "match_key": "source_key"})
+    placed = layout.merge(sources, on=["layer_class", "position"], how="left")
+    own = placed["kernel_id"].isin(matched["kernel_id"])
+    placed.loc[own, "counters_from"] = placed.loc[own, "kernel_id"]
+    agrees = own | (placed["counters_from"].notna() & (placed["match_key"] == placed["source_key"]))
+    stats: dict = {}
+    for cls, group in placed.groupby("layer_class", sort=False, dropna=False):
+        ok = agrees[group.index]
+        stats[str(cls)] = {
+            "kernels": len(group), "measured": int(own[group.index].sum()),
+            "filled": int((ok & ~own[group.index]).sum()),
+            "without_counters": int((~ok).sum()),
+            "name_mismatch": int((group["counters_from"].notna() & ~ok).sum()),
+        }
+    # dedup.verify: where ncu measured two or more instances of a class, how far apart they are
+    # (the largest relative difference per metric over the class's positions).
+    twice = measured[measured.duplicated(["layer_class", "position"], keep=False)]
+    if len(twice) and metrics:
+        values = twice.merge(matched[["kernel_id", *metrics]], on="kernel_id")
+        by_position = values.groupby(["layer_class", "position"])[metrics]
+        spread = (by_position.max() - by_position.min()) / by_position.agg(lambda v: v.abs().max())
+        for cls, table in spread.groupby(level=0):
+            worst = table.max()
+            stats[str(cls)]["verify_max_relative_difference"] = {
+                m: float(v) for m, v in worst.items() if pd.notna(v)}
+    filled = placed[agrees][["kernel_id", "counters_from"]].astype({"counters_from": "int64"})
+    carry = [c for c in ("ncu_id", "ncu_source") if c in matched.columns]  # the measured row (DESIGN.md §3)
+    counters = filled.merge(matched[["kernel_id", *carry, *metrics]].rename(columns={"kernel_id": "counters_from"}),
+                            on="counters_from", how="left").sort_values("kernel_id").reset_index(drop=True)
+    counters.attrs = {"units": matched.attrs.get("units", {})}
+    return counters, stats

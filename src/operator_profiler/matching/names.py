@@ -1,0 +1,236 @@
+"""Kernel names across tools: one normalization ladder for keys and checks (DESIGN.md §4, "Names").
+
+ncu prints a kernel's name in one of three bases (``--print-kernel-base mangled|demangled|function``), and its
+demangler differs from the one behind nsys/CUPTI: ``<(int)4, ...>`` vs ``<4, ...>``, ``(unsigned long)1`` vs
+``1ul``, ``<unnamed>`` vs ``(anonymous namespace)``, ``char *`` vs ``char*``, ``> >`` vs ``>>``, a leading
+``void`` or not, and parameter lists printed with template parameter names (``(int, T2, T3)``) or substituted
+types. A name is therefore compared on a ladder of forms, from exact to coarse:
+
+``mangled``     the Itanium mangled name (``_ZN2at6native...``), exact;
+``demangled``   the demangled text, exact (a mangled ncu name is demangled here with libstdc++'s
+                ``__cxa_demangle``, the demangler behind ``c++filt``);
+``normalized``  the demangled text without return type, top-level parameter list, integer casts and
+                suffixes, anonymous-namespace spellings and whitespace;
+``function``    the function name alone (what ``--print-kernel-base function`` prints).
+
+An ncu name resolves to the timeline kernel name whose form equals its form on the highest rung where any
+timeline name of the scope matches; a rung where several timeline names match is *ambiguous* (a lower rung is
+coarser, so the search stops there). Each resolution records the rung it used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+RUNGS = ("mangled", "demangled", "normalized", "function")
+
+
+def is_mangled(name) -> bool:
+    """Whether ``name`` is an Itanium mangled name (``_Z...``)."""
+    return isinstance(name, str) and name.startswith("_Z")
+
+
+@functools.lru_cache(maxsize=1)
+def _cxa_demangle():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        fn = lib.__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    try:
+        free = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").free
+        free.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        free = None
+    return fn, free
+
+
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str | None:
+    """The demangled text of an Itanium mangled name, or None (not mangled, invalid, or no libstdc++)."""
+    if not is_mangled(name):
+        return None
+    found = _cxa_demangle()
+    if found is None:
+        return None
+    fn, free = found
+    status = ctypes.c_int()
+    ptr = fn(name.encode(), None, None, ctypes.byref(status))
+    if not ptr:
+        return None
+    try:
+        return ctypes.string_at(ptr).decode("utf-8", errors="replace") if status.value == 0 else None
+    finally:
+        if free is not None:
+            free(ptr)
+
+
+_CAST = re.compile(r"\((?:unsigned |signed )?(?:char|short|int|long|long long|__int128|bool)\)(-?\d+)")
+_BOOL_CAST = re.compile(r"\(bool\)([01])\b")
+_INT_SUFFIX = re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b", re.IGNORECASE)
+_ANON = re.compile(r"\(anonymous namespace\)|<unnamed>|anonymous namespace")
+_LAMBDA = re.compile(r"\{lambda\(([^)]*)\)#(\d+)\}|\[lambda\(([^)]*)\) \(instance (\d+)\)\]")
+
+
+def _strip_parameters(s: str) -> str:
+    """Drop the top-level parameter list at the end (``f<int>(int, T2)`` -> ``f<int>``)."""
+    if not s.endswith(")"):
+        return s
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):
+        c = s[i]
+        if c in ")>]}":
+            depth += 1
+        elif c in "(<[{":
+            depth -= 1
+            if depth == 0:
+                return s[:i] if c == "(" and i > 0 else s
+    return s
+
+
+def normalize(demangled: str) -> str:
+    """The ``normalized`` rung of a demangled name (module docstring)."""
+    s = demangled.strip()
+    if s.startswith("void "):
+        s = s[5:]
+    s = _BOOL_CAST.sub(lambda m: "true" if m.group(1) == "1" else "false", s)
+    s = _CAST.sub(r"\1", s)
+    s = _ANON.sub("anon", s)
+    s = _LAMBDA.sub(lambda m: f"lambda#{m.group(2) or m.group(4)}", s)
+    s = _strip_parameters(s)
+    s = _INT_SUFFIX.sub(r"\1", s)
+    return re.sub(r"\s+", "", s)
+
+
+def _mangled_base(name: str) -> str | None:
+    """Last unqualified source name of an Itanium mangled function name (``_ZN2at6native3fooIiEEvT_`` -> foo)."""
+    s, i = name, 2
+    if i < len(s) and s[i] == "L":
+        i += 1
+    nested = i < len(s) and s[i] == "N"
+    if nested:
+        i += 1
+        while i < len(s) and s[i] in "rVKRO":
+            i += 1
+    last = None
+    while i < len(s):
+        if s.startswith("St", i):
+            i += 2
+            continue
+        m = re.match(r"\d+", s[i:])
+        if not m:
+            break
+        n = int(m.group())
+        i += len(m.group())
+        last = s[i:i + n]
+        i += n
+        if not nested or (i < len(s) and s[i] in "IE"):  # template arguments or the end of the nested name
+            break
+    return last
+
+
+def _strip_balanced(s: str, open_: str, close: str) -> str:
+    out, depth = [], 0
+    for ch in s:
+        if ch == open_:
+            depth += 1
+        elif ch == close and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def base_name(name) -> str:
+    """The ``function`` rung: the function name without return type, namespaces, template arguments and
+    parameters (``void at::native::k<4>(int)`` -> ``k``; a mangled name -> its last source name)."""
+    if not isinstance(name, str):
+        return ""
+    if is_mangled(name):
+        return _mangled_base(name) or name
+    s = _ANON.sub("anon", name)
+    s = _strip_balanced(s, "<", ">")
+    s = _strip_balanced(s, "(", ")")
+    s = s.strip().split()[-1] if s.strip() else s
+    return s.split("::")[-1]
+
+
+def forms(name, mangled=None) -> dict[str, str | None]:
+    """The ladder forms of one kernel name (``mangled`` given separately when the source has both)."""
+    if not isinstance(name, str):
+        name = None
+    if mangled is None and is_mangled(name):
+        mangled = name
+    demangled = name if name is not None and not is_mangled(name) else None
+    if demangled is None and mangled is not None:
+        demangled = demangle(mangled)
+    return {
+        "mangled": mangled if is_mangled(mangled) else None,
+        "demangled": demangled,
+        "normalized": normalize(demangled) if demangled else None,
+        "function": base_name(demangled or mangled or name) or None,
+    }
+
+
+def names_agree(timeline_name, timeline_mangled, ncu_name) -> str | None:
+    """The highest rung on which an ncu name and one timeline kernel's names agree, or None.
+
+    Used where the position is already known (a replay's planned kernel), so uniqueness does not matter."""
+    if not isinstance(ncu_name, str):
+        return None
+    ours, theirs = forms(timeline_name, timeline_mangled), forms(ncu_name)
+    if is_mangled(ncu_name) and ours["mangled"] is not None:
+        return "mangled" if ours["mangled"] == ncu_name else None  # two mangled names: exact or nothing
+    for rung in RUNGS:
+        if ours[rung] is not None and ours[rung] == theirs[rung]:
+            return rung
+    return None
+
+
+@dataclass
+class NameIndex:
+    """The timeline names of one scope, per rung: form -> the timeline keys (``match_key``) having it."""
+
+    by_rung: dict[str, dict[str, set]] = field(default_factory=lambda: {r: {} for r in RUNGS})
+    with_mangled: set = field(default_factory=set)  # keys whose kernels have a mangled name
+
+    @classmethod
+    def build(cls, keys: Iterable[tuple[str, str | None, str | None]]) -> NameIndex:
+        """``keys``: ``(match_key, name, mangled_name)`` of the scope's distinct kernel names."""
+        index = cls()
+        for key, name, mangled in keys:
+            if is_mangled(mangled):
+                index.with_mangled.add(key)
+            for rung, form in forms(name, mangled).items():
+                if form is not None:
+                    index.by_rung[rung].setdefault(form, set()).add(key)
+            if isinstance(key, str) and key != name and key != mangled:  # a key that is a name of its own
+                index.by_rung["demangled"].setdefault(key, set()).add(key)
+        return index
+
+    def resolve(self, ncu_name: str) -> tuple[str | None, str, list]:
+        """``(match_key, rung, [])`` for a unique resolution, ``(None, "name_ambiguous", candidates)``, or
+        ``(None, "name_unmatched", [])``."""
+        mine = forms(ncu_name)
+        for rung in RUNGS:
+            form = mine[rung]
+            if form is None:
+                continue
+            keys = self.by_rung[rung].get(form)
+            if keys and rung != "mangled" and is_mangled(ncu_name):
+                # a mangled ncu name that is not a timeline kernel's mangled name is another function (another
+                # instantiation or overload), whatever its coarser forms say
+                keys = keys - self.with_mangled
+            if not keys:
+                continue
+            if len(keys) == 1:
+                return next(iter(keys)), rung, []
+            return None, "name_ambiguous", sorted(keys)
+        return None, "name_unmatched", []
