@@ -42,20 +42,26 @@ a scope both runs launch in the same order, except the nodes of one CUDA-graph l
   cannot be told apart (not determined); same key on one stream, or a key unique in the launch, is determined.
   Operators of node kernels: determined from nsys (the capture-time node creation lies in its op's NVTX range),
   not from Kineto (capture-time launches carry no node id).
-* ``ncu_missing_launch``: no window; ncu lacks one launch, or has one extra launch (a helper kernel with a new or
-  an existing key), or profiled only the kernels a name filter (``-k regex:``) matched. A row is determined when
-  every alignment that explains the difference by one deletion (or by dropping the unfiltered keys) pairs it
-  with the same kernel: with a repeated key next to the gap the rows and kernels of the repeat are not.
+* An ncu file whose window is not declared may hold any subsequence of the process's launches (kernel filters):
+  a row is determined when every embedding of the file's key sequence in the process's launch sequence puts it
+  on the same kernel (the leftmost and the rightmost embedding agree on it).
+* ``ncu_missing_launch``: no window; ncu lacks one launch, or profiled only the kernels a name filter
+  (``-k regex:``) matched (the embedding rule), or has one extra launch (a helper kernel with a new or an
+  existing key): a row is determined when every alignment that explains the difference by one deletion pairs it
+  with the same kernel; with a repeated key next to the gap the rows and kernels of the repeat are not.
 * ``launch_window``: ncu ran with ``--launch-skip S --launch-count C`` (launches of the process, no kernel
-  filter): declared, every row is determined; ``launch_window_unknown``: not declared, the rows are determined
-  only when their key sequence occurs at exactly one offset of the process's launch sequence.
+  filter): declared, every row is determined; ``launch_window_unknown``: declared ``contiguous`` (odd seeds),
+  the rows are determined when their key sequence occurs at exactly one offset of the process's launch
+  sequence; not declared at all (even seeds), the embedding rule.
 * ``segments_shuffled``: two ncu files of consecutive launch ranges, passed in the reverse order, IDs from 0 in
-  each; no windows: each file is determined when its key sequence occurs at exactly one offset;
+  each; no windows: the embedding rule per file (no reasoning across files);
   ``segments_windowed``: the same with both windows declared (``launch_skip``/``launch_count``): determined.
 * ``multi_process``: two ranks in one nsys export and in one ncu CSV (``--target-processes all``, ncu's own
-  pids, IDs global, the processes interleaved differently). Determined when the ncu process maps to one timeline
-  process: a ``--process-map`` given, or the ranks on different devices, or exactly one timeline process with
-  the ncu process's key sequence; two ranks with the same sequence on one device are not.
+  pids, IDs global, the processes interleaved differently). Both sides hold the same processes, one to one: an
+  ncu process is determined when a ``--process-map`` is given or every one-to-one map in which each ncu
+  process's (key, device) sequence is a subsequence of its timeline process's sends it to the same process (the
+  ranks on different devices; or rank 1 launching an extra kernel per iteration, which rank 0's ncu process
+  fits as a subsequence but rank 1's ncu process fits only rank 1); two identical ranks on one device are not.
 * ``data_parallel``: one process, two devices driven by two threads (ncu ``Device`` 0/1); the interleaving of
   the devices differs between the runs; per device the order is fixed: determined.
 * Inductor (Kineto + debug dirs): a region's graph is determined when one compiled graph has its call-site
@@ -697,16 +703,41 @@ def offsets(sequence: list, part: list) -> list[int]:
     return [i for i in range(len(sequence) - n + 1) if sequence[i:i + n] == part] if n else []
 
 
-def subsequence_determined(sequence: list, part: list) -> set[int]:
-    """Indices of ``part`` (all launches of the keys it holds, in order) paired alike by every embedding: a key
-    whose every launch ``part`` holds is paired occurrence by occurrence."""
-    count = {}
-    for key in sequence:
-        count[key] = count.get(key, 0) + 1
-    mine = {}
+def embedding_pinned(sequence: list, part: list) -> set[int]:
+    """Indices of ``part`` that every embedding of ``part`` as a subsequence of ``sequence`` puts at the same
+    position (the rows of an ncu file whose window is unknown: any launches may have been filtered out). The
+    greedy leftmost and rightmost embeddings bound every embedding, so a row is pinned where they agree."""
+    left, i = [], 0
     for key in part:
-        mine[key] = mine.get(key, 0) + 1
-    return {j for j, key in enumerate(part) if mine[key] == count.get(key)}
+        while i < len(sequence) and sequence[i] != key:
+            i += 1
+        if i == len(sequence):
+            return set()
+        left.append(i)
+        i += 1
+    right, i = [], len(sequence) - 1
+    for key in reversed(part):
+        while sequence[i] != key:
+            i -= 1
+        right.append(i)
+        i -= 1
+    right.reverse()
+    return {j for j in range(len(part)) if left[j] == right[j]}
+
+
+def is_subsequence(part: list, sequence: list) -> bool:
+    it = iter(sequence)
+    return all(key in it for key in part)
+
+
+def process_assignments(ncu: dict[int, list], timeline: dict[int, list]) -> list[dict[int, int]]:
+    """Every one-to-one map of ncu processes to timeline processes in which each ncu process's (key, device)
+    sequence is a subsequence of its timeline process's."""
+    from itertools import permutations
+
+    ncu_pids = sorted(ncu)
+    return [dict(zip(ncu_pids, chosen)) for chosen in permutations(sorted(timeline), len(ncu_pids))
+            if all(is_subsequence(ncu[n], timeline[t]) for n, t in zip(ncu_pids, chosen))]
 
 
 # ================================================================================================================
@@ -852,7 +883,7 @@ def scenario_ncu_missing_launch(seed: int, rng: random.Random) -> Case:
         chosen = chosen or {launches[0].kernel.function}
         rows = [r for r in rows if r.kernel.function in chosen]
         part = [r.launch.key for r in rows]
-        determined = {rows[j].launch.uid for j in subsequence_determined(keys, part)}
+        determined = {rows[j].launch.uid for j in embedding_pinned(keys, part)}
     else:
         at = rng.randrange(len(rows) + 1)
         if variant == "extra_new":
@@ -871,6 +902,8 @@ def scenario_ncu_missing_launch(seed: int, rng: random.Random) -> Case:
 
 
 def _launch_window(scenario: str, seed: int, rng: random.Random, declared: bool) -> Case:
+    """``declared``: the window is given as skip/count; else it is declared ``contiguous`` (odd seeds) or not at
+    all (even seeds)."""
     fmt = _fmt(rng)
     program, rec, its = _eager(rng, fmt, prologue=rng.random() < 0.5)
     launches = program.launches_of(rec.pid)
@@ -878,12 +911,17 @@ def _launch_window(scenario: str, seed: int, rng: random.Random, declared: bool)
     skip = rng.randint(0, len(launches) - count)
     part = launches[skip:skip + count]
     ncu_pid = _ncu_pid(rng, set(program.processes))
-    window = {"launch_skip": skip, "launch_count": count} if declared else None
+    keys, part_keys = [k.key for k in launches], [k.key for k in part]
+    if declared:
+        window, determined = {"launch_skip": skip, "launch_count": count}, {k.uid for k in part}
+    elif seed % 2:
+        placed = len(offsets(keys, part_keys)) == 1
+        window, determined = {"contiguous": True}, {k.uid for k in part} if placed else set()
+    else:
+        window, determined = None, {part[j].uid for j in embedding_pinned(keys, part_keys)}
     f = _ncu_file(rng, "window.csv", [ncu_row(k, ncu_pid) for k in part], window=window)
-    placed = declared or len(offsets([k.key for k in launches], [k.key for k in part])) == 1
-    case = Case(scenario, seed, program, fmt, [f], {k.uid for k in part} if placed else set(),
-                kineto_time=_kineto_time(rng))
-    case.notes.update(launch_skip=skip, launch_count=count, declared=declared)
+    case = Case(scenario, seed, program, fmt, [f], determined, kineto_time=_kineto_time(rng))
+    case.notes.update(launch_skip=skip, launch_count=count, window=window)
     return case
 
 
@@ -906,8 +944,8 @@ def _segments(scenario: str, seed: int, rng: random.Random, declared: bool) -> C
     for name, skip, part in (("segment_1.csv", 0, launches[:cut]), ("segment_0.csv", cut, launches[cut:])):
         window = {"launch_skip": skip, "launch_count": len(part)} if declared else None
         files.append(_ncu_file(rng, name, [ncu_row(k, ncu_pid) for k in part], window=window))
-        if declared or len(offsets(keys, [k.key for k in part])) == 1:
-            determined |= {k.uid for k in part}
+        pinned = range(len(part)) if declared else embedding_pinned(keys, [k.key for k in part])
+        determined |= {part[j].uid for j in pinned}
     files.reverse()  # the later segment first: "segment_0.csv" sorts first, as a glob gives them
     case = Case(scenario, seed, program, fmt, files, determined, kineto_time=_kineto_time(rng))
     case.notes.update(cut=cut, declared=declared)
@@ -941,12 +979,13 @@ def scenario_multi_process(seed: int, rng: random.Random) -> Case:
         per_rank.append(program.launches_of(pid))
     ncu_pids = rng.sample(range(60_001, 90_000), 2)
     rows = interleave([[ncu_row(k, ncu_pids[r]) for k in launches] for r, launches in enumerate(per_rank)], rng)
-    signature = [[(k.key, k.device) for k in launches] for launches in per_rank]
+    signature = {pids[r]: [(k.key, k.device) for k in launches] for r, launches in enumerate(per_rank)}
+    maps = process_assignments({ncu_pids[r]: signature[pids[r]] for r in range(2)}, signature)
     determined = set()
     for r, launches in enumerate(per_rank):
-        candidates = [p for p, s in enumerate(signature) if s == signature[r]]
-        if variant == "mapped" or len(candidates) == 1:
-            determined |= {k.uid for k in launches}
+        if variant == "mapped" or {m[ncu_pids[r]] for m in maps} == {pids[r]}:
+            pinned = embedding_pinned(signature[pids[r]], signature[pids[r]])
+            determined |= {launches[j].uid for j in pinned}
     case = Case("multi_process", seed, program, "nsys", [_ncu_file(rng, "ranks.csv", rows)], determined,
                 process_map={ncu_pids[r]: pids[r] for r in range(2)} if variant == "mapped" else None)
     case.notes.update(variant=variant, ncu_pids=ncu_pids, timeline_pids=pids)

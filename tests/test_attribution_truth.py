@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from ground_truth import (
     Config, K, KernelName, Launch, ApiCall, all_scenarios, build, determined_under_gap, gap_positions,
-    graph_ambiguous, ncu_printed, offsets, subsequence_determined,
+    embedding_pinned, graph_ambiguous, ncu_printed, offsets, process_assignments,
 )
 from truth_formats import TOKEN_METRIC, write_case
 from truth_inductor import label_of
@@ -130,9 +130,19 @@ def test_gap_alignment_rules():
 def test_placement_rules():
     assert offsets(list("ABCABD"), list("AB")) == [0, 3]
     assert offsets(list("ABCABD"), list("BD")) == [4]
-    # a name filter keeps every launch of the kept keys: all paired; a key with a launch missing is not
-    assert subsequence_determined(list("ABACB"), list("BB")) == {0, 1}
-    assert subsequence_determined(list("ABACB"), list("AB")) == set()
+    # rows of an unknown window: pinned where the leftmost and the rightmost embedding agree
+    assert embedding_pinned(list("ABACB"), list("BB")) == {0, 1}
+    assert embedding_pinned(list("ABACB"), list("AB")) == set()
+    assert embedding_pinned(list("ABA"), list("AB")) == {0, 1}  # the B fixes the A before it
+    assert embedding_pinned(list("ABCABD"), list("CAB")) == {0, 1, 2}
+    assert embedding_pinned(list("AB"), list("BA")) == set()  # no embedding at all
+
+
+def test_process_assignment_rule():
+    short, long = list("AB"), list("AXB")
+    # the ncu process with the longer sequence fits only the longer timeline process: one map
+    assert process_assignments({1: short, 2: long}, {10: short, 20: long}) == [{1: 10, 2: 20}]
+    assert len(process_assignments({1: short, 2: short}, {10: short, 20: short})) == 2
 
 
 def _node(uid, stream, key, replay=0):
