@@ -40,8 +40,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path.insert(0, str(TESTS))
 
-from ground_truth import all_scenarios  # noqa: E402
-from truth_score import Score, run_case  # noqa: E402
+from ground_truth import all_scenarios
+from truth_score import Score, run_case
 
 
 def _one(job: tuple[str, int, str | None]) -> tuple[str, Score]:

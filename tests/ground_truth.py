@@ -851,14 +851,14 @@ def _window_case(scenario: str, seed: int, rng: random.Random, fmt: str, program
 
 def scenario_clean(seed: int, rng: random.Random) -> Case:
     fmt = _fmt(rng)
-    program, rec, its = _eager(rng, fmt)
+    program, _, its = _eager(rng, fmt)
     window = [k for it in its[1:] for k in it]  # iteration 0 is the warm-up, outside the replayed window
     return _window_case("clean", seed, rng, fmt, program, window)
 
 
 def scenario_name_variants(seed: int, rng: random.Random) -> Case:
     fmt = _fmt(rng)
-    program, rec, its = _eager(rng, fmt)
+    program, _, its = _eager(rng, fmt)
     styles = ("function", "other_demangler", "mangled") if fmt == "nsys" else ("function", "other_demangler")
     style = styles[seed % len(styles)]
     case = _window_case("name_variants", seed, rng, fmt, program, [k for it in its for k in it], style)
@@ -868,7 +868,7 @@ def scenario_name_variants(seed: int, rng: random.Random) -> Case:
 
 def scenario_ncu_missing_launch(seed: int, rng: random.Random) -> Case:
     fmt = _fmt(rng)
-    program, rec, its = _eager(rng, fmt)
+    program, rec, _ = _eager(rng, fmt)
     launches = program.launches_of(rec.pid)
     keys = [k.key for k in launches]
     ncu_pid = _ncu_pid(rng, set(program.processes))
@@ -905,7 +905,7 @@ def _launch_window(scenario: str, seed: int, rng: random.Random, declared: bool)
     """``declared``: the window is given as skip/count; else it is declared ``contiguous`` (odd seeds) or not at
     all (even seeds)."""
     fmt = _fmt(rng)
-    program, rec, its = _eager(rng, fmt, prologue=rng.random() < 0.5)
+    program, rec, _ = _eager(rng, fmt, prologue=rng.random() < 0.5)
     launches = program.launches_of(rec.pid)
     count = rng.randint(3, max(3, len(launches) // 2))
     skip = rng.randint(0, len(launches) - count)
@@ -935,7 +935,7 @@ def scenario_launch_window_unknown(seed: int, rng: random.Random) -> Case:
 
 def _segments(scenario: str, seed: int, rng: random.Random, declared: bool) -> Case:
     fmt = _fmt(rng)
-    program, rec, its = _eager(rng, fmt, prologue=rng.random() < 0.5)
+    program, rec, _ = _eager(rng, fmt, prologue=rng.random() < 0.5)
     launches = program.launches_of(rec.pid)
     cut = rng.randint(2, len(launches) - 2)
     ncu_pid = _ncu_pid(rng, set(program.processes))
@@ -1067,7 +1067,7 @@ def scenario_user_annotation(seed: int, rng: random.Random) -> Case:
 
 def scenario_external_id(seed: int, rng: random.Random) -> Case:
     """A Kineto trace where some kernels' ``External id`` names another op than the one around their launch."""
-    program, rec, its = _eager(rng, "kineto")
+    program, rec, _ = _eager(rng, "kineto")
     op_ids = [op.external_id for op in program.ops if op.kind == "cpu_op"]
     moved = 0
     for k in program.launches:

@@ -14,8 +14,20 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 from ground_truth import (
-    Config, K, KernelName, Launch, ApiCall, all_scenarios, build, determined_under_gap, gap_positions,
-    embedding_pinned, graph_ambiguous, ncu_printed, offsets, process_assignments,
+    ApiCall,
+    Config,
+    K,
+    KernelName,
+    Launch,
+    all_scenarios,
+    build,
+    determined_under_gap,
+    embedding_pinned,
+    gap_positions,
+    graph_ambiguous,
+    ncu_printed,
+    offsets,
+    process_assignments,
 )
 from truth_formats import TOKEN_METRIC, write_case
 from truth_inductor import label_of
@@ -70,7 +82,7 @@ def test_ncu_csvs_read_back_with_their_tokens(scenario, tmp_path):
 @pytest.mark.parametrize("scenario", ["recompiled_graphs", "reduce_overhead", "extern_in_provenance",
                                       "partial_window"])
 def test_debug_dirs_parse_to_the_generated_call_sites(scenario, tmp_path):
-    case, truth = _write(scenario, 2, tmp_path)
+    case, _ = _write(scenario, 2, tmp_path)
     fusion = load_fusion_map(tmp_path / "inductor")
     for graph in case.inductor_graphs:
         rows = fusion[fusion["graph"] == graph.dir_name].sort_values("call_index")
@@ -189,10 +201,10 @@ KNOWN_FAILURES = {
 }
 # Single programs of the benchmark that show a failure the fixed seeds above do not
 FOUND_CASES = [
-    ("ncu_missing_launch", 12, "a dropped launch of a kernel that also runs with another configuration: the "
-                               "name's launches refused (order_ambiguous) though (name, grid, block) pins them"),
-    ("multi_process", 19, "forward (main thread) / backward (autograd thread) hand-overs across iterations without "
-                          "iteration ranges are taken for interleaving threads: shared keys refused (order_ambiguous)"),
+    ("ncu_missing_launch", 12, ("a dropped launch of a kernel that also runs with another configuration: the "
+                                "name's launches refused (order_ambiguous) though (name, grid, block) pins them")),
+    ("multi_process", 19, ("forward (main thread) / backward (autograd thread) hand-overs across iterations without "
+                           "iteration ranges are taken for interleaving threads: shared keys refused (order_ambiguous)")),
 ]
 
 

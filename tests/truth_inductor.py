@@ -19,8 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ground_truth import (
-    CONFIGS, FORWARD_TEMPLATES, MAIN_TID, Call, Case, Config, Graph, K, KernelName, Launch, Program, Recorder,
-    _fix, _kineto_time, _window_case, random_body,
+    CONFIGS,
+    FORWARD_TEMPLATES,
+    MAIN_TID,
+    Case,
+    Config,
+    Graph,
+    K,
+    KernelName,
+    Launch,
+    Program,
+    Recorder,
+    _fix,
+    _window_case,
 )
 
 # Ops that only re-describe memory (never in a label unless nothing else is left); the same list as the
@@ -147,9 +158,9 @@ def run_sites(rec: Recorder, graph: CompiledGraph, sites: list[CallSite], tid: i
 def run_graph(rec: Recorder, graph: CompiledGraph, tid: int = MAIN_TID, determined: dict | None = None,
               region: bool = True) -> None:
     """One execution of ``call()`` inside its Dynamo region and its ``## Call CompiledFxGraph`` range."""
-    with rec.op(f"Torch-Compiled Region: {graph.compile_id}", tid):
-        with rec.op(f"## Call CompiledFxGraph {graph.fx_key} ##", tid):
-            run_sites(rec, graph, graph.sites, tid, determined or {})
+    with rec.op(f"Torch-Compiled Region: {graph.compile_id}", tid), \
+            rec.op(f"## Call CompiledFxGraph {graph.fx_key} ##", tid):
+        run_sites(rec, graph, graph.sites, tid, determined or {})
 
 
 def region_determinacy(graph: CompiledGraph, graphs: list[CompiledGraph]) -> dict[int, dict]:
@@ -249,9 +260,8 @@ def scenario_reduce_overhead(seed: int, rng: random.Random) -> Case:
     def step(i: int) -> None:
         if i == 0:
             run_graph(rec, graph, determined=truth)
-            with rec.op(f"Torch-Compiled Region: {graph.compile_id}", MAIN_TID):
-                with rec.capture(cuda_graph, MAIN_TID):
-                    run_sites(rec, graph, graph.sites, MAIN_TID, truth)
+            with rec.op(f"Torch-Compiled Region: {graph.compile_id}", MAIN_TID), rec.capture(cuda_graph, MAIN_TID):
+                run_sites(rec, graph, graph.sites, MAIN_TID, truth)
             rec.instantiate(cuda_graph, MAIN_TID)
             return
         with rec.op(f"Torch-Compiled Region: {graph.compile_id}", MAIN_TID):
@@ -290,15 +300,15 @@ def scenario_partial_window(seed: int, rng: random.Random) -> Case:
     def step(i: int) -> None:
         if i:
             return run_graph(rec, graph, determined=truth)
-        with rec.op(f"Torch-Compiled Region: {graph.compile_id}", MAIN_TID):
-            with rec.op(f"## Call CompiledFxGraph {graph.fx_key} ##", MAIN_TID):
-                for j, site in enumerate(graph.sites):
-                    if j == cut_site:
-                        marks["cut"] = rec.tick()
-                    others = sites_of[site.profiler_name]
-                    partial = {"operator_determined": all(s.label == site.label for s in others),
-                               "source_nodes_determined": len(others) == 1}
-                    run_sites(rec, graph, [site], MAIN_TID, {0: partial})
+        with rec.op(f"Torch-Compiled Region: {graph.compile_id}", MAIN_TID), \
+                rec.op(f"## Call CompiledFxGraph {graph.fx_key} ##", MAIN_TID):
+            for j, site in enumerate(graph.sites):
+                if j == cut_site:
+                    marks["cut"] = rec.tick()
+                others = sites_of[site.profiler_name]
+                partial = {"operator_determined": all(s.label == site.label for s in others),
+                           "source_nodes_determined": len(others) == 1}
+                run_sites(rec, graph, [site], MAIN_TID, {0: partial})
 
     _iterations(rec, rng, rng.randint(2, 3), step)
     cut_before(program, marks["cut"])

@@ -22,13 +22,13 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
 from truth_formats import TOKEN_METRIC
 
 
@@ -145,8 +145,8 @@ def run_stages(folder: Path, truth: dict) -> list[tuple[str, str]]:
             return True
         except Exception as exc:  # noqa: BLE001 -- any failure of the code under test is a finding
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            errors.append((stage, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-                                  f"({Path(where.filename).name}:{where.lineno})"))
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            errors.append((stage, f"{type(exc).__name__}: {first} ({Path(where.filename).name}:{where.lineno})"))
             return False
 
     timeline = out / "timeline"
@@ -206,7 +206,8 @@ def score_case(folder: Path, truth: dict, errors: list[tuple[str, str]] = ()) ->
     matched = _read(out / "matched" / "kernel_metrics.parquet", ["kernel_id", TOKEN_METRIC])
     attached = {}
     if matched is not None and TOKEN_METRIC in matched:
-        attached = {k: int(round(v)) for k, v in zip(matched["kernel_id"], matched[TOKEN_METRIC]) if v == v}
+        attached = {k: round(v) for k, v in zip(matched["kernel_id"], matched[TOKEN_METRIC])
+                    if v is not None and not math.isnan(v)}
     diagnostics = {}
     if (out / "matched" / "diagnostics.json").is_file():
         diagnostics = json.loads((out / "matched" / "diagnostics.json").read_text())
