@@ -218,9 +218,8 @@ def write_case(case: Case, folder: Path) -> dict:
         paths["timeline"] = name
         paths["time_base_ns"] = KINETO_BASE_NS
     (folder / "ncu").mkdir(exist_ok=True)
-    ncu_names = {pid: name for pid, name in case.notes.get("ncu_process_names", {}).items()}
     for f in case.ncu_files:
-        write_ncu(f, folder / "ncu" / f.name, ncu_names)
+        write_ncu(f, folder / "ncu" / f.name, {})
         paths["ncu"][f.name] = f"ncu/{f.name}"
     if case.inductor_graphs:
         from truth_inductor import write_debug_dirs
