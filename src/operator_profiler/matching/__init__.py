@@ -1,14 +1,18 @@
 """ncu rows <-> timeline kernels: scoped, windowed alignment by invocation order, never by time (DESIGN.md §4).
 
-:mod:`.names` the name ladder, :mod:`.align` the alignment that pins pairs, :mod:`.match` scopes, windows and
-reasons, :mod:`.broadcast` layer-class dedup.
+:mod:`.names` the name ladder, :mod:`.align` the alignment that pins pairs, :mod:`.windows` what a file
+covers, :mod:`.processes` which timeline process an ncu process is, :mod:`.bags` launches without a fixed order,
+:mod:`.match` one matching run over scopes, :mod:`.diagnostics` reasons and summaries, :mod:`.broadcast` layer-class
+dedup.
 """
 
-from .broadcast import broadcast_to_instances
 from ..naming import COMMUNICATION
-from .match import (KERNEL_COLUMNS, REASONS, REFUSED, Window, counters_summary, match_invocations,
-                    parse_process_map, parse_window_specs)
+from .broadcast import broadcast_to_instances
+from .diagnostics import REASONS, REFUSED, counters_summary
+from .match import KERNEL_COLUMNS, match_invocations
 from .names import RUNGS, base_name, demangle, names_agree, normalize
+from .processes import parse_process_map
+from .windows import Window, parse_window_specs
 
 __all__ = ["COMMUNICATION", "KERNEL_COLUMNS", "REASONS", "REFUSED", "RUNGS", "Window", "base_name",
            "broadcast_to_instances", "counters_summary", "demangle", "match_invocations", "names_agree", "normalize",

@@ -71,10 +71,10 @@ def pin(t, n, max_cells: int = MAX_CELLS) -> Alignment:
         n_state[n_idx] = PINNED
         t_state[t_idx] = PINNED
         return Alignment(n_to_t, n_state, t_state, len(n2))
-    positions = _positions(t2)
-    left = _embed(n2, positions, forward=True)
+    positions = token_positions(t2)
+    left = embed(n2, positions, forward=True)
     if left is not None:
-        right = _embed(n2, positions, forward=False)
+        right = embed(n2, positions, forward=False)
         sub_to_t, sub_n, sub_t = _from_embeddings(n2, left, right, positions, len(t2))
         lcs, exhaustive = len(n2), True
     elif len(t2) * len(n2) <= max_cells:
@@ -92,14 +92,14 @@ def pin(t, n, max_cells: int = MAX_CELLS) -> Alignment:
     return Alignment(n_to_t, n_state, t_state, int(lcs), exhaustive)
 
 
-def _positions(t: np.ndarray) -> dict[int, list[int]]:
+def token_positions(t: np.ndarray) -> dict[int, list[int]]:
     order = np.argsort(t, kind="stable")
     values, starts = np.unique(t[order], return_index=True)
     bounds = list(starts[1:]) + [len(t)]
     return {int(v): order[s:e].tolist() for v, s, e in zip(values, starts, bounds)}
 
 
-def _embed(n: np.ndarray, positions: dict[int, list[int]], forward: bool) -> np.ndarray | None:
+def embed(n: np.ndarray, positions: dict[int, list[int]], forward: bool) -> np.ndarray | None:
     """The leftmost (``forward``) or rightmost embedding of ``n`` into the timeline, or None if there is none."""
     out = np.empty(len(n), dtype=np.int64)
     if forward:

@@ -194,6 +194,13 @@ def names_agree(timeline_name, timeline_mangled, ncu_name) -> str | None:
     return None
 
 
+def name_triples(kernels) -> list[tuple[str, str | None, str | None]]:
+    """``(match_key, name, mangled_name)`` of a kernels table's distinct names (for :meth:`NameIndex.build`)."""
+    sub = kernels[["match_key", "name", "mangled_name"]].drop_duplicates()
+    return [(k, n if isinstance(n, str) else None, m if isinstance(m, str) else None)
+            for k, n, m in zip(sub["match_key"], sub["name"], sub["mangled_name"])]
+
+
 @dataclass
 class NameIndex:
     """The timeline names of one scope, per rung: form -> the timeline keys (``match_key``) having it."""
