@@ -11,6 +11,9 @@ the XPASS as a failure, and the marker goes.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pyarrow.parquet as pq
 import pytest
 from ground_truth import (
@@ -59,6 +62,20 @@ def test_timeline_reads_back_every_kernel(scenario, tmp_path):
     read = {(d, s): p for d, s, p in zip(table["device"], table["start_ns"], table["pid"])}
     assert len(table["kernel_id"]) == len(truth["kernels"]) == len(case.program.launches)
     assert {(k["device"], k["start_ns"]): k["pid"] for k in truth["kernels"]} == read
+
+
+@pytest.mark.parametrize("scenario, seed", [("multi_process", 0), ("user_annotation", 1)])
+def test_opprof_timeline_reads_the_generated_files(scenario, seed, tmp_path):
+    """Through the command line: the nsys export (two processes) and the Kineto trace give the intended counts."""
+    case, truth = _write(scenario, seed, tmp_path)
+    flag = "--nsys" if truth["timeline_format"] == "nsys" else "--kineto"
+    result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "timeline", flag,
+                             str(tmp_path / truth["timeline"]), "--out", str(tmp_path / "timeline")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(f"{len(case.program.launches)} kernels, {len(case.program.calls)} launches")
+    table = pq.read_table(tmp_path / "timeline" / "kernels.parquet", columns=["pid"]).to_pydict()
+    assert sorted(set(table["pid"])) == sorted(case.program.processes)
 
 
 @pytest.mark.parametrize("scenario", ["clean", "multi_process", "ncu_missing_launch", "name_variants",
