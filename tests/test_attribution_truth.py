@@ -71,7 +71,7 @@ def test_opprof_timeline_reads_the_generated_files(scenario, seed, tmp_path):
     flag = "--nsys" if truth["timeline_format"] == "nsys" else "--kineto"
     result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "timeline", flag,
                              str(tmp_path / truth["timeline"]), "--out", str(tmp_path / "timeline")],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith(f"{len(case.program.launches)} kernels, {len(case.program.calls)} launches")
     table = pq.read_table(tmp_path / "timeline" / "kernels.parquet", columns=["pid"]).to_pydict()
