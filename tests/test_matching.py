@@ -384,15 +384,34 @@ def test_identical_graph_nodes_on_several_streams_are_refused(tmp_path):
 
 
 def test_interleaving_threads_do_not_pair_same_named_launches(tmp_path):
-    """Two threads launching at once: their launches' order differs from run to run. A kernel both threads launch
-    is refused inside the interleaved region; distinct kernels still pair by name."""
+    """Two threads launching at once (their launch calls overlap): their order differs from run to run. A kernel
+    both threads launch is refused around the overlap; distinct kernels still pair by name."""
     names = ["x1", "s", "y1", "s", "x2", "y2"]
-    kernels = _kernels(names, launch_tid=[1, 1, 2, 2, 1, 2])
-    rows = [_row(i, n, i) for i, n in enumerate(["s", "x1", "s", "y1", "y2", "x2"])]
+    launch = {"launch_start_ns": [0, 100, 105, 200, 300, 400], "launch_end_ns": [10, 110, 115, 210, 310, 410]}
+    kernels = _kernels(names, launch_tid=[1, 1, 2, 2, 1, 2], **launch)  # calls 1 and 2 overlap (100-110, 105-115)
+    rows = [_row(i, n, i) for i, n in enumerate(["x1", "s", "s", "y1", "x2", "y2"])]
     matched, diag = match_invocations(kernels, _ncu(tmp_path, rows))
-    got = dict(_pairs(matched))
-    assert got == {0: 1, 2: 3, 4: 5, 5: 4}
+    assert dict(_pairs(matched)) == {0: 0, 2: 3, 4: 4, 5: 5}
     assert diag["counters"]["refused_reasons"] == {"order_ambiguous": 2}
+    # the same launches one after the other (a hand-over): the order is the program's
+    kernels = _kernels(names, launch_tid=[1, 1, 2, 2, 1, 2], launch_start_ns=[0, 100, 120, 200, 300, 400],
+                       launch_end_ns=[10, 110, 130, 210, 310, 410])
+    rows = [_row(i, n, i) for i, n in enumerate(names)]
+    matched, diag = match_invocations(kernels, _ncu(tmp_path, rows, "handover.csv"))
+    assert _pairs(matched) == [[i, i] for i in range(6)]
+
+
+def test_a_launch_inside_another_threads_op_is_concurrent(tmp_path):
+    """Thread 2 launches `s` while thread 1 is inside aten::mm: the two threads ran at once, so their `s` launches
+    can come in either order in the ncu run."""
+    names = ["s", "s"]
+    kernels = _kernels(names, launch_tid=[1, 2], launch_start_ns=[100, 150], launch_end_ns=[110, 160])
+    ranges = pd.DataFrame({"range_id": [0], "pid": [1], "tid": [1], "name": ["aten::mm"], "start_ns": [90],
+                           "end_ns": [400]})
+    rows = [_row(0, "s", 0), _row(1, "s", 1)]
+    matched, diag = match_invocations(kernels, _ncu(tmp_path, rows), ranges=ranges)
+    assert matched.empty and diag["counters"]["refused_reasons"] == {"order_ambiguous": 2}
+    assert _pairs(match_invocations(kernels, _ncu(tmp_path, rows, "b.csv"))[0]) == [[0, 0], [1, 1]]  # no ranges
 
 
 def test_one_hand_over_between_threads_is_ordered(tmp_path):

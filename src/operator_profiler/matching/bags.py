@@ -10,46 +10,35 @@ import pandas as pd
 
 from .align import AMBIGUOUS, PINNED
 
-_INTERLEAVE_BLOCKS = 8
-
-
 def bag_labels(seg: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per launch of the segment: its bag (-1: ordered launch) and its chain inside the bag.
 
     A bag is a run of launches whose order is not fixed from run to run: the node kernels of one CUDA-graph replay
     (same ``cudaGraphLaunch`` correlation id) spread over several streams (chain = stream: nodes captured on one
-    stream form a dependency chain and keep their order), or a region where two threads' launches interleave
-    (thread X, Y, X, Y within a few thread switches of one measured iteration; chain = thread: each thread keeps
-    its program order). A hand-over between threads (forward on the main thread, backward on the autograd thread,
-    optimizer on the main thread: X, Y, X) is ordered by the program and stays out of bags; so do switches across
-    measured iterations (``iteration``), whose ranges the harness closes on one thread."""
+    stream form a dependency chain and keep their order), or the launches of two threads around a launch made while
+    another thread was active (``concurrent``, :func:`concurrent_launches`; chain = thread: each thread keeps its
+    program order). Threads that hand over (forward on the main thread while the autograd thread waits, backward
+    while the main thread waits in ``backward()``) are ordered by the program and stay out of bags."""
     m = len(seg)
     bag = np.full(m, -1, dtype=np.int64)
     chain = np.full(m, -1, dtype=np.int64)
     next_bag = 0
     tids = pd.array(seg["launch_tid"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
-    iterations = (pd.array(seg["iteration"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
-                  if "iteration" in seg.columns else np.full(m, -1, dtype=np.int64))
-    # threads: blocks of consecutive launches of one thread (a new block at each measured iteration too: each
-    # iteration's hand-over forward -> backward -> optimizer is ordered by the program)
-    if m and len(set(tids.tolist())) > 1:
-        starts = np.flatnonzero(np.r_[True, (tids[1:] != tids[:-1]) | (iterations[1:] != iterations[:-1])])
+    concurrent = seg["concurrent"].to_numpy(dtype=bool) if "concurrent" in seg.columns else np.zeros(m, dtype=bool)
+    # threads: around a launch made while another thread was active, the blocks of consecutive launches of one
+    # thread just before and after it (a swap of two blocks between runs is what concurrency can cause)
+    if m and concurrent.any():
+        starts = np.flatnonzero(np.r_[True, tids[1:] != tids[:-1]])
         ends = np.r_[starts[1:], m]
-        threads = tids[starts]
+        block_of = np.repeat(np.arange(len(starts)), ends - starts)
         regions = []
-        block_iteration = iterations[starts]
-        for last in range(len(starts)):
-            for first in range(max(0, last - _INTERLEAVE_BLOCKS), last - 2):
-                x, y = threads[first], threads[last]
-                if x == y or block_iteration[first] != block_iteration[last]:
-                    continue
-                middle = threads[first + 1:last]
-                # x ... y ... x ... y: x and y alternate twice
-                xs = np.flatnonzero(middle == x)
-                ys = np.flatnonzero(middle == y)
-                if len(xs) and len(ys) and ys.min() < xs.max():
-                    regions.append((int(starts[first]), int(ends[last])))
+        for k in np.flatnonzero(concurrent).tolist():
+            b = int(block_of[k])
+            lo, hi = max(0, b - 1), min(len(starts) - 1, b + 1)
+            regions.append((int(starts[lo]), int(ends[hi])))
         for lo, hi in _merge(regions):
+            if len(set(tids[lo:hi].tolist())) < 2:
+                continue
             bag[lo:hi] = next_bag
             chain[lo:hi] = tids[lo:hi]
             next_bag += 1
@@ -140,3 +129,58 @@ def repair_bags(seg, t_tokens, n_tokens, n_to_t, n_state, t_state) -> tuple[set,
                 n_state[j] = PINNED
                 t_state[p] = PINNED
     return rows_left, launches_left
+
+
+def concurrent_launches(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> np.ndarray:
+    """Per kernel: whether its launch call was made while another thread of its process was active, i.e. the
+    launch call overlaps another thread's launch call, or lies inside another thread's dispatcher op (``aten::mm``,
+    from ``ranges``). Launches of threads that hand over (one waits while the other launches) have neither, so
+    their order is the program's; without ranges only overlapping launch calls count."""
+    n = len(kernels)
+    out = np.zeros(n, dtype=bool)
+    if n == 0 or "launch_tid" not in kernels.columns or "launch_start_ns" not in kernels.columns:
+        return out
+    tid = pd.array(kernels["launch_tid"], dtype="Int64")
+    start = pd.array(kernels["launch_start_ns"], dtype="Int64")
+    end = pd.array(kernels["launch_end_ns"], dtype="Int64") if "launch_end_ns" in kernels.columns else start
+    known = ~(tid.isna() | start.isna() | end.isna())
+    frame = pd.DataFrame({"row": np.arange(n), "pid": kernels["pid"].to_numpy(), "tid": tid, "start": start,
+                          "end": end})[np.asarray(known)]
+    if frame["tid"].nunique() < 2:
+        return out
+    frame = frame.sort_values(["pid", "start", "row"], kind="stable")
+    # a launch call overlapping the one before it, of another thread of the process (running max of ends)
+    for _, g in frame.groupby("pid", sort=False):
+        starts, ends = g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64)
+        tids, rows = g["tid"].to_numpy(np.int64), g["row"].to_numpy()
+        if len(g) > 1:
+            hit = (starts[1:] < ends[:-1]) & (tids[1:] != tids[:-1])
+            out[rows[1:][hit]] = True
+            out[rows[:-1][hit]] = True
+    if ranges is None or not len(ranges):
+        return out
+    from ..timeline.kineto import DISPATCHER_OP
+
+    ops = ranges[ranges["end_ns"].notna() & ranges["name"].astype(str).str.match(DISPATCHER_OP)]
+    for (pid, op_tid), g in ops.groupby(["pid", "tid"], sort=False):
+        spans = _union(g["start_ns"].astype("int64").to_numpy(), g["end_ns"].astype("int64").to_numpy())
+        mine = frame[(frame["pid"] == pid) & (frame["tid"] != op_tid)]
+        if not len(mine) or not len(spans):
+            continue
+        t = mine["start"].to_numpy(np.int64)
+        pos = np.searchsorted(spans[:, 0], t, side="right") - 1
+        inside = (pos >= 0) & (t < spans[np.maximum(pos, 0), 1])
+        out[mine["row"].to_numpy()[inside]] = True
+    return out
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Disjoint, sorted ``[start, end]`` rows covering the given intervals."""
+    order = np.argsort(starts, kind="stable")
+    merged: list[list[int]] = []
+    for s, e in zip(starts[order].tolist(), ends[order].tolist()):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return np.array(merged, dtype=np.int64).reshape(-1, 2)

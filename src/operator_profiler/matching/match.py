@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .align import AMBIGUOUS, PINNED, Alignment, pin
-from .bags import repair_bags
+from .bags import concurrent_launches, repair_bags
 from .diagnostics import REFUSED, results
 from .names import NameIndex, name_triples, names_agree
 from .processes import map_processes
@@ -63,7 +63,8 @@ class _Outcome:
 # ----------------------------------------------------------------------------------------------- entry point
 
 def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | None = None,
-                      process_map: dict | None = None) -> tuple[pd.DataFrame, dict]:
+                      process_map: dict | None = None, ranges: pd.DataFrame | None = None
+                      ) -> tuple[pd.DataFrame, dict]:
     """Match ncu rows (``ncu/{cls}.parquet``) to timeline kernels (``timeline/kernels.parquet``).
 
     Args:
@@ -77,13 +78,15 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
             ``{"launch_skip": N, "launch_count": M[, "kernel": NAME]}`` (counted over the mapped process's launches),
             ``{"contiguous": true}``, or empty (unknown).
         process_map: ``{ncu_pid: timeline_pid}``, for captures whose processes cannot be told apart.
+        ranges: the timeline's ranges (``timeline/ranges.parquet``), optional: their dispatcher ops
+            show which launches were made while another thread was busy in an op (:func:`.bags.concurrent_launches`).
 
     Returns:
         ``matched`` (``kernel_id, ncu_id, ncu_source, name_rung``, then the metric columns; one row per pinned
         kernel; ``attrs["units"]`` copied) and ``diagnostics`` (module docstring; DESIGN.md §3 "Matching").
     """
     metrics = [c for c in ncu.columns if c not in KERNEL_COLUMNS]
-    tl = _timeline(kernels)
+    tl = _timeline(kernels, ranges)
     outcome = _Outcome()
     per_source = (window or {}).get("sources") if isinstance(window, dict) else None
     process_map = {int(k): int(v) for k, v in (process_map or {}).items()}
@@ -98,8 +101,8 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
 
 # --------------------------------------------------------------------------------------------------- timeline
 
-def _timeline(kernels: pd.DataFrame) -> pd.DataFrame:
-    tl = kernels
+def _timeline(kernels: pd.DataFrame, ranges: pd.DataFrame | None = None) -> pd.DataFrame:
+    tl = kernels.assign(concurrent=concurrent_launches(kernels, ranges))
     if "activity" in tl.columns:  # nsys <cuda_graph N> rows are not launches ncu profiles one by one
         tl = tl[tl["activity"].fillna("kernel") != "graph"]
     tl = tl.sort_values("kernel_id", kind="stable").reset_index(drop=True).copy()
@@ -201,8 +204,11 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
     labels = rows["_label"].tolist()
     names = rows["name"].astype(str).tolist()
     seg_ids = seg["kernel_id"].to_numpy(dtype=np.int64)
-    if window.kind == "kernel_ids" and _positional(seg, rows, labels, names, outcome):
-        return len(labels)
+    disagreement = None
+    if window.kind == "kernel_ids":
+        done, disagreement = _positional(seg, rows, labels, names, outcome)
+        if done:
+            return len(labels)
     resolved: list[str | None] = []
     rungs: list[str | None] = []
     for label, name in zip(labels, names):
@@ -259,6 +265,10 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             outcome.row_reason[label] = "likely_autotune_or_benchmark"
         else:
             outcome.row_reason[label] = "not_in_timeline"
+    if disagreement is not None and any(outcome.row_reason.get(label) not in (None, "order_ambiguous")
+                                        for label in labels):
+        # the alignment could not explain the positional disagreement (CUDA-graph nodes in another order can be)
+        outcome.name_disagreements.append(disagreement)
     n_of_t = {int(n_to_t[p]) for p in range(len(n_to_t)) if n_to_t[p] >= 0}
     for p in np.flatnonzero(t_state == AMBIGUOUS).tolist():
         if p not in n_of_t:
@@ -277,11 +287,12 @@ def _ambiguity(tok: int, t_count: Counter, n_count: Counter, placed: bool, in_ba
     return "count_mismatch"
 
 
-def _positional(seg: pd.DataFrame, rows: pd.DataFrame, labels, names, outcome: _Outcome) -> bool:
+def _positional(seg: pd.DataFrame, rows: pd.DataFrame, labels, names, outcome: _Outcome) -> tuple[bool, dict | None]:
     """A replay window whose rows agree with the planned kernels position by position: the identity is then the
-    only alignment pairing every row (DESIGN.md §5, ncu replay). Returns False (nothing recorded) otherwise."""
+    only alignment pairing every row (DESIGN.md §5, ncu replay). Returns ``(True, None)`` after recording the
+    pairs, else ``(False, the first position that disagrees)`` and records nothing."""
     if len(seg) != len(rows):
-        return False
+        return False, None
     rungs = []
     row_cfg = rows["config"].tolist() if "config" in rows.columns else [None] * len(rows)
     for position, ((kid, name, mangled, key, cfg), row_name, rcfg, label) in enumerate(zip(
@@ -289,12 +300,10 @@ def _positional(seg: pd.DataFrame, rows: pd.DataFrame, labels, names, outcome: _
             row_cfg, labels)):
         rung = names_agree(name, mangled if isinstance(mangled, str) else None, row_name)
         if rung is None or (cfg is not None and rcfg is not None and cfg != rcfg):
-            outcome.name_disagreements.append({
-                "source": label[0], "key": str(key), "position": position, "kernel_id": int(kid),
-                "ncu_id": int(label[1]), "timeline_name": str(name), "ncu_name": row_name,
-                "what": "name" if rung is None else "launch configuration",
-                **({} if rung is None else {"timeline_config": cfg, "ncu_config": rcfg})})
-            return False
+            return False, {"source": label[0], "key": str(key), "position": position, "kernel_id": int(kid),
+                           "ncu_id": int(label[1]), "timeline_name": str(name), "ncu_name": row_name,
+                           "what": "name" if rung is None else "launch configuration",
+                           **({} if rung is None else {"timeline_config": cfg, "ncu_config": rcfg})}
         rungs.append(rung)
     for kid, label, rung, key in zip(seg["kernel_id"].tolist(), labels, rungs, seg["match_key"].tolist()):
         outcome.row_key[label] = key
@@ -302,7 +311,7 @@ def _positional(seg: pd.DataFrame, rows: pd.DataFrame, labels, names, outcome: _
             outcome.row_reason[label] = "measured_twice"
         else:
             outcome.pairs[int(kid)] = (label, rung)
-    return True
+    return True, None
 
 
 def _contiguous(t: np.ndarray, n: np.ndarray):

@@ -24,8 +24,7 @@ def map_processes(tl, rows, ncu_pids, window, process_map: dict, hints: list, sr
             q = process_map[p]
             out[p] = (q, "process_map", []) if q in tl_pids else (None, "process_map", [])
             if q not in tl_pids:
-                hints.append(f"--process-map {p}={q}: the timeline has no process {q} "
-                                     f"(its processes: {tl_pids})")
+                hints.append(f"--process-map {p}={q}: the timeline has no process {q} (its processes: {tl_pids})")
             continue
         if window.pid is not None:
             out[p] = (window.pid, "replay_record", []) if window.pid in tl_pids else (None, "replay_record", [])
@@ -46,14 +45,40 @@ def map_processes(tl, rows, ncu_pids, window, process_map: dict, hints: list, sr
             if sequence_fit:
                 how = "launch_sequence"
                 candidates = sequence_fit
-        out[p] = (candidates[0], how, []) if len(candidates) == 1 else (None, how, candidates)
+        out[p] = (None, how, list(candidates))
+    return _one_to_one(out, hints, src)
+
+
+def _one_to_one(out: dict, hints: list, src) -> dict:
+    """Settle the candidate lists: an ncu process left with one candidate takes it, and that timeline process
+    leaves every other list (each ncu process is one OS process of the ncu run, each timeline process one of the
+    timeline's), until nothing changes. Two ncu processes whose only candidate is the same timeline process are
+    both refused; so is every process still left with several."""
+    fixed = {p: q for p, (q, how, _) in out.items() if q is not None}
+    open_ = {p: set(cands) - set(fixed.values()) for p, (q, _, cands) in out.items() if q is None and cands}
+    changed = True
+    while changed:
+        changed = False
+        single = Counter(next(iter(c)) for c in open_.values() if len(c) == 1)
+        for p, cands in list(open_.items()):
+            if len(cands) == 1 and single[next(iter(cands))] == 1:
+                q = next(iter(cands))
+                fixed[p] = q
+                out[p] = (q, out[p][1], [])
+                del open_[p]
+                for other in open_.values():
+                    other.discard(q)
+                changed = True
+                break
+    for p, cands in open_.items():
+        out[p] = (None, out[p][1], sorted(cands))
     taken = Counter(q for q, how, _ in out.values() if q is not None and how != "process_map")
     for p, (q, how, cands) in list(out.items()):
         if q is not None and how != "process_map" and taken[q] > 1:  # two ncu processes, one timeline process
             out[p] = (None, how, [q])
     if any(q is None and cands for q, _, cands in out.values()):
         hints.append(f"{src}: ncu processes that fit several timeline processes are refused "
-                             "(process_ambiguous); name the pairs with --process-map NCU_PID=TIMELINE_PID")
+                     "(process_ambiguous); name the pairs with --process-map NCU_PID=TIMELINE_PID")
     return out
 
 
