@@ -72,7 +72,7 @@ def {symbol}(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
 '''
 
 
-def _output_code(calls: list[Call], generic: bool = False) -> str:
+def _output_code(calls: list[Call], generic: bool = False, aot_id: str = "0_inference") -> str:
     defs, body, seen = [], [], set()
     for kind, name, nodes, ops in calls:
         if kind == "triton" and name not in seen:
@@ -85,7 +85,7 @@ def _output_code(calls: list[Call], generic: bool = False) -> str:
             body.append(f"        {name}.run(buf{i}, buf{i + 1}, 1024, stream=stream0)")
         else:
             body.append(f"        extern_kernels.{name}(buf{i}, arg1_1, out=buf{i + 1})")
-    return ("# AOT ID: ['0_inference']\nfrom ctypes import c_void_p, c_long, c_int\nimport torch\n"
+    return (f"# AOT ID: ['{aot_id}']\nfrom ctypes import c_void_p, c_long, c_int\nimport torch\n"
             "from torch._inductor.async_compile import AsyncCompile\nasync_compile = AsyncCompile()\n"
             + "".join(defs) + "\nasync_compile.wait(globals())\ndel async_compile\n\nclass Runner:\n"
             "    def __init__(self, partitions):\n        self.partitions = partitions\n\n"
@@ -100,7 +100,9 @@ def _write_graphs(root: Path, graphs: dict[str, list[Call]], generic: bool = Fal
     for graph, calls in graphs.items():
         d = root / "torch_compile_debug" / "run_2026_12_01_13_13_06_724457-pid_7768" / "torchinductor" / graph
         d.mkdir(parents=True)
-        (d / "output_code.py").write_text(_output_code(calls, generic))
+        kind = inductor.graph_kind(graph)
+        aot_id = graph.split("__", 1)[1].split("_", 1)[0] + f"_{kind}"  # torch's first line: the AOT ID
+        (d / "output_code.py").write_text(_output_code(calls, generic, aot_id))
         out[graph] = d
     return out
 
@@ -119,9 +121,11 @@ def _torch_trace_log(root: Path, compiles: list[tuple[Path, str, bool, str]]) ->
             {"inductor_output_code": {"filename": "/tmp/torchinductor_user/66/c66.py"}, **meta,
              "has_payload": hashlib.md5(code.encode()).hexdigest()}))
         lines += ["\t" + line for line in code.split("\n")]
-        event = json.dumps({"name": "inductor_compile", "ts": 1796130792479828.5, "args": {
-            "fn_name": "compile_fx_inner", "compile_id": compile_id, "is_backward": backward, "cache_state": "miss",
-            "key": key}, "ph": "E", "cat": "dynamo_timed", "tid": 0, "pid": 0}, indent=0)
+        args = {"fn_name": "compile_fx_inner", "compile_id": compile_id, "is_backward": backward}
+        if key:  # no key with the FX graph cache off
+            args.update({"cache_state": "miss", "key": key})
+        event = json.dumps({"name": "inductor_compile", "ts": 1796130792479828.5, "args": args, "ph": "E",
+                            "cat": "dynamo_timed", "tid": 0, "pid": 0}, indent=0)
         lines.append("V1201 13:13:12.480000 7768 torch/_dynamo/utils.py:2350] " + json.dumps(
             {"chromium_event": {}, **meta, "has_payload": hashlib.md5(event.encode()).hexdigest()}))
         lines += ["\t" + line for line in event.split("\n")]
@@ -143,15 +147,15 @@ class Trace:
         self.corr = 0
         self.gpu_t = 0.0
 
-    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op") -> None:
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": TID, "ts": ts, "dur": dur,
-                            "args": {}})
+    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = TID, **args) -> None:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
+                            "args": args})
 
-    def launch(self, ts: float, kernels: list[str], api: str = "cuLaunchKernel") -> None:
+    def launch(self, ts: float, kernels: list[str], api: str = "cuLaunchKernel", tid: int = TID) -> None:
         """A launch call at ``ts`` (1 µs) and its kernels on the GPU (several: a CUDA-graph replay)."""
         self.corr += 1
         cat = "cuda_driver" if api.startswith("cu") and not api.startswith("cuda") else "cuda_runtime"
-        self.events.append({"ph": "X", "cat": cat, "name": api, "pid": PID, "tid": TID, "ts": ts, "dur": 1,
+        self.events.append({"ph": "X", "cat": cat, "name": api, "pid": PID, "tid": tid, "ts": ts, "dur": 1,
                             "args": {"correlation": self.corr}})
         for k in kernels:
             self.gpu_t = max(self.gpu_t, ts + 2)
@@ -279,6 +283,17 @@ def test_recompiled_graph_pinned_by_the_torch_trace_log(tmp_path, caplog):
     assert inductor.load_fusion_map(tmp_path / "dbg")["compile_id"].isna().all()
 
 
+def test_identical_code_of_two_compiles_leaves_the_compile_id_unknown(tmp_path):
+    """The log links a debug dir to its compile by the MD5 of its output_code.py; a text two compiles both
+    produced names no single compile id, so none is claimed."""
+    dirs = _write_graphs(tmp_path / "dbg", {"model__0_inference_0.0": UNNAMED["model__0_inference_0.0"]})
+    graph_dir = dirs["model__0_inference_0.0"]
+    _torch_trace_log(tmp_path / "dbg", [(graph_dir, "0/0", False, "k0"), (graph_dir, "1/0", False, "k1")])
+    assert inductor.torch_trace_graph_ids(tmp_path / "dbg", [graph_dir]) == {}
+    _torch_trace_log(tmp_path / "other", [(graph_dir, "1/0", False, "k1")])
+    assert inductor.torch_trace_graph_ids(tmp_path / "other", [graph_dir]) == {"model__0_inference_0.0": ("1/0", "k1")}
+
+
 def test_same_name_different_ops_is_refused_with_the_candidate_graphs(tmp_path, caplog):
     """Issue 13 situation 1: both kernels used to get the kernel's own name as operator, merged into one row,
     and a warning asking whether the map was from another run.  Now, without a log to pin the graph, they are
@@ -349,6 +364,45 @@ def test_direction_separates_forward_and_backward_graphs(tmp_path):
     assert [_inductor(e)["graph"] for e in a["evidence"]] == list(graphs)
 
 
+def test_backward_call_takes_the_compile_id_of_its_forward(tmp_path):
+    """Training, FX graph cache off (``## Call CompiledFxGraph None ##``), two compilations 0/0 and 0/1 whose
+    backward graphs both call ``triton_poi_fused_0`` with different ops.  The backward call has no
+    ``Torch-Compiled Region`` around it (the autograd thread runs it); its compile id is the one around the
+    forward ``CompiledFunction`` with the same ``Sequence number`` (kineto-and-inductor.md §1.7)."""
+    graphs = {
+        "model__0_forward_1.0": [("triton", "triton_poi_fused_relu_0", ["relu"], ["aten.relu"])],
+        "model__0_backward_3.1": [("triton", "triton_poi_fused_0", ["threshold_backward"], ["aten.threshold_backward"])],
+        "model__1_forward_4.2": [("triton", "triton_poi_fused_relu_0", ["relu"], ["aten.relu"])],
+        "model__1_backward_6.3": [("triton", "triton_poi_fused_0", ["gelu_backward"], ["aten.gelu_backward"])],
+    }
+    compile_of = {g: "0/0" if g.startswith("model__0") else "0/1" for g in graphs}
+    dirs = _write_graphs(tmp_path / "dbg", graphs)
+    _torch_trace_log(tmp_path / "dbg", [(dirs[g], compile_of[g], "backward" in g, "") for g in graphs])
+    fusion = inductor.load_fusion_map(tmp_path / "dbg")
+    assert dict(zip(fusion["graph"], fusion["compile_id"])) == compile_of and fusion["cache_key"].isna().all()
+    trace, t, truth = Trace(), 0.0, []
+    for seq, cid in ((7, "0/0"), (8, "0/1")):
+        trace.op(f"Torch-Compiled Region: {cid}", t, 40)
+        trace.op("CompiledFunction", t + 2, 30, **{"Sequence number": seq, "Fwd thread id": 0})
+        trace.op("## Call CompiledFxGraph None ##", t + 4, 20)
+        _call_events(trace, t + 6, graphs[f"model__{cid[-1]}_forward_{'1.0' if cid == '0/0' else '4.2'}"])
+        truth.append("forward")
+        t += 50
+    for seq, backward in ((8, "model__1_backward_6.3"), (7, "model__0_backward_3.1")):  # reverse order
+        trace.op("autograd::engine::evaluate_function: CompiledFunctionBackward", t, 40, tid=2)
+        trace.op("CompiledFunctionBackward", t + 2, 30, tid=2, **{"Sequence number": seq, "Fwd thread id": 1})
+        trace.op("## Call CompiledFxGraph None ##", t + 4, 20, tid=2)
+        trace.op("triton_poi_fused_0", t + 6, 4, tid=2)
+        trace.launch(t + 7, ["triton_poi_fused_0"], tid=2)
+        truth.append(backward)
+        t += 50
+    a = _attribute(trace.write(tmp_path / "bw.json.gz"), fusion).sort_values("start_ns")
+    backward = a[a["name"] == "triton_poi_fused_0"]
+    assert [_inductor(e)["graph"] for e in backward["evidence"]] == truth[2:]
+    assert backward["operator"].tolist() == [_label(graphs[g][0][3]) for g in truth[2:]]
+    assert (backward["forward_operator"] == "CompiledFunction").all()
+
+
 def test_calls_with_one_key_run_one_graph(tmp_path):
     """Calls with the same cache key ran the same graph; a graph pinned by one key is not another key's.
     Region A shows CPU-side record functions (descriptive names: only graph A fits); region B's kernels show only
@@ -378,9 +432,10 @@ def test_calls_with_one_key_run_one_graph(tmp_path):
 REPLAYED = [("triton", "triton_poi_fused_add_relu_0", ["add", "relu"], ["aten.add", "aten.relu"]),
             ("extern", "mm", ["mm"], ["aten.mm"]),
             ("triton", "triton_poi_fused_mul_1", ["mul"], ["aten.mul"])]
-GEMM = ["ampere_sgemm_32x32_sliced1x4_tn", "void splitKreduce_kernel<32, 16, int, float, float, float, float, true, "
-        "false, false>(cublasSplitKParams<float>, float const*, float const*, float*, float const*, float const*, "
-        "float const*, float const*, float*, void*, long, float*, int*)"]
+GEMM = ["ampere_sgemm_32x32_sliced1x4_tn",
+        ("void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasSplitKParams"
+         "<float>, float const*, float const*, float*, float const*, float const*, float const*, float const*, "
+         "float*, void*, long, float*, int*)")]
 
 
 def _replay_trace(path: Path, regions: bool, steps: int = 2, kernels: list[str] | None = None) -> Path:
@@ -422,6 +477,25 @@ def test_cuda_graph_replay_is_attributed_through_the_fusion_map(tmp_path, region
     with caplog.at_level(logging.WARNING):
         stages.attribute_files(tmp_path / "tl", None, fusion, tmp_path / "a.parquet")
     assert not any("fusion map" in r.message for r in caplog.records)
+
+
+def test_replayed_gemm_joins_the_eager_mm_row(tmp_path):
+    """The extern call's ``Original ATen`` lists the views it absorbed (``aten.t``, ``aten.view``); its replayed
+    GEMM is still a call of ``aten::mm``, in the same operator row as an eager ``aten::mm`` of the program."""
+    calls = [("triton", "triton_poi_fused_add_relu_0", ["add", "relu"], ["aten.add", "aten.relu"]),
+             ("extern", "mm", ["view", "permute", "mm"], ["aten.view", "aten.t", "aten.mm"]),
+             ("triton", "triton_poi_fused_mul_1", ["mul"], ["aten.mul"])]
+    _write_graphs(tmp_path / "dbg", {"model__0_inference_0.0": calls})
+    fusion = inductor.load_fusion_map(tmp_path / "dbg")
+    trace = Trace()
+    trace.op("aten::mm", 0, 4)  # eager, before the compiled region
+    trace.launch(1, [GEMM[0]], api="cudaLaunchKernelExC")
+    trace.op("Torch-Compiled Region: 0/0", 10, 30)
+    trace.launch(15, ["triton_poi_fused_add_relu_0", GEMM[0], "triton_poi_fused_mul_1"], api="cudaGraphLaunch")
+    a = _attribute(trace.write(tmp_path / "m.json.gz"), fusion).sort_values("start_ns")
+    assert a["operator"].tolist() == ["aten::mm", _label(calls[0][3]), "aten::mm", _label(calls[2][3])]
+    assert a["path"].tolist() == ["correlation", "inductor", "inductor", "inductor"]
+    assert list(a["fused_ops"].iat[2]) == ["aten::mm", "aten::t", "aten::view"]
 
 
 def test_cuda_graph_replay_that_fits_no_graph_is_refused_never_named_after_the_region(tmp_path, caplog):

@@ -37,7 +37,7 @@ from .correlation import COMPILED_GRAPH_PREFIX, OpTable
 COMPILED_REGION_PREFIX = "Torch-Compiled Region: "
 FORWARD_WRAPPER = "CompiledFunction"
 BACKWARD_WRAPPER = "CompiledFunctionBackward"
-_GRAPH_LAUNCH_RE = re.compile(r"^cu(?:da)?GraphLaunch", re.I)
+_GRAPH_LAUNCH_RE = re.compile(r"^cu(?:da)?GraphLaunch", re.IGNORECASE)
 
 #: Reasons of path (c) on a Kineto timeline (evidence ``inductor.reason``; the kernel's ``reason`` when no
 #: dispatcher op names it).
@@ -468,18 +468,22 @@ def _by_name(kernels: pd.DataFrame, members: list[int], row_of: Mapping[int, int
     subset = kernels.iloc[rows].copy()
     subset["match_key"] = [descriptive.get(int(k), n) for k, n in zip(subset["kernel_id"], subset["name"])]
     found = inductor.attribute_by_name(subset, fusion_map)
+    # kind and origin of the answering call site(s): by (graph, call index), else by kernel (same for all its sites
+    # in practice: one kernel is one backend; the origin is reported only where one site answers)
+    place = {(str(g), int(c)): (k, o) for g, c, k, o in
+             zip(fusion_map["graph"], fusion_map["call_index"], fusion_map["kind"], fusion_map["origin"])}
+    kind_of = dict(zip(fusion_map["kernel"], fusion_map["kind"]))
     for r in found.to_dict("records"):
         kid = int(r["kernel_id"])
         if r["match"] is None:
             out.refusals[kid] = {"reason": r["reason"], "candidates": list(r["candidates"]), "block": True}
             continue
-        site = fusion_map[(fusion_map["graph"] == r["graph"]) & (fusion_map["call_index"] == r["call_index"])]
-        kind = site["kind"].iat[0] if len(site) else "triton"
+        call_index = None if pd.isna(r["call_index"]) else int(r["call_index"])
+        kind, origin = place.get((str(r["graph"]), call_index), (kind_of.get(r["kernel"]), None))
         out.sites[kid] = {
-            "graph": r["graph"], "call_index": None if pd.isna(r["call_index"]) else int(r["call_index"]),
-            "kernel": r["kernel"], "kind": kind, "fused_ops": list(r["fused_ops"]),
-            "source_nodes": list(r["source_nodes"]), "module_stack": list(r["module_stack"]),
-            "listed_not_computed": list(r["listed_not_computed"]), "origin": site["origin"].iat[0] if len(site) else None,
-            "call_site": True, "joined_by": f"kernel_name:{r['match']}",
+            "graph": r["graph"], "call_index": call_index, "kernel": r["kernel"], "kind": kind,
+            "fused_ops": list(r["fused_ops"]), "source_nodes": list(r["source_nodes"]),
+            "module_stack": list(r["module_stack"]), "listed_not_computed": list(r["listed_not_computed"]),
+            "origin": origin, "call_site": True, "joined_by": f"kernel_name:{r['match']}",
             "source_nodes_ambiguous": bool(r["source_nodes_ambiguous"]), "candidates": list(r["candidates"]),
         }

@@ -38,6 +38,7 @@ __all__ = [
     "match_region",
     "normalize_kernel_name",
     "parse_output_code",
+    "torch_trace_graph_ids",
 ]
 
 OUTPUT_CODE = "output_code.py"
@@ -125,7 +126,8 @@ def find_graph_dirs(root: Path) -> list[Path]:
     """Return every directory at or below ``root`` that contains an ``output_code.py``, sorted by path.
 
     Such a directory is one compiled FX graph's Inductor debug dir, named
-    ``<model>__<compile_id>_<forward|backward|inference>_<n>.<m>`` (kineto-and-inductor.md §3.2).
+    ``<model>__<aot_id>_<forward|backward|inference>_<nth_graph>.<n>`` (kineto-and-inductor.md §3.2;
+    :func:`graph_kind`).
     A missing ``root`` yields ``[]``; nothing is raised.
     """
     root = Path(root)
@@ -313,8 +315,10 @@ def _split_listed_not_computed(rows: list[dict]) -> None:
 def load_fusion_map(root: Path) -> pd.DataFrame:
     """Concatenate :func:`parse_output_code` over :func:`find_graph_dirs` ``(root)``.
 
-    Same columns as :func:`parse_output_code`; rows ordered by graph directory path, then ``call_index``.
-    Returns an empty DataFrame with those columns when no debug dir is found.  Raises
+    Same columns as :func:`parse_output_code`; rows ordered by graph directory path, then ``call_index``;
+    ``compile_id``/``cache_key`` filled from a TORCH_TRACE log under ``root`` when there is one
+    (:func:`torch_trace_graph_ids`).  Returns an empty DataFrame with those columns when no debug dir is found.
+    Raises
     :class:`InductorArtifactError` for a malformed ``output_code.py`` (kineto-and-inductor.md §3.2, §3.3).
     """
     dirs = find_graph_dirs(root)
@@ -360,12 +364,14 @@ def torch_trace_graph_ids(root: Path, graph_dirs: Sequence[Path]) -> dict[str, t
     ``## Call CompiledFxGraph <key> ##``.  The key of a graph is that of its compile id and direction
     (``backward`` dirs: ``is_backward`` true), when exactly one such event exists.
 
-    Returns ``{}`` without a log; graphs the logs do not mention are left out.  Unreadable or malformed
+    Returns ``{}`` without a log; graphs the logs do not mention, or whose code several compiles produced
+    (the MD5 then names several compile ids; torch's first line ``# AOT ID: ['<aot_id>_<kind>']`` normally
+    keeps them apart), are left out.  Unreadable or malformed
     records are skipped (the log is optional evidence; without it graphs are told apart by their kernels).
     """
     import hashlib
 
-    by_md5: dict[str, str] = {}
+    by_md5: dict[str, set[str]] = {}
     keys: dict[tuple[str, bool], set[str]] = {}
     for log in sorted(Path(root).rglob(TORCH_TRACE_GLOB)) if Path(root).is_dir() else []:
         try:
@@ -384,7 +390,7 @@ def torch_trace_graph_ids(root: Path, graph_dirs: Sequence[Path]) -> dict[str, t
                 cid = f"{meta['frame_id']}/{meta.get('frame_compile_id')}"
                 if meta.get("compiled_autograd_id") is not None:
                     cid = f"!{meta['compiled_autograd_id']}/{cid}"
-                by_md5[str(meta["has_payload"])] = cid
+                by_md5.setdefault(str(meta["has_payload"]), set()).add(cid)
             elif "chromium_event" in meta and meta.get("has_payload"):
                 payload = []
                 for nxt in lines[i + 1:]:
@@ -409,9 +415,10 @@ def torch_trace_graph_ids(root: Path, graph_dirs: Sequence[Path]) -> dict[str, t
             digest = hashlib.md5((Path(d) / OUTPUT_CODE).read_bytes(), usedforsecurity=False).hexdigest()
         except OSError:
             continue
-        cid = by_md5.get(digest)
-        if cid is None:
+        cids = by_md5.get(digest, set())
+        if len(cids) != 1:  # not in the log, or the same code from several compiles: unknown
             continue
+        cid = next(iter(cids))
         found = keys.get((cid, graph_kind(Path(d).name) == "backward"), set())
         out[Path(d).name] = (cid, next(iter(found)) if len(found) == 1 else None)
     return out
@@ -616,10 +623,11 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
     answers: list[dict] = []
     memo: dict = {}
 
-    def answer(tag, make) -> int:
+    def answer(tag, value: dict) -> int:
+        """Index of the answer ``tag`` (one list entry per distinct answer: rows share it)."""
         if tag not in memo:
             memo[tag] = len(answers)
-            answers.append(make())
+            answers.append(value)
         return memo[tag]
 
     codes = np.full(len(frame), -1, dtype=np.int64)
@@ -628,16 +636,16 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
         key = key_names[kc]
         sites = index.get(key)
         if empty_map:
-            codes[rows] = answer("no_fusion_map", lambda: {"reason": "no_fusion_map"})
+            codes[rows] = answer("no_fusion_map", {"reason": "no_fusion_map"})
             continue
         if sites is None:
             why = ("ambiguous_generic_kernel_name" if key == GENERIC_TRITON_SYMBOL else
                    "not_in_fusion_map" if _INDUCTOR_NAME_RE.match(key) else "extern_kernel_name_unknown")
-            codes[rows] = answer(why, lambda why=why: {"reason": why})
+            codes[rows] = answer(why, {"reason": why})
             continue
         plan = _plan_sites(sites)
         if plan[0] == "fixed":
-            codes[rows] = answer((key, "fixed"), lambda plan=plan: plan[1])
+            codes[rows] = answer((key, "fixed"), plan[1])
             continue
         _, graph, site_rows, undecided = plan
         n = len(site_rows)
@@ -646,7 +654,7 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
         for p in range(n):
             chosen = rows[complete & (slot == p)]
             if chosen.size:
-                codes[chosen] = answer((key, p), lambda p=p: _site_row(site_rows[p], "call_site_order", graph is not None))
+                codes[chosen] = answer((key, p), _site_row(site_rows[p], "call_site_order", graph is not None))
         rest = rows[~complete]
         if not rest.size:
             continue
@@ -655,13 +663,12 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
         for call_index in np.unique(placed[placed >= 0]):
             p = by_index.get(int(call_index))
             if p is not None:
-                codes[rest[placed == call_index]] = answer(
-                    (key, p), lambda p=p: _site_row(site_rows[p], "call_site_order", True))
+                codes[rest[placed == call_index]] = answer((key, p), _site_row(site_rows[p], "call_site_order", True))
             else:  # the alignment put a launch of this name on another kernel's call site: do not trust it
                 placed[placed == call_index] = -1
         left = rest[placed < 0]
         if left.size:
-            codes[left] = answer((key, "undecided"), lambda: undecided)
+            codes[left] = answer((key, "undecided"), undecided)
     frame["answer"] = codes
     return _by_name_frame(frame[["kernel_id", "answer"]], answers)
 

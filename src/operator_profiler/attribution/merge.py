@@ -2,9 +2,11 @@
 
 Precedence for ``operator`` (documented in DESIGN.md §3): the correlation path (a) names the
 operator when a dispatcher op encloses the launch; NVTX (b) comes next; a kernel that no ATen op
-encloses but that the Inductor fusion map (c) knows (a fused Triton/C++ kernel) gets the operator
-label of its fused ATen ops. The fusion map always fills ``fused_ops``/``source_nodes`` when it has
-the kernel's call site. ``layer``/``layer_class`` come from the layer classification (backward
+encloses but that the Inductor fusion map (c) places on a call site (:mod:`.compiled_graphs`) gets the
+operator label of its fused ATen ops (a replayed library kernel: its extern call's op); one the map knows
+but cannot place stays unattributed with the map's reason rather than take the profiler op around it. The
+fusion map always fills ``fused_ops``/``source_nodes``/``listed_not_computed`` when it has the kernel's call
+site. ``layer``/``layer_class`` come from the layer classification (backward
 kernels belong to the layer of their forward op); ``module`` is the layer instance's module path.
 """
 
@@ -63,16 +65,16 @@ def site_evidence(site: dict) -> dict:
 
 
 def _keep_fused_rows_apart(operator: np.ndarray, path: np.ndarray, fused_ops: np.ndarray,
-                           dispatcher: np.ndarray) -> None:
+                           dispatcher: np.ndarray, extern_calls: np.ndarray | None = None) -> None:
     """A fused kernel whose label dropped view ops and then equals an op that kernels also ran as a
-    real call (the layout copy ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_
-    view_2`` next to the SDPA backward fallback) is not a call of that op: it would merge into the op's
-    row and inflate its calls. Such a kernel is labelled with all its ops, views included. A fused kernel
-    of exactly the op (a compiled layer's layer norm beside the eager final one) *is* a call of it and
-    keeps the plain label. In place."""
+    real call (a layout copy listing ``aten::view`` beside the op it feeds) is not a call of that op: it
+    would merge into the op's row and inflate its calls. Such a kernel is labelled with all its ops, views
+    included. A fused kernel of exactly the op (a compiled layer's layer norm beside the eager final one)
+    *is* a call of it and keeps the plain label, as does a library kernel placed on an extern/fallback call
+    site (``extern_calls``: a CUDA-graph replay's GEMM is a call of ``aten::mm``). In place."""
     called = set(operator[dispatcher])
     for i in np.flatnonzero(path == "inductor"):
-        if operator[i] in called:
+        if operator[i] in called and not (extern_calls is not None and extern_calls[i]):
             operator[i] = "+".join(sorted(set(fused_ops[i])))
 
 
@@ -117,6 +119,7 @@ def attribute(
     nodes_col[:] = [empty] * n
     lnc_col[:] = [empty] * n
     ambiguous_nodes = np.zeros(n, dtype=bool)
+    extern_calls = np.zeros(n, dtype=bool)  # placed on an extern/fallback call site (replayed library kernels)
     refused = np.zeros(n, dtype=bool)  # the fusion map knows the kernel but could not place it
     row_of = {int(k): i for i, k in enumerate(kernel_ids)} if fusion.sites or fusion.refusals else {}
     site_rows: dict[int, dict] = {}
@@ -127,6 +130,7 @@ def attribute(
         fused_col[i], nodes_col[i] = list(site["fused_ops"]), list(site["source_nodes"])
         lnc_col[i] = list(site["listed_not_computed"])
         ambiguous_nodes[i] = site["source_nodes_ambiguous"]
+        extern_calls[i] = site.get("kind") in ("extern", "fallback")
         if operator[i] is None:
             label = site_operator(site)
             operator[i] = label
@@ -139,7 +143,7 @@ def attribute(
             refused[i] = True
         if operator[i] is None and (refusal["block"] or not has_op[i]):
             reason[i] = refusal["reason"]
-    _keep_fused_rows_apart(operator, path, fused_col, dispatcher)
+    _keep_fused_rows_apart(operator, path, fused_col, dispatcher, extern_calls)
     fallback = (operator == None) & has_op & ~dispatcher & ~refused  # noqa: E711 (object array)
     operator[fallback] = fallback_name[fallback]
     path[fallback] = "correlation"
