@@ -202,7 +202,8 @@ def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
     attribution = pd.DataFrame({
         "kernel_id": [0, 1, 2], "operator": ["aten::mm", "aten::mm", None], "forward_operator": None,
         "module": ["h.0", "h.0", None], "layer": ["h.0", "h.0", None], "layer_class": "Block", "path": "nvtx",
-        "fused_ops": [[], [], []], "source_nodes": [[], [], []], "reason": None, "evidence": "{}",
+        "fused_ops": [[], [], []], "source_nodes": [[], [], []], "listed_not_computed": [[], [], []],
+        "reason": None, "evidence": "{}",
         "operator_range_id": pd.array([7, 7, None], dtype="Int64"), "duration_ns": [900, 100, 50],
         "iteration": pd.array([0, 0, 0], dtype="Int64"), "name": ["gemm", "gemm_tail", "copy"],
     })

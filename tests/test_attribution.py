@@ -427,8 +427,12 @@ def test_fused_copy_kernel_does_not_merge_into_the_op_it_serves(compiled):
     assert fallback_calls == copies == 2
     ops = agg.operators_table(a, per_iteration=False).set_index("operator")
     assert ops.loc[sdpa_bwd, "calls"] == fallback_calls and ops.loc[sdpa_bwd, "paths"] == "correlation"
-    label = f"{sdpa_bwd}+aten::transpose+aten::view"
+    # issue 13: the SDPA backward is computed by the fallback call, not by the copy kernel that lists it
+    label = "aten::transpose+aten::view"
     assert ops.loc[label, "calls"] == copies and ops.loc[label, "paths"] == "inductor"
+    copy_rows = a[a["name"] == copy_name]
+    assert copy_rows["listed_not_computed"].map(list).tolist() == [[sdpa_bwd]] * copies
+    assert all(sdpa_bwd not in f for f in copy_rows["fused_ops"])
 
 
 def test_a_fused_kernel_of_exactly_the_op_stays_in_its_row():

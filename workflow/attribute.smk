@@ -14,6 +14,7 @@ rule attribute:
         runs=runs_input,
         lib=[
             LIB / "attribution" / "correlation.py",
+            LIB / "attribution" / "compiled_graphs.py",
             LIB / "attribution" / "merge.py",
             LIB / "attribution" / "transfer.py",
             LIB / "attribution" / "inductor.py",

@@ -296,13 +296,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
             log.warning("--kineto-timeline is ignored: the timeline %s is itself a Kineto timeline", timeline_dir)
         result = attribute(kernels, ranges, kl, fusion)
     if fusion is not None and len(fusion):
-        matched = int(result["evidence"].str.contains('"inductor": {"call_index"', regex=False).sum())
-        unmatched_reasons = result["reason"].isin(["fusion_map_mismatch"]).sum()
-        if not matched:
-            log.warning("the fusion map (%d call sites of %d graphs) matched no kernel of %s%s: is it from "
-                        "another run or model?", len(fusion), fusion["graph"].nunique(), timeline_dir,
-                        f" ({unmatched_reasons} kernels in compiled-graph regions that do not match it)"
-                        if unmatched_reasons else "")
+        _warn_fusion_map(result, fusion, timeline_dir)
     disagreements = agg.external_id_disagreements(result)
     if disagreements["count"]:
         log.warning("%d of %d checked kernels carry a Kineto External id that names another op than the one around "
@@ -312,6 +306,45 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
+
+
+# Path (c) refusals that say the map does not fit the trace (rather than that it fits several ways).
+_FUSION_MISMATCH_REASONS = ("fusion_map_mismatch", "cuda_graph_replay_mismatch", "not_in_fusion_map")
+
+
+def _warn_fusion_map(result: pd.DataFrame, fusion: pd.DataFrame, timeline_dir: Path) -> None:
+    """One warning about what the fusion map could not place.
+
+    "Is it from another run?" only when it placed no kernel and every refusal says the map does not fit
+    (:data:`_FUSION_MISMATCH_REASONS`); otherwise the count per reason, the candidate graphs of
+    ``ambiguous_compiled_graph``, and the kernels whose FX nodes stayed undecided (``source_nodes_ambiguous``).
+    Reads the ``inductor`` entry of each kernel's evidence JSON (its keys are sorted, so an answered call site
+    starts with ``call_index``).
+    """
+    evidence = result["evidence"].astype(str)
+    matched = int(evidence.str.contains('"inductor": {"call_index"', regex=False).sum())
+    refused = evidence.str.extract(r'"inductor": \{[^{}]*?"reason": "(\w+)"', expand=False)
+    counts = refused.value_counts()
+    ambiguous_nodes = int((result["reason"] == "source_nodes_ambiguous").sum())
+    graphs = fusion["graph"].nunique()
+    if not matched and set(counts.index) <= set(_FUSION_MISMATCH_REASONS):
+        detail = ", ".join(f"{n} {why}" for why, n in counts.items())
+        log.warning("the fusion map (%d call sites of %d graphs) matched no kernel of %s%s: is it from "
+                    "another run or model?", len(fusion), graphs, timeline_dir, f" ({detail})" if detail else "")
+        return
+    if counts.empty and not ambiguous_nodes:
+        return
+    parts = [f"{n} {why}" for why, n in counts.items()]
+    if "ambiguous_compiled_graph" in counts:
+        sets = evidence[refused == "ambiguous_compiled_graph"].str.extract(
+            r'"candidates": \[([^\]]*)\]', expand=False).value_counts()
+        parts[list(counts.index).index("ambiguous_compiled_graph")] += " (graphs " + "; ".join(
+            s.replace('"', "") for s in sets.index[:3]) + (" ..." if len(sets) > 3 else "") + \
+            ": pass the TORCH_TRACE log of the compile in the Inductor dir to tell them apart)"
+    if ambiguous_nodes:
+        parts.append(f"{ambiguous_nodes} with their operator but undecided FX nodes (source_nodes_ambiguous)")
+    log.warning("the fusion map (%d graphs) placed %d kernels of %s; not placed: %s", graphs, matched,
+                timeline_dir, "; ".join(parts))
 
 
 def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir: Path,

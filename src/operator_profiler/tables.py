@@ -84,6 +84,7 @@ ATTRIBUTION = pa.schema(
         ("path", pa.string()),
         ("fused_ops", pa.list_(pa.string())),
         ("source_nodes", pa.list_(pa.string())),
+        ("listed_not_computed", pa.list_(pa.string())),  # ops a fused kernel's provenance lists, run by another call
         ("reason", pa.string()),
         ("evidence", pa.string()),  # JSON object: {path: what that path said}
     ]

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 __all__ = [
@@ -30,11 +31,14 @@ __all__ = [
     "InductorArtifactError",
     "attribute_by_name",
     "find_graph_dirs",
+    "fitting_graphs",
+    "graph_kind",
     "is_generic_triton_name",
     "load_fusion_map",
     "match_region",
     "normalize_kernel_name",
     "parse_output_code",
+    "torch_trace_graph_ids",
 ]
 
 OUTPUT_CODE = "output_code.py"
@@ -54,6 +58,9 @@ FUSION_MAP_COLUMNS = [
     "post_grad_nodes",
     "module_stack",
     "origin",
+    "listed_not_computed",
+    "compile_id",
+    "cache_key",
 ]
 
 
@@ -119,7 +126,8 @@ def find_graph_dirs(root: Path) -> list[Path]:
     """Return every directory at or below ``root`` that contains an ``output_code.py``, sorted by path.
 
     Such a directory is one compiled FX graph's Inductor debug dir, named
-    ``<model>__<compile_id>_<forward|backward|inference>_<n>.<m>`` (kineto-and-inductor.md §3.2).
+    ``<model>__<aot_id>_<forward|backward|inference>_<nth_graph>.<n>`` (kineto-and-inductor.md §3.2;
+    :func:`graph_kind`).
     A missing ``root`` yields ``[]``; nothing is raised.
     """
     root = Path(root)
@@ -162,6 +170,12 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       ``# <source node> => <post-grad nodes>`` mapping lines (or of the kernel definition's header comment when
       its Source Nodes equal the call site's, §3.3); the ``source_nodes`` names themselves (backward graphs
       name their source nodes after post-grad nodes).  Empty when no FX graph file or no node is found.
+    * ``listed_not_computed`` (list[str]): ops the generated kernel's comment / name lists but that an
+      extern/fallback call of the same graph computes (rule: :func:`_split_listed_not_computed`); they are not
+      in ``fused_ops`` and so never in the operator label.  Empty for extern/fallback rows.
+    * ``compile_id``, ``cache_key`` (str or null): the graph's Dynamo compile id (``0/1``) and FX graph cache key
+      (the ``<key>`` of ``## Call CompiledFxGraph <key> ##``); null here, filled by :func:`load_fusion_map` from a
+      TORCH_TRACE log.
     * ``origin`` (str): what the row's attribution rests on, by precedence:
       ``provenance_json`` -- ``cppCodeToPost["<kernel>:<handle>"]`` (key from the debug-handle comment) gives
       ``post_grad_nodes`` and, through ``postToPre``, ``source_nodes`` (§3.6); ``source_nodes_comment`` -- the call
@@ -256,27 +270,158 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
                 "post_grad_nodes": post_nodes,
                 "module_stack": module_stack,
                 "origin": origin,
+                "listed_not_computed": [],
+                "compile_id": None,
+                "cache_key": None,
             }
         )
         comment = handle = None
         mapping = []
     if not rows:
         return _empty_fusion_map()
+    _split_listed_not_computed(rows)
     return pd.DataFrame(rows, columns=FUSION_MAP_COLUMNS).astype({"call_index": "int64", "debug_handle": "Int64"})
+
+
+def _split_listed_not_computed(rows: list[dict]) -> None:
+    """Move the ops a generated kernel lists but that an extern/fallback call of the same graph runs to
+    ``listed_not_computed`` (in place).
+
+    Inductor's ``Original ATen`` comment and descriptive kernel name list the original ATen op of every FX node
+    whose origins the kernel carries, including nodes whose real work is done by a separate library call: the
+    layout copy ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_view_2`` feeding the
+    fallback ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward``, or a Triton kernel listing
+    ``aten.mm`` beside ``extern_kernels.mm``.  Rule: op ``O`` of a ``triton``/``cpp`` call site moves when some
+    ``extern``/``fallback`` call site of the same graph runs ``O`` itself (its ``profiler_name``, e.g.
+    ``extern_kernels.mm`` -> ``aten::mm``) and the two sites share a source node, or either has none (no comment:
+    nothing tells the two instances of ``O`` apart).  A kernel whose source nodes are disjoint from every such
+    call's keeps ``O``: it computes its own instance (the bias add of an unfused ``addmm`` of another layer).
+    """
+    externs = [(r["profiler_name"], set(r["source_nodes"])) for r in rows
+               if r["kind"] in ("extern", "fallback") and "::" in r["profiler_name"]]
+    if not externs:
+        return
+    for r in rows:
+        if r["kind"] not in ("triton", "cpp"):
+            continue
+        own = set(r["source_nodes"])
+        moved = [op for op in r["fused_ops"]
+                 if any(op == ext_op and (not own or not ext_nodes or own & ext_nodes) for ext_op, ext_nodes in externs)]
+        if moved:
+            r["fused_ops"] = [op for op in r["fused_ops"] if op not in moved]
+            r["listed_not_computed"] = moved
 
 
 def load_fusion_map(root: Path) -> pd.DataFrame:
     """Concatenate :func:`parse_output_code` over :func:`find_graph_dirs` ``(root)``.
 
-    Same columns as :func:`parse_output_code`; rows ordered by graph directory path, then ``call_index``.
-    Returns an empty DataFrame with those columns when no debug dir is found.  Raises
+    Same columns as :func:`parse_output_code`; rows ordered by graph directory path, then ``call_index``;
+    ``compile_id``/``cache_key`` filled from a TORCH_TRACE log under ``root`` when there is one
+    (:func:`torch_trace_graph_ids`).  Returns an empty DataFrame with those columns when no debug dir is found.
+    Raises
     :class:`InductorArtifactError` for a malformed ``output_code.py`` (kineto-and-inductor.md §3.2, §3.3).
     """
-    frames = [parse_output_code(d) for d in find_graph_dirs(root)]
+    dirs = find_graph_dirs(root)
+    frames = [parse_output_code(d) for d in dirs]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return _empty_fusion_map()
-    return pd.concat(frames, ignore_index=True)
+    fusion = pd.concat(frames, ignore_index=True)
+    ids = torch_trace_graph_ids(root, dirs)
+    if ids:
+        fusion["compile_id"] = fusion["graph"].map(lambda g: ids.get(g, (None, None))[0])
+        fusion["cache_key"] = fusion["graph"].map(lambda g: ids.get(g, (None, None))[1])
+    return fusion
+
+
+TORCH_TRACE_GLOB = "dedicated_log_torch_trace_*.log"
+# A TORCH_TRACE record: glog prefix, then the metadata JSON on one line; its payload follows on lines starting
+# with a tab (torch/_logging/_internal.py TorchLogsFormatter).
+_TRACE_RECORD_RE = re.compile(r"^[VIWEC]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
+_GRAPH_DIR_RE = re.compile(r"^(?P<model>.*)__(?P<aot_id>\d+)_(?P<kind>forward|backward|inference)_(?P<nth>\d+)\.(?P<n>\d+)$")
+
+
+def graph_kind(graph: str) -> str | None:
+    """``forward`` | ``backward`` | ``inference`` from a debug dir name
+    ``<model>__<aot_id>_<forward|backward|inference>_<nth_graph>.<n>`` (torch 2.13
+    ``_functorch/_aot_autograd/logging_utils.get_aot_graph_name`` plus ``DebugContext``'s counter); ``None`` for
+    other names.  The first number is AOTAutograd's process-wide compilation counter, *not* the Dynamo compile id
+    (``Torch-Compiled Region: <frame>/<n>``): only a TORCH_TRACE log links the two (:func:`torch_trace_graph_ids`).
+    """
+    m = _GRAPH_DIR_RE.match(str(graph))
+    return m.group("kind") if m else None
+
+
+def torch_trace_graph_ids(root: Path, graph_dirs: Sequence[Path]) -> dict[str, tuple[str | None, str | None]]:
+    """Graph dir name -> (Dynamo compile id, FX graph cache key), from the TORCH_TRACE logs under ``root``.
+
+    ``TORCH_COMPILE_DEBUG=1`` (or ``TORCH_TRACE=<dir>``) writes ``dedicated_log_torch_trace_*.log`` (in
+    ``torch_compile_debug/tlparse/``).  Two of its records are used (torch 2.13): the ``inductor_output_code``
+    artifact, whose metadata carries ``frame_id``/``frame_compile_id`` (and ``compiled_autograd_id``) and
+    ``has_payload`` = the MD5 of the payload, which is the text of the graph's ``output_code.py`` -- so a debug
+    dir is found by the MD5 of its ``output_code.py``; and the ``inductor_compile`` chromium event (``ph: E``)
+    whose args hold ``compile_id``, ``is_backward`` and ``key``, the key the profiler prints in
+    ``## Call CompiledFxGraph <key> ##``.  The key of a graph is that of its compile id and direction
+    (``backward`` dirs: ``is_backward`` true), when exactly one such event exists.
+
+    Returns ``{}`` without a log; graphs the logs do not mention, or whose code several compiles produced
+    (the MD5 then names several compile ids; torch's first line ``# AOT ID: ['<aot_id>_<kind>']`` normally
+    keeps them apart), are left out.  Unreadable or malformed
+    records are skipped (the log is optional evidence; without it graphs are told apart by their kernels).
+    """
+    import hashlib
+
+    by_md5: dict[str, set[str]] = {}
+    keys: dict[tuple[str, bool], set[str]] = {}
+    for log in sorted(Path(root).rglob(TORCH_TRACE_GLOB)) if Path(root).is_dir() else []:
+        try:
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines):
+            m = _TRACE_RECORD_RE.match(line)
+            if m is None:
+                continue
+            try:
+                meta = json.loads(m.group(1))
+            except json.JSONDecodeError:
+                continue
+            if "inductor_output_code" in meta and meta.get("has_payload") and "frame_id" in meta:
+                cid = f"{meta['frame_id']}/{meta.get('frame_compile_id')}"
+                if meta.get("compiled_autograd_id") is not None:
+                    cid = f"!{meta['compiled_autograd_id']}/{cid}"
+                by_md5.setdefault(str(meta["has_payload"]), set()).add(cid)
+            elif "chromium_event" in meta and meta.get("has_payload"):
+                payload = []
+                for nxt in lines[i + 1:]:
+                    if not nxt.startswith("\t"):
+                        break
+                    payload.append(nxt[1:])
+                try:
+                    event = json.loads("\n".join(payload))
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                args = event.get("args") if isinstance(event.get("args"), dict) else {}
+                if event.get("name") == "inductor_compile" and event.get("ph") == "E" and args.get("key") \
+                        and args.get("compile_id") is not None and args.get("is_backward") is not None:
+                    keys.setdefault((str(args["compile_id"]), bool(args["is_backward"])), set()).add(str(args["key"]))
+    if not by_md5:
+        return {}
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for d in graph_dirs:
+        try:
+            digest = hashlib.md5((Path(d) / OUTPUT_CODE).read_bytes(), usedforsecurity=False).hexdigest()
+        except OSError:
+            continue
+        cids = by_md5.get(digest, set())
+        if len(cids) != 1:  # not in the log, or the same code from several compiles: unknown
+            continue
+        cid = next(iter(cids))
+        found = keys.get((cid, graph_kind(Path(d).name) == "backward"), set())
+        out[Path(d).name] = (cid, next(iter(found)) if len(found) == 1 else None)
+    return out
 
 
 def match_region(profiler_names: Sequence[str], fusion_map: pd.DataFrame) -> tuple[str, list[int]] | None:
@@ -293,40 +438,66 @@ def match_region(profiler_names: Sequence[str], fusion_map: pd.DataFrame) -> tup
     same kernel name can occur in several graphs) may match one region.  The graph with the most *descriptive*
     matches (name equal to ``profiler_name``, not only to a generic ``gpu_symbol``) wins; among equally good
     graphs the first in sorted graph order is returned when they all have the same call sites
-    (``kernel``, ``fused_ops``, ``source_nodes`` per position: a recompilation of the same code), and
-    ``None`` when they differ (e.g. ``["triton_", "triton_"]`` fits two different two-kernel graphs: guessing
-    would attribute wrong ops).
+    (``kernel``, ``fused_ops``, ``source_nodes``, ``module_stack``, ``listed_not_computed`` per position: a
+    recompilation of the same code), and ``None`` when they differ (e.g. ``["triton_", "triton_"]`` fits two
+    different two-kernel graphs: guessing would attribute wrong ops; :func:`fitting_graphs` lists them).
 
     Returns ``(graph, [call_index, ...])`` (one index per name), or ``None`` when no graph -- or more than one
     different graph -- matches.
     """
-    names = list(profiler_names)
-    if fusion_map.empty:
+    best = fitting_graphs(profiler_names, fusion_map)
+    if not best or graphs_differ(fusion_map, best):
         return None
-    best: list[tuple[str, pd.DataFrame]] = []
+    rows = fusion_map[fusion_map["graph"] == best[0]].sort_values("call_index")
+    return best[0], [int(i) for i in rows["call_index"]]
+
+
+def fitting_graphs(profiler_names: Sequence[str], fusion_map: pd.DataFrame, graphs=None,
+                   generated_only: bool = False) -> list[str]:
+    """The graphs whose call sites fit ``profiler_names`` position by position (the rules of
+    :func:`match_region`), keeping only those with the most descriptive matches; sorted by graph name.
+
+    ``graphs``: restrict the search to these graph names (None: all).  ``generated_only``: compare the names with
+    the graph's generated (``triton``/``cpp``) call sites only, in call order -- for a CUDA-graph replay or a
+    wrapper range, where an extern call shows no name of its own (its cuBLAS/cuDNN kernels are library names).
+    """
+    names = list(profiler_names)
+    if fusion_map is None or fusion_map.empty:
+        return []
+    frame = fusion_map if graphs is None else fusion_map[fusion_map["graph"].isin(list(graphs))]
+    if generated_only:
+        frame = frame[frame["kind"].isin(["triton", "cpp"])]
+    best: list[str] = []
     best_score = -1
-    for graph, rows in sorted(fusion_map.groupby("graph", sort=False), key=lambda kv: str(kv[0])):
+    for graph, rows in sorted(frame.groupby("graph", sort=False), key=lambda kv: str(kv[0])):
         if len(rows) != len(names):
             continue
         rows = rows.sort_values("call_index")
         ok = all(
-            _name_matches(n, prof, sym)
-            for n, prof, sym in zip(names, rows["profiler_name"], rows["gpu_symbol"], strict=True)
+            _name_matches(n, prof, sym) or (generated_only and normalize_kernel_name(n) == kernel)
+            for n, prof, sym, kernel in zip(names, rows["profiler_name"], rows["gpu_symbol"], rows["kernel"],
+                                            strict=True)
         )
         if not ok:
             continue
-        score = sum(normalize_kernel_name(n) == prof for n, prof in zip(names, rows["profiler_name"]))
+        score = sum(normalize_kernel_name(n) in (prof, kernel)
+                    for n, prof, kernel in zip(names, rows["profiler_name"], rows["kernel"]))
         if score > best_score:
-            best, best_score = [(str(graph), rows)], score
+            best, best_score = [str(graph)], score
         elif score == best_score:
-            best.append((str(graph), rows))
-    if not best:
-        return None
-    signatures = {_call_site_signature(rows) for _, rows in best}
-    if len(signatures) > 1:
-        return None
-    graph, rows = best[0]
-    return graph, [int(i) for i in rows["call_index"]]
+            best.append(str(graph))
+    return best
+
+
+def graphs_differ(fusion_map: pd.DataFrame, graphs: Sequence[str], ops_only: bool = False) -> bool:
+    """Whether the call sites of ``graphs`` differ (kernel, ops, source nodes, module stack, listed-not-computed
+    ops, position by position); identical graphs are recompilations of the same code: any of them is the answer.
+    ``ops_only``: compare only what the operator label depends on (kernel, ``fused_ops``,
+    ``listed_not_computed``): graphs equal in that sense differ in FX nodes only."""
+    content = (lambda r: (r["kernel"], *_ops_content(r))) if ops_only else _content
+    signatures = {tuple(content(r) for r in fusion_map[fusion_map["graph"] == g].sort_values("call_index")
+                        .to_dict("records")) for g in graphs}
+    return len(signatures) > 1
 
 
 def normalize_kernel_name(name: str) -> str:
@@ -349,13 +520,6 @@ def is_generic_triton_name(name: str) -> bool:
     return normalize_kernel_name(name) == GENERIC_TRITON_SYMBOL
 
 
-def _call_site_signature(rows: pd.DataFrame) -> tuple:
-    return tuple(
-        (k, tuple(ops), tuple(src))
-        for k, ops, src in zip(rows["kernel"], rows["fused_ops"], rows["source_nodes"])
-    )
-
-
 ATTRIBUTE_BY_NAME_COLUMNS = [
     "kernel_id",
     "graph",
@@ -366,15 +530,18 @@ ATTRIBUTE_BY_NAME_COLUMNS = [
     "module_stack",
     "match",
     "reason",
+    "listed_not_computed",
+    "source_nodes_ambiguous",
+    "candidates",
 ]
 
 BY_NAME_REASONS = {
     "no_fusion_map": "the fusion map is empty",
     "ambiguous_generic_kernel_name": "the device name is the generic `triton_` (torch <= 2.5, "
     "unique_kernel_names=False; also `triton__0d1d2d`-style) and no CPU-side event names the kernel",
-    "kernel_name_in_several_call_sites": "the name belongs to call sites with different ops/source nodes and "
-    "the launch order does not decide between them (several graphs, or a launch count per iteration that is "
-    "not a multiple of the call-site count)",
+    "kernel_name_in_several_call_sites": "the name belongs to call sites with different operators (fused ops) "
+    "and the launch order does not decide between them (several graphs, a launch count per iteration that is "
+    "not a multiple of the call-site count, or a window that may start mid-iteration); `candidates` lists them",
     "not_in_fusion_map": "an Inductor-generated name (triton_*/cpp_*) that no call site of the fusion map has",
     "extern_kernel_name_unknown": "not an Inductor-generated name: library kernels of extern calls "
     "(cuBLAS/cuDNN for extern_kernels.mm/addmm/convolution) and eager kernels; left to the other paths",
@@ -398,24 +565,38 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
     matches a generated call site (kind ``triton``/``cpp``) whose ``kernel``, ``profiler_name`` or non-generic
     ``gpu_symbol`` equals it.  Extern/fallback call sites are never matched by name: the cuBLAS/cuDNN kernel
     an ``extern_kernels.mm`` launches has a library name (kineto-and-inductor.md §3.3), so those kernels are
-    left to the correlation/NVTX paths.  When a name has several call sites, call-site order decides (§4.4): a
-    graph's ``call()`` is straight-line code run once per execution, so within one process and one
-    ``iteration`` (null: the whole process) the j-th launch of the name is call site ``j mod n`` of the ``n``
-    call sites with that name -- valid when every graph holding the name has the same sequence of those call
-    sites (one graph; or recompilations of the same code) and the launch count is a multiple of ``n``.
+    left to the correlation/NVTX paths.  When a name has several call sites (a reused kernel), the launch
+    order decides only where it is known to start at the beginning of a ``call()`` (§4.4):
+
+    * in a measured ``iteration`` (a complete iteration of our harness), the j-th launch of the name is call
+      site ``j mod n`` of its ``n`` call sites when the count is a multiple of ``n``;
+    * elsewhere (no iteration ranges, or kernels outside them: the capture window may start mid-iteration),
+      the launches of the graph's generated kernels in the process are aligned with the graph's call order:
+      only when exactly one starting offset fits the whole sequence does it place the launches.  A graph whose
+      other kernels fix no offset (e.g. its only generated kernel is the reused one) is not placed.
+
+    Both need every graph holding the name to have the same sequence of its call sites (one graph, or
+    recompilations of the same code); the alignment also needs the graph's names to belong to it alone.  Where
+    the order cannot decide: the call sites' common answer when they agree on the operator (``fused_ops``,
+    ``listed_not_computed``): ``match = same_operator``, ``source_nodes``/``module_stack`` empty unless equal
+    at every candidate, ``source_nodes_ambiguous`` true, ``candidates`` the ``graph:call_index`` list; otherwise
+    unattributed (``kernel_name_in_several_call_sites``, same ``candidates``).  Never one site picked silently.
 
     Returns one row per kernel, columns :data:`ATTRIBUTE_BY_NAME_COLUMNS`:
 
     * ``kernel_id`` (int64); ``graph`` (str, null when unattributed or when identical call sites of several
-      graphs fit); ``call_index`` (Int64, same nulls); ``kernel`` (str, the output_code name, null when
-      unattributed); ``fused_ops``, ``source_nodes``, ``module_stack`` (list[str], empty when unattributed);
+      graphs fit); ``call_index`` (Int64, same nulls, and null when the call site is undecided); ``kernel``
+      (str, the output_code name, null when unattributed); ``fused_ops``, ``source_nodes``, ``module_stack``,
+      ``listed_not_computed`` (list[str], empty when unattributed);
     * ``match`` (str or null): ``unique_call_site`` (the name has one call site), ``call_site_order`` (chosen by
       launch position), ``identical_call_sites`` (several call sites, all with the same ops, source nodes and
-      module stack, so the answer does not depend on which);
-    * ``reason`` (str or null): for unattributed kernels, one of :data:`BY_NAME_REASONS`.
+      module stack, so the answer does not depend on which), ``same_operator`` (see above);
+    * ``reason`` (str or null): for unattributed kernels, one of :data:`BY_NAME_REASONS`;
+    * ``source_nodes_ambiguous`` (bool); ``candidates`` (list[str]: ``graph:call_index`` of the call sites that
+      could not be told apart; empty otherwise).
 
-    Rows with the same answer share their list objects: copy before mutating one.  Cost: one dictionary
-    look-up per distinct (name, call-site position) plus vectorised grouping -- about 1-2 s per million kernels.
+    Rows with the same answer share their list objects: copy before mutating one.  Cost: vectorised grouping
+    plus one alignment per (process, window, graph) that needs it -- about 1-2 s per million kernels.
 
     Raises ``KeyError`` when a required column is missing.
     """
@@ -430,39 +611,64 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
         "pid": kernels["pid"].to_numpy(),
         "iteration": pd.array(kernels["iteration"], dtype="Int64").fillna(-1).to_numpy(dtype="int64"),
         "order": pd.array(order, dtype="Int64").fillna(0).to_numpy(dtype="int64"),
-    }).sort_values(["pid", "order", "kernel_id"], kind="stable")
+    }).sort_values(["pid", "order", "kernel_id"], kind="stable").reset_index(drop=True)
     groups = frame.groupby(["pid", "iteration", "key"], sort=False)
-    frame["position"] = groups.cumcount()
-    frame["count"] = groups["key"].transform("size")
+    position = groups.cumcount().to_numpy(dtype="int64")
+    count = groups["key"].transform("size").to_numpy(dtype="int64")
+    iteration = frame["iteration"].to_numpy()
 
     index = _name_index(fusion_map)
     empty_map = fusion_map is None or fusion_map.empty
-    # call sites per name; 1 for names without call sites (their answer does not depend on the order)
-    n_sites = frame["key"].map({k: len(next(iter(index[k].values()))) if k in index else 1
-                                for k in frame["key"].unique()}).to_numpy(dtype="int64")
-    # one answer per (name, position mod n, count mod n): factorize that triple as one int64
+    phases = _Phases(frame, fusion_map, index)
+    answers: list[dict] = []
+    memo: dict = {}
+
+    def answer(tag, value: dict) -> int:
+        """Index of the answer ``tag`` (one list entry per distinct answer: rows share it)."""
+        if tag not in memo:
+            memo[tag] = len(answers)
+            answers.append(value)
+        return memo[tag]
+
+    codes = np.full(len(frame), -1, dtype=np.int64)
     key_codes, key_names = pd.factorize(frame["key"].to_numpy())
-    width = int(n_sites.max()) + 1
-    triple = (key_codes.astype("int64") * width + frame["position"].to_numpy() % n_sites) * width \
-        + frame["count"].to_numpy() % n_sites
-    codes, uniques = pd.factorize(triple)
-    answers = []
-    for t in uniques:
-        rest, c = divmod(int(t), width)
-        k, p = divmod(rest, width)
-        key = key_names[k]
+    for kc, rows in pd.Series(np.arange(len(frame))).groupby(key_codes).indices.items():
+        key = key_names[kc]
         sites = index.get(key)
         if empty_map:
-            answers.append({"reason": "no_fusion_map"})
-        elif sites is None:
-            if key == GENERIC_TRITON_SYMBOL:
-                answers.append({"reason": "ambiguous_generic_kernel_name"})
-            elif _INDUCTOR_NAME_RE.match(key):
-                answers.append({"reason": "not_in_fusion_map"})
-            else:
-                answers.append({"reason": "extern_kernel_name_unknown"})
-        else:
-            answers.append(_resolve_sites(sites, int(p), int(c)))
+            codes[rows] = answer("no_fusion_map", {"reason": "no_fusion_map"})
+            continue
+        if sites is None:
+            why = ("ambiguous_generic_kernel_name" if key == GENERIC_TRITON_SYMBOL else
+                   "not_in_fusion_map" if _INDUCTOR_NAME_RE.match(key) else "extern_kernel_name_unknown")
+            codes[rows] = answer(why, {"reason": why})
+            continue
+        plan = _plan_sites(sites)
+        if plan[0] == "fixed":
+            codes[rows] = answer((key, "fixed"), plan[1])
+            continue
+        _, graph, site_rows, undecided = plan
+        n = len(site_rows)
+        complete = (iteration[rows] >= 0) & (count[rows] % n == 0)
+        slot = position[rows] % n
+        for p in range(n):
+            chosen = rows[complete & (slot == p)]
+            if chosen.size:
+                codes[chosen] = answer((key, p), _site_row(site_rows[p], "call_site_order", graph is not None))
+        rest = rows[~complete]
+        if not rest.size:
+            continue
+        placed = phases.call_index(rest, graph) if graph is not None else np.full(rest.size, -1)
+        by_index = {int(r["call_index"]): i for i, r in enumerate(site_rows)}
+        for call_index in np.unique(placed[placed >= 0]):
+            p = by_index.get(int(call_index))
+            if p is not None:
+                codes[rest[placed == call_index]] = answer((key, p), _site_row(site_rows[p], "call_site_order", True))
+            else:  # the alignment put a launch of this name on another kernel's call site: do not trust it
+                placed[placed == call_index] = -1
+        left = rest[placed < 0]
+        if left.size:
+            codes[left] = answer((key, "undecided"), undecided)
     frame["answer"] = codes
     return _by_name_frame(frame[["kernel_id", "answer"]], answers)
 
@@ -474,47 +680,177 @@ def _name_index(fusion_map: pd.DataFrame | None) -> dict[str, dict[str, list[dic
         return index
     rows = fusion_map[fusion_map["kind"].isin(["triton", "cpp"])].sort_values(["graph", "call_index"])
     for r in rows.to_dict("records"):
-        names = {r["kernel"], r["profiler_name"]}
-        sym = r.get("gpu_symbol")
-        if isinstance(sym, str) and not is_generic_triton_name(sym):
-            names.add(sym)
-        for n in names:
-            if isinstance(n, str) and n:
-                index.setdefault(n, {}).setdefault(str(r["graph"]), []).append(r)
+        for n in _visible_names(r, with_generic_rows=True):
+            index.setdefault(n, {}).setdefault(str(r["graph"]), []).append(r)
     return index
 
 
+def _list(r: Mapping, column: str) -> tuple:
+    """A list cell of a fusion-map row as a tuple; empty when the column is absent (maps written before it)."""
+    value = r.get(column)
+    return tuple(value) if isinstance(value, (list, tuple, np.ndarray)) else ()
+
+
 def _content(r: Mapping) -> tuple:
-    return (tuple(r["fused_ops"]), tuple(r["source_nodes"]), tuple(r.get("module_stack", ()) if
-            r.get("module_stack") is not None else ()))
+    """What an answer taken from call site ``r`` says: kernel, ops, source nodes, module stack, ops not computed."""
+    return (r["kernel"], _list(r, "fused_ops"), _list(r, "source_nodes"), _list(r, "module_stack"),
+            _list(r, "listed_not_computed"))
 
 
-def _resolve_sites(sites: Mapping[str, list[dict]], position: int, count: int) -> dict:
+def _ops_content(r: Mapping) -> tuple:
+    """The operator part of an answer: the label depends on these only."""
+    return (_list(r, "fused_ops"), _list(r, "listed_not_computed"))
+
+
+def _visible_names(r: Mapping, with_generic_rows: bool = False) -> set[str]:
+    """The names a timeline can show for generated call site ``r``: kernel, profiler name, non-generic GPU symbol.
+
+    A Triton site compiled under the generic symbol ``triton_`` shows only that on the device; with
+    ``with_generic_rows`` False such a site has no visible name (it cannot be told from other generic kernels).
+    """
+    sym = r.get("gpu_symbol")
+    generic = isinstance(sym, str) and is_generic_triton_name(sym)
+    if generic and not with_generic_rows:
+        return set()
+    names = {r["kernel"], r["profiler_name"]}
+    if isinstance(sym, str) and not generic:
+        names.add(sym)
+    return {n for n in names if isinstance(n, str) and n}
+
+
+def _plan_sites(sites: Mapping[str, list[dict]]) -> tuple:
+    """How the launches of one name are answered.
+
+    ``("fixed", answer)``: the same answer for every launch (one call site; identical call sites; or several
+    graphs whose sequences differ, which no launch position can decide).  ``("positional", graph, site_rows,
+    undecided)``: launch position picks ``site_rows[i]``; ``graph`` is None when several identical graphs hold
+    them (no place is reported); ``undecided`` is the answer where the position cannot decide.
+    """
     graphs = sorted(sites)
+    all_rows = [r for g in graphs for r in sites[g]]
     sequences = {tuple(_content(r) for r in sites[g]) for g in graphs}
-    contents = {c for seq in sequences for c in seq}
     one_graph = len(graphs) == 1
-    n = len(sites[graphs[0]])
-    if len(sequences) == 1 and count % n == 0:
-        chosen = sites[graphs[0]][position % n]
-        match = "unique_call_site" if n == 1 else "call_site_order"
-        if not one_graph:
-            match = "identical_call_sites" if len(contents) == 1 else "call_site_order"
-        return _site_row(chosen, match, with_place=one_graph)
-    if len(contents) == 1:
-        return _site_row(sites[graphs[0]][0], "identical_call_sites", with_place=False)
-    return {"reason": "kernel_name_in_several_call_sites"}
+    if len(sequences) > 1:
+        return "fixed", _undecided(all_rows, graphs)
+    rows = sites[graphs[0]]
+    if len(rows) == 1:
+        return "fixed", _site_row(rows[0], "unique_call_site" if one_graph else "identical_call_sites", one_graph)
+    if len({_content(r) for r in rows}) == 1 and not one_graph:
+        return "fixed", _site_row(rows[0], "identical_call_sites", False)
+    return "positional", graphs[0] if one_graph else None, rows, _undecided(all_rows, graphs)
+
+
+def _undecided(rows: list[dict], graphs: list[str]) -> dict:
+    """The answer for a launch whose call site is one of ``rows`` (see :func:`attribute_by_name`)."""
+    candidates = [f"{r['graph']}:{int(r['call_index'])}" for r in rows]
+    if len({_content(r) for r in rows}) == 1:
+        return _site_row(rows[0], "identical_call_sites", False)
+    if len({_ops_content(r) for r in rows}) > 1:
+        return {"reason": "kernel_name_in_several_call_sites", "candidates": candidates}
+    first = rows[0]
+    same_nodes = len({(_list(r, "source_nodes"), _list(r, "module_stack")) for r in rows}) == 1
+    return {
+        "graph": graphs[0] if len(graphs) == 1 else None,
+        "kernel": first["kernel"] if len({r["kernel"] for r in rows}) == 1 else None,
+        "fused_ops": list(_list(first, "fused_ops")),
+        "listed_not_computed": list(_list(first, "listed_not_computed")),
+        "source_nodes": list(_list(first, "source_nodes")) if same_nodes else [],
+        "module_stack": list(_list(first, "module_stack")) if same_nodes else [],
+        "source_nodes_ambiguous": not same_nodes,
+        "candidates": candidates,
+        "match": "same_operator",
+    }
+
+
+class _Phases:
+    """Place launches on call sites by aligning a window's launch order with a graph's call order.
+
+    For one process and iteration group (``iteration`` -1: outside any measured iteration) and one graph G,
+    the launches whose names belong to G's generated call sites, in launch order, must read as consecutive
+    call sites of G's ``call()`` repeated: ``S[j]`` is call site ``C[(o + j) mod m]`` for one offset ``o``.
+    Only an offset that is the single one fitting the whole sequence places them.  Skipped (nothing placed)
+    when any of G's names also belongs to another graph (their launches would mix into the sequence).
+    """
+
+    def __init__(self, frame: pd.DataFrame, fusion_map: pd.DataFrame | None, index: Mapping):
+        self.frame = frame
+        self.keys = frame["key"].to_numpy()
+        self.index = index
+        self.fusion_map = fusion_map
+        self._groups: tuple[np.ndarray, dict] | None = None  # built on first use: most timelines never need it
+        self.cycles: dict[str, tuple[list[set[str]], list[int]] | None] = {}
+        self.placed: dict[str, np.ndarray] = {}  # graph -> call index per frame row (-1: not placed)
+        self.aligned: set[tuple[int, str]] = set()
+
+    @property
+    def group_of(self) -> np.ndarray:
+        return self._grouping()[0]
+
+    @property
+    def rows_of_group(self) -> dict:
+        return self._grouping()[1]
+
+    def _grouping(self) -> tuple[np.ndarray, dict]:
+        if self._groups is None:
+            pid = pd.array(self.frame["pid"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
+            # iteration is >= -1 (null -> -1) and below 2**31; pids below 2**31 (Linux: 2**22)
+            codes = pd.factorize(pid * (1 << 32) + self.frame["iteration"].to_numpy(dtype=np.int64) + 1)[0]
+            self._groups = codes, pd.Series(np.arange(len(codes))).groupby(codes).indices
+        return self._groups
+
+    def _cycle(self, graph: str) -> tuple[list[set[str]], list[int]] | None:
+        if graph not in self.cycles:
+            rows = self.fusion_map[(self.fusion_map["graph"] == graph)
+                                   & self.fusion_map["kind"].isin(["triton", "cpp"])].sort_values("call_index")
+            names, call_indexes = [], []
+            for r in rows.to_dict("records"):
+                visible = _visible_names(r)
+                if visible:
+                    names.append(visible)
+                    call_indexes.append(int(r["call_index"]))
+            exclusive = all(set(self.index.get(n, {})) == {graph} for vis in names for n in vis)
+            self.cycles[graph] = (names, call_indexes) if names and exclusive else None
+        return self.cycles[graph]
+
+    def call_index(self, rows: np.ndarray, graph: str) -> np.ndarray:
+        """Call index for each frame row (-1 where the alignment does not place it)."""
+        cycle = self._cycle(graph)
+        if cycle is None:
+            return np.full(len(rows), -1, dtype=np.int64)
+        placed = self.placed.get(graph)
+        if placed is None:
+            placed = self.placed[graph] = np.full(len(self.keys), -1, dtype=np.int64)
+        for group in np.unique(self.group_of[rows]):
+            if (int(group), graph) not in self.aligned:
+                self.aligned.add((int(group), graph))
+                self._align(int(group), cycle, placed)
+        return placed[rows]
+
+    def _align(self, group: int, cycle: tuple[list[set[str]], list[int]], placed: np.ndarray) -> None:
+        names, call_indexes = cycle
+        m = len(names)
+        known = set().union(*names)
+        rows = self.rows_of_group[group]
+        rows = rows[np.isin(self.keys[rows], list(known))]
+        if not rows.size:
+            return
+        keys, key_idx = np.unique(self.keys[rows], return_inverse=True)
+        fits = np.array([[k in vis for vis in names] for k in keys], dtype=bool)  # key x call position
+        steps = np.arange(rows.size)
+        offsets = [o for o in np.flatnonzero(fits[key_idx[0]]) if fits[key_idx, (o + steps) % m].all()]
+        if len(offsets) == 1:
+            placed[rows] = np.asarray(call_indexes, dtype=np.int64)[(offsets[0] + steps) % m]
 
 
 def _site_row(r: Mapping, match: str, with_place: bool) -> dict:
-    module_stack = r.get("module_stack")
     return {
         "graph": str(r["graph"]) if with_place else None,
         "call_index": int(r["call_index"]) if with_place else None,
         "kernel": r["kernel"],
-        "fused_ops": list(r["fused_ops"]),
-        "source_nodes": list(r["source_nodes"]),
-        "module_stack": list(module_stack) if module_stack is not None else [],
+        "fused_ops": list(_list(r, "fused_ops")),
+        "source_nodes": list(_list(r, "source_nodes")),
+        "module_stack": list(_list(r, "module_stack")),
+        "listed_not_computed": list(_list(r, "listed_not_computed")),
         "match": match,
     }
 
@@ -522,19 +858,22 @@ def _site_row(r: Mapping, match: str, with_place: bool) -> dict:
 def _by_name_frame(frame: pd.DataFrame, answers: list[dict]) -> pd.DataFrame:
     """``frame``: kernel_id, answer (index into ``answers``) -> the ATTRIBUTE_BY_NAME_COLUMNS table, by kernel_id."""
     frame = frame.sort_values("kernel_id", kind="stable").reset_index(drop=True)
-    codes = frame["answer"].to_numpy() if "answer" in frame else []
+    codes = frame["answer"].to_numpy(dtype=np.int64) if "answer" in frame else np.zeros(0, dtype=np.int64)
     full = [{"graph": None, "call_index": None, "kernel": None, "fused_ops": [], "source_nodes": [],
-             "module_stack": [], "match": None, "reason": None, **a} for a in answers]
+             "module_stack": [], "match": None, "reason": None, "listed_not_computed": [],
+             "source_nodes_ambiguous": False, "candidates": [], **a} for a in answers]
     out = pd.DataFrame({"kernel_id": frame["kernel_id"].astype("int64")})
     for col in ATTRIBUTE_BY_NAME_COLUMNS[1:]:
-        values = [a[col] for a in full]
-        if col in ("fused_ops", "source_nodes", "module_stack"):
-            # rows with the same answer share one list object (1M kernels: copies would cost seconds)
-            out[col] = pd.Series([values[i] for i in codes], dtype=object)
-        elif col == "call_index":
-            out[col] = pd.array([values[i] for i in codes], dtype="Int64")
+        values = np.empty(len(full), dtype=object)
+        for i, a in enumerate(full):
+            values[i] = a[col]
+        if col == "call_index":
+            out[col] = pd.array(values[codes], dtype="Int64")
+        elif col == "source_nodes_ambiguous":
+            out[col] = values[codes].astype(bool)
         else:
-            out[col] = pd.Series([values[i] for i in codes], dtype=object)
+            # rows with the same answer share one list object (1M kernels: copies would cost seconds)
+            out[col] = pd.Series(values[codes], dtype=object)
     return out
 
 
@@ -795,5 +1134,6 @@ def _name_matches(name: str, profiler_name: str, gpu_symbol) -> bool:
 
 def _empty_fusion_map() -> pd.DataFrame:
     dtypes = {"call_index": "int64", "debug_handle": "Int64", "fused_ops": object, "source_nodes": object,
-              "post_grad_nodes": object, "module_stack": object}
+              "post_grad_nodes": object, "module_stack": object, "listed_not_computed": object,
+              "compile_id": object, "cache_key": object}
     return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, "str")) for c in FUSION_MAP_COLUMNS})

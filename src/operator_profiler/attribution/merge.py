@@ -2,10 +2,13 @@
 
 Precedence for ``operator`` (documented in DESIGN.md §3): the correlation path (a) names the
 operator when a dispatcher op encloses the launch; NVTX (b) comes next; a kernel that no ATen op
-encloses but that the Inductor fusion map (c) knows (a fused Triton/C++ kernel) gets the operator
-label of its fused ATen ops. Last of all, a kernel that no op names but a ``user_annotation`` range
-(``record_function``) encloses takes that annotation's name (path ``user_annotation``). The fusion map
-always fills ``fused_ops``/``source_nodes`` when it has the kernel's call site. ``layer``/``layer_class`` come from the layer classification (backward
+encloses but that the Inductor fusion map (c) places on a call site (:mod:`.compiled_graphs`) gets the
+operator label of its fused ATen ops (a replayed library kernel: its extern call's op); one the map knows
+but cannot place stays unattributed with the map's reason rather than take the profiler op around it. Last
+of all, a kernel that no op names but a ``user_annotation`` range (``record_function``) encloses takes that
+annotation's name (path ``user_annotation``). The fusion map always fills
+``fused_ops``/``source_nodes``/``listed_not_computed`` when it has the kernel's call site.
+``layer``/``layer_class`` come from the layer classification (backward
 kernels belong to the layer of their forward op); ``module`` is the layer instance's module path.
 """
 
@@ -16,9 +19,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
-from . import inductor
-from .correlation import OpStack, _LazyStacks, find_ops
+from . import compiled_graphs, inductor
+from .correlation import find_ops
 from .transfer import align_runs
 
 # Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
@@ -40,82 +42,42 @@ def fused_operator_label(fused_ops: list[str]) -> str | None:
     return "+".join(sorted(compute))
 
 
+def site_operator(site: dict) -> str | None:
+    """The operator a fusion-map call site names: the label of a generated kernel's fused ops
+    (:func:`fused_operator_label`, ``listed_not_computed`` excluded); an extern/fallback call's own op
+    (``extern_kernels.mm`` -> ``aten::mm``, its ``profiler_name``: the library kernels of a CUDA-graph replay)."""
+    if site.get("kind") in ("extern", "fallback"):
+        name = site.get("profiler_name")
+        return name if isinstance(name, str) and "::" in name else fused_operator_label(list(site["fused_ops"]))
+    return fused_operator_label(list(site["fused_ops"]))
+
+
+def site_evidence(site: dict) -> dict:
+    """The ``inductor`` entry of a kernel's evidence JSON for an answered call site."""
+    out = {"graph": site.get("graph"), "call_index": site.get("call_index"), "kernel": site.get("kernel"),
+           "kind": site.get("kind"), "fused_ops": list(site["fused_ops"]), "origin": site.get("origin"),
+           "call_site": site.get("call_site", True), "joined_by": site.get("joined_by")}
+    if site.get("listed_not_computed"):
+        out["listed_not_computed"] = list(site["listed_not_computed"])
+    if site.get("source_nodes_ambiguous"):
+        out["source_nodes"] = "ambiguous"
+    if site.get("candidates"):
+        out["candidates"] = list(site["candidates"])
+    return out
+
+
 def _keep_fused_rows_apart(operator: np.ndarray, path: np.ndarray, fused_ops: np.ndarray,
-                           dispatcher: np.ndarray) -> None:
+                           dispatcher: np.ndarray, extern_calls: np.ndarray | None = None) -> None:
     """A fused kernel whose label dropped view ops and then equals an op that kernels also ran as a
-    real call (the layout copy ``cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_
-    view_2`` next to the SDPA backward fallback) is not a call of that op: it would merge into the op's
-    row and inflate its calls. Such a kernel is labelled with all its ops, views included. A fused kernel
-    of exactly the op (a compiled layer's layer norm beside the eager final one) *is* a call of it and
-    keeps the plain label. In place."""
+    real call (a layout copy listing ``aten::view`` beside the op it feeds) is not a call of that op: it
+    would merge into the op's row and inflate its calls. Such a kernel is labelled with all its ops, views
+    included. A fused kernel of exactly the op (a compiled layer's layer norm beside the eager final one)
+    *is* a call of it and keeps the plain label, as does a library kernel placed on an extern/fallback call
+    site (``extern_calls``: a CUDA-graph replay's GEMM is a call of ``aten::mm``). In place."""
     called = set(operator[dispatcher])
     for i in np.flatnonzero(path == "inductor"):
-        if operator[i] in called:
+        if operator[i] in called and not (extern_calls is not None and extern_calls[i]):
             operator[i] = "+".join(sorted(set(fused_ops[i])))
-
-
-def _call_units(members: list[int], stacks: dict[int, OpStack], region: int, names: dict[int, str],
-                range_names: dict[int, str]) -> list[tuple[str, list[int]]]:
-    """Group a compiled-graph region's kernels into the calls of its ``call()`` function.
-
-    A call is either an ATen op called by the wrapper (an extern kernel such as
-    ``extern_kernels.mm`` -> ``aten::mm``, or a fallback): every kernel launched inside the outermost
-    dispatcher op below the region belongs to it, whatever the library kernel is called (cuBLAS on a
-    GPU; on a CPU the op is the kernel itself and nested ops such as ``aten::copy_`` join it); or a
-    generated kernel (Inductor C++ / Triton), one call per launch, named by the CPU-side record
-    function when there is one (the descriptive name, where the GPU symbol may be a generic
-    ``triton_``), else by the kernel's own name. Returns ``[(call name, kernel ids)]`` in launch order.
-    """
-    units: list[tuple[str, list[int]]] = []
-    by_op: dict[int, list[int]] = {}
-    for kid in members:
-        stack = stacks[kid].stack
-        below = stack[stack.index(region) + 1:] if region in stack else []
-        outer_op = next((r for r in below if DISPATCHER_OP.match(range_names[r])), None)
-        if outer_op is not None:
-            if outer_op in by_op:
-                by_op[outer_op].append(kid)
-                continue
-            by_op[outer_op] = [kid]
-            units.append((range_names[outer_op], by_op[outer_op]))
-            continue
-        record = next((range_names[r] for r in reversed(below) if not range_names[r].startswith("##")), None)
-        units.append((record or names[kid], [kid]))
-    # Metadata ops called by the wrapper itself (a reinterpretation that escaped its op in an
-    # integer-µs trace) are not call sites of the generated code.
-    return [(name, kids) for name, kids in units if name not in METADATA_OPS]
-
-
-def _region_call_sites(kernels: pd.DataFrame, stacks: dict[int, OpStack], ranges: pd.DataFrame,
-                       fusion_map: pd.DataFrame) -> tuple[dict[int, dict], dict[int, str]]:
-    """kernel_id -> fusion-map row (plus ``call_site``: whether the kernel *is* the call rather than
-    work nested in it) for kernels inside a compiled-graph region whose call sequence matches one
-    graph's call sites; kernel_id -> reason for the region kernels that do not match."""
-    rows: dict[int, dict] = {}
-    reasons: dict[int, str] = {}
-    range_names = dict(zip(ranges["range_id"].astype(int), ranges["name"]))
-    by_region: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    for kid, name in zip(kernels["kernel_id"].astype(int), kernels["name"]):
-        region = stacks[kid].compiled_region
-        if region is not None:
-            by_region.setdefault(region, []).append(kid)
-            names[kid] = name
-    for region, members in by_region.items():
-        units = _call_units(members, stacks, region, names, range_names)
-        match = inductor.match_region([name for name, _ in units], fusion_map) if len(fusion_map) else None
-        if match is None:
-            for kid in members:
-                reasons[kid] = "no_fusion_map" if not len(fusion_map) else "fusion_map_mismatch"
-            continue
-        graph, call_indexes = match
-        graph_rows = fusion_map[fusion_map["graph"] == graph].set_index("call_index")
-        for (_, kids), call_index in zip(units, call_indexes):
-            row = {**graph_rows.loc[call_index].to_dict(), "call_index": int(call_index)}
-            for position, kid in enumerate(kids):
-                # The call itself: the op's first kernel on a GPU; on a CPU the op's own kernel.
-                rows[kid] = {**row, "call_site": position == 0}
-    return rows, reasons
 
 
 def _user_annotation_fallback(ops, path: np.ndarray) -> np.ndarray:
@@ -149,12 +111,7 @@ def attribute(
     ops = find_ops(kernels, ranges)
     n = len(kernels)
     kernel_ids = ops.kernel_id
-    # Only the kernels inside a compiled-graph region need their full stack (call units of path c).
-    in_region = np.flatnonzero(ops.compiled_region >= 0)
-    stacks = _LazyStacks(ops)
-    region_stacks = {int(kernel_ids[i]): stacks[int(kernel_ids[i])] for i in in_region}
-    region_kernels = kernels.iloc[in_region]
-    call_sites, region_reasons = _region_call_sites(region_kernels, region_stacks, ranges, fusion_map)
+    fusion = compiled_graphs.resolve(kernels, ranges, ops, fusion_map)
 
     names = ops.names
     op_pos = ops.operator
@@ -166,31 +123,45 @@ def attribute(
     reason = np.where(dispatcher, None, ops.reason).astype(object)
     fused_col = np.empty(n, dtype=object)
     nodes_col = np.empty(n, dtype=object)
+    lnc_col = np.empty(n, dtype=object)
     empty: list = []
     fused_col[:] = [empty] * n
     nodes_col[:] = [empty] * n
-    row_of = {int(k): i for i, k in enumerate(kernel_ids)} if call_sites or region_reasons else {}
+    lnc_col[:] = [empty] * n
+    ambiguous_nodes = np.zeros(n, dtype=bool)
+    extern_calls = np.zeros(n, dtype=bool)  # placed on an extern/fallback call site (replayed library kernels)
+    refused = np.zeros(n, dtype=bool)  # the fusion map knows the kernel but could not place it
+    row_of = {int(k): i for i, k in enumerate(kernel_ids)} if fusion.sites or fusion.refusals else {}
     site_rows: dict[int, dict] = {}
-    for kid, site in call_sites.items():
+    refusal_rows: dict[int, dict] = {}
+    for kid, site in fusion.sites.items():
         i = row_of[kid]
         site_rows[i] = site
         fused_col[i], nodes_col[i] = list(site["fused_ops"]), list(site["source_nodes"])
+        lnc_col[i] = list(site["listed_not_computed"])
+        ambiguous_nodes[i] = site["source_nodes_ambiguous"]
+        extern_calls[i] = site.get("kind") in ("extern", "fallback")
         if operator[i] is None:
-            label = fused_operator_label(list(site["fused_ops"]))
+            label = site_operator(site)
             operator[i] = label
             path[i] = "inductor" if label else "unattributed"
             reason[i] = None if label else "fusion_map_without_ops"
-    for kid, why in region_reasons.items():
+    for kid, refusal in fusion.refusals.items():
         i = row_of[kid]
-        if operator[i] is None and not has_op[i]:
-            reason[i] = why
-    _keep_fused_rows_apart(operator, path, fused_col, dispatcher)
-    fallback = (operator == None) & has_op & ~dispatcher  # noqa: E711 (object array)
+        if refusal["block"]:
+            refusal_rows[i] = refusal
+            refused[i] = True
+        if operator[i] is None and (refusal["block"] or not has_op[i]):
+            reason[i] = refusal["reason"]
+    _keep_fused_rows_apart(operator, path, fused_col, dispatcher, extern_calls)
+    fallback = (operator == None) & has_op & ~dispatcher & ~refused  # noqa: E711 (object array)
     operator[fallback] = fallback_name[fallback]
     path[fallback] = "correlation"
     reason[fallback] = None
     reason[path != "unattributed"] = None
-    by_annotation = _user_annotation_fallback(ops, path)
+    # An operator named, FX nodes undecided (a reused kernel whose call site is unknown): a partial answer.
+    reason[ambiguous_nodes & (path == "inductor")] = "source_nodes_ambiguous"
+    by_annotation = _user_annotation_fallback(ops, path) & ~refused
     annotation_name = np.array([names[p] if p >= 0 else None for p in ops.annotation], dtype=object)
     operator[by_annotation] = annotation_name[by_annotation]
     path[by_annotation] = "user_annotation"
@@ -220,10 +191,10 @@ def attribute(
         text = '{"correlation": {' + ", ".join(parts) + "}"
         site = site_rows.get(i)
         if site is not None:
-            text += ', "inductor": ' + json.dumps({
-                "graph": site["graph"], "call_index": site["call_index"], "kernel": site["kernel"],
-                "kind": site["kind"], "fused_ops": list(site["fused_ops"]), "origin": site["origin"],
-                "call_site": site["call_site"]}, sort_keys=True)
+            text += ', "inductor": ' + json.dumps(site_evidence(site), sort_keys=True)
+        elif i in refusal_rows:
+            text += ', "inductor": ' + json.dumps(
+                {"reason": refusal_rows[i]["reason"], "candidates": refusal_rows[i]["candidates"]}, sort_keys=True)
         if by_annotation[i]:
             text += ', "user_annotation": ' + json.dumps({
                 "operator": annotation_name[i], "range_id": int(ops.range_ids[ops.annotation[i]])}, sort_keys=True)
@@ -247,6 +218,7 @@ def attribute(
         "path": path,
         "fused_ops": fused_col,
         "source_nodes": nodes_col,
+        "listed_not_computed": lnc_col,
         "reason": reason,
         "evidence": evidence,
         "operator_range_id": pd.arrays.IntegerArray(
@@ -317,14 +289,14 @@ def merge_kineto_run(primary: pd.DataFrame, kernels: pd.DataFrame, kineto_result
         (partner_path != "user_annotation") | (out["path"].to_numpy()[rows] == "unattributed"))
     take = rows[named]
     chosen = partner[named]
-    for column in ("operator", "path", "fused_ops", "source_nodes"):
+    for column in ("operator", "path", "fused_ops", "source_nodes", "listed_not_computed"):
         values = out[column].astype(object).to_numpy().copy()
         values[take] = chosen[column].astype(object).to_numpy()
         out[column] = values
     # The fusion map's ops also on kernels whose operator stays NVTX's.
     fused = partner["fused_ops"].map(len).to_numpy() > 0
     fill = rows[fused & ~named]
-    for column in ("fused_ops", "source_nodes"):
+    for column in ("fused_ops", "source_nodes", "listed_not_computed"):
         values = out[column].astype(object).to_numpy().copy()
         values[fill] = partner.loc[fused & ~named, column].astype(object).to_numpy() if fill.size else values[fill]
         out[column] = values
@@ -334,7 +306,8 @@ def merge_kineto_run(primary: pd.DataFrame, kernels: pd.DataFrame, kineto_result
     forward[rows[has_forward]] = kineto_forward[has_forward]
     out["forward_operator"] = forward
     reason = out["reason"].astype(object).to_numpy().copy()
-    reason[take] = None
+    # a named kernel's only reason is a partial answer of the Kineto run (source_nodes_ambiguous)
+    reason[take] = chosen["reason"].astype(object).to_numpy()
     out["reason"] = reason
     # An op instance of the Kineto run (to count calls) must not collide with this timeline's range
     # ids: it is stored as -(its Kineto range id + 1).
@@ -352,8 +325,10 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
 
     A generated kernel (Triton / C++) found in the map gets the fused ops' label as its operator
     (path ``inductor``): the NVTX range around its launch is the compiled-graph wrapper, not an op.
-    Every kernel the map knows gets ``fused_ops``/``source_nodes``; a kernel with an Inductor name the
-    map cannot place keeps its NVTX answer, with the map's reason in the evidence.
+    Every kernel the map knows gets ``fused_ops``/``source_nodes``/``listed_not_computed``; one whose call site
+    is undecided but whose candidate sites agree on the ops keeps the operator with empty ``source_nodes`` and
+    reason ``source_nodes_ambiguous`` (evidence ``inductor.source_nodes: "ambiguous"``, ``candidates``); a kernel
+    with an Inductor name the map cannot place keeps its NVTX answer, with the map's reason in the evidence.
     """
     found = inductor.attribute_by_name(kernels, fusion_map)
     found = found.set_index(found["kernel_id"].astype("int64"))
@@ -369,6 +344,8 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
     reason = out["reason"].astype(object).to_numpy().copy()
     fused_col = out["fused_ops"].astype(object).to_numpy().copy()
     nodes_col = out["source_nodes"].astype(object).to_numpy().copy()
+    lnc_col = np.empty(len(out), dtype=object)
+    lnc_col[:] = out["listed_not_computed"].tolist() if "listed_not_computed" in out else [[]] * len(out)
     evidence = out["evidence"].astype(object).to_numpy().copy()
     for i in np.flatnonzero(matched | has_reason):
         row = rows.iloc[i]
@@ -379,13 +356,24 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
                     "kernel": row["kernel"], "fused_ops": fused, "source_nodes": list(row["source_nodes"]),
                     "module_stack": list(row["module_stack"]), "call_site": True,
                     "joined_by": f"kernel_name:{row['match']}"}
+            if len(row["listed_not_computed"]):
+                site["listed_not_computed"] = list(row["listed_not_computed"])
+            if row["source_nodes_ambiguous"]:
+                site["source_nodes"] = "ambiguous"
+            if len(row["candidates"]):
+                site["candidates"] = list(row["candidates"])
             fused_col[i], nodes_col[i] = fused, list(row["source_nodes"])
+            lnc_col[i] = list(row["listed_not_computed"])
             label = fused_operator_label(fused)
             if label:  # only generated (Triton / C++) call sites are matched by name
-                operator[i], path[i], reason[i] = label, "inductor", None
+                operator[i], path[i] = label, "inductor"
+                reason[i] = "source_nodes_ambiguous" if row["source_nodes_ambiguous"] else None
         else:
             site = {"reason": row["reason"]}
+            if len(row["candidates"]):
+                site["candidates"] = list(row["candidates"])
         evidence[i] = _join_evidence(evidence[i], json.dumps({"inductor": site}, sort_keys=True, default=str))
     out["operator"], out["path"], out["reason"] = operator, path, reason
     out["fused_ops"], out["source_nodes"], out["evidence"] = fused_col, nodes_col, evidence
+    out["listed_not_computed"] = lnc_col
     return out

@@ -632,6 +632,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
             # One shared empty list: path (b) names no fused ops (a million separate lists cost 100 MB).
             "fused_ops": [NO_ITEMS] * m,
             "source_nodes": [NO_ITEMS] * m,
+            "listed_not_computed": [NO_ITEMS] * m,
             "reason": reason,
             "evidence": evidence,
             "operator_range_id": pd.arrays.IntegerArray(
