@@ -515,19 +515,29 @@ def test_cuda_graph_replay_that_fits_no_graph_is_refused_never_named_after_the_r
     assert set(a["operator"]) == {"Torch-Compiled Region: 0/0"}
 
 
-def test_cuda_graph_replay_of_generic_names_only_is_refused(tmp_path):
+def test_cuda_graph_replay_of_generic_names_is_placed_only_where_the_library_kernels_fit(tmp_path):
     """torch <= 2.5 (``unique_kernel_names=False``): replayed Triton kernels are all ``triton_`` (here with the
-    Triton 2.0 suffix) and a replay has no CPU-side events, so only the kernel count would pick the graph."""
+    Triton 2.0 suffix) and a replay has no CPU-side events. Besides the count of generated kernels, where the
+    library kernels sit tells the graph: a GEMM between the two Triton kernels fits `triton, mm, triton`; a GEMM
+    before the first one needs an extern call there, which the graph lacks, so that replay is refused."""
     _write_graphs(tmp_path / "dbg", {"model__0_inference_0.0": REPLAYED}, generic=True)
     fusion = inductor.load_fusion_map(tmp_path / "dbg")
     trace = _replay_trace(tmp_path / "g.json.gz", regions=False, steps=1,
                           kernels=["triton__0d1d2d", GEMM[0], "triton__0d1d2d"])
+    a = _attribute(trace, fusion).sort_values("start_ns")
+    assert _values(a["operator"]) == [_label(REPLAYED[0][3]), _label(REPLAYED[1][3]), _label(REPLAYED[2][3])]
+    assert a["reason"].isna().all()
+    trace = _replay_trace(tmp_path / "h.json.gz", regions=False, steps=1,
+                          kernels=[GEMM[0], "triton__0d1d2d", "triton__0d1d2d"])
     a = _attribute(trace, fusion)
     assert _values(a["reason"]) == ["ambiguous_generic_kernel_name"] * 3 and a["operator"].isna().all()
     assert _inductor(a["evidence"].iat[0])["candidates"] == ["model__0_inference_0.0"]
 
 
-def test_cuda_graph_replay_library_kernels_between_two_extern_calls_are_not_placed(tmp_path):
+def test_cuda_graph_replay_library_kernels_between_two_extern_calls(tmp_path):
+    """Two extern calls (mm, addmm) between two Triton kernels of a replay: with one library kernel each, each call
+    has its kernel (an extern_kernels call launches at least one); with three library kernels (a split-K reduce
+    somewhere) which call launched which is open: unplaced, the two calls listed."""
     calls = [("triton", "triton_poi_fused_add_relu_0", ["add", "relu"], ["aten.add", "aten.relu"]),
              ("extern", "mm", ["mm"], ["aten.mm"]), ("extern", "addmm", ["linear"], ["aten.addmm"]),
              ("triton", "triton_poi_fused_mul_1", ["mul"], ["aten.mul"])]
@@ -536,8 +546,12 @@ def test_cuda_graph_replay_library_kernels_between_two_extern_calls_are_not_plac
     trace = _replay_trace(tmp_path / "r.json.gz", regions=True, steps=1,
                           kernels=["triton_poi_fused_add_relu_0", GEMM[0], GEMM[0], "triton_poi_fused_mul_1"])
     a = _attribute(trace, fusion).sort_values("start_ns")
-    assert _values(a["operator"]) == [_label(calls[0][3]), None, None, _label(calls[3][3])]
-    assert _values(a["reason"]) == [None, "extern_call_not_placed", "extern_call_not_placed", None]
+    assert _values(a["operator"]) == [_label(c[3]) for c in calls]
+    trace = _replay_trace(tmp_path / "s.json.gz", regions=True, steps=1,
+                          kernels=["triton_poi_fused_add_relu_0", GEMM[0], GEMM[1], GEMM[0], "triton_poi_fused_mul_1"])
+    a = _attribute(trace, fusion).sort_values("start_ns")
+    assert _values(a["operator"]) == [_label(calls[0][3]), None, None, None, _label(calls[3][3])]
+    assert _values(a["reason"]) == [None] + ["extern_call_not_placed"] * 3 + [None]
     assert _inductor(a["evidence"].iat[1])["candidates"] == ["model__0_inference_0.0:1", "model__0_inference_0.0:2"]
 
 

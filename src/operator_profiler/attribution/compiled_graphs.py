@@ -203,6 +203,9 @@ def resolve(kernels: pd.DataFrame, ranges: pd.DataFrame, ops: OpTable, fusion_ma
 
     # --- answers ---------------------------------------------------------------------------------------------------
     records = {str(g): rows.sort_values("call_index").to_dict("records") for g, rows in fusion_map.groupby("graph")}
+
+    def records_of(graph: str) -> list[dict]:
+        return records[str(graph)]
     resolved: dict[tuple[str, ...], tuple[str, list[dict]]] = {}  # fitting graphs -> ("sites" | "ambiguous", sites)
     for ident, call in calls.items():
         if ident not in sequences:
@@ -210,11 +213,14 @@ def resolve(kernels: pd.DataFrame, ranges: pd.DataFrame, ops: OpTable, fusion_ma
         mode, data = sequences[ident]
         fits = call.fits
         if fits and mode == "generated" and all(inductor.is_generic_triton_name(match_name(r)) for r in data[1]):
-            # only generic `triton_` names and no CPU-side event: the kernel count alone would pick the graph
-            for kid in call.members:
-                out.refusals[kid] = {"reason": "ambiguous_generic_kernel_name", "candidates": list(fits),
-                                     "block": True}
-            continue
+            # only generic `triton_` names and no CPU-side event: besides the count of generated kernels, only
+            # where the library kernels sit can tell a graph (a library kernel needs an extern call in its gap)
+            fits = [g for g in fits if _library_gaps_fit(data[0], set(data[1]), records_of(g))]
+            if not fits or call.kind != "replay":
+                for kid in call.members:
+                    out.refusals[kid] = {"reason": "ambiguous_generic_kernel_name", "candidates": list(call.fits),
+                                         "block": True}
+                continue
         if not fits:
             if call.kind == "wrapper":  # a wrapper may hold several graphs' calls: fall back to names
                 name_members += call.members
@@ -246,6 +252,29 @@ def resolve(kernels: pd.DataFrame, ranges: pd.DataFrame, ops: OpTable, fusion_ma
     if name_members:
         _by_name(kernels, name_members, row_of, descriptive, fusion_map, out)
     return out
+
+
+def _library_gaps_fit(rows: list[int], generated: set[int], sites: list[dict]) -> bool:
+    """Whether a CUDA-graph replay's library kernels sit where the graph has extern/fallback calls: every gap
+    between generated kernels (and before the first, after the last) that holds a library kernel must hold an
+    extern call of the graph (an extern call may launch no kernel, a library kernel needs a call)."""
+    kernel_gaps, count = [], 0
+    for r in rows:
+        if r in generated:
+            kernel_gaps.append(count)
+            count = 0
+        else:
+            count += 1
+    kernel_gaps.append(count)
+    call_gaps, externs = [], 0
+    for s in sites:
+        if s["kind"] in ("triton", "cpp"):
+            call_gaps.append(externs)
+            externs = 0
+        else:
+            externs += 1
+    call_gaps.append(externs)
+    return len(kernel_gaps) == len(call_gaps) and all(c > 0 for k, c in zip(kernel_gaps, call_gaps) if k > 0)
 
 
 def _sites_of(fits: list[str], records: Mapping[str, list[dict]], fusion_map: pd.DataFrame) -> tuple[str, list[dict]]:
@@ -438,13 +467,22 @@ def _place_library_kernels(rows: list[int], generated: set[int], sites: list[dic
                            out: FusionAnswers) -> None:
     """The library kernels of a matched replay, by the gap between generated kernels they sit in: a gap of the
     graph's ``call()`` holding exactly one extern/fallback call owns them all (cuBLAS GEMM plus its split-K
-    reduce); any other gap leaves them unplaced (``extern_call_not_placed``)."""
+    reduce); a gap with as many library kernels as ``extern_kernels`` calls gives one kernel to each, in order
+    (each such call launches at least one kernel); a gap of several extern calls of one op (``aten::addmm``
+    twice) otherwise gives them that op with the call and FX nodes undecided (a call may launch one kernel or
+    several); any other gap leaves them unplaced (``extern_call_not_placed``)."""
     gaps: list[list[dict]] = [[]]
     for s in sites:
         if s["kind"] in ("triton", "cpp"):
             gaps.append([])
         else:
             gaps[-1].append(s)
+    library: list[list[int]] = [[]]
+    for r in rows:
+        if r in generated:
+            library.append([])
+        else:
+            library[-1].append(r)
     gap, first_in_gap = 0, True
     for r in rows:
         kid = int(ops.kernel_id[r])
@@ -452,9 +490,20 @@ def _place_library_kernels(rows: list[int], generated: set[int], sites: list[dic
             gap, first_in_gap = gap + 1, True
             continue
         externs = gaps[gap] if gap < len(gaps) else []
-        if len(externs) == 1:
+        mine = library[gap] if gap < len(library) else []
+        if len(externs) > 1 and len(mine) == len(externs) and all(s["kind"] == "extern" for s in externs):
+            # as many library kernels as extern_kernels calls, each of which launches at least one: one each
+            out.sites[kid] = _answer(externs[mine.index(r)], True, "cuda_graph_replay")
+        elif len(externs) == 1:
             out.sites[kid] = _answer(externs[0], first_in_gap, "cuda_graph_replay")
             first_in_gap = False
+        elif len(externs) > 1 and len({tuple(sorted(inductor._list(s, "fused_ops"))) for s in externs}) == 1:
+            # several extern calls of one op (two addmm in a row): which call launched which kernel is open,
+            # the operator is not; the call position and, where they differ, the FX nodes stay undecided
+            answer = _answer(_common_site(tuple(externs)), False, "cuda_graph_replay")
+            out.sites[kid] = {**answer, "call_index": None, "call_site": False,
+                              "candidates": [f"{s['graph']}:{int(s['call_index'])}" for s in externs],
+                              "source_nodes_ambiguous": True}
         else:
             out.refusals[kid] = {"reason": "extern_call_not_placed", "block": True,
                                  "candidates": [c for s in externs for c in (s.get("candidates") or
