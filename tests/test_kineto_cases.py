@@ -394,7 +394,8 @@ def test_user_annotation_never_overrides_nvtx_in_a_paired_run(tmp_path):
         "kernel_id": kernels["kernel_id"], "operator": np.where(named_by_nvtx, "aten::_fused_adam_", None),
         "forward_operator": None, "module": None, "layer": None, "layer_class": None,
         "path": np.where(named_by_nvtx, "nvtx", "unattributed"), "fused_ops": [[] for _ in range(n)],
-        "source_nodes": [[] for _ in range(n)], "reason": np.where(named_by_nvtx, None, "no_operator_range"),
+        "source_nodes": [[] for _ in range(n)], "listed_not_computed": [[] for _ in range(n)],
+        "reason": np.where(named_by_nvtx, None, "no_operator_range"),
         "evidence": ['{"nvtx": {"operator": "aten::_fused_adam_"}}' if x else '{"nvtx": {"operator": null}}'
                      for x in named_by_nvtx],
         "operator_range_id": pd.array([None] * n, dtype="Int64"), "duration_ns": kernels["duration_ns"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import contextlib
 import logging
 import math
 import traceback
@@ -106,8 +107,16 @@ class Score:
 # Running the stages
 
 
-def _quiet() -> None:
-    logging.getLogger("operator_profiler").setLevel(logging.ERROR)
+@contextlib.contextmanager
+def _quiet():
+    """The stages' warnings off while scoring (the benchmark runs hundreds of programs), restored after."""
+    package = logging.getLogger("operator_profiler")
+    level = package.level
+    package.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        package.setLevel(level)
 
 
 def _kernel_ids(timeline_dir: Path, pairs: list[list[int]]) -> list[int]:
@@ -133,9 +142,13 @@ def match_window(truth: dict, timeline_dir: Path) -> dict | None:
 
 def run_stages(folder: Path, truth: dict) -> list[tuple[str, str]]:
     """Run the stages on a case folder into ``folder/out``; returns the errors as ``(stage, message)``."""
+    with _quiet():
+        return _run_stages(folder, truth)
+
+
+def _run_stages(folder: Path, truth: dict) -> list[tuple[str, str]]:
     from operator_profiler import stages
 
-    _quiet()
     folder, out = Path(folder), Path(folder) / "out"
     errors: list[tuple[str, str]] = []
 

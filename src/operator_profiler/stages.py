@@ -748,11 +748,11 @@ def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dic
     if not sources:  # declared launch windows of imported files: refusals are reported, not fatal
         return
     unordered = {k["kernel_id"] for k in diagnostics.get("timeline_only_kernels", [])
-                 if k["reason"] == "order_ambiguous"}
+                 if k.get("reason") == "order_ambiguous"}
     for cls, win in sorted(sources.items()):
         planned = set(int(k) for k in (win or {}).get("kernel_ids") or [])
         missing = planned - got - unordered
-        extra = [r for r in diagnostics.get("ncu_only_rows", []) if r["reason"] != "order_ambiguous"
+        extra = [r for r in diagnostics.get("ncu_only_rows", []) if r.get("reason") != "order_ambiguous"
                  and source_window({cls: True}, r.get("source"))]
         if missing or extra:
             problems.append(f"class {cls}: {len(planned) - len(planned - got)} of {len(planned)} planned kernels "
