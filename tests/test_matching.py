@@ -572,10 +572,19 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
     r = subprocess.run(cmd + ["--window", "run=1:2", "--process-map", "500=1"], capture_output=True, text=True)
     # launches 1-2 are (k, j): one k in the window, two in the file -> that k is refused, visibly
     assert r.returncode == 0 and "counters: 0 of 3 kernels; 1 refused (1 count_mismatch)" in r.stdout, r.stdout
-    for bad in (["--window", "run=x:2"], ["--process-map", "500:1"], ["--window", "run=0:1", "--window", "w.json"]):
-        r = subprocess.run(cmd + bad, capture_output=True, text=True)
-        assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-        assert bad[1].split("=")[0][:3] in r.stderr or "--window" in r.stderr
+    (tmp_path / "w.json").write_text(json.dumps({"sources": {"run": {"launch_skip": -1, "launch_count": 2}}}))
+    bad_values = {
+        ("--window", "run=x:2"): "expected NAME=SKIP:COUNT",
+        ("--process-map", "500:1"): "expected NCU_PID=TIMELINE_PID",
+        ("--window", "run=0:1", "--window", "w.json"): "either one JSON file",
+        ("--window", "typo=0:1"): "names 'typo', which is none of the ncu files (run.csv)",
+        ("--window", str(tmp_path / "w.json")): "window of run: window launch_skip must be a non-negative integer",
+        ("--process-map", "500=9"): "has no process 9 (its processes: 1)",
+    }
+    for bad, needle in bad_values.items():
+        r = subprocess.run(cmd + list(bad), capture_output=True, text=True)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert needle in r.stderr, (bad, r.stderr)
 
 
 # ---------------------------------------------------------------------------------- layer-class broadcast

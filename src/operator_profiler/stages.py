@@ -706,6 +706,17 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     ncu = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["source", "ncu_id", "name", "match_key"])
     ncu.attrs = {"units": units}
+    from .matching.windows import check_window
+
+    try:
+        check_window(window, ncu["source"].astype(str).unique().tolist() if len(ncu) else [])
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    timeline_pids = sorted(set(pd.array(kernels["pid"], dtype="Int64").dropna().tolist())) if "pid" in kernels else []
+    for ncu_pid, tl_pid in (process_map or {}).items():
+        if tl_pid not in timeline_pids:
+            raise InputError(f"--process-map {ncu_pid}={tl_pid}: the timeline {timeline_dir} has no process {tl_pid} "
+                             f"(its processes: {', '.join(map(str, timeline_pids)) or 'none'})")
     start = time.perf_counter()
     ranges_path = Path(timeline_dir) / "ranges.parquet"
     ranges = read_parquet_file(ranges_path, "the timeline ranges table", "run 'opprof timeline' first",

@@ -23,19 +23,37 @@ class Window:
 
     @classmethod
     def from_spec(cls, spec: dict | None) -> Window:
+        """A window from its JSON form (:func:`.match.match_invocations`).
+
+        Raises:
+            ValueError: a spec that is not an object, an unknown key, or a value that is not a non-negative
+                integer (ids, skip, count, pid) / a string (kernel); the message names the key.
+        """
         if not spec:
             return cls()
+        if not isinstance(spec, dict):
+            raise ValueError(f"a window is a JSON object, not {type(spec).__name__} ({spec!r})")
+        unknown = set(spec) - {"kernel_ids", "pid", "contiguous", "launch_skip", "launch_count", "kernel"}
+        if unknown:
+            raise ValueError(f"unknown window key(s) {sorted(unknown)}: use kernel_ids, launch_skip, launch_count, "
+                             "kernel, contiguous or pid")
+        pid = None if spec.get("pid") is None else _count(spec, "pid")
         if spec.get("kernel_ids") is not None:
-            return cls("kernel_ids", kernel_ids=[int(k) for k in spec["kernel_ids"]],
-                       pid=None if spec.get("pid") is None else int(spec["pid"]))
+            ids = spec["kernel_ids"]
+            if not isinstance(ids, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0
+                                                    for k in ids):
+                raise ValueError(f"window kernel_ids must be a list of kernel ids (non-negative integers), got {ids!r}")
+            return cls("kernel_ids", kernel_ids=list(ids), pid=pid)
         if spec.get("contiguous"):
-            return cls("contiguous", pid=None if spec.get("pid") is None else int(spec["pid"]))
+            return cls("contiguous", pid=pid)
         if spec.get("launch_skip") is not None or spec.get("launch_count") is not None:
-            count = spec.get("launch_count")
-            return cls("launches", launch_skip=int(spec.get("launch_skip") or 0),
-                       launch_count=None if count is None else int(count), kernel=spec.get("kernel"),
-                       pid=None if spec.get("pid") is None else int(spec["pid"]))
-        return cls(pid=None if spec.get("pid") is None else int(spec["pid"]))
+            kernel = spec.get("kernel")
+            if kernel is not None and (not isinstance(kernel, str) or not kernel):
+                raise ValueError(f"window kernel must be a kernel name (or regex:...), got {kernel!r}")
+            return cls("launches", launch_skip=_count(spec, "launch_skip") if spec.get("launch_skip") is not None
+                       else 0, launch_count=None if spec.get("launch_count") is None else _count(spec, "launch_count"),
+                       kernel=kernel, pid=pid)
+        return cls(pid=pid)
 
     def describe(self) -> dict:
         if self.kind == "kernel_ids":
@@ -44,6 +62,40 @@ class Window:
             return {"kind": self.kind, "launch_skip": self.launch_skip, "launch_count": self.launch_count,
                     **({"kernel": self.kernel} if self.kernel else {})}
         return {"kind": self.kind}
+
+
+def _count(spec: dict, key: str) -> int:
+    value = spec[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"window {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def check_window(window: dict | None, sources: list[str]) -> None:
+    """A ``window`` argument before any matching: every window valid, every named file one of ``sources``.
+
+    Raises:
+        ValueError: naming the window and what is wrong with it (a typo in a file name would otherwise leave that
+            file without its window, silently).
+    """
+    if not window:
+        return
+    if not isinstance(window, dict):
+        raise ValueError(f"the window must be a JSON object, not {type(window).__name__}")
+    if "sources" not in window:
+        Window.from_spec(window)
+        return
+    if not isinstance(window["sources"], dict):
+        raise ValueError("window 'sources' must map ncu file names to windows")
+    for name, spec in window["sources"].items():
+        try:
+            Window.from_spec(spec)
+        except ValueError as exc:
+            raise ValueError(f"window of {name}: {exc}") from None
+        if not any(source_window({name: True}, s) for s in sources):
+            names = ", ".join(sorted({str(s).replace(chr(92), "/").rsplit("/", 1)[-1] for s in sources}))
+            raise ValueError(f"a window names {name!r}, which is none of the ncu files ({names}); name a file by its "
+                             "path, file name or stem")
 
 
 def source_window(windows: dict, source) -> dict | None:
