@@ -102,6 +102,11 @@ def results(tl: pd.DataFrame, ncu: pd.DataFrame, metrics: list, outcome, windowe
     if diag["timeline_only_reasons"].get("launched_on_other_thread"):
         diag["hints"].append("kernels launched on another thread have no ncu rows: an ncu --nvtx-include filter "
                              "matches push/pop ranges of the launching thread only")
+    if diag["timeline_only_reasons"].get("unplaced_window") or diag["ncu_only_reasons"].get("unplaced_window"):
+        files = sorted({r["source"] for r in ncu_only if r["reason"] == "unplaced_window" and r["source"]})
+        diag["hints"].append(f"{len(files) or 'an'} ncu file(s) ({', '.join(files)}) fit the timeline at more than one "
+                             "place: declare what each ncu run covered, --window NAME=SKIP:COUNT (its --launch-skip "
+                             "and --launch-count) or NAME=contiguous (consecutive launches)")
     if diag["timeline_only_reasons"].get("communication_not_profiled"):
         diag["hints"].append("communication (NCCL) kernels are not profiled by ncu")
     for key, entry in per_key.items():
