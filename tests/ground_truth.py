@@ -59,9 +59,10 @@ a scope both runs launch in the same order, except the nodes of one CUDA-graph l
 * ``multi_process``: two ranks in one nsys export and in one ncu CSV (``--target-processes all``, ncu's own
   pids, IDs global, the processes interleaved differently). Both sides hold the same processes, one to one: an
   ncu process is determined when a ``--process-map`` is given or every one-to-one map in which each ncu
-  process's (key, device) sequence is a subsequence of its timeline process's sends it to the same process (the
-  ranks on different devices; or rank 1 launching an extra kernel per iteration, which rank 0's ncu process
-  fits as a subsequence but rank 1's ncu process fits only rank 1); two identical ranks on one device are not.
+  process's key sequence is a subsequence of its timeline process's sends it to the same process (rank 1
+  launching an extra kernel per iteration, which rank 0's ncu process fits as a subsequence but rank 1's ncu
+  process fits only rank 1); two identical ranks are not, on one device or on two: device ordinals do not tell
+  processes apart (each process numbers the GPUs it sees, e.g. under ``CUDA_VISIBLE_DEVICES``).
 * ``data_parallel``: one process, two devices driven by two threads (ncu ``Device`` 0/1); the interleaving of
   the devices differs between the runs; per device the order is fixed: determined.
 * Inductor (Kineto + debug dirs): a region's graph is determined when one compiled graph has its call-site
@@ -731,8 +732,8 @@ def is_subsequence(part: list, sequence: list) -> bool:
 
 
 def process_assignments(ncu: dict[int, list], timeline: dict[int, list]) -> list[dict[int, int]]:
-    """Every one-to-one map of ncu processes to timeline processes in which each ncu process's (key, device)
-    sequence is a subsequence of its timeline process's."""
+    """Every one-to-one map of ncu processes to timeline processes in which each ncu process's key sequence is a
+    subsequence of its timeline process's."""
     from itertools import permutations
 
     ncu_pids = sorted(ncu)
@@ -979,7 +980,7 @@ def scenario_multi_process(seed: int, rng: random.Random) -> Case:
         per_rank.append(program.launches_of(pid))
     ncu_pids = rng.sample(range(60_001, 90_000), 2)
     rows = interleave([[ncu_row(k, ncu_pids[r]) for k in launches] for r, launches in enumerate(per_rank)], rng)
-    signature = {pids[r]: [(k.key, k.device) for k in launches] for r, launches in enumerate(per_rank)}
+    signature = {pids[r]: [k.key for k in launches] for r, launches in enumerate(per_rank)}
     maps = process_assignments({ncu_pids[r]: signature[pids[r]] for r in range(2)}, signature)
     determined = set()
     for r, launches in enumerate(per_rank):

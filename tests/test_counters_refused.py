@@ -86,7 +86,38 @@ def test_refused_counters_are_counted_and_shown(tmp_path):
     assert "<h3>Counters refused</h3>" in html and 'id="refused-table"' in html
     assert "3 unplaced_window on <code>gemm_a</code> (timeline 3, ncu 2)" in html
 
-    # Declaring the ncu run's window (launches 0-3, all four) turns the refusal into a count mismatch, still refused.
+    # Declaring that ncu ran launches 0-3 (all four): the file has three rows, so the declaration is not what ran;
+    # nothing is attached, visibly.
     r = opprof("match", "--timeline", "res/timeline", "--ncu", "res/ncu/run.parquet", "--window", "run=0:4",
                "--out", "res2", cwd=tmp_path)
-    assert r.returncode == 0 and "counters: 1 of 4 kernels; 3 refused (3 count_mismatch)" in r.stdout, r.stdout
+    assert r.returncode == 0 and "counters: 0 of 4 kernels; 4 refused (4 window_mismatch)" in r.stdout, r.stdout
+
+
+def test_counters_and_matching_of_another_timeline_are_refused(tmp_path):
+    """Found by a new user: aggregate took --counters/--matching matched on another trace (kernel ids are 0..n-1
+    in every timeline) and reported the other trace's counters. They carry their timeline's identity now."""
+    _trace(tmp_path / "trace.json.gz")
+    _ncu_csv(tmp_path / "run.csv")
+    (tmp_path / "layers.json").write_text("[]")
+    other = tmp_path / "other.json.gz"
+    with gzip.open(tmp_path / "trace.json.gz", "rt") as fh:
+        text = fh.read().replace("relu_kernel", "gelu_kernel")  # another program: one kernel name differs
+    with gzip.open(other, "wt") as fh:
+        fh.write(text)
+    for step in (["timeline", "--kineto", "trace.json.gz", "--out", "a/timeline"],
+                 ["timeline", "--kineto", "other.json.gz", "--out", "b/timeline"],
+                 ["classify", "--timeline", "b/timeline", "--layers", "layers.json", "--out", "b/layers"],
+                 ["attribute", "--timeline", "b/timeline", "--out", "b/kernels.parquet"],
+                 ["ncu", "run.csv", "--out", "a/run.parquet"],
+                 ["match", "--timeline", "a/timeline", "--ncu", "a/run.parquet", "--out", "a"]):
+        assert opprof(*step, cwd=tmp_path).returncode == 0, step
+    base = ["aggregate", "--attribution", "b/kernels.parquet", "--instances", "b/layers/instances.parquet",
+            "--classes", "b/layers/classes.json", "--device", "cuda", "--out", "agg"]
+    for extra in (["--counters", "a/matched/kernel_metrics.parquet"], ["--matching", "a/matched/diagnostics.json"]):
+        r = opprof(*base, *extra, cwd=tmp_path)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 1 and len(lines) == 1 and "was matched on another timeline" in lines[0], r.stderr
+    assert not (tmp_path / "agg").exists()
+    r = opprof("trace", "--timeline", "b/timeline", "--attribution", "b/kernels.parquet", "--counters",
+               "a/matched/kernel_metrics.parquet", "--out", "t.json", cwd=tmp_path)
+    assert r.returncode == 1 and "was matched on another timeline" in r.stderr

@@ -341,6 +341,19 @@ def test_user_annotation_names_kernels_that_no_op_encloses(tmp_path):
     assert not any("user_annotation" in pair for pair in cov["path_agreement_counts"])
 
 
+def test_profiler_phase_markers_never_name_a_kernel(tmp_path):
+    """Found by a new user: `## forward ##`-style phase markers (any `## ... ##`) became operators through the
+    user_annotation path. They are the profiler's markers, not program regions; a user range still counts."""
+    ann = dict(cat="user_annotation")
+    events = [cpu_op("## forward ##", 1, 0, 100, **ann),
+              launch("cudaLaunchKernel", "cuda_runtime", 1, 10, 2, 21), kern("fwd_kernel", 7, 15, 5, 21),
+              cpu_op("train_step", 1, 200, 100, **ann),
+              launch("cudaLaunchKernel", "cuda_runtime", 1, 210, 2, 22), kern("step_kernel", 7, 215, 5, 22)]
+    _, a = _attribute(tmp_path, events)
+    got = {r["name"]: (r["operator"], r["path"]) for r in a.astype(object).where(a.notna(), None).to_dict("records")}
+    assert got == {"fwd_kernel": (None, "unattributed"), "step_kernel": ("train_step", "user_annotation")}
+
+
 def test_user_annotation_path_in_report_html_and_trace(tmp_path):
     """End to end through the CLI: the new path has its row in report.md's and report.html's coverage
     tables with one line saying what it means, and trace.json carries it per kernel."""

@@ -139,7 +139,9 @@ def test_name_ladder_forms():
                                 "at::detail::Array<char*, 1> >(int")
     assert normalize(cufilt) == normalize(libstdcxx) == \
         "at::native::vectorized_elementwise_kernel<4,at::native::FillFunctor<float>,at::detail::Array<char*,1>>"
-    assert normalize("k<(unsigned long)3, (bool)1>(x)") == normalize("void k<3ul, true>(y)") == "k<3,true>"
+    assert normalize("k<(unsigned long)3, (bool)1>(x)") == normalize("void k<3ul, true>(y)") == "k<3,1>"
+    assert normalize("k<float, (bool)0>") == normalize("k<float, false>") == normalize("k<float, 0>")
+    assert normalize("f<at::Foo<const c10::Scalar &>>") == normalize("f<at::Foo<c10::Scalar const&> >")
     assert normalize("at::native::(anonymous namespace)::f<int>") == normalize("at::native::<unnamed>::f<int>")
     assert base_name(mangled) == base_name(cufilt) == "vectorized_elementwise_kernel"
     assert names_agree(cufilt, mangled, mangled) == "mangled"
@@ -197,10 +199,12 @@ def test_one_launch_fewer_in_ncu_is_refused_not_prefix_aligned(tmp_path):
     matched, diag = match_invocations(kernels, ncu)
     assert matched.empty
     assert diag["counters"]["refused"] == 3 and diag["ncu_only_reasons"] == {"unplaced_window": 2}
-    matched, diag = match_invocations(kernels, ncu, {"launch_skip": 0, "launch_count": 3})  # window declared
-    assert matched.empty and diag["per_key"]["gemm"]["status"] == "count_mismatch"
-    assert diag["counters"]["refused_keys"] == [{"key": "gemm", "name": "gemm", "reason": "count_mismatch",
+    # declared: launches 0-2, three launches, but two rows: the declaration is not what ncu ran, nothing attached
+    matched, diag = match_invocations(kernels, ncu, {"launch_skip": 0, "launch_count": 3})
+    assert matched.empty and diag["per_key"]["gemm"]["status"] == "window_mismatch"
+    assert diag["counters"]["refused_keys"] == [{"key": "gemm", "name": "gemm", "reason": "window_mismatch",
                                                  "refused": 3, "timeline": 3, "ncu": 2}]
+    assert any("not the launches of its declared window" in h for h in diag["hints"])
 
 
 def test_a_filtered_launch_between_distinct_neighbours_is_placed(tmp_path):
@@ -276,6 +280,30 @@ def test_two_segment_files_are_placed_by_content_not_argument_order(tmp_path):
     assert matched["kernel_id"].tolist() == list(range(6)) and _durations(matched) == list(range(6))
 
 
+def test_two_files_that_pin_the_same_kernel_attach_neither_and_names_must_be_unique(tmp_path):
+    """Found by a new user: `--window prof=0:30` with run1/prof.csv and run2/prof.csv applied to both, and the file
+    given first won the kernels both pinned. A window name that fits two files, or two names for one file, is
+    an error; a kernel two files pin gets neither's counters (refused, both rows listed)."""
+    from operator_profiler.matching.windows import check_window
+
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run2").mkdir()
+    kernels = _kernels(["a", "b", "c", "d"])
+    first = _csv(tmp_path / "run1", [_row(0, "a", 1), _row(1, "b", 2), _row(2, "c", 3)], "prof.csv")
+    second = _csv(tmp_path / "run2", [_row(0, "b", 20), _row(1, "c", 30), _row(2, "d", 40)], "prof.csv")
+    ncu = stages.parse_ncu_files([second, first], tmp_path / "ncu.parquet")
+    with pytest.raises(ValueError, match="fits 2 ncu files"):
+        check_window({"sources": {"prof": {"launch_skip": 0, "launch_count": 3}}}, [str(second), str(first)])
+    with pytest.raises(ValueError, match="has 2 windows"):
+        check_window({"sources": {str(first): {"contiguous": True}, "run1/prof.csv": {"contiguous": True}}},
+                     [str(first)])
+    matched, diag = match_invocations(kernels, ncu)
+    assert _pairs(matched) == [[0, 0], [3, 2]] and _durations(matched) == [1, 40]
+    assert diag["counters"]["refused_reasons"] == {"measured_twice": 2}  # b and c: measured by both files
+    assert sorted((r["source"][-13:], r["ncu_id"]) for r in diag["ncu_only_rows"]) == [
+        ("run1/prof.csv", 1), ("run1/prof.csv", 2), ("run2/prof.csv", 0), ("run2/prof.csv", 1)]
+
+
 def test_contiguous_window_is_placed_where_it_occurs_once(tmp_path):
     """A subsequence fits many places in a long program; a run of consecutive launches fits where it occurs."""
     kernels = _kernels(["a", "b", "a", "c", "a", "b", "d"])
@@ -285,6 +313,38 @@ def test_contiguous_window_is_placed_where_it_occurs_once(tmp_path):
     matched, diag = match_invocations(kernels, ncu, {"contiguous": True})  # "a b" runs at 0-1 and at 4-5
     assert matched.empty and diag["ncu_only_reasons"] == {"unplaced_window": 2}
     assert diag["counters"]["refused_reasons"] == {"unplaced_window": 4}  # kernels 0, 1, 4, 5
+
+
+def test_a_declared_window_that_is_not_what_ncu_ran_attaches_nothing(tmp_path):
+    """ncu profiled launches 10-19 (its --launch-skip counted from the program's start, the timeline starting
+    later); the user declares 0:10. Some rows would align by chance inside 0-9: a wrong window must not attach
+    them. A contiguous claim whose rows occur nowhere as a run is refused the same way."""
+    names = [f"k{i % 7}" for i in range(30)]
+    kernels = _kernels(names)
+    ncu = _ncu(tmp_path, [_row(j, names[10 + j], 10 + j) for j in range(10)])
+    matched, diag = match_invocations(kernels, ncu, {"launch_skip": 0, "launch_count": 10})
+    assert matched.empty and diag["ncu_only_reasons"] == {"window_mismatch": 10}
+    assert diag["counters"]["refused_reasons"] == {"window_mismatch": 10}
+    matched, _ = match_invocations(kernels, ncu, {"launch_skip": 10, "launch_count": 10})
+    assert _pairs(matched) == [[10 + j, j] for j in range(10)] and _durations(matched) == list(range(10, 20))
+    shuffled = _ncu(tmp_path, [_row(j, n, j) for j, n in enumerate(["k1", "k0", "k2"])], "shuffled.csv")
+    matched, diag = match_invocations(kernels, shuffled, {"contiguous": True})
+    assert matched.empty and diag["ncu_only_reasons"] == {"window_mismatch": 3}
+
+
+def test_an_ncu_file_of_another_program_attaches_nothing(tmp_path):
+    """Found on real data: the A100 BERT ncu CSV against an H100 BERT trace. Most of its names are kernels the
+    timeline never ran; one reduce_kernel<128, 4> would have paired with the trace's only reduce_kernel<512, 1> by
+    function name. A templated name that differs is another kernel, and a file whose names are mostly foreign is
+    not placed at all."""
+    kernels = _kernels(["void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<bool>)", "gemm_x", "gemm_y"])
+    rows = [_row(0, "void at::native::reduce_kernel<(int)128, (int)4>(at::native::ReduceOp<float>)", 1),
+            _row(1, "gemm_x", 2), _row(2, "sgemm_a", 3), _row(3, "sgemm_b", 4), _row(4, "softmax_c", 5)]
+    matched, diag = match_invocations(kernels, _ncu(tmp_path, rows))
+    assert matched.empty and diag["ncu_only_reasons"] == {"file_does_not_fit": 5}
+    assert any("4 of its 5 rows name kernels the timeline process never launched" in h for h in diag["hints"])
+    matched, diag = match_invocations(kernels, _ncu(tmp_path, rows[:2], "two.csv"))  # one foreign name of two
+    assert _pairs(matched) == [[1, 1]] and diag["ncu_only_reasons"] == {"name_unmatched": 1}
 
 
 def test_contiguous_window_unique_run(tmp_path):
@@ -303,15 +363,24 @@ def _two_ranks():
     return k
 
 
-def test_two_ranks_in_one_ncu_file_pair_by_device_never_across_processes(tmp_path):
+def test_two_ranks_in_one_ncu_file_are_refused_unless_mapped_never_across_processes(tmp_path):
     """Observed: `--target-processes all`, two ranks: rank 0's kernel got rank 1's counters. ncu's Process ID
-    values (7, 8) are not the timeline's; the Device column tells the ranks apart."""
+    values (7, 8) are not the timeline's, and device ordinals do not tell processes apart (each process numbers
+    the GPUs it sees: under CUDA_VISIBLE_DEVICES rank 1's only GPU is its device 0). Two ranks running the same
+    program fit each other: refused until the user names the pairs."""
     rows = [_row(0, "gemm", 80, pid=8, device=1), _row(1, "gemm", 70, pid=7, device=0),
             _row(2, "relu", 81, pid=8, device=1), _row(3, "relu", 71, pid=7, device=0)]
     matched, diag = match_invocations(_two_ranks(), _ncu(tmp_path, rows))
+    assert matched.empty and diag["ncu_only_reasons"] == {"process_ambiguous": 4}
+    assert diag["counters"]["refused_reasons"] == {"process_ambiguous": 4}
+    matched, diag = match_invocations(_two_ranks(), _ncu(tmp_path, rows, "m.csv"), process_map={7: 100, 8: 200})
     assert _pairs(matched) == [[0, 1], [1, 3], [2, 0], [3, 2]] and _durations(matched) == [70, 71, 80, 81]
     assert sorted((s["ncu_pid"], s["timeline_pid"], s["mapped_by"]) for s in diag["scopes"]) == [
-        (7, 100, "devices"), (8, 200, "devices")]
+        (7, 100, "process_map"), (8, 200, "process_map")]
+    # rank 1 alone, profiled under CUDA_VISIBLE_DEVICES=1 (its Device column says 0): never rank 0's by ordinal
+    alone = [_row(0, "gemm", 80, pid=8, device=0), _row(1, "relu", 81, pid=8, device=0)]
+    matched, diag = match_invocations(_two_ranks(), _ncu(tmp_path, alone, "alone.csv"))
+    assert matched.empty and diag["ncu_only_reasons"] == {"process_ambiguous": 2}
 
 
 def test_two_ranks_without_device_column_are_refused_unless_mapped(tmp_path):
@@ -570,8 +639,8 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
     assert diag["units"] == {"dram__bytes.sum": "byte"} and diag["timeline_only_kernels"][0]["reason"] == "not_in_ncu"
     # a window and a process map on the command line; bad values are one-line errors
     r = subprocess.run(cmd + ["--window", "run=1:2", "--process-map", "500=1"], capture_output=True, text=True)
-    # launches 1-2 are (k, j): one k in the window, two in the file -> that k is refused, visibly
-    assert r.returncode == 0 and "counters: 0 of 3 kernels; 1 refused (1 count_mismatch)" in r.stdout, r.stdout
+    # launches 1-2 are (k, j), the file has (k, k): the declared window is not what ncu ran; refused, visibly
+    assert r.returncode == 0 and "counters: 0 of 3 kernels; 2 refused (2 window_mismatch)" in r.stdout, r.stdout
     (tmp_path / "w.json").write_text(json.dumps({"sources": {"run": {"launch_skip": -1, "launch_count": 2}}}))
     bad_values = {
         ("--window", "run=x:2"): "expected NAME=SKIP:COUNT",
@@ -580,6 +649,7 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
         ("--window", "typo=0:1"): "names 'typo', which is none of the ncu files (run.csv)",
         ("--window", str(tmp_path / "w.json")): "window of run: window launch_skip must be a non-negative integer",
         ("--process-map", "500=9"): "has no process 9 (its processes: 1)",
+        ("--window", "run=0:2:regex:["): "is not a valid regular expression",
     }
     for bad, needle in bad_values.items():
         r = subprocess.run(cmd + list(bad), capture_output=True, text=True)

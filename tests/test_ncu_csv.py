@@ -501,3 +501,15 @@ def test_an_ncu_rep_is_exported_with_ncu_from_path_or_refused_clearly(tmp_path):
     assert args[:2] == ["-i", str(report)] and "--csv" in args and args[args.index("--page") + 1] == "raw"
     assert args[args.index("--print-kernel-base") + 1] == "mangled"
     assert "162 kernels" in result.stdout
+
+
+def test_concatenated_runs_are_refused_not_merged(tmp_path):
+    """Found by a new user: two ncu outputs concatenated (IDs 0..n, then 0.. again, no second header) lost half of
+    their results without a word (rows of equal ID merged). Now a one-line error names the line."""
+    text = (DETAILS_HDR + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","1"\n'
+            + K0.replace('"0",', '"1",', 1) + '"Command line profiler metrics","dram__bytes.sum","byte","2"\n'
+            + K0 + '"Command line profiler metrics","dram__bytes.sum","byte","3"\n')
+    path = tmp_path / "two_runs.csv"
+    path.write_text(text)
+    with pytest.raises(NcuCsvError, match=r"line 4, field ID: ID 0 follows ID 1: the IDs start again"):
+        read_ncu_csv(path)

@@ -340,8 +340,9 @@ def counters_text(coverage: dict, keys: int = 3) -> str:
     if c.get("refused") is None:
         return text
     if c["refused"]:
-        shown = [f"{e['refused']:,} {e['reason']} on `{middle_cut(e['name'], 60)}` (timeline {e['timeline']}, "
-                 f"ncu {e['ncu']})" for e in c["refused_keys"][:keys]]
+        names = short_names([e["name"] for e in c["refused_keys"][:keys]], 60)
+        shown = [f"{e['refused']:,} {e['reason']} on `{name}` (timeline {e['timeline']}, ncu {e['ncu']})"
+                 for name, e in zip(names, c["refused_keys"][:keys])]
         more = len(c["refused_keys"]) - keys
         text += f"; {c['refused']:,} refused: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")
     else:
@@ -361,8 +362,9 @@ def refused_counters_lines(coverage: dict) -> list[str]:
              f"{_plural(c['refused'], 'kernel')} had an ncu measurement that could not be attached with certainty, "
              "so they have no counters (a wrong counter is never attached):", "",
              "| kernel | reason | refused | launches in the window | ncu rows |", "|---|---|---|---|---|"]
-    lines += [f"| `{middle_cut(e['name'])}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"
-              for e in c["refused_keys"]]
+    shown = short_names([e["name"] for e in c["refused_keys"]])
+    lines += [f"| `{name}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"
+              for name, e in zip(shown, c["refused_keys"])]
     lines += [""] + [f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])] + [""]
     return lines
 

@@ -527,9 +527,10 @@ def _refused_counters(coverage: dict) -> str:
     c = coverage.get("counters") or {}
     if not c.get("refused"):
         return ""
-    rows = [f'<td class="name" title="{esc(e["name"])}">{esc(report_md.middle_cut(e["name"]))}</td>'
+    shown = report_md.short_names([e["name"] for e in c["refused_keys"]])
+    rows = [f'<td class="name" title="{esc(e["name"])}">{esc(name)}</td>'
             f"<td><code>{esc(e['reason'])}</code></td>" + _num_cell(e["refused"]) + _num_cell(e["timeline"])
-            + _num_cell(e["ncu"]) for e in c["refused_keys"]]
+            + _num_cell(e["ncu"]) for name, e in zip(shown, c["refused_keys"])]
     table = _table([("kernel", "text"), ("reason", "text"), ("refused", "num"), ("launches in the window", "num"),
                     ("ncu rows", "num")], rows, "refused-table", scroll=True)
     reasons = _bullets([f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])])

@@ -376,6 +376,10 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
                                   ("layer", "layer_class", "iteration", "time_ns"))
     classes = read_json_file(classes_path, "classes.json of opprof classify", hint, expect=dict)
     _check_same_timeline(attribution, attribution_path, instances, instances_path)
+    matching = read_json_file(Path(matching_path), "matched/diagnostics.json", "write it with: opprof match ...",
+                              expect=dict) if matching_path is not None else None
+    if matching is not None:
+        _check_counters_timeline(matching.get("timeline"), attribution, matching_path, attribution_path)
     operators = agg.operators_table(attribution, options["per_iteration"])
     modules = agg.modules_table(attribution)
     counters = None
@@ -385,6 +389,7 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
         counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
                                      "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
                                      ("kernel_id", "ncu_id", "counters_from"))
+        _check_counters_timeline(counters.attrs.get("timeline"), attribution, counters_path, attribution_path)
         catalog = load_catalog(options.get("catalog"))
         operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
         modules = agg.with_counters(modules, attribution, counters, "module", catalog)
@@ -396,8 +401,6 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     write_parquet_atomic(modules, out_modules)
     write_parquet_atomic(layer_table, out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
-    matching = read_json_file(Path(matching_path), "matched/diagnostics.json", "write it with: opprof match ...",
-                              expect=dict) if matching_path is not None else None
     write_json(out_coverage, agg.coverage(attribution, counters_collected=counters is not None,
                                           device=options.get("device"), counters=counters, matching=matching))
 
@@ -628,6 +631,8 @@ def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_
     counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
                                  "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
                                  ("kernel_id", "ncu_id", "counters_from")) if counters_path is not None else None
+    if counters is not None:
+        _check_counters_timeline(counters.attrs.get("timeline"), kernels, counters_path, Path(timeline_dir))
     activities_path = timeline_dir / "gpu_activities.parquet"
     activities = read_parquet_file(activities_path, "the timeline's memcpy/memset table", "write the timeline "
                                    f"again with opprof timeline --out {timeline_dir}", ("kind", "start_ns", "end_ns"),
@@ -683,6 +688,29 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
 
 
 
+def timeline_digest(kernels: pd.DataFrame) -> dict:
+    """What identifies a timeline's kernels: their count and a SHA-1 of their names in ``kernel_id`` order. The
+    matched counters and diagnostics carry it, so the stages that join them to an attribution table can refuse
+    those of another timeline (kernel ids alone are 0..n-1 in every timeline)."""
+    import hashlib
+
+    ordered = kernels.sort_values("kernel_id")
+    text = "\n".join(f"{k}\t{n}" for k, n in zip(ordered["kernel_id"].astype("int64"), ordered["name"].astype(str)))
+    return {"kernels": int(len(kernels)), "sha1": hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()}
+
+
+def _check_counters_timeline(recorded: dict | None, attribution: pd.DataFrame, what: Path,
+                             attribution_path: Path) -> None:
+    """Counters/diagnostics of ``opprof match`` belong to the attribution's timeline, else one-line error."""
+    if not recorded:
+        return
+    mine = timeline_digest(attribution)
+    if recorded != mine:
+        raise InputError(f"{what} was matched on another timeline ({recorded.get('kernels')} kernels) than "
+                         f"{attribution_path} ({mine['kernels']} kernels, other kernel names): run opprof match on "
+                         "the timeline this attribution came from")
+
+
 def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, out_diagnostics: Path,
                 window: dict | None = None, kernel_layers_path: Path | None = None,
                 process_map: dict | None = None) -> tuple[pd.DataFrame, dict]:
@@ -693,6 +721,8 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     (``counters_from`` names the measured kernel)."""
     from .matching import broadcast_to_instances, match_invocations
 
+    for stale in (Path(out_metrics), Path(out_diagnostics)):  # a failed run must not leave an earlier run's answer
+        stale.unlink(missing_ok=True)
     kernels = read_parquet_file(Path(timeline_dir) / "kernels.parquet", "the timeline kernels table",
                                 "run 'opprof timeline' first", ("kernel_id", "name", "match_key", "occurrence"))
     frames, units = [], {}
@@ -735,6 +765,7 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         matched.insert(matched.columns.get_loc("ncu_source") + 1, "counters_from", matched["kernel_id"].to_numpy())
     diagnostics["ncu_files"] = [str(p) for p in ncu_paths]
     diagnostics["units"] = units
+    diagnostics["timeline"] = matched.attrs["timeline"] = timeline_digest(kernels)
     write_parquet_atomic(matched, out_metrics)
     write_json(out_diagnostics, diagnostics)
     return matched, diagnostics
@@ -770,7 +801,8 @@ def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dic
                             f"matched, {len(extra)} profiled kernel(s) not planned")
     if problems or diagnostics.get("name_disagreements"):
         first = (diagnostics.get("name_disagreements") or [None])[0]
-        raise InputError("the ncu replays did not profile the planned kernels (" + "; ".join(problems or ["names disagree"])
+        raise InputError("the ncu files with a kernel_ids window (our replays' windows) did not profile exactly "
+                         "those kernels (" + "; ".join(problems or ["names disagree"])
                          + (f"; first disagreement: {first}" if first else "") + "): the launch window is shifted "
                          "(the replayed run launched other kernels than the timeline, e.g. autotuning or a different "
                          "input); counters are not attached: recapture, or check the replay's ncu/{cls}.replay.json")

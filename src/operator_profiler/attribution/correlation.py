@@ -28,7 +28,7 @@ COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
 # iteration/layer ranges ("opprof.iteration:0", "opprof.layer:h.0"), torch.profiler's schedule steps
 # ("ProfilerStep#12") and Inductor's compiled-graph regions (the fusion map's business).
 NOT_AN_OPERATOR_ANNOTATION = re.compile(
-    rf"^(?:{re.escape(NVTX_DOMAIN)}\.|ProfilerStep#\d+$|{re.escape(COMPILED_GRAPH_PREFIX)})")
+    rf"^(?:{re.escape(NVTX_DOMAIN)}\.|ProfilerStep#\d+$|{re.escape(COMPILED_GRAPH_PREFIX)}|## .* ##$)")
 
 
 @dataclass

@@ -74,61 +74,96 @@ def _merge(regions):
 
 
 def repair_bags(seg, t_tokens, n_tokens, n_to_t, n_state, t_state) -> tuple[set, set]:
-    """Unpin same-token pairs a bag cannot order, then pair the bag's unpinned launches by token inside the gap
-    between their pinned neighbours. In place; returns the ncu positions and timeline positions left unpinned by
-    a bag (their reason is ``order_ambiguous``)."""
+    """Redo the alignment's answer where bags are: the pairs it made inside a bag assumed the timeline's order, so
+    they are set aside, and each gap between two pairs of ordered launches that holds a bag is placed again. First
+    as a whole: the gap's rows must read as its ordered launches one by one and each bag as one block of rows (a
+    CUDA-graph launch is one API call, so ncu profiles its nodes together, between the launches before and after
+    it); inside a block a token pairs by itself, in order along one chain, or stays undecided. Otherwise a token
+    with one launch and one row in the gap pairs, and the gap's other rows and launches of bag tokens stay
+    undecided. In place; returns the ncu positions and timeline positions left undecided (``order_ambiguous``)."""
     bag, chain = bag_labels(seg)
     rows_left: set = set()
     launches_left: set = set()
     if not (bag >= 0).any():
         return rows_left, launches_left
-    for b in np.unique(bag[bag >= 0]).tolist():
-        members = np.flatnonzero(bag == b)
-        by_token: dict = defaultdict(set)
-        for p in members.tolist():
-            by_token[int(t_tokens[p])].add(int(chain[p]))
-        unordered = {tok for tok, chains in by_token.items() if len(chains) > 1}
-        for j in np.flatnonzero(n_to_t >= 0).tolist():
-            p = int(n_to_t[j])
-            if bag[p] == b and int(t_tokens[p]) in unordered:
-                n_to_t[j] = -1
-                n_state[j] = AMBIGUOUS
-                t_state[p] = AMBIGUOUS
-        # gap repair: the rows between the pinned neighbours of the bag, paired by token
-        lo, hi = int(members.min()), int(members.max())
-        pinned_pairs = [(j, int(n_to_t[j])) for j in np.flatnonzero(n_to_t >= 0).tolist()]
-        before = [(j, p) for j, p in pinned_pairs if p < lo]
-        after = [(j, p) for j, p in pinned_pairs if p > hi]
-        jl, pl = max(before) if before else (-1, -1)
-        jh, ph = min(after) if after else (len(n_tokens), len(t_tokens))
-        rows_by_token: dict = defaultdict(list)
-        for j in range(jl + 1, jh):
-            if n_to_t[j] < 0:
-                rows_by_token[int(n_tokens[j])].append(j)
-        launches_by_token: dict = defaultdict(list)
-        for p in range(pl + 1, ph):
-            if t_state[p] != PINNED:
-                launches_by_token[int(t_tokens[p])].append(p)
-        for tok, launches in launches_by_token.items():
-            if not all(bag[p] == b for p in launches):
-                continue  # the token also has ordered launches in the gap: the alignment's answer stands
-            rows_tok = rows_by_token.get(tok, [])
-            if not rows_tok:
-                continue  # not measured at all: nothing to place
-            chains = {int(chain[p]) for p in launches}
-            if len(rows_tok) != len(launches) or (len(launches) > 1 and len(chains) > 1):
-                for j in rows_tok:
-                    n_state[j] = AMBIGUOUS
-                    rows_left.add(j)
-                for p in launches:
-                    t_state[p] = AMBIGUOUS
-                    launches_left.add(p)
-                continue
-            for j, p in zip(rows_tok, launches):
-                n_to_t[j] = p
-                n_state[j] = PINNED
-                t_state[p] = PINNED
+    for j in np.flatnonzero(n_to_t >= 0).tolist():
+        p = int(n_to_t[j])
+        if bag[p] >= 0:
+            n_to_t[j], n_state[j], t_state[p] = -1, AMBIGUOUS, AMBIGUOUS
+    pins = [(-1, -1)] + [(j, int(n_to_t[j])) for j in np.flatnonzero(n_to_t >= 0).tolist()] + \
+        [(len(n_tokens), len(t_tokens))]
+    for (jl, pl), (jh, ph) in zip(pins, pins[1:]):
+        launches = list(range(pl + 1, ph))
+        if not any(bag[p] >= 0 for p in launches):
+            continue  # ordered launches only: the alignment's answer stands
+        rows = list(range(jl + 1, jh))
+        placed = _place_gap(launches, rows, bag, chain, t_tokens, n_tokens)
+        if placed is None:
+            placed = _place_unique_tokens(launches, rows, bag, t_tokens, n_tokens)
+        pairs, undecided_rows, undecided_launches = placed
+        for j, p in pairs:
+            n_to_t[j], n_state[j], t_state[p] = p, PINNED, PINNED
+        for j in undecided_rows:
+            n_state[j] = AMBIGUOUS
+            rows_left.add(j)
+        for p in undecided_launches:
+            t_state[p] = AMBIGUOUS
+            launches_left.add(p)
     return rows_left, launches_left
+
+
+def _place_unique_tokens(launches: list[int], rows: list[int], bag, t_tokens, n_tokens):
+    """A gap that does not read as its launches: a token with exactly one launch and one row in it pairs; the
+    rows and launches of the other tokens that a bag launch has stay undecided."""
+    rows_by_token: dict = defaultdict(list)
+    for j in rows:
+        rows_by_token[int(n_tokens[j])].append(j)
+    launches_by_token: dict = defaultdict(list)
+    for p in launches:
+        launches_by_token[int(t_tokens[p])].append(p)
+    pairs, undecided_rows, undecided_launches = [], [], []
+    for tok, ps in launches_by_token.items():
+        js = rows_by_token.get(tok, [])
+        if len(ps) == 1 and len(js) == 1:
+            pairs.append((js[0], ps[0]))
+        elif js and any(bag[p] >= 0 for p in ps):
+            undecided_rows += js
+            undecided_launches += ps
+    return pairs, undecided_rows, undecided_launches
+
+
+def _place_gap(launches: list[int], rows: list[int], bag, chain, t_tokens, n_tokens):
+    """The gap's rows read as its launches in order, each bag one block: ``(pairs, undecided rows, undecided
+    launches)``, or None when the rows are not exactly that. Inside a block a token pairs by itself when it is
+    unique, in order when all its launches are on one chain, and stays undecided otherwise."""
+    if len(launches) != len(rows) or not launches:
+        return None
+    items: list[list[int]] = []
+    for p in launches:
+        if items and bag[p] >= 0 and bag[items[-1][-1]] == bag[p]:
+            items[-1].append(p)
+        else:
+            items.append([p])
+    pairs, undecided_rows, undecided_launches, at = [], [], [], 0
+    for item in items:
+        block = rows[at:at + len(item)]
+        at += len(item)
+        if sorted(int(t_tokens[p]) for p in item) != sorted(int(n_tokens[j]) for j in block):
+            return None
+        by_token_rows: dict = defaultdict(list)
+        for j in block:
+            by_token_rows[int(n_tokens[j])].append(j)
+        by_token_launches: dict = defaultdict(list)
+        for p in item:
+            by_token_launches[int(t_tokens[p])].append(p)
+        for tok, ps in by_token_launches.items():
+            js = by_token_rows[tok]
+            if len(ps) == 1 or len({int(chain[p]) for p in ps}) == 1:
+                pairs += list(zip(js, ps))
+            else:
+                undecided_rows += js
+                undecided_launches += ps
+    return pairs, undecided_rows, undecided_launches
 
 
 def concurrent_launches(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> np.ndarray:

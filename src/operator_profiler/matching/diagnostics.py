@@ -23,15 +23,19 @@ REASONS = {
     "process_ambiguous": "the ncu process cannot be mapped to one timeline process (several fit); pass "
                          "--process-map NCU_PID=TIMELINE_PID",
     "device_unknown": "the ncu file has no Device column but the timeline process used several devices",
+    "window_mismatch": "the ncu file's rows are not the launches of the window declared for it (or not a run of "
+                       "consecutive launches, for a contiguous window): the window or the file is another one",
     # nothing to place
     "name_unmatched": "no timeline kernel of the scope has this name on any rung",
     "process_unmatched": "no timeline process fits this ncu process",
-    "device_unmatched": "the mapped timeline process has no kernel on this ncu device",
+    "device_unmatched": "the mapped timeline process used several devices, none of them with this ncu device's ordinal",
     "likely_autotune_or_benchmark": "the kernel is in the timeline but never with this launch configuration "
                                     "(autotuning or cudnn.benchmark candidates inside the ncu range)",
     "not_in_timeline": "no timeline launch of the window pairs with this row (an extra launch in the ncu run)",
     "outside_window": "the kernel name is in the timeline, but not inside this file's window",
-    "measured_twice": "another ncu file already gave this kernel its counters",
+    "measured_twice": "two ncu files both pin this kernel: which one measured it is open, so neither is attached",
+    "file_does_not_fit": "more than half of the ncu file's rows name kernels the timeline process never launched: a "
+                         "run of another program, so none of its rows is attached",
     "not_in_ncu": "the ncu file(s) covering this kernel have no row for it (filtered out or not profiled)",
     "communication_not_profiled": "communication (NCCL) kernel: ncu does not profile them",
     "launched_on_other_thread": "none of this kernel's launches are in ncu and it was launched from a thread none of "
@@ -39,7 +43,7 @@ REASONS = {
                                 "thread's push/pop ranges)",
 }
 REFUSED = frozenset({"count_mismatch", "order_ambiguous", "unplaced_window", "name_ambiguous", "process_ambiguous",
-                     "device_unknown"})
+                     "device_unknown", "device_unmatched", "window_mismatch", "measured_twice"})
 
 
 def results(tl: pd.DataFrame, ncu: pd.DataFrame, metrics: list, outcome, windowed: bool):
@@ -140,12 +144,13 @@ def _per_key(tl, labels, outcome, timeline_only, matched_ids) -> dict:
         entry(key)["matched"] = int(n)
     for lab in labels:
         key = outcome.row_key.get(lab)
-        if key is None:
-            continue
-        e = entry(key)
-        e["ncu"] += 1
-        if lab in outcome.row_reason:
-            e["reasons"][outcome.row_reason[lab]] += 1
+        candidates = outcome.row_candidates.get(lab, ())
+        # a row that names one kernel counts there; an unplaced row toward every kernel name it may be
+        for k in ([key] if key is not None and key not in candidates and not candidates else candidates):
+            e = entry(k)
+            e["ncu"] += 1
+            if lab in outcome.row_reason:
+                e["reasons"][outcome.row_reason[lab]] += 1
     for k in timeline_only:
         if k["reason"] in REFUSED:
             entry(k["match_key"])["reasons"][k["reason"]] += 1

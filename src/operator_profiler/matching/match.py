@@ -4,10 +4,11 @@ An ncu row and a timeline kernel are the same launch only when the input pins it
 ncu run is another process, serialised by replay). The steps, per ncu file:
 
 1. **Scopes.** Rows are split by ncu ``Process ID`` and ``Device``; each ncu process is mapped to one timeline
-   process (an explicit ``process_map``, the replay record's process, the only process on both sides, the device
-   set, or the one timeline process whose launch sequence contains all the ncu process's rows); a mapping that is
-   not unique is refused (``process_ambiguous``), never guessed. Devices pair by CUDA ordinal; rows without a
-   device in a process that used several devices are refused (``device_unknown``). Nothing crosses a scope.
+   process (an explicit ``process_map``, the replay record's process, the only process on both sides, or the one
+   timeline process whose launch sequence contains all the ncu process's rows); a mapping that is not unique is
+   refused (``process_ambiguous``), never guessed. Inside a mapped process devices pair by CUDA ordinal (one device
+   on each side pairs whatever its ordinal); rows without a device in a process that used several devices are
+   refused (``device_unknown``). Nothing crosses a scope.
 2. **Window.** The timeline launches the file covers: a replay's planned ``kernel_ids``; a declared launch window
    (``launch_skip``/``launch_count`` over the process's launches in ``kernel_id`` order, optionally only launches of
    one ``kernel``, as ``ncu -k NAME -s N -c M`` counts them); ``contiguous`` (an ncu run of consecutive launches,
@@ -53,6 +54,16 @@ class _Outcome:
     scopes: list = field(default_factory=list)
     hints: list = field(default_factory=list)
     name_disagreements: list = field(default_factory=list)
+    conflicts: set = field(default_factory=set)  # kernel ids that two files pinned
+    row_candidates: dict = field(default_factory=dict)  # row label -> kernel names it may be (an unplaced row)
+
+    def settle_conflicts(self) -> None:
+        """A kernel two files pinned gets neither file's counters (which measurement would it be?)."""
+        for kid in self.conflicts:
+            label, _ = self.pairs.pop(kid, (None, None))
+            if label is not None:
+                self.row_reason[label] = "measured_twice"
+            self.kernel_reason[kid] = "measured_twice"
 
     def refuse_kernel(self, kernel_id: int, reason: str) -> None:
         old = self.kernel_reason.get(kernel_id)
@@ -96,6 +107,7 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
         part = part.sort_values("ncu_id", kind="stable")
         spec = source_window(per_source, source) if per_source is not None else window
         _match_file(tl, part, source, Window.from_spec(spec), process_map, outcome)
+    outcome.settle_conflicts()
     return results(tl, ncu, metrics, outcome, per_source is not None or bool(window))
 
 
@@ -152,8 +164,8 @@ def _match_file(tl: pd.DataFrame, rows: pd.DataFrame, source, window: Window, pr
             reason = "process_ambiguous" if candidates else "process_unmatched"
             for label in mine["_label"]:
                 outcome.row_reason[label] = reason
-            for cand in candidates:  # the kernels the rows could have measured are refused, visibly
-                _refuse_names(tl[tl["pid"] == cand], mine["name"], outcome, reason)
+            for cand in candidates:  # the kernels of the window the rows could have measured are refused, visibly
+                _refuse_names(window_segment(tl[tl["pid"] == cand], window), mine, outcome, reason)
             outcome.scopes.append({"source": src, "ncu_pid": p, "timeline_pid": None, "mapped_by": None,
                                    "candidates": candidates, "rows": len(mine), "matched": 0,
                                    "window": window.describe()})
@@ -166,17 +178,19 @@ def _match_file(tl: pd.DataFrame, rows: pd.DataFrame, source, window: Window, pr
             scoped_rows = mine[mine["_device"].isna()] if d is None else mine[mine["_device"] == d]
             entry = {"source": src, "ncu_pid": p, "ncu_device": d, "timeline_pid": q, "mapped_by": how,
                      "rows": len(scoped_rows), "window": window.describe()}
+            ncu_devices = set(mine["_device"].dropna().astype(int).tolist())
             if d is None and len(devices) > 1:
                 reason, device = "device_unknown", None
             elif d is not None and d not in devices and not (devices == [-1]):
-                reason, device = "device_unmatched", None
+                # one device on each side is the same GPU whatever each tool calls it; else the ordinals must agree
+                single = len(devices) == 1 and len(ncu_devices) == 1
+                reason, device = (None, devices[0]) if single else ("device_unmatched", None)
             else:
                 reason, device = None, (devices[0] if d is None or devices == [-1] else d)
             if reason is not None:
                 for label in scoped_rows["_label"]:
                     outcome.row_reason[label] = reason
-                if reason == "device_unknown":
-                    _refuse_names(process, scoped_rows["name"], outcome, reason)
+                _refuse_names(segment, scoped_rows, outcome, reason)
                 outcome.scopes.append({**entry, "device": None, "matched": 0, "refused": reason})
                 continue
             scope = process[process["device"] == device]
@@ -185,12 +199,16 @@ def _match_file(tl: pd.DataFrame, rows: pd.DataFrame, source, window: Window, pr
             outcome.scopes.append({**entry, "device": device, "window_kernels": len(seg), "matched": matched})
 
 
-def _refuse_names(kernels: pd.DataFrame, names, outcome: _Outcome, reason: str) -> None:
+def _refuse_names(kernels: pd.DataFrame, rows: pd.DataFrame, outcome: _Outcome, reason: str) -> None:
+    """Rows that cannot be placed: the kernels of ``kernels`` their names resolve to are refused, and each row
+    counts toward those kernel names (``candidates``) in the per-key summary."""
     index = NameIndex.build(name_triples(kernels))
     keys = set()
-    for name in set(names):
+    for label, name in zip(rows["_label"], rows["name"]):
         key, _, cands = index.resolve(str(name))
-        keys.update([key] if key is not None else cands)
+        mine = [key] if key is not None else cands
+        outcome.row_candidates.setdefault(label, set()).update(mine)
+        keys.update(mine)
     for kid in kernels.loc[kernels["match_key"].isin(keys), "kernel_id"].tolist():
         outcome.refuse_kernel(int(kid), reason)
 
@@ -219,6 +237,7 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
         if key is None:
             outcome.row_reason[label] = how
             if how == "name_ambiguous":
+                outcome.row_candidates[label] = set(cands)
                 for kid in seg.loc[seg["match_key"].isin(cands), "kernel_id"].tolist():
                     outcome.refuse_kernel(int(kid), "name_ambiguous")
     ok = [i for i, k in enumerate(resolved) if k is not None]
@@ -240,6 +259,29 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
     if not alignment.exhaustive:
         outcome.hints.append(f"{src}: {len(n_tokens):,} rows x {len(t_tokens):,} launches is too large to align "
                              "without a window: declare it (--window FILE=SKIP:COUNT)")
+    claim_broken = (window.kind == "launches" and not _fills_window(n_to_t, n_state, len(ok), len(labels))) or (
+        window.kind == "contiguous" and (len(ok) != len(labels) or (len(n_tokens) and alignment.lcs == 0)))
+    if claim_broken:
+        # a declared window is a precise claim: the rows are those launches (a prefix of them when the program
+        # ended first). Rows that are not, say the window or the file is another one: nothing is attached.
+        for label in labels:
+            outcome.row_reason[label] = "window_mismatch"
+        for kid in seg_ids.tolist():
+            outcome.refuse_kernel(int(kid), "window_mismatch")
+        outcome.hints.append(f"{src}: its rows are not the launches of its declared window {window.describe()}: "
+                             "check --launch-skip/--launch-count of the ncu run (counted over this process's launches "
+                             "in the timeline) and that the file belongs to this timeline")
+        return 0
+    unknown_names = sum(1 for k in resolved if k is None) - sum(1 for label in labels
+                                                                if outcome.row_reason.get(label) == "name_ambiguous")
+    if window.kind == "unknown" and unknown_names * 2 > len(labels):
+        # most rows name kernels this process never ran: a run of another program, where a few names that both
+        # happen to launch once would pin each other's counters
+        for label in labels:
+            outcome.row_reason[label] = "file_does_not_fit"
+        outcome.hints.append(f"{src}: {unknown_names} of its {len(labels)} rows name kernels the timeline process "
+                             "never launched: it looks like a run of another program, so nothing is attached")
+        return 0
 
     t_count = Counter(t_tokens.tolist())
     n_count = Counter(n_tokens.tolist())
@@ -253,6 +295,7 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             kid = int(seg_ids[n_to_t[pos]])
             if kid in outcome.pairs:
                 outcome.row_reason[label] = "measured_twice"
+                outcome.conflicts.add(kid)
             else:
                 outcome.pairs[kid] = (label, rungs[i])
                 pinned += 1
@@ -275,6 +318,13 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             outcome.refuse_kernel(int(seg_ids[p]), _ambiguity(int(t_tokens[p]), t_count, n_count, placed,
                                                               p in bag_launches))
     return pinned
+
+
+def _fills_window(n_to_t: np.ndarray, n_state: np.ndarray, resolved: int, rows: int) -> bool:
+    """Whether every row resolved, pinned, and the rows took the window's first launches without a gap."""
+    if resolved != rows or (n_state != PINNED).any():
+        return False
+    return sorted(n_to_t.tolist()) == list(range(len(n_to_t)))
 
 
 def _ambiguity(tok: int, t_count: Counter, n_count: Counter, placed: bool, in_bag: bool) -> str:
@@ -309,28 +359,27 @@ def _positional(seg: pd.DataFrame, rows: pd.DataFrame, labels, names, outcome: _
         outcome.row_key[label] = key
         if int(kid) in outcome.pairs:
             outcome.row_reason[label] = "measured_twice"
+            outcome.conflicts.add(int(kid))
         else:
             outcome.pairs[int(kid)] = (label, rung)
     return True, None
 
 
-def _contiguous(t: np.ndarray, n: np.ndarray):
-    """A contiguous window of unknown start: pinned where ``n`` occurs exactly once as a run of ``t``."""
+def _contiguous(t: np.ndarray, n: np.ndarray) -> Alignment:
+    """A contiguous window of unknown start: pinned where ``n`` occurs exactly once as a run of ``t``; several
+    runs: every row ambiguous; none: every row unaligned (the claim does not hold)."""
     k, m = len(n), len(t)
     n_to_t = np.full(k, -1, dtype=np.int64)
     starts = _occurrences(t, n) if 0 < k <= m else []
+    t_state = np.zeros(m, dtype=np.int8)
     if len(starts) == 1:
         s = starts[0]
         n_to_t[:] = np.arange(s, s + k)
-        t_state = np.zeros(m, dtype=np.int8)
         t_state[s:s + k] = PINNED
         return Alignment(n_to_t, np.full(k, PINNED, dtype=np.int8), t_state, k)
-    if not starts:  # not a run of the timeline: fall back to the general alignment (as if unknown)
-        return pin(t, n)
-    t_state = np.zeros(m, dtype=np.int8)
     for s in starts:
         t_state[s:s + k] = AMBIGUOUS
-    return Alignment(n_to_t, np.full(k, AMBIGUOUS, dtype=np.int8), t_state, k)
+    return Alignment(n_to_t, np.full(k, AMBIGUOUS if starts else 0, dtype=np.int8), t_state, k if starts else 0)
 
 
 def _occurrences(t: np.ndarray, n: np.ndarray) -> list[int]:

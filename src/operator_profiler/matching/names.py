@@ -15,7 +15,8 @@ types. A name is therefore compared on a ladder of forms, from exact to coarse:
 
 An ncu name resolves to the timeline kernel name whose form equals its form on the highest rung where any
 timeline name of the scope matches; a rung where several timeline names match is *ambiguous* (a lower rung is
-coarser, so the search stops there). Each resolution records the rung it used.
+coarser, so the search stops there). The ``function`` rung serves only names printed as bare function names: a
+name with template arguments that differ is another kernel. Each resolution records the rung it used.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ _CAST = re.compile(r"\((?:unsigned |signed )?(?:char|short|int|long|long long|__
 _BOOL_CAST = re.compile(r"\(bool\)([01])\b")
 _INT_SUFFIX = re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b", re.IGNORECASE)
 _ANON = re.compile(r"\(anonymous namespace\)|<unnamed>|anonymous namespace")
+_BOOL_WORD = re.compile(r"\b(?:true|false)\b")
+_CONST = re.compile(r"\bconst\b")
 _LAMBDA = re.compile(r"\{lambda\(([^)]*)\)#(\d+)\}|\[lambda\(([^)]*)\) \(instance (\d+)\)\]")
 
 
@@ -100,12 +103,14 @@ def normalize(demangled: str) -> str:
     s = demangled.strip()
     if s.startswith("void "):
         s = s[5:]
-    s = _BOOL_CAST.sub(lambda m: "true" if m.group(1) == "1" else "false", s)
+    s = _BOOL_CAST.sub(r"\1", s)  # (bool)0, false and 0: three demanglers' spellings of one template argument
+    s = _BOOL_WORD.sub(lambda m: "1" if m.group(0) == "true" else "0", s)
     s = _CAST.sub(r"\1", s)
     s = _ANON.sub("anon", s)
     s = _LAMBDA.sub(lambda m: f"lambda#{m.group(2) or m.group(4)}", s)
     s = _strip_parameters(s)
     s = _INT_SUFFIX.sub(r"\1", s)
+    s = _CONST.sub("", s)  # `const T&` and `T const&`: where demanglers put const differs
     return re.sub(r"\s+", "", s)
 
 
@@ -179,16 +184,25 @@ def forms(name, mangled=None) -> dict[str, str | None]:
     }
 
 
+def is_bare(name: str) -> bool:
+    """Whether an ncu name is a bare function name (``--print-kernel-base function``): nothing but the name."""
+    f = forms(name)
+    return not is_mangled(name) and f["demangled"] is not None and f["demangled"].strip() == f["function"]
+
+
 def names_agree(timeline_name, timeline_mangled, ncu_name) -> str | None:
     """The highest rung on which an ncu name and one timeline kernel's names agree, or None.
 
-    Used where the position is already known (a replay's planned kernel), so uniqueness does not matter."""
+    Used where the position is already known (a replay's planned kernel), so uniqueness does not matter; the
+    ``function`` rung only serves a bare function name (a templated name that differs is another kernel)."""
     if not isinstance(ncu_name, str):
         return None
     ours, theirs = forms(timeline_name, timeline_mangled), forms(ncu_name)
     if is_mangled(ncu_name) and ours["mangled"] is not None:
         return "mangled" if ours["mangled"] == ncu_name else None  # two mangled names: exact or nothing
     for rung in RUNGS:
+        if rung == "function" and not is_bare(ncu_name):
+            break
         if ours[rung] is not None and ours[rung] == theirs[rung]:
             return rung
     return None
@@ -224,11 +238,14 @@ class NameIndex:
 
     def resolve(self, ncu_name: str) -> tuple[str | None, str, list]:
         """``(match_key, rung, [])`` for a unique resolution, ``(None, "name_ambiguous", candidates)``, or
-        ``(None, "name_unmatched", [])``."""
+        ``(None, "name_unmatched", [])``. The ``function`` rung is tried only for an ncu name that is a bare
+        function name (``--print-kernel-base function``): a name that spells its template arguments or namespaces
+        and differs on the ``normalized`` rung is another instantiation, whatever its function name."""
         mine = forms(ncu_name)
+        bare = is_bare(ncu_name)
         for rung in RUNGS:
             form = mine[rung]
-            if form is None:
+            if form is None or (rung == "function" and not bare):
                 continue
             keys = self.by_rung[rung].get(form)
             if keys and rung != "mangled" and is_mangled(ncu_name):

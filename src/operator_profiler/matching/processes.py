@@ -14,8 +14,9 @@ from .names import NameIndex, name_triples
 
 def map_processes(tl, rows, ncu_pids, window, process_map: dict, hints: list, src):
     """ncu pid -> ``(timeline pid or None, how, candidates)``: by ``process_map``, the window's recorded process,
-    the only process on both sides, the device set, or the one timeline process whose launches contain all of the
-    ncu process's rows in order; two ncu processes never share a timeline process. Ambiguity adds a hint."""
+    the only process on both sides, or the one timeline process whose launches contain all of the ncu process's
+    rows in order (then one-to-one: :func:`_one_to_one`); two ncu processes never share a timeline process.
+    Ambiguity adds a hint."""
     tl_pids = sorted(set(tl["pid"].tolist()))
     out: dict = {}
     for p in ncu_pids:
@@ -32,18 +33,13 @@ def map_processes(tl, rows, ncu_pids, window, process_map: dict, hints: list, sr
         if len(tl_pids) == 1 and len(ncu_pids) == 1:
             out[p] = (tl_pids[0], "single_process", [])
             continue
+        # Device ordinals do not tell processes apart: each process numbers the GPUs it sees
+        # (CUDA_VISIBLE_DEVICES), and the two tools may not number them alike across processes.
         candidates = tl_pids
         how = "launch_sequence"
-        ncu_devices = {int(d) for d in mine["_device"].dropna()}
-        if ncu_devices:
-            fitting = [q for q in candidates if ncu_devices <= set(tl.loc[tl["pid"] == q, "device"].tolist())]
-            if len(fitting) < len(candidates):
-                how = "devices"
-            candidates = fitting
         if len(candidates) > 1:
             sequence_fit = [q for q in candidates if _contains_sequence(tl[tl["pid"] == q], mine)]
             if sequence_fit:
-                how = "launch_sequence"
                 candidates = sequence_fit
         out[p] = (None, how, list(candidates))
     return _one_to_one(out, hints, src)
@@ -84,8 +80,13 @@ def _one_to_one(out: dict, hints: list, src) -> dict:
 
 def _contains_sequence(process: pd.DataFrame, rows: pd.DataFrame) -> bool:
     """Whether every row resolves in the process and the rows of each device form a subsequence of its launches."""
+    devices = sorted(set(process["device"].tolist()))
+    ncu_devices = set(rows["_device"].dropna().astype(int).tolist())
     for d, group in rows.groupby(rows["_device"].fillna(-2), sort=False):
-        scope = process if int(d) == -2 else process[process["device"] == int(d)]
+        if int(d) == -2 or (len(devices) == 1 and len(ncu_devices) == 1):
+            scope = process  # no device, or one on each side: the same GPU whatever its ordinal
+        else:
+            scope = process[process["device"] == int(d)]
         index = NameIndex.build(name_triples(scope))
         keys = []
         for name in group["name"]:

@@ -50,6 +50,11 @@ class Window:
             kernel = spec.get("kernel")
             if kernel is not None and (not isinstance(kernel, str) or not kernel):
                 raise ValueError(f"window kernel must be a kernel name (or regex:...), got {kernel!r}")
+            if kernel is not None and kernel.startswith("regex:"):
+                try:
+                    re.compile(kernel[len("regex:"):])
+                except re.error as exc:
+                    raise ValueError(f"window kernel {kernel!r} is not a valid regular expression ({exc})") from None
             return cls("launches", launch_skip=_count(spec, "launch_skip") if spec.get("launch_skip") is not None
                        else 0, launch_count=None if spec.get("launch_count") is None else _count(spec, "launch_count"),
                        kernel=kernel, pid=pid)
@@ -92,19 +97,33 @@ def check_window(window: dict | None, sources: list[str]) -> None:
             Window.from_spec(spec)
         except ValueError as exc:
             raise ValueError(f"window of {name}: {exc}") from None
-        if not any(source_window({name: True}, s) for s in sources):
+        named = [s for s in sources if source_window({name: True}, s)]
+        if not named:
             names = ", ".join(sorted({str(s).replace(chr(92), "/").rsplit("/", 1)[-1] for s in sources}))
             raise ValueError(f"a window names {name!r}, which is none of the ncu files ({names}); name a file by its "
                              "path, file name or stem")
+        if len(named) > 1:
+            raise ValueError(f"a window names {name!r}, which fits {len(named)} ncu files ({', '.join(named)}); name "
+                             "each file by its path")
+    for source in sources:
+        names = [name for name in window["sources"] if source_window({name: True}, source)]
+        if len(names) > 1:
+            raise ValueError(f"{source} has {len(names)} windows ({', '.join(names)}); give it one")
 
 
 def source_window(windows: dict, source) -> dict | None:
-    """The window of one ncu file: looked up by the source as given, its file name, or its stem."""
+    """The window of one ncu file: looked up by the source as given, its file name, its stem, or a trailing part
+    of its path (``run1/prof.csv``, ``./prof.csv``)."""
     text = "" if source is None else str(source)
-    name = text.replace("\\", "/").rsplit("/", 1)[-1]
+    parts = [p for p in text.replace("\\", "/").split("/") if p not in ("", ".")]
+    name = parts[-1] if parts else text
     for key in (text, name, name.rsplit(".", 1)[0]):
         if key in windows:
             return windows[key]
+    for key, value in windows.items():
+        wanted = [p for p in str(key).replace("\\", "/").split("/") if p not in ("", ".")]
+        if wanted and parts[-len(wanted):] == wanted:
+            return value
     return None
 
 

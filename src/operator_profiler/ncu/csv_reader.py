@@ -300,6 +300,15 @@ def read_ncu_csv(path) -> pd.DataFrame:
             raise _err(path, f"line {lineno}, field ID", f"{r[col['ID']]!r} is not a result ID (an integer)",
                        "The CSV is corrupted or application output is mixed into it; write ncu's CSV to its own "
                        "file with --log-file or redirect the application's stdout (../shared/docs/ncu.md §1.1)")
+    previous = -1
+    for lineno, r in rows:  # ncu writes results in ID order; an ID that goes back starts another run's output
+        current = int(r[col["ID"]])
+        if current < previous:
+            raise _err(path, f"line {lineno}, field ID", f"ID {current} follows ID {previous}: the IDs start again, "
+                       "so this file holds the output of more than one ncu run (concatenated)",
+                       "Pass each run's CSV as a file of its own (opprof ncu A.csv B.csv), so that no result is "
+                       "merged with another run's result of the same ID")
+        previous = current
 
     if page == "details":
         value_cells = [r[col["Metric Value"]] for _, r in rows]
