@@ -74,13 +74,13 @@ def test_refused_counters_are_counted_and_shown(tmp_path):
     coverage = json.loads((tmp_path / "res" / "coverage.json").read_text())
     assert coverage["counters"] == {
         "kernels": 4, "with_counters": 1, "measured": 1, "from_layer_class": 0, "refused": 3,
-        "refused_reasons": {"unplaced_window": 3},
+        "refused_reasons": {"unplaced_window": 3}, "refused_rows": 2,
         "refused_keys": [{"key": "gemm_a", "name": "gemm_a", "reason": "unplaced_window", "refused": 3,
                           "timeline": 3, "ncu": 2}],
         "not_measured": 0}
     report = (tmp_path / "res" / "report.md").read_text()
-    assert ("hardware counters (ncu): 1 of 4 kernels; 3 refused: 3 unplaced_window on `gemm_a` (timeline 3, ncu 2); "
-            "0 not measured") in report
+    assert ("hardware counters (ncu): 1 of 4 kernels; 3 refused (2 ncu rows that could not be placed): "
+            "3 unplaced_window on `gemm_a` (timeline 3, ncu 2); 0 not measured") in report
     assert "## Counters refused" in report and "| `gemm_a` | unplaced_window | 3 | 3 | 2 |" in report
     html = (tmp_path / "res" / "report.html").read_text()
     assert "<h3>Counters refused</h3>" in html and 'id="refused-table"' in html
@@ -118,6 +118,9 @@ def test_counters_and_matching_of_another_timeline_are_refused(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 1 and len(lines) == 1 and "was matched on another timeline" in lines[0], r.stderr
     assert not (tmp_path / "agg").exists()
+    assert opprof(*base, cwd=tmp_path).returncode == 0
+    r = opprof("report", "--results", "agg", "--matching", "a/matched/diagnostics.json", "--out", "r.md", cwd=tmp_path)
+    assert r.returncode == 1 and "was matched on another timeline (4 kernels)" in r.stderr, r.stderr
     r = opprof("trace", "--timeline", "b/timeline", "--attribution", "b/kernels.parquet", "--counters",
                "a/matched/kernel_metrics.parquet", "--out", "t.json", cwd=tmp_path)
     assert r.returncode == 1 and "was matched on another timeline" in r.stderr

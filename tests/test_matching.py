@@ -280,6 +280,24 @@ def test_two_segment_files_are_placed_by_content_not_argument_order(tmp_path):
     assert matched["kernel_id"].tolist() == list(range(6)) and _durations(matched) == list(range(6))
 
 
+def test_a_run_with_another_input_attaches_nothing_even_with_a_blank_configuration(tmp_path):
+    """Found by a new user: a run of the same program with another input (every grid doubled) attached nothing,
+    until one row's Grid/Block Size was blank: then the configuration check was off for the whole file and every
+    row attached. Configurations are compared wherever both sides have them; the blank row pairs with nothing."""
+    names = ["a", "b", "c", "d"]
+    kernels = _kernels(names, grid="8,1,1")
+    rows = [_row(i, n, i, grid="(16, 1, 1)") for i, n in enumerate(names)]
+    rows[2] = rows[2].replace('"(16, 1, 1)"', '""')
+    matched, diag = match_invocations(kernels, _ncu(tmp_path, rows))
+    assert matched.empty
+    assert diag["ncu_only_reasons"] == {"likely_autotune_or_benchmark": 3, "launch_config_unknown": 1}
+    same = [_row(i, n, i, grid="(8, 1, 1)") for i, n in enumerate(names)]
+    same[2] = same[2].replace('"(8, 1, 1)"', '""')
+    matched, diag = match_invocations(kernels, _ncu(tmp_path, same, "same.csv"))
+    assert _pairs(matched) == [[0, 0], [1, 1], [3, 3]] and diag["ncu_only_reasons"] == {"launch_config_unknown": 1}
+    assert diag["counters"]["refused_reasons"] == {"launch_config_unknown": 1}  # kernel c: the blank row may be it
+
+
 def test_two_files_that_pin_the_same_kernel_attach_neither_and_names_must_be_unique(tmp_path):
     """Found by a new user: `--window prof=0:30` with run1/prof.csv and run2/prof.csv applied to both, and the file
     given first won the kernels both pinned. A window name that fits two files, or two names for one file, is
@@ -697,3 +715,32 @@ def test_two_measured_instances_report_how_far_apart_they_are():
     diff = stats["Block-1"]["verify_max_relative_difference"]
     assert diff["dram__bytes.sum"] == pytest.approx(10 / 110)
     assert diff["sm__throughput.avg.pct_of_peak_sustained_elapsed"] == pytest.approx(5 / 25)
+
+
+# ------------------------------------------------------------------------------------------- real names
+
+
+def test_real_nsys_kernel_names_normalize_alike_from_both_demanglers(real_nsys_files):
+    """Every kernel of the real nsys exports that has a mangled name: nsys's demangled text (the cu++filt style of
+    CUPTI, which a torch.profiler trace shows too) and libstdc++'s demangling of the mangled name (what ncu's
+    mangled names become here) are equal on the normalized rung, and no two different mangled names collide
+    there. Names read with plain sqlite3 (StringIds), not with the reader."""
+    import sqlite3
+
+    pairs = set()
+    for path in real_nsys_files:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
+        if "mangledName" in cols and "demangledName" in cols:
+            pairs |= set(conn.execute(
+                "SELECT m.value, d.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds m ON m.id = k.mangledName "
+                "JOIN StringIds d ON d.id = k.demangledName"))
+        conn.close()
+    mangled = [(m, d) for m, d in pairs if m.startswith("_Z")]
+    assert len(mangled) >= 60  # templated ATen, cuBLAS-wrapped, nvFuser and NCCL kernels of five exports
+    differ = [(m, d) for m, d in mangled if normalize(demangle(m)) != normalize(d)]
+    assert differ == []
+    by_form: dict = {}
+    for m, d in mangled:
+        by_form.setdefault(normalize(d), set()).add(m)
+    assert [f for f, ms in by_form.items() if len(ms) > 1] == []

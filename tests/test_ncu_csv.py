@@ -513,3 +513,37 @@ def test_concatenated_runs_are_refused_not_merged(tmp_path):
     path.write_text(text)
     with pytest.raises(NcuCsvError, match=r"line 4, field ID: ID 0 follows ID 1: the IDs start again"):
         read_ncu_csv(path)
+
+
+def test_ids_naming_two_results_are_refused(tmp_path):
+    """Found by a new user: IDs numbered per process and interleaved (process 7001's 0, process 7002's 0, ...), or
+    one ID written twice, were merged into one result each: half the results gone, the metrics renamed."""
+    metric = '"Command line profiler metrics","dram__bytes.sum","byte","{}"\n'
+    per_process = (DETAILS_HDR + K0 + metric.format(1) + K0.replace('"11"', '"12"') + metric.format(2))
+    twice = DETAILS_HDR + K0 + metric.format(1) + K0 + metric.format(2)
+    for name, text in (("per_process.csv", per_process), ("twice.csv", twice)):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(NcuCsvError, match=r"line 3, field ID: ID 0 names more than one result"):
+            read_ncu_csv(path)
+
+
+def test_thousands_told_apart_by_whole_number_counters(tmp_path, caplog):
+    """Found by a new user: written where '.' groups thousands, 4.096 bytes was read as 4.096 (1000x too small).
+    A byte counter (dram__bytes.sum) is a whole number, so its 4.096 is 4,096. Without such a counter the file
+    cannot tell, and opprof ncu says so."""
+    from operator_profiler import stages
+
+    cell = '"Command line profiler metrics","{}","{}","{}"\n'
+    grouped = DETAILS_HDR + K0 + cell.format("dram__bytes.sum", "byte", "4.096") \
+        + K0 + cell.format("lts__t_bytes.sum", "byte", "12.288")
+    path = tmp_path / "de.csv"
+    path.write_text(grouped)
+    assert read_ncu_csv(path)["value"].tolist() == [4096.0, 12288.0]
+    unsure = DETAILS_HDR + K0 + cell.format("sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "1.234")
+    path = tmp_path / "unsure.csv"
+    path.write_text(unsure)
+    with caplog.at_level("WARNING"):
+        table = stages.parse_ncu_files([path], tmp_path / "unsure.parquet")
+    assert table["sm__throughput.avg.pct_of_peak_sustained_elapsed"].tolist() == [1.234]
+    assert any("'1.234', which reads as 1.234 (decimal point) or as 1234" in r.message for r in caplog.records)

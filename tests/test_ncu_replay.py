@@ -573,7 +573,7 @@ def test_a_shifted_launch_window_fails_instead_of_attaching_a_neighbours_counter
     diagnostics = {"ncu_only_rows": [{"ncu_id": 0, "source": "results/w/ncu/Block-1.parquet"},
                                      {"ncu_id": 2, "source": "results/w/ncu/Block-1.parquet"}],
                    "name_disagreements": [{"key": "gemm", "position": 0}]}
-    with pytest.raises(InputError, match=r"class Block-1: 1 of 2 planned kernels matched, 2 profiled kernel\(s\) "
+    with pytest.raises(InputError, match=r"ncu file Block-1: 1 of 2 planned kernels matched, 2 profiled kernel\(s\) "
                                          r"not planned.*first disagreement.*launch window is shifted"):
         stages._check_replay_windows({"Block-1": {"kernel_ids": [3, 4]}}, matched, diagnostics)
     stages._check_replay_windows({"Block-1": {"kernel_ids": [3]}}, matched, {"ncu_only_rows": []})  # all good

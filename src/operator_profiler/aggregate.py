@@ -244,7 +244,7 @@ def counters_summary(attribution: pd.DataFrame, counters: pd.DataFrame, matching
         len(with_counters)
     out = {"kernels": len(ids), "with_counters": len(with_counters), "measured": own,
            "from_layer_class": len(with_counters) - own, "refused": None, "refused_reasons": None,
-           "refused_keys": None, "not_measured": None}
+           "refused_rows": None, "refused_keys": None, "not_measured": None}
     if matching is None:
         return out
     refused = [k for k in matching.get("timeline_only_kernels", [])
@@ -258,6 +258,7 @@ def counters_summary(attribution: pd.DataFrame, counters: pd.DataFrame, matching
                                                             "ncu": per_key.get(k["match_key"], {}).get("ncu")})
         e["refused"] += 1
     out.update(refused=len(refused), refused_reasons=dict(Counter(k["reason"] for k in refused)),
+               refused_rows=(matching.get("counters") or {}).get("refused_rows"),
                refused_keys=sorted(keys.values(), key=lambda e: (-e["refused"], e["key"], e["reason"])),
                not_measured=len(ids) - len(with_counters) - len(refused))
     return out

@@ -344,7 +344,9 @@ def counters_text(coverage: dict, keys: int = 3) -> str:
         shown = [f"{e['refused']:,} {e['reason']} on `{name}` (timeline {e['timeline']}, ncu {e['ncu']})"
                  for name, e in zip(names, c["refused_keys"][:keys])]
         more = len(c["refused_keys"]) - keys
-        text += f"; {c['refused']:,} refused: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+        rows = f" ({c['refused_rows']:,} ncu rows that could not be placed)" if c.get("refused_rows") is not None \
+            else ""
+        text += f"; {c['refused']:,} refused{rows}: " + ", ".join(shown) + (f" and {more} more" if more > 0 else "")
     else:
         text += "; none refused"
     return text + f"; {c['not_measured']:,} not measured"
@@ -358,9 +360,12 @@ def refused_counters_lines(coverage: dict) -> list[str]:
     c = coverage.get("counters") or {}
     if not c.get("refused"):
         return []
-    lines = ["## Counters refused", "",
-             f"{_plural(c['refused'], 'kernel')} had an ncu measurement that could not be attached with certainty, "
-             "so they have no counters (a wrong counter is never attached):", "",
+    rows = c.get("refused_rows")
+    behind = (f"{_plural(rows, 'ncu row')} could not be placed with certainty, so {_plural(c['refused'], 'kernel')} "
+              "they may belong to have no counters" if rows is not None else
+              f"{_plural(c['refused'], 'kernel')} may have an ncu measurement that could not be placed with certainty, "
+              "so they have no counters")
+    lines = ["## Counters refused", "", behind + " (a wrong counter is never attached):", "",
              "| kernel | reason | refused | launches in the window | ncu rows |", "|---|---|---|---|---|"]
     shown = short_names([e["name"] for e in c["refused_keys"]])
     lines += [f"| `{name}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"

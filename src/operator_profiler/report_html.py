@@ -534,8 +534,11 @@ def _refused_counters(coverage: dict) -> str:
     table = _table([("kernel", "text"), ("reason", "text"), ("refused", "num"), ("launches in the window", "num"),
                     ("ncu rows", "num")], rows, "refused-table", scroll=True)
     reasons = _bullets([f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])])
-    return (f"<h3>Counters refused</h3><p>{c['refused']:,} kernel(s) had an ncu measurement that could not be "
-            f"attached with certainty, so they have no counters (a wrong counter is never attached).</p>{table}{reasons}")
+    rows_ = c.get("refused_rows")
+    behind = (f"{rows_:,} ncu row(s) could not be placed with certainty, so the {c['refused']:,} kernel(s) they may "
+              "belong to have no counters" if rows_ is not None else f"{c['refused']:,} kernel(s) may have an ncu "
+              "measurement that could not be placed with certainty, so they have no counters")
+    return f"<h3>Counters refused</h3><p>{behind} (a wrong counter is never attached).</p>{table}{reasons}"
 
 
 def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None,

@@ -401,8 +401,10 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     write_parquet_atomic(modules, out_modules)
     write_parquet_atomic(layer_table, out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
-    write_json(out_coverage, agg.coverage(attribution, counters_collected=counters is not None,
-                                          device=options.get("device"), counters=counters, matching=matching))
+    summary = agg.coverage(attribution, counters_collected=counters is not None, device=options.get("device"),
+                           counters=counters, matching=matching)
+    summary["timeline"] = timeline_digest(attribution)  # the report checks a matching's against it
+    write_json(out_coverage, summary)
 
 
 def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, instances: pd.DataFrame,
@@ -449,6 +451,14 @@ def read_report_inputs(run_path: Path | None, coverage_path: Path, operators_pat
         if in_timeline != coverage.get("kernel_count"):
             raise InputError(f"{diagnostics_path} describes a timeline of {in_timeline} kernels, {coverage_path} "
                              f"{coverage.get('kernel_count')}: pass the timeline these results were made from")
+    matching = read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
+                              expect=dict) if match_diagnostics_path is not None else None
+    recorded = (matching or {}).get("timeline") or {}
+    if recorded and coverage.get("timeline") and recorded != coverage["timeline"] or \
+            recorded.get("kernels") is not None and recorded["kernels"] != coverage.get("kernel_count"):
+        raise InputError(f"{match_diagnostics_path} was matched on another timeline ({recorded['kernels']} kernels) "
+                         f"than {coverage_path} describes ({coverage.get('kernel_count')} kernels): pass the matching "
+                         "of these results")
     return {
         "run": run,
         "coverage": coverage,
@@ -457,8 +467,7 @@ def read_report_inputs(run_path: Path | None, coverage_path: Path, operators_pat
         "layer_classes": read_parquet_file(layer_classes_path, "a layer classes table", hint,
                                            ("layer_class", "instances")),
         "diagnostics": diagnostics,
-        "matching": read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
-                                   expect=dict) if match_diagnostics_path is not None else None,
+        "matching": matching,
         "replays": read_replay_records(replay_paths) if replay_paths else None,
         "clocks": read_json_file(clocks_path, "the capture's clocks_applied.json", "it is written by the capture",
                                  expect=dict) if clocks_path is not None else None,
@@ -669,9 +678,16 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
     for path in csv_paths:
         if Path(path).suffix == ".ncu-rep":  # exported with ncu itself (it must be on PATH)
             with tempfile.TemporaryDirectory(prefix="opprof-ncu-") as tmp:
-                wide = wide_metrics(read_ncu_csv(export_report_csv(Path(path), Path(tmp))))
+                long = read_ncu_csv(export_report_csv(Path(path), Path(tmp)))
         else:
-            wide = wide_metrics(read_ncu_csv(Path(path)))
+            long = read_ncu_csv(Path(path))
+        if long.attrs.get("locale_guessed"):
+            example = long.attrs["locale_guessed"]
+            log.warning("%s: every number is written like %r, which reads as %s (decimal point) or as %s (grouped "
+                        "thousands); nothing in the file tells which, so it is read with a decimal point. If ncu ran "
+                        "in a locale that groups thousands with '.', re-export it: LC_ALL=C ncu -i REPORT --csv ...",
+                        path, example, example.replace(",", "."), example.replace(".", "").replace(",", ""))
+        wide = wide_metrics(long)
         units.update(wide.attrs.get("units", {}))
         for column in ("pid", "device"):  # a non-numeric cell (never seen) must not pass for an id
             wide[column] = pd.array(pd.to_numeric(wide[column], errors="coerce"), dtype="Int64")
@@ -711,6 +727,12 @@ def _check_counters_timeline(recorded: dict | None, attribution: pd.DataFrame, w
                          "the timeline this attribution came from")
 
 
+def _window_specs(window: dict | None) -> list[dict]:
+    if not isinstance(window, dict):
+        return []
+    return [w for w in window["sources"].values() if isinstance(w, dict)] if "sources" in window else [window]
+
+
 def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, out_diagnostics: Path,
                 window: dict | None = None, kernel_layers_path: Path | None = None,
                 process_map: dict | None = None) -> tuple[pd.DataFrame, dict]:
@@ -725,13 +747,19 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         stale.unlink(missing_ok=True)
     kernels = read_parquet_file(Path(timeline_dir) / "kernels.parquet", "the timeline kernels table",
                                 "run 'opprof timeline' first", ("kernel_id", "name", "match_key", "occurrence"))
-    frames, units = [], {}
+    frames, units, owner = [], {}, {}
     for path in ncu_paths:
         frame = read_parquet_file(Path(path), "an ncu counters table", "run 'opprof ncu' first",
                                   ("ncu_id", "name", "match_key"))
         units.update(frame.attrs.get("units", {}))
         if "source" not in frame.columns:
             frame.insert(0, "source", str(path))
+        for source in frame["source"].astype(str).unique():
+            # rows are known by (source, ID): two runs under one name would mix their results
+            if owner.setdefault(source, str(path)) != str(path):
+                raise InputError(f"{path} and {owner[source]} both hold rows of an ncu file named {source!r}: two runs "
+                                 "under one name cannot be told apart; parse each CSV from a path of its own "
+                                 "(opprof ncu DIR1/prof.csv DIR2/prof.csv --out ...)")
         frames.append(frame)
     ncu = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["source", "ncu_id", "name", "match_key"])
@@ -743,9 +771,17 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     except ValueError as exc:
         raise InputError(str(exc)) from None
     timeline_pids = sorted(set(pd.array(kernels["pid"], dtype="Int64").dropna().tolist())) if "pid" in kernels else []
+    ncu_pids = sorted(set(pd.array(ncu["pid"], dtype="Int64").dropna().tolist())) if "pid" in ncu else []
     for ncu_pid, tl_pid in (process_map or {}).items():
         if tl_pid not in timeline_pids:
             raise InputError(f"--process-map {ncu_pid}={tl_pid}: the timeline {timeline_dir} has no process {tl_pid} "
+                             f"(its processes: {', '.join(map(str, timeline_pids)) or 'none'})")
+        if ncu_pid not in ncu_pids:
+            raise InputError(f"--process-map {ncu_pid}={tl_pid}: no ncu file has a process {ncu_pid} (their processes: "
+                             f"{', '.join(map(str, ncu_pids)) or 'none'})")
+    for spec in _window_specs(window):
+        if spec.get("pid") is not None and int(spec["pid"]) not in timeline_pids:
+            raise InputError(f"a window names process {spec['pid']}, which the timeline {timeline_dir} does not have "
                              f"(its processes: {', '.join(map(str, timeline_pids)) or 'none'})")
     start = time.perf_counter()
     ranges_path = Path(timeline_dir) / "ranges.parquet"
@@ -797,7 +833,7 @@ def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dic
         extra = [r for r in diagnostics.get("ncu_only_rows", []) if r.get("reason") != "order_ambiguous"
                  and source_window({cls: True}, r.get("source"))]
         if missing or extra:
-            problems.append(f"class {cls}: {len(planned) - len(planned - got)} of {len(planned)} planned kernels "
+            problems.append(f"ncu file {cls}: {len(planned) - len(planned - got)} of {len(planned)} planned kernels "
                             f"matched, {len(extra)} profiled kernel(s) not planned")
     if problems or diagnostics.get("name_disagreements"):
         first = (diagnostics.get("name_disagreements") or [None])[0]

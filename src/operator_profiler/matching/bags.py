@@ -17,7 +17,8 @@ def bag_labels(seg: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     (same ``cudaGraphLaunch`` correlation id) spread over several streams (chain = stream: nodes captured on one
     stream form a dependency chain and keep their order), or the launches of two threads around a launch made while
     another thread was active (``concurrent``, :func:`concurrent_launches`; chain = thread: each thread keeps its
-    program order). Threads that hand over (forward on the main thread while the autograd thread waits, backward
+    program order), or the kernels without a launch record (launched before the trace) over several streams
+    (chain = stream). Threads that hand over (forward on the main thread while the autograd thread waits, backward
     while the main thread waits in ``backward()``) are ordered by the program and stay out of bags."""
     m = len(seg)
     bag = np.full(m, -1, dtype=np.int64)
@@ -41,6 +42,14 @@ def bag_labels(seg: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
                 continue
             bag[lo:hi] = next_bag
             chain[lo:hi] = tids[lo:hi]
+            next_bag += 1
+    # kernels without a launch record over several streams (their launch order across streams is not known)
+    if "orphan" in seg.columns:
+        orphans = np.flatnonzero(seg["orphan"].to_numpy(dtype=bool) & (bag < 0))
+        streams_o = pd.array(seg["stream"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
+        if len(orphans) and len(set(streams_o[orphans].tolist())) > 1:
+            bag[orphans] = next_bag
+            chain[orphans] = streams_o[orphans]
             next_bag += 1
     # CUDA-graph replays over several streams
     api = seg["launch_api"].astype(object).to_numpy()

@@ -31,19 +31,24 @@ REASONS = {
     "device_unmatched": "the mapped timeline process used several devices, none of them with this ncu device's ordinal",
     "likely_autotune_or_benchmark": "the kernel is in the timeline but never with this launch configuration "
                                     "(autotuning or cudnn.benchmark candidates inside the ncu range)",
+    "launch_config_unknown": "the row has no launch configuration (Grid/Block Size) where the file's other rows do: "
+                             "it cannot be checked, so it is not attached",
     "not_in_timeline": "no timeline launch of the window pairs with this row (an extra launch in the ncu run)",
     "outside_window": "the kernel name is in the timeline, but not inside this file's window",
     "measured_twice": "two ncu files both pin this kernel: which one measured it is open, so neither is attached",
     "file_does_not_fit": "more than half of the ncu file's rows name kernels the timeline process never launched: a "
                          "run of another program, so none of its rows is attached",
     "not_in_ncu": "the ncu file(s) covering this kernel have no row for it (filtered out or not profiled)",
-    "communication_not_profiled": "communication (NCCL) kernel: ncu does not profile them",
+    "communication_not_profiled": "communication (NCCL) kernel without an ncu row: ncu runs leave them out (they wait "
+                                  "on other ranks and hang under replay); a declared window counts them like any "
+                                  "launch unless its kernel filter excludes them (NAME=S:C:regex:^(?!nccl))",
     "launched_on_other_thread": "none of this kernel's launches are in ncu and it was launched from a thread none of "
                                 "the matched kernels came from (an ncu NVTX include filter sees only the launching "
                                 "thread's push/pop ranges)",
 }
 REFUSED = frozenset({"count_mismatch", "order_ambiguous", "unplaced_window", "name_ambiguous", "process_ambiguous",
-                     "device_unknown", "device_unmatched", "window_mismatch", "measured_twice"})
+                     "device_unknown", "device_unmatched", "window_mismatch", "measured_twice",
+                     "launch_config_unknown"})
 
 
 def results(tl: pd.DataFrame, ncu: pd.DataFrame, metrics: list, outcome, windowed: bool):
@@ -121,7 +126,7 @@ def results(tl: pd.DataFrame, ncu: pd.DataFrame, metrics: list, outcome, windowe
             break
     diag["coverage_by_name"] = _coverage_by_name(tl, matched_ids)
     diag["counters_coverage"] = _time_coverage(tl, matched_ids)
-    diag["counters"] = counters_summary(len(tl), matched_ids, timeline_only, per_key)
+    diag["counters"] = counters_summary(len(tl), matched_ids, timeline_only, per_key, ncu_only)
     return matched, diag
 
 
@@ -166,9 +171,12 @@ def _per_key(tl, labels, outcome, timeline_only, matched_ids) -> dict:
     return out
 
 
-def counters_summary(kernels: int, matched_ids, timeline_only: list, per_key: dict) -> dict:
-    """How many kernels got counters, how many were refused and why (per key), how many were not measured."""
+def counters_summary(kernels: int, matched_ids, timeline_only: list, per_key: dict, ncu_only: list) -> dict:
+    """How many kernels got counters, how many were refused and why (per key), how many were not measured, and
+    how many ncu rows could not be placed (``refused_rows``): a row that fits several launches leaves all of them
+    refused, so refused kernels can outnumber the rows behind them."""
     refused = [k for k in timeline_only if k["reason"] in REFUSED]
+    refused_rows = [r for r in ncu_only if r["reason"] in REFUSED]
     keys: dict = {}
     for k in refused:
         e = keys.setdefault((k["match_key"], k["reason"]), {"key": k["match_key"], "name": k["name"],
@@ -183,6 +191,7 @@ def counters_summary(kernels: int, matched_ids, timeline_only: list, per_key: di
         "refused": len(refused),
         "not_measured": int(kernels) - len(matched_ids) - len(refused),
         "refused_reasons": _count(refused),
+        "refused_rows": len(refused_rows),
         "refused_keys": sorted(keys.values(), key=lambda e: (-e["refused"], e["key"], e["reason"])),
     }
 

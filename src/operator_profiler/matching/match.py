@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .align import AMBIGUOUS, PINNED, Alignment, pin
-from .bags import concurrent_launches, repair_bags
+from .bags import bag_labels, concurrent_launches, repair_bags
 from .diagnostics import REFUSED, results
 from .names import NameIndex, name_triples, names_agree
 from .processes import map_processes
@@ -117,7 +117,16 @@ def _timeline(kernels: pd.DataFrame, ranges: pd.DataFrame | None = None) -> pd.D
     tl = kernels.assign(concurrent=concurrent_launches(kernels, ranges))
     if "activity" in tl.columns:  # nsys <cuda_graph N> rows are not launches ncu profiles one by one
         tl = tl[tl["activity"].fillna("kernel") != "graph"]
-    tl = tl.sort_values("kernel_id", kind="stable").reset_index(drop=True).copy()
+    # Launch order: the kernel_id order of launched kernels; kernels without a launch record (launched before the
+    # trace began) come first, in GPU start order (on one stream that is their launch order; across streams it is
+    # not known: bags.bag_labels keeps them unordered there).
+    orphan = (pd.array(tl["launch_start_ns"], dtype="Int64").isna() if "launch_start_ns" in tl.columns
+              else np.zeros(len(tl), dtype=bool))
+    tl = tl.assign(orphan=np.asarray(orphan, dtype=bool))
+    tl["_order"] = np.where(tl["orphan"], pd.array(tl["start_ns"], dtype="Int64").fillna(0).to_numpy(dtype=np.int64)
+                            if "start_ns" in tl.columns else 0, 0)
+    tl = tl.sort_values(["orphan", "_order", "kernel_id"], ascending=[False, True, True], kind="stable")
+    tl = tl.drop(columns="_order").reset_index(drop=True).copy()
     tl["kernel_id"] = tl["kernel_id"].astype("int64")
     if "pid" not in tl.columns:
         tl["pid"] = 0
@@ -242,14 +251,15 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
                     outcome.refuse_kernel(int(kid), "name_ambiguous")
     ok = [i for i, k in enumerate(resolved) if k is not None]
     row_cfg = rows["config"].tolist() if "config" in rows.columns else [None] * len(rows)
-    use_config = all(row_cfg[i] is not None for i in ok) and all(c is not None for c in seg["config"])
-    seg_keys_text = seg["match_key"].astype(str) + ("\x00" + seg["config"].astype(str) if use_config else "")
-    row_keys_text = pd.Series([resolved[i] for i in ok], dtype=object).astype(str)
-    if use_config:
-        row_keys_text = row_keys_text + "\x00" + pd.Series([row_cfg[i] for i in ok], dtype=object).astype(str)
-    codes, _ = pd.factorize(pd.concat([seg_keys_text, row_keys_text], ignore_index=True))
-    t_tokens = codes[:len(seg)].astype(np.int64)
-    n_tokens = codes[len(seg):].astype(np.int64)
+    # Launch configurations are compared wherever both sides know them; a row or launch without one (when the
+    # other side has them) pairs with nothing: one blank cell must not switch the check off for the whole file.
+    use_config = any(row_cfg[i] is not None for i in ok) and any(c is not None for c in seg["config"])
+    if not use_config and ok and any(c is not None for c in seg["config"]):
+        outcome.hints.append(f"{src}: the ncu file has no launch configurations (Grid/Block Size, missing in the 2021 "
+                             "layout): a run of another input, or of another program that launches some of the same "
+                             "kernels, cannot be told apart; make sure the file belongs to this timeline")
+    t_tokens, n_tokens = _tokens(seg["match_key"].tolist(), seg["config"].tolist(),
+                                 [resolved[i] for i in ok], [row_cfg[i] for i in ok], use_config)
     if window.kind == "contiguous":
         alignment = _contiguous(t_tokens, n_tokens)
     else:
@@ -304,6 +314,10 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             outcome.row_reason[label] = _ambiguity(tok, t_count, n_count, placed, pos in bag_rows)
         elif resolved[i] not in seg_keys:
             outcome.row_reason[label] = "outside_window" if resolved[i] in scope_keys else "name_unmatched"
+        elif use_config and row_cfg[i] is None:
+            outcome.row_reason[label] = "launch_config_unknown"
+            for p in np.flatnonzero((seg["match_key"] == resolved[i]).to_numpy() & (t_state != PINNED)).tolist():
+                outcome.refuse_kernel(int(seg_ids[p]), "launch_config_unknown")
         elif use_config and row_cfg[i] not in set(seg.loc[seg["match_key"] == resolved[i], "config"]):
             outcome.row_reason[label] = "likely_autotune_or_benchmark"
         else:
@@ -318,6 +332,21 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             outcome.refuse_kernel(int(seg_ids[p]), _ambiguity(int(t_tokens[p]), t_count, n_count, placed,
                                                               p in bag_launches))
     return pinned
+
+
+def _tokens(t_keys: list, t_cfgs: list, n_keys: list, n_cfgs: list, use_config: bool) -> tuple[np.ndarray, ...]:
+    """Integer tokens of launches and rows: the kernel name, and the launch configuration when ``use_config``
+    (an item without one then gets a token of its own, which pairs with nothing)."""
+    keys, _ = pd.factorize(pd.Series(t_keys + n_keys, dtype=object))
+    if not use_config:
+        codes = keys.astype(np.int64)
+    else:
+        cfgs, uniques = pd.factorize(pd.Series(t_cfgs + n_cfgs, dtype=object))  # None -> -1
+        cfgs = cfgs.astype(np.int64)
+        unknown = np.flatnonzero(cfgs < 0)
+        cfgs[unknown] = len(uniques) + np.arange(len(unknown))  # each unknown configuration apart
+        codes = keys.astype(np.int64) * (int(cfgs.max(initial=0)) + 1) + cfgs
+    return codes[:len(t_keys)], codes[len(t_keys):]
 
 
 def _fills_window(n_to_t: np.ndarray, n_state: np.ndarray, resolved: int, rows: int) -> bool:
@@ -355,8 +384,22 @@ def _positional(seg: pd.DataFrame, rows: pd.DataFrame, labels, names, outcome: _
                            "what": "name" if rung is None else "launch configuration",
                            **({} if rung is None else {"timeline_config": cfg, "ncu_config": rcfg})}
         rungs.append(rung)
-    for kid, label, rung, key in zip(seg["kernel_id"].tolist(), labels, rungs, seg["match_key"].tolist()):
+    # inside a bag (a CUDA-graph replay over several streams, interleaving threads) position says nothing about a
+    # kernel that the bag holds on several chains: those are refused, whatever the names say
+    bag, chain = bag_labels(seg)
+    tokens = (seg["match_key"].astype(str) + "\x00" + seg["config"].astype(str)).tolist()
+    chains_of: dict = {}
+    for b, c, tok in zip(bag.tolist(), chain.tolist(), tokens):
+        if b >= 0:
+            chains_of.setdefault((b, tok), set()).add(c)
+    unordered = [b >= 0 and len(chains_of[(b, tok)]) > 1 for b, tok in zip(bag.tolist(), tokens)]
+    for kid, label, rung, key, refuse in zip(seg["kernel_id"].tolist(), labels, rungs, seg["match_key"].tolist(),
+                                             unordered):
         outcome.row_key[label] = key
+        if refuse:
+            outcome.row_reason[label] = "order_ambiguous"
+            outcome.refuse_kernel(int(kid), "order_ambiguous")
+            continue
         if int(kid) in outcome.pairs:
             outcome.row_reason[label] = "measured_twice"
             outcome.conflicts.add(int(kid))

@@ -77,6 +77,7 @@ _CAST = re.compile(r"\((?:unsigned |signed )?(?:char|short|int|long|long long|__
 _BOOL_CAST = re.compile(r"\(bool\)([01])\b")
 _INT_SUFFIX = re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b", re.IGNORECASE)
 _ANON = re.compile(r"\(anonymous namespace\)|<unnamed>|anonymous namespace")
+_VOID = re.compile(r"\bvoid\b")
 _BOOL_WORD = re.compile(r"\b(?:true|false)\b")
 _CONST = re.compile(r"\bconst\b")
 _LAMBDA = re.compile(r"\{lambda\(([^)]*)\)#(\d+)\}|\[lambda\(([^)]*)\) \(instance (\d+)\)\]")
@@ -109,9 +110,26 @@ def normalize(demangled: str) -> str:
     s = _ANON.sub("anon", s)
     s = _LAMBDA.sub(lambda m: f"lambda#{m.group(2) or m.group(4)}", s)
     s = _strip_parameters(s)
+    # parameter lists anywhere (of functions named inside template arguments and lambda scopes): one demangler
+    # writes the template parameters (`const T1 &`), another substitutes them; they follow from the template
+    # arguments, which stay
+    s = _drop_parenthesized(s)
+    s = _VOID.sub("", s)  # return types of functions named inside template arguments: written or not
     s = _INT_SUFFIX.sub(r"\1", s)
     s = _CONST.sub("", s)  # `const T&` and `T const&`: where demanglers put const differs
     return re.sub(r"\s+", "", s)
+
+
+def _drop_parenthesized(s: str) -> str:
+    out, depth = [], 0
+    for ch in s:
+        if ch == "(":
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
 
 
 def _mangled_base(name: str) -> str | None:

@@ -37,10 +37,13 @@ def map_processes(tl, rows, ncu_pids, window, process_map: dict, hints: list, sr
         # (CUDA_VISIBLE_DEVICES), and the two tools may not number them alike across processes.
         candidates = tl_pids
         how = "launch_sequence"
-        if len(candidates) > 1:
-            sequence_fit = [q for q in candidates if _contains_sequence(tl[tl["pid"] == q], mine)]
-            if sequence_fit:
-                candidates = sequence_fit
+        sequence_fit = [q for q in candidates if _contains_sequence(tl[tl["pid"] == q], mine)]
+        if sequence_fit:
+            candidates = sequence_fit
+        elif len(ncu_pids) > 1 and len(tl_pids) == 1:
+            # more ncu processes than timeline processes: one whose rows fit nowhere (a helper process the ncu
+            # run caught with --target-processes all) is not the timeline's process
+            candidates = []
         out[p] = (None, how, list(candidates))
     return _one_to_one(out, hints, src)
 
@@ -73,7 +76,7 @@ def _one_to_one(out: dict, hints: list, src) -> dict:
         if q is not None and how != "process_map" and taken[q] > 1:  # two ncu processes, one timeline process
             out[p] = (None, how, [q])
     if any(q is None and cands for q, _, cands in out.values()):
-        hints.append(f"{src}: ncu processes that fit several timeline processes are refused "
+        hints.append(f"{src}: ncu processes that cannot be mapped to one timeline process each are refused "
                      "(process_ambiguous); name the pairs with --process-map NCU_PID=TIMELINE_PID")
     return out
 

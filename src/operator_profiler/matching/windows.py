@@ -37,6 +37,17 @@ class Window:
         if unknown:
             raise ValueError(f"unknown window key(s) {sorted(unknown)}: use kernel_ids, launch_skip, launch_count, "
                              "kernel, contiguous or pid")
+        kinds = [k for k, present in (("kernel_ids", spec.get("kernel_ids") is not None),
+                                      ("contiguous", "contiguous" in spec),
+                                      ("launch_skip/launch_count", spec.get("launch_skip") is not None
+                                       or spec.get("launch_count") is not None)) if present]
+        if len(kinds) > 1:
+            raise ValueError(f"a window is one of kernel_ids, contiguous or launch_skip/launch_count; this one has "
+                             f"{' and '.join(kinds)}")
+        if "contiguous" in spec and spec["contiguous"] is not True:
+            raise ValueError(f"window contiguous must be true (leave it out otherwise), got {spec['contiguous']!r}")
+        if spec.get("kernel") is not None and kinds != ["launch_skip/launch_count"]:
+            raise ValueError("window kernel filters the launches counted by launch_skip/launch_count: give those too")
         pid = None if spec.get("pid") is None else _count(spec, "pid")
         if spec.get("kernel_ids") is not None:
             ids = spec["kernel_ids"]
@@ -90,6 +101,9 @@ def check_window(window: dict | None, sources: list[str]) -> None:
     if "sources" not in window:
         Window.from_spec(window)
         return
+    if set(window) != {"sources"}:
+        raise ValueError(f"a window with 'sources' has nothing beside it (found {sorted(set(window) - {'sources'})}): "
+                         "put each file's window under sources")
     if not isinstance(window["sources"], dict):
         raise ValueError("window 'sources' must map ncu file names to windows")
     for name, spec in window["sources"].items():

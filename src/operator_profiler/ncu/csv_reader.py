@@ -142,6 +142,28 @@ def _detect_locale(cells: list[str]) -> tuple[str, str]:
     return ",", "."
 
 
+_COUNT_UNITS = {"byte", "inst", "cycle", "sector", "request", "wavefront", "warp", "thread", "block", "register",
+                "transaction"}
+
+
+def _is_count(metric: str, unit: str) -> bool:
+    """A ``.sum`` counter in a base count unit (``dram__bytes.sum`` in ``byte``): its value is a whole number."""
+    return str(metric).strip().endswith(".sum") and str(unit).strip() in _COUNT_UNITS
+
+
+def _count_evidence(cells: list[str]) -> list[str]:
+    """Whole-number cells read as locale evidence: ``4.096`` of a byte count can only be 4,096 (``.`` groups).
+    Returned as unambiguous spellings for :func:`_detect_locale`."""
+    out = []
+    for c in cells:
+        c = c.strip()
+        if re.fullmatch(r"\d{1,3}(?:\.\d{3})+", c):
+            out.append(c + ",0")  # 1.234 of a count: 1.234,0 is the same reading
+        elif re.fullmatch(r"\d{1,3}(?:,\d{3})+", c):
+            out.append(c + ".0")
+    return out
+
+
 def _to_float(cell: str, group: str, decimal: str) -> float | None:
     """Parse one cell; ``None`` when it is not a number (text value)."""
     s = cell.strip()
@@ -300,7 +322,7 @@ def read_ncu_csv(path) -> pd.DataFrame:
             raise _err(path, f"line {lineno}, field ID", f"{r[col['ID']]!r} is not a result ID (an integer)",
                        "The CSV is corrupted or application output is mixed into it; write ncu's CSV to its own "
                        "file with --log-file or redirect the application's stdout (../shared/docs/ncu.md §1.1)")
-    previous = -1
+    previous, seen = -1, {}
     for lineno, r in rows:  # ncu writes results in ID order; an ID that goes back starts another run's output
         current = int(r[col["ID"]])
         if current < previous:
@@ -309,15 +331,31 @@ def read_ncu_csv(path) -> pd.DataFrame:
                        "Pass each run's CSV as a file of its own (opprof ncu A.csv B.csv), so that no result is "
                        "merged with another run's result of the same ID")
         previous = current
+        if page == "details" and not (cell(r, "Metric Name") or "").strip():
+            continue  # a rule row (its Stream cell can differ from its result's, seen in real 2021-era files)
+        # one result per ID: its kernel (and on the details page each section's metric) once
+        identity = tuple(cell(r, c) for c in ("Process ID", "Kernel Name", "Grid Size", "Block Size", "Device",
+                                              "Stream"))
+        entry = (current, cell(r, "Section Name"), cell(r, "Metric Name")) if page == "details" else (current,)
+        if seen.get(current, identity) != identity or entry in seen:
+            raise _err(path, f"line {lineno}, field ID", f"ID {current} names more than one result",
+                       "Each ncu result has an ID of its own; this file numbers two results alike (per process, or "
+                       "merged by hand): pass each run's CSV as a file of its own, as ncu wrote it")
+        seen.setdefault(current, identity)
+        seen[entry] = True
 
     if page == "details":
         value_cells = [r[col["Metric Value"]] for _, r in rows]
+        counts = [r[col["Metric Value"]] for _, r in rows if _is_count(r[col["Metric Name"]], r[col["Metric Unit"]])]
     else:
         metric_cols = [h for h in header if h not in _IDENTITY and "Push/Pop_Range" not in h
                        and "Start/Stop_Range" not in h and h]
         value_cells = [r[col[m]] for _, r in rows for m in metric_cols]
+        counts = [r[col[m]] for _, r in rows for m in metric_cols
+                  if _is_count(m, units_row[col[m]] if units_row else "")]
+    cells = [c.strip() for c in value_cells if _NUMLIKE.match(c.strip())]
     try:
-        group, decimal = _detect_locale([c.strip() for c in value_cells if _NUMLIKE.match(c.strip())])
+        group, decimal = _detect_locale(cells + _count_evidence(counts))
     except ValueError as e:
         raise _err(path, "Metric Value cells", f"numbers use two different digit-grouping conventions ({e})",
                    "Export the whole report in one locale, e.g. `LC_ALL=C ncu -i run.ncu-rep --csv ...` "
@@ -375,7 +413,11 @@ def read_ncu_csv(path) -> pd.DataFrame:
         if df[c].map(lambda x: x is None or isinstance(x, int)).all():
             df[c] = df[c].astype("Int64")
     df["value"] = df["value"].astype("float64")
+    ambiguous = [c for c in cells if re.fullmatch(r"\d{1,3}[.,]\d{3}", c)]
+    guessed = bool(ambiguous) and not any(not re.fullmatch(r"\d{1,3}[.,]\d{3}|\d+", c) for c in cells) \
+        and not _count_evidence(counts)
     df.attrs.update({"source": str(path), "page": page, "locale": (group, decimal), "rules": rules,
+                     "locale_guessed": ambiguous[0] if guessed else None,
                      "compute_capability": compute_capability})
     return df
 
