@@ -5,7 +5,10 @@ Tests that read the real recordings expect them at ``../shared/data/real`` besid
 a green run that silently skipped a third of the suite would prove nothing.
 """
 
+import contextlib
+import io
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,19 @@ def real_file(*parts: str) -> Path:
         pytest.skip(f"real data not available: {path}")
     return path
 
+
+
+def run_opprof(*args, cwd) -> subprocess.CompletedProcess:
+    """``opprof ARGS`` run in this process, in ``cwd``: its exit code, stdout and stderr as a CompletedProcess. The
+    same code path as the command (``cli.main``, one-line errors included) without a Python start-up per call."""
+    from operator_profiler.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
+
+from conftest import run_opprof
 
 PID = 4242
 HDR = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -44,8 +44,7 @@ def _ncu_csv(path):
 
 
 def opprof(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "operator_profiler.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, check=False)
+    return run_opprof(*args, cwd=cwd)
 
 
 def test_refused_counters_are_counted_and_shown(tmp_path):

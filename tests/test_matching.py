@@ -6,17 +6,22 @@ asserted; expected pairs are read off the fixture, never from the code."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import real_file
+from conftest import real_file, run_opprof
 
 from operator_profiler import stages
-from operator_profiler.matching import (base_name, demangle, match_invocations, names_agree, normalize,
-                                        parse_process_map, parse_window_specs)
+from operator_profiler.matching import (
+    base_name,
+    demangle,
+    match_invocations,
+    names_agree,
+    normalize,
+    parse_process_map,
+    parse_window_specs,
+)
 from operator_profiler.matching.align import AMBIGUOUS, PINNED, UNALIGNED, pin
 from operator_profiler.ncu.csv_reader import NcuCsvError
 
@@ -646,9 +651,8 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
     stages.parse_ncu_files([csv], ncu)
     (tmp_path / "timeline").mkdir()
     _kernels(["k", "k", "j"]).to_parquet(tmp_path / "timeline" / "kernels.parquet", index=False)
-    cmd = [sys.executable, "-m", "operator_profiler.cli", "match", "--timeline", str(tmp_path / "timeline"),
-           "--ncu", str(ncu), "--out", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd = ["match", "--timeline", str(tmp_path / "timeline"), "--ncu", str(ncu), "--out", str(tmp_path)]
+    r = run_opprof(*cmd, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "counters: 2 of 3 kernels; 0 refused" in r.stdout
     metrics = pd.read_parquet(tmp_path / "matched" / "kernel_metrics.parquet")
@@ -656,7 +660,7 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
     diag = json.loads((tmp_path / "matched" / "diagnostics.json").read_text())
     assert diag["units"] == {"dram__bytes.sum": "byte"} and diag["timeline_only_kernels"][0]["reason"] == "not_in_ncu"
     # a window and a process map on the command line; bad values are one-line errors
-    r = subprocess.run(cmd + ["--window", "run=1:2", "--process-map", "500=1"], capture_output=True, text=True)
+    r = run_opprof(*cmd, "--window", "run=1:2", "--process-map", "500=1", cwd=tmp_path)
     # launches 1-2 are (k, j), the file has (k, k): the declared window is not what ncu ran; refused, visibly
     assert r.returncode == 0 and "counters: 0 of 3 kernels; 2 refused (2 window_mismatch)" in r.stdout, r.stdout
     (tmp_path / "w.json").write_text(json.dumps({"sources": {"run": {"launch_skip": -1, "launch_count": 2}}}))
@@ -670,7 +674,7 @@ def test_opprof_match_writes_metrics_and_diagnostics(tmp_path):
         ("--window", "run=0:2:regex:["): "is not a valid regular expression",
     }
     for bad, needle in bad_values.items():
-        r = subprocess.run(cmd + list(bad), capture_output=True, text=True)
+        r = run_opprof(*cmd, *bad, cwd=tmp_path)
         assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert needle in r.stderr, (bad, r.stderr)
 
