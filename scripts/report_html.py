@@ -8,5 +8,5 @@ i = snakemake.input
 run_rule(snakemake.log[0], stages.report_html_files, snakemake.wildcards.workload, i.run, i.coverage, i.operators,
          i.modules, i.layer_classes, json.loads(snakemake.params.options), snakemake.output[0],
          diagnostics_path=i.diagnostics or None, match_diagnostics_path=i.matching or None,
-         replay_paths=list(i.replays) or None, clocks_path=i.clocks,
+         replay_paths=list(i.replays) or None, clocks_path=i.clocks, phases_path=i.phases,
          attribution_path=getattr(i, "attribution", None), counters_path=getattr(i, "counters", None))

@@ -77,6 +77,80 @@ def test_validate_config_prints_defaults(tmp_path):
     assert printed["device"] == "cpu" and printed["workloads"]["gpt2"]["n_layer"] == 4
 
 
+def test_every_option_of_every_subcommand_has_help():
+    import argparse
+
+    from operator_profiler.cli import build_parser
+
+    parser = build_parser()
+    missing, seen = [], 0
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helped = {choice.dest for choice in action._choices_actions if choice.help}
+            missing += [f"{name} (the subcommand)" for name in action.choices if name not in helped]
+            for name, sub in action.choices.items():
+                for option in sub._actions:
+                    if isinstance(option, argparse._HelpAction):
+                        continue
+                    seen += 1
+                    if not (option.help or "").strip():
+                        missing.append(f"{name} {'/'.join(option.option_strings) or option.dest}")
+        elif not isinstance(action, argparse._HelpAction) and not (action.help or "").strip():
+            missing.append("/".join(action.option_strings) or action.dest)
+    assert seen > 50 and not missing, missing
+
+
+CUSTOM = "workloads:\n  mine:\n    kind: custom\n    factory: {factory}\n"
+
+
+@pytest.mark.parametrize("factory, module, expected", [
+    ("nowhere_models:build", None, "no module 'nowhere_models' on the Python path; put the folder holding it on "
+                                   "PYTHONPATH"),
+    ("cfg_models:biuld", "def build():\n    pass\n", "module 'cfg_models' (cfg_models.py) has no 'biuld' "
+                                                        "(did you mean 'build'?)"),
+    ("cfg_models:build", "def build(:\n", "importing module 'cfg_models' raised SyntaxError at "),
+    ("cfg_models:build", "import not_installed_dependency\n", "importing module 'cfg_models' raised "
+                                                                "ModuleNotFoundError at "),
+    ("cfg_models:build", "build = 3\n", "'build' in module 'cfg_models' is a int, not a function"),
+])
+def test_validate_config_checks_that_the_factory_imports(tmp_path, monkeypatch, factory, module, expected):
+    from conftest import run_opprof
+
+    if module is not None:
+        (tmp_path / "cfg_models.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cfg_models", raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CUSTOM.format(factory=factory))
+    res = run_opprof("validate-config", cfg, cwd=tmp_path)
+    lines = _error_lines(res.stderr)
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"opprof validate-config: error: in {cfg}: workloads.mine.factory: factory {factory!r}")
+    assert expected in lines[0]
+    if "SyntaxError" in expected:
+        assert f"cfg_models.py:1" in lines[0]
+    # --no-imports checks the config only
+    assert run_opprof("validate-config", "--no-imports", cfg, cwd=tmp_path).returncode == 0
+
+
+def test_validate_config_checks_loss_fn_and_accepts_a_good_factory(tmp_path, monkeypatch):
+    from conftest import run_opprof
+
+    (tmp_path / "cfg_models2.py").write_text("def build():\n    raise SystemExit('never called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CUSTOM.format(factory="cfg_models2:build"))
+    res = run_opprof("validate-config", cfg, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["workloads"]["mine"]["factory"] == "cfg_models2:build"
+    cfg.write_text(CUSTOM.format(factory="cfg_models2:build") + "    mode: train\n    loss_fn: cfg_models2:loss\n")
+    res = run_opprof("validate-config", cfg, cwd=tmp_path)
+    assert res.returncode == 1 and "workloads.mine.loss_fn: loss_fn 'cfg_models2:loss'" in res.stderr
+    cfg.write_text(CUSTOM.format(factory="cfg_models2:build") + "    optimizer: sgd\n")
+    res = run_opprof("validate-config", cfg, cwd=tmp_path)
+    assert res.returncode == 1 and "unknown key 'optimizer' (only with mode: train)" in res.stderr
+
+
 def test_attribute_with_an_inductor_dir_without_graphs_fails(tmp_path):
     d = tmp_path / "d"
     res = opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path)

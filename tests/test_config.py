@@ -22,7 +22,7 @@ def schema() -> dict:
 
 def _branch_defaults(schema: dict, kind: str) -> dict:
     for branch in schema["$defs"]["workload"]["allOf"]:
-        if branch["if"]["properties"]["kind"]["const"] == kind:
+        if branch["if"]["properties"].get("kind", {}).get("const") == kind:  # per-kind branches (not mode: train)
             return {k: v["default"] for k, v in branch["then"]["properties"].items() if "default" in v}
     raise AssertionError(kind)
 

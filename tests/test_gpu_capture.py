@@ -309,7 +309,8 @@ def toy(tmp_path, monkeypatch):
 def test_harness_brackets_exactly_the_measured_iterations(toy, tmp_path):
     run = harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build"}, HARNESS, "cpu", None,
                               tmp_path / "layers.json", tmp_path / "run.json", profiler="cuda_profiler_api")
-    assert toy.EVENTS == ["forward"] * 2 + ["cudaProfilerStart"] + ["forward"] * 3 + ["cudaProfilerStop"]
+    # one forward probing the layers' inputs (workloads.probe_layer_inputs), 2 warm-up, then the 3 measured ones
+    assert toy.EVENTS == ["forward"] * 3 + ["cudaProfilerStart"] + ["forward"] * 3 + ["cudaProfilerStop"]
     assert run == json.loads((tmp_path / "run.json").read_text())
     assert run["profiler"] == "cuda_profiler_api" and run["measured_kernels"] is None
     assert run["settings"]["cudnn_benchmark"] is False and run["settings"]["deterministic_algorithms"] is True
@@ -319,8 +320,9 @@ def test_harness_brackets_exactly_the_measured_iterations(toy, tmp_path):
 def test_harness_stops_the_profiler_range_when_an_iteration_raises(toy, tmp_path):
     from operator_profiler.errors import WorkloadError
 
-    with pytest.raises(WorkloadError, match="during measured iteration 1: boom"):
-        harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build", "kwargs": {"fail_at": 4}},
+    # calls: 1 the layer-input probe, 2-3 warm-up, 4 measured iteration 0, 5 measured iteration 1
+    with pytest.raises(WorkloadError, match=r"during measured iteration 1 at .*gpu_capture_toy.py:\d+ \(in forward\): boom"):
+        harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build", "kwargs": {"fail_at": 5}},
                             HARNESS, "cpu", None, tmp_path / "layers.json", tmp_path / "run.json",
                             profiler="cuda_profiler_api")
     assert toy.EVENTS[-2:] == ["forward", "cudaProfilerStop"] and toy.EVENTS.count("cudaProfilerStart") == 1

@@ -354,9 +354,19 @@ def _failing_run(tmp_path, workload: dict, module_source: str | None = None):
     return log.strip().splitlines()[-1]
 
 
-def test_missing_custom_factory_is_a_one_line_failure(tmp_path):
-    last = _failing_run(tmp_path, {"kind": "custom", "factory": "usermodels:nope"}, "x = 1\n")
-    assert last.startswith("FAILED: custom factory 'usermodels:nope'") and "no callable 'nope'" in last
+def test_missing_custom_factory_fails_when_the_dag_is_built(tmp_path):
+    (tmp_path / "usermodels.py").write_text("x = 1\n\ndef build():\n    pass\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "workloads": {"mine": {"kind": "custom", "factory": "usermodels:nope"}}}))
+    result = snakemake(tmp_path, config, "-n", env=custom_env(tmp_path))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    error = [line for line in result.stderr.splitlines() if "workloads.mine.factory" in line]
+    assert len(error) == 1 and "factory 'usermodels:nope': module 'usermodels'" in error[0]
+    assert "has no 'nope'" in error[0]
+    # a module that is not on the path: the error says PYTHONPATH
+    result = snakemake(tmp_path, config, "-n")  # without the folder on PYTHONPATH
+    assert result.returncode != 0 and "no module 'usermodels' on the Python path" in result.stderr
+    assert "PYTHONPATH" in result.stderr and not (tmp_path / "logs").exists()
 
 
 def test_workload_that_raises_is_a_one_line_failure(tmp_path):
@@ -372,3 +382,8 @@ def test_workload_that_raises_is_a_one_line_failure(tmp_path):
     """
     last = _failing_run(tmp_path, {"kind": "custom", "factory": "usermodels:build"}, source)
     assert last.startswith("FAILED: workload 'mine' raised RuntimeError") and "shape mismatch" in last
+    # the user's file and line (the raise is line 6 of the dedented source), and where the traceback is
+    assert f"at {tmp_path / 'usermodels.py'}:6 (in forward)" in last
+    assert last.endswith(f"(traceback in {Path('logs') / 'capture_timeline' / 'mine.log'})")
+    log = (tmp_path / "logs" / "capture_timeline" / "mine.log").read_text()
+    assert f'File "{tmp_path / "usermodels.py"}", line 6, in forward' in log

@@ -8,6 +8,7 @@ rule aggregate:
         lib=[
             *MATCHING_LIB,
             LIB / "aggregate.py",
+            LIB / "naming.py",
             LIB / "ncu" / "catalog.py",
             LIB / "ncu" / "metrics.yaml",
             *ANALYSIS_LIB,
@@ -21,6 +22,7 @@ rule aggregate:
             subcategory="Operators",
             labels={"workload": "{workload}", "file": "operators.csv"},
         ),
+        phases="results/{workload}/phases.parquet",
         modules="results/{workload}/modules.parquet",
         layer_classes="results/{workload}/layer_classes.parquet",
         coverage=report(

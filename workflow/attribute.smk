@@ -19,6 +19,8 @@ rule attribute:
             LIB / "attribution" / "transfer.py",
             LIB / "attribution" / "inductor.py",
             LIB / "attribution" / "nvtx.py",
+            # kernel_phases: the train-step phase of each kernel
+            LIB / "timeline" / "kineto.py",
             *ANALYSIS_LIB,
         ],
     output:

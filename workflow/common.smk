@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from operator_profiler.capture import resolve_timeline
-from operator_profiler.config import ConfigError, validate_config
+from operator_profiler.config import ConfigError, check_callables, validate_config
 
 try:
-    config = validate_config(
-        config,
-        " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)",
-    )
+    _SOURCE = " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)"
+    config = validate_config(config, _SOURCE)
+    # A custom factory or loss_fn that does not import fails here, in one line, not in its capture job.
+    check_callables(config, _SOURCE)
 except ConfigError as exc:
     sys.exit(f"Error: {exc}")
 
@@ -89,6 +89,7 @@ CAPTURE_LIB = [
         "naming.py",
         "files.py",
         "gpu_jobs.py",
+        "training.py",
     )
 ]
 ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
@@ -164,18 +165,20 @@ def gpu_files(wildcards, input, output):
 
 
 def custom_model_source(wildcards):
-    """The source file of a custom workload's factory module, so that editing the model re-runs
-    its capture (Snakemake does not track what a script imports)."""
-    spec = config["workloads"][wildcards.workload].get("factory")
-    if not spec:
-        return []
-    try:
-        found = importlib.util.find_spec(spec.partition(":")[0])
-    except (ImportError, ValueError):
-        found = None  # the capture job reports the missing module in one line
-    if found is None or not found.origin or not found.origin.endswith(".py"):
-        return []
-    return found.origin
+    """The source files of a workload's custom factory and loss_fn modules, so that editing the model or
+    its loss re-runs its capture (Snakemake does not track what a script imports)."""
+    workload = config["workloads"][wildcards.workload]
+    sources = []
+    for spec in (workload.get("factory"), workload.get("loss_fn")):
+        if not spec:
+            continue
+        try:
+            found = importlib.util.find_spec(spec.partition(":")[0])
+        except (ImportError, ValueError):
+            found = None  # check_callables has reported it when the DAG was built
+        if found is not None and found.origin and found.origin.endswith(".py") and found.origin not in sources:
+            sources.append(found.origin)
+    return sources
 
 
 def workload_params(wildcards):

@@ -12,10 +12,14 @@ from collections import Counter
 
 import pandas as pd
 
+from .naming import PHASES
 from .timeline.kineto import DISPATCHER_OP
 
 UNATTRIBUTED = "(unattributed)"
 OUTSIDE_LAYERS = "(outside layers)"
+OUTSIDE_PHASES = "(outside phases)"
+PHASE_COLUMNS = ["phase", "operator", "calls", "kernels", "time_ns", "phase_share", "time_share",
+                 "time_per_iteration_ns", "iteration_median_ns"]
 
 
 def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFrame:
@@ -78,6 +82,79 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
     return table[columns].sort_values(["time_ns", "operator"], ascending=[False, True]).reset_index(drop=True)
 
 
+def _has_phases(attribution: pd.DataFrame) -> bool:
+    return "phase" in attribution and bool(attribution["phase"].notna().any())
+
+
+def _per_iteration(measured: pd.DataFrame, keys: list[str], iterations: list[int]) -> pd.DataFrame:
+    """``keys`` x measured iteration -> kernel time (ns), 0 where a group ran nothing in an iteration."""
+    per_it = measured.pivot_table(index=keys, columns="iteration", values="duration_ns", aggfunc="sum", fill_value=0)
+    for missing in set(iterations) - set(int(c) for c in per_it.columns):
+        per_it[missing] = 0
+    return per_it
+
+
+def phases_table(attribution: pd.DataFrame) -> pd.DataFrame:
+    """One row per (train-step phase, operator): the operators of each phase (``forward``, ``backward``,
+    ``optimizer``; ``(outside phases)`` for kernels outside every phase range), in phase order, then by time.
+
+    Columns (:data:`PHASE_COLUMNS`): phase, operator, calls, kernels, time_ns (every kernel of the
+    attribution), phase_share (of the phase's kernel time, 0-1), time_share (of all kernel time, 0-1),
+    time_per_iteration_ns (mean over the measured iterations) and iteration_median_ns (median of the
+    per-iteration times; an iteration without the operator counts 0), both from the kernels inside
+    iteration ranges. Empty (these columns) when no kernel has a phase (inference, foreign traces).
+    """
+    if not _has_phases(attribution):
+        return pd.DataFrame({c: pd.Series(dtype="str" if c in ("phase", "operator") else
+                                          "float64" if c.endswith("share") else "int64") for c in PHASE_COLUMNS})
+    df = attribution.assign(operator=attribution["operator"].fillna(UNATTRIBUTED),
+                            phase=attribution["phase"].fillna(OUTSIDE_PHASES))
+    df = df.assign(call_key=df["operator_range_id"].astype("string").fillna("k" + df["kernel_id"].astype(str)))
+    total = int(df["duration_ns"].sum())
+    grouped = df.groupby(["phase", "operator"], sort=False)
+    table = pd.DataFrame({"calls": grouped["call_key"].nunique(), "kernels": grouped.size(),
+                          "time_ns": grouped["duration_ns"].sum().astype("int64")}).reset_index()
+    phase_time = df.groupby("phase")["duration_ns"].sum()
+    table["phase_share"] = [t / phase_time[p] if phase_time[p] else 0.0 for p, t in zip(table["phase"], table["time_ns"])]
+    table["time_share"] = table["time_ns"] / total if total else 0.0
+    measured = df[df["iteration"].notna()]
+    iterations = sorted(int(i) for i in measured["iteration"].unique())
+    if iterations:
+        per_it = _per_iteration(measured, ["phase", "operator"], iterations)
+        stats = pd.DataFrame({"time_per_iteration_ns": per_it.sum(axis=1) / len(iterations),
+                              "iteration_median_ns": per_it.median(axis=1)}).round().astype("int64")
+        table = table.merge(stats, left_on=["phase", "operator"], right_index=True, how="left")
+    for column in ("time_per_iteration_ns", "iteration_median_ns"):
+        table[column] = table[column].fillna(0).astype("int64") if column in table else 0
+    order = {p: i for i, p in enumerate((*PHASES, OUTSIDE_PHASES))}
+    table["_order"] = table["phase"].map(order).fillna(len(order))
+    table = table.sort_values(["_order", "time_ns", "operator"], ascending=[True, False, True])
+    return table[PHASE_COLUMNS].reset_index(drop=True)
+
+
+def phase_summary(attribution: pd.DataFrame) -> list[dict] | None:
+    """One entry per train-step phase present, in step order (``(outside phases)`` last): ``phase``,
+    ``kernels``, ``time_ns``, ``time_share`` (0-1 of all kernel time) and ``iteration_median_ns`` (median over
+    the measured iterations of the phase's kernel time per iteration, ns); None when no kernel has a phase."""
+    if not _has_phases(attribution):
+        return None
+    df = attribution.assign(phase=attribution["phase"].fillna(OUTSIDE_PHASES))
+    total = int(df["duration_ns"].sum())
+    measured = df[df["iteration"].notna()]
+    iterations = sorted(int(i) for i in measured["iteration"].unique())
+    medians = _per_iteration(measured, ["phase"], iterations).median(axis=1) if iterations else pd.Series(dtype=float)
+    out = []
+    for phase in (*PHASES, OUTSIDE_PHASES):
+        mine = df[df["phase"] == phase]
+        if not len(mine):
+            continue
+        time_ns = int(mine["duration_ns"].sum())
+        out.append({"phase": phase, "kernels": int(len(mine)), "time_ns": time_ns,
+                    "time_share": time_ns / total if total else 0.0,
+                    "iteration_median_ns": int(round(medians.get(phase, 0)))})
+    return out
+
+
 def modules_table(attribution: pd.DataFrame) -> pd.DataFrame:
     """One row per module path (layer instance) plus ``(outside layers)``: module, kernels, time_ns, time_share."""
     df = attribution.assign(module=attribution["module"].fillna(OUTSIDE_LAYERS))
@@ -90,7 +167,9 @@ def modules_table(attribution: pd.DataFrame) -> pd.DataFrame:
 
 def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd.DataFrame:
     """One row per layer class: layer_class, module_class, instances, kernels_per_instance, time_ns,
-    mean_instance_time_ns, representative, replays_without_dedup, replays_with_dedup."""
+    mean_instance_time_ns, representative, replays_without_dedup, replays_with_dedup, split_reason and
+    split_detail (why one module class fell into several classes: :func:`operator_profiler.layers.explain_splits`;
+    null when it did not)."""
     rows = []
     for name, entry in classes.items():
         mine = instances[instances["layer_class"] == name]
@@ -106,10 +185,13 @@ def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd
                 "representative": entry["representative"],
                 "replays_without_dedup": len(entry["instances"]),
                 "replays_with_dedup": 1,
+                "split_reason": entry.get("split_reason"),
+                "split_detail": entry.get("split_detail"),
             }
         )
     columns = ["layer_class", "module_class", "instances", "kernels_per_instance", "time_ns",
-               "mean_instance_time_ns", "representative", "replays_without_dedup", "replays_with_dedup"]
+               "mean_instance_time_ns", "representative", "replays_without_dedup", "replays_with_dedup",
+               "split_reason", "split_detail"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -306,5 +388,6 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
             for r in groups.itertuples(index=False)
         ],
         "unattributed_reasons": dict(Counter(unattributed["reason"].fillna("unknown"))),
+        "phases": phase_summary(attribution),
         "external_id_disagreements": external_id_disagreements(attribution),
     }

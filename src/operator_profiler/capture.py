@@ -136,6 +136,8 @@ def _run_nsys(workload_name: str, workload: dict, harness_cfg: dict, out_trace: 
         harness_error = [line for line in proc.stdout.splitlines() if line.startswith("opprof run-harness: error:")]
         why = harness_error[-1].removeprefix("opprof run-harness: error: ") if harness_error else (
             f"exit status {proc.returncode}; its output is in the log")
+        if why.endswith(" (the traceback is above)"):  # cli.USER_TRACEBACK_ABOVE: the model's own traceback
+            why = why.removesuffix(" (the traceback is above)") + " (its traceback is in the log)"
         raise CaptureError(f"nsys profile of workload {workload_name!r} failed: {why}")
     report = next((p for p in (base.with_name(base.name + ".nsys-rep"), base.with_name(base.name + ".qdrep"))
                    if p.is_file()), None)

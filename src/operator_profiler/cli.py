@@ -14,10 +14,17 @@ from .errors import USER_ERRORS
 from .files import InputError
 
 
-def _cmd_validate_config(args) -> None:
-    from .config import load_config
+#: Appended to the error line when the user's own traceback was printed above it (capture.py looks for it).
+USER_TRACEBACK_ABOVE = " (the traceback is above)"
 
-    print(json.dumps(load_config(args.config), indent=1, sort_keys=True))
+
+def _cmd_validate_config(args) -> None:
+    from .config import check_callables, load_config
+
+    config = load_config(args.config)
+    if not args.no_imports:
+        check_callables(config, str(args.config))
+    print(json.dumps(config, indent=1, sort_keys=True))
 
 
 def _cmd_capture(args) -> None:
@@ -165,8 +172,9 @@ def _cmd_aggregate(args) -> None:
                            {"per_iteration": not args.totals, "device": args.device}, out / "operators.parquet", out / "operators.csv",
                            out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json",
                            counters_path=Path(args.counters) if args.counters else None,
-                           matching_path=Path(args.matching) if args.matching else None)
-    print(f"wrote operators.csv, modules.parquet, layer_classes.parquet, coverage.json in {out}")
+                           matching_path=Path(args.matching) if args.matching else None,
+                           out_phases=out / "phases.parquet")
+    print(f"wrote operators.csv, phases.parquet, modules.parquet, layer_classes.parquet, coverage.json in {out}")
 
 
 def _cmd_report(args) -> None:
@@ -178,7 +186,8 @@ def _cmd_report(args) -> None:
                         {"top_operators": args.top}, Path(args.out),
                         diagnostics_path=Path(args.timeline) / "diagnostics.json" if args.timeline else None,
                         match_diagnostics_path=Path(args.matching) if args.matching else None,
-                        clocks_path=clocks if clocks.is_file() else None)
+                        clocks_path=clocks if clocks.is_file() else None,
+                        phases_path=d / "phases.parquet" if (d / "phases.parquet").is_file() else None)
     print(f"wrote {args.out}")
 
 
@@ -231,21 +240,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("validate-config", help="validate a config file and print it with defaults")
-    s.add_argument("config", type=Path)
+    s.add_argument("config", type=Path, help="the workflow config (YAML), e.g. config/config.yaml")
+    s.add_argument("--no-imports", action="store_true",
+                   help="do not import the custom workloads' factory and loss_fn modules (by default each is "
+                        "imported, its function looked up, not called; the module must be on PYTHONPATH)")
     s.set_defaults(func=_cmd_validate_config)
 
     s = sub.add_parser("capture", help="run one workload of a config under torch.profiler")
-    s.add_argument("--config", type=Path, default=Path("config/config.yaml"))
-    s.add_argument("--workload", required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--config", type=Path, default=Path("config/config.yaml"),
+                   help="the workflow config (default: config/config.yaml)")
+    s.add_argument("--workload", required=True, help="the workload's name in the config's workloads")
+    s.add_argument("--out", required=True, help="folder for timeline.kineto.json.gz, run.json and layers.json")
     s.set_defaults(func=_cmd_capture)
 
     s = sub.add_parser("run-harness", help="run a workload's harness once (what nsys launches; ncu replays)",
                        description=_cmd_run_harness.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--workload-json", required=True, help="the workload's config slice: inline JSON or a file")
     s.add_argument("--harness-json", required=True, help="the harness section (seed, warmup, iterations)")
-    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    s.add_argument("--profiler", default="cuda_profiler_api", choices=("torch", "cuda_profiler_api", "none"))
+    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to run (auto: cuda when torch sees a GPU, else cpu)")
+    s.add_argument("--profiler", default="cuda_profiler_api", choices=("torch", "cuda_profiler_api", "none"),
+                   help="torch: torch.profiler trace (--out-trace); cuda_profiler_api: measured iterations between "
+                        "cudaProfilerStart/Stop, for nsys/ncu around the process; none: no profiler")
     s.add_argument("--out-run", required=True, help="run.json to write")
     s.add_argument("--out-layers", help="layers.json to write (left out: not written)")
     s.add_argument("--out-trace", help="gzipped Chrome trace (--profiler torch)")
@@ -257,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--kineto", help="torch.profiler Chrome trace (.json or .json.gz)")
     src.add_argument("--nsys", help="Nsight Systems export (.sqlite or .nsys-rep)")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="folder for kernels/launches/ranges/gpu_activities.parquet and "
+                                                "diagnostics.json")
     s.add_argument("--expect-gpu", action="store_true",
                    help="fail when a torch.profiler trace has no GPU kernel record (a CUDA run profiled "
                         "without ProfilerActivity.CUDA) instead of reading it as a CPU trace")
@@ -265,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ncu", help="Nsight Compute CSVs (ncu --csv, details or raw page) -> per-kernel counters parquet")
     s.add_argument("files", nargs="+", help="ncu --csv output files")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="the counters parquet to write (one row per profiled kernel)")
     s.set_defaults(func=_cmd_ncu)
 
     s = sub.add_parser("match", help="ncu counters <-> timeline kernels by invocation order (scoped alignment)")
@@ -283,21 +300,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_match)
 
     s = sub.add_parser("fusion-map", help="Inductor debug directory -> fusion map parquet")
-    s.add_argument("--inductor-dir", required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--inductor-dir", required=True,
+                   help="the folder torch.compile wrote with TORCH_COMPILE_DEBUG=1 (or its torchinductor/)")
+    s.add_argument("--out", required=True, help="fusion_map.parquet to write")
     s.set_defaults(func=_cmd_fusion_map)
 
     s = sub.add_parser("classify", help="layer instances and classes from a timeline")
-    s.add_argument("--timeline", required=True)
+    s.add_argument("--timeline", required=True, help="timeline directory from 'opprof timeline'")
     s.add_argument("--layers", required=True, help="layers.json written by the capture")
     s.add_argument("--verify", action="store_true", help="name two instances per class for ncu to replay "
                                                          "(their counters are compared: dedup.verify)")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="folder for instances.parquet, kernel_layers.parquet, classes.json "
+                                                "and classes/")
     s.set_defaults(func=_cmd_classify)
 
     s = sub.add_parser("attribute", help="one attribution record per kernel")
-    s.add_argument("--timeline", required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--timeline", required=True, help="timeline directory from 'opprof timeline'")
+    s.add_argument("--out", required=True, help="attribution parquet to write (e.g. attribution/kernels.parquet)")
     s.add_argument("--kernel-layers", help="kernel_layers.parquet from 'opprof classify'")
     fusion_source = s.add_mutually_exclusive_group()
     fusion_source.add_argument("--fusion-map", help="fusion_map.parquet from 'opprof fusion-map'")
@@ -317,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_attribute)
 
     s = sub.add_parser("aggregate", help="operators, modules, layer classes, coverage")
-    s.add_argument("--attribution", required=True)
-    s.add_argument("--instances", required=True)
+    s.add_argument("--attribution", required=True, help="attribution parquet from 'opprof attribute'")
+    s.add_argument("--instances", required=True, help="instances.parquet from 'opprof classify'")
     s.add_argument("--classes", required=True, help="classes.json from 'opprof classify'")
     s.add_argument("--totals", action="store_true", help="do not divide by the number of iterations")
     s.add_argument("--device", choices=("cpu", "cuda"), help="where the trace ran (words the note on counters)")
@@ -326,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "hardware metrics and a bottleneck label per operator and module")
     s.add_argument("--matching", help="matched/diagnostics.json from 'opprof match': coverage.json counts the kernels "
                                       "whose counters were refused, per reason and kernel")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="folder for operators.{parquet,csv}, phases.parquet, "
+                                                "modules.parquet, layer_classes.parquet and coverage.json")
     s.set_defaults(func=_cmd_aggregate)
 
     s = sub.add_parser("report", help="Markdown report from aggregated results")
@@ -335,9 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeline", help="the timeline folder (nsys or Kineto): its diagnostics.json goes in the report")
     s.add_argument("--matching", help="matched/diagnostics.json of 'opprof match': counters per layer class and "
                                       "the dedup.verify check")
-    s.add_argument("--workload")
-    s.add_argument("--top", type=_positive_int, default=20)
-    s.add_argument("--out", required=True)
+    s.add_argument("--workload", help="the report's title (default: the results folder's name)")
+    s.add_argument("--top", type=_positive_int, default=20, help="operators listed (default 20)")
+    s.add_argument("--out", required=True, help="report.md to write")
     s.set_defaults(func=_cmd_report)
 
     s = sub.add_parser("report-html", help="self-contained HTML report of a results folder (plots, sortable tables)")
@@ -349,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "the page, as with 'opprof report' (default: timeline/ in the results folder)")
     s.add_argument("--workload", help="the page's title (default: the folder's name)")
     s.add_argument("--top", type=_positive_int, default=20, help="operators and modules drawn before 'other'")
-    s.add_argument("--out", "-o", required=True)
+    s.add_argument("--out", "-o", required=True, help="report.html to write (an .html file in an existing folder)")
     s.set_defaults(func=_cmd_report_html)
 
     s = sub.add_parser("compare", help="HTML page comparing two profiles of one workload (before/after a change)",
@@ -388,7 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except USER_ERRORS as exc:
-        print(f"opprof {args.command}: error: {exc}", file=sys.stderr)
+        user_traceback = getattr(exc, "traceback_text", None)  # the user's model raised: its frames help
+        if user_traceback:
+            print(user_traceback.rstrip(), file=sys.stderr)
+        print(f"opprof {args.command}: error: {exc}{USER_TRACEBACK_ABOVE if user_traceback else ''}", file=sys.stderr)
         return 1
     except OSError as exc:  # an output folder that is a file, not writable, full ...
         where = f": {exc.filename}" if exc.filename else ""

@@ -21,6 +21,10 @@ class ConfigError(ValueError):
     """The config is invalid; the message names the key and how to fix it."""
 
 
+#: Workload keys of the train step (schema: only with ``mode: train``).
+TRAIN_KEYS = ("optimizer", "lr", "loss_fn")
+
+
 def load_schema() -> dict:
     text = resources.files("operator_profiler").joinpath("schemas/config.schema.yaml").read_text()
     return yaml.safe_load(text)
@@ -128,6 +132,9 @@ def _describe(error: jsonschema.ValidationError, root: dict) -> str:
         hints = []
         for key in unknown:
             close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            if key in TRAIN_KEYS:
+                hints.append(f"'{key}' (only with mode: train)")
+                continue
             hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
         return f"at '{where}': unknown key {', '.join(hints)}; allowed keys here: {', '.join(sorted(allowed))}"
     message = error.message
@@ -211,3 +218,63 @@ def load_config(path: Path) -> dict:
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from None
     return validate_config(raw, str(path))
+
+
+def _check_callable(spec: str, what: str) -> str | None:
+    """Why ``spec`` (``package.module:function``) does not name a callable, or None when it does. Imports
+    the module (its top-level code runs; the function is not called)."""
+    import importlib
+    import importlib.util
+    import os
+    import traceback
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):  # a parent package that is missing or not a package
+        found = None
+    if found is None:
+        return (f"{what} {spec!r}: no module {module_name!r} on the Python path; put the folder holding it on "
+                "PYTHONPATH (e.g. PYTHONPATH=/path/to/folder snakemake ... or opprof ...) or install it")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the module's own code: name its file and line
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+        where = ""
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f" at {exc.filename}:{exc.lineno}"
+        elif frames:
+            where = f" at {frames[-1].filename}:{frames[-1].lineno}"
+        first = (str(exc).splitlines() or [""])[0]
+        return (f"{what} {spec!r}: importing module {module_name!r} raised {type(exc).__name__}{where}: {first}; "
+                "fix the module (or install what it imports)")
+    value = getattr(module, attr, None)
+    origin = getattr(module, "__file__", None) or module_name
+    if value is None:
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else (f"; it defines {', '.join(names[:8])}" if names else "")
+        return f"{what} {spec!r}: module {module_name!r} ({os.path.relpath(origin) if os.path.isabs(origin) else origin}) has no {attr!r}{hint}"
+    if not callable(value):
+        return f"{what} {spec!r}: {attr!r} in module {module_name!r} is a {type(value).__name__}, not a function"
+    return None
+
+
+def check_callables(config: dict, source: str = "config") -> None:
+    """Check that every custom workload's ``factory`` and every ``loss_fn`` of a validated config imports and
+    names a callable, without calling it (the module is imported: its top-level code runs).
+
+    Raises:
+        ConfigError: one line per problem, naming the workload, the key and what to fix (PYTHONPATH for a
+            module that is not found).
+    """
+    problems = []
+    for name, w in config.get("workloads", {}).items():
+        for key, what in (("factory", "factory"), ("loss_fn", "loss_fn")):
+            spec = w.get(key)
+            if isinstance(spec, str) and spec:
+                why = _check_callable(spec, what)
+                if why:
+                    problems.append(f"workloads.{name}.{key}: {why}")
+    if problems:
+        raise ConfigError(f"in {source}: {'; '.join(problems)}")

@@ -6,6 +6,7 @@ NVTX push/pop ranges in our own domain (nsys and ncu see them). Range names:
 
 - iteration: ``opprof.iteration:<i>``
 - layer:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
+- phase:     ``opprof.phase:<forward|backward|optimizer>`` (train mode: :mod:`operator_profiler.training`)
 
 Compiled workloads use *regional compilation* (each layer instance's ``forward`` is compiled; a model
 without layers is compiled whole): Dynamo ignores ``record_function`` inside a compiled region
@@ -29,8 +30,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import workloads
-from .errors import DeviceUnavailable
+from . import training, workloads
+from .errors import DeviceUnavailable, from_user_exception
 from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
@@ -248,16 +249,37 @@ def run_capture(
     train = workload.get("mode", "inference") == "train"
     model.train(train)
     layers = workloads.find_layers(model)
+    label = repr(workload_name or workload.get("kind"))
+    trainer: training.TrainStep | None = None
+
+    def user_code(what: str, call: Callable[[], None]) -> None:
+        """Run the model's code; an exception of the user's code becomes a one-line WorkloadError naming the
+        user's file:line (errors.from_user_exception), with its traceback kept for the job's log."""
+        try:
+            call()
+        except workloads.WorkloadError:
+            raise
+        except Exception as exc:
+            phase = f" ({trainer.phase})" if trainer is not None and trainer.phase else ""
+            raise from_user_exception(exc, f"workload {label}", workloads.LIBRARY_DIRS, f"{what}{phase}") from exc
+
+    layer_inputs: dict = {}
+    if layers and not hasattr(model, "_orig_mod"):  # an already-compiled model: no eager probe
+        def probe() -> None:
+            layer_inputs.update(workloads.probe_layer_inputs(model, inputs, layers, grad=train))
+
+        user_code("its first forward (probing the layers' inputs)", probe)
 
     emitter = _RangeEmitter(use_nvtx=device == "cuda")
     _install_layer_ranges(model, layers, emitter)
     if compiled:
         _compile(model, layers, {"backend": "inductor"})
+    if train:
+        trainer = training.TrainStep(model, model, inputs, workload, emitter)
 
     def step() -> None:
-        if train:
-            model.zero_grad(set_to_none=True)
-            model(*inputs).float().square().mean().backward()
+        if trainer is not None:
+            trainer()
         else:
             with torch.no_grad():
                 model(*inputs)
@@ -265,14 +287,7 @@ def run_capture(
             torch.cuda.synchronize()
 
     def run_step(what: str) -> None:
-        try:
-            step()
-        except workloads.WorkloadError:
-            raise
-        except Exception as exc:  # the model's own code failed: a user error, reported in one line
-            raise workloads.WorkloadError(
-                f"workload {workload_name or workload.get('kind')!r} raised {type(exc).__name__} during {what}: {exc}"
-            ) from exc
+        user_code(what, step)
 
     t0 = time.perf_counter()
     for _ in range(harness["warmup"]):  # compile + autotune happen here, outside the window
@@ -309,7 +324,8 @@ def run_capture(
         layers_path.parent.mkdir(parents=True, exist_ok=True)
         layers_path.write_text(
             json.dumps(
-                [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes} for l in layers],
+                [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes,
+                  "calls": layer_inputs.get(l.path)} for l in layers],
                 indent=1,
             )
             + "\n"
@@ -321,6 +337,7 @@ def run_capture(
         "compiled": compiled,
         "compile_mode": ("regional" if layers else "whole_model") if compiled else None,
         "mode": "train" if train else "inference",
+        "train_step": trainer.describe() if trainer is not None else None,
         "layers": len(layers),
         "nvtx": emitter.nvtx_backend,
         "profiler": profiler,

@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .timeline.kineto import iteration_at
+from .timeline.kineto import iteration_at, kernel_phases
 
 REST_CLASS = "rest"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -133,6 +134,7 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     kl["grid"] = kernels["grid"].astype("str").fillna("").array
     kl["block"] = kernels["block"].astype("str").fillna("").array
     kl["duration_ns"] = kernels["duration_ns"].to_numpy()
+    kl["phase"] = kernel_phases(kernels, ranges)
     kl["instance"] = kl["layer"].fillna(REST_CLASS)
     kl["position"] = kl.groupby(["instance", "iteration"]).cumcount().astype("int64")
     # -1 marks kernels outside every iteration range; they never define a signature when a
@@ -178,6 +180,9 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         # What ncu replays: the representative; with ``verify`` also a second instance, whose
         # counters are compared with the representative's (dedup.verify).
         entry["replay_instances"] = entry["instances"][: 2 if verify else 1]
+    first_phases = {label: Counter(p for p in phase if p is not None)
+                    for label, phase in first.groupby("instance", sort=False)["phase"]}
+    explain_splits(classes, layers, first_phases)
 
     instances = (
         kl.groupby(["instance", "iteration"], sort=False)
@@ -193,6 +198,104 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     instances["time_ns"] = instances["time_ns"].astype("int64")
     kernel_table = kl[["kernel_id", "layer", "module", "layer_class", "position"]]
     return kernel_table, instances, classes
+
+
+#: Why one module class (same class and parameter shapes) fell into several layer classes (``split_reason``).
+SPLIT_REASONS = {
+    "input_needs_no_grad": "the input of some instances needs no gradient (the model's input, or computed without "
+                           "grad), so autograd computes no input gradient in their backward and skips those kernels",
+    "input_shapes_differ": "the instances receive inputs of different shapes, so their kernels (or their "
+                           "configurations) differ",
+    "kernels_differ": "same module class, parameter shapes and inputs as far as recorded, different kernel "
+                      "sequences; the cause is not known (e.g. a data-dependent branch or another dtype)",
+}
+
+
+def _instance_call(label: str, calls_of: dict[str, list]) -> dict | None:
+    """The probe's record (``layers.json`` ``calls``) of instance ``path`` or ``path#k``: its k-th call."""
+    path, _, k = label.partition("#")
+    calls = calls_of.get(path) or []
+    index = int(k) if k.isdigit() else 0
+    return calls[index] if index < len(calls) else None
+
+
+def _values(entry: dict, calls_of: dict[str, list], key: str) -> set:
+    """The distinct ``key`` values the probe recorded for a class's instances (``None`` when one is unknown)."""
+    out = set()
+    for label in entry["instances"]:
+        call = _instance_call(label, calls_of)
+        value = None if call is None else call.get(key)
+        out.add(json.dumps(value) if isinstance(value, list) else value)
+    return out
+
+
+def _kernel_difference(a: dict, b: dict, phases: dict[str, Counter]) -> str:
+    """``N kernels per instance against M in <b>``, with the per-phase counts where phases are known and the
+    kernel names one has more often than the other (a few)."""
+    text = f"{a['kernel_count']} kernels per instance against {b['kernel_count']} in {b['class']}"
+    pa, pb = phases.get(a["representative"], Counter()), phases.get(b["representative"], Counter())
+    differing = [p for p in sorted(set(pa) | set(pb)) if pa[p] != pb[p]]
+    if differing:
+        text += " (" + ", ".join(f"{p} {pa[p]} vs {pb[p]}" for p in differing) + ")"
+    na, nb = Counter(k[0] for k in a["signature"]), Counter(k[0] for k in b["signature"])
+    more, fewer = sorted((na - nb).items()), sorted((nb - na).items())
+    parts = []
+    if more:
+        parts.append("only here: " + ", ".join(f"{name} x{n}" for name, n in more[:3]) + (" ..." if len(more) > 3 else ""))
+    if fewer:
+        parts.append("only there: " + ", ".join(f"{name} x{n}" for name, n in fewer[:3])
+                     + (" ..." if len(fewer) > 3 else ""))
+    if not parts:
+        parts.append("the same kernels in another order or with other launch configurations")
+    return text + "; " + "; ".join(parts)
+
+
+def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[str, Counter]) -> None:
+    """Say why identical layers fell into several classes (in place): every layer class gets ``split_from``
+    (the other classes of its module class and parameter shapes, ``[]`` when none), ``split_reason`` (a key of
+    :data:`SPLIT_REASONS`, or None when not split) and ``split_detail`` (one sentence: which instances, the
+    kernel counts per instance and per phase against the largest class, and the kernel names that differ).
+
+    The reason comes from the capture's probe of each layer call (``layers.json`` ``calls``:
+    ``input_requires_grad``, ``input_shapes``; :func:`operator_profiler.workloads.probe_layer_inputs`), checked in
+    that order; without it (a trace captured elsewhere) the reason is ``kernels_differ``. ``phases``: instance ->
+    its kernels per train-step phase in the first measured iteration. Classes are not merged: counters are
+    broadcast by kernel position, which needs identical kernel sequences.
+    """
+    info = {l["path"]: l for l in layers}
+    calls_of = {l["path"]: l.get("calls") or [] for l in layers}
+    groups: dict[tuple, list[dict]] = {}
+    for name, entry in classes.items():
+        if name == REST_CLASS:
+            continue
+        entry.update(split_from=[], split_reason=None, split_detail=None)
+        path = entry["representative"].partition("#")[0]
+        shapes = json.dumps(info.get(path, {}).get("param_shapes"), sort_keys=True)
+        groups.setdefault((entry["module_class"], shapes), []).append(entry)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        largest = max(group, key=lambda e: len(e["instances"]))  # ties: the first to run
+        for entry in group:
+            other = largest if entry is not largest else next(e for e in group if e is not largest)
+            grads = [_values(e, calls_of, "input_requires_grad") for e in (entry, other)]
+            shapes = [_values(e, calls_of, "input_shapes") for e in (entry, other)]
+            who = ", ".join(entry["instances"][:4]) + (" ..." if len(entry["instances"]) > 4 else "")
+            if all(len(g) == 1 and None not in g for g in grads) and grads[0] != grads[1]:
+                reason = "input_needs_no_grad"
+                needs = "needs no gradient" if grads[0] == {False} else "needs a gradient"
+                why = f"the input of {who} {needs}, that of {other['class']}'s instances does not" if grads[0] == {True} \
+                    else f"the input of {who} {needs} (that of {other['class']}'s instances does)"
+            elif None not in shapes[0] | shapes[1] and shapes[0] != shapes[1]:
+                reason = "input_shapes_differ"
+                why = f"{who} receive inputs of shapes {' or '.join(sorted(shapes[0]))}, {other['class']}'s instances " \
+                      f"{' or '.join(sorted(shapes[1]))}"
+            else:
+                reason = "kernels_differ"
+                why = f"{who}: same module class and parameter shapes as {other['class']}, other kernels"
+            entry["split_from"] = sorted(e["class"] for e in group if e is not entry)
+            entry["split_reason"] = reason
+            entry["split_detail"] = f"{why}: {_kernel_difference(entry, other, phases)}"
 
 
 def canonical_json(obj: dict) -> str:

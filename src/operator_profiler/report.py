@@ -81,7 +81,15 @@ def _model_line(run: dict) -> str:
         how = f"compiled ({run['compile_mode'].replace('_', ' ')} torch.compile, Inductor)"
     else:
         how = "eager"
-    return f"- model: {model}, mode `{run['mode']}`, {how}"
+    line = f"- model: {model}, mode `{run['mode']}`, {how}"
+    step = run.get("train_step")
+    if step:
+        loss = (f"loss `{step['loss'].removeprefix('loss_fn ')}`" if step["loss"].startswith("loss_fn ")
+                else "the default loss (a 0-dim output or a dict's `loss` as is, else the mean square of the "
+                     "output's tensors)")
+        line += (f"; each iteration is one train step: forward + loss, backward, `{step['optimizer_class']}` "
+                 f"(lr {step['lr']:g}) `step()` + `zero_grad()`; {loss}")
+    return line
 
 
 FIRST_SLOWEST = ("the first measured iteration is the slowest, as is usual right after the profiler starts; "
@@ -421,6 +429,54 @@ def _operators_heading(operators: pd.DataFrame, top: int) -> list[str]:
     return lines
 
 
+PHASE_TOP = 10  # operators listed per train-step phase (at most report.top_operators)
+
+
+def phase_lines(coverage: dict, phases: pd.DataFrame | None, top: int) -> list[str]:
+    """The train-step split: time per phase (coverage.json ``phases``) and each phase's top operators
+    (``phases.parquet``); nothing for a profile without phase ranges (inference, a foreign trace)."""
+    summary = coverage.get("phases")
+    if not summary:
+        return []
+    lines = ["## Time per train-step phase", "",
+             "Each measured iteration is one train step: `forward` (the model and the loss), `backward` "
+             "(`loss.backward()`), `optimizer` (`step()` and `zero_grad()`). A kernel's phase is the harness's phase "
+             "range open at its launch in its process, on any thread, so backward kernels that autograd launches "
+             "from its own threads count as `backward`.", "",
+             "| phase | ms per iteration (median) | total (ms) | share | kernels |", "|---|---|---|---|---|"]
+    lines += [f"| {e['phase']} | {_ms(e['iteration_median_ns'])} | {_ms(e['time_ns'])} | {e['time_share'] * 100:.2f}% | "
+              f"{e['kernels']} |" for e in summary]
+    if phases is None or not len(phases):
+        return lines + [""]
+    n = min(top, PHASE_TOP)
+    for phase in (e["phase"] for e in summary):
+        mine = phases[phases["phase"] == phase].head(n)
+        if not len(mine):
+            continue
+        shown = mine.assign(operator=short_names(mine["operator"]), total_ms=mine["time_ns"].map(_ms),
+                            share_of_phase=(mine["phase_share"] * 100).map("{:.2f}%".format))
+        columns = ["operator", "calls", "kernels", "total_ms", "share_of_phase"]
+        if "iteration_median_ns" in shown:
+            shown["ms per iteration (median)"] = shown["iteration_median_ns"].map(_ms)
+            columns.insert(4, "ms per iteration (median)")
+        lines += ["", f"### Top operators of `{phase}`", "", _table(shown[columns])]
+    return lines + [""]
+
+
+def split_lines(layer_classes: pd.DataFrame) -> list[str]:
+    """One line per layer class of a module class that fell into several classes: its ``split_reason`` and
+    ``split_detail`` (layer_classes.parquet); nothing when no module class was split."""
+    if "split_reason" not in layer_classes:
+        return []
+    split = layer_classes[layer_classes["split_reason"].notna()]
+    if not len(split):
+        return []
+    lines = ["Identical layers (same module class and parameter shapes) in several classes, and why:", ""]
+    lines += [f"- `{r.layer_class}` (`{r.module_class}`): `{r.split_reason}`: {r.split_detail}"
+              for r in split.itertuples(index=False)]
+    return lines + [""]
+
+
 def layer_summary(layer_classes: pd.DataFrame) -> str:
     """One sentence: N layer instances form K classes (the ncu replay saving), or that the model has no layers."""
     if not len(layer_classes):
@@ -448,10 +504,12 @@ def render_markdown(
     matching: dict | None = None,
     replays: list[dict] | None = None,
     clocks: dict | None = None,
+    phases: pd.DataFrame | None = None,
 ) -> str:
     """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
     capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's;
-    ``replays`` the classes' ncu ``replay.json`` records."""
+    ``replays`` the classes' ncu ``replay.json`` records; ``phases`` the operators per train-step phase
+    (``phases.parquet``)."""
     iterations = measured_iterations(run, coverage)
     lines = [f"# Operator profile: `{workload}`", "", *measurement_lines(run, coverage, diagnostics, clocks)]
     lines += [
@@ -497,8 +555,9 @@ def render_markdown(
             columns.append(label)
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
-    lines += [*([_table(top[columns])] if len(top) else []), *_unknown_time_lines(operators), "", "## Layer classes",
-              ""]
+    lines += [*([_table(top[columns])] if len(top) else []), *_unknown_time_lines(operators), ""]
+    lines += phase_lines(coverage, phases, top_operators)
+    lines += ["## Layer classes", ""]
     if len(layer_classes):
         lc = layer_classes.assign(
             module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
@@ -509,6 +568,7 @@ def render_markdown(
              "ms_per_instance_and_iteration", "total_ms", "representative"]]
         lines += [_table(lc), ""]
     lines += [layer_summary(layer_classes), ""]
+    lines += split_lines(layer_classes)
     lines += _dedup_lines(matching)
     lines += refused_counters_lines(coverage)
     lines += _replay_lines(replays)

@@ -577,6 +577,9 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
         n_values.append(int(r["instances"]))
         k_values.append(k)
     summary = f"<p>{inline(report_md.layer_summary(layer_classes))}</p>"
+    splits = report_md.split_lines(layer_classes)
+    if splits:
+        summary += f'<p id="layer-splits">{inline(splits[0])}</p>' + _bullets(splits[2:])
     if est:
         total = replay_estimate_total(replays)
         summary += f"<p>{inline(total)}</p>"
@@ -593,6 +596,46 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
         figure = _figure(fig, "fig-layer-classes")
     table = _table(headers, rows, "layer-class-table") if rows else ""
     return f'<section id="layers"><h2>Layer classes</h2>{summary}{figure}{table}</section>'
+
+
+PHASE_COLORS = {"forward": "#2563eb", "backward": "#d97706", "optimizer": "#0d9488"}
+
+
+def _phases_section(coverage: dict, phases: pd.DataFrame | None, top: int) -> str:
+    """The train-step split (report.md's "Time per train-step phase"): median kernel time per iteration of each
+    phase as bars, and each phase's top operators; empty for a profile without phase ranges."""
+    summary = coverage.get("phases")
+    if not summary:
+        return ""
+    names = [e["phase"] for e in summary]
+    fig = _hbar(names, [e["iteration_median_ns"] / 1e6 for e in summary],
+                [f"{e['phase']}: {e['iteration_median_ns'] / 1e6:.3f} ms per iteration (median), "
+                 f"{e['time_share'] * 100:.1f}% of kernel time, {e['kernels']} kernels" for e in summary],
+                "kernel time per iteration, median (ms)", color=[PHASE_COLORS.get(p, "#94a3b8") for p in names])
+    lines = report_md.phase_lines(coverage, None, top)
+    intro = next((line for line in lines if line.startswith("Each measured iteration")), "")
+    rows = [f'<td class="name">{esc(p)}</td>' + _num_cell(e["iteration_median_ns"], f"{e['iteration_median_ns'] / 1e6:.3f}")
+            + _num_cell(e["time_ns"], f"{e['time_ns'] / 1e6:.3f}")
+            + _num_cell(e["time_share"], f"{e['time_share'] * 100:.2f}%") + _num_cell(int(e["kernels"]))
+            for p, e in zip(names, summary)]
+    body = _table([("phase", "text"), ("ms / iteration (median)", "num"), ("total (ms)", "num"), ("share", "num"),
+                   ("kernels", "num")], rows, "phase-table")
+    n = min(top, report_md.PHASE_TOP)
+    for phase in names if phases is not None else []:
+        mine = phases[phases["phase"] == phase].head(n)
+        if not len(mine):
+            continue
+        shown = report_md.short_names(mine["operator"])
+        rows = [_name_cell(r["operator"], cut) + _num_cell(int(r["calls"])) + _num_cell(int(r["kernels"]))
+                + _num_cell(int(r["iteration_median_ns"]), f"{r['iteration_median_ns'] / 1e6:.3f}")
+                + _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")
+                + _num_cell(r["phase_share"], f"{r['phase_share'] * 100:.2f}%")
+                for r, cut in zip(mine.to_dict("records"), shown)]
+        body += f"<h3>Top operators of <code>{esc(phase)}</code></h3>" + _table(
+            [("operator", "text"), ("calls", "num"), ("kernels", "num"), ("ms / iteration (median)", "num"),
+             ("total (ms)", "num"), ("share of phase", "num")], rows, f"phase-{esc(phase)}-table", scroll=True)
+    return (f'<section id="phases"><h2>Time per train-step phase</h2><p>{inline(intro)}</p>'
+            f'{_figure(fig, "fig-phases")}{body}</section>')
 
 
 def replay_estimate_total(replays: list[dict]) -> str:
@@ -622,7 +665,7 @@ def _modules_section(modules: pd.DataFrame, top: int, no_ranges: bool = False) -
 def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.DataFrame, modules: pd.DataFrame,
                 layer_classes: pd.DataFrame, top_operators: int = TOP_BARS, diagnostics: dict | None = None,
                 matching: dict | None = None, replays: list[dict] | None = None, clocks: dict | None = None,
-                counters_time: float | None = None) -> str:
+                counters_time: float | None = None, phases: pd.DataFrame | None = None) -> str:
     """``report.html`` of one workload (the inputs of :func:`report.render_markdown`; ``counters_time``: the
     share of kernel time whose kernels have ncu counters, when collected)."""
     iterations = report_md.measured_iterations(run, coverage)
@@ -638,11 +681,13 @@ def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.D
         _operator_section(operators, iterations, top_operators, counter_metric_names(), no_ranges),
         _sol_section(operators, coverage, latency_threshold()),
         _coverage_section(coverage, diagnostics),
+        _phases_section(coverage, phases, top_operators),
         _layers_section(layer_classes, iterations, replays, no_ranges),
         _modules_section(modules, top_operators, no_ranges),
     ]
     nav = [("measurement", "Measurement"), ("operators", "Operators"), ("sol", "Speed of light"),
-           ("coverage", "Coverage"), ("layers", "Layer classes"), ("modules", "Modules")]
+           ("coverage", "Coverage"), *([("phases", "Train-step phases")] if coverage.get("phases") else []),
+           ("layers", "Layer classes"), ("modules", "Modules")]
     return _page(f"Operator profile: {workload}", subtitle, nav, "".join(sections))
 
 

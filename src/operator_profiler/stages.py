@@ -297,6 +297,9 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         result = attribute(kernels, ranges, kl, fusion)
     if fusion is not None and len(fusion):
         _warn_fusion_map(result, fusion, timeline_dir)
+    # The train-step phase (forward/backward/optimizer) from our phase ranges by launch time on the process.
+    phases = pd.Series(kineto.kernel_phases(kernels, ranges), index=kernels["kernel_id"].astype("int64").to_numpy())
+    result["phase"] = phases.reindex(result["kernel_id"].astype("int64").to_numpy()).to_numpy(dtype=object)
     disagreements = agg.external_id_disagreements(result)
     if disagreements["count"]:
         log.warning("%d of %d checked kernels carry a Kineto External id that names another op than the one around "
@@ -363,8 +366,9 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
 
 def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
                     out_layer_classes: Path, out_coverage: Path, counters_path: Path | None = None,
-                    matching_path: Path | None = None) -> None:
-    """Operators, modules, layer classes and coverage; with ``counters_path``
+                    matching_path: Path | None = None, out_phases: Path | None = None) -> None:
+    """Operators, modules, layer classes and coverage (and, with ``out_phases``, the operators per train-step
+    phase: :func:`operator_profiler.aggregate.phases_table`, empty for inference); with ``counters_path``
     (``matched/kernel_metrics.parquet``) the catalog's hardware metrics and a bottleneck label per
     operator and module, and with ``matching_path`` (``matched/diagnostics.json``) the kernels whose
     counters the matching refused, per reason and key (``coverage.json`` ``counters``)."""
@@ -398,6 +402,8 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     else:
         layer_table = agg.layer_classes_table(instances, classes)
     write_parquet_atomic(operators, out_operators_parquet)
+    if out_phases is not None:
+        write_parquet_atomic(agg.phases_table(attribution), out_phases)
     write_parquet_atomic(modules, out_modules)
     write_parquet_atomic(layer_table, out_layer_classes)
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
@@ -428,13 +434,14 @@ def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, inst
 def read_report_inputs(run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
                        layer_classes_path: Path, diagnostics_path: Path | None = None,
                        match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
-                       clocks_path: Path | None = None) -> dict:
+                       clocks_path: Path | None = None, phases_path: Path | None = None) -> dict:
     """What a report shows, read and checked: ``run``, ``coverage``, ``operators``, ``modules``,
     ``layer_classes``, ``diagnostics``, ``matching``, ``replays``, ``clocks`` (the optional ones None when
     their path is None). ``run_path`` is the capture's ``run.json`` (None for a trace captured elsewhere);
     ``diagnostics_path`` a timeline's ``diagnostics.json`` (source file, versions, GPUs and the reader's
     warnings); ``replay_paths`` the classes' ``ncu/{cls}.replay.json`` (measured replay time against
-    replaying every layer instance); ``clocks_path`` the capture's ``clocks_applied.json``.
+    replaying every layer instance); ``clocks_path`` the capture's ``clocks_applied.json``; ``phases_path``
+    ``phases.parquet`` (operators per train-step phase; key ``phases``, None without it).
 
     Raises:
         InputError: a missing or wrong file, or a diagnostics.json of another timeline.
@@ -471,16 +478,18 @@ def read_report_inputs(run_path: Path | None, coverage_path: Path, operators_pat
         "replays": read_replay_records(replay_paths) if replay_paths else None,
         "clocks": read_json_file(clocks_path, "the capture's clocks_applied.json", "it is written by the capture",
                                  expect=dict) if clocks_path is not None else None,
+        "phases": read_parquet_file(phases_path, "a phases table (phases.parquet)", hint, ("phase", "operator",
+                                    "time_ns", "phase_share")) if phases_path is not None else None,
     }
 
 
 def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
                  layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
                  match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
-                 clocks_path: Path | None = None) -> None:
+                 clocks_path: Path | None = None, phases_path: Path | None = None) -> None:
     """The Markdown report (inputs: :func:`read_report_inputs`)."""
     inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
-                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path)
+                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path, phases_path)
     text = report_md.render_markdown(workload, inputs.pop("run"), inputs.pop("coverage"), inputs.pop("operators"),
                                      inputs.pop("modules"), inputs.pop("layer_classes"), options["top_operators"],
                                      **inputs)
@@ -536,7 +545,8 @@ def report_html_files(workload: str, run_path: Path | None, coverage_path: Path,
                       modules_path: Path, layer_classes_path: Path, options: dict, out: Path,
                       diagnostics_path: Path | None = None, match_diagnostics_path: Path | None = None,
                       replay_paths: list[Path] | None = None, clocks_path: Path | None = None,
-                      attribution_path: Path | None = None, counters_path: Path | None = None) -> None:
+                      attribution_path: Path | None = None, counters_path: Path | None = None,
+                      phases_path: Path | None = None) -> None:
     """``report.html``, self-contained (:func:`operator_profiler.report_html.render_html`); inputs as
     :func:`report_files`, plus the attribution and the matched counters (CUDA) for the share of kernel time
     with counters. Written atomically."""
@@ -544,7 +554,7 @@ def report_html_files(workload: str, run_path: Path | None, coverage_path: Path,
 
     out = html_output(out, results=Path(operators_path).parent)
     inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
-                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path)
+                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path, phases_path)
     counters_time = (counters_time_share(attribution_path, counters_path)
                      if attribution_path is not None and counters_path is not None else None)
     text = report_html.render_html(workload, inputs.pop("run"), inputs.pop("coverage"), inputs.pop("operators"),
@@ -582,6 +592,7 @@ def results_folder_inputs(folder: Path) -> dict:
         "clocks_path": optional("capture/clocks_applied.json"),
         "attribution_path": optional("attribution/kernels.parquet") if counters else None,
         "counters_path": counters,
+        "phases_path": optional("phases.parquet"),
     }
 
 

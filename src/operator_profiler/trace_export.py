@@ -101,11 +101,12 @@ def _zero_ns(kernels: pd.DataFrame, ranges: pd.DataFrame, *others: pd.DataFrame 
 
 def _attribution_args(attribution: pd.DataFrame) -> dict[int, dict]:
     args = {}
-    cols = [c for c in (*ATTRIBUTION_ARGS, "reason") if c in attribution.columns]
+    cols = [c for c in (*ATTRIBUTION_ARGS, "reason", "phase") if c in attribution.columns]
     for row in attribution[["kernel_id", *cols]].itertuples(index=False):
         rec = dict(zip(cols, (_value(v) for v in row[1:])))
-        if rec.get("reason") is None:
-            rec.pop("reason", None)
+        for optional in ("reason", "phase"):  # a partial answer's reason; the train-step phase
+            if rec.get(optional) is None:
+                rec.pop(optional, None)
         args[int(row[0])] = rec
     return args
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,7 +18,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import WorkloadError
+from .errors import WorkloadError, from_user_exception
+
+#: Folders whose frames are never "the user's code" in an error's traceback (errors.user_frame).
+LIBRARY_DIRS = (os.path.dirname(torch.__file__),)
 
 # --------------------------------------------------------------------------------------- GPT-2
 
@@ -178,8 +182,9 @@ def build_lstm(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
 # ----------------------------------------------------------------------------------- custom
 
 
-def load_factory(spec: str) -> Callable[..., Any]:
-    """Resolve ``"package.module:factory"`` to the callable.
+def load_factory(spec: str, what: str = "custom factory", key: str = "factory") -> Callable[..., Any]:
+    """Resolve ``"package.module:function"`` to the callable (``what``/``key`` word the errors: the custom
+    factory, or a train workload's ``loss_fn``).
 
     Raises:
         WorkloadError: malformed spec, module not importable, attribute missing or not callable.
@@ -187,20 +192,20 @@ def load_factory(spec: str) -> Callable[..., Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise WorkloadError(
-            f"custom factory {spec!r} is not of the form 'package.module:function'; "
-            "set workloads.<name>.factory accordingly"
+            f"{what} {spec!r} is not of the form 'package.module:function'; "
+            f"set workloads.<name>.{key} accordingly"
         )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise WorkloadError(
-            f"custom factory {spec!r}: cannot import module {module_name!r} ({exc}); "
+            f"{what} {spec!r}: cannot import module {module_name!r} ({exc}); "
             "install it or put its folder on PYTHONPATH"
         ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise WorkloadError(
-            f"custom factory {spec!r}: module {module_name!r} has no callable {attr!r}"
+            f"{what} {spec!r}: module {module_name!r} has no callable {attr!r}"
         )
     return factory
 
@@ -209,10 +214,8 @@ def build_custom(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
     factory = load_factory(cfg["factory"])
     try:
         result = factory(**cfg.get("kwargs", {}))
-    except Exception as exc:  # the user's code: report it as a workload error, not a traceback
-        raise WorkloadError(
-            f"custom factory {cfg['factory']!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+    except Exception as exc:  # the user's code: one line naming its file:line, its traceback in the log
+        raise from_user_exception(exc, f"custom factory {cfg['factory']!r}", LIBRARY_DIRS) from exc
     if (
         not isinstance(result, tuple)
         or len(result) != 2
@@ -291,3 +294,41 @@ def find_layers(model: nn.Module) -> list[LayerInstance]:
                 layers.append(LayerInstance(child_path, type(child).__name__, _param_shapes(child)))
                 claimed.append(child_path)
     return layers
+
+
+def probe_layer_inputs(model: nn.Module, inputs: tuple, layers: list[LayerInstance], grad: bool) -> dict[str, list[dict]]:
+    """What each layer instance receives, from one forward of ``model`` outside the profile (RNG state
+    restored afterwards): module path -> one entry per call in call order (``path``, ``path#1`` ...):
+    ``input_requires_grad`` (any tensor argument requires grad; False for every call when ``grad`` is
+    off) and ``input_shapes`` (the tensor arguments' shapes). The layer classification uses it to say why
+    identical layers fall into several classes (e.g. the first layer's input needs no gradient, so its
+    backward has no input-gradient kernels). Raises what the model raises."""
+    modules = dict(model.named_modules())
+    seen: dict[str, list[dict]] = {}
+    handles = []
+
+    def flat(value):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from flat(v)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                yield from flat(v)
+
+    for layer in layers:
+        def record(_module, args, kwargs, _path=layer.path):
+            tensors = list(flat((args, kwargs)))
+            seen.setdefault(_path, []).append({"input_requires_grad": any(t.requires_grad for t in tensors),
+                                               "input_shapes": [list(t.shape) for t in tensors]})
+        handles.append(modules[layer.path].register_forward_pre_hook(record, with_kwargs=True))
+    devices = [torch.cuda.current_device()] if any(
+        isinstance(t, torch.Tensor) and t.is_cuda for t in inputs) else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
+            model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen

@@ -255,6 +255,12 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
         if not mapping and header is not None and comment is not None and header[0] == comment[0]:
             mapping = header[1]
         lookup = post_nodes or mapping or list(src_nodes)
+        if not fused and kdef.kind not in ("extern", "fallback"):
+            # Neither the comment nor the name lists an op (`cpp_fused_0`: nodes without `original_aten`):
+            # the targets of the call site's FX nodes, post-grad ops (decomposed), are the ops known.
+            fused = sorted({fx_ops[n] for n in lookup if n in fx_ops})
+            if fused:
+                origin = "fx_nodes"
         module_stack = sorted({frames[n] for n in lookup if frames.get(n)}, key=frame_order.__getitem__)
         rows.append(
             {
@@ -1053,10 +1059,16 @@ def _aten_vocabulary(text: str) -> list[str]:
 
 
 def _ops_from_name(kernel: str, kdef: _KernelDef, vocab: Sequence[str]) -> list[str]:
+    """The ops a kernel's name encodes (§3.4). A name without a fused-op part (``cpp_fused_0``,
+    ``triton_poi_fused_0``: Inductor names a kernel so when its nodes carry no ``original_aten``) encodes none,
+    and pieces that are only digits (FX node suffixes of ``descriptive_names="inductor_node"`` names,
+    ``add_1``) are never ops: an operator is never named ``0``."""
     if kdef.kind in ("extern", "fallback"):
         return [kdef.profiler_name] if "::" in kdef.profiler_name else []
     m = _FUSED_NAME_RE.match(kernel)
-    return sorted(set(_tokenise(m.group(1), vocab))) if m else []
+    if not m:
+        return []
+    return sorted({op for op in _tokenise(m.group(1), vocab) if not op.replace("_", "").isdigit()})
 
 
 def _tokenise(fused: str, vocab: Sequence[str]) -> list[str]:

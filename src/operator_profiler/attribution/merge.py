@@ -4,7 +4,9 @@ Precedence for ``operator`` (documented in DESIGN.md §3): the correlation path 
 operator when a dispatcher op encloses the launch; NVTX (b) comes next; a kernel that no ATen op
 encloses but that the Inductor fusion map (c) places on a call site (:mod:`.compiled_graphs`) gets the
 operator label of its fused ATen ops (a replayed library kernel: its extern call's op); one the map knows
-but cannot place stays unattributed with the map's reason rather than take the profiler op around it. Last
+but cannot place stays unattributed with the map's reason rather than take the profiler op around it. A
+generated kernel whose call site lists no op (``cpp_fused_0``) is named by its kernel name (reason
+``fusion_map_without_ops``: a partial answer), never ``0``. Last
 of all, a kernel that no op names but a ``user_annotation`` range (``record_function``) encloses takes that
 annotation's name (path ``user_annotation``). The fusion map always fills
 ``fused_ops``/``source_nodes``/``listed_not_computed`` when it has the kernel's call site.
@@ -130,6 +132,9 @@ def attribute(
     lnc_col[:] = [empty] * n
     ambiguous_nodes = np.zeros(n, dtype=bool)
     extern_calls = np.zeros(n, dtype=bool)  # placed on an extern/fallback call site (replayed library kernels)
+    without_ops = np.zeros(n, dtype=bool)  # a generated kernel the map places but lists no op for: its own name
+    kernel_names = kernels.set_index(kernels["kernel_id"].astype("int64"))["name"].reindex(kernel_ids).to_numpy(
+        dtype=object) if fusion.sites else np.empty(0, dtype=object)
     refused = np.zeros(n, dtype=bool)  # the fusion map knows the kernel but could not place it
     row_of = {int(k): i for i, k in enumerate(kernel_ids)} if fusion.sites or fusion.refusals else {}
     site_rows: dict[int, dict] = {}
@@ -143,6 +148,10 @@ def attribute(
         extern_calls[i] = site.get("kind") in ("extern", "fallback")
         if operator[i] is None:
             label = site_operator(site)
+            if not label and site.get("kind") not in ("extern", "fallback"):
+                # A generated kernel whose call site lists no op (`cpp_fused_0`): named by its kernel name.
+                label = str(kernel_names[i])
+                without_ops[i] = True
             operator[i] = label
             path[i] = "inductor" if label else "unattributed"
             reason[i] = None if label else "fusion_map_without_ops"
@@ -161,6 +170,8 @@ def attribute(
     reason[path != "unattributed"] = None
     # An operator named, FX nodes undecided (a reused kernel whose call site is unknown): a partial answer.
     reason[ambiguous_nodes & (path == "inductor")] = "source_nodes_ambiguous"
+    # Named by its kernel name, not by ATen ops: a partial answer too.
+    reason[without_ops & (path == "inductor")] = "fusion_map_without_ops"
     by_annotation = _user_annotation_fallback(ops, path) & ~refused
     annotation_name = np.array([names[p] if p >= 0 else None for p in ops.annotation], dtype=object)
     operator[by_annotation] = annotation_name[by_annotation]
@@ -347,6 +358,7 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
     lnc_col = np.empty(len(out), dtype=object)
     lnc_col[:] = out["listed_not_computed"].tolist() if "listed_not_computed" in out else [[]] * len(out)
     evidence = out["evidence"].astype(object).to_numpy().copy()
+    kernels_by_id = kernels.set_index(kernels["kernel_id"].astype("int64"))
     for i in np.flatnonzero(matched | has_reason):
         row = rows.iloc[i]
         if matched[i]:
@@ -368,6 +380,9 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
             if label:  # only generated (Triton / C++) call sites are matched by name
                 operator[i], path[i] = label, "inductor"
                 reason[i] = "source_nodes_ambiguous" if row["source_nodes_ambiguous"] else None
+            else:  # a generated kernel whose call site lists no op (`triton_poi_fused_0`): its kernel name
+                operator[i], path[i], reason[i] = str(kernels_by_id.loc[ids[i], "name"]), "inductor", \
+                    "fusion_map_without_ops"
         else:
             site = {"reason": row["reason"]}
             if len(row["candidates"]):

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..naming import NVTX_DOMAIN
+from ..naming import NVTX_DOMAIN, PHASE_PREFIX
 from ..timeline.nsys import stack_keys, unpack_stack_key
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
@@ -118,7 +118,10 @@ class _Ranges:
         self.tid = ranges["tid"].to_numpy(dtype=np.int64)
         self.push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
         self.is_layer = ranges["layer"].notna().to_numpy()
-        self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy()
+        # Our harness's ranges (layer, iteration, train-step phase) never name an operator.
+        self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy() | (
+            pc.fill_null(pc.starts_with(self.names, PHASE_PREFIX), False).to_numpy(zero_copy_only=False)
+            if n else np.zeros(0, dtype=bool))
         self.unclosed = ranges["unclosed"].fillna(False).to_numpy(dtype=bool) if "unclosed" in ranges else \
             ranges["end_ns"].isna().to_numpy()
         self.seq = ranges["seq"].to_numpy(dtype=float, na_value=np.nan)

@@ -31,7 +31,7 @@ import pandas as pd
 
 from .. import tables
 from ..files import write_parquet_atomic
-from ..naming import ITERATION_PREFIX, LAYER_PREFIX
+from ..naming import ITERATION_PREFIX, LAYER_PREFIX, PHASE_PREFIX, PHASES
 from ..progress import Ticker
 from .trace_json import KinetoTrace, TimelineError, open_trace
 
@@ -761,6 +761,42 @@ def iteration_at(pids: np.ndarray, times: np.ndarray, ranges: pd.DataFrame) -> p
             inside = (pos >= 0) & (t[q] < ends[cand])
             result[q[inside]] = mine["iteration"].to_numpy(dtype=np.int64)[cand[inside]]
     return pd.arrays.IntegerArray(np.maximum(result, 0), result < 0)
+
+
+def phase_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Our harness's phase ranges (``opprof.phase:<phase>``, :data:`operator_profiler.naming.PHASES`) with
+    their ``phase``; any thread, any domain (the NVTX copy in domain ``opprof`` or the default one)."""
+    names = ranges["name"].astype("str")
+    marked = ranges[names.str.startswith(PHASE_PREFIX).fillna(False).to_numpy(dtype=bool)]
+    phase = marked["name"].astype("str").str.removeprefix(PHASE_PREFIX)
+    return marked.assign(phase=phase)[phase.isin(PHASES).to_numpy(dtype=bool)]
+
+
+def kernel_phases(kernels: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
+    """The train-step phase of each kernel (``forward``, ``backward``, ``optimizer``; None outside every
+    phase range, e.g. inference): the phase range of the same process open at its launch call (its start
+    when the launch is unknown), whatever the thread. Backward kernels are launched by the autograd
+    engine's threads while the main thread waits in ``loss.backward()`` inside the ``backward`` range, so
+    the time on the process, not the thread, decides. Phase ranges of one process do not overlap (the
+    harness runs them one after the other); a range never closed (nsys) ends at ``effective_end_ns``.
+    Returns an object array aligned with ``kernels``."""
+    out = np.full(len(kernels), None, dtype=object)
+    marked = phase_ranges(ranges)
+    if marked.empty or not len(kernels):
+        return out
+    times = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
+    pids = kernels["pid"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
+    end_col = "effective_end_ns" if "effective_end_ns" in marked else "end_ns"
+    for pid, mine in marked.groupby("pid"):
+        mine = mine.sort_values("start_ns")
+        q = np.flatnonzero(pids == int(pid))
+        starts = mine["start_ns"].to_numpy(dtype=np.int64)
+        ends = mine[end_col].astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+        pos = np.searchsorted(starts, times[q], side="right") - 1
+        cand = np.maximum(pos, 0)
+        inside = (pos >= 0) & (times[q] < ends[cand])
+        out[q[inside]] = mine["phase"].to_numpy(dtype=object)[cand[inside]]
+    return out
 
 
 def write_timeline(timeline: Timeline, out_dir: Path) -> None:
