@@ -108,7 +108,7 @@ CUSTOM = "workloads:\n  mine:\n    kind: custom\n    factory: {factory}\n"
                                    "PYTHONPATH"),
     ("cfg_models:biuld", "def build():\n    pass\n", "module 'cfg_models' (cfg_models.py) has no 'biuld' "
                                                         "(did you mean 'build'?)"),
-    ("cfg_models:build", "def build(:\n", "importing module 'cfg_models' raised SyntaxError at "),
+    ("cfg_models:build", "def build(:\n", "module 'cfg_models' has a SyntaxError at "),
     ("cfg_models:build", "import not_installed_dependency\n", "importing module 'cfg_models' raised "
                                                                 "ModuleNotFoundError at "),
     ("cfg_models:build", "build = 3\n", "'build' in module 'cfg_models' is a int, not a function"),

@@ -7,6 +7,7 @@ against the documented ones (gpt2 n_layer 4 ...).
 from __future__ import annotations
 
 import copy
+import sys
 from importlib import resources
 
 import pytest
@@ -200,3 +201,25 @@ def test_fixed_clock_policy_needs_both_clocks_at_config_time(tmp_path):
         load_config(path)
     path.write_text("clocks: {policy: fixed, sm_mhz: 1755, mem_mhz: 2619}\n")
     assert load_config(path)["clocks"]["mem_mhz"] == 2619
+
+
+def test_dag_check_of_a_factory_parses_without_running_the_module(tmp_path, monkeypatch):
+    """The DAG build's check (import_modules=False) finds and parses the module; its code runs only when the
+    source does not show the name (bound in a try block here), never for a name defined at top level."""
+    from operator_profiler.config import check_callables
+
+    (tmp_path / "dag_models.py").write_text(
+        "def build():\n    pass\n\ntry:\n    from math import sqrt as made_late\nexcept ImportError:\n    pass\n\n"
+        "open(__file__ + '.ran', 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "dag_models", raising=False)
+    config = {"workloads": {"m": {"kind": "custom", "factory": "dag_models:build"}}}
+    check_callables(config, "c.yaml", import_modules=False)
+    assert not (tmp_path / "dag_models.py.ran").exists()  # the module's code did not run
+    config["workloads"]["m"]["factory"] = "dag_models:made_late"
+    check_callables(config, "c.yaml", import_modules=False)  # bound at run time: imported to look it up
+    assert (tmp_path / "dag_models.py.ran").exists()
+    config["workloads"]["m"]["factory"] = "dag_models:missing"
+    with pytest.raises(ConfigError, match=r"^in c.yaml: workloads.m.factory: factory 'dag_models:missing': module "
+                                          r"'dag_models' \(.*dag_models.py\) has no 'missing'"):
+        check_callables(config, "c.yaml", import_modules=False)

@@ -372,3 +372,53 @@ def test_run_harness_prints_the_user_traceback_and_one_error_line(models, tmp_pa
     assert err[-1].startswith("opprof run-harness: error: workload 'custom' raised RuntimeError")
     assert err[-1].endswith("(the traceback is above)")
     assert any(f'line {line_of("forward")}, in forward' in line for line in err[:-1])
+
+
+def test_kernel_phase_is_taken_on_the_process_whatever_the_launching_thread():
+    """On CUDA autograd launches backward kernels from its own device thread, which a CPU run has none of (its
+    backward runs on the calling thread): these tables stand in for such a trace. Phases are per process
+    (two ranks overlap in time); a launch outside every phase range has none; the end is exclusive."""
+    from operator_profiler.timeline.kineto import kernel_phases
+
+    ranges = pd.DataFrame({
+        "pid": [1, 1, 1, 2, 1],
+        "tid": [10, 10, 10, 20, 10],
+        "name": ["opprof.phase:forward", "opprof.phase:backward", "opprof.phase:optimizer", "opprof.phase:forward",
+                 "opprof.iteration:0"],
+        "start_ns": [100, 200, 300, 150, 100],
+        "end_ns": [200, 300, 400, 350, 400],
+    })
+    kernels = pd.DataFrame({
+        "pid": [1, 1, 1, 1, 2, 1, 1],
+        "launch_tid": [10, 11, 11, 10, 20, 10, 10],  # 11: the autograd device thread of process 1
+        "launch_start_ns": pd.array([150, 210, 299, None, 250, 400, 50], dtype="Int64"),
+        "start_ns": [160, 220, 310, 320, 260, 410, 60],  # kernel 3: no launch record, its start decides
+    })
+    assert list(kernel_phases(kernels, ranges)) == ["forward", "backward", "backward", "optimizer", "forward", None,
+                                                    None]
+
+
+def test_nsys_phase_ranges_in_the_default_domain_name_no_operator(tmp_path):
+    """Without NVIDIA's ``nvtx`` package the harness's ranges go to NVTX's default domain (torch.cuda.nvtx),
+    where emit_nvtx's operator ranges are: a phase range is never an operator, and the phases reach the
+    backward kernel launched on the autograd thread (10:2). An nsys export in the real table layout."""
+    from nsys_export import Nvtx, write_nsys_export
+    from test_nsys_cases import launch, rows
+
+    db = write_nsys_export(tmp_path / "report.sqlite", nvtx=[
+        Nvtx("opprof.iteration:0", 59, "10:1", 0, 10_000),
+        Nvtx("opprof.phase:forward", 59, "10:1", 0, 1000),
+        Nvtx("aten::mm, seq = 7, op_id = 3", 59, "10:1", 200, 400),
+        Nvtx("opprof.phase:backward", 59, "10:1", 1000, 5000),
+        Nvtx("MmBackward0, seq = 7, op_id = 40", 59, "10:2", 2000, 4000),
+        Nvtx("aten::mm, seq = 9, op_id = 41", 59, "10:2", 2100, 3900),
+        Nvtx("opprof.phase:optimizer", 59, "10:1", 5000, 6000),
+    ], **rows(launch("gemm_fwd", "10:1", 250, 1), launch("gemm_bwd", "10:2", 2500, 2),
+              launch("sgd_update", "10:1", 5500, 3)))
+    stages.export_timeline(db, tmp_path / "timeline")
+    result = stages.attribute_files(tmp_path / "timeline", None, None, tmp_path / "attribution.parquet")
+    got = {r["name"]: r for r in result.to_dict("records")}
+    assert {n: r["phase"] for n, r in got.items()} == {"gemm_fwd": "forward", "gemm_bwd": "backward",
+                                                       "sgd_update": "optimizer"}
+    assert got["gemm_bwd"]["operator"] == "aten::mm" and got["gemm_bwd"]["forward_operator"] == "aten::mm"
+    assert pd.isna(got["sgd_update"]["operator"]) and got["sgd_update"]["path"] == "unattributed"

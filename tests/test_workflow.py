@@ -364,7 +364,8 @@ def test_missing_custom_factory_fails_when_the_dag_is_built(tmp_path):
     assert len(error) == 1 and "factory 'usermodels:nope': module 'usermodels'" in error[0]
     assert "has no 'nope'" in error[0]
     # a module that is not on the path: the error says PYTHONPATH
-    result = snakemake(tmp_path, config, "-n")  # without the folder on PYTHONPATH
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout, without the models' folder
+    result = snakemake(tmp_path, config, "-n", env=env)
     assert result.returncode != 0 and "no module 'usermodels' on the Python path" in result.stderr
     assert "PYTHONPATH" in result.stderr and not (tmp_path / "logs").exists()
 

@@ -13,8 +13,9 @@ from operator_profiler.config import ConfigError, check_callables, validate_conf
 try:
     _SOURCE = " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)"
     config = validate_config(config, _SOURCE)
-    # A custom factory or loss_fn that does not import fails here, in one line, not in its capture job.
-    check_callables(config, _SOURCE)
+    # A custom factory or loss_fn not found on the path, not parsable or not defined fails here, in one
+    # line, not in its capture job (the module's source is parsed; imported only when that cannot tell).
+    check_callables(config, _SOURCE, import_modules=False)
 except ConfigError as exc:
     sys.exit(f"Error: {exc}")
 

@@ -220,9 +220,32 @@ def load_config(path: Path) -> dict:
     return validate_config(raw, str(path))
 
 
-def _check_callable(spec: str, what: str) -> str | None:
-    """Why ``spec`` (``package.module:function``) does not name a callable, or None when it does. Imports
-    the module (its top-level code runs; the function is not called)."""
+def _top_level_names(tree) -> set[str]:
+    """Names a module's source binds at top level: def, class, plain assignment, import (a name bound any other
+    way, in an ``if``/``try`` block, by ``from x import *`` or ``globals()``, is not seen: then the module is
+    imported to look it up)."""
+    import ast
+
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {alias.asname or alias.name.partition(".")[0] for alias in node.names if alias.name != "*"}
+    return names
+
+
+def _check_callable(spec: str, what: str, import_module: bool) -> str | None:
+    """Why ``spec`` (``package.module:function``) does not name a callable, or None when it does.
+
+    The module is found on the path and its source parsed; with ``import_module`` it is then imported (its
+    top-level code runs; the function is never called). Without it the import happens only when the parsed
+    source does not show the name at top level, to tell a missing name from one bound at run time."""
+    import ast
     import importlib
     import importlib.util
     import os
@@ -236,6 +259,18 @@ def _check_callable(spec: str, what: str) -> str | None:
     if found is None:
         return (f"{what} {spec!r}: no module {module_name!r} on the Python path; put the folder holding it on "
                 "PYTHONPATH (e.g. PYTHONPATH=/path/to/folder snakemake ... or opprof ...) or install it")
+    origin = found.origin if found.origin and found.origin.endswith(".py") else None
+    if origin is not None:
+        try:
+            with open(origin, "rb") as f:
+                tree = ast.parse(f.read(), filename=origin)
+        except SyntaxError as exc:
+            return (f"{what} {spec!r}: module {module_name!r} has a SyntaxError at {exc.filename}:{exc.lineno}: "
+                    f"{exc.msg}; fix the module")
+        except OSError as exc:
+            return f"{what} {spec!r}: cannot read {origin} ({exc.strerror or exc})"
+        if attr in _top_level_names(tree) and not import_module:
+            return None
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the module's own code: name its file and line
@@ -249,31 +284,37 @@ def _check_callable(spec: str, what: str) -> str | None:
         return (f"{what} {spec!r}: importing module {module_name!r} raised {type(exc).__name__}{where}: {first}; "
                 "fix the module (or install what it imports)")
     value = getattr(module, attr, None)
-    origin = getattr(module, "__file__", None) or module_name
+    location = getattr(module, "__file__", None) or module_name
     if value is None:
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         close = difflib.get_close_matches(attr, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else (f"; it defines {', '.join(names[:8])}" if names else "")
-        return f"{what} {spec!r}: module {module_name!r} ({os.path.relpath(origin) if os.path.isabs(origin) else origin}) has no {attr!r}{hint}"
+        shown = os.path.relpath(location) if os.path.isabs(location) else location
+        return f"{what} {spec!r}: module {module_name!r} ({shown}) has no {attr!r}{hint}"
     if not callable(value):
         return f"{what} {spec!r}: {attr!r} in module {module_name!r} is a {type(value).__name__}, not a function"
     return None
 
 
-def check_callables(config: dict, source: str = "config") -> None:
-    """Check that every custom workload's ``factory`` and every ``loss_fn`` of a validated config imports and
-    names a callable, without calling it (the module is imported: its top-level code runs).
+def check_callables(config: dict, source: str = "config", import_modules: bool = True) -> None:
+    """Check that every custom workload's ``factory`` and every ``loss_fn`` of a validated config names a
+    callable of a module on the Python path, without calling it.
+
+    ``import_modules`` (``opprof validate-config``): import each module (its top-level code runs, so a missing
+    dependency shows). Off (the DAG build, ``workflow/common.smk``: no user code, and no torch import, in the
+    Snakemake process): the module is found and parsed, and imported only when its source does not show the
+    name at top level; a dependency it lacks then shows in the capture job, in one line.
 
     Raises:
         ConfigError: one line per problem, naming the workload, the key and what to fix (PYTHONPATH for a
-            module that is not found).
+            module that is not found, the file and line of a syntax error or of an import that raised).
     """
     problems = []
     for name, w in config.get("workloads", {}).items():
         for key, what in (("factory", "factory"), ("loss_fn", "loss_fn")):
             spec = w.get(key)
             if isinstance(spec, str) and spec:
-                why = _check_callable(spec, what)
+                why = _check_callable(spec, what, import_modules)
                 if why:
                     problems.append(f"workloads.{name}.{key}: {why}")
     if problems:

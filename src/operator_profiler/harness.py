@@ -206,7 +206,7 @@ def run_capture(
         harness: ``{"seed", "warmup", "iterations"}``.
         device: ``cpu`` or ``cuda`` (already resolved).
         trace_path: where to write the gzipped Kineto trace (``profiler == "torch"``).
-        layers_path: ``layers.json``: ``[{"path", "class", "param_shapes"}]`` in execution order.
+        layers_path: ``layers.json``: ``[{"path", "class", "param_shapes", "calls"}]`` in execution order.
         run_path: ``run.json``: versions, device, config slice, timings, NVTX backend.
         inductor_dir: TORCH_COMPILE_DEBUG root for compiled workloads (debug artifacts + provenance).
         workload_name: the workload's name in the config (for error messages; default: its kind).
@@ -229,8 +229,14 @@ def run_capture(
         deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the
         kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``.
 
+    Train mode (``workload["mode"] == "train"``): each iteration is one :class:`operator_profiler.training.TrainStep`
+    (forward + loss, backward, optimizer step + zero_grad, each in an ``opprof.phase:<phase>`` range); ``run.json``
+    ``train_step`` records the optimizer, lr and loss. With layers, one forward before warm-up probes each layer
+    call's input (``layers.json`` ``calls``: ``input_requires_grad``, ``input_shapes``).
+
     Raises:
-        workloads.WorkloadError: the workload cannot be built or its forward raises.
+        workloads.WorkloadError: the workload cannot be built, or its code (forward, loss, backward, optimizer)
+            raises: one line naming the user's file:line and the phase, the traceback in ``traceback_text``.
         DeviceUnavailable: ``device`` is ``cuda`` and torch sees no CUDA GPU.
     """
     if profiler not in PROFILERS:
