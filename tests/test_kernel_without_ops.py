@@ -61,7 +61,7 @@ def compiled(tmp_path_factory):
 
 
 def test_inductor_named_kernels_without_ops(compiled):
-    out, fusion = compiled
+    out, _ = compiled
     # independent: the generated kernels' names in output_code.py carry no op
     names = set()
     for code in (out / "inductor").rglob("output_code.py"):
@@ -83,7 +83,7 @@ def test_fusion_map_lists_no_digit_as_an_op(compiled):
 
 
 def test_no_operator_is_named_0(compiled):
-    out, fusion = compiled
+    out, _ = compiled
     attribution = tables.read_table(out / "attribution.parquet")
     assert not attribution["operator"].dropna().str.fullmatch(r"\d+").any()
     evidence = attribution["evidence"].map(json.loads)

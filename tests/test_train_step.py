@@ -8,9 +8,7 @@ Expected values are recomputed here from the timeline's own tables (ranges, kern
 from __future__ import annotations
 
 import json
-import re
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -177,7 +177,12 @@ def custom_model_source(wildcards):
             found = importlib.util.find_spec(spec.partition(":")[0])
         except (ImportError, ValueError):
             found = None  # check_callables has reported it when the DAG was built
-        if found is not None and found.origin and found.origin.endswith(".py") and found.origin not in sources:
+        if (
+            found is not None
+            and found.origin
+            and found.origin.endswith(".py")
+            and found.origin not in sources
+        ):
             sources.append(found.origin)
     return sources
 
