@@ -9,9 +9,10 @@ from typing import Callable
 
 from .attribution.inductor import InductorArtifactError
 from .capture import CaptureError, GpuStageUnavailable
-from .clocks import ClockError
+from .clocks import ClockError, ClocksInterrupted
 from .config import ConfigError
 from .files import InputError
+from .interrupts import interrupted, was_interrupted
 from .timeline.kineto import TimelineError
 
 
@@ -41,15 +42,27 @@ def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
     A user error ends the log with one ``FAILED: <what>`` line and exits 1 (no traceback); any other
     exception keeps its traceback in the log (a bug to report) and also ends with a FAILED line.
     The FAILED line is also printed on the terminal (Snakemake itself only says "check log file").
+    Ctrl-C (SIGINT) or SIGTERM ends the job with one ``interrupted:`` line instead, its outputs removed
+    and exit status 130 or 143 (:mod:`operator_profiler.interrupts`).
     """
     with open(log_path, "w", buffering=1) as log:
         sys.stderr = log
         logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(message)s", force=True)
         try:
             func(*args, **kwargs)
+            if was_interrupted():  # the KeyboardInterrupt was swallowed: the outputs may be incomplete
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            sys.exit(interrupted())
+        except ClocksInterrupted as exc:  # SIGTERM while clocks were locked (restored by now)
+            sys.exit(interrupted(exc.signum))
         except USER_ERRORS as exc:
+            if was_interrupted():  # a library turned the KeyboardInterrupt into another error
+                sys.exit(interrupted())
             _fail(log, log_path, f"FAILED: {exc}")
         except Exception as exc:  # a bug: keep the traceback for the report
+            if was_interrupted():
+                sys.exit(interrupted())
             traceback.print_exc(file=log)
             _fail(log, log_path, f"FAILED: internal error {type(exc).__name__}: {exc} (traceback in the log)")
         finally:
