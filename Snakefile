@@ -27,4 +27,13 @@ include: "workflow/trace.smk"
 rule all:
     default_target: True
     input:
-        final_outputs(),
+        final_outputs_after_sweep,
+
+
+# A failed or interrupted run leaves no result made from what it removed (workflow/common.smk).
+onerror:
+    sweep_stale_results("error")
+
+
+onsuccess:
+    sweep_stale_results("success")

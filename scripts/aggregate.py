@@ -1,4 +1,8 @@
 """Rule aggregate: operators, modules, layer classes, coverage."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 import json
 
 from operator_profiler import stages

@@ -1,5 +1,9 @@
 """Rule attribute: one attribution record per kernel (paths a and c on Kineto; b on nsys, plus a and c
 from the separate torch.profiler run when there is one)."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 from pathlib import Path
 
 from operator_profiler import stages

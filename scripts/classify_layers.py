@@ -1,4 +1,8 @@
 """Checkpoint classify_layers: layer instances -> classes (one canonical JSON per class)."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 from pathlib import Path
 
 from operator_profiler import stages

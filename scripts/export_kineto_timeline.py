@@ -1,4 +1,8 @@
 """Rule export_kineto_timeline: the torch.profiler run beside an nsys capture -> timeline tables."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 from pathlib import Path
 
 from operator_profiler import stages

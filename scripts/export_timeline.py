@@ -1,4 +1,8 @@
 """Rule export_timeline: trace -> kernels/launches/ranges parquet (DESIGN.md table contract)."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 from pathlib import Path
 
 from operator_profiler import stages

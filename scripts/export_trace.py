@@ -1,4 +1,8 @@
 """Rule export_trace: the timeline as a Chrome/Perfetto trace.json with each kernel's attribution."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 from pathlib import Path
 
 from operator_profiler import stages

@@ -1,4 +1,8 @@
 """Rule parse_ncu: ncu CSV -> per-kernel counters parquet."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 from operator_profiler import stages
 from operator_profiler.errors import run_rule
 

@@ -1,4 +1,8 @@
 """Rule report: the readable per-workload report."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 import json
 
 from operator_profiler import stages

@@ -1,4 +1,8 @@
 """Rule report_html: the self-contained HTML report of one workload."""
+from operator_profiler.interrupts import watch_snakemake_job
+
+watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
+
 import json
 
 from operator_profiler import stages

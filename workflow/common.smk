@@ -1,4 +1,5 @@
 # Config validation, device/tool resolution and input functions shared by every stage.
+import functools
 import importlib.util
 import json
 import os
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from operator_profiler import stale
 from operator_profiler.capture import resolve_timeline
 from operator_profiler.config import ConfigError, check_callables, validate_config
 
@@ -282,3 +284,93 @@ def final_outputs():
             "trace.json",
         )
     ]
+
+
+# ---------------------------------------------------------------- stale results
+# Snakemake re-runs a job whose output is missing only when a job after it has to run: after a job failed
+# (Snakemake removed its outputs) or was interrupted, the next run would say "Nothing to be done" over the
+# old reports. Every output made, directly or not, from a missing or changed workflow output is removed
+# (operator_profiler.stale, from Snakemake's records of what each output was made from), with one line per
+# cause: when the default target's DAG is built (so this run rebuilds them; a dry run only says so), and
+# after a failed or successful run (Snakefile onerror/onsuccess: none is left behind). Main process only:
+# cluster jobs re-parse this file but never build the default target and run without hooks.
+_STALE_SWEPT = False
+
+
+def _output_roots():
+    """The top-level folders the rules write into (the part of each output before its first wildcard)."""
+    roots = set()
+    for producer in workflow.rules:
+        for out in producer.output:
+            # (an output in the working directory itself has no folder)
+            before_wildcards = str(out).split("{", 1)[0]
+            if "/" in before_wildcards:
+                roots.add(before_wildcards.split("/", 1)[0])
+    return sorted(roots)
+
+
+@functools.lru_cache(maxsize=None)
+def _made_by_a_rule(path):
+    """Whether a rule makes ``path`` or a directory output holding it."""
+    candidates = [path, *map(str, Path(path).parents)][:-1]
+    return any(r.is_producer(p) for r in workflow.rules for p in candidates)
+
+
+def _recorded_outputs():
+    """{existing output: what Snakemake recorded it was made from} under the rules' output folders."""
+    from snakemake.io import IOFile
+
+    made = {}
+    for root in _output_roots():
+        for folder, dirs, files in os.walk(root):
+            for name, is_dir in [(d, True) for d in dirs] + [(f, False) for f in files]:
+                path = os.path.join(folder, name)
+                record = workflow.persistence.metadata(IOFile(path))
+                if record is None or record.input is None:
+                    continue
+                made[path] = stale.Made(
+                    tuple(record.input), dict(record.input_checksums or {})
+                )
+                if is_dir:  # a directory output: the files in it have no records
+                    dirs.remove(name)
+    return made
+
+
+def sweep_stale_results(when):
+    """Find the stale results and remove them (``when``: "start", "error" or "success").
+
+    A dry run, a --touch run (after touching) and the other DAG commands (--report, --summary, ...) only
+    say what a run would remove.
+    """
+    global _STALE_SWEPT
+    if not workflow.is_main_process or (when == "start" and _STALE_SWEPT):
+        return
+    # --touch may make them current: look after it
+    if when == "start" and workflow.touch:
+        return
+    _STALE_SWEPT = True
+    from snakemake.settings.enums import RerunTrigger
+
+    found = stale.find_stale(
+        _recorded_outputs(),
+        _made_by_a_rule,
+        check_changed=RerunTrigger.MTIME in workflow.rerun_triggers,
+    )
+    if not found:
+        return
+    executing = workflow.executor_plugin is not None and not (
+        workflow.dryrun or workflow.touch
+    )
+    if not executing:
+        action = "a run (without -n or --touch) removes and rebuilds them"
+    else:
+        stale.remove(found)
+        rebuilt_by = "this run" if when == "start" else "the next run"
+        action = f"removed them; {rebuilt_by} rebuilds them"
+    print(stale.describe(found, action), file=sys.stderr)
+
+
+def final_outputs_after_sweep(wildcards):
+    """The default target's files, evaluated when its DAG is built: stale results are removed first."""
+    sweep_stale_results("start")
+    return final_outputs()

@@ -11,9 +11,10 @@ from typing import Callable, Sequence
 
 from .attribution.inductor import InductorArtifactError
 from .capture import CaptureError, GpuStageUnavailable
-from .clocks import ClockError
+from .clocks import ClockError, ClocksInterrupted
 from .config import ConfigError
 from .files import InputError
+from .interrupts import interrupted, was_interrupted
 from .timeline.kineto import TimelineError
 
 
@@ -88,13 +89,23 @@ def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
     traceback goes into the log above that line, and the line names the user's file:line and the log.
     Any other exception keeps its traceback in the log (a bug to report) and also ends with a FAILED line.
     The FAILED line is also printed on the terminal (Snakemake itself only says "check log file").
+    Ctrl-C (SIGINT) or SIGTERM ends the job with one ``interrupted:`` line instead, its outputs removed
+    and exit status 130 or 143 (:mod:`operator_profiler.interrupts`).
     """
     with open(log_path, "w", buffering=1) as log:
         sys.stderr = log
         logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(message)s", force=True)
         try:
             func(*args, **kwargs)
+            if was_interrupted():  # the KeyboardInterrupt was swallowed: the outputs may be incomplete
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            sys.exit(interrupted())
+        except ClocksInterrupted as exc:  # SIGTERM while clocks were locked (restored by now)
+            sys.exit(interrupted(exc.signum))
         except USER_ERRORS as exc:
+            if was_interrupted():  # a library turned the KeyboardInterrupt into another error
+                sys.exit(interrupted())
             user_traceback = getattr(exc, "traceback_text", None)
             if user_traceback:
                 print("The workload's own code raised (traceback, most recent call last):", file=log)
@@ -102,6 +113,8 @@ def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
                 _fail(log, log_path, f"FAILED: {exc} (traceback in {log_path})")
             _fail(log, log_path, f"FAILED: {exc}")
         except Exception as exc:  # a bug: keep the traceback for the report
+            if was_interrupted():
+                sys.exit(interrupted())
             traceback.print_exc(file=log)
             _fail(log, log_path, f"FAILED: internal error {type(exc).__name__}: {exc} (traceback in the log)")
         finally:

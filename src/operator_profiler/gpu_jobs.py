@@ -18,7 +18,7 @@ import json
 import sys
 from types import SimpleNamespace
 
-from .errors import run_rule
+from .interrupts import watch_job
 
 
 def _select_clocks(j):
@@ -80,6 +80,15 @@ def main(argv: list[str] | None = None) -> None:
     if len(argv) != 4 or argv[0] not in RULES:
         sys.exit(f"usage: python -m operator_profiler.gpu_jobs {{{','.join(RULES)}}} PARAMS_JSON FILES_JSON LOG")
     rule, params_text, files_text, log_path = argv
+    # First, before the slow imports: Ctrl-C from here on is one line, not a traceback, and removes the
+    # job's outputs. (A FILES_JSON that does not parse fails below, in run_rule, with one line.)
+    try:
+        files = json.loads(files_text)
+        outputs = [p for v in files["output"].values() for p in ([v] if isinstance(v, str) else v)]
+        watch_job(rule, files["wildcards"], outputs, log_path)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        watch_job(rule, {}, [], log_path)
+    from .errors import run_rule
 
     def job():
         func, args = RULES[rule](parse_job(params_text, files_text))
