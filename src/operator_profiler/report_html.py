@@ -390,8 +390,8 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     per_iteration = "iteration_median_ns" in operators
     ranges = "iteration_min_ns" in operators and "iteration_max_ns" in operators
     quartiles = "iteration_p25_ns" in operators and "iteration_p75_ns" in operators
-    headers = [("rank", "num")] if per_iteration else []
-    headers += [("operator", "text"), ("time (ms)", "num")]
+    # the rank beside the operator, which stays the first column (sticky when the table scrolls sideways)
+    headers = [("operator", "text")] + ([("rank", "num")] if per_iteration else []) + [("time (ms)", "num")]
     headers += [] if no_ranges else [("mean / iteration (ms)", "num")]
     headers += [("median / iteration (ms)", "num")] if per_iteration else []
     headers += [(IQR_HEADER, "num")] if quartiles else []
@@ -406,13 +406,13 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     rows = []
     ranks = report_md.rank_labels(operators)
     for rank, r, shown in zip(ranks, operators.to_dict("records"), report_md.short_names(operators["operator"])):
-        cells = []
+        cells = [_name_cell(r["operator"], shown)]
         if per_iteration:
             overlap = report_md.RANK_OVERLAP_MARK in rank
             cells.append(f'<td class="num" data-v="{int(rank.split()[0])}"'
                          + (' title="its interquartile range overlaps a neighbour\'s: the two may swap places in '
                             'another run"' if overlap else "") + f">{esc(rank)}</td>")
-        cells += [_name_cell(r["operator"], shown), _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
+        cells.append(_num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}"))
         if not no_ranges:
             cells.append(_num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"))
         if per_iteration:
