@@ -227,7 +227,7 @@ def test_reports_show_ranks_spreads_and_median_shares(real):
     layer_classes = agg.layer_classes_table(instances, classes)
     coverage = agg.coverage(attribution, counters_collected=False, device="cpu")
     md = report_md.render_markdown("tiny", run, coverage, ops, modules, layer_classes, top_operators=50)
-    assert "shares and ranks below come from each operator's, module's and layer's per-iteration median" in md
+    assert "ranks and shares of operators and modules and the layer figures below come from per-iteration medians" in md
     ms = lambda ns: f"{ns / 1e6:.3f}"  # noqa: E731
     for rank, r in enumerate(ops.to_dict("records"), start=1):
         mark = f"{rank} ≈" if r["rank_overlap"] else f"{rank}"

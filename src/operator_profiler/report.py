@@ -418,8 +418,8 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
         _model_line(run),
         f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
         f"- measured: {_plural(iterations, 'iteration')} after {warmup_text(run)} (seed {run['harness']['seed']}); "
-        + ("shares and ranks below come from each operator's, module's and layer's per-iteration median; times are "
-           "totals over the measured iterations unless marked" if per_iteration_medians else
+        + ("ranks and shares of operators and modules and the layer figures below come from per-iteration "
+           "medians; times are totals over the measured iterations unless marked" if per_iteration_medians else
            "times below are totals over the measured iterations unless marked"),
         f"- {counters_text(coverage)}",
         f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
