@@ -59,7 +59,10 @@ def test_operators_table_counts_and_shares(frame):
     assert ops.loc["aten::mm", "calls"] == 1 and ops.loc["aten::mm", "time_ns"] == 100
     assert ops.loc[agg.UNATTRIBUTED, "kernels"] == 2 and ops.loc[agg.UNATTRIBUTED, "time_ns"] == 300
     assert ops.loc[agg.UNATTRIBUTED, "calls"] == 2
-    assert ops.loc["aten::mm", "time_share"] == pytest.approx(0.1)
+    assert ops.loc["aten::mm", "total_share"] == pytest.approx(0.1)
+    # time_share from the per-iteration medians: addmm 150, add+gelu 150, mm 50 (100, 0), unattributed 125
+    # (0, 250): mm's median over their sum
+    assert ops.loc["aten::mm", "time_share"] == pytest.approx(50 / 475)
     assert ops.loc["aten::addmm", "mean_kernel_ns"] == 100
     assert ops.loc["aten::addmm", "time_per_iteration_ns"] == 150
     # per iteration: addmm 100 ns in iteration 0, 50+150 in iteration 1

@@ -1,6 +1,8 @@
 """Per-operator, per-module and per-layer-class figures, and the coverage summary.
 
-Durations are the timeline's (integer ns), summed over all kernels of the measured iterations.
+Durations are the timeline's (integer ns), summed over all kernels of the measured iterations (``time_ns``);
+with per-iteration columns, shares and rankings come from each group's per-iteration median instead, so one
+slow iteration (a busy machine) decides nothing.
 Hardware counters, when a later stage joins them (``matched/kernel_metrics.parquet``), are aggregated
 by the metric catalog's rule; without them (CPU runs) ``bottleneck`` is ``not_collected``.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 
 from .naming import PHASES
@@ -22,17 +25,80 @@ PHASE_COLUMNS = ["phase", "operator", "calls", "kernels", "time_ns", "phase_shar
                  "time_per_iteration_ns", "iteration_median_ns"]
 
 
-def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFrame:
-    """One row per operator, sorted by time (descending).
+# The per-iteration statistics of a group (operator, module): its time in each measured iteration, summarized.
+ITERATION_COLUMNS = ("time_per_iteration_ns", "iteration_min_ns", "iteration_p25_ns", "iteration_median_ns",
+                     "iteration_p75_ns", "iteration_max_ns")
 
-    Columns: operator, calls, kernels, time_ns (every kernel of the attribution), time_share (0-1),
-    mean_kernel_ns, paths, bottleneck, kernels_without_time (kernel records whose time is unknown: their
-    0 ns are not a measurement); with ``per_iteration`` also time_per_iteration_ns (the mean over
-    the measured iterations, from the kernels inside them only) and
-    iteration_min_ns / iteration_median_ns / iteration_max_ns (the operator's time in each measured
-    iteration present in the attribution, to spot a noisy iteration; omitted when no kernel lies in
-    an iteration range). Unattributed kernels form the row ``(unattributed)`` so
-    that time shares add up to 1.
+
+def iteration_stats(frame: pd.DataFrame, key: str) -> pd.DataFrame | None:
+    """Per ``key`` group, its kernel time in each measured iteration (the kernels whose ``iteration`` is set;
+    a group absent from an iteration spent 0 ns in it), summarized as the :data:`ITERATION_COLUMNS` (integer ns):
+    the mean (``time_per_iteration_ns``), min, quartiles (linear interpolation, numpy's default), median and
+    max. Indexed by ``key``; None when no kernel lies in an iteration range."""
+    measured = frame[frame["iteration"].notna()]
+    if not len(measured):
+        return None
+    seen = sorted(int(i) for i in measured["iteration"].unique())
+    per_it = measured.assign(iteration=measured["iteration"].astype("int64")).pivot_table(
+        index=key, columns="iteration", values="duration_ns", aggfunc="sum", fill_value=0)
+    per_it = per_it.reindex(columns=seen, fill_value=0).astype("float64")
+    values = per_it.to_numpy()
+    stats = pd.DataFrame(
+        {
+            "time_per_iteration_ns": values.sum(axis=1) / len(seen),
+            "iteration_min_ns": values.min(axis=1),
+            "iteration_p25_ns": np.percentile(values, 25, axis=1),
+            "iteration_median_ns": np.median(values, axis=1),
+            "iteration_p75_ns": np.percentile(values, 75, axis=1),
+            "iteration_max_ns": values.max(axis=1),
+        },
+        index=per_it.index,
+    )
+    return stats.round().astype("int64")
+
+
+def _with_iteration_stats(table: pd.DataFrame, stats: pd.DataFrame | None, key: str) -> pd.DataFrame:
+    """``table`` with the per-iteration columns (0 for groups that ran only outside the measured iterations),
+    ``time_share`` from the per-iteration medians (each group's median / the sum of all medians), sorted by the
+    median (then the total); without ``stats`` ``time_share`` is the total's share and the order by total."""
+    if stats is None:
+        table["time_share"] = table["total_share"]
+        return table.sort_values(["time_ns", key], ascending=[False, True]).reset_index(drop=True)
+    table = table.merge(stats, left_on=key, right_index=True, how="left")
+    for column in ITERATION_COLUMNS:
+        table[column] = table[column].fillna(0).astype("int64")
+    medians = int(table["iteration_median_ns"].sum())
+    table["time_share"] = table["iteration_median_ns"] / medians if medians else 0.0
+    return table.sort_values(["iteration_median_ns", "time_ns", key], ascending=[False, False, True]
+                             ).reset_index(drop=True)
+
+
+def rank_overlaps(table: pd.DataFrame) -> pd.Series:
+    """Per row of a table sorted by ``iteration_median_ns``: whether its per-iteration interquartile range
+    [``iteration_p25_ns``, ``iteration_p75_ns``] overlaps the row's above or below, i.e. whether the two may
+    swap places in another run. The IQR, not [min, max]: one slow iteration widens every min-max range."""
+    lo, hi = table["iteration_p25_ns"].to_numpy(), table["iteration_p75_ns"].to_numpy()
+    overlap = np.zeros(len(table), dtype=bool)
+    if len(table) > 1:
+        # rows i (above, larger median) and i + 1 overlap when the upper one's p25 is not above the lower's p75
+        pair = lo[:-1] <= hi[1:]
+        overlap[:-1] |= pair
+        overlap[1:] |= pair
+    return pd.Series(overlap, index=table.index)
+
+
+def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFrame:
+    """One row per operator, ranked by its per-iteration median (``per_iteration`` and iteration ranges present),
+    else by its total time (descending).
+
+    Columns: operator, calls, kernels, time_ns (every kernel of the attribution, the total), total_share (the
+    total's share, 0-1), time_share (0-1: the operator's ``iteration_median_ns`` / the sum of every row's, so one
+    slow iteration does not move shares or ranks; without per-iteration columns the total's share), mean_kernel_ns,
+    paths, bottleneck, kernels_without_time (kernel records whose time is unknown: their 0 ns are not a
+    measurement); with ``per_iteration`` also the :data:`ITERATION_COLUMNS` (the operator's time in each measured
+    iteration present in the attribution: mean, min, quartiles, median, max; omitted when no kernel lies in an
+    iteration range) and ``rank_overlap`` (:func:`rank_overlaps`). Unattributed kernels form the row
+    ``(unattributed)`` so that time shares add up to 1.
     """
     df = attribution.assign(operator=attribution["operator"].fillna(UNATTRIBUTED))
     # A call is one op instance (one enclosing dispatcher-op range); fused kernels count one call each.
@@ -52,34 +118,17 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
         }
     ).reset_index()
     table["kernels_without_time"] = table["kernels_without_time"].astype("int64")
-    table["time_share"] = table["time_ns"] / total if total else 0.0
+    table["total_share"] = table["time_ns"] / total if total else 0.0
     table["mean_kernel_ns"] = (table["time_ns"] / table["kernels"]).round().astype("int64")
     table["bottleneck"] = "not_collected"
-    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "mean_kernel_ns", "paths", "bottleneck",
-               "kernels_without_time"]
-    measured = df[df["iteration"].notna()]
-    if per_iteration and len(measured):  # a trace without iteration ranges has nothing per iteration
-        seen = sorted(int(i) for i in measured["iteration"].unique())
-        iterations = len(seen)
-        per_it = measured.pivot_table(index="operator", columns="iteration", values="duration_ns",
-                                      aggfunc="sum", fill_value=0)
-        # An operator absent from an iteration spent 0 ns in it.
-        for missing in set(seen) - set(int(c) for c in per_it.columns):
-            per_it[missing] = 0
-        stats = pd.DataFrame(
-            {
-                "iteration_min_ns": per_it.min(axis=1),
-                "iteration_median_ns": per_it.median(axis=1),
-                "iteration_max_ns": per_it.max(axis=1),
-            }
-        ).round().astype("int64")
-        stats["time_per_iteration_ns"] = (per_it.sum(axis=1) / max(iterations, 1)).round().astype("int64")
-        table = table.merge(stats, left_on="operator", right_index=True, how="left")
-        # Operators that ran only outside the measured iterations (warm-up leftovers): 0 per iteration.
-        for column in ("time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"):
-            table[column] = table[column].fillna(0).astype("int64")
-        columns[5:5] = ["time_per_iteration_ns", "iteration_min_ns", "iteration_median_ns", "iteration_max_ns"]
-    return table[columns].sort_values(["time_ns", "operator"], ascending=[False, True]).reset_index(drop=True)
+    columns = ["operator", "calls", "kernels", "time_ns", "time_share", "total_share", "mean_kernel_ns", "paths",
+               "bottleneck", "kernels_without_time"]
+    stats = iteration_stats(df, "operator") if per_iteration else None
+    table = _with_iteration_stats(table, stats, "operator")
+    if stats is not None:
+        table["rank_overlap"] = rank_overlaps(table)
+        columns[6:6] = [*ITERATION_COLUMNS, "rank_overlap"]
+    return table[columns]
 
 
 def _has_phases(attribution: pd.DataFrame) -> bool:
@@ -155,43 +204,63 @@ def phase_summary(attribution: pd.DataFrame) -> list[dict] | None:
     return out
 
 
-def modules_table(attribution: pd.DataFrame) -> pd.DataFrame:
-    """One row per module path (layer instance) plus ``(outside layers)``: module, kernels, time_ns, time_share."""
+def modules_table(attribution: pd.DataFrame, per_iteration: bool = True) -> pd.DataFrame:
+    """One row per module path (layer instance) plus ``(outside layers)``: module, kernels, time_ns (total),
+    time_share, total_share and, with ``per_iteration`` and iteration ranges, the :data:`ITERATION_COLUMNS`;
+    ranked and shared like :func:`operators_table` (by the per-iteration median when present: identical layers
+    then show alike, whichever iteration the machine slowed)."""
     df = attribution.assign(module=attribution["module"].fillna(OUTSIDE_LAYERS))
     total = int(df["duration_ns"].sum())
     table = df.groupby("module", sort=False).agg(kernels=("kernel_id", "size"), time_ns=("duration_ns", "sum")).reset_index()
     table["time_ns"] = table["time_ns"].astype("int64")
-    table["time_share"] = table["time_ns"] / total if total else 0.0
-    return table.sort_values("time_ns", ascending=False).reset_index(drop=True)
+    table["total_share"] = table["time_ns"] / total if total else 0.0
+    stats = iteration_stats(df, "module") if per_iteration else None
+    table = _with_iteration_stats(table, stats, "module")
+    columns = ["module", "kernels", "time_ns", "time_share", "total_share"]
+    return table[columns + (list(ITERATION_COLUMNS) if stats is not None else [])]
 
 
-def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict]) -> pd.DataFrame:
+def layer_classes_table(instances: pd.DataFrame, classes: dict[str, dict], per_iteration: bool = True) -> pd.DataFrame:
     """One row per layer class: layer_class, module_class, instances, kernels_per_instance, time_ns,
-    mean_instance_time_ns, representative, replays_without_dedup, replays_with_dedup, split_reason and
-    split_detail (why one module class fell into several classes: :func:`operator_profiler.layers.explain_splits`;
-    null when it did not)."""
+    mean_instance_time_ns (an instance's total over the measured iterations, mean over the class's instances),
+    representative, replays_without_dedup, replays_with_dedup, split_reason and split_detail (why one module
+    class fell into several classes: :func:`operator_profiler.layers.explain_splits`; null when it did not); with
+    ``per_iteration`` and measured iterations also instance_iteration_min_ns / _median_ns / _max_ns: over every
+    (instance, measured iteration) of the class, the instance's time in that iteration (an instance absent from
+    an iteration counts 0 ns)."""
+    measured = instances[instances["iteration"] >= 0] if per_iteration else instances.iloc[0:0]
+    per_call = None
+    if len(measured):
+        seen = sorted(int(i) for i in measured["iteration"].unique())
+        per_call = measured.pivot_table(index="layer", columns="iteration", values="time_ns", aggfunc="sum",
+                                        fill_value=0).reindex(columns=seen, fill_value=0)
     rows = []
     for name, entry in classes.items():
         mine = instances[instances["layer_class"] == name]
         per_instance = mine.groupby("layer")["time_ns"].sum()
-        rows.append(
-            {
-                "layer_class": name,
-                "module_class": entry["module_class"],
-                "instances": len(entry["instances"]),
-                "kernels_per_instance": entry["kernel_count"],
-                "time_ns": int(mine["time_ns"].sum()),
-                "mean_instance_time_ns": int(round(per_instance.mean())) if len(per_instance) else 0,
-                "representative": entry["representative"],
-                "replays_without_dedup": len(entry["instances"]),
-                "replays_with_dedup": 1,
-                "split_reason": entry.get("split_reason"),
-                "split_detail": entry.get("split_detail"),
-            }
-        )
+        row = {
+            "layer_class": name,
+            "module_class": entry["module_class"],
+            "instances": len(entry["instances"]),
+            "kernels_per_instance": entry["kernel_count"],
+            "time_ns": int(mine["time_ns"].sum()),
+            "mean_instance_time_ns": int(round(per_instance.mean())) if len(per_instance) else 0,
+            "representative": entry["representative"],
+            "replays_without_dedup": len(entry["instances"]),
+            "replays_with_dedup": 1,
+            "split_reason": entry.get("split_reason"),
+            "split_detail": entry.get("split_detail"),
+        }
+        if per_call is not None:
+            calls = per_call.reindex(index=list(entry["instances"]), fill_value=0).to_numpy(dtype="float64").ravel()
+            row.update({f"instance_iteration_{stat}_ns": int(round(float(fn(calls)))) if len(calls) else 0
+                        for stat, fn in (("min", np.min), ("median", np.median), ("max", np.max))})
+        rows.append(row)
     columns = ["layer_class", "module_class", "instances", "kernels_per_instance", "time_ns",
                "mean_instance_time_ns", "representative", "replays_without_dedup", "replays_with_dedup",
                "split_reason", "split_detail"]
+    if per_call is not None:
+        columns[6:6] = ["instance_iteration_min_ns", "instance_iteration_median_ns", "instance_iteration_max_ns"]
     return pd.DataFrame(rows, columns=columns)
 
 

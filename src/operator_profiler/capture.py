@@ -250,7 +250,7 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    short = dict(harness_cfg, warmup=1, iterations=1)
+    short = dict(harness_cfg, warmup=1, warmup_max=1, iterations=1)  # compiling needs one call, not a steady state
 
     def run() -> None:
         harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",

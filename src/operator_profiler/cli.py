@@ -210,10 +210,14 @@ def _cmd_compare(args) -> None:
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
     change = report_html.operator_changes(table)  # the (unattributed) row is not an operator
     both = sum(change.get(c, 0) for c in ("slower", "faster", "same"))
+    totals = report_html.compare_totals(table)  # the page's headline: the sums of the table's columns
+    percent = "" if totals["change"] is None else f" ({totals['change'] * 100:+.1f}%)"
     print(f"{operators_phrase(sum(change.values()))} ({both} in both, {change.get('only A', 0)} "
           f"only in A, {change.get('only B', 0)} only in B); by per-iteration {table.attrs['basis']}s: "
           f"{change.get('slower', 0)} slower, {change.get('faster', 0)} faster, {change.get('same', 0)} the same "
-          f"within noise ({report_html.change_rule(table.attrs['ranges'], short=True)}) -> {args.out}")
+          f"within noise ({report_html.change_rule(table.attrs['ranges'], short=True)}); kernel time / iteration "
+          f"(sum of the operators' {table.attrs['basis']}s): A {totals['a_ms']:.3f} ms, B {totals['b_ms']:.3f} ms"
+          f"{percent} -> {args.out}")
 
 
 def _cmd_trace(args) -> None:

@@ -170,6 +170,10 @@ def _cross_field_problems(config: dict) -> list[str]:
                                 "lower seq_len or raise n_positions")
         elif w.get("kind") == "sdpa_attention" and w["d_model"] % w["n_head"]:
             problems.append(f"at '{where}': d_model ({w['d_model']}) must be a multiple of n_head ({w['n_head']})")
+    h = config.get("harness", {})
+    if isinstance(h.get("warmup"), int) and isinstance(h.get("warmup_max"), int) and h["warmup_max"] < h["warmup"]:
+        problems.append(f"at 'harness': warmup_max ({h['warmup_max']}) is below warmup ({h['warmup']}), the least "
+                        "warm-up; raise warmup_max or lower warmup")
     for index, pattern in enumerate(config.get("nvtx", {}).get("ignore_ranges", [])):
         try:
             re.compile(pattern)

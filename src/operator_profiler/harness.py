@@ -162,6 +162,78 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], opti
         model.forward = torch.compile(model.forward, **options)
 
 
+def harness_settings(harness: dict) -> dict:
+    """``harness`` with the schema's defaults filled in for missing keys (``seed``, ``warmup``, ``warmup_max``,
+    ``steady_window``, ``steady_tolerance``, ``iterations``; workflow/schemas/config.schema.yaml), so a direct
+    caller gets the workflow's warm-up rule.
+
+    Raises:
+        ConfigError: a key the schema does not allow (type, range, unknown name), or ``warmup_max`` below
+            ``warmup`` (the cap would undercut the minimum).
+    """
+    import jsonschema
+
+    from .config import ConfigError, fill_defaults, load_schema
+
+    schema = load_schema()["properties"]["harness"]
+    settings = fill_defaults(dict(harness), schema)
+    problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(settings))
+    if problem is not None:
+        where = ".".join(str(p) for p in problem.absolute_path)
+        raise ConfigError(f"invalid harness settings{' at harness.' + where if where else ''}: {problem.message}")
+    if settings["warmup_max"] < settings["warmup"]:
+        raise ConfigError(f"harness.warmup_max ({settings['warmup_max']}) is below harness.warmup "
+                          f"({settings['warmup']}); raise warmup_max or lower warmup")
+    return settings
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def steady_drift(times_s: list[float], window: int) -> float | None:
+    """How far the warm-up still drifts: |median(last ``window`` times) - median(the ``window`` before)|
+    / the latter (a fraction); None with fewer than 2 x ``window`` times.
+
+    Medians of two windows, not the spread of one: on a shared machine the scheduler adds a few ms to one
+    iteration in three (measured on 2 busy cores: 1 ms iterations taking 5 ms), so a (max - min) rule never
+    settles, while the transient that warm-up waits out (compilation, autotuning, allocator and cache
+    warm-up) moves the median."""
+    if window < 1 or len(times_s) < 2 * window:
+        return None
+    before, last = _median(times_s[-2 * window:-window]), _median(times_s[-window:])
+    return abs(last - before) / before if before > 0 else float("inf")
+
+
+def warm_up_until_steady(step: Callable[[], float], minimum: int, maximum: int, window: int,
+                         tolerance: float) -> dict:
+    """Run ``step`` (one warm-up iteration, returning its wall time in s) at least ``minimum`` and at most
+    ``maximum`` times: after the minimum, stop as soon as the iteration time is steady, i.e. the median of the
+    last ``window`` times is within ``tolerance`` (a fraction) of the median of the ``window`` before them
+    (:func:`steady_drift`). The first iterations compile and autotune (seconds against milliseconds), so no
+    steady pair of windows contains them.
+
+    Returns:
+        ``run.json``'s ``warmup`` record: ``iterations`` (run), ``steady`` (true: the rule was met; false: the cap
+        stopped warm-up first, the machine was busy or the model never settles; null: not checked, the cap allowed
+        fewer than 2 x ``window`` iterations, e.g. a fixed warm-up), ``drift`` (the last pair of windows', a
+        fraction; null when not checked), ``times_s`` (each iteration, s), and the rule (``minimum``, ``maximum``,
+        ``window``, ``tolerance``).
+    """
+    times: list[float] = []
+    drift = None
+    while len(times) < maximum:
+        times.append(float(step()))
+        drift = steady_drift(times, window)
+        if len(times) >= minimum and drift is not None and drift <= tolerance:
+            break
+    return {"iterations": len(times), "steady": None if drift is None else drift <= tolerance,
+            "drift": None if drift is None else round(drift, 4), "times_s": [round(t, 6) for t in times],
+            "minimum": minimum, "maximum": maximum, "window": window, "tolerance": tolerance}
+
+
 def _versions(device: str) -> dict:
     info = {
         "torch": torch.__version__,
@@ -203,7 +275,9 @@ def run_capture(
 
     Args:
         workload: the workload's config slice (``kind``, sizes, ``compile``, ``mode``).
-        harness: ``{"seed", "warmup", "iterations"}``.
+        harness: ``{"seed", "warmup", "warmup_max", "steady_window", "steady_tolerance", "iterations"}``
+            (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at least ``warmup``
+            iterations, then until steady (:func:`warm_up_until_steady`), at most ``warmup_max``.
         device: ``cpu`` or ``cuda`` (already resolved).
         trace_path: where to write the gzipped Kineto trace (``profiler == "torch"``).
         layers_path: ``layers.json``: ``[{"path", "class", "param_shapes", "calls"}]`` in execution order.
@@ -225,7 +299,9 @@ def run_capture(
         record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
 
     Returns:
-        The ``run.json`` content. Besides versions and config it holds ``settings`` (cudnn.benchmark off,
+        The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
+        warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``settings``
+        (cudnn.benchmark off,
         deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the
         kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``.
 
@@ -246,6 +322,7 @@ def run_capture(
     run_path = Path(run_path)
     trace_path = Path(trace_path) if trace_path is not None else None
     inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
+    given_harness, harness = harness, harness_settings(harness)
     _seed_everything(harness["seed"], device)
     compiled = bool(workload.get("compile", False))
     if compiled:
@@ -295,9 +372,15 @@ def run_capture(
     def run_step(what: str) -> None:
         user_code(what, step)
 
-    t0 = time.perf_counter()
-    for _ in range(harness["warmup"]):  # compile + autotune happen here, outside the window
+    def timed_warmup_step() -> float:
+        start = time.perf_counter()
         run_step("warm-up")
+        return time.perf_counter() - start
+
+    t0 = time.perf_counter()
+    # compile + autotune happen here, outside the window; then until the iteration times settle
+    warmup = warm_up_until_steady(timed_warmup_step, harness["warmup"], harness["warmup_max"],
+                                  harness["steady_window"], harness["steady_tolerance"])
     warmup_s = time.perf_counter() - t0
 
     def measured_iterations() -> None:
@@ -339,7 +422,7 @@ def run_capture(
     run = {
         "versions": _versions(device),
         "workload": workload,
-        "harness": harness,
+        "harness": given_harness,
         "compiled": compiled,
         "compile_mode": ("regional" if layers else "whole_model") if compiled else None,
         "mode": "train" if train else "inference",
@@ -347,6 +430,7 @@ def run_capture(
         "layers": len(layers),
         "nvtx": emitter.nvtx_backend,
         "profiler": profiler,
+        "warmup": warmup,
         "warmup_s": round(warmup_s, 3),
         "measured_s": round(measured_s, 3),
         "settings": _settings(),

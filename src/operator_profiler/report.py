@@ -299,6 +299,32 @@ def no_kernel_warnings(diagnostics: dict | None) -> list[str]:
     return [w for w in (diagnostics or {}).get("warnings", []) if w.startswith("no kernel events")]
 
 
+def warmup_iterations(run: dict) -> int:
+    """The warm-up iterations the harness ran (run.json ``warmup.iterations``; ``harness.warmup`` for a run.json
+    written before warm-up ran until steady)."""
+    return int((run.get("warmup") or {}).get("iterations", run["harness"]["warmup"]))
+
+
+def warmup_text(run: dict) -> str:
+    """The warm-up in words: how many iterations and whether they became steady (run.json ``warmup``,
+    ``harness.warm_up_until_steady``); the plain count for an older run.json."""
+    w = run.get("warmup")
+    n = warmup_iterations(run)
+    if not w:
+        return _plural(n, "warm-up iteration")
+    rule = (f"median of the last {w['window']} iteration times within {w['tolerance'] * 100:g}% of the "
+            f"{w['window']} before")
+    if w["steady"]:
+        return f"{_plural(n, 'warm-up iteration')} (until steady: {rule})"
+    if w["steady"] is None:
+        return (f"{_plural(n, 'warm-up iteration')} (steady state not checked: harness.warmup_max allows fewer than "
+                f"2 x harness.steady_window = {2 * w['window']} iterations)")
+    drift = "" if w.get("drift") is None else f"; the median still moved {w['drift'] * 100:.0f}%"
+    return (f"**{_plural(n, 'warm-up iteration')}, not steady** (stopped at harness.warmup_max{drift}; steady would "
+            f"be: {rule}): the machine was busy or the model does not settle, so the per-iteration medians below "
+            "are the figures to trust")
+
+
 def is_cpu_run(run: dict | None) -> bool:
     return run is not None and run["versions"]["device"] == "cpu"
 
@@ -383,10 +409,11 @@ def refused_counters_lines(coverage: dict) -> list[str]:
 
 
 def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,
-                      clocks: dict | None = None) -> list[str]:
+                      clocks: dict | None = None, per_iteration_medians: bool = False) -> list[str]:
     """What was profiled and how, as Markdown bullet lines (``- ...``): model, device and versions,
-    measured iterations, counters, clocks; for a trace captured elsewhere (``run`` None) what its timeline
-    says. The HTML report shows the same lines."""
+    measured iterations and warm-up, counters, clocks; for a trace captured elsewhere (``run`` None) what its
+    timeline says. ``per_iteration_medians``: the tables rank by per-iteration medians (said in the line on
+    the measured iterations). The HTML report shows the same lines."""
     if run is None:
         return _imported_lines(coverage, diagnostics) + gpu_activity_lines(diagnostics)
     cpu = is_cpu_run(run)
@@ -398,8 +425,10 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
     lines = [
         _model_line(run),
         f"- device: {device}; torch {v['torch']}, CUDA {v['cuda_runtime'] or 'none'}, driver {v['driver'] or 'n/a'}",
-        f"- measured: {_plural(iterations, 'iteration')} after {_plural(run['harness']['warmup'], 'warm-up iteration')} "
-        f"(seed {run['harness']['seed']}); times below are totals over the measured iterations unless marked",
+        f"- measured: {_plural(iterations, 'iteration')} after {warmup_text(run)} (seed {run['harness']['seed']}); "
+        + ("ranks and shares of operators and modules and the layer figures below come from per-iteration "
+           "medians; times are totals over the measured iterations unless marked" if per_iteration_medians else
+           "times below are totals over the measured iterations unless marked"),
         f"- {counters_text(coverage)}",
         f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
     ]
@@ -477,6 +506,56 @@ def split_lines(layer_classes: pd.DataFrame) -> list[str]:
     return lines + [""]
 
 
+RANK_OVERLAP_MARK = "≈"
+
+
+def rank_labels(table: pd.DataFrame) -> list[str]:
+    """Each row's rank (1-based, the table's order), marked :data:`RANK_OVERLAP_MARK` where its per-iteration
+    interquartile range overlaps a neighbour's (``rank_overlap``, aggregate.rank_overlaps)."""
+    overlap = table["rank_overlap"] if "rank_overlap" in table else [False] * len(table)
+    return [f"{i}{' ' + RANK_OVERLAP_MARK if o else ''}" for i, o in enumerate(overlap, start=1)]
+
+
+def spread_text(row: dict, quartiles: bool = True) -> str:
+    """``median [p25-p75] (min-max)`` of one row's per-iteration time, in ms (``median [min-max]`` without
+    the quartile columns)."""
+    if quartiles:
+        return (f"{_ms(row['iteration_median_ns'])} [{_ms(row['iteration_p25_ns'])}-{_ms(row['iteration_p75_ns'])}] "
+                f"({_ms(row['iteration_min_ns'])}-{_ms(row['iteration_max_ns'])})")
+    return f"{_ms(row['iteration_median_ns'])} [{_ms(row['iteration_min_ns'])}-{_ms(row['iteration_max_ns'])}]"
+
+
+def ranking_note(operators: pd.DataFrame) -> list[str]:
+    """How the operator table is ranked and shared, and what the rank mark means (nothing without per-iteration
+    medians: then the table is by total time)."""
+    if "iteration_median_ns" not in operators:
+        return []
+    medians = int(operators["iteration_median_ns"].sum())
+    lines = ["", f"Ranked by each operator's median time per measured iteration; share: of the sum of the medians "
+                 f"({_ms(medians)} ms), so one slow iteration moves neither. total_ms: over all measured iterations."]
+    if "rank_overlap" in operators:
+        n = int(operators["rank_overlap"].sum())
+        lines[-1] += (f" {RANK_OVERLAP_MARK}: the operator's per-iteration interquartile range [p25-p75] overlaps "
+                      f"that of the operator ranked next to it, so the two may swap places in another run "
+                      f"({_plural(n, 'operator')} of {len(operators)}).")
+    return lines
+
+
+def modules_lines(modules: pd.DataFrame) -> list[str]:
+    """The modules section: ranked by median time per measured iteration when the table has it (identical layers
+    then read alike), else by total."""
+    table = modules.assign(total_ms=lambda d: d["time_ns"].map(_ms),
+                           share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format))
+    if "iteration_median_ns" not in modules:
+        return ["## Modules (total over the measured iterations)", "",
+                _table(table[["module", "kernels", "total_ms", "share"]]), ""]
+    label = "ms per iteration: median [p25-p75] (min-max)"
+    table[label] = [spread_text(r, "iteration_p25_ns" in modules) for r in modules.to_dict("records")]
+    return ["## Modules (by median time per measured iteration)", "",
+            "share: of the sum of the modules' per-iteration medians; total_ms: over all measured iterations.", "",
+            _table(table[["module", "kernels", label, "total_ms", "share"]]), ""]
+
+
 def layer_summary(layer_classes: pd.DataFrame) -> str:
     """One sentence: N layer instances form K classes (the ncu replay saving), or that the model has no layers."""
     if not len(layer_classes):
@@ -511,7 +590,9 @@ def render_markdown(
     ``replays`` the classes' ncu ``replay.json`` records; ``phases`` the operators per train-step phase
     (``phases.parquet``)."""
     iterations = measured_iterations(run, coverage)
-    lines = [f"# Operator profile: `{workload}`", "", *measurement_lines(run, coverage, diagnostics, clocks)]
+    medians = "iteration_median_ns" in operators
+    lines = [f"# Operator profile: `{workload}`", "",
+             *measurement_lines(run, coverage, diagnostics, clocks, per_iteration_medians=medians)]
     lines += [
         "",
         "## Coverage",
@@ -543,11 +624,12 @@ def render_markdown(
     )
     columns = ["operator", "calls", "kernels", "total_ms", "share"]
     if "iteration_median_ns" in top:
-        top["ms per iteration: median [min-max]"] = [
-            f"{_ms(med)} [{_ms(lo)}-{_ms(hi)}]"
-            for med, lo, hi in zip(top["iteration_median_ns"], top["iteration_min_ns"], top["iteration_max_ns"])
-        ]
-        columns.append("ms per iteration: median [min-max]")
+        columns.insert(0, "rank")
+        top["rank"] = rank_labels(top)
+        quartiles = "iteration_p25_ns" in top
+        label = "ms per iteration: median " + ("[p25-p75] (min-max)" if quartiles else "[min-max]")
+        top[label] = [spread_text(r, quartiles) for r in top.to_dict("records")]
+        columns.append(label)
     columns.append("paths")
     for metric, label, scale in KEY_COUNTERS:
         if metric in top:  # hardware counters were matched (opprof aggregate --counters)
@@ -555,27 +637,29 @@ def render_markdown(
             columns.append(label)
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
-    lines += [*([_table(top[columns])] if len(top) else []), *_unknown_time_lines(operators), ""]
+    lines += [*([_table(top[columns])] if len(top) else []), *ranking_note(operators), *_unknown_time_lines(operators), ""]
     lines += phase_lines(coverage, phases, top_operators)
     lines += ["## Layer classes", ""]
     if len(layer_classes):
+        per_call = "instance_iteration_median_ns" in layer_classes
+        per_call_label = ("ms per instance and iteration: median [min-max]" if per_call
+                          else "ms_per_instance_and_iteration")
         lc = layer_classes.assign(
             module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
-            ms_per_instance_and_iteration=lambda d: (d["mean_instance_time_ns"] / max(iterations, 1)).map(_ms),
             total_ms=lambda d: d["time_ns"].map(_ms),
-        ).rename(columns={"instances": "instances (layer calls)"})[
-            ["layer_class", "module_class", "instances (layer calls)", "kernels_per_instance",
-             "ms_per_instance_and_iteration", "total_ms", "representative"]]
+        ).rename(columns={"instances": "instances (layer calls)"})
+        lc[per_call_label] = ([f"{_ms(r['instance_iteration_median_ns'])} [{_ms(r['instance_iteration_min_ns'])}-"
+                               f"{_ms(r['instance_iteration_max_ns'])}]" for r in layer_classes.to_dict("records")]
+                              if per_call else (layer_classes["mean_instance_time_ns"] / max(iterations, 1)).map(_ms))
+        lc = lc[["layer_class", "module_class", "instances (layer calls)", "kernels_per_instance", per_call_label,
+                 "total_ms", "representative"]]
         lines += [_table(lc), ""]
     lines += [layer_summary(layer_classes), ""]
     lines += split_lines(layer_classes)
     lines += _dedup_lines(matching)
     lines += refused_counters_lines(coverage)
     lines += _replay_lines(replays)
-    lines += ["## Modules (total over the measured iterations)", ""]
-    lines += [_table(modules.assign(total_ms=lambda d: d["time_ns"].map(_ms),
-                                    share=lambda d: (d["time_share"] * 100).map("{:.2f}%".format))[
-        ["module", "kernels", "total_ms", "share"]]), ""]
+    lines += modules_lines(modules)
     lines += ["## Unattributed kernels", ""]
     if coverage["unattributed"]:
         lines += ["| kernel | count | total (ms) | reason |", "|---|---|---|---|"]

@@ -341,7 +341,8 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
                     diagnostics: dict | None, clocks: dict | None, counters_time: float | None,
                     replays: list[dict] | None) -> str:
     iterations = report_md.measured_iterations(run, coverage)
-    lines = report_md.measurement_lines(run, coverage, diagnostics, clocks)
+    lines = report_md.measurement_lines(run, coverage, diagnostics, clocks,
+                                        per_iteration_medians="iteration_median_ns" in operators)
     tools = []
     if diagnostics and diagnostics.get("format") != "kineto" and diagnostics.get("product_version"):
         tools.append(f"Nsight Systems {diagnostics['product_version']} (timeline)")
@@ -377,6 +378,8 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
 
 # the per-iteration median, and min and max in one column ("min – max", sorted by the max)
 RANGE_HEADER = "min – max / iteration (ms)"
+# the per-iteration interquartile range "p25 – p75" (sorted by its width)
+IQR_HEADER = "p25 – p75 / iteration (ms)"
 
 
 def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str],
@@ -386,9 +389,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     # the operator's time in each measured iteration (aggregate.per_iteration): a noisy iteration moves the mean
     per_iteration = "iteration_median_ns" in operators
     ranges = "iteration_min_ns" in operators and "iteration_max_ns" in operators
-    headers = [("operator", "text"), ("time (ms)", "num")]
+    quartiles = "iteration_p25_ns" in operators and "iteration_p75_ns" in operators
+    # the rank beside the operator, which stays the first column (sticky when the table scrolls sideways)
+    headers = [("operator", "text")] + ([("rank", "num")] if per_iteration else []) + [("time (ms)", "num")]
     headers += [] if no_ranges else [("mean / iteration (ms)", "num")]
     headers += [("median / iteration (ms)", "num")] if per_iteration else []
+    headers += [(IQR_HEADER, "num")] if quartiles else []
     headers += [(RANGE_HEADER, "num")] if ranges else []
     headers += [("share", "num"), ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
     headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
@@ -398,13 +404,24 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     show_bottleneck = (operators["bottleneck"] != "not_collected").any()
     headers += [("paths", "text")] + ([("bottleneck", "text")] if show_bottleneck else [])
     rows = []
-    for r, shown in zip(operators.to_dict("records"), report_md.short_names(operators["operator"])):
-        cells = [_name_cell(r["operator"], shown), _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")]
+    ranks = report_md.rank_labels(operators)
+    for rank, r, shown in zip(ranks, operators.to_dict("records"), report_md.short_names(operators["operator"])):
+        cells = [_name_cell(r["operator"], shown)]
+        if per_iteration:
+            overlap = report_md.RANK_OVERLAP_MARK in rank
+            cells.append(f'<td class="num" data-v="{int(rank.split()[0])}"'
+                         + (' title="its interquartile range overlaps a neighbour\'s: the two may swap places in '
+                            'another run"' if overlap else "") + f">{esc(rank)}</td>")
+        cells.append(_num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}"))
         if not no_ranges:
             cells.append(_num_cell(r["time_ns"] / iterations / 1e6, f"{r['time_ns'] / iterations / 1e6:.3f}"))
         if per_iteration:
             median = None if _missing(r["iteration_median_ns"]) else r["iteration_median_ns"] / 1e6
             cells.append(_num_cell(median, _fmt(median, 3)))
+        if quartiles:
+            q1, q3 = (None if _missing(r[c]) else r[c] / 1e6 for c in ("iteration_p25_ns", "iteration_p75_ns"))
+            cells.append(_num_cell(None if q1 is None or q3 is None else q3 - q1,
+                                   "" if q3 is None else f"{_fmt(q1, 3)} – {_fmt(q3, 3)}"))
         if ranges:
             lo, hi = (None if _missing(r[c]) else r[c] / 1e6 for c in ("iteration_min_ns", "iteration_max_ns"))
             cells.append(_num_cell(hi, "" if hi is None else f"{_fmt(lo, 3)} – {_fmt(hi, 3)}"))
@@ -422,6 +439,7 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
         share = _top_with_other(operators[["operator", "time_share"]], "operator", "time_share", top)
         fig = _hbar(list(share["operator"]), [v * 100 for v in share["time_share"]],
                     [f"{o}: {v * 100:.2f}%" for o, v in zip(share["operator"], share["time_share"])],
+                    "share of the operators' per-iteration medians (%)" if per_iteration else
                     "share of kernel time (%)")
         plot = _figure(fig, "fig-operator-share")
         n = report_md.operator_count(operators["operator"])
@@ -434,8 +452,12 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
         times = "Times are totals over the whole trace (it has no iteration ranges)"
     else:
         times = ("Times are totals over the measured iterations (mean / iteration: the total divided by their "
-                 "number)" + ("; median, min and max: the operator's time in each measured iteration, where one "
-                              "noisy iteration moves the mean but not the median" if per_iteration else ""))
+                 "number)" + ("; median, p25 – p75 (the interquartile range), min and max: the operator's time in "
+                              "each measured iteration, where one noisy iteration moves the mean but not the median. "
+                              "Rank and share come from the medians (share: of the sum of every operator's median, "
+                              f"{operators['iteration_median_ns'].sum() / 1e6:.3f} ms); "
+                              f"{report_md.RANK_OVERLAP_MARK} marks a rank whose interquartile range overlaps a "
+                              "neighbour's: the two may swap places in another run" if per_iteration else ""))
     return ('<section id="operators"><h2>Operators</h2>'
             f"<h3>{heading}</h3>{plot}"
             f"<h3>{_operators_title(operators['operator'])}</h3>"
@@ -553,9 +575,13 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
     # K: the instances an ncu replay runs per class. Without ncu replays (CPU runs, ncu off, imported traces)
     # nothing was replayed: K is what a CUDA run would replay.
     k_label = "replayed K" if replays else "would replay K (CUDA)"
+    per_call = "instance_iteration_median_ns" in layer_classes
     headers = [("layer class", "text"), ("module class", "text"), ("instances N", "num"), (k_label, "num"),
-               ("kernels / instance", "num"), ("ms / instance" + ("" if no_ranges else " / iteration"), "num"),
-               ("total (ms)", "num")]
+               ("kernels / instance", "num"),
+               ("ms / instance / iteration: median", "num") if per_call else
+               ("ms / instance" + ("" if no_ranges else " / iteration"), "num")]
+    headers += [("min – max / instance / iteration (ms)", "num")] if per_call else []
+    headers += [("total (ms)", "num")]
     if est:
         headers += [("ncu runs", "num"), ("replay measured (s)", "num"), ("every instance (s)", "num"),
                     ("saving N/K", "num")]
@@ -563,10 +589,15 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
     for r in layer_classes.to_dict("records"):
         e = est.get(r["layer_class"])
         k = e["replayed"] if e else int(r["replays_with_dedup"])
-        per = r["mean_instance_time_ns"] / max(iterations, 1) / 1e6
+        # per call: the median over the class's (instance, iteration) pairs; else the mean instance's total / iterations
+        per = (r["instance_iteration_median_ns"] if per_call else r["mean_instance_time_ns"] / max(iterations, 1)) / 1e6
         cells = (f"<td>{esc(r['layer_class'])}</td><td>{esc(r['module_class'] if not _missing(r['module_class']) else '(kernels outside layers)')}</td>"
                  + _num_cell(int(r["instances"])) + _num_cell(k) + _num_cell(int(r["kernels_per_instance"]))
-                 + _num_cell(per, f"{per:.3f}") + _num_cell(r["time_ns"] / 1e6, f"{r['time_ns'] / 1e6:.3f}"))
+                 + _num_cell(per, f"{per:.3f}"))
+        if per_call:
+            lo, hi = r["instance_iteration_min_ns"] / 1e6, r["instance_iteration_max_ns"] / 1e6
+            cells += _num_cell(hi, f"{lo:.3f} – {hi:.3f}")
+        cells += _num_cell(r["time_ns"] / 1e6, f"{r['time_ns'] / 1e6:.3f}")
         if est:
             saving = e["estimate_all_s"] / e["wall_s"] if e and e["wall_s"] else None
             cells += (_num_cell(e["runs"] if e else None) + _num_cell(e["wall_s"] if e else None, _fmt(e and e["wall_s"]))
@@ -645,21 +676,36 @@ def replay_estimate_total(replays: list[dict]) -> str:
 
 
 def _modules_section(modules: pd.DataFrame, top: int, no_ranges: bool = False) -> str:
+    # with per-iteration columns the plot, the order and the shares use each module's median per iteration
+    median = "iteration_median_ns" in modules and "iteration_p25_ns" in modules
+    value = "iteration_median_ns" if median else "time_ns"
     if len(modules):
-        shown = _top_with_other(modules[["module", "time_ns"]], "module", "time_ns", top)
-        fig = _hbar(list(shown["module"]), [v / 1e6 for v in shown["time_ns"]],
-                    [f"{m}: {t / 1e6:.3f} ms" for m, t in zip(shown["module"], shown["time_ns"])],
+        shown = _top_with_other(modules[["module", value]], "module", value, top)
+        fig = _hbar(list(shown["module"]), [v / 1e6 for v in shown[value]],
+                    [f"{m}: {t / 1e6:.3f} ms" for m, t in zip(shown["module"], shown[value])],
+                    "median kernel time per measured iteration (ms)" if median else
                     "kernel time over the " + ("whole trace" if no_ranges else "measured iterations") + " (ms)",
                     color="#0d9488")
         plot = _figure(fig, "fig-modules")
     else:
         plot = _no_plot("module", "fig-modules")
-    rows = [f'<td class="name">{esc(r["module"])}</td>' + _num_cell(int(r["kernels"]))
-            + _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")
-            + _num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%") for r in modules.to_dict("records")]
-    table = _table([("module", "text"), ("kernels", "num"), ("total (ms)", "num"), ("share", "num")], rows,
-                   "module-table", scroll=True)
-    return f'<section id="modules"><h2>Modules (layer instances)</h2>{plot}{table}</section>'
+    rows = []
+    for r in modules.to_dict("records"):
+        cells = f'<td class="name">{esc(r["module"])}</td>' + _num_cell(int(r["kernels"]))
+        if median:
+            q1, q3 = r["iteration_p25_ns"] / 1e6, r["iteration_p75_ns"] / 1e6
+            cells += (_num_cell(r["iteration_median_ns"] / 1e6, f"{r['iteration_median_ns'] / 1e6:.3f}")
+                      + _num_cell(q3 - q1, f"{q1:.3f} – {q3:.3f}"))
+        rows.append(cells + _num_cell(int(r["time_ns"]), f"{r['time_ns'] / 1e6:.3f}")
+                    + _num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"))
+    headers = [("module", "text"), ("kernels", "num")]
+    headers += [("median / iteration (ms)", "num"), (IQR_HEADER, "num")] if median else []
+    headers += [("total (ms)", "num"), ("share", "num")]
+    table = _table(headers, rows, "module-table", scroll=True)
+    note = ('<p class="muted">Ranked by each module\'s median kernel time per measured iteration (share: of the sum '
+            "of the medians), so identical layers read alike whichever iteration the machine slowed; total: over all "
+            "measured iterations.</p>" if median else "")
+    return f'<section id="modules"><h2>Modules (layer instances)</h2>{note}{plot}{table}</section>'
 
 
 def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.DataFrame, modules: pd.DataFrame,
@@ -774,6 +820,17 @@ def compare_table(a: pd.DataFrame, iterations_a: int, b: pd.DataFrame, iteration
     return out
 
 
+def compare_totals(table: pd.DataFrame) -> dict[str, float]:
+    """The comparison's headline, from its own table (:func:`compare_table`): ``a_ms``, ``b_ms`` (ms per iteration:
+    the sum over every row, ``(unattributed)`` included, of the per-iteration medians, or means, the table shows;
+    an operator absent from a side counts 0), ``delta_ms`` (``b_ms - a_ms``, also the sum of the rows' deltas) and
+    ``change`` (``b_ms / a_ms - 1``, a fraction; None when ``a_ms`` is 0). Summing the table's own figures keeps the
+    headline and the rows consistent: the median iteration's total is another statistic, which a few slow
+    iterations move differently from each operator's median."""
+    a_ms, b_ms = float(table["a_ms"].fillna(0).sum()), float(table["b_ms"].fillna(0).sum())
+    return {"a_ms": a_ms, "b_ms": b_ms, "delta_ms": b_ms - a_ms, "change": b_ms / a_ms - 1 if a_ms > 0 else None}
+
+
 def operator_changes(table: pd.DataFrame) -> dict[str, int]:
     """How many operators of a :func:`compare_table` are ``slower``, ``faster``, ``same``, ``only A``, ``only B``;
     the ``(unattributed)`` row is not an operator and is not counted (it stays in the table)."""
@@ -801,12 +858,16 @@ def _facts(profile: dict, median: bool) -> dict[str, str]:
             **{f"workload.{k}": str(val) for k, val in sorted(run["workload"].items())},
             "device": v["device"] + (f" ({v['device_name']})" if v.get("device_name") else ""),
             "torch": str(v.get("torch")), "CUDA / driver": f"{v.get('cuda_runtime') or 'none'} / {v.get('driver') or 'n/a'}",
-            "harness": f"{iterations} measured after {run['harness']['warmup']} warm-up, seed {run['harness']['seed']}",
+            "harness": f"{iterations} measured after {report_md.warmup_iterations(run)} warm-up"
+                       + ("" if (run.get("warmup") or {}).get("steady", True) is not False else " (not steady)")
+                       + f", seed {run['harness']['seed']}",
             "clocks": "not locked (CPU run)" if report_md.is_cpu_run(run) else report_md._clocks_text(profile["clocks"]),
         })
     facts.update({
-        # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align
-        "kernel time": f"{time_ns / 1e6:.3f} ms{label[len('kernel time'):]}",
+        # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align. The
+        # median iteration's total, not the headline (the sum of the operators' medians, compare_totals)
+        "kernel time of the median iteration" if label.endswith("(median)") else "kernel time":
+            f"{time_ns / 1e6:.3f} ms{label[len('kernel time'):]}",
         # per iteration: totals of runs with different iteration counts differ though each iteration is alike
         "kernels / iteration": kernels_per_iteration(coverage, iterations, no_ranges)[1],
         "attributed time": f"{coverage['coverage_time'] * 100:.2f}%",
@@ -854,14 +915,14 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         warning = (f'<div class="note">These are different workloads (A: {esc(workload_identity(a["run"], a["workload"]))}; '
                    f'B: {esc(workload_identity(b["run"], b["workload"]))}): compared on request (--force); '
                    "operators need not correspond.</div>")
-    label_a, total_a, _, _ = _per_iteration(a, median)
-    label_b, total_b, _, _ = _per_iteration(b, median)
-    total_a, total_b = total_a / 1e6, total_b / 1e6
+    totals = compare_totals(table)
+    per = "median" if median else "mean"
+    total_label = f"kernel time / iteration (sum of operator {per}s)"
     changes = operator_changes(table)
-    kpis = _kpis([(f"A: {label_a}", f"{total_a:.3f} ms"),
-                  (f"B: {label_b}", f"{total_b:.3f} ms"),
-                  ("change", f"{total_b - total_a:+.3f} ms ({(total_b / total_a - 1) * 100:+.1f}%)" if total_a
-                   else f"{total_b - total_a:+.3f} ms"),
+    kpis = _kpis([(f"A: {total_label}", f"{totals['a_ms']:.3f} ms"),
+                  (f"B: {total_label}", f"{totals['b_ms']:.3f} ms"),
+                  ("change", f"{totals['delta_ms']:+.3f} ms ({totals['change'] * 100:+.1f}%)"
+                   if totals["change"] is not None else f"{totals['delta_ms']:+.3f} ms"),
                   ("operators slower / faster / same", f"{changes.get('slower', 0)} / {changes.get('faster', 0)} / "
                                                       f"{changes.get('same', 0)}"),
                   ("operators only in A / only in B", f"{changes.get('only A', 0)} / {changes.get('only B', 0)}")])
@@ -873,6 +934,9 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
         basis = ("Times are <strong>per-iteration means</strong> (each profile's total divided by its measured "
                  "iterations): a profile has no per-iteration medians (<code>aggregate.per_iteration</code> off, or "
                  "a trace without iteration ranges), so one slow iteration moves them.")
+    basis += (f" The headline figures are the sums of the table's {per} column for A and B over every row "
+              "(<code>(unattributed)</code> included; an operator absent from a side counts 0), so the headline change "
+              "is the sum of the rows' deltas.")
     rule = change_rule(table.attrs["ranges"])
     tolerance = (f"Run-to-run noise is tagged <em>same</em> and not plotted: {esc(rule)}.")
     shown = table[table["change"].ne("same") & table["delta_ms"].ne(0)].head(top)
@@ -888,7 +952,6 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
                       yaxis={"automargin": True, "type": "category"})
     counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if f"{m}_delta" in table
                 and table[f"{m}_delta"].notna().any()]
-    per = "median" if median else "mean"
     headers = [("operator", "text"), ("change", "text"), (f"A ({per} ms / it)", "num"), (f"B ({per} ms / it)", "num"),
                ("delta (ms)", "num"), ("ratio B/A", "num")]
     headers += [(f'Δ {esc(label)}<span class="metric">B - A</span>', "num") for _, label, _ in counters]

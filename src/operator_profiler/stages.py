@@ -385,7 +385,7 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     if matching is not None:
         _check_counters_timeline(matching.get("timeline"), attribution, matching_path, attribution_path)
     operators = agg.operators_table(attribution, options["per_iteration"])
-    modules = agg.modules_table(attribution)
+    modules = agg.modules_table(attribution, options["per_iteration"])
     counters = None
     if counters_path is not None:
         from .ncu.catalog import load_catalog
@@ -397,10 +397,10 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
         catalog = load_catalog(options.get("catalog"))
         operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
         modules = agg.with_counters(modules, attribution, counters, "module", catalog)
-        layer_table = agg.with_counters(agg.layer_classes_table(instances, classes), attribution, counters,
-                                        "layer_class", catalog)
+        layer_table = agg.with_counters(agg.layer_classes_table(instances, classes, options["per_iteration"]),
+                                        attribution, counters, "layer_class", catalog)
     else:
-        layer_table = agg.layer_classes_table(instances, classes)
+        layer_table = agg.layer_classes_table(instances, classes, options["per_iteration"])
     write_parquet_atomic(operators, out_operators_parquet)
     if out_phases is not None:
         write_parquet_atomic(agg.phases_table(attribution), out_phases)

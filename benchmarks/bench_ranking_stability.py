@@ -1,0 +1,149 @@
+"""Is the operator ranking stable from run to run? Runs the README's main command several times and compares.
+
+    python benchmarks/bench_ranking_stability.py [--runs 3] [--top 5] [--tolerance 0.10] [--out DIR]
+    python benchmarks/bench_ranking_stability.py --analyze DIR      # only compare runs already kept in DIR
+
+Run from the repository root with the venv's Python and the package importable (PYTHONPATH=src or an install).
+Each run is ``snakemake --cores 1 --forcerun capture_timeline`` (a fresh capture of every workload of
+config/config.yaml and everything after it, the compile step kept); its ``operators.parquet``, ``modules.parquet``,
+``coverage.json`` and ``capture/run.json`` are kept under ``DIR/run<i>/<workload>/`` with the load average
+(/proc/loadavg, as ``uptime`` prints it) before and after and the run's wall time in ``DIR/run<i>/meta.json``.
+
+Then per workload: the top ``--top`` operators of each run (operators.parquet's order: by per-iteration median)
+must be the same operators in the same order in every run, and each one's ``iteration_median_ns`` may differ
+between runs by less than ``--tolerance`` ((max - min) / min over the runs). Prints the figures and PASS/FAIL;
+exit status 1 on FAIL. The machine's load matters: on shared cores the scheduler stretches single iterations,
+which the medians absorb only while it stays a minority of iterations; quote the load with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+KEPT = ("operators.parquet", "modules.parquet", "coverage.json", "capture/run.json")
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (``uptime``'s figures), or ``unknown``."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def workloads_of(configfile: Path) -> list[str]:
+    from operator_profiler.config import load_config
+
+    return list(load_config(configfile)["workloads"])
+
+
+def run_once(index: int, out: Path, workloads: list[str], cores: int, extra: list[str]) -> dict:
+    """One run of the workflow with fresh captures; its tables kept under ``out/run<index>/``."""
+    before = load_average()
+    start = time.perf_counter()
+    argv = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--forcerun", "capture_timeline", *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        sys.exit(f"run {index}: snakemake failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    meta = {"run": index, "wall_s": round(wall, 1), "load_before": before, "load_after": load_average(),
+            "argv": argv}
+    folder = out / f"run{index}"
+    for workload in workloads:
+        for name in KEPT:
+            target = folder / workload / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path("results") / workload / name, target)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"run {index}: {wall:.0f} s, load average {before} before, {meta['load_after']} after", flush=True)
+    return meta
+
+
+def compare_runs(out: Path, top: int, tolerance: float) -> bool:
+    """Print, per workload, each run's top operators with their medians and the run-to-run differences; True when
+    every workload's top ``top`` are identical in order and each median differs by less than ``tolerance``."""
+    runs = sorted((p for p in out.glob("run*") if p.is_dir()), key=lambda p: int(p.name[3:]))
+    if len(runs) < 2:
+        sys.exit(f"{out}: fewer than 2 kept runs (run<i>/ folders) to compare")
+    for run in runs:
+        meta_path = run / "meta.json"
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            print(f"{run.name}: {meta['wall_s']} s, load average {meta['load_before']} before, "
+                  f"{meta['load_after']} after")
+    workloads = sorted({p.parent.name for p in runs[0].glob("*/operators.parquet")})
+    ok = True
+    for workload in workloads:
+        tables = [pd.read_parquet(run / workload / "operators.parquet") for run in runs]
+        if any("iteration_median_ns" not in t for t in tables):
+            print(f"\n{workload}: no per-iteration medians (aggregate.per_iteration off): nothing to compare")
+            ok = False
+            continue
+        tops = [list(t["operator"].head(top)) for t in tables]
+        same_order = all(t == tops[0] for t in tops)
+        warmups = []
+        for run in runs:
+            record = json.loads((run / workload / "capture" / "run.json").read_text()).get("warmup") or {}
+            warmups.append(f"{record.get('iterations', '?')}{' (not steady)' if record.get('steady') is False else ''}")
+        iterations = json.loads((runs[0] / workload / "capture" / "run.json").read_text())["harness"]["iterations"]
+        print(f"\n{workload}: {iterations} measured iterations; warm-up iterations per run: {', '.join(warmups)}")
+        print(f"  top {top} identical in order in all {len(runs)} runs: {'yes' if same_order else 'NO'}")
+        if not same_order:
+            for run, names in zip(runs, tops):
+                print(f"    {run.name}: {', '.join(names)}")
+        names = list(dict.fromkeys(n for t in tops for n in t))
+        medians = {n: [float(t.set_index("operator")["iteration_median_ns"].get(n, float("nan"))) / 1e6
+                       for t in tables] for n in names}
+        width = min(max(len(n) for n in names), 60)
+        header = "".join(f"{r.name + ' ms':>11}" for r in runs)
+        print(f"  {'rank':>4}  {'operator':<{width}}{header}  max diff")
+        worst = 0.0
+        for rank, name in enumerate(names, start=1):
+            values = medians[name]
+            diff = (max(values) - min(values)) / min(values) if min(values) > 0 else float("inf")
+            worst = max(worst, diff)
+            shown = name if len(name) <= width else name[:width - 1] + "…"
+            print(f"  {rank:>4}  {shown:<{width}}" + "".join(f"{v:>11.4f}" for v in values)
+                  + f"  {diff * 100:7.1f}%" + ("" if diff < tolerance else "  <- over tolerance"))
+        stable = same_order and worst < tolerance
+        print(f"  largest median difference among the top {top}: {worst * 100:.1f}% "
+              f"(tolerance {tolerance * 100:g}%): {'PASS' if stable else 'FAIL'}")
+        ok &= stable
+    print(f"\n{'PASS' if ok else 'FAIL'}: {len(workloads)} workload(s), {len(runs)} runs")
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="workflow runs (default 3)")
+    parser.add_argument("--top", type=int, default=5, help="operators per workload that must keep their order")
+    parser.add_argument("--tolerance", type=float, default=0.10,
+                        help="largest allowed run-to-run difference of a top operator's median, a fraction")
+    parser.add_argument("--out", type=Path, default=Path("logs/stability"), help="where the runs' tables are kept")
+    parser.add_argument("--cores", type=int, default=1, help="snakemake --cores (the README's command: 1)")
+    parser.add_argument("--configfile", type=Path, default=Path("config/config.yaml"))
+    parser.add_argument("--analyze", type=Path, help="compare the runs kept in this folder; run nothing")
+    parser.add_argument("snakemake_args", nargs="*", help="passed to snakemake after --, e.g. -- --config ...")
+    args = parser.parse_args()
+    if args.analyze is None:
+        if not Path("Snakefile").is_file():
+            sys.exit("run this from the repository root (no Snakefile here)")
+        os.environ.setdefault("PYTHONPATH", str(Path("src").resolve()))
+        workloads = workloads_of(args.configfile)
+        extra = ["--configfile", str(args.configfile), *args.snakemake_args]
+        for index in range(1, args.runs + 1):
+            run_once(index, args.out, workloads, args.cores, extra)
+    sys.exit(0 if compare_runs(args.analyze or args.out, args.top, args.tolerance) else 1)
+
+
+if __name__ == "__main__":
+    main()
