@@ -87,7 +87,7 @@ def target(tmp_path) -> Path:
 
 WORKLOAD = {"kind": "lstm", "compile": False, "input_size": 4, "hidden_size": 8, "num_layers": 1,
             "batch_size": 1, "seq_len": 2, "mode": "inference"}
-HARNESS = {"seed": 0, "warmup": 2, "iterations": 3}
+HARNESS = {"seed": 0, "warmup": 2, "warmup_max": 2, "iterations": 3}  # a fixed warm-up
 
 
 def _outs(tmp_path: Path) -> dict:
