@@ -3,6 +3,7 @@
 - iteration range: ``opprof.iteration:<i>``
 - layer range:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
 - NVTX domain:     ``opprof``
+- module paths of compiled FX nodes: :data:`MODULE_PATHS_JSON` in each Inductor graph debug dir
 - communication kernels (NCCL): :data:`COMMUNICATION` (ncu does not profile them; they wait on other ranks)
 """
 
@@ -11,6 +12,10 @@ import re
 NVTX_DOMAIN = "opprof"
 ITERATION_PREFIX = "opprof.iteration:"
 LAYER_PREFIX = "opprof.layer:"
+#: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
+#: (:mod:`operator_profiler.fx_module_paths`), read by the fusion map (column ``module_paths``).
+MODULE_PATHS_JSON = "opprof_module_paths.json"
+MODULE_PATHS_FORMAT = "opprof.module_paths/1"
 
 #: Communication (NCCL) kernel names, demangled or mangled.
 COMMUNICATION = re.compile(r"^(?:void )?nccl|ncclDevKernel|ncclKernel|_Z\d+nccl", re.IGNORECASE)

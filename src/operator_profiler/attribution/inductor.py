@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..naming import MODULE_PATHS_FORMAT, MODULE_PATHS_JSON
+
 __all__ = [
     "ATTRIBUTE_BY_NAME_COLUMNS",
     "BY_NAME_REASONS",
@@ -61,6 +63,8 @@ FUSION_MAP_COLUMNS = [
     "listed_not_computed",
     "compile_id",
     "cache_key",
+    "module_paths",
+    "module_paths_scope",
 ]
 
 
@@ -170,6 +174,18 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       ``# <source node> => <post-grad nodes>`` mapping lines (or of the kernel definition's header comment when
       its Source Nodes equal the call site's, §3.3); the ``source_nodes`` names themselves (backward graphs
       name their source nodes after post-grad nodes).  Empty when no FX graph file or no node is found.
+    * ``module_paths`` (list[str]): the module paths of the call site's FX nodes, sorted and unique, from the
+      ``opprof_module_paths.json`` the capture wrote beside ``output_code.py``
+      (:mod:`operator_profiler.fx_module_paths`: ``transformer.h.3.ln_1``; ``blocks.0#1`` for a module's
+      second call; ``""`` for the compiled frame module's own code, the model's top level). The nodes looked up
+      are: ``post_grad_nodes``; else the post-grad nodes that file records for the call's
+      ``<kernel>:<debug handle>`` (Inductor's provenance map, which torch writes to a file for forward graphs
+      only); else the mapping lines' post-grad nodes; else the post-grad nodes under the Source Nodes names. Empty when there is no such file, no node, or one node whose module is
+      unknown (then nothing says the kernel's layer).
+    * ``module_paths_scope`` (str or null): that file's ``scope``: ``model`` (the compiled frame is the model's
+      forward: each path names one module instance, so layer membership can be read from it), ``frame`` (a
+      submodule's frame, e.g. regional compilation: paths relative to that module, valid for every instance it
+      ran for, never used for membership), null (no file, or the frame was not identified).
     * ``listed_not_computed`` (list[str]): ops the generated kernel's comment / name lists but that an
       extern/fallback call of the same graph computes (rule: :func:`_split_listed_not_computed`); they are not
       in ``fused_ops`` and so never in the operator label.  Empty for extern/fallback rows.
@@ -210,6 +226,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     headers = _header_comments(text)
     fx_ops, vocab_text = _fx_node_ops(graph_dir)
     frames, frame_order = _fx_node_frames(graph_dir)
+    paths = _module_paths_record(graph_dir)
     vocab = _aten_vocabulary(text + "\n" + vocab_text)
     prov = _load_provenance(graph_dir, provenance)
     cpp_to_post = prov.get("cppCodeToPost") or {}
@@ -256,6 +273,12 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
             mapping = header[1]
         lookup = post_nodes or mapping or list(src_nodes)
         module_stack = sorted({frames[n] for n in lookup if frames.get(n)}, key=frame_order.__getitem__)
+        recorded = paths["kernel_nodes"].get(f"{kernel}:{debug_handle}") if debug_handle is not None else None
+        if post_nodes or recorded or mapping:
+            found = [paths["post_grad"].get(n) for n in (post_nodes or recorded or mapping)]
+        else:  # Source Nodes names: each a list of paths (null: a node of it has no known module)
+            found = [p for n in lookup for p in (paths["source_nodes"].get(n) or [None])]
+        module_paths = sorted(set(found)) if found and all(isinstance(p, str) for p in found) else []
         rows.append(
             {
                 "graph": graph_dir.name,
@@ -273,6 +296,8 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
                 "listed_not_computed": [],
                 "compile_id": None,
                 "cache_key": None,
+                "module_paths": module_paths,
+                "module_paths_scope": paths["scope"],
             }
         )
         comment = handle = None
@@ -533,6 +558,8 @@ ATTRIBUTE_BY_NAME_COLUMNS = [
     "listed_not_computed",
     "source_nodes_ambiguous",
     "candidates",
+    "module_paths",
+    "module_paths_scope",
 ]
 
 BY_NAME_REASONS = {
@@ -593,7 +620,10 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
       module stack, so the answer does not depend on which), ``same_operator`` (see above);
     * ``reason`` (str or null): for unattributed kernels, one of :data:`BY_NAME_REASONS`;
     * ``source_nodes_ambiguous`` (bool); ``candidates`` (list[str]: ``graph:call_index`` of the call sites that
-      could not be told apart; empty otherwise).
+      could not be told apart; empty otherwise);
+    * ``module_paths`` (list[str]), ``module_paths_scope`` (str or null): the call site's (see
+      :func:`parse_output_code`); empty / null when unattributed, and ``module_paths`` empty where the candidate
+      sites' differ.
 
     Rows with the same answer share their list objects: copy before mutating one.  Cost: vectorised grouping
     plus one alignment per (process, window, graph) that needs it -- about 1-2 s per million kernels.
@@ -694,7 +724,7 @@ def _list(r: Mapping, column: str) -> tuple:
 def _content(r: Mapping) -> tuple:
     """What an answer taken from call site ``r`` says: kernel, ops, source nodes, module stack, ops not computed."""
     return (r["kernel"], _list(r, "fused_ops"), _list(r, "source_nodes"), _list(r, "module_stack"),
-            _list(r, "listed_not_computed"))
+            _list(r, "listed_not_computed"), _list(r, "module_paths"))
 
 
 def _ops_content(r: Mapping) -> tuple:
@@ -748,7 +778,8 @@ def _undecided(rows: list[dict], graphs: list[str]) -> dict:
     if len({_ops_content(r) for r in rows}) > 1:
         return {"reason": "kernel_name_in_several_call_sites", "candidates": candidates}
     first = rows[0]
-    same_nodes = len({(_list(r, "source_nodes"), _list(r, "module_stack")) for r in rows}) == 1
+    same_nodes = len({(_list(r, "source_nodes"), _list(r, "module_stack"), _list(r, "module_paths"))
+                      for r in rows}) == 1
     return {
         "graph": graphs[0] if len(graphs) == 1 else None,
         "kernel": first["kernel"] if len({r["kernel"] for r in rows}) == 1 else None,
@@ -756,6 +787,7 @@ def _undecided(rows: list[dict], graphs: list[str]) -> dict:
         "listed_not_computed": list(_list(first, "listed_not_computed")),
         "source_nodes": list(_list(first, "source_nodes")) if same_nodes else [],
         "module_stack": list(_list(first, "module_stack")) if same_nodes else [],
+        "module_paths": list(_list(first, "module_paths")) if same_nodes else [],
         "source_nodes_ambiguous": not same_nodes,
         "candidates": candidates,
         "match": "same_operator",
@@ -851,6 +883,8 @@ def _site_row(r: Mapping, match: str, with_place: bool) -> dict:
         "source_nodes": list(_list(r, "source_nodes")),
         "module_stack": list(_list(r, "module_stack")),
         "listed_not_computed": list(_list(r, "listed_not_computed")),
+        "module_paths": list(_list(r, "module_paths")),
+        "module_paths_scope": r.get("module_paths_scope"),
         "match": match,
     }
 
@@ -861,7 +895,8 @@ def _by_name_frame(frame: pd.DataFrame, answers: list[dict]) -> pd.DataFrame:
     codes = frame["answer"].to_numpy(dtype=np.int64) if "answer" in frame else np.zeros(0, dtype=np.int64)
     full = [{"graph": None, "call_index": None, "kernel": None, "fused_ops": [], "source_nodes": [],
              "module_stack": [], "match": None, "reason": None, "listed_not_computed": [],
-             "source_nodes_ambiguous": False, "candidates": [], **a} for a in answers]
+             "source_nodes_ambiguous": False, "candidates": [], "module_paths": [], "module_paths_scope": None,
+             **a} for a in answers]
     out = pd.DataFrame({"kernel_id": frame["kernel_id"].astype("int64")})
     for col in ATTRIBUTE_BY_NAME_COLUMNS[1:]:
         values = np.empty(len(full), dtype=object)
@@ -1009,6 +1044,31 @@ def _fx_node_frames(graph_dir: Path) -> tuple[dict[str, str | None], dict[str, i
     return frames, order
 
 
+def _module_paths_record(graph_dir: Path) -> dict:
+    """``opprof_module_paths.json`` of a graph dir (:mod:`operator_profiler.fx_module_paths`) as
+    ``{"scope", "pre_grad", "post_grad"}``; empty maps and scope None without the file.
+
+    Raises :class:`InductorArtifactError` when the file is there but unreadable or not of that format.
+    """
+    path = graph_dir / MODULE_PATHS_JSON
+    if not path.is_file():
+        return {"scope": None, "post_grad": {}, "source_nodes": {}, "kernel_nodes": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InductorArtifactError(f"{path}: unreadable ({exc}); it is written by the compile_artifacts capture: "
+                                    "re-run it, or delete the file (the fusion map then has no module paths)") from None
+    if not isinstance(data, dict) or data.get("format") != MODULE_PATHS_FORMAT or not all(
+            isinstance(data.get(k), dict) for k in ("post_grad", "source_nodes")):
+        raise InductorArtifactError(f"{path}: not an {MODULE_PATHS_FORMAT} record (format "
+                                    f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}); "
+                                    "re-run the compile_artifacts capture with this version")
+    scope = data.get("scope")
+    kernel_nodes = data.get("kernel_nodes")
+    return {"scope": scope if scope in ("model", "frame") else None, "post_grad": data["post_grad"],
+            "source_nodes": data["source_nodes"], "kernel_nodes": kernel_nodes if isinstance(kernel_nodes, dict) else {}}
+
+
 def _fx_node_ops(graph_dir: Path) -> tuple[dict[str, str], str]:
     """Post-grad node name -> ``ns::op`` from the FX graph files, and their concatenated text (for the vocabulary).
 
@@ -1135,5 +1195,5 @@ def _name_matches(name: str, profiler_name: str, gpu_symbol) -> bool:
 def _empty_fusion_map() -> pd.DataFrame:
     dtypes = {"call_index": "int64", "debug_handle": "Int64", "fused_ops": object, "source_nodes": object,
               "post_grad_nodes": object, "module_stack": object, "listed_not_computed": object,
-              "compile_id": object, "cache_key": object}
+              "compile_id": object, "cache_key": object, "module_paths": object, "module_paths_scope": object}
     return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, "str")) for c in FUSION_MAP_COLUMNS})
