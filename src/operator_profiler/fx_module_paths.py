@@ -11,7 +11,7 @@ read-only Inductor custom passes that write, beside each graph's ``output_code.p
      "frame_module": "<module path of the compiled frame's module>" | null,
      "pre_grad": {"<Dynamo FX node>": "<module path>" | null, ...},
      "post_grad": {"<post-grad FX node>": "<module path>" | null, ...},
-     "source_nodes": {"<name in output_code.py's Source Nodes>": ["<module path>", ...] | null, ...},
+     "source_nodes": {"<name in output_code.py's Source Nodes>": ["<post-grad FX node>", ...], ...},
      "kernel_nodes": {"<kernel>:<provenance debug handle>": ["<post-grad FX node>", ...], ...},
      "from_inputs": ["<post-grad FX node>", ...]}
 
@@ -34,8 +34,8 @@ post-grad node's ``meta["from_node"]`` provenance chain back to the Dynamo node 
 ``_functorch/_aot_autograd/utils.py``), seen by ``post_grad_custom_pre_pass``/``post_grad_custom_post_pass``
 inside Inductor's ``DebugContext`` (``V.debug``: the graph's debug dir). ``source_nodes`` is keyed as Inductor
 names a kernel's ``Source Nodes`` (each post-grad node's ``from_node[0].name``, else its own name;
-``torch/_inductor/utils.py`` ``get_kernel_metadata``): the module paths of the post-grad nodes under each name
-(null when one is unknown). Gradient-accumulation nodes carry no
+``torch/_inductor/utils.py`` ``get_kernel_metadata``): the post-grad nodes under each name. Gradient-accumulation
+nodes carry no
 forward stack; they get the longest module path their computed inputs share (listed in ``from_inputs``).
 The passes change nothing in the graph, so the generated code equals the capture's.
 """
@@ -201,13 +201,13 @@ class ModulePathRecorder:
                 post[node.name] = found
         # Inductor names a kernel's "Source Nodes" by each origin's meta["from_node"][0].name, or by the node's own
         # name where it has no from_node (torch/_inductor/utils.py get_kernel_metadata): keep those names' paths.
-        sources: dict[str, list[str | None]] = {}
+        sources: dict[str, list[str]] = {}
         for node in graph.nodes:
             if node.op == "call_function":
                 origin = node.meta.get("from_node")
                 key = getattr(origin[0], "name", None) if origin else node.name
                 if key is not None:
-                    sources.setdefault(str(key), []).append(post.get(node.name))
+                    sources.setdefault(str(key), []).append(node.name)
         self._write(path, frame, post, sources, derived)
 
     def _kernel_nodes(self, inductor_debug) -> None:
@@ -298,10 +298,8 @@ class ModulePathRecorder:
             for name, value in post.items():
                 if record["post_grad"].get(name) is None:
                     record["post_grad"][name] = value
-            for name, values in sources.items():
-                known = record["source_nodes"].get(name, [])
-                merged = None if known is None or any(v is None for v in values) else sorted(set(known) | set(values))
-                record["source_nodes"][name] = merged
+            for name, nodes in sources.items():
+                record["source_nodes"][name] = sorted(set(record["source_nodes"].get(name, [])) | set(nodes))
             record["from_inputs"] = sorted(set(record["from_inputs"]) | {n for n in derived if n in post})
 
         self._update(directory, add)

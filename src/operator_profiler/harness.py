@@ -6,12 +6,14 @@ NVTX push/pop ranges in our own domain (nsys and ncu see them). Range names:
 
 - iteration: ``opprof.iteration:<i>``
 - layer:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
+- model:     ``opprof.model``, around each call of a whole-model compiled model (``compile_scope: model``)
 
 Compiled workloads (``compile: true``) are compiled as the workload's ``compile_scope`` says:
 
 - ``model`` (default): the whole model, as users compile it: ``model.compile(mode=..., options=...)``, i.e.
   ``torch.compile`` of the model's call with ``compile_mode``/``compile_options`` from the config (the same
-  graph as ``torch.compile(model)``). No layer ranges are emitted: a layer hook inside the compiled region
+  graph as ``torch.compile(model)``), with a model range around each call of the compiled code (a wrapper
+  of the compiled call, outside it). No layer ranges are emitted: a layer hook inside the compiled region
   would break the graph (torch 2.13: "Dynamo does not know how to trace method ``__enter__`` of class
   ``record_function``", a graph break per hook), so the profile would no longer be the user's program. The
   layer of a compiled kernel comes from the FX nodes it was generated from instead
@@ -43,7 +45,7 @@ import torch
 
 from . import fx_module_paths, workloads
 from .errors import DeviceUnavailable
-from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
+from .naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
 
@@ -238,8 +240,10 @@ def _unwrap_precompiled(model: torch.nn.Module, workload: dict, name: str) -> tu
     return model, notes
 
 
-def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], workload: dict) -> dict:
-    """Compile per the workload's ``compile_scope`` (module docstring); returns the ``run.json`` entries
+def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], workload: dict,
+             emitter: _RangeEmitter | None = None) -> dict:
+    """Compile per the workload's ``compile_scope`` (module docstring), with ``emitter``'s model range around
+    each call of a whole-model compiled model; returns the ``run.json`` entries
     ``compile_scope`` (the scope used: ``model`` also for ``layers`` when the model has no layers),
     ``compile_mode`` and ``compile_options``. Inside a :func:`fx_module_paths.recording` (compile_artifacts) the
     model is handed to the recorder, which writes each graph's FX node module paths.
@@ -260,6 +264,14 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
     else:
         scope = "model"
         model.compile(**_copy(kwargs))  # torch.compile(model._call_impl, ...): the graph of torch.compile(model)
+        if emitter is not None:
+            compiled_call = model._compiled_call_impl  # what Module.__call__ runs once compiled
+
+            def call_in_model_range(*args, **kwargs):
+                with emitter.range(MODEL_RANGE):
+                    return compiled_call(*args, **kwargs)
+
+            model._compiled_call_impl = call_in_model_range
     return {"compile_scope": scope, "compile_mode": kwargs.get("mode"), "compile_options": kwargs.get("options")}
 
 
@@ -388,7 +400,7 @@ def run_capture(
     layer_ranges = not compiled or (workload.get("compile_scope", "model") == "layers" and bool(layers))
     if layer_ranges:  # never inside a whole-model compiled region (module docstring)
         _install_layer_ranges(model, layers, emitter)
-    compile_record = _compile(model, layers, workload) if compiled else {
+    compile_record = _compile(model, layers, workload, emitter) if compiled else {
         "compile_scope": None, "compile_mode": None, "compile_options": None}
 
     def step() -> None:

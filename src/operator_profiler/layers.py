@@ -62,8 +62,9 @@ MEMBERSHIPS = {
     "outside_layers": "outside every layer: no layer range encloses it, or all its FX nodes lie outside every layer",
     "cross_layer": "its FX nodes lie in several layer instances, or in one and outside every layer: no instance "
     "(class rest); layers_spanned lists them",
-    "unknown": "a whole-model compiled workload's kernel whose FX nodes' modules are unknown (not placed on a "
-    "fusion-map call site with module paths, e.g. eager code between compiled graphs): no instance (class rest)",
+    "unknown": "a whole-model compiled workload's kernel of the model (inside the model range, or its forward op "
+    "is) whose FX nodes' modules are unknown (not placed on a fusion-map call site with module paths, e.g. eager "
+    "code between compiled graphs): no instance (class rest)",
 }
 OUTSIDE_LAYERS = "(outside layers)"  # in layers_spanned: FX nodes outside every layer
 
@@ -142,14 +143,17 @@ def fx_membership_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame, layer
     return pd.DataFrame(rows, columns=columns)
 
 
-def carry_membership(pairs: pd.DataFrame, source_answers: pd.DataFrame) -> pd.DataFrame:
-    """FX answers of another run of the same program (the torch.profiler run beside an nsys timeline) on this
-    timeline's kernels: ``pairs`` (``kernel_id``, ``source_kernel_id``) from
+def carry_membership(pairs: pd.DataFrame, source_kernels: pd.DataFrame, source_layers: pd.DataFrame) -> pd.DataFrame:
+    """The layer membership of another run of the same program (the torch.profiler run beside an nsys timeline,
+    ``source_layers``: :func:`kernel_layers` on ``source_kernels``) on this timeline's kernels, as the
+    ``fx_answers`` of :func:`kernel_layers`: ``pairs`` (``kernel_id``, ``source_kernel_id``) from
     :func:`operator_profiler.attribution.transfer.align_runs`; unpaired kernels get none (so ``unknown``)."""
-    if source_answers is None or not len(source_answers) or not len(pairs):
-        return pd.DataFrame(columns=["kernel_id", "membership", "layer", "module", "layers_spanned"])
-    merged = pairs.merge(source_answers.rename(columns={"kernel_id": "source_kernel_id"}), on="source_kernel_id")
-    return merged.drop(columns=["source_kernel_id"])
+    columns = ["kernel_id", "membership", "layer", "module", "layers_spanned"]
+    if not len(pairs) or not len(source_kernels):
+        return pd.DataFrame(columns=columns)
+    source = source_layers.assign(source_kernel_id=source_kernels["kernel_id"].astype("int64").to_numpy())
+    merged = pairs.merge(source.drop(columns=[c for c in ("kernel_id",) if c in source]), on="source_kernel_id")
+    return merged[columns]
 
 
 def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict] | None = None,
@@ -165,7 +169,9 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict
     answer of its FX nodes (:func:`fx_membership` with ``fusion_map`` and the ``layers`` of ``layers.json`` on a
     Kineto timeline; ``fx_answers``, the same table, for an nsys timeline, carried over from the Kineto run).
     When ``layers`` lists layers but the timeline has no layer range (a whole-model compile), a kernel without
-    an FX answer is ``unknown``, not outside the layers.
+    an FX answer is ``unknown``, not outside the layers, when it belongs to the model: its launch lies in the
+    model range (``opprof.model``) or its forward op does (a kernel of the harness's loss or optimizer lies
+    outside and is ``outside_layers``); without model ranges every such kernel is ``unknown``.
 
     Returns:
         DataFrame aligned with ``kernels``: ``layer`` (instance label, see :func:`instance_labels`;
@@ -180,11 +186,14 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict
     module_col = np.full(n, None, dtype=object)
     has_ranges = bool(len(ranges)) and bool(ranges["layer"].notna().any())
     layer_paths = [entry["path"] for entry in layers or []]
-    ops = None
+    whole_model = bool(layer_paths) and not has_ranges
+    nsys = bool(n) and bool((kernels["source"] == "nsys").all())
+    ops = find_ops(kernels, ranges) if n and not nsys and (has_ranges or fusion_map is not None or whole_model) \
+        else None
     if n and has_ranges:
         labels = instance_labels(ranges)
         path_of = dict(zip(ranges["range_id"].astype(int), ranges["layer"]))
-        if (kernels["source"] == "nsys").all():
+        if nsys:
             # NVTX ranges nest per (thread, domain), not per thread: path (b) answers the query.
             from .attribution.nvtx import kernel_layer_ranges
 
@@ -193,7 +202,6 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict
             module_col[:] = [path_of.get(int(r)) if int(r) in labels else None for r in rids]
         else:
             layer_range = layer_range_of_ranges(ranges)
-            ops = find_ops(kernels, ranges)
             range_ids = ops.range_ids
             for i in range(n):
                 pos = ops.layer[i]
@@ -208,7 +216,7 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict
     membership = np.where(pd.notna(layer_col), "layer_range", None).astype(object)
     spanned = np.empty(n, dtype=object)
     spanned[:] = [[] for _ in range(n)]
-    if fx_answers is None and fusion_map is not None and n and (kernels["source"] != "nsys").any():
+    if fx_answers is None and fusion_map is not None and n and not nsys:
         fx_answers = fx_membership(kernels, ranges, fusion_map, layer_paths, ops)
     if fx_answers is not None and len(fx_answers):
         row_of = pd.Series(np.arange(n), index=kernels["kernel_id"].astype("int64").to_numpy())
@@ -219,12 +227,51 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict
                 continue  # a layer range's answer stands
             r = int(r)
             membership[r], layer_col[r], module_col[r], spanned[r] = m, lab, mod, list(spans)
-    whole_model = bool(layer_paths) and not has_ranges
-    membership[pd.isna(membership)] = "unknown" if whole_model else "outside_layers"
+    left = np.flatnonzero(pd.isna(membership))
+    membership[left] = "outside_layers"
+    if whole_model and len(left):
+        in_model = _in_model(kernels, ranges, left, ops)
+        membership[left[in_model]] = "unknown"
     return pd.DataFrame({"layer": pd.Series(layer_col, index=kernels.index, dtype=object),
                          "module": pd.Series(module_col, index=kernels.index, dtype=object),
                          "membership": pd.Series(membership, index=kernels.index, dtype=object),
                          "layers_spanned": pd.Series(spanned, index=kernels.index, dtype=object)})
+
+
+def _in_model(kernels: pd.DataFrame, ranges: pd.DataFrame, rows: np.ndarray, ops=None) -> np.ndarray:
+    """For kernel rows ``rows``: whether each belongs to the model (Kineto timeline): its launch lies inside a
+    model range (:data:`operator_profiler.naming.MODEL_RANGE`), or its forward op does (a backward kernel).
+    All True when the timeline has no model range (nothing tells model from harness code) or is an nsys one."""
+    from .attribution.correlation import find_ops
+    from .naming import MODEL_RANGE
+
+    names = ranges["name"].astype(str).to_numpy() if len(ranges) else np.array([], dtype=object)
+    if not (names == MODEL_RANGE).any() or (kernels["source"] == "nsys").all():
+        return np.ones(len(rows), dtype=bool)
+    ops = ops if ops is not None else find_ops(kernels, ranges)
+    position = {int(r): i for i, r in enumerate(ranges["range_id"].astype("int64"))}
+    under: dict[int, bool] = {}  # range position -> a model range is it or an ancestor
+    parents = ranges["parent_id"].astype("Int64").to_numpy(dtype=object)
+
+    def under_model(pos: int) -> bool:
+        chain = []
+        while pos >= 0 and pos not in under:
+            chain.append(pos)
+            parent = parents[pos]
+            pos = position.get(int(parent), -1) if not pd.isna(parent) else -1
+        found = under.get(pos, False) if pos >= 0 else False
+        for p in reversed(chain):
+            found = found or names[p] == MODEL_RANGE
+            under[p] = found
+        return under[chain[0]] if chain else found
+
+    out = np.zeros(len(rows), dtype=bool)
+    for j, i in enumerate(rows):
+        if any(names[position[r]] == MODEL_RANGE for r in ops.stack(int(i)) if r in position):
+            out[j] = True
+        elif ops.forward[i] >= 0:
+            out[j] = under_model(int(ops.forward[i]))
+    return out
 
 
 def _class_name(module_class: str, signature: list) -> str:

@@ -2,6 +2,7 @@
 
 - iteration range: ``opprof.iteration:<i>``
 - layer range:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
+- model range:     ``opprof.model`` (whole-model compile: around each call of the compiled model)
 - NVTX domain:     ``opprof``
 - module paths of compiled FX nodes: :data:`MODULE_PATHS_JSON` in each Inductor graph debug dir
 - communication kernels (NCCL): :data:`COMMUNICATION` (ncu does not profile them; they wait on other ranks)
@@ -12,6 +13,9 @@ import re
 NVTX_DOMAIN = "opprof"
 ITERATION_PREFIX = "opprof.iteration:"
 LAYER_PREFIX = "opprof.layer:"
+#: Around each call of a whole-model compiled model (outside the compiled code): kernels inside it (or whose
+#: forward op is) are the model's, those outside are the harness's (loss, backward of the loss, optimizer).
+MODEL_RANGE = "opprof.model"
 #: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
 #: (:mod:`operator_profiler.fx_module_paths`), read by the fusion map (column ``module_paths``).
 MODULE_PATHS_JSON = "opprof_module_paths.json"

@@ -193,8 +193,8 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
 
             k_kernels, k_ranges = read_timeline(kineto_timeline)
             pairs, _ = align_runs(kernels, k_kernels)
-            fx_answers = layer_classes.carry_membership(pairs, layer_classes.fx_membership(k_kernels, k_ranges, fusion,
-                                                                                          paths))
+            fx_answers = layer_classes.carry_membership(pairs, k_kernels, layer_classes.kernel_layers(
+                k_kernels, k_ranges, layers, fusion))
         else:
             fx_answers = layer_classes.fx_membership_by_name(kernels, fusion, paths)
     kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers, verify, fusion,

@@ -68,6 +68,17 @@ FUSION_MAP_COLUMNS = [
 ]
 
 
+# Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
+# (Ops that copy data, such as cat, clone, _to_copy and contiguous, are work and stay in the label.)
+VIEW_OPS = frozenset(
+    "aten::" + op
+    for op in (
+        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "split", "split_with_sizes",
+        "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "unbind",
+    )
+)
+
+
 class InductorArtifactError(ValueError):
     """A TorchInductor debug artifact is missing, unreadable or not in a known format."""
 
@@ -180,7 +191,9 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       second call; ``""`` for the compiled frame module's own code, the model's top level). The nodes looked up
       are: ``post_grad_nodes``; else the post-grad nodes that file records for the call's
       ``<kernel>:<debug handle>`` (Inductor's provenance map, which torch writes to a file for forward graphs
-      only); else the mapping lines' post-grad nodes; else the post-grad nodes under the Source Nodes names. Empty when there is no such file, no node, or one node whose module is
+      only); else the mapping lines' post-grad nodes; else the post-grad nodes under the Source Nodes names.
+      Nodes of ops that only re-describe memory (:data:`VIEW_OPS`: the ``view`` of another module's output the
+      kernel reads) are left out unless the call site has no other node. Empty when there is no such file, no node, or one node whose module is
       unknown (then nothing says the kernel's layer).
     * ``module_paths_scope`` (str or null): that file's ``scope``: ``model`` (the compiled frame is the model's
       forward: each path names one module instance, so layer membership can be read from it), ``frame`` (a
@@ -274,11 +287,8 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
         lookup = post_nodes or mapping or list(src_nodes)
         module_stack = sorted({frames[n] for n in lookup if frames.get(n)}, key=frame_order.__getitem__)
         recorded = paths["kernel_nodes"].get(f"{kernel}:{debug_handle}") if debug_handle is not None else None
-        if post_nodes or recorded or mapping:
-            found = [paths["post_grad"].get(n) for n in (post_nodes or recorded or mapping)]
-        else:  # Source Nodes names: each a list of paths (null: a node of it has no known module)
-            found = [p for n in lookup for p in (paths["source_nodes"].get(n) or [None])]
-        module_paths = sorted(set(found)) if found and all(isinstance(p, str) for p in found) else []
+        module_paths = _call_site_module_paths(post_nodes or recorded or mapping or [
+            p for n in src_nodes for p in (paths["source_nodes"].get(n) or [f"?{n}"])], paths["post_grad"], fx_ops)
         rows.append(
             {
                 "graph": graph_dir.name,
@@ -1042,6 +1052,16 @@ def _fx_node_frames(graph_dir: Path) -> tuple[dict[str, str | None], dict[str, i
             elif (m := _FX_ASSIGN_RE.match(line)) and m.group(1) not in frames:
                 frames[m.group(1)] = current
     return frames, order
+
+
+def _call_site_module_paths(nodes: Sequence[str], post_grad: Mapping, fx_ops: Mapping[str, str]) -> list[str]:
+    """Sorted unique module paths of a call site's post-grad FX ``nodes`` (``post_grad``: node -> path). Nodes
+    whose op only re-describes memory (:data:`VIEW_OPS`, e.g. the ``view`` of another module's ``addmm``
+    output that a kernel reads) do not count unless the call site has nothing else: reading a tensor is not
+    computing it. Empty when no node, or one counted node has no known path (or is not in the record)."""
+    counted = [n for n in nodes if fx_ops.get(n) not in VIEW_OPS] or list(nodes)
+    found = [post_grad.get(n) for n in counted]
+    return sorted(set(found)) if found and all(isinstance(p, str) for p in found) else []
 
 
 def _module_paths_record(graph_dir: Path) -> dict:
