@@ -34,10 +34,12 @@ post-grad node's ``meta["from_node"]`` provenance chain back to the Dynamo node 
 ``_functorch/_aot_autograd/utils.py``), seen by ``post_grad_custom_pre_pass``/``post_grad_custom_post_pass``
 inside Inductor's ``DebugContext`` (``V.debug``: the graph's debug dir). ``source_nodes`` is keyed as Inductor
 names a kernel's ``Source Nodes`` (each post-grad node's ``from_node[0].name``, else its own name;
-``torch/_inductor/utils.py`` ``get_kernel_metadata``): the post-grad nodes under each name. Gradient-accumulation
-nodes carry no
-forward stack; they get the longest module path their computed inputs share (listed in ``from_inputs``).
-The passes change nothing in the graph, so the generated code equals the capture's.
+``torch/_inductor/utils.py`` ``get_kernel_metadata``): the post-grad nodes under each name. ``kernel_nodes``:
+Inductor's own provenance map (kernel and debug handle of ``# [Provenance debug handles]`` -> post-grad nodes),
+taken when Inductor dumps it (torch 2.13 writes it to a file for forward graphs only). Gradient-accumulation
+nodes carry no forward stack; they get the longest module path their computed inputs share (listed in
+``from_inputs``). The passes change nothing in the graph, so the generated code equals the capture's; a pass
+that fails logs a warning and leaves the record incomplete (those kernels' layers read unknown).
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 from collections.abc import Iterator, Mapping
 
 import torch
 
 from .naming import MODULE_PATHS_FORMAT, MODULE_PATHS_JSON
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["ModulePathRecorder", "bind", "common_path", "recording"]
 
@@ -141,7 +146,10 @@ class ModulePathRecorder:
 
         def dump_and_record():
             result = dump()
-            self._kernel_nodes(inductor_debug)
+            try:
+                self._kernel_nodes(inductor_debug)
+            except Exception as exc:  # as in the passes: never break the compile
+                _log.warning("kernel -> FX node map not recorded (%s: %s)", type(exc).__name__, exc)
             return result
 
         inductor_debug.dump_inductor_provenance_info = dump_and_record
@@ -351,7 +359,11 @@ def _pass_class():
             self._record = record
 
         def __call__(self, graph):
-            self._record(graph)
+            try:
+                self._record(graph)
+            except Exception as exc:  # the record is evidence: a failure must never break the user's compile
+                _log.warning("module paths not recorded for a compiled graph (%s: %s): its kernels' layers will "
+                             "read unknown", type(exc).__name__, exc)
 
         def uuid(self):
             return MODULE_PATHS_FORMAT
