@@ -155,6 +155,16 @@ def test_whole_model_compile_places_kernels_by_their_fx_nodes_and_says_so(finish
         assert all(p == row.layer or p.startswith(row.layer + ".") for p in paths["module_paths"].iloc[0])
     coverage = json.loads((out / "coverage.json").read_text())
     assert coverage["coverage_time"] >= 0.99
+    cross = coverage["layer_membership"]["cross_layer"]
+    assert sum(c["count"] for c in cross) == int((kl["membership"] == "cross_layer").sum())
+    from html_report import column
+    from html_report import tables as html_tables
+
+    page = html_tables((out / "report.html").read_text())
+    if cross:  # the page lists each cross-layer kernel with the instances it spans
+        listed = page["layer-membership-table"]
+        assert column(listed, "kernel", "text") == [c["name"] for c in cross]
+        assert column(listed, "spans", "text") == [" + ".join(c["layers_spanned"]) for c in cross]
     for name, scope in (("sdpa_attention", "model"), ("gpt2", "layers")):
         assert f"compile scope **{scope}**" in (work / "results" / name / "report.md").read_text()
         assert f"compile scope <strong>{scope}</strong>" in (work / "results" / name / "report.html").read_text()
