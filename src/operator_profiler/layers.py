@@ -113,8 +113,13 @@ def fx_membership(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Da
     sites = resolve(kernels, ranges, ops, fusion_map).sites
     wanted = set(layer_paths)
     rows = []
+    answers: dict[tuple, tuple | None] = {}  # every iteration repeats the same call sites
     for kid, site in sites.items():
-        answer = site_membership(site.get("module_paths"), site.get("module_paths_scope"), wanted)
+        paths = site.get("module_paths")
+        key = (tuple(paths) if paths is not None else (), site.get("module_paths_scope"))
+        if key not in answers:
+            answers[key] = site_membership(list(key[0]), key[1], wanted)
+        answer = answers[key]
         if answer is not None:
             membership, label, spanned = answer
             rows.append((int(kid), membership, label, label.partition("#")[0] if label else None, spanned))
