@@ -16,6 +16,10 @@ import yaml
 from operator_profiler.config import ConfigError, load_config, validate_config
 
 
+# The compile keys every workload gets (schema $defs.workload): whole-model compile, torch.compile's own defaults.
+COMPILE_DEFAULTS = {"compile_scope": "model", "compile_mode": "default", "compile_options": {}}
+
+
 @pytest.fixture(scope="module")
 def schema() -> dict:
     return yaml.safe_load(resources.files("operator_profiler").joinpath("schemas/config.schema.yaml").read_text())
@@ -38,7 +42,8 @@ def test_empty_config_gets_documented_defaults():
     assert cfg["report"] == {"top_operators": 20}
     assert set(cfg["workloads"]) == {"gpt2", "sdpa_attention", "lstm"}
     gpt2 = cfg["workloads"]["gpt2"]
-    assert gpt2 == {"kind": "gpt2", "mode": "inference", "compile": True, "vocab_size": 512, "n_positions": 128,
+    assert gpt2 == {"kind": "gpt2", "mode": "inference", "compile": True, "compile_scope": "model",
+                    "compile_mode": "default", "compile_options": {}, "vocab_size": 512, "n_positions": 128,
                     "n_embd": 64, "n_layer": 4, "n_head": 4, "batch_size": 2, "seq_len": 32}
     assert cfg["workloads"]["lstm"]["compile"] is False
     assert cfg["workloads"]["sdpa_attention"]["n_block"] == 2
@@ -47,7 +52,7 @@ def test_empty_config_gets_documented_defaults():
 def test_defaults_match_the_schema_file(schema):
     cfg = validate_config({})
     for name in ("gpt2", "sdpa_attention", "lstm"):
-        want = {"kind": name, "mode": "inference", **_branch_defaults(schema, name)}
+        want = {"kind": name, "mode": "inference", **COMPILE_DEFAULTS, **_branch_defaults(schema, name)}
         assert cfg["workloads"][name] == want
     for section in ("harness", "clocks", "aggregate", "report"):
         props = schema["properties"][section]["properties"]
@@ -59,14 +64,15 @@ def test_validate_does_not_modify_its_input():
     before = copy.deepcopy(raw)
     cfg = validate_config(raw)
     assert raw == before
-    assert cfg["workloads"] == {"mine": {"kind": "gpt2", "mode": "inference", "compile": True, "vocab_size": 512,
+    assert cfg["workloads"] == {"mine": {"kind": "gpt2", "mode": "inference", **COMPILE_DEFAULTS, "compile": True,
+                                         "vocab_size": 512,
                                          "n_positions": 128, "n_embd": 64, "n_layer": 2, "n_head": 4,
                                          "batch_size": 2, "seq_len": 32}}
 
 
 def test_custom_workload_defaults():
     cfg = validate_config({"workloads": {"m": {"kind": "custom", "factory": "pkg.mod:make"}}})
-    assert cfg["workloads"]["m"] == {"kind": "custom", "factory": "pkg.mod:make", "mode": "inference",
+    assert cfg["workloads"]["m"] == {"kind": "custom", "factory": "pkg.mod:make", "mode": "inference", **COMPILE_DEFAULTS,
                                      "compile": False, "kwargs": {}}
 
 

@@ -13,7 +13,8 @@ from operator_profiler import capture, stages, tables
 from operator_profiler.attribution import inductor
 
 N_LAYER = 2
-WORKLOAD = {"kind": "gpt2", "mode": "train", "compile": True, "n_layer": N_LAYER, "n_embd": 16, "n_head": 2,
+WORKLOAD = {"kind": "gpt2", "mode": "train", "compile": True, "compile_scope": "layers", "n_layer": N_LAYER,
+            "n_embd": 16, "n_head": 2,
             "vocab_size": 32, "n_positions": 16, "batch_size": 1, "seq_len": 8}
 
 

@@ -33,8 +33,9 @@ TINY = {
     "device": "cpu",
     "harness": {"seed": 0, "warmup": 1, "iterations": ITERATIONS},
     "workloads": {
-        "gpt2": {"kind": "gpt2", "compile": True, "n_layer": N_LAYER, "n_embd": 32, "n_head": 2,
-                 "vocab_size": 64, "n_positions": 32, "batch_size": 1, "seq_len": 16},
+        # gpt2 compiled per layer (layer ranges), sdpa_attention whole (layer membership from the FX nodes)
+        "gpt2": {"kind": "gpt2", "compile": True, "compile_scope": "layers", "n_layer": N_LAYER, "n_embd": 32,
+                 "n_head": 2, "vocab_size": 64, "n_positions": 32, "batch_size": 1, "seq_len": 16},
         "sdpa_attention": {"kind": "sdpa_attention", "compile": True, "d_model": 32, "n_head": 2,
                            "n_block": 2, "batch_size": 1, "seq_len": 16},
         "lstm": {"kind": "lstm", "input_size": 8, "hidden_size": 16, "num_layers": 2, "batch_size": 2,
@@ -129,6 +130,46 @@ def test_gpt2_blocks_form_one_layer_class(finished_run):
     events = load_trace(out / "capture" / "timeline.kineto.json.gz")["traceEvents"]
     layer_ranges = [e["name"] for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("opprof.layer:")]
     assert len(layer_ranges) == N_LAYER * ITERATIONS
+
+
+@pytest.mark.workflow
+def test_whole_model_compile_places_kernels_by_their_fx_nodes_and_says_so(finished_run):
+    """Issue 14 item 2 in the workflow: sdpa_attention (compile_scope model by default) has no layer ranges, every
+    layer instance gets kernels from the fusion map's module paths, the others are cross-layer or outside, and the
+    reports state the compile scope; gpt2 (compile_scope layers) keeps its layer ranges."""
+    work, _ = finished_run
+    out = work / "results" / "sdpa_attention"
+    run = json.loads((out / "capture" / "run.json").read_text())
+    assert run["compile_scope"] == "model" and run["layer_ranges"] is False
+    ranges = tables.read_table(out / "timeline" / "ranges.parquet")
+    assert ranges["layer"].isna().all() and (ranges["name"] == "opprof.model").sum() == ITERATIONS
+    kl = pd.read_parquet(out / "layers" / "kernel_layers.parquet")
+    assert set(kl["membership"]) <= {"fx_nodes", "cross_layer", "outside_layers"}
+    layers = [entry["path"] for entry in json.loads((out / "capture" / "layers.json").read_text())]
+    assert layers == ["blocks.0", "blocks.1"] and set(kl["layer"].dropna()) == set(layers)
+    fusion = pd.read_parquet(out / "inductor" / "fusion_map.parquet")
+    assert (fusion["module_paths_scope"] == "model").all()
+    # a kernel's layer is the one all its call site's module paths lie in
+    attribution = tables.read_table(out / "attribution" / "kernels.parquet")
+    for row in attribution[attribution["membership"] == "fx_nodes"].itertuples():
+        site = json.loads(row.evidence)["inductor"]
+        paths = fusion[(fusion["graph"] == site["graph"]) & (fusion["call_index"] == site["call_index"])]
+        assert all(p == row.layer or p.startswith(row.layer + ".") for p in paths["module_paths"].iloc[0])
+    coverage = json.loads((out / "coverage.json").read_text())
+    assert coverage["coverage_time"] >= 0.99
+    cross = coverage["layer_membership"]["cross_layer"]
+    assert sum(c["count"] for c in cross) == int((kl["membership"] == "cross_layer").sum())
+    from html_report import column
+    from html_report import tables as html_tables
+
+    page = html_tables((out / "report.html").read_text())
+    if cross:  # the page lists each cross-layer kernel with the instances it spans
+        listed = page["layer-membership-table"]
+        assert column(listed, "kernel", "text") == [c["name"] for c in cross]
+        assert column(listed, "spans", "text") == [" + ".join(c["layers_spanned"]) for c in cross]
+    for name, scope in (("sdpa_attention", "model"), ("gpt2", "layers")):
+        assert f"compile scope **{scope}**" in (work / "results" / name / "report.md").read_text()
+        assert f"compile scope <strong>{scope}</strong>" in (work / "results" / name / "report.html").read_text()
 
 
 @pytest.mark.workflow

@@ -235,7 +235,8 @@ def test_capture_run_json(capture):
     assert on_disk["versions"]["device"] == "cpu"
     assert on_disk["workload"] == workload
     assert on_disk["harness"] == {"seed": 0, "warmup": 1, "iterations": 2}
-    assert on_disk["compiled"] is False and on_disk["compile_mode"] is None
+    assert on_disk["compiled"] is False and on_disk["compile_mode"] is None and on_disk["compile_scope"] is None
+    assert on_disk["layer_ranges"] is True and on_disk["compile_notes"] == []
     assert on_disk["layers"] == 2 and on_disk["mode"] == "inference" and on_disk["profiler"] == "torch"
     assert on_disk["nvtx"] == "none"
 

@@ -88,6 +88,7 @@ CAPTURE_LIB = [
         "capture.py",
         "clocks.py",
         "harness.py",
+        "fx_module_paths.py",
         "workloads.py",
         "naming.py",
         "files.py",

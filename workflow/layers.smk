@@ -1,13 +1,20 @@
 # One small canonical JSON per layer class and one ncu replay plan per class: an unchanged class
-# never re-runs its ncu replay (small inputs are compared by checksum).
+# never re-runs its ncu replay (small inputs are compared by checksum). A compiled workload's kernels that
+# no layer range claims (whole-model compile) take the layer of their FX nodes: the fusion map, and on an
+# nsys timeline the torch.profiler run that places library kernels on their call sites.
 checkpoint classify_layers:
     input:
         kernels="results/{workload}/timeline/kernels.parquet",
         ranges="results/{workload}/timeline/ranges.parquet",
         layers="results/{workload}/capture/layers.json",
+        fusion_map=fusion_map_input,
+        kineto=lambda w: kineto_input(w) if is_compiled(w.workload) else [],
         lib=[
             LIB / "layers.py",
             LIB / "attribution" / "correlation.py",
+            LIB / "attribution" / "compiled_graphs.py",
+            LIB / "attribution" / "inductor.py",
+            LIB / "attribution" / "transfer.py",
             LIB / "attribution" / "nvtx.py",
             LIB / "ncu" / "replay.py",
             *ANALYSIS_LIB,

@@ -87,6 +87,20 @@ def rank_overlaps(table: pd.DataFrame) -> pd.Series:
     return pd.Series(overlap, index=table.index)
 
 
+CROSS_LAYER = "(cross-layer)"  # module row of the kernels whose FX nodes span several layer instances
+UNKNOWN_LAYER = "(unknown layer)"  # module row of a whole-model compile's kernels whose modules are unknown
+
+
+def module_labels(attribution: pd.DataFrame) -> pd.Series:
+    """The module row of each kernel: its module path; without one :data:`CROSS_LAYER` / :data:`UNKNOWN_LAYER`
+    by its ``membership`` (when the attribution has the column), else :data:`OUTSIDE_LAYERS`."""
+    fill = pd.Series(OUTSIDE_LAYERS, index=attribution.index, dtype=object)
+    if "membership" in attribution:
+        fill = fill.mask(attribution["membership"] == "cross_layer", CROSS_LAYER)
+        fill = fill.mask(attribution["membership"] == "unknown", UNKNOWN_LAYER)
+    return attribution["module"].astype(object).where(attribution["module"].notna(), fill)
+
+
 def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFrame:
     """One row per operator, ranked by its per-iteration median (``per_iteration`` and iteration ranges present),
     else by its total time (descending).
@@ -208,8 +222,9 @@ def modules_table(attribution: pd.DataFrame, per_iteration: bool = True) -> pd.D
     """One row per module path (layer instance) plus ``(outside layers)``: module, kernels, time_ns (total),
     time_share, total_share and, with ``per_iteration`` and iteration ranges, the :data:`ITERATION_COLUMNS`;
     ranked and shared like :func:`operators_table` (by the per-iteration median when present: identical layers
-    then show alike, whichever iteration the machine slowed)."""
-    df = attribution.assign(module=attribution["module"].fillna(OUTSIDE_LAYERS))
+    then show alike, whichever iteration the machine slowed). Where there are such kernels also the rows
+    ``(cross-layer)`` and ``(unknown layer)`` (:func:`module_labels`)."""
+    df = attribution.assign(module=module_labels(attribution))
     total = int(df["duration_ns"].sum())
     table = df.groupby("module", sort=False).agg(kernels=("kernel_id", "size"), time_ns=("duration_ns", "sum")).reset_index()
     table["time_ns"] = table["time_ns"].astype("int64")
@@ -276,8 +291,9 @@ def with_counters(table: pd.DataFrame, attribution: pd.DataFrame, counters: pd.D
     from .ncu.catalog import aggregate as combine
     from .ncu.catalog import label_bottlenecks
 
-    fill = {"operator": UNATTRIBUTED, "module": OUTSIDE_LAYERS, "layer_class": "rest"}[key]
-    joined = attribution[["kernel_id", key, "duration_ns"]].assign(**{key: attribution[key].fillna(fill)}).merge(
+    filled = (module_labels(attribution) if key == "module"
+              else attribution[key].fillna({"operator": UNATTRIBUTED, "layer_class": "rest"}[key]))
+    joined = attribution[["kernel_id", key, "duration_ns"]].assign(**{key: filled}).merge(
         counters, on="kernel_id", how="left")
     figures = combine(joined, key, catalog)
     figures["bottleneck"] = label_bottlenecks(figures, catalog)
@@ -415,6 +431,35 @@ def counters_summary(attribution: pd.DataFrame, counters: pd.DataFrame, matching
     return out
 
 
+def layer_membership(attribution: pd.DataFrame) -> dict | None:
+    """How the kernels' layer instances were decided (the attribution's ``membership`` column,
+    :data:`operator_profiler.layers.MEMBERSHIPS`): ``by_membership`` (membership -> ``kernels``, ``time_ns``),
+    ``cross_layer`` (one entry per kernel name and spanned instances: ``name``, ``layers_spanned``, ``count``,
+    ``time_ns``; by time, largest first) and ``unknown`` (per kernel name: ``name``, ``count``, ``time_ns``).
+    None for an attribution without the column (written before it existed)."""
+    if "membership" not in attribution:
+        return None
+    membership = attribution["membership"].fillna("unknown")
+    groups = attribution.assign(membership=membership).groupby("membership")["duration_ns"].agg(["size", "sum"])
+    out = {"by_membership": {str(m): {"kernels": int(r["size"]), "time_ns": int(r["sum"])} for m, r in groups.iterrows()},
+           "cross_layer": [], "unknown": []}
+    cross = attribution[membership == "cross_layer"]
+    if len(cross):
+        spans = cross["layers_spanned"].map(lambda v: " | ".join(v) if v is not None else "")
+        table = (cross.assign(spans=spans).groupby(["name", "spans"], sort=False)
+                 .agg(count=("kernel_id", "size"), time_ns=("duration_ns", "sum")).reset_index()
+                 .sort_values(["time_ns", "name"], ascending=[False, True]))
+        out["cross_layer"] = [{"name": r.name, "layers_spanned": r.spans.split(" | ") if r.spans else [],
+                               "count": int(r.count), "time_ns": int(r.time_ns)} for r in table.itertuples(index=False)]
+    unknown = attribution[membership == "unknown"]
+    if len(unknown):
+        table = (unknown.groupby("name", sort=False).agg(count=("kernel_id", "size"), time_ns=("duration_ns", "sum"))
+                 .reset_index().sort_values(["time_ns", "name"], ascending=[False, True]))
+        out["unknown"] = [{"name": r.name, "count": int(r.count), "time_ns": int(r.time_ns)}
+                          for r in table.itertuples(index=False)]
+    return out
+
+
 def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | None = None,
              counters: pd.DataFrame | None = None, matching: dict | None = None) -> dict:
     """The coverage summary (DESIGN.md §3 ``coverage.json``); time shares are fractions 0-1.
@@ -459,4 +504,5 @@ def coverage(attribution: pd.DataFrame, counters_collected: bool, device: str | 
         "unattributed_reasons": dict(Counter(unattributed["reason"].fillna("unknown"))),
         "phases": phase_summary(attribution),
         "external_id_disagreements": external_id_disagreements(attribution),
+        "layer_membership": layer_membership(attribution),
     }

@@ -234,7 +234,8 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
                       clocks_target: Path | dict | None = None, out_clocks: Path | None = None) -> None:
     """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
     (``output_code.py``, FX graphs, provenance JSON: ``trace.provenance_tracking_level = 1``,
-    kineto-and-inductor.md §3.1) under ``out_dir``. One warm-up + one iteration, same seed, shapes and
+    kineto-and-inductor.md §3.1) under ``out_dir``, each with the module path of every FX node
+    (``opprof_module_paths.json``, :mod:`operator_profiler.fx_module_paths`). One warm-up + one iteration, same seed, shapes and
     settings as the capture, so kernel names and call sites are the capture's.
 
     On CUDA with ``clocks_target`` the run happens inside ``locked_clocks`` (writes ``out_clocks``), like
@@ -253,8 +254,11 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
     short = dict(harness_cfg, warmup=1, warmup_max=1, iterations=1)  # compiling needs one call, not a steady state
 
     def run() -> None:
-        harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
-                            inductor_dir=tmp, profiler="none")
+        from .fx_module_paths import recording
+
+        with recording():  # each graph dir gets the module paths of its FX nodes (opprof_module_paths.json)
+            harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
+                                inductor_dir=tmp, profiler="none")
 
     if device == "cuda" and clocks_target is not None:
         with locked_clocks(_read_target(clocks_target), Path(out_clocks or out_dir.parent / "clocks_applied.json"),

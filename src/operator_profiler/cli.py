@@ -147,7 +147,9 @@ def _cmd_fusion_map(args) -> None:
 def _cmd_classify(args) -> None:
     out = Path(args.out)
     classes = stages.classify(Path(args.timeline), Path(args.layers), out / "instances.parquet",
-                              out / "kernel_layers.parquet", out / "classes.json", out / "classes", args.verify)
+                              out / "kernel_layers.parquet", out / "classes.json", out / "classes", args.verify,
+                              fusion_map=Path(args.fusion_map) if args.fusion_map else None,
+                              kineto_timeline=Path(args.kineto_timeline) if args.kineto_timeline else None)
     for name, entry in classes.items():
         print(f"{name}: {len(entry['instances'])} instance(s), {entry['kernel_count']} kernels each")
 
@@ -314,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layers", required=True, help="layers.json written by the capture")
     s.add_argument("--verify", action="store_true", help="name two instances per class for ncu to replay "
                                                          "(their counters are compared: dedup.verify)")
+    s.add_argument("--fusion-map", help="fusion_map.parquet of a compiled workload: kernels no layer range claims "
+                                        "(whole-model compile) take the layer of their FX nodes")
+    s.add_argument("--kineto-timeline", help="with an nsys --timeline and --fusion-map: the timeline folder of a "
+                                             "torch.profiler run of the same program, whose kernels are placed on "
+                                             "their call sites (else only generated kernels are, by name)")
     s.add_argument("--out", required=True, help="folder for instances.parquet, kernel_layers.parquet, classes.json "
                                                 "and classes/")
     s.set_defaults(func=_cmd_classify)

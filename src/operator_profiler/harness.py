@@ -7,12 +7,26 @@ NVTX push/pop ranges in our own domain (nsys and ncu see them). Range names:
 - iteration: ``opprof.iteration:<i>``
 - layer:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
 - phase:     ``opprof.phase:<forward|backward|optimizer>`` (train mode: :mod:`operator_profiler.training`)
+- model:     ``opprof.model``, around each call of a whole-model compiled model (``compile_scope: model``)
 
-Compiled workloads use *regional compilation* (each layer instance's ``forward`` is compiled; a model
-without layers is compiled whole): Dynamo ignores ``record_function`` inside a compiled region
-("Profiler record function ... will be ignored", measured with torch 2.13), so layer ranges must sit
-outside compiled code. Identical layers share one compiled graph (one Inductor compile for N blocks),
-and no fused kernel straddles two layers, which is what layer classes need.
+Compiled workloads (``compile: true``) are compiled as the workload's ``compile_scope`` says:
+
+- ``model`` (default): the whole model, as users compile it: ``model.compile(mode=..., options=...)``, i.e.
+  ``torch.compile`` of the model's call with ``compile_mode``/``compile_options`` from the config (the same
+  graph as ``torch.compile(model)``), with a model range around each call of the compiled code (a wrapper
+  of the compiled call, outside it). No layer ranges are emitted: a layer hook inside the compiled region
+  would break the graph (torch 2.13: "Dynamo does not know how to trace method ``__enter__`` of class
+  ``record_function``", a graph break per hook), so the profile would no longer be the user's program. The
+  layer of a compiled kernel comes from the FX nodes it was generated from instead
+  (:mod:`operator_profiler.fx_module_paths`, recorded by the compile_artifacts capture).
+- ``layers``: *regional compilation*, each layer instance's ``forward`` compiled on its own (a model without
+  layers is compiled whole), with the layer ranges outside the compiled code: identical layers share one
+  compiled graph and no fused kernel straddles two layers, but the stem and head run eager and no fusion
+  crosses a layer boundary.
+
+A model that the factory returns already compiled is refused, except a top-level ``torch.compile(model)``
+(``OptimizedModule``) with ``compile: true``, which is unwrapped and compiled as the config says (noted in
+``run.json`` ``compile_notes``): with ``compile: false`` its Inductor kernels would have no fusion map.
 """
 
 from __future__ import annotations
@@ -30,9 +44,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import training, workloads
+from . import fx_module_paths, training, workloads
 from .errors import DeviceUnavailable, from_user_exception
-from .naming import ITERATION_PREFIX, LAYER_PREFIX, NVTX_DOMAIN
+from .naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
 
@@ -117,7 +131,7 @@ def _settings() -> dict:
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "autotuning": "in warm-up only (torch.compile default mode; cudnn.benchmark off)",
+        "autotuning": "in warm-up only (Inductor's, per compile_mode; cudnn.benchmark off)",
     }
 
 
@@ -151,15 +165,142 @@ def _install_layer_ranges(
         module.register_forward_hook(lambda _m, _a, _o: emitter.pop())
 
 
-def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], options: dict) -> None:
-    """Regional compilation: compile each layer instance's forward (hooks stay eager)."""
-    modules = dict(model.named_modules())
-    if layers:
+COMPILE_SCOPES = ("model", "layers")
+
+
+def compile_kwargs(workload: dict) -> dict:
+    """The ``torch.compile`` keyword arguments of a workload: ``options`` when ``compile_options`` is not empty,
+    else ``mode`` (``compile_mode``, default ``"default"``): torch.compile takes one or the other.
+
+    Raises:
+        workloads.WorkloadError: both are set, or an option torch._inductor does not know (the list:
+            ``torch._inductor.list_options()``).
+    """
+    mode = workload.get("compile_mode") or "default"
+    options = dict(workload.get("compile_options") or {})
+    if not options:
+        return {"mode": mode}
+    if mode != "default":
+        raise workloads.WorkloadError(
+            f"compile_mode {mode!r} and compile_options cannot both be set (torch.compile takes one or the other); "
+            "keep one in the workload's config")
+    import torch._inductor
+
+    known = set(torch._inductor.list_options())
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise workloads.WorkloadError(
+            f"compile_options {', '.join(map(repr, unknown))} not known to torch._inductor {torch.__version__} "
+            "(see torch._inductor.list_options()); fix compile_options in the workload's config")
+    return {"options": options}
+
+
+def _precompiled_parts(model: torch.nn.Module) -> list[str]:
+    """Where ``model`` is already compiled with torch.compile: an ``OptimizedModule`` (``torch.compile(module)``),
+    a module whose ``compile()`` was called, or a module whose ``forward`` is a torch.compile'd function."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    found = []
+    for path, module in model.named_modules():
+        name = f"module {path!r}" if path else "the model"
+        if isinstance(module, OptimizedModule):
+            found.append(f"{name} is torch.compile(...)'d (OptimizedModule)")
+        elif getattr(module, "_compiled_call_impl", None) is not None:
+            found.append(f"{name} was compiled with .compile()")
+        elif hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable"):
+            found.append(f"the forward of {name} is torch.compile'd")
+    return found
+
+
+def _unwrap_precompiled(model: torch.nn.Module, workload: dict, name: str) -> tuple[torch.nn.Module, list[str]]:
+    """The model to profile and notes for ``run.json`` (see the module docstring).
+
+    Raises:
+        workloads.WorkloadError: the factory compiled the model (or parts of it) itself, other than a top-level
+            ``torch.compile(model)`` with ``compile: true``.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    notes = []
+    compiled = bool(workload.get("compile", False))
+    if compiled and isinstance(model, OptimizedModule):
+        notes.append("the factory returned torch.compile(model); the profiler compiled the original model itself "
+                     f"(compile_scope {workload.get('compile_scope', 'model')!r}, {compile_kwargs(workload)}), not "
+                     "with the factory's torch.compile settings")
+        model = model._orig_mod
+    parts = _precompiled_parts(model)
+    if parts:
+        what = "; ".join(parts[:3]) + (f"; and {len(parts) - 3} more" if len(parts) > 3 else "")
+        fix = ("return it uncompiled: the profiler compiles it as compile_scope says (model: torch.compile of the "
+               "whole model; layers: each layer)") if compiled else (
+            "set compile: true in its config (compile_scope: model for torch.compile(model), layers for per-layer "
+            "compilation; compile_mode/compile_options as you compile) and return the model uncompiled")
+        raise workloads.WorkloadError(
+            f"workload {name!r}: the factory returned an already compiled model ({what}); its Inductor kernels "
+            f"would run without the fusion map that explains them{'' if compiled else ' (compile: false)'}: {fix}")
+    return model, notes
+
+
+def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], workload: dict,
+             emitter: _RangeEmitter | None = None) -> dict:
+    """Compile per the workload's ``compile_scope`` (module docstring), with ``emitter``'s model range around
+    each call of a whole-model compiled model; returns the ``run.json`` entries
+    ``compile_scope`` (the scope used: ``model`` also for ``layers`` when the model has no layers),
+    ``compile_mode`` and ``compile_options``. Inside a :func:`fx_module_paths.recording` (compile_artifacts) the
+    model is handed to the recorder, which writes each graph's FX node module paths.
+
+    Raises:
+        workloads.WorkloadError: see :func:`compile_kwargs`.
+    """
+    kwargs = compile_kwargs(workload)
+    scope = workload.get("compile_scope", "model")
+    if scope not in COMPILE_SCOPES:
+        raise workloads.WorkloadError(f"compile_scope {scope!r} is not one of {', '.join(COMPILE_SCOPES)}")
+    fx_module_paths.bind(model)
+    if scope == "layers" and layers:
+        modules = dict(model.named_modules())
         for layer in layers:
             module = modules[layer.path]
-            module.forward = torch.compile(module.forward, **options)
+            module.forward = torch.compile(module.forward, **_copy(kwargs))
     else:
-        model.forward = torch.compile(model.forward, **options)
+        scope = "model"
+        model.compile(**_copy(kwargs))  # torch.compile(model._call_impl, ...): the graph of torch.compile(model)
+        if emitter is not None:
+            compiled_call = model._compiled_call_impl  # what Module.__call__ runs once compiled
+
+            def call_in_model_range(*args, **kwargs):
+                with emitter.range(MODEL_RANGE):
+                    return compiled_call(*args, **kwargs)
+
+            model._compiled_call_impl = call_in_model_range
+    return {"compile_scope": scope, "compile_mode": kwargs.get("mode"), "compile_options": kwargs.get("options")}
+
+
+def _dynamo_graphs() -> int:
+    """How many FX graphs Dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _refuse_uncompiled_config(new_graphs: int, name: str) -> None:
+    """``compile: false``, yet torch.compile compiled graphs while the model ran (a compiled function or module
+    that :func:`_precompiled_parts` cannot see, e.g. ``@torch.compile`` inside ``forward``).
+
+    Raises:
+        workloads.WorkloadError: ``new_graphs`` > 0.
+    """
+    if new_graphs > 0:
+        raise workloads.WorkloadError(
+            f"workload {name!r} has compile: false, but torch.compile compiled {new_graphs} graph(s) while it ran "
+            "(a torch.compile'd function or module inside the model): their Inductor kernels would have no fusion "
+            "map; set compile: true (compile_scope: model) and remove the model's own torch.compile calls, or run it "
+            "without them")
+
+
+def _copy(kwargs: dict) -> dict:
+    """torch.compile pops keys from ``options``: each call gets its own copy."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in kwargs.items()}
 
 
 def harness_settings(harness: dict) -> dict:
@@ -303,7 +444,10 @@ def run_capture(
         warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``settings``
         (cudnn.benchmark off,
         deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the
-        kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``.
+        kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
+        compilation ``compile_scope`` (``model``, ``layers`` or null when eager), ``compile_mode``,
+        ``compile_options``, ``compile_notes`` (list[str]) and ``layer_ranges`` (whether layer ranges were
+        emitted: false for a whole-model compile, whose layers come from the FX nodes).
 
     Train mode (``workload["mode"] == "train"``): each iteration is one :class:`operator_profiler.training.TrainStep`
     (forward + loss, backward, optimizer step + zero_grad, each in an ``opprof.phase:<phase>`` range); ``run.json``
@@ -312,7 +456,9 @@ def run_capture(
 
     Raises:
         workloads.WorkloadError: the workload cannot be built, or its code (forward, loss, backward, optimizer)
-            raises: one line naming the user's file:line and the phase, the traceback in ``traceback_text``.
+            raises: one line naming the user's file:line and the phase, the traceback in ``traceback_text``; the
+            factory returned an already compiled model, or torch.compile compiled graphs under ``compile: false``;
+            bad ``compile_mode``/``compile_options``.
         DeviceUnavailable: ``device`` is ``cuda`` and torch sees no CUDA GPU.
     """
     if profiler not in PROFILERS:
@@ -329,6 +475,7 @@ def run_capture(
         _configure_inductor(inductor_dir, device)
     dev = torch.device(device)
     model, inputs = workloads.build_workload(workload, dev)
+    model, compile_notes = _unwrap_precompiled(model, workload, workload_name or workload.get("kind"))
     train = workload.get("mode", "inference") == "train"
     model.train(train)
     layers = workloads.find_layers(model)
@@ -354,9 +501,11 @@ def run_capture(
         user_code("its first forward (probing the layers' inputs)", probe)
 
     emitter = _RangeEmitter(use_nvtx=device == "cuda")
-    _install_layer_ranges(model, layers, emitter)
-    if compiled:
-        _compile(model, layers, {"backend": "inductor"})
+    layer_ranges = not compiled or (workload.get("compile_scope", "model") == "layers" and bool(layers))
+    if layer_ranges:  # never inside a whole-model compiled region (module docstring)
+        _install_layer_ranges(model, layers, emitter)
+    compile_record = _compile(model, layers, workload, emitter) if compiled else {
+        "compile_scope": None, "compile_mode": None, "compile_options": None}
     if train:
         trainer = training.TrainStep(model, model, inputs, workload, emitter)
 
@@ -378,10 +527,13 @@ def run_capture(
         return time.perf_counter() - start
 
     t0 = time.perf_counter()
+    graphs_before = _dynamo_graphs()
     # compile + autotune happen here, outside the window; then until the iteration times settle
     warmup = warm_up_until_steady(timed_warmup_step, harness["warmup"], harness["warmup_max"],
                                   harness["steady_window"], harness["steady_tolerance"])
     warmup_s = time.perf_counter() - t0
+    if not compiled:
+        _refuse_uncompiled_config(_dynamo_graphs() - graphs_before, workload_name or workload.get("kind"))
 
     def measured_iterations() -> None:
         for i in range(harness["iterations"]):
@@ -424,7 +576,9 @@ def run_capture(
         "workload": workload,
         "harness": given_harness,
         "compiled": compiled,
-        "compile_mode": ("regional" if layers else "whole_model") if compiled else None,
+        **compile_record,
+        "compile_notes": compile_notes,
+        "layer_ranges": layer_ranges and bool(layers),
         "mode": "train" if train else "inference",
         "train_step": trainer.describe() if trainer is not None else None,
         "layers": len(layers),

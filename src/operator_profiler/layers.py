@@ -1,7 +1,12 @@
 """Layer instances and layer classes (the checkpoint that decides what ncu replays).
 
 A *layer instance* is one forward call of a repeated submodule, seen in the timeline as our layer
-range (``opprof.layer:<module path>``, :mod:`operator_profiler.harness`). Its *signature* is the ordered
+range (``opprof.layer:<module path>``, :mod:`operator_profiler.harness`), or, in a whole-model compiled
+workload (no layer ranges inside the compiled region), as the FX nodes its compiled kernels were generated
+from (the fusion map's ``module_paths``, :mod:`operator_profiler.fx_module_paths`). A compiled kernel fusing
+FX nodes of two layer instances (block i's residual add with block i+1's layer norm), or of one and of code
+outside every layer, is a *cross-layer* kernel: it belongs to no instance (class ``rest``) and lists the
+instances it spans (``layers_spanned``). Its *signature* is the ordered
 sequence of its kernels' ``(match_key, grid, block)`` in the first measured iteration; instances with
 identical signatures form a *layer class*, whose representative is the first instance in execution
 order. Kernels outside every layer form the class ``rest``. Counters measured on a representative are
@@ -51,7 +56,114 @@ def instance_labels(ranges: pd.DataFrame) -> dict[int, str]:
     return labels
 
 
-def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+#: How a kernel's layer instance was decided (kernel_layers ``membership``).
+MEMBERSHIPS = {
+    "layer_range": "the layer range around its launch (or around its forward op, for a backward kernel)",
+    "fx_nodes": "all the FX nodes it was generated from lie in this layer instance (fusion map module_paths)",
+    "outside_layers": "outside every layer: no layer range encloses it, or all its FX nodes lie outside every layer",
+    "cross_layer": "its FX nodes lie in several layer instances, or in one and outside every layer: no instance "
+    "(class rest); layers_spanned lists them",
+    "unknown": "a whole-model compiled workload's kernel of the model (inside the model range, or its forward op "
+    "is) whose FX nodes' modules are unknown (not placed on a fusion-map call site with module paths, e.g. eager "
+    "code between compiled graphs): no instance (class rest)",
+}
+OUTSIDE_LAYERS = "(outside layers)"  # in layers_spanned: FX nodes outside every layer
+
+
+def layer_of_module(path: str, layer_paths: set[str]) -> str | None:
+    """The layer instance label a module path of the fusion map lies in (the innermost layer, as with nested
+    layer ranges), or None outside every layer: ``transformer.h.3.ln_1`` -> ``transformer.h.3``;
+    ``blocks.0#1.lin`` (the module's second call) -> ``blocks.0#1``, the label :func:`instance_labels` gives
+    that call's range."""
+    found = None
+    parts = path.split(".") if path else []
+    for i in range(1, len(parts) + 1):
+        base = ".".join(p.partition("#")[0] for p in parts[:i])
+        if base in layer_paths:
+            call = parts[i - 1].partition("#")[2]
+            found = f"{base}#{call}" if call and call != "0" else base
+    return found
+
+
+def site_membership(module_paths, scope, layer_paths: set[str]) -> tuple[str, str | None, list[str]] | None:
+    """``(membership, layer instance, layers spanned)`` of a kernel placed on a fusion-map call site with
+    ``module_paths`` (scope ``model`` only: a frame's relative paths name no instance); None when the site says
+    nothing (no paths, another scope)."""
+    if scope != "model" or module_paths is None or len(module_paths) == 0:
+        return None
+    labels = {layer_of_module(str(p), layer_paths) for p in module_paths}
+    if len(labels) == 1:
+        (label,) = labels
+        return ("fx_nodes", label, []) if label is not None else ("outside_layers", None, [])
+    return "cross_layer", None, sorted(OUTSIDE_LAYERS if lab is None else lab for lab in labels)
+
+
+def fx_membership(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.DataFrame,
+                  layer_paths: list[str], ops=None) -> pd.DataFrame:
+    """Layer membership of the kernels of a Kineto timeline that path (c) places on a fusion-map call site
+    (:func:`operator_profiler.attribution.compiled_graphs.resolve`, the placement attribution uses):
+    ``kernel_id, membership, layer, module, layers_spanned`` (see :func:`site_membership`), one row per placed
+    kernel whose site says something."""
+    from .attribution.compiled_graphs import resolve
+    from .attribution.correlation import find_ops
+
+    columns = ["kernel_id", "membership", "layer", "module", "layers_spanned"]
+    if fusion_map is None or fusion_map.empty or "module_paths" not in fusion_map or kernels.empty:
+        return pd.DataFrame(columns=columns)
+    ops = ops if ops is not None else find_ops(kernels, ranges)
+    sites = resolve(kernels, ranges, ops, fusion_map).sites
+    wanted = set(layer_paths)
+    rows = []
+    answers: dict[tuple, tuple | None] = {}  # every iteration repeats the same call sites
+    for kid, site in sites.items():
+        paths = site.get("module_paths")
+        key = (tuple(paths) if paths is not None else (), site.get("module_paths_scope"))
+        if key not in answers:
+            answers[key] = site_membership(list(key[0]), key[1], wanted)
+        answer = answers[key]
+        if answer is not None:
+            membership, label, spanned = answer
+            rows.append((int(kid), membership, label, label.partition("#")[0] if label else None, spanned))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def fx_membership_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame, layer_paths: list[str]) -> pd.DataFrame:
+    """:func:`fx_membership` for a timeline without compiled-graph ranges (nsys, no torch.profiler run beside it):
+    generated kernels joined to their call site by name and launch order
+    (:func:`operator_profiler.attribution.inductor.attribute_by_name`); library kernels (cuBLAS for
+    ``extern_kernels.mm``) are never joined by name, so they stay ``unknown``."""
+    from .attribution.inductor import attribute_by_name
+
+    columns = ["kernel_id", "membership", "layer", "module", "layers_spanned"]
+    if fusion_map is None or fusion_map.empty or "module_paths" not in fusion_map or kernels.empty:
+        return pd.DataFrame(columns=columns)
+    found = attribute_by_name(kernels, fusion_map)
+    wanted = set(layer_paths)
+    rows = []
+    for kid, match, paths, scope in zip(found["kernel_id"], found["match"], found["module_paths"],
+                                        found["module_paths_scope"]):
+        answer = site_membership(paths, scope, wanted) if match is not None else None
+        if answer is not None:
+            membership, label, spanned = answer
+            rows.append((int(kid), membership, label, label.partition("#")[0] if label else None, spanned))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def carry_membership(pairs: pd.DataFrame, source_kernels: pd.DataFrame, source_layers: pd.DataFrame) -> pd.DataFrame:
+    """The layer membership of another run of the same program (the torch.profiler run beside an nsys timeline,
+    ``source_layers``: :func:`kernel_layers` on ``source_kernels``) on this timeline's kernels, as the
+    ``fx_answers`` of :func:`kernel_layers`: ``pairs`` (``kernel_id``, ``source_kernel_id``) from
+    :func:`operator_profiler.attribution.transfer.align_runs`; unpaired kernels get none (so ``unknown``)."""
+    columns = ["kernel_id", "membership", "layer", "module", "layers_spanned"]
+    if not len(pairs) or not len(source_kernels):
+        return pd.DataFrame(columns=columns)
+    source = source_layers.assign(source_kernel_id=source_kernels["kernel_id"].astype("int64").to_numpy())
+    merged = pairs.merge(source.drop(columns=[c for c in ("kernel_id",) if c in source]), on="source_kernel_id")
+    return merged[columns]
+
+
+def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict] | None = None,
+                  fusion_map: pd.DataFrame | None = None, fx_answers: pd.DataFrame | None = None) -> pd.DataFrame:
     """The layer instance each kernel belongs to.
 
     A forward kernel belongs to the innermost layer range enclosing its launch on the launching
@@ -59,43 +171,112 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     the rest). A backward kernel (launched by an autograd node, outside every layer range) belongs to
     the layer of the forward op that created its node, found through the autograd sequence number
     (:func:`operator_profiler.attribution.correlation.find_ops`; for an nsys timeline
-    :func:`operator_profiler.attribution.nvtx.kernel_layer_ranges`).
+    :func:`operator_profiler.attribution.nvtx.kernel_layer_ranges`). A kernel no layer range claims takes the
+    answer of its FX nodes (:func:`fx_membership` with ``fusion_map`` and the ``layers`` of ``layers.json`` on a
+    Kineto timeline; ``fx_answers``, the same table, for an nsys timeline, carried over from the Kineto run).
+    When ``layers`` lists layers but the timeline has no layer range (a whole-model compile), a kernel without
+    an FX answer is ``unknown``, not outside the layers, when it belongs to the model: its launch lies in the
+    model range (``opprof.model``) or its forward op does (a kernel of the harness's loss or optimizer lies
+    outside and is ``outside_layers``); without model ranges every such kernel is ``unknown``.
 
     Returns:
         DataFrame aligned with ``kernels``: ``layer`` (instance label, see :func:`instance_labels`;
-        None outside every layer) and ``module`` (the module path).
+        None outside every layer), ``module`` (the module path), ``membership`` (one of :data:`MEMBERSHIPS`)
+        and ``layers_spanned`` (list[str]: the instances a ``cross_layer`` kernel spans, with
+        :data:`OUTSIDE_LAYERS` for FX nodes outside every layer; else empty).
     """
     from .attribution.correlation import find_ops
 
-    out = pd.DataFrame({"layer": None, "module": None}, index=kernels.index, dtype=object)
-    if kernels.empty or not ranges["layer"].notna().any():
-        return out
-    labels = instance_labels(ranges)
-    path_of = dict(zip(ranges["range_id"].astype(int), ranges["layer"]))
-    if (kernels["source"] == "nsys").all():
-        # NVTX ranges nest per (thread, domain), not per thread: path (b) answers the query.
-        from .attribution.nvtx import kernel_layer_ranges
+    n = len(kernels)
+    layer_col = np.full(n, None, dtype=object)
+    module_col = np.full(n, None, dtype=object)
+    has_ranges = bool(len(ranges)) and bool(ranges["layer"].notna().any())
+    layer_paths = [entry["path"] for entry in layers or []]
+    whole_model = bool(layer_paths) and not has_ranges
+    nsys = bool(n) and bool((kernels["source"] == "nsys").all())
+    ops = find_ops(kernels, ranges) if n and not nsys and (has_ranges or fusion_map is not None or whole_model) \
+        else None
+    if n and has_ranges:
+        labels = instance_labels(ranges)
+        path_of = dict(zip(ranges["range_id"].astype(int), ranges["layer"]))
+        if nsys:
+            # NVTX ranges nest per (thread, domain), not per thread: path (b) answers the query.
+            from .attribution.nvtx import kernel_layer_ranges
 
-        rids = kernel_layer_ranges(kernels, ranges)
-        out["layer"] = [labels.get(int(r)) for r in rids]
-        out["module"] = [path_of.get(int(r)) for r in rids]
-        return out
-    layer_range = layer_range_of_ranges(ranges)
-    ops = find_ops(kernels, ranges)
-    range_ids = ops.range_ids
-    layer_col, module_col = out["layer"].to_numpy(dtype=object).copy(), out["module"].to_numpy(dtype=object).copy()
-    for i in range(len(kernels)):
-        pos = ops.layer[i]
-        rid = int(range_ids[pos]) if pos >= 0 else None
-        if rid is not None and rid not in labels:
-            rid = None
-        if rid is None and ops.forward[i] >= 0:
-            rid = layer_range.get(int(range_ids[ops.forward[i]]))
-        if rid is not None:
-            layer_col[i] = labels[rid]
-            module_col[i] = path_of[rid]
-    out["layer"] = pd.Series(layer_col, index=out.index, dtype=object)
-    out["module"] = pd.Series(module_col, index=out.index, dtype=object)
+            rids = kernel_layer_ranges(kernels, ranges)
+            layer_col[:] = [labels.get(int(r)) for r in rids]
+            module_col[:] = [path_of.get(int(r)) if int(r) in labels else None for r in rids]
+        else:
+            layer_range = layer_range_of_ranges(ranges)
+            range_ids = ops.range_ids
+            for i in range(n):
+                pos = ops.layer[i]
+                rid = int(range_ids[pos]) if pos >= 0 else None
+                if rid is not None and rid not in labels:
+                    rid = None
+                if rid is None and ops.forward[i] >= 0:
+                    rid = layer_range.get(int(range_ids[ops.forward[i]]))
+                if rid is not None:
+                    layer_col[i] = labels[rid]
+                    module_col[i] = path_of[rid]
+    membership = np.where(pd.notna(layer_col), "layer_range", None).astype(object)
+    spanned = np.empty(n, dtype=object)
+    spanned[:] = [[] for _ in range(n)]
+    if fx_answers is None and fusion_map is not None and n and not nsys:
+        fx_answers = fx_membership(kernels, ranges, fusion_map, layer_paths, ops)
+    if fx_answers is not None and len(fx_answers):
+        row_of = pd.Series(np.arange(n), index=kernels["kernel_id"].astype("int64").to_numpy())
+        rows = row_of.reindex(fx_answers["kernel_id"].astype("int64").to_numpy()).to_numpy()
+        for r, m, lab, mod, spans in zip(rows, fx_answers["membership"], fx_answers["layer"], fx_answers["module"],
+                                         fx_answers["layers_spanned"]):
+            if pd.isna(r) or membership[int(r)] is not None:
+                continue  # a layer range's answer stands
+            r = int(r)
+            membership[r], layer_col[r], module_col[r], spanned[r] = m, lab, mod, list(spans)
+    left = np.flatnonzero(pd.isna(membership))
+    membership[left] = "outside_layers"
+    if whole_model and len(left):
+        in_model = _in_model(kernels, ranges, left, ops)
+        membership[left[in_model]] = "unknown"
+    return pd.DataFrame({"layer": pd.Series(layer_col, index=kernels.index, dtype=object),
+                         "module": pd.Series(module_col, index=kernels.index, dtype=object),
+                         "membership": pd.Series(membership, index=kernels.index, dtype=object),
+                         "layers_spanned": pd.Series(spanned, index=kernels.index, dtype=object)})
+
+
+def _in_model(kernels: pd.DataFrame, ranges: pd.DataFrame, rows: np.ndarray, ops=None) -> np.ndarray:
+    """For kernel rows ``rows``: whether each belongs to the model (Kineto timeline): its launch lies inside a
+    model range (:data:`operator_profiler.naming.MODEL_RANGE`), or its forward op does (a backward kernel).
+    All True when the timeline has no model range (nothing tells model from harness code) or is an nsys one."""
+    from .attribution.correlation import find_ops
+    from .naming import MODEL_RANGE
+
+    names = ranges["name"].astype(str).to_numpy() if len(ranges) else np.array([], dtype=object)
+    if not (names == MODEL_RANGE).any() or (kernels["source"] == "nsys").all():
+        return np.ones(len(rows), dtype=bool)
+    ops = ops if ops is not None else find_ops(kernels, ranges)
+    position = {int(r): i for i, r in enumerate(ranges["range_id"].astype("int64"))}
+    under: dict[int, bool] = {}  # range position -> a model range is it or an ancestor
+    parents = ranges["parent_id"].astype("Int64").to_numpy(dtype=object)
+
+    def under_model(pos: int) -> bool:
+        chain = []
+        while pos >= 0 and pos not in under:
+            chain.append(pos)
+            parent = parents[pos]
+            pos = position.get(int(parent), -1) if not pd.isna(parent) else -1
+        found = under.get(pos, False) if pos >= 0 else False
+        for p in reversed(chain):
+            found = found or names[p] == MODEL_RANGE
+            under[p] = found
+        return under[chain[0]] if chain else found
+
+    out = np.zeros(len(rows), dtype=bool)
+    for j, i in enumerate(rows):
+        if any(names[position[r]] == MODEL_RANGE for r in ops.stack(int(i)) if r in position):
+            out[j] = True
+        elif ops.forward[i] >= 0:
+            out[j] = under_model(int(ops.forward[i]))
     return out
 
 
@@ -104,7 +285,8 @@ def _class_name(module_class: str, signature: list) -> str:
     return f"{_UNSAFE.sub('_', module_class)}-{digest}"
 
 
-def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict], verify: bool = False
+def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict], verify: bool = False,
+                    fusion_map: pd.DataFrame | None = None, fx_answers: pd.DataFrame | None = None
                     ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict]]:
     """Group layer instances into classes.
 
@@ -112,12 +294,13 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         kernels: timeline kernels (DESIGN.md §3).
         ranges: timeline ranges with the ``layer`` column.
         layers: ``layers.json`` of the capture (``[{"path", "class", "param_shapes"}]``).
+        fusion_map, fx_answers: the FX-node membership of compiled kernels (:func:`kernel_layers`).
 
     Returns:
         ``(kernel_layers, instances, classes)``:
         ``kernel_layers``: kernel_id, layer (instance label or None), module (module path or None),
         layer_class, position (index of the kernel within its layer instance and iteration, or within
-        the iteration's rest kernels);
+        the iteration's rest kernels), membership and layers_spanned (:func:`kernel_layers`);
         ``instances``: layer, module, module_class, layer_class, iteration, kernel_count, time_ns,
         representative;
         ``classes``: class name -> canonical dict (class, module_class, signature, instances,
@@ -126,7 +309,7 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         identically.
     """
     module_class = {l["path"]: l["class"] for l in layers}
-    assigned = kernel_layers(kernels, ranges)
+    assigned = kernel_layers(kernels, ranges, layers, fusion_map, fx_answers)
     kl = pd.DataFrame({"kernel_id": kernels["kernel_id"], "layer": assigned["layer"], "module": assigned["module"]})
     kl["iteration"] = kernels["iteration"].fillna(-1).astype("int64").to_numpy()
     # .array keeps Arrow-backed strings as they are (to_numpy would make one Python str per kernel).
@@ -196,7 +379,9 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         lambda p: p in {c["representative"] for c in classes.values()}
     )
     instances["time_ns"] = instances["time_ns"].astype("int64")
-    kernel_table = kl[["kernel_id", "layer", "module", "layer_class", "position"]]
+    kl["membership"] = assigned["membership"].to_numpy()
+    kl["layers_spanned"] = assigned["layers_spanned"].to_numpy()
+    kernel_table = kl[["kernel_id", "layer", "module", "layer_class", "position", "membership", "layers_spanned"]]
     return kernel_table, instances, classes
 
 

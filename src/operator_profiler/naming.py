@@ -3,7 +3,9 @@
 - iteration range: ``opprof.iteration:<i>``
 - layer range:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
 - phase range:     ``opprof.phase:<phase>`` around each part of a train step (:data:`PHASES`)
+- model range:     ``opprof.model`` (whole-model compile: around each call of the compiled model)
 - NVTX domain:     ``opprof``
+- module paths of compiled FX nodes: :data:`MODULE_PATHS_JSON` in each Inductor graph debug dir
 - communication kernels (NCCL): :data:`COMMUNICATION` (ncu does not profile them; they wait on other ranks)
 """
 
@@ -16,6 +18,13 @@ PHASE_PREFIX = "opprof.phase:"
 #: The parts of a train step, in order: model forward + loss, ``loss.backward()``, optimizer
 #: ``step()`` + ``zero_grad()``. Inference iterations have no phase ranges.
 PHASES = ("forward", "backward", "optimizer")
+#: Around each call of a whole-model compiled model (outside the compiled code): kernels inside it (or whose
+#: forward op is) are the model's, those outside are the harness's (loss, backward of the loss, optimizer).
+MODEL_RANGE = "opprof.model"
+#: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
+#: (:mod:`operator_profiler.fx_module_paths`), read by the fusion map (column ``module_paths``).
+MODULE_PATHS_JSON = "opprof_module_paths.json"
+MODULE_PATHS_FORMAT = "opprof.module_paths/1"
 
 #: Communication (NCCL) kernel names, demangled or mangled.
 COMMUNICATION = re.compile(r"^(?:void )?nccl|ncclDevKernel|ncclKernel|_Z\d+nccl", re.IGNORECASE)

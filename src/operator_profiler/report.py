@@ -74,14 +74,29 @@ def _table(df: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
+def compile_scope_text(run: dict) -> str:
+    """How the model ran: ``eager``, or the compile scope, mode/options and what layer membership rests on
+    (run.json ``compile_scope``; runs recorded before it name ``compile_mode`` regional/whole_model)."""
+    if not run.get("compiled"):
+        return "eager"
+    scope = run.get("compile_scope") or {"regional": "layers", "whole_model": "model"}.get(run.get("compile_mode"))
+    settings = (f"options `{run['compile_options']}`" if run.get("compile_options")
+                else f"mode `{run['compile_mode']}`" if run.get("compile_scope") and run.get("compile_mode") else "")
+    settings = f", {settings}" if settings else ""
+    if scope == "model":
+        ranges = "" if not run.get("layers") else "; layers of compiled kernels from their FX nodes (no layer ranges)"
+        return f"compiled, compile scope **model** (torch.compile of the whole model{settings}; Inductor){ranges}"
+    if scope == "layers":
+        return (f"compiled, compile scope **layers** (each layer instance's forward compiled on its own{settings}; "
+                "Inductor; stem and head eager, no fusion across layers)")
+    return "compiled (Inductor)"
+
+
 def _model_line(run: dict) -> str:
     w = run["workload"]
     model = f"`{w['kind']}`" + (f" (factory `{w['factory']}`)" if w.get("factory") else "")
-    if run["compiled"]:
-        how = f"compiled ({run['compile_mode'].replace('_', ' ')} torch.compile, Inductor)"
-    else:
-        how = "eager"
-    line = f"- model: {model}, mode `{run['mode']}`, {how}"
+    notes = "".join(f"; **note**: {n}" for n in run.get("compile_notes") or [])
+    line = f"- model: {model}, mode `{run['mode']}`, {compile_scope_text(run)}{notes}"
     step = run.get("train_step")
     if step:
         loss = (f"loss `{step['loss'].removeprefix('loss_fn ')}`" if step["loss"].startswith("loss_fn ")
@@ -571,6 +586,58 @@ def layer_summary(layer_classes: pd.DataFrame) -> str:
             "and parameter shapes.")
 
 
+def layer_membership_lines(coverage: dict, limit: int = 10, layer_classes: pd.DataFrame | None = None) -> list[str]:
+    """Markdown lines on how compiled kernels were placed in layer instances (coverage.json
+    ``layer_membership``): shown when FX nodes decided a layer, or kernels are cross-layer or unknown; the
+    cross-layer kernels (which layer instances each spans) and the unknown ones are listed. With
+    ``layer_classes``, module classes whose instances fall into several layer classes are named."""
+    info = coverage.get("layer_membership") or {}
+    by = info.get("by_membership") or {}
+    if not (by.get("fx_nodes") or by.get("cross_layer") or by.get("unknown")):
+        return []
+    total = coverage.get("kernel_time_ns") or 0
+
+    def part(key: str) -> str:
+        entry = by.get(key) or {"kernels": 0, "time_ns": 0}
+        share = f", {entry['time_ns'] / total * 100:.2f}% of kernel time" if total else ""
+        return f"{_plural(entry['kernels'], 'kernel')}{share}"
+
+    apart = [f"{part('cross_layer')} **cross-layer** (FX nodes of several layer instances, or of one and of code "
+             "outside every layer)"] if by.get("cross_layer") else []
+    apart += [f"{part('unknown')} of **unknown layer** (not placed on a call site with FX nodes' modules)"] \
+        if by.get("unknown") else []
+    lines = ["", "Layer membership of compiled kernels (from the FX nodes each was generated from): "
+             f"{part('fx_nodes')} in one layer instance each" + (
+                 f"; {' and '.join(apart)} belong to no instance (class `rest`; module row "
+                 + " and ".join(f"`{row}`" for key, row in (("cross_layer", "(cross-layer)"),
+                                                            ("unknown", "(unknown layer)")) if by.get(key))
+                 + "), never to one of the layers they touch." if apart else
+                 "; no kernel spans two layer instances.")]
+    if layer_classes is not None and len(layer_classes) and by.get("fx_nodes"):
+        layered = layer_classes[layer_classes["layer_class"] != "rest"]
+        split = [(m, sorted(int(k) for k in g["kernels_per_instance"])) for m, g in layered.groupby("module_class")
+                 if len(g) > 1]
+        if split:
+            lines += ["", "Instances of one module class run different kernels here, so they form several layer "
+                      "classes: " + "; ".join(f"`{m}`: {len(k)} classes ({', '.join(map(str, k))} kernels per "
+                                              "instance)" for m, k in split)
+                      + ". A whole-model compile fuses, and recomputes, across layer boundaries (a residual add "
+                      "inside the next layer's kernel), so the code Inductor generates differs between instances; "
+                      "with `compile_scope: layers` every instance runs the same compiled graph."]
+    rows = [(c["name"], " + ".join(f"`{x}`" for x in c["layers_spanned"]), c["count"], c["time_ns"])
+            for c in info.get("cross_layer") or []]
+    rows += [(u["name"], "unknown (FX nodes' modules not known)", u["count"], u["time_ns"])
+             for u in info.get("unknown") or []]
+    if rows:
+        shown = rows[:limit]
+        names = short_names([r[0] for r in shown])
+        lines += ["", "| kernel | spans | count | total (ms) |", "|---|---|---|---|",
+                  *[f"| `{n}` | {spans} | {count} | {_ms(t)} |" for n, (_, spans, count, t) in zip(names, shown)]]
+        if len(rows) > limit:
+            lines += ["", f"... and {len(rows) - limit} more (coverage.json `layer_membership`)."]
+    return lines
+
+
 def render_markdown(
     workload: str,
     run: dict | None,
@@ -645,7 +712,7 @@ def render_markdown(
         per_call_label = ("ms per instance and iteration: median [min-max]" if per_call
                           else "ms_per_instance_and_iteration")
         lc = layer_classes.assign(
-            module_class=lambda d: d["module_class"].fillna("(kernels outside layers)"),
+            module_class=lambda d: d["module_class"].fillna("(kernels in no layer instance)"),
             total_ms=lambda d: d["time_ns"].map(_ms),
         ).rename(columns={"instances": "instances (layer calls)"})
         lc[per_call_label] = ([f"{_ms(r['instance_iteration_median_ns'])} [{_ms(r['instance_iteration_min_ns'])}-"
@@ -654,7 +721,7 @@ def render_markdown(
         lc = lc[["layer_class", "module_class", "instances (layer calls)", "kernels_per_instance", per_call_label,
                  "total_ms", "representative"]]
         lines += [_table(lc), ""]
-    lines += [layer_summary(layer_classes), ""]
+    lines += [layer_summary(layer_classes), *layer_membership_lines(coverage, layer_classes=layer_classes), ""]
     lines += split_lines(layer_classes)
     lines += _dedup_lines(matching)
     lines += refused_counters_lines(coverage)

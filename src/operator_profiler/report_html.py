@@ -564,7 +564,7 @@ def _refused_counters(coverage: dict) -> str:
 
 
 def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None,
-                    no_ranges: bool = False) -> str:
+                    no_ranges: bool = False, coverage: dict | None = None) -> str:
     import plotly.graph_objects as go
 
     est = {}
@@ -591,7 +591,7 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
         k = e["replayed"] if e else int(r["replays_with_dedup"])
         # per call: the median over the class's (instance, iteration) pairs; else the mean instance's total / iterations
         per = (r["instance_iteration_median_ns"] if per_call else r["mean_instance_time_ns"] / max(iterations, 1)) / 1e6
-        cells = (f"<td>{esc(r['layer_class'])}</td><td>{esc(r['module_class'] if not _missing(r['module_class']) else '(kernels outside layers)')}</td>"
+        cells = (f"<td>{esc(r['layer_class'])}</td><td>{esc(r['module_class'] if not _missing(r['module_class']) else '(kernels in no layer instance)')}</td>"
                  + _num_cell(int(r["instances"])) + _num_cell(k) + _num_cell(int(r["kernels_per_instance"]))
                  + _num_cell(per, f"{per:.3f}"))
         if per_call:
@@ -626,7 +626,25 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
                           yaxis={"automargin": True, "type": "category"}, legend={"orientation": "h", "y": 1.12})
         figure = _figure(fig, "fig-layer-classes")
     table = _table(headers, rows, "layer-class-table") if rows else ""
-    return f'<section id="layers"><h2>Layer classes</h2>{summary}{figure}{table}</section>'
+    return f'<section id="layers"><h2>Layer classes</h2>{summary}{figure}{table}{_membership(coverage, layer_classes)}</section>'
+
+
+def _membership(coverage: dict | None, layer_classes: pd.DataFrame | None = None) -> str:
+    """The layer membership of compiled kernels (report.py ``layer_membership_lines``): its sentences, and the
+    cross-layer and unknown kernels as a table."""
+    lines = report_md.layer_membership_lines(coverage or {}, limit=10**9, layer_classes=layer_classes)
+    if not lines:
+        return ""
+    text = "".join(f"<p>{inline(line)}</p>" for line in lines
+                   if line.startswith(("Layer membership", "Instances of one module class")))
+    info = (coverage or {}).get("layer_membership") or {}
+    rows = [f"<td>{esc(c['name'])}</td><td>{esc(' + '.join(c['layers_spanned']))}</td>" + _num_cell(c["count"])
+            + _num_cell(c["time_ns"] / 1e6, f"{c['time_ns'] / 1e6:.3f}") for c in info.get("cross_layer") or []]
+    rows += [f"<td>{esc(u['name'])}</td><td>unknown (FX nodes' modules not known)</td>" + _num_cell(u["count"])
+             + _num_cell(u["time_ns"] / 1e6, f"{u['time_ns'] / 1e6:.3f}") for u in info.get("unknown") or []]
+    headers = [("kernel", "text"), ("spans", "text"), ("count", "num"), ("total (ms)", "num")]
+    return (f'<div id="layer-membership">{text}</div>'
+            + (_table(headers, rows, "layer-membership-table") if rows else ""))
 
 
 PHASE_COLORS = {"forward": "#2563eb", "backward": "#d97706", "optimizer": "#0d9488"}
@@ -721,14 +739,15 @@ def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.D
                 else report_md._plural(iterations, "measured iteration"))
     subtitle = esc(" · ".join(p for p in (
         run and run["workload"]["kind"], run and run["mode"],
-        run and ("compiled" if run["compiled"] else "eager"), device, measured) if p))
+        run and (f"compiled, scope {run['compile_scope']}" if run["compiled"] and run.get("compile_scope")
+                 else "compiled" if run["compiled"] else "eager"), device, measured) if p))
     sections = [
         _header_section(workload, run, coverage, operators, diagnostics, clocks, counters_time, replays),
         _operator_section(operators, iterations, top_operators, counter_metric_names(), no_ranges),
         _sol_section(operators, coverage, latency_threshold()),
         _coverage_section(coverage, diagnostics),
         _phases_section(coverage, phases, top_operators),
-        _layers_section(layer_classes, iterations, replays, no_ranges),
+        _layers_section(layer_classes, iterations, replays, no_ranges, coverage),
         _modules_section(modules, top_operators, no_ranges),
     ]
     nav = [("measurement", "Measurement"), ("operators", "Operators"), ("sol", "Speed of light"),

@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import aggregate as agg
@@ -162,12 +163,19 @@ def _name_launch_operators(timeline: kineto.Timeline) -> None:
 
 def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_kernel_layers: Path,
              out_summary: Path, out_classes_dir: Path, verify: bool = False,
-             out_plans_dir: Path | None = None) -> dict[str, dict]:
+             out_plans_dir: Path | None = None, fusion_map: Path | pd.DataFrame | None = None,
+             kineto_timeline: Path | None = None) -> dict[str, dict]:
     """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class
     (``verify``: each class names two instances to replay, see config ``dedup.verify``) and, with
     ``out_plans_dir``, one ncu replay plan per class (:func:`operator_profiler.ncu.replay.plan_replay`;
     written here, by the checkpoint, so that an unchanged class keeps a byte-identical plan and the GPU
-    replay depends on nothing else the timeline export rewrites)."""
+    replay depends on nothing else the timeline export rewrites).
+
+    ``fusion_map`` (a compiled workload's ``fusion_map.parquet``): kernels no layer range claims (a whole-model
+    compile has none inside the compiled region) take the layer instance of their FX nodes
+    (:func:`operator_profiler.layers.kernel_layers`); on an nsys timeline through the torch.profiler run of the
+    same program (``kineto_timeline``, paired by invocation order), else by kernel name (generated kernels only).
+    """
     start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
     hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
@@ -176,9 +184,29 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     for index, entry in enumerate(layers):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
             raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
-    kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers, verify)
+    fusion = _read_fusion_map(fusion_map)
+    fx_answers = None
+    if fusion is not None and is_nsys(kernels):
+        paths = [entry["path"] for entry in layers]
+        if kineto_timeline is not None:
+            from .attribution.transfer import align_runs
+
+            k_kernels, k_ranges = read_timeline(kineto_timeline)
+            pairs, _ = align_runs(kernels, k_kernels)
+            fx_answers = layer_classes.carry_membership(pairs, k_kernels, layer_classes.kernel_layers(
+                k_kernels, k_ranges, layers, fusion))
+        else:
+            fx_answers = layer_classes.fx_membership_by_name(kernels, fusion, paths)
+    kernel_layers, instances, classes = layer_classes.classify_layers(kernels, ranges, layers, verify, fusion,
+                                                                      fx_answers)
     stage_done(f"classified {len(kernels):,} kernels into {len(classes):,} layer classes "
               f"({len(instances):,} instances)", start)
+    membership = kernel_layers["membership"].value_counts()
+    if membership.get("cross_layer", 0) or membership.get("unknown", 0):
+        log.warning("%d kernels are cross-layer (their FX nodes lie in several layer instances) and %d have no known "
+                    "layer (whole-model compile, FX nodes' modules unknown): both are in no layer instance (class "
+                    "rest); the report lists them", int(membership.get("cross_layer", 0)),
+                    int(membership.get("unknown", 0)))
     write_parquet_atomic(instances, out_instances)
     write_parquet_atomic(kernel_layers, out_kernel_layers)
     write_json(out_summary, classes)
@@ -188,6 +216,14 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
 
         write_plans(kernels, kernel_layers, classes, out_plans_dir)
     return classes
+
+
+def _read_fusion_map(fusion_map: Path | pd.DataFrame | None) -> pd.DataFrame | None:
+    """A fusion map given as a ``fusion_map.parquet`` path (read and checked) or a loaded table; None stays None."""
+    if fusion_map is None or isinstance(fusion_map, pd.DataFrame):
+        return fusion_map
+    return read_parquet_file(Path(fusion_map), "a fusion map", "write it with: opprof fusion-map --inductor-dir DIR --out FILE",
+                             ("graph", "call_index", "profiler_name"))
 
 
 def timeline_kernel_count(kernels: pd.DataFrame) -> int:
@@ -262,10 +298,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     if runs:
         _check_run_counts([Path(r) for r in runs], kernels)
     kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers)
-    if isinstance(fusion_map, (str, Path)):
-        fusion_map = read_parquet_file(fusion_map, "a fusion map", "write it with: opprof fusion-map "
-                                       "--inductor-dir DIR --out FILE", ("graph", "call_index", "profiler_name"))
-    fusion = fusion_map
+    fusion = _read_fusion_map(fusion_map)
     if is_nsys(kernels):
         result = nvtx.attribute_nvtx(kernels, ranges, kl, nvtx_options or nvtx.NvtxOptions())
         if kineto_timeline is not None:
@@ -307,6 +340,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                     "lists examples): the trace's op ids are not to be trusted", disagreements["count"],
                     disagreements["checked"])
     stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
+    result = _with_membership(result, kl)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
 
@@ -348,6 +382,20 @@ def _warn_fusion_map(result: pd.DataFrame, fusion: pd.DataFrame, timeline_dir: P
         parts.append(f"{ambiguous_nodes} with their operator but undecided FX nodes (source_nodes_ambiguous)")
     log.warning("the fusion map (%d graphs) placed %d kernels of %s; not placed: %s", graphs, matched,
                 timeline_dir, "; ".join(parts))
+
+
+def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
+    """The kernel_layers ``membership``/``layers_spanned`` as extra attribution columns (how each kernel's layer
+    was decided, the instances a cross-layer kernel spans; DESIGN.md §3), for coverage.json and the report."""
+    if "membership" not in kl:
+        return result
+    by_id = kl.set_index(kl["kernel_id"].astype("int64"))
+    ids = result["kernel_id"].astype("int64").to_numpy()
+    out = result.copy()
+    out["membership"] = by_id["membership"].reindex(ids).to_numpy(dtype=object)
+    spans = by_id["layers_spanned"].reindex(ids).to_numpy(dtype=object)
+    out["layers_spanned"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else [] for v in spans]
+    return out
 
 
 def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir: Path,

@@ -449,14 +449,17 @@ def _answer(site: Mapping, call_site: bool, joined_by: str) -> dict:
 
 def _common_site(sites: tuple[dict, ...]) -> dict:
     """One call position of several candidate graphs that agree on its kernel and ops: their common answer,
-    ``source_nodes``/``module_stack`` kept only where all agree (else empty and ``source_nodes_ambiguous``),
+    ``source_nodes``/``module_stack``/``module_paths`` kept only where all agree (else empty and
+    ``source_nodes_ambiguous``),
     ``graph`` null, ``candidates`` the ``graph:call_index`` list."""
     first = dict(sites[0])
-    same = len({(inductor._list(s, "source_nodes"), inductor._list(s, "module_stack")) for s in sites}) == 1
+    same = len({(inductor._list(s, "source_nodes"), inductor._list(s, "module_stack"),
+                 inductor._list(s, "module_paths")) for s in sites}) == 1
     first.update({
         "graph": None,
         "source_nodes": list(inductor._list(first, "source_nodes")) if same else [],
         "module_stack": list(inductor._list(first, "module_stack")) if same else [],
+        "module_paths": list(inductor._list(first, "module_paths")) if same else [],
         "source_nodes_ambiguous": not same,
         "candidates": [f"{s['graph']}:{int(s['call_index'])}" for s in sites],
     })
@@ -533,6 +536,7 @@ def _by_name(kernels: pd.DataFrame, members: list[int], row_of: Mapping[int, int
             "graph": r["graph"], "call_index": call_index, "kernel": r["kernel"], "kind": kind,
             "fused_ops": list(r["fused_ops"]), "source_nodes": list(r["source_nodes"]),
             "module_stack": list(r["module_stack"]), "listed_not_computed": list(r["listed_not_computed"]),
+            "module_paths": list(r["module_paths"]), "module_paths_scope": r["module_paths_scope"],
             "origin": origin, "call_site": True, "joined_by": f"kernel_name:{r['match']}",
             "source_nodes_ambiguous": bool(r["source_nodes_ambiguous"]), "candidates": list(r["candidates"]),
         }

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..naming import MODULE_PATHS_FORMAT, MODULE_PATHS_JSON
+
 __all__ = [
     "ATTRIBUTE_BY_NAME_COLUMNS",
     "BY_NAME_REASONS",
@@ -61,7 +63,20 @@ FUSION_MAP_COLUMNS = [
     "listed_not_computed",
     "compile_id",
     "cache_key",
+    "module_paths",
+    "module_paths_scope",
 ]
+
+
+# Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
+# (Ops that copy data, such as cat, clone, _to_copy and contiguous, are work and stay in the label.)
+VIEW_OPS = frozenset(
+    "aten::" + op
+    for op in (
+        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "split", "split_with_sizes",
+        "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "unbind",
+    )
+)
 
 
 class InductorArtifactError(ValueError):
@@ -170,6 +185,20 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       ``# <source node> => <post-grad nodes>`` mapping lines (or of the kernel definition's header comment when
       its Source Nodes equal the call site's, §3.3); the ``source_nodes`` names themselves (backward graphs
       name their source nodes after post-grad nodes).  Empty when no FX graph file or no node is found.
+    * ``module_paths`` (list[str]): the module paths of the call site's FX nodes, sorted and unique, from the
+      ``opprof_module_paths.json`` the capture wrote beside ``output_code.py``
+      (:mod:`operator_profiler.fx_module_paths`: ``transformer.h.3.ln_1``; ``blocks.0#1`` for a module's
+      second call; ``""`` for the compiled frame module's own code, the model's top level). The nodes looked up
+      are: ``post_grad_nodes``; else the post-grad nodes that file records for the call's
+      ``<kernel>:<debug handle>`` (Inductor's provenance map, which torch writes to a file for forward graphs
+      only); else the mapping lines' post-grad nodes; else the post-grad nodes under the Source Nodes names.
+      Nodes of ops that only re-describe memory (:data:`VIEW_OPS`: the ``view`` of another module's output the
+      kernel reads) are left out unless the call site has no other node. Empty when there is no such file, no node, or one node whose module is
+      unknown (then nothing says the kernel's layer).
+    * ``module_paths_scope`` (str or null): that file's ``scope``: ``model`` (the compiled frame is the model's
+      forward: each path names one module instance, so layer membership can be read from it), ``frame`` (a
+      submodule's frame, e.g. regional compilation: paths relative to that module, valid for every instance it
+      ran for, never used for membership), null (no file, or the frame was not identified).
     * ``listed_not_computed`` (list[str]): ops the generated kernel's comment / name lists but that an
       extern/fallback call of the same graph computes (rule: :func:`_split_listed_not_computed`); they are not
       in ``fused_ops`` and so never in the operator label.  Empty for extern/fallback rows.
@@ -210,6 +239,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     headers = _header_comments(text)
     fx_ops, vocab_text = _fx_node_ops(graph_dir)
     frames, frame_order = _fx_node_frames(graph_dir)
+    paths = _module_paths_record(graph_dir)
     vocab = _aten_vocabulary(text + "\n" + vocab_text)
     prov = _load_provenance(graph_dir, provenance)
     cpp_to_post = prov.get("cppCodeToPost") or {}
@@ -262,6 +292,9 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
             if fused:
                 origin = "fx_nodes"
         module_stack = sorted({frames[n] for n in lookup if frames.get(n)}, key=frame_order.__getitem__)
+        recorded = paths["kernel_nodes"].get(f"{kernel}:{debug_handle}") if debug_handle is not None else None
+        module_paths = _call_site_module_paths(post_nodes or recorded or mapping or [
+            p for n in src_nodes for p in (paths["source_nodes"].get(n) or [f"?{n}"])], paths["post_grad"], fx_ops)
         rows.append(
             {
                 "graph": graph_dir.name,
@@ -279,6 +312,8 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
                 "listed_not_computed": [],
                 "compile_id": None,
                 "cache_key": None,
+                "module_paths": module_paths,
+                "module_paths_scope": paths["scope"],
             }
         )
         comment = handle = None
@@ -539,6 +574,8 @@ ATTRIBUTE_BY_NAME_COLUMNS = [
     "listed_not_computed",
     "source_nodes_ambiguous",
     "candidates",
+    "module_paths",
+    "module_paths_scope",
 ]
 
 BY_NAME_REASONS = {
@@ -599,7 +636,10 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
       module stack, so the answer does not depend on which), ``same_operator`` (see above);
     * ``reason`` (str or null): for unattributed kernels, one of :data:`BY_NAME_REASONS`;
     * ``source_nodes_ambiguous`` (bool); ``candidates`` (list[str]: ``graph:call_index`` of the call sites that
-      could not be told apart; empty otherwise).
+      could not be told apart; empty otherwise);
+    * ``module_paths`` (list[str]), ``module_paths_scope`` (str or null): the call site's (see
+      :func:`parse_output_code`); empty / null when unattributed, and ``module_paths`` empty where the candidate
+      sites' differ.
 
     Rows with the same answer share their list objects: copy before mutating one.  Cost: vectorised grouping
     plus one alignment per (process, window, graph) that needs it -- about 1-2 s per million kernels.
@@ -700,7 +740,7 @@ def _list(r: Mapping, column: str) -> tuple:
 def _content(r: Mapping) -> tuple:
     """What an answer taken from call site ``r`` says: kernel, ops, source nodes, module stack, ops not computed."""
     return (r["kernel"], _list(r, "fused_ops"), _list(r, "source_nodes"), _list(r, "module_stack"),
-            _list(r, "listed_not_computed"))
+            _list(r, "listed_not_computed"), _list(r, "module_paths"))
 
 
 def _ops_content(r: Mapping) -> tuple:
@@ -754,7 +794,8 @@ def _undecided(rows: list[dict], graphs: list[str]) -> dict:
     if len({_ops_content(r) for r in rows}) > 1:
         return {"reason": "kernel_name_in_several_call_sites", "candidates": candidates}
     first = rows[0]
-    same_nodes = len({(_list(r, "source_nodes"), _list(r, "module_stack")) for r in rows}) == 1
+    same_nodes = len({(_list(r, "source_nodes"), _list(r, "module_stack"), _list(r, "module_paths"))
+                      for r in rows}) == 1
     return {
         "graph": graphs[0] if len(graphs) == 1 else None,
         "kernel": first["kernel"] if len({r["kernel"] for r in rows}) == 1 else None,
@@ -762,6 +803,7 @@ def _undecided(rows: list[dict], graphs: list[str]) -> dict:
         "listed_not_computed": list(_list(first, "listed_not_computed")),
         "source_nodes": list(_list(first, "source_nodes")) if same_nodes else [],
         "module_stack": list(_list(first, "module_stack")) if same_nodes else [],
+        "module_paths": list(_list(first, "module_paths")) if same_nodes else [],
         "source_nodes_ambiguous": not same_nodes,
         "candidates": candidates,
         "match": "same_operator",
@@ -857,6 +899,8 @@ def _site_row(r: Mapping, match: str, with_place: bool) -> dict:
         "source_nodes": list(_list(r, "source_nodes")),
         "module_stack": list(_list(r, "module_stack")),
         "listed_not_computed": list(_list(r, "listed_not_computed")),
+        "module_paths": list(_list(r, "module_paths")),
+        "module_paths_scope": r.get("module_paths_scope"),
         "match": match,
     }
 
@@ -867,7 +911,8 @@ def _by_name_frame(frame: pd.DataFrame, answers: list[dict]) -> pd.DataFrame:
     codes = frame["answer"].to_numpy(dtype=np.int64) if "answer" in frame else np.zeros(0, dtype=np.int64)
     full = [{"graph": None, "call_index": None, "kernel": None, "fused_ops": [], "source_nodes": [],
              "module_stack": [], "match": None, "reason": None, "listed_not_computed": [],
-             "source_nodes_ambiguous": False, "candidates": [], **a} for a in answers]
+             "source_nodes_ambiguous": False, "candidates": [], "module_paths": [], "module_paths_scope": None,
+             **a} for a in answers]
     out = pd.DataFrame({"kernel_id": frame["kernel_id"].astype("int64")})
     for col in ATTRIBUTE_BY_NAME_COLUMNS[1:]:
         values = np.empty(len(full), dtype=object)
@@ -1015,6 +1060,41 @@ def _fx_node_frames(graph_dir: Path) -> tuple[dict[str, str | None], dict[str, i
     return frames, order
 
 
+def _call_site_module_paths(nodes: Sequence[str], post_grad: Mapping, fx_ops: Mapping[str, str]) -> list[str]:
+    """Sorted unique module paths of a call site's post-grad FX ``nodes`` (``post_grad``: node -> path). Nodes
+    whose op only re-describes memory (:data:`VIEW_OPS`, e.g. the ``view`` of another module's ``addmm``
+    output that a kernel reads) do not count unless the call site has nothing else: reading a tensor is not
+    computing it. Empty when no node, or one counted node has no known path (or is not in the record)."""
+    counted = [n for n in nodes if fx_ops.get(n) not in VIEW_OPS] or list(nodes)
+    found = [post_grad.get(n) for n in counted]
+    return sorted(set(found)) if found and all(isinstance(p, str) for p in found) else []
+
+
+def _module_paths_record(graph_dir: Path) -> dict:
+    """``opprof_module_paths.json`` of a graph dir (:mod:`operator_profiler.fx_module_paths`) as
+    ``{"scope", "pre_grad", "post_grad"}``; empty maps and scope None without the file.
+
+    Raises :class:`InductorArtifactError` when the file is there but unreadable or not of that format.
+    """
+    path = graph_dir / MODULE_PATHS_JSON
+    if not path.is_file():
+        return {"scope": None, "post_grad": {}, "source_nodes": {}, "kernel_nodes": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InductorArtifactError(f"{path}: unreadable ({exc}); it is written by the compile_artifacts capture: "
+                                    "re-run it, or delete the file (the fusion map then has no module paths)") from None
+    if not isinstance(data, dict) or data.get("format") != MODULE_PATHS_FORMAT or not all(
+            isinstance(data.get(k), dict) for k in ("post_grad", "source_nodes")):
+        raise InductorArtifactError(f"{path}: not an {MODULE_PATHS_FORMAT} record (format "
+                                    f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}); "
+                                    "re-run the compile_artifacts capture with this version")
+    scope = data.get("scope")
+    kernel_nodes = data.get("kernel_nodes")
+    return {"scope": scope if scope in ("model", "frame") else None, "post_grad": data["post_grad"],
+            "source_nodes": data["source_nodes"], "kernel_nodes": kernel_nodes if isinstance(kernel_nodes, dict) else {}}
+
+
 def _fx_node_ops(graph_dir: Path) -> tuple[dict[str, str], str]:
     """Post-grad node name -> ``ns::op`` from the FX graph files, and their concatenated text (for the vocabulary).
 
@@ -1147,5 +1227,5 @@ def _name_matches(name: str, profiler_name: str, gpu_symbol) -> bool:
 def _empty_fusion_map() -> pd.DataFrame:
     dtypes = {"call_index": "int64", "debug_handle": "Int64", "fused_ops": object, "source_nodes": object,
               "post_grad_nodes": object, "module_stack": object, "listed_not_computed": object,
-              "compile_id": object, "cache_key": object}
+              "compile_id": object, "cache_key": object, "module_paths": object, "module_paths_scope": object}
     return pd.DataFrame({c: pd.Series(dtype=dtypes.get(c, "str")) for c in FUSION_MAP_COLUMNS})

@@ -22,18 +22,10 @@ import numpy as np
 import pandas as pd
 
 from . import compiled_graphs, inductor
+from .inductor import VIEW_OPS
 from .correlation import find_ops
 from .transfer import align_runs
 
-# Ops that only re-describe memory; a fused kernel's label skips them unless nothing else is left.
-# (Ops that copy data, such as cat, clone, _to_copy and contiguous, are work and stay in the label.)
-VIEW_OPS = frozenset(
-    "aten::" + op
-    for op in (
-        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "split", "split_with_sizes",
-        "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "unbind",
-    )
-)
 
 
 def fused_operator_label(fused_ops: list[str]) -> str | None:
