@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .align import AMBIGUOUS, PINNED, Alignment, pin
-from .bags import bag_labels, concurrent_launches, repair_bags
+from .bags import bag_labels, concurrent_launches, measured_iterations, repair_bags
 from .diagnostics import REFUSED, results
 from .names import NameIndex, name_triples, names_agree
 from .processes import map_processes
@@ -114,7 +114,7 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
 # --------------------------------------------------------------------------------------------------- timeline
 
 def _timeline(kernels: pd.DataFrame, ranges: pd.DataFrame | None = None) -> pd.DataFrame:
-    tl = kernels.assign(concurrent=concurrent_launches(kernels, ranges))
+    tl = kernels.assign(concurrent=concurrent_launches(kernels, ranges), iteration=measured_iterations(kernels, ranges))
     if "activity" in tl.columns:  # nsys <cuda_graph N> rows are not launches ncu profiles one by one
         tl = tl[tl["activity"].fillna("kernel") != "graph"]
     # Launch order: the kernel_id order of launched kernels; kernels without a launch record (launched before the
