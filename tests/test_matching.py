@@ -710,7 +710,8 @@ def test_counters_of_the_measured_instance_are_broadcast_by_position():
     assert got["counters_from"].to_dict() == {0: 0, 1: 1, 2: 0, 3: 1, 4: 4, 5: 0}
     assert got["dram__bytes.sum"].to_dict() == {0: 100.0, 1: 10.0, 2: 100.0, 3: 10.0, 4: 7.0, 5: 100.0}
     assert 6 not in got.index  # 'oddball' at the position of 'relu': not guessed
-    assert stats["Block-1"] == {"kernels": 6, "measured": 2, "filled": 3, "without_counters": 1, "name_mismatch": 1}
+    assert stats["Block-1"] == {"kernels": 6, "measured": 2, "filled": 3, "without_counters": 1, "name_mismatch": 1,
+                                "config_mismatch": 0}
     assert counters.attrs["units"] == {"dram__bytes.sum": "byte"}
 
 

@@ -31,6 +31,11 @@ REASONS = {
     "device_unmatched": "the mapped timeline process used several devices, none of them with this ncu device's ordinal",
     "likely_autotune_or_benchmark": "the kernel is in the timeline but never with this launch configuration "
                                     "(autotuning or cudnn.benchmark candidates inside the ncu range)",
+    "layer_config_mismatch": "--kernel-layers: the kernel at this position of the layer class's measured instance "
+                             "has the same name but another launch configuration (grid/block): another amount of "
+                             "work, so its counters are not copied",
+    "layer_kernel_mismatch": "--kernel-layers: the kernel at this position of the layer class's measured instance "
+                             "is another kernel (name): its counters are not copied",
     "launch_config_unknown": "the row has no launch configuration (Grid/Block Size) where the file's other rows do: "
                              "it cannot be checked, so it is not attached",
     "not_in_timeline": "no timeline launch of the window pairs with this row (an extra launch in the ncu run)",
@@ -48,7 +53,7 @@ REASONS = {
 }
 REFUSED = frozenset({"count_mismatch", "order_ambiguous", "unplaced_window", "name_ambiguous", "process_ambiguous",
                      "device_unknown", "device_unmatched", "window_mismatch", "measured_twice",
-                     "launch_config_unknown"})
+                     "launch_config_unknown", "layer_config_mismatch"})
 
 
 def results(tl: pd.DataFrame, ncu: pd.DataFrame, metrics: list, outcome, windowed: bool):
