@@ -130,6 +130,8 @@ def _cmd_match(args) -> None:
     refused = ", ".join(f"{n} {r}" for r, n in sorted(counters["refused_reasons"].items()))
     print(f"counters: {counters['with_counters']:,} of {counters['kernels']:,} kernels; {counters['refused']:,} refused"
           f"{f' ({refused})' if refused else ''}; {diag['ncu_only']:,} ncu rows without a kernel -> {out / 'matched'}")
+    for hint in diag.get("hints", []):  # what the input cannot tell apart, and the fix: one line each
+        print(f"opprof match: hint: {' '.join(str(hint).split())}", file=sys.stderr)
 
 
 def _cmd_fusion_map(args) -> None:

@@ -74,10 +74,12 @@ def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_
                             on="counters_from", how="left").sort_values("kernel_id").reset_index(drop=True)
     counters.attrs = {"units": matched.attrs.get("units", {})}
     refused = placed[refusal.notna()]
+    name_of = dict(zip(kernels["kernel_id"].astype("int64"), kernels["name"])) if "name" in kernels.columns else {}
     counters.attrs["broadcast_refused"] = [
-        {"kernel_id": int(k), "layer_class": str(c), "position": int(p), "counters_from": int(f), "reason": r}
-        for k, c, p, f, r in zip(refused["kernel_id"], refused["layer_class"], refused["position"],
-                                 refused["counters_from"], refusal[refused.index])]
+        {"kernel_id": int(k), "match_key": str(key), "name": str(name_of.get(int(k), key)), "layer_class": str(c),
+         "position": int(p), "counters_from": int(f), "reason": r}
+        for k, key, c, p, f, r in zip(refused["kernel_id"], refused["match_key"], refused["layer_class"],
+                                      refused["position"], refused["counters_from"], refusal[refused.index])]
     return counters, stats
 
 
