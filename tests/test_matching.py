@@ -295,7 +295,9 @@ def test_a_run_with_another_input_attaches_nothing_even_with_a_blank_configurati
     rows[2] = rows[2].replace('"(16, 1, 1)"', '""')
     matched, diag = match_invocations(kernels, _ncu(tmp_path, rows))
     assert matched.empty
-    assert diag["ncu_only_reasons"] == {"likely_autotune_or_benchmark": 3, "launch_config_unknown": 1}
+    # no row of a, b, d pairs: not autotuning candidates beside a real launch (QA round 4, A2)
+    assert diag["ncu_only_reasons"] == {"launch_config_not_in_timeline": 3, "launch_config_unknown": 1}
+    assert any("other input shapes" in h for h in diag["hints"])
     same = [_row(i, n, i, grid="(8, 1, 1)") for i, n in enumerate(names)]
     same[2] = same[2].replace('"(8, 1, 1)"', '""')
     matched, diag = match_invocations(kernels, _ncu(tmp_path, same, "same.csv"))

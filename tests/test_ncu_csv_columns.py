@@ -39,3 +39,19 @@ def test_errors_cite_no_file_outside_the_repository(tmp_path):
     (tmp_path / "empty.csv").write_text("")
     result = run_opprof("ncu", "empty.csv", "--out", "x.parquet", cwd=tmp_path)
     assert result.returncode == 1 and "shared/docs" not in result.stderr and "docs/DESIGN.md" in result.stderr
+
+
+@pytest.mark.parametrize("value, says", [
+    ("1e400", "'1e400' is not a finite number"),
+    ("inf", "'inf' is not a finite number"),
+    ("-5", "'-5' is negative, which a byte count cannot be"),
+])
+def test_non_finite_and_negative_amounts_are_refused_alike(tmp_path, value, says):
+    """QA round 4: 1e400 was read as inf while 'inf' was refused; a negative byte count or duration was kept."""
+    write_ncu_csv(tmp_path / "prof.csv", LAUNCHES, [0, 1], values={1: value})
+    result = run_opprof("ncu", "prof.csv", "--out", "prof.parquet", cwd=tmp_path)
+    assert result.returncode == 1
+    line, = result.stderr.strip().splitlines()
+    # result 1's dram__bytes.sum is the CSV's 4th line
+    assert "prof.csv: line 4, field 'Metric Value' (metric 'dram__bytes.sum', ID 1): " + says in line, line
+    assert not (tmp_path / "prof.parquet").exists()

@@ -299,6 +299,7 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
     scope_keys = set(scope["match_key"])
     placed = window.kind in ("kernel_ids", "launches")
     pinned = 0
+    foreign_config: list = []
     for pos, i in enumerate(ok):
         label, tok = labels[i], int(n_tokens[pos])
         if n_state[pos] == PINNED:
@@ -320,8 +321,20 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
                 outcome.refuse_kernel(int(seg_ids[p]), "launch_config_unknown")
         elif use_config and row_cfg[i] not in set(seg.loc[seg["match_key"] == resolved[i], "config"]):
             outcome.row_reason[label] = "likely_autotune_or_benchmark"
+            foreign_config.append((label, resolved[i]))
         else:
             outcome.row_reason[label] = "not_in_timeline"
+    # Autotuning/cudnn.benchmark candidates run beside the real launch of the same kernel, which pairs; a kernel
+    # none of whose rows pair has only configurations the timeline never launched: a run of other input shapes
+    # (batch, sequence length) or another build, which the candidates' evidence cannot be told from
+    paired_keys = {resolved[i] for pos, i in enumerate(ok) if n_state[pos] == PINNED}
+    unpaired = [label for label, key in foreign_config if key not in paired_keys]
+    for label in unpaired:
+        outcome.row_reason[label] = "launch_config_not_in_timeline"
+    if unpaired:
+        outcome.hints.append(f"{src}: {len(unpaired)} of its {len(labels)} rows name kernels whose every row has a launch "
+                             "configuration (grid/block) the timeline never launched them with: the ncu run likely used "
+                             "other input shapes (batch, sequence length) or another build; profile the same input")
     if disagreement is not None and any(outcome.row_reason.get(label) not in (None, "order_ambiguous")
                                         for label in labels):
         # the alignment could not explain the positional disagreement (CUDA-graph nodes in another order can be)

@@ -51,6 +51,9 @@ _IDENTITY = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Ke
 _DETAILS = {"Section Name", "Metric Name", "Metric Unit", "Metric Value"}
 _RULE_COLS = ["Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup"]
 _TOOL_LINE = re.compile(r"^==[A-Z]+==")
+#: Base units (``normalize_unit``) whose values are amounts: a negative one is a damaged file, not a measurement
+#: (a duration, a byte count, a cycle count).
+_NEVER_NEGATIVE = {"second": "a duration", "byte": "a byte count", "cycle": "a cycle count"}
 
 PERMISSION_URL = "https://developer.nvidia.com/ERR_NVGPUCTRPERM"
 
@@ -405,6 +408,8 @@ def read_ncu_csv(path) -> pd.DataFrame:
     def add(lineno, r, k, section, metric, txt, raw_unit, field):
         unit, factor = normalize_unit(raw_unit)
         v = _to_float(txt, group, decimal)
+        if v is None and txt.strip().lower().lstrip("+-") in ("inf", "infinity"):
+            v = math.inf  # refused below, as 1e400 is
         if v is None:
             if unit:  # a unit means ncu printed a number here
                 raise _err(path, f"line {lineno}, field {field!r} (metric {metric!r}, ID {k[0]})",
@@ -412,6 +417,15 @@ def read_ncu_csv(path) -> pd.DataFrame:
                            "The file is damaged or not ncu output; re-export it with `ncu -i run.ncu-rep --csv "
                            "--print-units base` (docs/DESIGN.md §3, ncu)")
             v = math.nan
+        where = f"line {lineno}, field {field!r} (metric {metric!r}, ID {k[0]})"
+        if math.isinf(v) or (not math.isnan(v) and math.isinf(v * factor)):
+            raise _err(path, where, f"{txt!r} is not a finite number",
+                       "ncu prints finite values only: the file is damaged or was edited: re-export it with "
+                       "`ncu -i run.ncu-rep --csv --print-units base`")
+        if v < 0 and unit in _NEVER_NEGATIVE:
+            raise _err(path, where, f"{txt!r} is negative, which {_NEVER_NEGATIVE[unit]} cannot be",
+                       "The file is damaged or was edited: re-export it with `ncu -i run.ncu-rep --csv "
+                       "--print-units base`")
         out.append((*k, section, metric, v * factor if not math.isnan(v) else v, txt, unit, raw_unit))
 
     if page == "details":
