@@ -276,11 +276,16 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
         # ended first). Rows that are not, say the window or the file is another one: nothing is attached.
         for label in labels:
             outcome.row_reason[label] = "window_mismatch"
-        for kid in seg_ids.tolist():
+        # the kernels the rows could have measured: a launch window's launches are what the file claims; a
+        # contiguous window's start is unknown, so the launches with a token (name, configuration) of a row
+        could_be = seg_ids if window.kind == "launches" else seg_ids[np.isin(t_tokens, n_tokens)]
+        for kid in could_be.tolist():
             outcome.refuse_kernel(int(kid), "window_mismatch")
+        check = ("that the ncu run profiled consecutive launches (no kernel filter)" if window.kind == "contiguous"
+                 else "--launch-skip/--launch-count of the ncu run (counted over this process's launches in the "
+                      "timeline)")
         outcome.hints.append(f"{src}: its rows are not the launches of its declared window {window.describe()}: "
-                             "check --launch-skip/--launch-count of the ncu run (counted over this process's launches "
-                             "in the timeline) and that the file belongs to this timeline")
+                             f"check {check} and that the file belongs to this timeline")
         return 0
     unknown_names = sum(1 for k in resolved if k is None) - sum(1 for label in labels
                                                                 if outcome.row_reason.get(label) == "name_ambiguous")
