@@ -272,7 +272,15 @@ CONFIGS = (
     Config((1, 48, 5), (128, 1, 1)), Config((975, 1, 1), (32, 16, 1)), Config((15600, 1, 1), (32, 4, 1)),
 )
 DISPATCHER_OP = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_][\w.]*$")  # aten::mm, c10d::allreduce_ (not autograd nodes)
-ITERATION_MARKER = re.compile(r"^ProfilerStep#\d+$")
+ITERATION_MARKER = re.compile(r"^(?:ProfilerStep#|opprof\.iteration:)\d+$")
+
+
+def iteration_marker(fmt: str) -> str:
+    """The prefix of a measured iteration's range: torch.profiler's ``ProfilerStep#N`` in a Kineto trace, our
+    harness's ``opprof.iteration:N`` NVTX range in an nsys capture. Without them the launches of the main and
+    the autograd thread that alternate over iterations could be two threads running on their own (DESIGN.md §3,
+    bags): the matcher would refuse the kernels both threads launch."""
+    return "ProfilerStep#" if fmt == "kineto" else "opprof.iteration:"
 COMPILED_GRAPH_MARKER = "## Call CompiledFxGraph"
 
 
@@ -564,7 +572,7 @@ def _stream(rng: random.Random, streams: tuple[int, ...]) -> int:
     return streams[0] if len(streams) == 1 or rng.random() < 0.7 else rng.choice(streams[1:])
 
 
-def run_iterations(rec: Recorder, body: list[Call], iterations: int, device: int = 0, markers: bool = False,
+def run_iterations(rec: Recorder, body: list[Call], iterations: int, device: int = 0, markers: str | None = None,
                    bare_launches: bool = True, prologue: list[Call] | None = None) -> list[list[Launch]]:
     """Run ``prologue`` once, then ``body`` ``iterations`` times (``ProfilerStep#N`` annotations with
     ``markers``); returns each iteration's launches. ``bare_launches``: an occasional kernel launched outside
@@ -576,7 +584,7 @@ def run_iterations(rec: Recorder, body: list[Call], iterations: int, device: int
     per_iteration = []
     for i in range(iterations):
         first = len(rec.program.launches)
-        scope = rec.op(f"ProfilerStep#{i}", MAIN_TID, kind="user_annotation") if markers else _nothing()
+        scope = rec.op(f"{markers}{i}", MAIN_TID, kind="user_annotation") if markers else _nothing()
         with scope:
             for n, call in enumerate(body):
                 tid = MAIN_TID if call.thread == "main" else AUTOGRAD_TID
@@ -819,7 +827,7 @@ def _eager(rng: random.Random, fmt: str, streams=(7, 13), iterations: tuple[int,
     rec = Recorder(program, rng, pid=rng.randint(2_000, 60_000), start_ns=rng.randint(1_000_000, 9_000_000))
     body = random_body(rng, streams)
     first = [Call(_fix(rng.choice(FORWARD_TEMPLATES), rng), "main", 7)] if prologue else None
-    its = run_iterations(rec, body, rng.randint(*iterations), markers=fmt == "kineto", prologue=first)
+    its = run_iterations(rec, body, rng.randint(*iterations), markers=iteration_marker(fmt), prologue=first)
     return program, rec, its
 
 
@@ -976,7 +984,8 @@ def scenario_multi_process(seed: int, rng: random.Random) -> Case:
         if variant == "sequence" and rank == 1:
             rank_body = body + [Call(("leaf", "aten::mean", [("mean", CONFIGS[4])]), "main", 7)]
         device = rank if variant == "devices" else 0
-        run_iterations(rec, rank_body, iterations, device=device, bare_launches=False)
+        run_iterations(rec, rank_body, iterations, device=device, markers=iteration_marker("nsys"),
+                       bare_launches=False)
         per_rank.append(program.launches_of(pid))
     ncu_pids = rng.sample(range(60_001, 90_000), 2)
     rows = interleave([[ncu_row(k, ncu_pids[r]) for k in launches] for r, launches in enumerate(per_rank)], rng)

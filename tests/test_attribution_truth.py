@@ -213,8 +213,8 @@ def test_fused_labels():
 FOUND_CASES = [
     ("ncu_missing_launch", 12, ("a dropped launch of a kernel that also runs with another configuration: the "
                                 "name's launches were refused (order_ambiguous) though (name, grid, block) pins them")),
-    ("multi_process", 19, ("forward (main thread) / backward (autograd thread) hand-overs across iterations without "
-                           "iteration ranges were taken for interleaving threads: shared keys refused")),
+    ("multi_process", 19, ("forward (main thread) / backward (autograd thread) hand-overs across iterations: with "
+                           "iteration ranges they are one hand-over per iteration, ordered, and shared keys pair")),
     ("multi_process", 1, ("rank 0's ncu process fits both ranks as a subsequence, rank 1's only rank 1: mapped one "
                           "to one, both are placed")),
     ("reduce_overhead", 4, ("three extern calls (addmm, addmm, mm) in one gap of a CUDA-graph replay with three library "

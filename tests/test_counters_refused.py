@@ -65,12 +65,21 @@ def test_refused_counters_are_counted_and_shown(tmp_path):
          "--out", "res/report.md"],
         ["report-html", "--results", "res", "--out", "res/report.html"],
     ]
+    stderr = {}
     for step in steps:
         r = opprof(*step, cwd=tmp_path)
         assert r.returncode == 0, (step, r.stderr)
+        stderr[step[0]] = r.stderr
     # Which two of the three gemm_a launches ncu measured cannot be told: none of the three gets counters; the relu,
     # last in both sequences, does.
     coverage = json.loads((tmp_path / "res" / "coverage.json").read_text())
+    # the matching's hints (here: the file fits at more than one place, declare its window) reach the console,
+    # coverage.json and both reports (QA round 4, A10: they were only inside diagnostics.json)
+    hints = json.loads((tmp_path / "res" / "matched" / "diagnostics.json").read_text())["hints"]
+    assert hints and any("--window" in h for h in hints)
+    assert coverage["counters"].pop("hints") == hints
+    assert [line for line in stderr["match"].splitlines() if line.startswith("opprof match: hint: ")] == [
+        "opprof match: hint: " + " ".join(h.split()) for h in hints]
     assert coverage["counters"] == {
         "kernels": 4, "with_counters": 1, "measured": 1, "from_layer_class": 0, "refused": 3,
         "refused_reasons": {"unplaced_window": 3}, "refused_rows": 2,
@@ -81,8 +90,10 @@ def test_refused_counters_are_counted_and_shown(tmp_path):
     assert ("hardware counters (ncu): 1 of 4 kernels; 3 refused (2 ncu rows that could not be placed): "
             "3 unplaced_window on `gemm_a` (timeline 3, ncu 2); 0 not measured") in report
     assert "## Counters refused" in report and "| `gemm_a` | unplaced_window | 3 | 3 | 2 |" in report
+    assert "## Matching hints" in report and all(f"- {h}" in report for h in hints)
     html = (tmp_path / "res" / "report.html").read_text()
     assert "<h3>Counters refused</h3>" in html and 'id="refused-table"' in html
+    assert "<h3>Matching hints</h3>" in html and "--window" in html.split("<h3>Matching hints</h3>")[1]
     assert "3 unplaced_window on <code>gemm_a</code> (timeline 3, ncu 2)" in html
 
     # Declaring that ncu ran launches 0-3 (all four): the file has three rows, so the declaration is not what ran;

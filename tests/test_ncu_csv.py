@@ -364,7 +364,7 @@ def test_empty_file(tmp_path):
     assert isinstance(e.value, InputError)
     assert str(e.value) == (
         f"{p}: line 1: the file is empty. Re-export it with `ncu -i run.ncu-rep --csv --page raw --print-units base "
-        "> file.csv`; with -o/--export and no --page, ncu prints nothing (../shared/docs/ncu.md §1.1)")
+        "> file.csv`; with -o/--export and no --page, ncu prints nothing (docs/DESIGN.md §3, ncu)")
 
 
 def test_no_header(tmp_path):
@@ -373,7 +373,8 @@ def test_no_header(tmp_path):
         read_ncu_csv(p)
     assert str(e.value) == (
         f'{p}: lines 1-3: no ncu CSV header (a line starting with "ID",) was found. Pass the output of `ncu --csv` '
-        "(details or raw page), not the console report; see ../shared/docs/ncu.md §1.2-1.3 for the expected headers")
+        "(details or raw page), not the console report; the expected header starts "
+        '"ID","Process ID","Process Name","Host Name","Kernel Name",...')
 
 
 def test_non_numeric_metric(tmp_path):
@@ -385,7 +386,7 @@ def test_non_numeric_metric(tmp_path):
     assert str(e.value) == (
         f"{p}: line 3, field 'Metric Value' (metric 'dram__bytes.sum', ID 1): 'lots' is not a number but the metric "
         "has unit 'byte'. The file is damaged or not ncu output; re-export it with `ncu -i run.ncu-rep --csv "
-        "--print-units base` (../shared/docs/ncu.md §1.4-1.5)")
+        "--print-units base` (docs/DESIGN.md §3, ncu)")
 
 
 def test_non_numeric_raw_column(tmp_path):

@@ -228,9 +228,10 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 BAD_OUTS = [("", "--out '' is empty"), (".", "--out . is a folder"), ("/", "--out / is a folder"),
             ("..", "--out .. is a folder"), ("gpt2", "--out gpt2 is a folder"), ("gpt2/", "--out gpt2/ is a folder"),
             ("new/", "--out new/ is a folder"),
-            ("gpt2/operators.parquet", "--out gpt2/operators.parquet does not end in .html"),
-            ("gpt2/coverage.json", "--out gpt2/coverage.json does not end in .html"),
-            ("gpt2/capture/run.json", "--out gpt2/capture/run.json does not end in .html"),
+            # a file the command reads out of its input folder: refused for every opprof command (cli.py)
+            ("gpt2/operators.parquet", "--out gpt2/operators.parquet lies inside the input"),
+            ("gpt2/coverage.json", "--out gpt2/coverage.json lies inside the input"),
+            ("gpt2/capture/run.json", "--out gpt2/capture/run.json lies inside the input"),
             ("no/such/page.html", "--out no/such/page.html: the folder no/such does not exist")]
 
 

@@ -401,7 +401,8 @@ def counters_summary(attribution: pd.DataFrame, counters: pd.DataFrame, matching
     ``counters``: ``matched/kernel_metrics.parquet`` (own counters, or copied from the layer class's measured
     instance: ``counters_from``); ``matching``: ``matched/diagnostics.json`` (each kernel without a partner and
     its reason, :data:`operator_profiler.matching.REASONS`), None when not at hand (then ``refused`` is None).
-    A refused kernel that got counters from its layer class counts as having counters. Kernel counts."""
+    A refused kernel that got counters from its layer class counts as having counters. Kernel counts; ``hints``:
+    the matching's hints (what the input cannot tell apart and how to fix it), as written."""
     from .matching import REFUSED
 
     ids = set(attribution["kernel_id"].astype("int64"))
@@ -411,11 +412,16 @@ def counters_summary(attribution: pd.DataFrame, counters: pd.DataFrame, matching
         len(with_counters)
     out = {"kernels": len(ids), "with_counters": len(with_counters), "measured": own,
            "from_layer_class": len(with_counters) - own, "refused": None, "refused_reasons": None,
-           "refused_rows": None, "refused_keys": None, "not_measured": None}
+           "refused_rows": None, "refused_keys": None, "not_measured": None, "hints": []}
     if matching is None:
         return out
-    refused = [k for k in matching.get("timeline_only_kernels", [])
-               if k.get("reason") in REFUSED and k["kernel_id"] in ids and k["kernel_id"] not in with_counters]
+    out["hints"] = [str(h) for h in matching.get("hints", [])]
+    listed = [k for k in matching.get("timeline_only_kernels", []) if k.get("reason") in REFUSED]
+    seen = {k["kernel_id"] for k in listed}
+    # --kernel-layers: kernels refused a copy of their class representative's counters (another launch config)
+    listed += [k for k in matching.get("broadcast_refused", [])
+               if k.get("reason") in REFUSED and k["kernel_id"] not in seen and "match_key" in k]
+    refused = [k for k in listed if k["kernel_id"] in ids and k["kernel_id"] not in with_counters]
     per_key = matching.get("per_key", {})
     keys: dict = {}
     for k in refused:

@@ -137,6 +137,8 @@ def _cmd_match(args) -> None:
     refused = ", ".join(f"{n} {r}" for r, n in sorted(counters["refused_reasons"].items()))
     print(f"counters: {counters['with_counters']:,} of {counters['kernels']:,} kernels; {counters['refused']:,} refused"
           f"{f' ({refused})' if refused else ''}; {diag['ncu_only']:,} ncu rows without a kernel -> {out / 'matched'}")
+    for hint in diag.get("hints", []):  # what the input cannot tell apart, and the fix: one line each
+        print(f"opprof match: hint: {' '.join(str(hint).split())}", file=sys.stderr)
 
 
 def _cmd_fusion_map(args) -> None:
@@ -405,6 +407,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The files commands read out of an input folder (a timeline folder's tables, a results folder's tables and
+#: JSON, at any depth: results/<workload>/timeline/kernels.parquet).
+_READ_FROM_FOLDERS = frozenset({
+    "kernels.parquet", "ranges.parquet", "launches.parquet", "gpu_activities.parquet", "diagnostics.json",
+    "nvtx_gpu_projection.parquet", "operators.parquet", "operators.csv", "modules.parquet", "layer_classes.parquet",
+    "coverage.json", "clocks_applied.json", "run.json", "layers.json", "pairing.json", "kernel_metrics.parquet",
+    "kernel_layers.parquet", "instances.parquet", "classes.json"})
+
+
+def _refuse_output_over_input(args) -> None:
+    """Every subcommand: an output path (``--out``, ``-o``, ``--out-*``) that is one of the command's inputs (file
+    or folder), or one of the tables/JSON files commands read out of folders (``_READ_FROM_FOLDERS``) inside an
+    input folder (``attribute --timeline tl --out tl/kernels.parquet``), would destroy what it reads: a one-line error before anything is read or written. Inputs are the other path
+    arguments that exist on disk.
+
+    Raises:
+        InputError: naming the option, the path and the input it would overwrite.
+    """
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    outputs = {k: v for k, v in values.items() if (k == "out" or k.startswith("out_")) and isinstance(v, str)}
+    inputs = []
+    for key, value in values.items():
+        if key in outputs:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item and Path(item).exists():
+                inputs.append((key, Path(item).resolve()))
+    for key, out in outputs.items():
+        if not out or Path(out).is_dir():
+            continue  # an output folder (or none): the command writes its own files into it, or says it is a folder
+        target = Path(out).resolve()
+        option = "--" + key.replace("_", "-")
+        for in_key, source in inputs:
+            inside = source.is_dir() and target.name in _READ_FROM_FOLDERS and source in target.parents
+            if target == source or inside:
+                what = "is" if target == source else "lies inside"
+                raise InputError(f"{option} {out} {what} the input --{in_key.replace('_', '-')} {source}: it would "
+                                 "be overwritten while it is read; choose another output path")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Stage findings (warnings, notes) go to stderr once, without logger names or timestamps.
@@ -417,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     # Progress lines (counts, seconds) are for the rules' logs; on the terminal an error stays one line.
     logging.getLogger("operator_profiler.progress").setLevel(logging.WARNING)
     try:
+        _refuse_output_over_input(args)
         args.func(args)
     except USER_ERRORS as exc:
         user_traceback = getattr(exc, "traceback_text", None)  # the user's model raised: its frames help

@@ -403,12 +403,13 @@ def counters_text(coverage: dict, keys: int = 3) -> str:
 
 def refused_counters_lines(coverage: dict) -> list[str]:
     """The kernels whose ncu counters the matching refused, per kernel name and reason, with what each reason
-    means (Markdown; nothing when none were refused)."""
+    means, then the matching's hints (what the input cannot tell apart; Markdown; nothing when neither)."""
     from .matching import REASONS
 
     c = coverage.get("counters") or {}
+    hints = ["## Matching hints", ""] + [f"- {h}" for h in c.get("hints") or []] + [""] if c.get("hints") else []
     if not c.get("refused"):
-        return []
+        return hints
     rows = c.get("refused_rows")
     behind = (f"{_plural(rows, 'ncu row')} could not be placed with certainty, so {_plural(c['refused'], 'kernel')} "
               "they may belong to have no counters" if rows is not None else
@@ -420,7 +421,7 @@ def refused_counters_lines(coverage: dict) -> list[str]:
     lines += [f"| `{name}` | {e['reason']} | {e['refused']} | {e['timeline']} | {e['ncu']} |"
               for name, e in zip(shown, c["refused_keys"])]
     lines += [""] + [f"- `{r}`: {REASONS.get(r, r)}" for r in sorted(c["refused_reasons"])] + [""]
-    return lines
+    return lines + hints
 
 
 def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,

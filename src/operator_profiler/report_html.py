@@ -543,12 +543,14 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
 
 
 def _refused_counters(coverage: dict) -> str:
-    """The kernels whose ncu counters the matching refused, per kernel name and reason (empty when none)."""
+    """The kernels whose ncu counters the matching refused, per kernel name and reason, then the matching's hints
+    (empty when neither)."""
     from .matching import REASONS
 
     c = coverage.get("counters") or {}
+    hints = (f"<h3>Matching hints</h3>{_bullets(['- ' + h for h in c['hints']])}" if c.get("hints") else "")
     if not c.get("refused"):
-        return ""
+        return hints
     shown = report_md.short_names([e["name"] for e in c["refused_keys"]])
     rows = [f'<td class="name" title="{esc(e["name"])}">{esc(name)}</td>'
             f"<td><code>{esc(e['reason'])}</code></td>" + _num_cell(e["refused"]) + _num_cell(e["timeline"])
@@ -560,7 +562,7 @@ def _refused_counters(coverage: dict) -> str:
     behind = (f"{rows_:,} ncu row(s) could not be placed with certainty, so the {c['refused']:,} kernel(s) they may "
               "belong to have no counters" if rows_ is not None else f"{c['refused']:,} kernel(s) may have an ncu "
               "measurement that could not be placed with certainty, so they have no counters")
-    return f"<h3>Counters refused</h3><p>{behind} (a wrong counter is never attached).</p>{table}{reasons}"
+    return f"<h3>Counters refused</h3><p>{behind} (a wrong counter is never attached).</p>{table}{reasons}{hints}"
 
 
 def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None,

@@ -7,6 +7,8 @@ partial output.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import logging
 import os
 import time
@@ -856,6 +858,7 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
         kernel_layers = read_parquet_file(kernel_layers_path, "a kernel_layers table", "run 'opprof classify' first",
                                           ("kernel_id", "layer_class", "position"))
         matched, diagnostics["broadcast"] = broadcast_to_instances(matched, kernels, kernel_layers)
+        _count_broadcast(diagnostics, matched)
     else:  # every kernel measured itself (DESIGN.md §3: the column is part of the table either way)
         matched.insert(matched.columns.get_loc("ncu_source") + 1, "counters_from", matched["kernel_id"].to_numpy())
     diagnostics["ncu_files"] = [str(p) for p in ncu_paths]
@@ -864,6 +867,29 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     write_parquet_atomic(matched, out_metrics)
     write_json(out_diagnostics, diagnostics)
     return matched, diagnostics
+
+
+def _count_broadcast(diagnostics: dict, counters: pd.DataFrame) -> None:
+    """After the layer-class broadcast: ``counters.with_counters`` counts the kernels the written table holds
+    (measured or filled), ``counters.from_layer_class`` the filled ones; a kernel whose class representative's
+    kernel differs in launch configuration (``layer_config_mismatch``) and that has no counters of its own is
+    counted as refused, with its reason, so the console line and the reports say what the file holds."""
+    from .matching.diagnostics import REFUSED
+
+    summary = diagnostics["counters"]
+    own = counters["kernel_id"] == counters["counters_from"]
+    have = set(counters["kernel_id"].astype("int64").tolist())
+    summary["from_layer_class"] = int((~own).sum())
+    summary["with_counters"] = len(have)
+    refused_broadcast = counters.attrs.pop("broadcast_refused", [])
+    diagnostics["broadcast_refused"] = refused_broadcast
+    refused = {int(k["kernel_id"]): k["reason"] for k in diagnostics.get("timeline_only_kernels", [])
+               if k.get("reason") in REFUSED and int(k["kernel_id"]) not in have}
+    refused.update({e["kernel_id"]: e["reason"] for e in refused_broadcast
+                    if e["reason"] == "layer_config_mismatch" and e["kernel_id"] not in refused})
+    summary["refused"] = len(refused)
+    summary["refused_reasons"] = dict(sorted(Counter(refused.values()).items()))
+    summary["not_measured"] = int(summary["kernels"]) - len(have) - len(refused)
 
 
 def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dict) -> None:

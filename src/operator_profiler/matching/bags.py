@@ -17,9 +17,11 @@ def bag_labels(seg: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     (same ``cudaGraphLaunch`` correlation id) spread over several streams (chain = stream: nodes captured on one
     stream form a dependency chain and keep their order), or the launches of two threads around a launch made while
     another thread was active (``concurrent``, :func:`concurrent_launches`; chain = thread: each thread keeps its
-    program order), or the kernels without a launch record (launched before the trace) over several streams
-    (chain = stream). Threads that hand over (forward on the main thread while the autograd thread waits, backward
-    while the main thread waits in ``backward()``) are ordered by the program and stay out of bags."""
+    program order), or the launches of two threads that alternate twice (X, Y, X, Y) within one measured iteration
+    (:func:`alternation_regions`; chain = thread), or the kernels without a launch record (launched before the
+    trace) over several streams (chain = stream). A single hand-over X, Y, X (forward on the main thread,
+    backward on the autograd thread while the main thread waits in ``backward()``, the optimizer on the main
+    thread) is ordered by the program and stays out of bags."""
     m = len(seg)
     bag = np.full(m, -1, dtype=np.int64)
     chain = np.full(m, -1, dtype=np.int64)
@@ -28,15 +30,16 @@ def bag_labels(seg: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     concurrent = seg["concurrent"].to_numpy(dtype=bool) if "concurrent" in seg.columns else np.zeros(m, dtype=bool)
     # threads: around a launch made while another thread was active, the blocks of consecutive launches of one
     # thread just before and after it (a swap of two blocks between runs is what concurrency can cause)
+    regions = alternation_regions(tids, _iteration_runs(seg))
     if m and concurrent.any():
         starts = np.flatnonzero(np.r_[True, tids[1:] != tids[:-1]])
         ends = np.r_[starts[1:], m]
         block_of = np.repeat(np.arange(len(starts)), ends - starts)
-        regions = []
         for k in np.flatnonzero(concurrent).tolist():
             b = int(block_of[k])
             lo, hi = max(0, b - 1), min(len(starts) - 1, b + 1)
             regions.append((int(starts[lo]), int(ends[hi])))
+    if regions:
         for lo, hi in _merge(regions):
             if len(set(tids[lo:hi].tolist())) < 2:
                 continue
@@ -70,6 +73,75 @@ def bag_labels(seg: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
             chain[pos] = streams[pos]
             next_bag += 1
     return bag, chain
+
+
+PROFILER_STEP = r"^ProfilerStep#(\d+)$"  # torch.profiler's per-step annotation (``profiler.step()``)
+
+
+def measured_iterations(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> pd.arrays.IntegerArray:
+    """Per kernel: the measured iteration its launch lies in, for telling one iteration's thread hand-overs from
+    threads that alternate. The timeline's own ``iteration`` (our ``opprof.iteration:N`` markers) where any is
+    known, else torch.profiler's ``ProfilerStep#N`` ranges of the process (from ``ranges``); null elsewhere."""
+    n = len(kernels)
+    if "iteration" in kernels.columns and kernels["iteration"].notna().any():
+        return pd.array(kernels["iteration"], dtype="Int64")
+    if ranges is None or not len(ranges) or not n or "launch_start_ns" not in kernels.columns:
+        return pd.array([None] * n, dtype="Int64")
+    steps = ranges["name"].astype(str).str.extract(PROFILER_STEP, expand=False)
+    marked = ranges[steps.notna()].assign(iteration=pd.to_numeric(steps[steps.notna()]).astype("Int64"))
+    if not len(marked):
+        return pd.array([None] * n, dtype="Int64")
+    from ..timeline.kineto import iteration_at
+
+    start = kernels["start_ns"] if "start_ns" in kernels.columns else kernels["launch_start_ns"]
+    at = pd.array(kernels["launch_start_ns"], dtype="Int64").fillna(pd.array(start, dtype="Int64")).fillna(0)
+    pids = pd.array(kernels["pid"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
+    return iteration_at(pids, at.to_numpy(dtype=np.int64), marked)
+
+
+def _iteration_runs(seg: pd.DataFrame) -> np.ndarray:
+    """Per launch (in launch order): the number of the run of consecutive launches with the same measured iteration
+    (``iteration``; launches outside any iteration form runs of their own). One run when the timeline marks no
+    iterations."""
+    m = len(seg)
+    if "iteration" not in seg.columns or not m:
+        return np.zeros(m, dtype=np.int64)
+    it = pd.array(seg["iteration"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
+    return np.cumsum(np.r_[False, it[1:] != it[:-1]]).astype(np.int64)
+
+
+def _thread_blocks(tids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) positions of the runs of consecutive launches of one thread."""
+    m = len(tids)
+    starts = np.flatnonzero(np.r_[True, tids[1:] != tids[:-1]]) if m else np.zeros(0, dtype=np.int64)
+    return starts, np.r_[starts[1:], m].astype(np.int64)
+
+
+def alternation_regions(tids: np.ndarray, runs: np.ndarray) -> list[tuple[int, int]]:
+    """``[lo, hi)`` launch regions where two threads alternate twice (blocks X, Y, X, Y of consecutive launches of
+    one thread, other threads' blocks in between allowed) inside one iteration run (``runs``, per launch). Two
+    threads that take turns like that run on their own (data-parallel workers, a Python thread per stream): which
+    one launches first differs from run to run, so the region is a bag. A single hand-over X, Y, X (forward,
+    backward on the autograd thread, optimizer) is the program's order and gives no region. Launches without a
+    thread (``-1``) belong to no block."""
+    regions: list[tuple[int, int]] = []
+    if len(tids) < 4:
+        return regions
+    bounds = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1], True])  # runs are consecutive launches
+    for lo_run, hi_run in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        at = np.arange(lo_run, hi_run)
+        sub = tids[lo_run:hi_run]
+        threads = [t for t in np.unique(sub).tolist() if t >= 0]
+        if len(threads) < 2:
+            continue
+        for a_i, x in enumerate(threads):
+            for y in threads[a_i + 1:]:
+                both = np.flatnonzero((sub == x) | (sub == y))
+                starts, ends = _thread_blocks(sub[both])
+                if len(starts) < 4:
+                    continue  # X, Y, X at most: one hand-over, ordered
+                regions.append((int(at[both[starts[0]]]), int(at[both[ends[-1] - 1]]) + 1))
+    return regions
 
 
 def _merge(regions):
@@ -108,7 +180,7 @@ def repair_bags(seg, t_tokens, n_tokens, n_to_t, n_state, t_state) -> tuple[set,
         rows = list(range(jl + 1, jh))
         placed = _place_gap(launches, rows, bag, chain, t_tokens, n_tokens)
         if placed is None:
-            placed = _place_unique_tokens(launches, rows, bag, t_tokens, n_tokens)
+            placed = _place_unique_tokens(launches, rows, bag, chain, t_tokens, n_tokens)
         pairs, undecided_rows, undecided_launches = placed
         for j, p in pairs:
             n_to_t[j], n_state[j], t_state[p] = p, PINNED, PINNED
@@ -121,9 +193,10 @@ def repair_bags(seg, t_tokens, n_tokens, n_to_t, n_state, t_state) -> tuple[set,
     return rows_left, launches_left
 
 
-def _place_unique_tokens(launches: list[int], rows: list[int], bag, t_tokens, n_tokens):
-    """A gap that does not read as its launches: a token with exactly one launch and one row in it pairs; the
-    rows and launches of the other tokens that a bag launch has stay undecided."""
+def _place_unique_tokens(launches: list[int], rows: list[int], bag, chain, t_tokens, n_tokens):
+    """A gap that does not read as its launches: a token with exactly one launch and one row in it pairs, and so
+    does a token whose launches there all lie on one chain of one bag, as many as its rows (in that chain's
+    order); the rows and launches of the other tokens that a bag launch has stay undecided."""
     rows_by_token: dict = defaultdict(list)
     for j in rows:
         rows_by_token[int(n_tokens[j])].append(j)
@@ -135,6 +208,8 @@ def _place_unique_tokens(launches: list[int], rows: list[int], bag, t_tokens, n_
         js = rows_by_token.get(tok, [])
         if len(ps) == 1 and len(js) == 1:
             pairs.append((js[0], ps[0]))
+        elif len(ps) == len(js) and len({(int(bag[p]), int(chain[p])) for p in ps}) == 1 and bag[ps[0]] >= 0:
+            pairs += list(zip(js, ps))  # all on one chain of one bag (one thread, one stream): in its order
         elif js and any(bag[p] >= 0 for p in ps):
             undecided_rows += js
             undecided_launches += ps
@@ -177,7 +252,8 @@ def _place_gap(launches: list[int], rows: list[int], bag, chain, t_tokens, n_tok
 
 def concurrent_launches(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> np.ndarray:
     """Per kernel: whether its launch call was made while another thread of its process was active, i.e. the
-    launch call overlaps another thread's launch call, or lies inside another thread's dispatcher op (``aten::mm``,
+    launch call overlaps (or starts at the same time as) another thread's launch call, or lies inside another
+    thread's dispatcher op (``aten::mm``,
     from ``ranges``). Launches of threads that hand over (one waits while the other launches) have neither, so
     their order is the program's; without ranges only overlapping launch calls count."""
     n = len(kernels)
@@ -198,7 +274,8 @@ def concurrent_launches(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> n
         starts, ends = g["start"].to_numpy(np.int64), g["end"].to_numpy(np.int64)
         tids, rows = g["tid"].to_numpy(np.int64), g["row"].to_numpy()
         if len(g) > 1:
-            hit = (starts[1:] < ends[:-1]) & (tids[1:] != tids[:-1])
+            # equal starts (integer-µs timestamps) tell nothing about which thread came first
+            hit = ((starts[1:] < ends[:-1]) | (starts[1:] == starts[:-1])) & (tids[1:] != tids[:-1])
             out[rows[1:][hit]] = True
             out[rows[:-1][hit]] = True
     if ranges is None or not len(ranges):

@@ -29,8 +29,17 @@ REASONS = {
     "name_unmatched": "no timeline kernel of the scope has this name on any rung",
     "process_unmatched": "no timeline process fits this ncu process",
     "device_unmatched": "the mapped timeline process used several devices, none of them with this ncu device's ordinal",
-    "likely_autotune_or_benchmark": "the kernel is in the timeline but never with this launch configuration "
-                                    "(autotuning or cudnn.benchmark candidates inside the ncu range)",
+    "likely_autotune_or_benchmark": "the kernel is in the timeline but never with this launch configuration, and "
+                                    "another row of the same kernel pairs: likely autotuning or cudnn.benchmark "
+                                    "candidates inside the ncu range",
+    "launch_config_not_in_timeline": "the kernel is in the timeline but never with this launch configuration, and "
+                                     "no row of it pairs: likely a run with other input shapes (batch, sequence "
+                                     "length) or another build",
+    "layer_config_mismatch": "--kernel-layers: the kernel at this position of the layer class's measured instance "
+                             "has the same name but another launch configuration (grid/block): another amount of "
+                             "work, so its counters are not copied",
+    "layer_kernel_mismatch": "--kernel-layers: the kernel at this position of the layer class's measured instance "
+                             "is another kernel (name): its counters are not copied",
     "launch_config_unknown": "the row has no launch configuration (Grid/Block Size) where the file's other rows do: "
                              "it cannot be checked, so it is not attached",
     "not_in_timeline": "no timeline launch of the window pairs with this row (an extra launch in the ncu run)",
@@ -48,7 +57,7 @@ REASONS = {
 }
 REFUSED = frozenset({"count_mismatch", "order_ambiguous", "unplaced_window", "name_ambiguous", "process_ambiguous",
                      "device_unknown", "device_unmatched", "window_mismatch", "measured_twice",
-                     "launch_config_unknown"})
+                     "launch_config_unknown", "layer_config_mismatch"})
 
 
 def results(tl: pd.DataFrame, ncu: pd.DataFrame, metrics: list, outcome, windowed: bool):
@@ -163,7 +172,7 @@ def _per_key(tl, labels, outcome, timeline_only, matched_ids) -> dict:
         refused = {r: n for r, n in e["reasons"].items() if r in REFUSED}
         if refused:
             e["status"] = max(refused, key=lambda r: (refused[r], r))
-        elif e["reasons"] and set(e["reasons"]) == {"likely_autotune_or_benchmark"}:
+        elif e["reasons"] and set(e["reasons"]) == {"likely_autotune_or_benchmark"}:  # beside paired rows
             e["status"] = "ncu_surplus"
         elif e["ncu"] and not e["matched"]:
             e["status"] = max(e["reasons"], key=lambda r: (e["reasons"][r], r)) if e["reasons"] else "ok"

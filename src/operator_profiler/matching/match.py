@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .align import AMBIGUOUS, PINNED, Alignment, pin
-from .bags import bag_labels, concurrent_launches, repair_bags
+from .bags import bag_labels, concurrent_launches, measured_iterations, repair_bags
 from .diagnostics import REFUSED, results
 from .names import NameIndex, name_triples, names_agree
 from .processes import map_processes
@@ -114,7 +114,7 @@ def match_invocations(kernels: pd.DataFrame, ncu: pd.DataFrame, window: dict | N
 # --------------------------------------------------------------------------------------------------- timeline
 
 def _timeline(kernels: pd.DataFrame, ranges: pd.DataFrame | None = None) -> pd.DataFrame:
-    tl = kernels.assign(concurrent=concurrent_launches(kernels, ranges))
+    tl = kernels.assign(concurrent=concurrent_launches(kernels, ranges), iteration=measured_iterations(kernels, ranges))
     if "activity" in tl.columns:  # nsys <cuda_graph N> rows are not launches ncu profiles one by one
         tl = tl[tl["activity"].fillna("kernel") != "graph"]
     # Launch order: the kernel_id order of launched kernels; kernels without a launch record (launched before the
@@ -276,11 +276,16 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
         # ended first). Rows that are not, say the window or the file is another one: nothing is attached.
         for label in labels:
             outcome.row_reason[label] = "window_mismatch"
-        for kid in seg_ids.tolist():
+        # the kernels the rows could have measured: a launch window's launches are what the file claims; a
+        # contiguous window's start is unknown, so the launches with a token (name, configuration) of a row
+        could_be = seg_ids if window.kind == "launches" else seg_ids[np.isin(t_tokens, n_tokens)]
+        for kid in could_be.tolist():
             outcome.refuse_kernel(int(kid), "window_mismatch")
+        check = ("that the ncu run profiled consecutive launches (no kernel filter)" if window.kind == "contiguous"
+                 else "--launch-skip/--launch-count of the ncu run (counted over this process's launches in the "
+                      "timeline)")
         outcome.hints.append(f"{src}: its rows are not the launches of its declared window {window.describe()}: "
-                             "check --launch-skip/--launch-count of the ncu run (counted over this process's launches "
-                             "in the timeline) and that the file belongs to this timeline")
+                             f"check {check} and that the file belongs to this timeline")
         return 0
     unknown_names = sum(1 for k in resolved if k is None) - sum(1 for label in labels
                                                                 if outcome.row_reason.get(label) == "name_ambiguous")
@@ -299,6 +304,7 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
     scope_keys = set(scope["match_key"])
     placed = window.kind in ("kernel_ids", "launches")
     pinned = 0
+    foreign_config: list = []
     for pos, i in enumerate(ok):
         label, tok = labels[i], int(n_tokens[pos])
         if n_state[pos] == PINNED:
@@ -320,8 +326,20 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
                 outcome.refuse_kernel(int(seg_ids[p]), "launch_config_unknown")
         elif use_config and row_cfg[i] not in set(seg.loc[seg["match_key"] == resolved[i], "config"]):
             outcome.row_reason[label] = "likely_autotune_or_benchmark"
+            foreign_config.append((label, resolved[i]))
         else:
             outcome.row_reason[label] = "not_in_timeline"
+    # Autotuning/cudnn.benchmark candidates run beside the real launch of the same kernel, which pairs; a kernel
+    # none of whose rows pair has only configurations the timeline never launched: a run of other input shapes
+    # (batch, sequence length) or another build, which the candidates' evidence cannot be told from
+    paired_keys = {resolved[i] for pos, i in enumerate(ok) if n_state[pos] == PINNED}
+    unpaired = [label for label, key in foreign_config if key not in paired_keys]
+    for label in unpaired:
+        outcome.row_reason[label] = "launch_config_not_in_timeline"
+    if unpaired:
+        outcome.hints.append(f"{src}: {len(unpaired)} of its {len(labels)} rows name kernels whose every row has a launch "
+                             "configuration (grid/block) the timeline never launched them with: the ncu run likely used "
+                             "other input shapes (batch, sequence length) or another build; profile the same input")
     if disagreement is not None and any(outcome.row_reason.get(label) not in (None, "order_ambiguous")
                                         for label in labels):
         # the alignment could not explain the positional disagreement (CUDA-graph nodes in another order can be)

@@ -66,9 +66,12 @@ class Window:
                     re.compile(kernel[len("regex:"):])
                 except re.error as exc:
                     raise ValueError(f"window kernel {kernel!r} is not a valid regular expression ({exc})") from None
+            count = None if spec.get("launch_count") is None else _count(spec, "launch_count")
+            if count == 0:
+                raise ValueError("window launch_count must be at least 1 (ncu --launch-count 0 profiles no launch, so "
+                                 "a file of that run has no rows to place)")
             return cls("launches", launch_skip=_count(spec, "launch_skip") if spec.get("launch_skip") is not None
-                       else 0, launch_count=None if spec.get("launch_count") is None else _count(spec, "launch_count"),
-                       kernel=kernel, pid=pid)
+                       else 0, launch_count=count, kernel=kernel, pid=pid)
         return cls(pid=pid)
 
     def describe(self) -> dict:
@@ -106,6 +109,9 @@ def check_window(window: dict | None, sources: list[str]) -> None:
                          "put each file's window under sources")
     if not isinstance(window["sources"], dict):
         raise ValueError("window 'sources' must map ncu file names to windows")
+    if not window["sources"]:
+        raise ValueError("window 'sources' is empty: name each ncu file's window ({\"sources\": {\"NAME\": "
+                         "{\"launch_skip\": S, \"launch_count\": C}}}), or pass no window")
     for name, spec in window["sources"].items():
         try:
             Window.from_spec(spec)

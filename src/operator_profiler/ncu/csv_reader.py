@@ -51,6 +51,9 @@ _IDENTITY = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Ke
 _DETAILS = {"Section Name", "Metric Name", "Metric Unit", "Metric Value"}
 _RULE_COLS = ["Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup"]
 _TOOL_LINE = re.compile(r"^==[A-Z]+==")
+#: Base units (``normalize_unit``) whose values are amounts: a negative one is a damaged file, not a measurement
+#: (a duration, a byte count, a cycle count).
+_NEVER_NEGATIVE = {"second": "a duration", "byte": "a byte count", "cycle": "a cycle count"}
 
 PERMISSION_URL = "https://developer.nvidia.com/ERR_NVGPUCTRPERM"
 
@@ -186,6 +189,26 @@ def _to_float(cell: str, group: str, decimal: str) -> float | None:
 # ---------------------------------------------------------------- reading
 
 
+#: What ``ncu --csv`` prints first on both pages (the details page then ends in Section Name, Metric Name, Metric
+#: Unit, Metric Value; the raw page has one column per metric), named in errors.
+EXPECTED_HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name",...'
+
+
+def _check_header(path: Path, lineno: int, col: dict) -> None:
+    """The columns every row needs: ``Kernel Name`` (names are how rows meet kernels) spelled as ncu spells it.
+
+    Raises:
+        NcuCsvError: naming the file, the header line, the missing column and the expected header.
+    """
+    if "Kernel Name" in col:
+        return
+    near = [h for h in col if h.lower().replace("_", " ") in ("kernel name", "function name", "name", "kernel")]
+    seen = f" (it has {', '.join(repr(h) for h in near)})" if near else ""
+    raise _err(path, f"line {lineno}, the header", f"no 'Kernel Name' column{seen}",
+               "Pass the CSV as ncu writes it (ncu -i run.ncu-rep --csv --page raw, column names as ncu spells "
+               f"them); the expected header starts {EXPECTED_HEADER}")
+
+
 def _err(path: Path, where: str, what: str, fix: str) -> NcuCsvError:
     return NcuCsvError(f"{path}: {where}: {what}. {fix}")
 
@@ -201,7 +224,7 @@ def _failed_run_error(path: Path, tool_lines: list[tuple[int, str]]) -> NcuCsvEr
                f"permission to access GPU performance counters: as root / with sudo, in a container started with "
                f"--cap-add=SYS_ADMIN, or after an administrator enables counter access for all users (driver option "
                f"NVreg_RestrictProfilingToAdminUsers=0); see {PERMISSION_URL}. If locking clocks is also refused, "
-               f"pin clocks with nvidia-smi and pass --clock-control none (../shared/docs/ncu.md §2)")
+               f"pin clocks with nvidia-smi and pass --clock-control none (docs/DESIGN.md §3, ncu)")
     else:
         fix = "Fix what ncu reported and re-run the profile; this file holds no results"
     return _err(path, f"line {n}", f"this is the output of a failed ncu run, ncu reported: {said!r}", fix)
@@ -266,7 +289,7 @@ def read_ncu_csv(path) -> pd.DataFrame:
     if not text.strip():
         raise _err(path, "line 1", "the file is empty",
                    "Re-export it with `ncu -i run.ncu-rep --csv --page raw --print-units base > file.csv`; with "
-                   "-o/--export and no --page, ncu prints nothing (../shared/docs/ncu.md §1.1)")
+                   "-o/--export and no --page, ncu prints nothing (docs/DESIGN.md §3, ncu)")
     all_lines = text.splitlines()
     header_idx = None
     for i, line in enumerate(all_lines):
@@ -288,13 +311,14 @@ def read_ncu_csv(path) -> pd.DataFrame:
         raise _err(path, f"lines 1-{len(all_lines)}",
                    'no ncu CSV header (a line starting with "ID",) was found',
                    "Pass the output of `ncu --csv` (details or raw page), not the console report; "
-                   "see ../shared/docs/ncu.md §1.2-1.3 for the expected headers")
+                   f"the expected header starts {EXPECTED_HEADER}")
 
     tool_lines: list[tuple[int, str]] = list(pre_tool)
     cur = [header_idx + 1]
     reader = csv.reader(_lines(text, header_idx, tool_lines, cur))
     header = [h.strip() for h in next(reader)]
     col = {h: i for i, h in enumerate(header)}
+    _check_header(path, header_idx + 1, col)
     rows: list[tuple[int, list[str]]] = []
     for r in reader:
         if not r or all(not c.strip() for c in r):
@@ -315,13 +339,20 @@ def read_ncu_csv(path) -> pd.DataFrame:
             raise failed
         raise _err(path, f"line {header_idx + 1}", "the CSV header has no result rows: ncu profiled no kernel",
                    "Check the kernel/NVTX filters (-k, --nvtx-include needs a trailing '/' for push/pop ranges, "
-                   "../shared/docs/ncu.md §2) and that the workload launched kernels")
+                   "docs/DESIGN.md §3, ncu) and that the workload launched kernels")
 
+    unnamed = [lineno for lineno, r in rows if not r[col["Kernel Name"]].strip()
+               and not (page == "details" and not (cell(r, "Metric Name") or "").strip())]
+    if unnamed:
+        raise _err(path, f"line {unnamed[0]}, field 'Kernel Name'",
+                   f"{len(unnamed)} of {len(rows)} rows have an empty kernel name",
+                   "Without it no row can be matched to a kernel: export the CSV as ncu writes it "
+                   f"(ncu -i run.ncu-rep --csv --page raw); the expected header starts {EXPECTED_HEADER}")
     for lineno, r in rows:
         if not re.fullmatch(r"\d+", r[col["ID"]].strip()):
             raise _err(path, f"line {lineno}, field ID", f"{r[col['ID']]!r} is not a result ID (an integer)",
                        "The CSV is corrupted or application output is mixed into it; write ncu's CSV to its own "
-                       "file with --log-file or redirect the application's stdout (../shared/docs/ncu.md §1.1)")
+                       "file with --log-file or redirect the application's stdout (docs/DESIGN.md §3, ncu)")
     previous, seen = -1, {}
     for lineno, r in rows:  # ncu writes results in ID order; an ID that goes back starts another run's output
         current = int(r[col["ID"]])
@@ -359,7 +390,7 @@ def read_ncu_csv(path) -> pd.DataFrame:
     except ValueError as e:
         raise _err(path, "Metric Value cells", f"numbers use two different digit-grouping conventions ({e})",
                    "Export the whole report in one locale, e.g. `LC_ALL=C ncu -i run.ncu-rep --csv ...` "
-                   "(../shared/docs/ncu.md §1.5)") from None
+                   "(docs/DESIGN.md §3, ncu)") from None
 
     out: list[tuple] = []
     rules: list[dict] = []
@@ -377,13 +408,24 @@ def read_ncu_csv(path) -> pd.DataFrame:
     def add(lineno, r, k, section, metric, txt, raw_unit, field):
         unit, factor = normalize_unit(raw_unit)
         v = _to_float(txt, group, decimal)
+        if v is None and txt.strip().lower().lstrip("+-") in ("inf", "infinity"):
+            v = math.inf  # refused below, as 1e400 is
         if v is None:
             if unit:  # a unit means ncu printed a number here
                 raise _err(path, f"line {lineno}, field {field!r} (metric {metric!r}, ID {k[0]})",
                            f"{txt!r} is not a number but the metric has unit {raw_unit!r}",
                            "The file is damaged or not ncu output; re-export it with `ncu -i run.ncu-rep --csv "
-                           "--print-units base` (../shared/docs/ncu.md §1.4-1.5)")
+                           "--print-units base` (docs/DESIGN.md §3, ncu)")
             v = math.nan
+        where = f"line {lineno}, field {field!r} (metric {metric!r}, ID {k[0]})"
+        if math.isinf(v) or (not math.isnan(v) and math.isinf(v * factor)):
+            raise _err(path, where, f"{txt!r} is not a finite number",
+                       "ncu prints finite values only: the file is damaged or was edited: re-export it with "
+                       "`ncu -i run.ncu-rep --csv --print-units base`")
+        if v < 0 and unit in _NEVER_NEGATIVE:
+            raise _err(path, where, f"{txt!r} is negative, which {_NEVER_NEGATIVE[unit]} cannot be",
+                       "The file is damaged or was edited: re-export it with `ncu -i run.ncu-rep --csv "
+                       "--print-units base`")
         out.append((*k, section, metric, v * factor if not math.isnan(v) else v, txt, unit, raw_unit))
 
     if page == "details":

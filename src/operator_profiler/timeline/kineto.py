@@ -708,10 +708,17 @@ def _diagnostics(path: Path, trace: dict, categories: Counter, kernels: pd.DataF
 
 
 def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> pd.DataFrame:
-    """Order kernels by launch, number them, and add duration, match_key, occurrence, iteration."""
+    """Order kernels by launch, number them, and add duration, match_key, occurrence, iteration.
+
+    Launch order: the launch call's start; launches with the same start (integer-µs Kineto timestamps) by
+    correlation id, which CUPTI hands out in API-call order within a process; then by GPU start."""
     order_key = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64")
-    kernels = kernels.assign(_order=order_key).sort_values(["_order", "start_ns"], kind="stable")
-    kernels = kernels.drop(columns="_order").reset_index(drop=True)
+    corr = (pd.array(kernels["correlation_id"], dtype="Int64").fillna(np.iinfo(np.int64).max)
+            if "correlation_id" in kernels.columns else np.zeros(len(kernels), dtype=np.int64))
+    kernels = kernels.assign(_order=order_key, _corr=np.asarray(corr, dtype=np.int64))
+    kernels = kernels.sort_values(["_order", "pid", "_corr", "start_ns"] if "pid" in kernels.columns
+                                  else ["_order", "_corr", "start_ns"], kind="stable")
+    kernels = kernels.drop(columns=["_order", "_corr"]).reset_index(drop=True)
     kernels["kernel_id"] = np.arange(len(kernels), dtype=np.int64)
     if "duration_ns" not in kernels:  # GPU kernels: the execution interval
         kernels["duration_ns"] = (kernels["end_ns"] - kernels["start_ns"]).astype("int64")
