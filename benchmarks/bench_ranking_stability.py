@@ -7,13 +7,16 @@ Run from the repository root with the venv's Python and the package importable (
 Each run is ``snakemake --cores 1 --forcerun capture_timeline`` (a fresh capture of every workload of
 config/config.yaml and everything after it, the compile step kept); its ``operators.parquet``, ``modules.parquet``,
 ``coverage.json`` and ``capture/run.json`` are kept under ``DIR/run<i>/<workload>/`` with the load average
-(/proc/loadavg, as ``uptime`` prints it) before and after and the run's wall time in ``DIR/run<i>/meta.json``.
+(/proc/loadavg, as ``uptime`` prints it) before and after, the CPU steal time during the run (/proc/stat: time a
+virtual machine's host gave to other guests) and the run's wall time in ``DIR/run<i>/meta.json``.
 
 Then per workload: the top ``--top`` operators of each run (operators.parquet's order: by per-iteration median)
 must be the same operators in the same order in every run, and each one's ``iteration_median_ns`` may differ
 between runs by less than ``--tolerance`` ((max - min) / min over the runs). Prints the figures and PASS/FAIL;
 exit status 1 on FAIL. The machine's load matters: on shared cores the scheduler stretches single iterations,
-which the medians absorb only while it stays a minority of iterations; quote the load with the figures.
+which the medians absorb only while it stays a minority of iterations, but a run-long slowdown (another process
+or guest on the same physical core: measured here as 20-30 % CPU steal) scales every median of that run alike,
+which no statistic within one run can remove; quote the load and steal with the figures.
 """
 
 from __future__ import annotations
@@ -40,6 +43,23 @@ def load_average() -> str:
         return "unknown"
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat ``cpu`` line, jiffies): user, nice, system, idle, iowait, irq,
+    softirq, steal; empty when unreadable."""
+    try:
+        return [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
+def steal_share(before: list[int], after: list[int]) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests (``steal``) between two :func:`cpu_times`."""
+    if len(before) < 8 or len(after) < 8:
+        return None
+    delta = [b - a for a, b in zip(before, after)]
+    return delta[7] / sum(delta) if sum(delta) else None
+
+
 def workloads_of(configfile: Path) -> list[str]:
     from operator_profiler.config import load_config
 
@@ -48,15 +68,16 @@ def workloads_of(configfile: Path) -> list[str]:
 
 def run_once(index: int, out: Path, workloads: list[str], cores: int, extra: list[str]) -> dict:
     """One run of the workflow with fresh captures; its tables kept under ``out/run<index>/``."""
-    before = load_average()
+    before, ticks = load_average(), cpu_times()
     start = time.perf_counter()
     argv = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--forcerun", "capture_timeline", *extra]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode:
         sys.exit(f"run {index}: snakemake failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    steal = steal_share(ticks, cpu_times())
     meta = {"run": index, "wall_s": round(wall, 1), "load_before": before, "load_after": load_average(),
-            "argv": argv}
+            "cpu_steal": None if steal is None else round(steal, 3), "argv": argv}
     folder = out / f"run{index}"
     for workload in workloads:
         for name in KEPT:
@@ -64,7 +85,8 @@ def run_once(index: int, out: Path, workloads: list[str], cores: int, extra: lis
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(Path("results") / workload / name, target)
     (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"run {index}: {wall:.0f} s, load average {before} before, {meta['load_after']} after", flush=True)
+    print(f"run {index}: {wall:.0f} s, load average {before} before, {meta['load_after']} after"
+          + ("" if steal is None else f", CPU steal {steal * 100:.0f}%"), flush=True)
     return meta
 
 
@@ -78,8 +100,9 @@ def compare_runs(out: Path, top: int, tolerance: float) -> bool:
         meta_path = run / "meta.json"
         if meta_path.is_file():
             meta = json.loads(meta_path.read_text())
+            steal = meta.get("cpu_steal")
             print(f"{run.name}: {meta['wall_s']} s, load average {meta['load_before']} before, "
-                  f"{meta['load_after']} after")
+                  f"{meta['load_after']} after" + ("" if steal is None else f", CPU steal {steal * 100:.0f}%"))
     workloads = sorted({p.parent.name for p in runs[0].glob("*/operators.parquet")})
     ok = True
     for workload in workloads:
@@ -114,6 +137,11 @@ def compare_runs(out: Path, top: int, tolerance: float) -> bool:
             shown = name if len(name) <= width else name[:width - 1] + "…"
             print(f"  {rank:>4}  {shown:<{width}}" + "".join(f"{v:>11.4f}" for v in values)
                   + f"  {diff * 100:7.1f}%" + ("" if diff < tolerance else "  <- over tolerance"))
+        # the shares (of the sum of medians) beside: a slowdown of the whole run moves medians, not shares
+        shares = {n: [float(t.set_index("operator")["time_share"].get(n, float("nan"))) * 100 for t in tables]
+                  for n in names}
+        print("  shares (% of the sum of medians): " + "; ".join(
+            f"{n if len(n) <= 30 else n[:29] + '…'} " + "/".join(f"{v:.1f}" for v in shares[n]) for n in names))
         stable = same_order and worst < tolerance
         print(f"  largest median difference among the top {top}: {worst * 100:.1f}% "
               f"(tolerance {tolerance * 100:g}%): {'PASS' if stable else 'FAIL'}")
