@@ -589,3 +589,20 @@ def test_ctrl_c_in_a_capture_or_a_script_job_is_one_line_and_the_next_run_redoes
                                        "modules.parquet", "layer_classes.parquet", "coverage.json")]
     for report in ("report.md", "report.html"):
         assert (results / report).stat().st_mtime >= max(p.stat().st_mtime for p in made_from)
+
+
+@pytest.mark.workflow
+def test_a_module_beside_the_factory_is_an_input_of_the_capture(finished_run, tmp_path):
+    """A model class that the factory imports from a sibling file is the user's code too: a module added (or
+    edited) beside the factory's re-runs the custom workload's capture."""
+    work, _ = finished_run
+    config = copy_finished_run(work, tmp_path, ("mine",))
+    target = "results/mine/capture/run.json"
+    settle = snakemake(tmp_path, config, target, env=custom_env(tmp_path))  # the copy's own capture
+    assert settle.returncode == 0, settle.stderr[-2000:]
+    plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
+    assert plan.returncode == 0 and "capture_timeline" not in job_counts(plan.stdout), plan.stdout[-3000:]
+    (tmp_path / "wf_helper.py").write_text("import torch\n\nclass Net(torch.nn.Linear):\n    pass\n")
+    plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert job_counts(plan.stdout).get("capture_timeline") == 1, plan.stdout[-3000:]

@@ -187,6 +187,15 @@ def custom_model_source(wildcards):
             and found.origin not in sources
         ):
             sources.append(found.origin)
+    # The modules beside them (a model class the factory imports from a sibling file): the user's own
+    # code, never an installed package (site-/dist-packages).
+    for origin in list(sources):
+        folder = Path(origin).parent
+        if any(part in ("site-packages", "dist-packages") for part in folder.parts):
+            continue
+        sources += sorted(
+            str(p) for p in folder.glob("*.py") if str(p) not in sources
+        )
     return sources
 
 
@@ -337,6 +346,14 @@ def _recorded_outputs():
     return made
 
 
+def _folder_locked():
+    """Whether a Snakemake lock is held on this folder (Snakemake's persistence; unknown counts as not)."""
+    try:
+        return any(True for _ in workflow.persistence._read_locks())
+    except Exception:  # a Snakemake without this internal: fall back to the lock folder
+        return any((Path(".snakemake") / "locks").glob("*"))
+
+
 def sweep_stale_results(when):
     """Find the stale results and remove them (``when``: "start", "error" or "success").
 
@@ -359,10 +376,21 @@ def sweep_stale_results(when):
     )
     if not found:
         return
-    executing = workflow.executor_plugin is not None and not (
-        workflow.dryrun or workflow.touch
+    # Another Snakemake holds the folder (or a killed one left its lock): removing now would pull files from
+    # under that run; say so and leave them (Snakemake refuses to run here until --unlock anyway).
+    # At "start" this run has not locked yet: any lock is another's.
+    locked = when == "start" and _folder_locked()
+    executing = (
+        workflow.executor_plugin is not None
+        and not (workflow.dryrun or workflow.touch)
+        and not locked
     )
-    if not executing:
+    if locked and when == "start":
+        action = (
+            "not removed: another Snakemake holds this folder (.snakemake/locks; after a killed run: "
+            "snakemake --unlock), a run after it removes and rebuilds them"
+        )
+    elif not executing:
         action = "a run (without -n or --touch) removes and rebuilds them"
     else:
         stale.remove(found)

@@ -298,6 +298,22 @@ def _refuse_uncompiled_config(new_graphs: int, name: str) -> None:
             "without them")
 
 
+def _refuse_measured_recompiles(new_graphs: int, name: str) -> None:
+    """Dynamo compiled graphs inside the measured iterations: the model recompiles per call (a guard that fails
+    every time, e.g. a Python attribute the forward changes), so the profile would time tracing and compilation
+    as if they were the model's operators.
+
+    Raises:
+        workloads.WorkloadError: ``new_graphs`` > 0.
+    """
+    if new_graphs > 0:
+        raise workloads.WorkloadError(
+            f"workload {name!r} was recompiled {new_graphs} time(s) during the measured iterations (after warm-up): "
+            "its compiled graph's guards fail on every call (e.g. forward changes a Python attribute or takes a "
+            "new input shape each time), so the profile would time compilation as model work; make the forward "
+            "stable under torch.compile (TORCH_LOGS=recompiles shows why), or profile it with compile: false")
+
+
 def _copy(kwargs: dict) -> dict:
     """torch.compile pops keys from ``options``: each call gets its own copy."""
     return {k: dict(v) if isinstance(v, dict) else v for k, v in kwargs.items()}
@@ -535,6 +551,8 @@ def run_capture(
     if not compiled:
         _refuse_uncompiled_config(_dynamo_graphs() - graphs_before, workload_name or workload.get("kind"))
 
+    graphs_warm = _dynamo_graphs()
+
     def measured_iterations() -> None:
         for i in range(harness["iterations"]):
             with emitter.range(f"{ITERATION_PREFIX}{i}"):
@@ -560,6 +578,8 @@ def run_capture(
     else:  # none, e.g. compile_artifacts: only the compilation matters
         measured_iterations()
     measured_s = time.perf_counter() - t0
+    if compiled:
+        _refuse_measured_recompiles(_dynamo_graphs() - graphs_warm, workload_name or workload.get("kind"))
 
     if layers_path is not None:
         layers_path.parent.mkdir(parents=True, exist_ok=True)
