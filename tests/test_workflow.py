@@ -606,3 +606,19 @@ def test_a_module_beside_the_factory_is_an_input_of_the_capture(finished_run, tm
     plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert job_counts(plan.stdout).get("capture_timeline") == 1, plan.stdout[-3000:]
+
+
+@pytest.mark.workflow
+def test_stale_results_are_left_alone_while_another_snakemake_holds_the_folder(finished_run, tmp_path):
+    """A second Snakemake started while one runs (or after a killed one left its lock) must not pull files from
+    under the first: the stale results are named, not removed, and Snakemake's own lock check then refuses."""
+    work, _ = finished_run
+    config = copy_finished_run(work, tmp_path, ("lstm",))
+    (tmp_path / "results" / "lstm" / "timeline" / "kernels.parquet").unlink()
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    (locks / "0.output.lock").write_text("results/lstm/report.md\n")  # Snakemake's file lock: one path per line
+    result = snakemake(tmp_path, config, env=custom_env(tmp_path))
+    assert result.returncode != 0
+    assert "not removed: another Snakemake holds this folder" in result.stderr, result.stderr[-2000:]
+    assert all((tmp_path / "results" / "lstm" / name).exists() for name in REPORTS)
