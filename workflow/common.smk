@@ -193,9 +193,7 @@ def custom_model_source(wildcards):
         folder = Path(origin).parent
         if any(part in ("site-packages", "dist-packages") for part in folder.parts):
             continue
-        sources += sorted(
-            str(p) for p in folder.glob("*.py") if str(p) not in sources
-        )
+        sources += sorted(str(p) for p in folder.glob("*.py") if str(p) not in sources)
     return sources
 
 
