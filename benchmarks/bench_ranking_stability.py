@@ -6,7 +6,7 @@
 Run from the repository root with the venv's Python and the package importable (PYTHONPATH=src or an install).
 Each run is ``snakemake --cores 1 --forcerun capture_timeline`` (a fresh capture of every workload of
 config/config.yaml and everything after it, the compile step kept); its ``operators.parquet``, ``modules.parquet``,
-``coverage.json`` and ``capture/run.json`` are kept under ``DIR/run<i>/<workload>/`` with the load average
+``layer_classes.parquet``, ``coverage.json`` and ``capture/run.json`` are kept (``opprof compare`` reads them) under ``DIR/run<i>/<workload>/`` with the load average
 (/proc/loadavg, as ``uptime`` prints it) before and after, the CPU steal time during the run (/proc/stat: time a
 virtual machine's host gave to other guests) and the run's wall time in ``DIR/run<i>/meta.json``.
 
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
-KEPT = ("operators.parquet", "modules.parquet", "coverage.json", "capture/run.json")
+# enough for opprof compare DIR/run1/<workload> DIR/run2/<workload> too
+KEPT = ("operators.parquet", "modules.parquet", "layer_classes.parquet", "coverage.json", "capture/run.json")
 
 
 def load_average() -> str:
