@@ -493,7 +493,9 @@ def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> s
             marker={"size": group["time_ns"].tolist(), "sizemode": "area", "sizeref": 2 * biggest / 46 ** 2, "sizemin": 5,
                     "line": {"width": 1, "color": "#ffffff"}, "opacity": 0.85},
             hovertext=[f"{esc(o)}<br>time {t / 1e6:.3f} ms ({s * 100:.1f}%)<br>memory {m:.1f}% · SM {c:.1f}%"
-                       for o, t, s, m, c in zip(group["operator"], group["time_ns"], group["time_share"],
+                       # the total beside its own share (time_share comes from the medians)
+                       for o, t, s, m, c in zip(group["operator"], group["time_ns"],
+                                                group["total_share"] if "total_share" in group else group["time_share"],
                                                 group["memory_sol"], group["sm_sol"])],
             hoverinfo="text"))
     fig.update_layout(height=560, margin={"l": 60, "r": 20, "t": 30, "b": 60}, legend_title_text="bottleneck",
