@@ -6,9 +6,10 @@
 Run from the repository root with the venv's Python and the package importable (PYTHONPATH=src or an install).
 Each run is ``snakemake --cores 1 --forcerun capture_timeline`` (a fresh capture of every workload of
 config/config.yaml and everything after it, the compile step kept); its ``operators.parquet``, ``modules.parquet``,
-``coverage.json`` and ``capture/run.json`` are kept under ``DIR/run<i>/<workload>/`` with the load average
-(/proc/loadavg, as ``uptime`` prints it) before and after, the CPU steal time during the run (/proc/stat: time a
-virtual machine's host gave to other guests) and the run's wall time in ``DIR/run<i>/meta.json``.
+``layer_classes.parquet``, ``coverage.json`` and ``capture/run.json`` are kept under ``DIR/run<i>/<workload>/``
+(``opprof compare`` reads them), with the load average (/proc/loadavg, as ``uptime`` prints it) before and after,
+the CPU steal time during the run (/proc/stat: time a virtual machine's host gave to other guests) and the run's
+wall time in ``DIR/run<i>/meta.json``.
 
 Then per workload: the top ``--top`` operators of each run (operators.parquet's order: by per-iteration median)
 must be the same operators in the same order in every run, and each one's ``iteration_median_ns`` may differ
@@ -32,7 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-KEPT = ("operators.parquet", "modules.parquet", "coverage.json", "capture/run.json")
+# enough for opprof compare DIR/run1/<workload> DIR/run2/<workload> too
+KEPT = ("operators.parquet", "modules.parquet", "layer_classes.parquet", "coverage.json", "capture/run.json")
 
 
 def load_average() -> str:

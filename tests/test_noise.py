@@ -330,3 +330,14 @@ def test_compare_headline_is_the_sum_of_its_table(tmp_path):
     assert "The headline figures are the sums of the table's median column" in text
     assert "kernel time of the median iteration" in text and "12.000 ms / iteration (median)" in text
     assert "kernel time / iteration (sum of the operators' medians): A 3.000 ms, B 3.000 ms (+0.0%)" in result.stdout
+    # A's iterations took 12 ms each, B's 3 ms: not within noise by the totals' ranges, though the sums agree
+    assert 'id="total-noise"' not in text
+    # C: B's operators 10 % slower, with one slow iteration (12 ms): the ranges of the totals overlap A's
+    c_times = {"aten::addmm": [1_100_000, 1_100_000, 9_800_000], "aten::gelu": [1_100_000] * 3,
+               "aten::copy_": [1_100_000] * 3}
+    write_results(tmp_path / "c" / "gpt2", ops, per_iteration=c_times)
+    result = run_opprof("compare", tmp_path / "a" / "gpt2", tmp_path / "c" / "gpt2", "-o", out, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    note = out.read_text().split('id="total-noise">')[1].split("</p>")[0]
+    assert "within the run-to-run noise" in note and "A's kernel time per iteration ranged 12.000 – 12.000 ms" in note
+    assert "B's 3.300 – 12.000 ms" in note

@@ -493,7 +493,9 @@ def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> s
             marker={"size": group["time_ns"].tolist(), "sizemode": "area", "sizeref": 2 * biggest / 46 ** 2, "sizemin": 5,
                     "line": {"width": 1, "color": "#ffffff"}, "opacity": 0.85},
             hovertext=[f"{esc(o)}<br>time {t / 1e6:.3f} ms ({s * 100:.1f}%)<br>memory {m:.1f}% · SM {c:.1f}%"
-                       for o, t, s, m, c in zip(group["operator"], group["time_ns"], group["time_share"],
+                       # the total beside its own share (time_share comes from the medians)
+                       for o, t, s, m, c in zip(group["operator"], group["time_ns"],
+                                                group["total_share"] if "total_share" in group else group["time_share"],
                                                 group["memory_sol"], group["sm_sol"])],
             hoverinfo="text"))
     fig.update_layout(height=560, margin={"l": 60, "r": 20, "t": 30, "b": 60}, legend_title_text="bottleneck",
@@ -852,6 +854,21 @@ def compare_totals(table: pd.DataFrame) -> dict[str, float]:
     return {"a_ms": a_ms, "b_ms": b_ms, "delta_ms": b_ms - a_ms, "change": b_ms / a_ms - 1 if a_ms > 0 else None}
 
 
+def total_within_noise(a: dict, b: dict) -> str:
+    """A note when the headline change is within the run-to-run noise by the operators' rule: the two profiles'
+    kernel time per iteration (coverage.json ``iteration_time_ns``) ranges [min, max] overlap; empty otherwise or
+    without 2 measured iterations on both sides."""
+    spread_a, spread_b = report_md.iteration_spread(a["coverage"]), report_md.iteration_spread(b["coverage"])
+    if spread_a is None or spread_b is None:
+        return ""
+    if spread_b["min_ns"] > spread_a["max_ns"] or spread_b["max_ns"] < spread_a["min_ns"]:
+        return ""
+    return ('<p class="note" id="total-noise">The change of the total is <strong>within the run-to-run noise</strong>: '
+            f"A's kernel time per iteration ranged {spread_a['min_ns'] / 1e6:.3f} – {spread_a['max_ns'] / 1e6:.3f} ms, "
+            f"B's {spread_b['min_ns'] / 1e6:.3f} – {spread_b['max_ns'] / 1e6:.3f} ms, and the ranges overlap (the rule "
+            "that tags an operator <em>same</em>).</p>")
+
+
 def operator_changes(table: pd.DataFrame) -> dict[str, int]:
     """How many operators of a :func:`compare_table` are ``slower``, ``faster``, ``same``, ``only A``, ``only B``;
     the ``(unattributed)`` row is not an operator and is not counted (it stays in the table)."""
@@ -992,7 +1009,7 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
     title = f"Operator profile comparison: {a['workload']}" + (f" vs {b['workload']}" if b["workload"] != a["workload"] else "")
     sections = [
         f'<section id="runs"><h2>The two profiles</h2>{warning}{kpis}'
-        f'<p id="compare-basis">{basis} {tolerance}</p>{_spread_notes(a, b, median)}'
+        f'{total_within_noise(a, b)}<p id="compare-basis">{basis} {tolerance}</p>{_spread_notes(a, b, median)}'
         '<p class="muted">Highlighted rows differ.</p>'
         f"{facts}</section>",
         '<section id="changes"><h2>Largest time changes</h2>' + (
