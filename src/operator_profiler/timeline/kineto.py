@@ -755,19 +755,29 @@ def iteration_at(pids: np.ndarray, times: np.ndarray, ranges: pd.DataFrame) -> p
     its = ranges[ranges["iteration"].notna()]
     result = np.full(len(times), -1, dtype=np.int64)
     if not its.empty and len(times):
-        end_col = "effective_end_ns" if "effective_end_ns" in its else "end_ns"
-        t = np.asarray(times, dtype=np.int64)
-        pids = np.asarray(pids, dtype=np.int64)
-        for pid, mine in its.groupby("pid"):
-            mine = mine.sort_values("start_ns")
-            q = np.flatnonzero(pids == int(pid))
-            starts = mine["start_ns"].to_numpy(dtype=np.int64)
-            ends = mine[end_col].astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
-            pos = np.searchsorted(starts, t[q], side="right") - 1
-            cand = np.maximum(pos, 0)
-            inside = (pos >= 0) & (t[q] < ends[cand])
-            result[q[inside]] = mine["iteration"].to_numpy(dtype=np.int64)[cand[inside]]
+        rows = enclosing_range_rows(its, np.asarray(pids, dtype=np.int64), np.asarray(times, dtype=np.int64))
+        inside = rows >= 0
+        result[inside] = its["iteration"].to_numpy(dtype=np.int64)[rows[inside]]
     return pd.arrays.IntegerArray(np.maximum(result, 0), result < 0)
+
+
+def enclosing_range_rows(marked: pd.DataFrame, pids: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Per query (``pids[i]``, ``times[i]`` in ns): the position in ``marked`` of the range of that process that
+    contains the time, -1 when none. ``marked``'s ranges of one process must not overlap (iteration or phase
+    ranges, run one after another); a range never closed ends at ``effective_end_ns`` when present, else never."""
+    out = np.full(len(times), -1, dtype=np.int64)
+    end_col = "effective_end_ns" if "effective_end_ns" in marked else "end_ns"
+    positions = pd.Series(np.arange(len(marked)), index=marked.index)
+    for pid, mine in marked.groupby("pid"):
+        mine = mine.sort_values("start_ns")
+        q = np.flatnonzero(pids == int(pid))
+        starts = mine["start_ns"].to_numpy(dtype=np.int64)
+        ends = mine[end_col].astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+        pos = np.searchsorted(starts, times[q], side="right") - 1
+        cand = np.maximum(pos, 0)
+        inside = (pos >= 0) & (times[q] < ends[cand])
+        out[q[inside]] = positions[mine.index].to_numpy()[cand[inside]]
+    return out
 
 
 def phase_ranges(ranges: pd.DataFrame) -> pd.DataFrame:
@@ -793,16 +803,9 @@ def kernel_phases(kernels: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
         return out
     times = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
     pids = kernels["pid"].astype("Int64").fillna(-1).to_numpy(dtype=np.int64)
-    end_col = "effective_end_ns" if "effective_end_ns" in marked else "end_ns"
-    for pid, mine in marked.groupby("pid"):
-        mine = mine.sort_values("start_ns")
-        q = np.flatnonzero(pids == int(pid))
-        starts = mine["start_ns"].to_numpy(dtype=np.int64)
-        ends = mine[end_col].astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
-        pos = np.searchsorted(starts, times[q], side="right") - 1
-        cand = np.maximum(pos, 0)
-        inside = (pos >= 0) & (times[q] < ends[cand])
-        out[q[inside]] = mine["phase"].to_numpy(dtype=object)[cand[inside]]
+    rows = enclosing_range_rows(marked, pids, times)
+    inside = rows >= 0
+    out[inside] = marked["phase"].to_numpy(dtype=object)[rows[inside]]
     return out
 
 
