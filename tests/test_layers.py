@@ -200,3 +200,42 @@ def test_verify_names_two_instances_per_class_to_replay(tmp_path):
     assert plain[cls]["replay_instances"] == ["h.0"]
     assert verified[cls]["replay_instances"] == ["h.0", "h.1"]
     assert verified[L.REST_CLASS]["replay_instances"] == [L.REST_CLASS]  # nothing to compare the rest with
+
+
+def _entry(name: str, instances: list[str], kernels: list[str]) -> dict:
+    return {"class": name, "module_class": "Block", "instances": instances, "representative": instances[0],
+            "kernel_count": len(kernels), "signature": [[k, "", ""] for k in kernels]}
+
+
+def test_a_split_made_by_whole_model_fusion_says_so():
+    """GPT-2 under a whole-model compile (seen on the default config, CPU): Inductor stores the residual stream only
+    every other block, so h.0/h.2's second LayerNorm kernel recomputes earlier code (a cross-layer kernel, class
+    rest) and h.1/h.3 run an in-layer one more: two classes, reason ``compiled_boundary_differs``. The same split
+    with a library kernel differing, or without cross-layer kernels, keeps ``kernels_differ``."""
+    common = ["aten::addmm", "graph_0_cpp_fused_gelu_view_5", "aten::addmm"]
+    layers_json = [{"path": f"h.{i}", "class": "Block", "param_shapes": {"w": [4, 4]}} for i in range(4)]
+    boundary = L.Counter({"h.0": 3, "h.1": 2, "h.2": 3, "h.3": 2})  # cross-layer kernels touching each instance
+
+    def split(extra: str, generated: set[str], touched=boundary):
+        classes = {"A": _entry("A", ["h.0", "h.2"], common), "B": _entry("B", ["h.1", "h.3"], [*common, extra])}
+        L.explain_splits(classes, layers_json, {}, touched, frozenset(generated))
+        return classes
+
+    fused = "graph_0_cpp_fused_add_native_layer_norm_view_7"
+    classes = split(fused, {fused, "graph_0_cpp_fused_gelu_view_5"})
+    assert {c["split_reason"] for c in classes.values()} == {"compiled_boundary_differs"}
+    assert classes["B"]["split_from"] == ["A"] and "h.1 2" in classes["B"]["split_detail"]
+    assert f"only here: {fused} x1" in classes["B"]["split_detail"]
+    assert {c["split_reason"] for c in split("aten::bmm", {fused}).values()} == {"kernels_differ"}
+    assert {c["split_reason"] for c in split(fused, {fused}, L.Counter()).values()} == {"kernels_differ"}
+    assert "compiled_boundary_differs" in L.SPLIT_REASONS
+
+
+def test_generated_kernel_names_come_from_non_extern_call_sites():
+    import pandas as pd
+
+    fusion = pd.DataFrame({"kind": ["cpp", "extern", "triton"], "kernel": ["cpp_fused_0", "extern_kernels.mm", "t_1"],
+                           "profiler_name": ["graph_0_cpp_fused_0", "aten::mm", None],
+                           "gpu_symbol": [None, None, "triton_poi_fused_1"]})
+    assert L.generated_kernel_names(fusion) == {"cpp_fused_0", "graph_0_cpp_fused_0", "t_1", "triton_poi_fused_1"}
+    assert L.generated_kernel_names(None) == frozenset()

@@ -41,7 +41,10 @@ class Blk(nn.Module):
         self.k = k
 
     def forward(self, x):
-        return x + self.k * torch.tanh(self.lin(self.norm(x)))
+        # a constant mask, the same in every block: the train graph computes it once (common subexpressions
+        # merged), so blocks.1's kernel reads nodes that Dynamo recorded under blocks.0
+        keep = torch.ones(x.shape, dtype=torch.bool, device=x.device).tril()
+        return x + self.k * torch.tanh(self.lin(self.norm(x))).masked_fill(~keep, 0.0)
 
 
 class Net(nn.Module):
@@ -193,6 +196,28 @@ def test_no_generated_kernel_is_given_to_a_layer_whose_code_it_does_not_hold_alo
             assert row.membership == "cross_layer"  # code of two modules: never one layer's
     assert spans_seen  # the model does fuse across layer boundaries (forward and backward)
     assert any("backward" in name for name in spans_seen)
+
+
+def test_a_constant_shared_by_the_blocks_does_not_make_their_kernels_cross_layer(run):
+    """Issue 14: a value that depends on no input (the mask's fill value, the mask itself) is one set of FX nodes
+    once the graph's common subexpressions are merged, recorded under blocks.0, so blocks.1's masked_fill kernel
+    read blocks.0's nodes and was called cross-layer. Such nodes no longer count toward membership."""
+    graph = next(g for g in inductor.find_graph_dirs(run / "inductor") if inductor.graph_kind(g.name) == "forward")
+    shared = [n for n, path in json.loads((graph / MODULE_PATHS_JSON).read_text())["post_grad"].items()
+              if path == "blocks.0" and n.startswith("full_default")]
+    fusion = pd.read_parquet(run / "fusion_map.parquet")
+    forward = fusion[fusion["graph"] == graph.name]
+    # the case: a kernel of blocks.1's code (the oracle: its literals) computing a node recorded under blocks.0
+    code = _kernel_code(graph)
+    case = [r.profiler_name for r in forward.itertuples()
+            if set(r.post_grad_nodes) & set(shared) and r.kind == "cpp"
+            and {MARKERS[lit] for lit in _LITERAL_RE.findall(code[r.kernel]) if lit in MARKERS} == {"blocks.1"}]
+    assert case, "the model no longer shares a constant between the blocks"
+    attributed = _attributed(run)
+    for name in case:
+        rows = attributed[attributed["name"] == name]
+        assert len(rows) == ITERATIONS and set(rows["membership"]) == {"fx_nodes"}, name
+        assert set(rows["layer"]) == {"blocks.1"}, name
 
 
 def test_gemms_belong_to_the_linear_they_run(run):

@@ -365,7 +365,9 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
         entry["replay_instances"] = entry["instances"][: 2 if verify else 1]
     first_phases = {label: Counter(p for p in phase if p is not None)
                     for label, phase in first.groupby("instance", sort=False)["phase"]}
-    explain_splits(classes, layers, first_phases)
+    spanned_first = assigned["layers_spanned"].to_numpy()[(kl["iteration"] == first_iteration).to_numpy()]
+    boundary = Counter(lab for spans in spanned_first for lab in spans)  # instance -> cross-layer kernels touching it
+    explain_splits(classes, layers, first_phases, boundary, generated_kernel_names(fusion_map))
 
     instances = (
         kl.groupby(["instance", "iteration"], sort=False)
@@ -391,6 +393,11 @@ SPLIT_REASONS = {
                            "grad), so autograd computes no input gradient in their backward and skips those kernels",
     "input_shapes_differ": "the instances receive inputs of different shapes, so their kernels (or their "
                            "configurations) differ",
+    "compiled_boundary_differs": "a whole-model compile generated different kernels at the instances' boundaries: "
+                                 "Inductor fused, and recomputed, code of a neighbouring layer or of the model's "
+                                 "top level into cross-layer kernels (class rest) for some instances and not for "
+                                 "others (it stores a residual value only every few layers), so their own kernel "
+                                 "sequences differ; `compile_scope: layers` compiles every instance to the same code",
     "kernels_differ": "same module class, parameter shapes and inputs as far as recorded, different kernel "
                       "sequences; the cause is not known (e.g. a data-dependent branch or another dtype)",
 }
@@ -435,7 +442,8 @@ def _kernel_difference(a: dict, b: dict, phases: dict[str, Counter]) -> str:
     return text + "; " + "; ".join(parts)
 
 
-def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[str, Counter]) -> None:
+def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[str, Counter],
+                   boundary: Counter | None = None, generated: set[str] | frozenset = frozenset()) -> None:
     """Say why identical layers fell into several classes (in place): every layer class gets ``split_from``
     (the other classes of its module class and parameter shapes, ``[]`` when none), ``split_reason`` (a key of
     :data:`SPLIT_REASONS`, or None when not split) and ``split_detail`` (one sentence: which instances, the
@@ -443,10 +451,15 @@ def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[st
 
     The reason comes from the capture's probe of each layer call (``layers.json`` ``calls``:
     ``input_requires_grad``, ``input_shapes``; :func:`operator_profiler.workloads.probe_layer_inputs`), checked in
-    that order; without it (a trace captured elsewhere) the reason is ``kernels_differ``. ``phases``: instance ->
-    its kernels per train-step phase in the first measured iteration. Classes are not merged: counters are
-    broadcast by kernel position, which needs identical kernel sequences.
+    that order; then ``compiled_boundary_differs`` when the instances of the two classes are touched by different
+    numbers of cross-layer kernels (``boundary``: instance -> cross-layer kernels of the first measured iteration
+    whose ``layers_spanned`` list it) and every kernel name that differs is a generated one (``generated``:
+    :func:`generated_kernel_names`);
+    else ``kernels_differ``. ``phases``: instance -> its kernels per train-step phase in the first measured
+    iteration. Classes are not merged: counters are broadcast by kernel position, which needs identical kernel
+    sequences.
     """
+    boundary = boundary or Counter()
     info = {l["path"]: l for l in layers}
     calls_of = {l["path"]: l.get("calls") or [] for l in layers}
     groups: dict[tuple, list[dict]] = {}
@@ -475,12 +488,40 @@ def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[st
                 reason = "input_shapes_differ"
                 why = f"{who} receive inputs of shapes {' or '.join(sorted(shapes[0]))}, {other['class']}'s instances " \
                       f"{' or '.join(sorted(shapes[1]))}"
+            elif _boundary_differs(entry, other, boundary, generated):
+                reason = "compiled_boundary_differs"
+                touched = {lab: boundary[lab] for lab in entry["instances"] + other["instances"]}
+                why = (f"{who}: same module class and parameter shapes as {other['class']}; Inductor fused code across "
+                       "their boundaries differently (cross-layer kernels touching each instance: "
+                       + ", ".join(f"{lab} {n}" for lab, n in touched.items()) + ")")
             else:
                 reason = "kernels_differ"
                 why = f"{who}: same module class and parameter shapes as {other['class']}, other kernels"
             entry["split_from"] = sorted(e["class"] for e in group if e is not entry)
             entry["split_reason"] = reason
             entry["split_detail"] = f"{why}: {_kernel_difference(entry, other, phases)}"
+
+
+def generated_kernel_names(fusion_map: pd.DataFrame | None) -> frozenset[str]:
+    """The names a kernel Inductor generated can have in a timeline (fusion-map ``kernel``, ``profiler_name``,
+    ``gpu_symbol`` of its non-extern, non-fallback call sites); empty without a fusion map."""
+    if fusion_map is None or fusion_map.empty:
+        return frozenset()
+    own = fusion_map[~fusion_map["kind"].isin(("extern", "fallback"))]
+    return frozenset(str(v) for c in ("kernel", "profiler_name", "gpu_symbol") if c in own
+                     for v in own[c].dropna() if str(v))
+
+
+def _boundary_differs(a: dict, b: dict, boundary: Counter, generated: set[str] | frozenset) -> bool:
+    """Whether two classes of one module class differ as a whole-model compile makes them differ: their instances
+    are touched by different numbers of cross-layer kernels, and each kernel name one has more often than the
+    other is a kernel Inductor generated (a library kernel that differs has another cause)."""
+    touched = [{boundary[lab] for lab in e["instances"]} for e in (a, b)]
+    if not boundary or touched[0] == touched[1]:
+        return False
+    na, nb = Counter(k[0] for k in a["signature"]), Counter(k[0] for k in b["signature"])
+    differing = set((na - nb) + (nb - na))
+    return bool(differing) and all(str(name) in generated for name in differing)
 
 
 def canonical_json(obj: dict) -> str:

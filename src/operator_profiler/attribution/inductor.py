@@ -125,6 +125,9 @@ GENERIC_TRITON_SYMBOL = "triton_"
 _FX_FILE_COMMENT_RE = re.compile(r"^\s*#\s*File:\s*(.+?)\s*$")
 _FX_NO_STACK_RE = re.compile(r"^\s*#\s*No stacktrace found")
 _FX_ASSIGN_RE = re.compile(r"^\s+(\w+)(?:\s*:\s*\"[^\"]*\")?\s*=\s*\S")
+# A node's line: `name: "type" = <call>(args);  a = b = None` (the `;` part frees names, not arguments).
+_FX_CALL_LINE_RE = re.compile(r"^\s+(\w+)(?:\s*:\s*\"[^\"]*\")?\s*=\s*[\w.]+\((.*?)\)(?:;.*)?$")
+_IDENTIFIER_RE = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     fx_ops, vocab_text = _fx_node_ops(graph_dir)
     frames, frame_order = _fx_node_frames(graph_dir)
     paths = _module_paths_record(graph_dir)
+    constants = _fx_constant_nodes(graph_dir) if paths["post_grad"] else frozenset()
     vocab = _aten_vocabulary(text + "\n" + vocab_text)
     prov = _load_provenance(graph_dir, provenance)
     cpp_to_post = prov.get("cppCodeToPost") or {}
@@ -294,7 +298,8 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
         module_stack = sorted({frames[n] for n in lookup if frames.get(n)}, key=frame_order.__getitem__)
         recorded = paths["kernel_nodes"].get(f"{kernel}:{debug_handle}") if debug_handle is not None else None
         module_paths = _call_site_module_paths(post_nodes or recorded or mapping or [
-            p for n in src_nodes for p in (paths["source_nodes"].get(n) or [f"?{n}"])], paths["post_grad"], fx_ops)
+            p for n in src_nodes for p in (paths["source_nodes"].get(n) or [f"?{n}"])], paths["post_grad"], fx_ops,
+            constants)
         rows.append(
             {
                 "graph": graph_dir.name,
@@ -1060,12 +1065,51 @@ def _fx_node_frames(graph_dir: Path) -> tuple[dict[str, str | None], dict[str, i
     return frames, order
 
 
-def _call_site_module_paths(nodes: Sequence[str], post_grad: Mapping, fx_ops: Mapping[str, str]) -> list[str]:
+def _fx_constant_nodes(graph_dir: Path) -> frozenset[str]:
+    """Post-grad nodes whose value depends on no graph input (``iota``, ``full`` and what is computed from them
+    alone: a causal mask), from ``fx_graph_transformed.py`` (else ``fx_graph_readable.py``). Such a node is
+    computed once and shared by every layer that uses it when the graph's common subexpressions are merged (a
+    training graph: layer 0's mask in every layer's softmax), so it says nothing about a kernel's layer."""
+    for fname in reversed(FX_GRAPH_FILES):
+        p = graph_dir / fname
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines() if p.is_file() else None
+        except (OSError, UnicodeDecodeError):
+            lines = None
+        if lines is None:
+            continue
+        constant: dict[str, bool] = {}
+        for line in lines:
+            m = _FX_CALL_LINE_RE.match(line)
+            if m is None:
+                continue
+            # An argument that is no earlier node is a graph input (a placeholder) or a literal/keyword; only
+            # graph inputs make a value data-dependent, and they are the identifiers not assigned in the body
+            # that also are no Python/torch literal: treat every unknown identifier as an input but the literals.
+            names = [t for t in _IDENTIFIER_RE.findall(m.group(2)) if t not in _FX_LITERAL_WORDS]
+            constant[m.group(1)] = all(constant.get(t, False) for t in names)
+        return frozenset(n for n, c in constant.items() if c)
+    return frozenset()
+
+
+# Words in an FX call's arguments that are no node or graph input (``dtype = torch.int64, device = device(type=
+# 'cpu'), layout = torch.strided``; keyword names; literals).
+_FX_LITERAL_WORDS = frozenset(
+    "torch device type cpu cuda xpu mps meta dtype layout strided pin_memory requires_grad start step end True "
+    "False None inf nan memory_format contiguous_format preserve_format channels_last sparse_coo int8 int16 int32 "
+    "int64 uint8 bool float16 bfloat16 float32 float64 complex64 complex128 fill_value value".split())
+
+
+def _call_site_module_paths(nodes: Sequence[str], post_grad: Mapping, fx_ops: Mapping[str, str],
+                            constants: frozenset[str] = frozenset()) -> list[str]:
     """Sorted unique module paths of a call site's post-grad FX ``nodes`` (``post_grad``: node -> path). Nodes
     whose op only re-describes memory (:data:`VIEW_OPS`, e.g. the ``view`` of another module's ``addmm``
-    output that a kernel reads) do not count unless the call site has nothing else: reading a tensor is not
-    computing it. Empty when no node, or one counted node has no known path (or is not in the record)."""
-    counted = [n for n in nodes if fx_ops.get(n) not in VIEW_OPS] or list(nodes)
+    output that a kernel reads) and nodes of a value that depends on no input (``constants``:
+    :func:`_fx_constant_nodes`) do not count unless the call site has nothing else: reading a tensor is not
+    computing it, and a shared constant belongs to no layer. Empty when no node, or one counted node has no known
+    path (or is not in the record)."""
+    counted = ([n for n in nodes if fx_ops.get(n) not in VIEW_OPS and n not in constants]
+               or [n for n in nodes if fx_ops.get(n) not in VIEW_OPS] or list(nodes))
     found = [post_grad.get(n) for n in counted]
     return sorted(set(found)) if found and all(isinstance(p, str) for p in found) else []
 
