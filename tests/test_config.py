@@ -13,7 +13,7 @@ from importlib import resources
 import pytest
 import yaml
 
-from operator_profiler.config import ConfigError, load_config, validate_config
+from operator_profiler.config import ConfigError, check_callables, load_config, validate_config
 
 
 # The compile keys every workload gets (schema $defs.workload): whole-model compile, torch.compile's own defaults.
@@ -230,3 +230,34 @@ def test_dag_check_of_a_factory_parses_without_running_the_module(tmp_path, monk
     with pytest.raises(ConfigError, match=r"^in c.yaml: workloads.m.factory: factory 'dag_models:missing': module "
                                           r"'dag_models' \(.*dag_models.py\) has no 'missing'"):
         check_callables(config, "c.yaml", import_modules=False)
+
+
+@pytest.mark.parametrize("written", [{"compile_scope": "layers"}, {"compile_mode": "max-autotune"},
+                                     {"compile_options": {"max_autotune": True}}])
+def test_compile_settings_of_an_eager_workload_are_refused(written):
+    """Issue 14: compile_scope/compile_mode/compile_options with compile: false used to be accepted and ignored."""
+    key = next(iter(written))
+    with pytest.raises(ConfigError, match=rf"workloads.l.*{key} has no effect with compile: false"):
+        validate_config({"workloads": {"l": {"kind": "lstm", **written}}})
+    with pytest.raises(ConfigError, match=f"{key} has no effect"):
+        validate_config({"workloads": {"g": {"kind": "gpt2", "compile": False, **written}}})
+    # the defaults filled in are no setting of the user's, and compile: true takes them
+    assert validate_config({"workloads": {"l": {"kind": "lstm"}}})["workloads"]["l"]["compile_scope"] == "model"
+    validate_config({"workloads": {"l": {"kind": "lstm", "compile": True, **written}}})
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_unknown_compile_options_fail_when_the_config_is_checked(in_process):
+    """Issue 14: a misspelt Inductor option failed only in the capture job (without the workload's name, leaving an
+    empty inductor/debug.partial). Now validate-config (in process) and the DAG build (a child Python: the
+    Snakemake process imports no torch) name the workload, the key and the closest option."""
+    import torch._inductor
+
+    config = validate_config({"workloads": {"g": {"kind": "gpt2", "compile_options": {"max_autotun": True,
+                                                                                     "epilogue_fusion": False}}}})
+    with pytest.raises(ConfigError, match=r"workloads\.g\.compile_options: 'max_autotun' is not an option.*"
+                                          r"did you mean 'max_autotune'"):
+        check_callables(config, import_modules=in_process)
+    assert "epilogue_fusion" in torch._inductor.list_options()
+    config["workloads"]["g"]["compile_options"] = {"epilogue_fusion": False}
+    check_callables(config, import_modules=in_process)

@@ -8,8 +8,10 @@ the fix, in one paragraph.
 from __future__ import annotations
 
 import copy
+import functools
 import difflib
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -157,11 +159,22 @@ def _consequence(error: jsonschema.ValidationError, errors: list) -> bool:
     )
 
 
-def _cross_field_problems(config: dict) -> list[str]:
-    """Constraints between keys that JSON Schema cannot say: shapes the model cannot be built with."""
+COMPILE_KEYS = ("compile_scope", "compile_mode", "compile_options")
+
+
+def _cross_field_problems(config: dict, given: dict | None = None) -> list[str]:
+    """Constraints between keys that JSON Schema cannot say: shapes the model cannot be built with, and compile
+    settings the user wrote (``given``: the config before defaults) for a workload that does not compile."""
     problems = []
+    given_workloads = (given or {}).get("workloads") or {}
     for name, w in config.get("workloads", {}).items():
         where = f"workloads.{name}"
+        written = given_workloads.get(name) if isinstance(given_workloads.get(name), dict) else {}
+        ignored = [k for k in COMPILE_KEYS if k in written]
+        if ignored and w.get("compile") is False:
+            problems.append(f"at '{where}': {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
+                            "with compile: false (the model runs eager); set compile: true or remove "
+                            f"{'it' if len(ignored) == 1 else 'them'}")
         if w.get("kind") == "gpt2":
             if w["n_embd"] % w["n_head"]:
                 problems.append(f"at '{where}': n_embd ({w['n_embd']}) must be a multiple of n_head ({w['n_head']})")
@@ -203,7 +216,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
             "Fix the key in the config file (or the --config override); the accepted keys, types "
             "and defaults are listed in workflow/schemas/config.schema.yaml and the README."
         )
-    problems = _cross_field_problems(filled)
+    problems = _cross_field_problems(filled, config)
     if problems:
         raise ConfigError(f"invalid configuration in {source} {'; '.join(problems)}. Fix the value in "
                           "the config file (or the --config override).")
@@ -300,9 +313,25 @@ def _check_callable(spec: str, what: str, import_module: bool) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=2)
+def inductor_options(in_process: bool = True) -> frozenset[str] | None:
+    """The option names ``torch.compile(options=...)`` accepts (``torch._inductor.list_options()``); None when torch
+    cannot say. ``in_process`` False (the DAG build, which imports no torch) asks a child Python instead."""
+    if in_process:
+        import torch._inductor
+
+        return frozenset(torch._inductor.list_options())
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", "import torch._inductor as i; print('\\n'.join(i.list_options()))"],
+                          capture_output=True, text=True, check=False)
+    return frozenset(proc.stdout.split()) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
 def check_callables(config: dict, source: str = "config", import_modules: bool = True) -> None:
     """Check that every custom workload's ``factory`` and every ``loss_fn`` of a validated config names a
-    callable of a module on the Python path, without calling it.
+    callable of a module on the Python path, without calling it, and that every ``compile_options`` key of a
+    compiled workload is an option of the installed torch._inductor (:func:`inductor_options`).
 
     ``import_modules`` (``opprof validate-config``): import each module (its top-level code runs, so a missing
     dependency shows). Off (the DAG build, ``workflow/common.smk``: no user code, and no torch import, in the
@@ -321,5 +350,15 @@ def check_callables(config: dict, source: str = "config", import_modules: bool =
                 why = _check_callable(spec, what, import_modules)
                 if why:
                     problems.append(f"workloads.{name}.{key}: {why}")
+        options = w.get("compile_options") or {}
+        if options and w.get("compile"):
+            known = inductor_options(in_process=import_modules)
+            unknown = sorted(k for k in options if known is not None and k not in known)
+            if unknown:
+                close = [difflib.get_close_matches(k, sorted(known), n=1) for k in unknown]
+                hint = "; ".join(f"did you mean {c[0]!r} for {k!r}?" for k, c in zip(unknown, close) if c)
+                problems.append(f"workloads.{name}.compile_options: {', '.join(map(repr, unknown))} "
+                                f"{'is' if len(unknown) == 1 else 'are'} not an option of the installed "
+                                f"torch._inductor (torch._inductor.list_options()){'; ' + hint if hint else ''}")
     if problems:
         raise ConfigError(f"in {source}: {'; '.join(problems)}")
