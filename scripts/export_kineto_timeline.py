@@ -10,4 +10,6 @@ from operator_profiler.errors import run_rule
 
 run_rule(snakemake.log[0], stages.export_timeline, snakemake.input.trace,
          Path(snakemake.output.kernels).parent, "kineto",
-         snakemake.params.expect_gpu)
+         snakemake.params.expect_gpu,
+         user_error_hint=f"delete {snakemake.input.trace} (or run snakemake with --forcerun capture_kineto) "
+         "to capture it again")

@@ -9,4 +9,6 @@ from operator_profiler import stages
 from operator_profiler.errors import run_rule
 
 run_rule(snakemake.log[0], stages.export_timeline, snakemake.input.trace,
-         Path(snakemake.output.kernels).parent, None, snakemake.params.expect_gpu)
+         Path(snakemake.output.kernels).parent, None, snakemake.params.expect_gpu,
+         user_error_hint=f"delete {snakemake.input.trace} (or run snakemake with --forcerun capture_timeline) "
+         "to capture it again")

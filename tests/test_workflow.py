@@ -513,6 +513,9 @@ def test_a_corrupt_capture_and_a_model_that_starts_raising_never_leave_reports_a
     first = snakemake(tmp_path, config, "--keep-going", "--no-hooks", env=env)
     assert first.returncode != 0
     assert "FAILED: results/lstm/capture/timeline.kineto.json.gz: the file cannot be read" in first.stderr
+    # the fix in the workflow's terms, not only the file's (re-exporting a trace by hand is not how a run fixes it)
+    assert ("In this workflow: delete results/lstm/capture/timeline.kineto.json.gz (or run snakemake with "
+            "--forcerun capture_timeline) to capture it again") in first.stderr
     assert "FAILED: workload 'mine' raised RuntimeError" in first.stderr and "Traceback" not in first.stderr
     # lstm's reports were removed before the run: made from a capture that changed since
     assert re.search(r"stale results: \d+ output\(s\) were made from results/lstm/capture/timeline.kineto.json.gz, "

@@ -81,8 +81,11 @@ def _fail(log, log_path: str, line: str) -> None:
     sys.exit(1)
 
 
-def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
+def run_rule(log_path: str, func: Callable, *args, user_error_hint: str | None = None, **kwargs) -> None:
     """Run one Snakemake rule's work with its stderr and logging in ``log_path``.
+
+    ``user_error_hint``: what to do in the workflow, appended to a user error's FAILED line (the errors name the
+    fix for a file handed over by hand; a capture the workflow wrote is fixed by capturing again).
 
     A user error ends the log with one ``FAILED: <what>`` line and exits 1 (no traceback of ours); when
     the user's own code raised (a model or factory: :class:`WorkloadError` ``traceback_text``), its
@@ -111,7 +114,7 @@ def run_rule(log_path: str, func: Callable, *args, **kwargs) -> None:
                 print("The workload's own code raised (traceback, most recent call last):", file=log)
                 print(user_traceback.rstrip(), file=log)
                 _fail(log, log_path, f"FAILED: {exc} (traceback in {log_path})")
-            _fail(log, log_path, f"FAILED: {exc}")
+            _fail(log, log_path, f"FAILED: {exc}" + (f". In this workflow: {user_error_hint}" if user_error_hint else ""))
         except Exception as exc:  # a bug: keep the traceback for the report
             if was_interrupted():
                 sys.exit(interrupted())
