@@ -8,8 +8,9 @@ Each run is ``snakemake --cores 1 --forcerun capture_timeline`` (a fresh capture
 config/config.yaml and everything after it, the compile step kept); its ``operators.parquet``, ``modules.parquet``,
 ``layer_classes.parquet``, ``coverage.json`` and ``capture/run.json`` are kept under ``DIR/run<i>/<workload>/``
 (``opprof compare`` reads them), with the load average (/proc/loadavg, as ``uptime`` prints it) before and after,
-the CPU steal time during the run (/proc/stat: time a virtual machine's host gave to other guests) and the run's
-wall time in ``DIR/run<i>/meta.json``.
+the CPU steal time during the run (/proc/stat: time a virtual machine's host gave to other guests), the run's
+wall time and a 10 s probe of the machine's own speed taken before it (:func:`machine_probe`) in
+``DIR/run<i>/meta.json``.
 
 Then per workload: the top ``--top`` operators of each run (operators.parquet's order: by per-iteration median)
 must be the same operators in the same order in every run, and each one's ``iteration_median_ns`` may differ
@@ -17,7 +18,7 @@ between runs by less than ``--tolerance`` ((max - min) / min over the runs). Pri
 exit status 1 on FAIL. The machine's load matters: on shared cores the scheduler stretches single iterations,
 which the medians absorb only while it stays a minority of iterations, but a run-long slowdown (another process
 or guest on the same physical core: measured here as 20-30 % CPU steal) scales every median of that run alike,
-which no statistic within one run can remove; quote the load and steal with the figures.
+which no statistic within one run can remove; quote the load, the steal and the machine probe with the figures.
 """
 
 from __future__ import annotations
@@ -62,6 +63,35 @@ def steal_share(before: list[int], after: list[int]) -> float | None:
     return delta[7] / sum(delta) if sum(delta) else None
 
 
+PROBE = "the median time of torch.mm on two 256x256 float32 matrices (one thread's worth of work on two)"
+
+
+def machine_probe(seconds: float = 10.0) -> list[float]:
+    """The machine's own speed, before a run: per 1 s window, :data:`PROBE` in µs (median of the window's calls).
+    Nothing of the profiler runs meanwhile, so the spread of these figures, within one probe and between the
+    runs' probes, is the floor under any run-to-run difference of the profiled medians on this machine."""
+    import statistics
+
+    import torch
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    windows: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        calls, window_end = [], time.perf_counter() + 1.0
+        while time.perf_counter() < window_end:
+            t = time.perf_counter()
+            torch.mm(a, b)
+            calls.append(time.perf_counter() - t)
+        windows.append(round(statistics.median(calls) * 1e6, 2))
+    return windows
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / min, the run-to-run difference measure of :func:`compare_runs`."""
+    return (max(values) - min(values)) / min(values) if values and min(values) > 0 else float("nan")
+
+
 def workloads_of(configfile: Path) -> list[str]:
     from operator_profiler.config import load_config
 
@@ -69,7 +99,9 @@ def workloads_of(configfile: Path) -> list[str]:
 
 
 def run_once(index: int, out: Path, workloads: list[str], cores: int, extra: list[str]) -> dict:
-    """One run of the workflow with fresh captures; its tables kept under ``out/run<index>/``."""
+    """One run of the workflow with fresh captures, after a :func:`machine_probe`; its tables kept under
+    ``out/run<index>/``."""
+    probe = machine_probe()
     before, ticks = load_average(), cpu_times()
     start = time.perf_counter()
     argv = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--forcerun", "capture_timeline", *extra]
@@ -79,7 +111,8 @@ def run_once(index: int, out: Path, workloads: list[str], cores: int, extra: lis
         sys.exit(f"run {index}: snakemake failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     steal = steal_share(ticks, cpu_times())
     meta = {"run": index, "wall_s": round(wall, 1), "load_before": before, "load_after": load_average(),
-            "cpu_steal": None if steal is None else round(steal, 3), "argv": argv}
+            "cpu_steal": None if steal is None else round(steal, 3), "argv": argv, "probe": PROBE,
+            "probe_windows_us": probe}
     folder = out / f"run{index}"
     for workload in workloads:
         for name in KEPT:
@@ -88,7 +121,8 @@ def run_once(index: int, out: Path, workloads: list[str], cores: int, extra: lis
             shutil.copy2(Path("results") / workload / name, target)
     (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"run {index}: {wall:.0f} s, load average {before} before, {meta['load_after']} after"
-          + ("" if steal is None else f", CPU steal {steal * 100:.0f}%"), flush=True)
+          + ("" if steal is None else f", CPU steal {steal * 100:.0f}%")
+          + f"; machine probe {min(probe):.0f}-{max(probe):.0f} µs", flush=True)
     return meta
 
 
@@ -105,6 +139,23 @@ def compare_runs(out: Path, top: int, tolerance: float) -> bool:
             steal = meta.get("cpu_steal")
             print(f"{run.name}: {meta['wall_s']} s, load average {meta['load_before']} before, "
                   f"{meta['load_after']} after" + ("" if steal is None else f", CPU steal {steal * 100:.0f}%"))
+    probes = []
+    for run in runs:
+        meta_path = run / "meta.json"
+        windows = json.loads(meta_path.read_text()).get("probe_windows_us") if meta_path.is_file() else None
+        if windows:
+            probes.append((run.name, windows))
+    if probes:
+        import statistics
+
+        medians = [statistics.median(w) for _, w in probes]
+        within = max(spread(w) for _, w in probes)
+        print(f"machine probe ({PROBE}), before each run, 1 s windows: "
+              + "; ".join(f"{name} {min(w):.0f}-{max(w):.0f} µs (median {statistics.median(w):.0f})"
+                          for name, w in probes)
+              + f". The machine alone differs by {spread(medians) * 100:.1f}% between the runs' probe medians and "
+              f"by up to {within * 100:.1f}% between 1 s windows of one probe: a tolerance below that cannot be met "
+              "here, whatever the profiler does.")
     workloads = sorted({p.parent.name for p in runs[0].glob("*/operators.parquet")})
     ok = True
     for workload in workloads:
