@@ -46,7 +46,8 @@ import json, resource, sys, tempfile, time
 t0 = time.perf_counter()
 from operator_profiler.attribution.merge import attribute
 from operator_profiler.layers import classify_layers
-from operator_profiler.timeline.kineto import read_kineto, write_timeline
+from operator_profiler.timeline.kineto import read_kineto
+from operator_profiler.timeline.model import write_timeline
 t1 = time.perf_counter()
 timeline = read_kineto(sys.argv[1])
 with tempfile.TemporaryDirectory() as out:

@@ -6,7 +6,7 @@ watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a 
 import json
 
 from operator_profiler import stages
-from operator_profiler.errors import run_rule
+from operator_profiler.rule_runner import run_rule
 
 i, o = snakemake.input, snakemake.output
 run_rule(snakemake.log[0], stages.aggregate_files, i.attribution, i.instances, i.classes,

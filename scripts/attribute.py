@@ -8,7 +8,7 @@ from pathlib import Path
 
 from operator_profiler import stages
 from operator_profiler.attribution.nvtx import NvtxOptions
-from operator_profiler.errors import run_rule
+from operator_profiler.rule_runner import run_rule
 
 fusion = snakemake.input.fusion_map or None
 kineto = Path(snakemake.input.kineto).parent if snakemake.input.kineto else None

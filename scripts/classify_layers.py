@@ -6,7 +6,7 @@ watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a 
 from pathlib import Path
 
 from operator_profiler import stages
-from operator_profiler.errors import run_rule
+from operator_profiler.rule_runner import run_rule
 
 out = snakemake.output
 fusion = snakemake.input.fusion_map or None  # compiled workloads only

@@ -6,7 +6,7 @@ watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a 
 from pathlib import Path
 
 from operator_profiler import stages
-from operator_profiler.errors import run_rule
+from operator_profiler.rule_runner import run_rule
 
 run_rule(snakemake.log[0], stages.export_timeline, snakemake.input.trace,
          Path(snakemake.output.kernels).parent, None, snakemake.params.expect_gpu,

@@ -6,7 +6,7 @@ watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a 
 import json
 
 from operator_profiler import stages
-from operator_profiler.errors import run_rule
+from operator_profiler.rule_runner import run_rule
 
 i = snakemake.input
 run_rule(snakemake.log[0], stages.report_files, snakemake.wildcards.workload, i.run, i.coverage, i.operators,

@@ -347,7 +347,7 @@ def test_permission_denied_gives_the_fixes_and_locks_nothing(smi, out):
 
 
 def test_permission_denied_exit_path_is_one_failed_line(smi, out, tmp_path, capsys):
-    from operator_profiler.errors import run_rule
+    from operator_profiler.rule_runner import run_rule
 
     smi.fail("-lgc", "permission")
     log = tmp_path / "logs dir" / "capture.log"

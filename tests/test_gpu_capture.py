@@ -203,7 +203,7 @@ def test_nsys_not_on_path_is_a_one_line_error_and_clocks_are_restored(smi, targe
 
 
 def test_capture_rule_reports_nsys_failure_in_one_failed_line(smi, nsys, target, tmp_path, monkeypatch, capsys):
-    from operator_profiler.errors import run_rule
+    from operator_profiler.rule_runner import run_rule
 
     monkeypatch.setenv("FAKE_NSYS_FAIL", "2")
     log = tmp_path / "logs dir" / "capture_timeline.log"

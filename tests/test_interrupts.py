@@ -1,7 +1,7 @@
 """Issue 14 item 1: Ctrl-C (SIGINT) or SIGTERM in a job is one line, a non-zero exit and no partial output.
 
 A real child process runs a job the way the workflow's jobs do (operator_profiler.interrupts.watch_job first,
-then errors.run_rule) and gets a real signal. The workflow-level case (Snakemake and a real capture / script
+then rule_runner.run_rule) and gets a real signal. The workflow-level case (Snakemake and a real capture / script
 job) is in tests/test_workflow.py.
 """
 
@@ -30,7 +30,7 @@ JOB = textwrap.dedent('''\
         outputs[0].write_text("partial")
         print("ready", flush=True)
         time.sleep(30)
-    from operator_profiler.errors import run_rule
+    from operator_profiler.rule_runner import run_rule
 
     def work():
         outputs[0].write_text("partial")

@@ -9,11 +9,8 @@ import pandas as pd
 import pytest
 
 from operator_profiler.timeline import nsys
-from operator_profiler.timeline.nsys import (
-    _nest_push_pop,
-    _nest_with_stack,
-    parse_range_texts,
-)
+from operator_profiler.timeline.nesting import nest_push_pop, nest_with_stack
+from operator_profiler.timeline.nsys import parse_range_texts
 
 
 def _stack_reference(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
@@ -23,7 +20,7 @@ def _stack_reference(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]
                                                        ranges["domain"].to_numpy()[pp]]))
     order = np.argsort(codes, kind="stable")
     rows = pp[order]
-    local_parent, local_depth, partial = _nest_with_stack(codes[order], ranges["start_ns"].to_numpy()[rows],
+    local_parent, local_depth, partial = nest_with_stack(codes[order], ranges["start_ns"].to_numpy()[rows],
                                                           ranges["effective_end_ns"].to_numpy()[rows])
     parent = np.full(len(ranges), -1)
     depth = np.zeros(len(ranges), dtype=np.int64)
@@ -64,7 +61,7 @@ def _random_ranges(rng: np.random.Generator, n_threads: int, per_thread: int, no
 @pytest.mark.parametrize("seed", range(6))
 def test_vectorized_nesting_equals_the_explicit_stack(seed, noise):
     ranges = _random_ranges(np.random.default_rng(seed), n_threads=3, per_thread=400, noise=noise)
-    depth, parent, partial = _nest_push_pop(ranges)
+    depth, parent, partial = nest_push_pop(ranges)
     want_depth, want_parent, want_partial = _stack_reference(ranges)
     assert np.array_equal(parent, want_parent)
     assert np.array_equal(depth, want_depth)
@@ -78,7 +75,7 @@ def test_nesting_of_every_real_export_equals_the_explicit_stack(real_nsys_files)
         ranges = nsys.read_nsys(path).ranges
         if ranges.empty:
             continue
-        depth, parent, _ = _nest_push_pop(ranges)
+        depth, parent, _ = nest_push_pop(ranges)
         want_depth, want_parent, _ = _stack_reference(ranges)
         assert np.array_equal(parent, want_parent), path.name
         assert np.array_equal(depth, want_depth), path.name

@@ -19,13 +19,8 @@ import pytest
 
 from operator_profiler import tables
 from operator_profiler.timeline import trace_json
-from operator_profiler.timeline.kineto import (
-    METADATA_OPS,
-    TimelineError,
-    load_trace,
-    read_kineto,
-    write_timeline,
-)
+from operator_profiler.timeline.kineto import TimelineError, load_trace, read_kineto
+from operator_profiler.timeline.model import METADATA_OPS, write_timeline
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 CPU_TRACES = REAL / "inductor-cpu" / "traces"

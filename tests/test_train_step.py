@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from operator_profiler import capture, harness, stages, tables, training
-from operator_profiler.errors import WorkloadError, run_rule
+from operator_profiler.errors import WorkloadError
+from operator_profiler.rule_runner import run_rule
 from operator_profiler.naming import PHASE_PREFIX, PHASES
 
 MODELS = '''
@@ -325,7 +326,7 @@ def test_first_layer_whose_input_needs_no_grad_is_its_own_class_with_the_reason(
 
 
 def _failed_rule(tmp_path, workload) -> tuple[str, str]:
-    """Run the capture as the capture rule does (errors.run_rule); returns the log text and its last line."""
+    """Run the capture as the capture rule does (rule_runner.run_rule); returns the log text and its last line."""
     log = tmp_path / "capture.log"
     with pytest.raises(SystemExit) as exit_:
         run_rule(str(log), capture.capture_timeline, "mine", workload, SETTINGS, "cpu", "torch",
@@ -378,7 +379,7 @@ def test_kernel_phase_is_taken_on_the_process_whatever_the_launching_thread():
     """On CUDA autograd launches backward kernels from its own device thread, which a CPU run has none of (its
     backward runs on the calling thread): these tables stand in for such a trace. Phases are per process
     (two ranks overlap in time); a launch outside every phase range has none; the end is exclusive."""
-    from operator_profiler.timeline.kineto import kernel_phases
+    from operator_profiler.timeline.model import kernel_phases
 
     ranges = pd.DataFrame({
         "pid": [1, 1, 1, 2, 1],

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .naming import PHASES
-from .timeline.kineto import DISPATCHER_OP
+from .timeline.model import DISPATCHER_OP
 
 UNATTRIBUTED = "(unattributed)"
 OUTSIDE_LAYERS = "(outside layers)"

@@ -16,16 +16,9 @@ from pathlib import Path
 
 from .clocks import locked_clocks, select_clocks  # noqa: F401  (select_clocks: kept importable from here)
 from .files import InputError, read_json_file, write_json
+from .errors import CaptureError
 
 log = logging.getLogger(__name__)
-
-
-class GpuStageUnavailable(RuntimeError):
-    """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
-
-
-class CaptureError(RuntimeError):
-    """A capture tool (nsys) is missing, failed, or wrote no report (a user error: one line, exit 1)."""
 
 
 TIMELINES = ("auto", "nsys", "torch")

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from .config import ConfigError
 from .files import write_json
+from .errors import ClockError, ClockPermissionError, ClocksInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +61,6 @@ POLICIES = ("base", "max", "fixed", "none")
 TOLERANCE_MHZ = 15
 NO_PERMISSION_FIXES = ("run the GPU jobs as root, or let users change clocks with `sudo nvidia-smi -acp UNRESTRICTED`, "
                        "or set `clocks: {policy: none}` in the config to profile with unlocked clocks")
-
-
-class ClockError(RuntimeError):
-    """nvidia-smi is missing, failed, or the GPU cannot give the clocks asked for (a user error)."""
-
-
-class ClockPermissionError(ClockError):
-    """nvidia-smi refused to lock clocks: no permission, or not supported on this GPU (a user error)."""
-
-
-class ClocksInterrupted(SystemExit):
-    """SIGTERM arrived while clocks were locked. A :class:`SystemExit` (exit status 143 = 128 + SIGTERM),
-    so ``finally`` blocks run, clocks are restored, and the process ends without a traceback."""
-
-    def __init__(self, signum: int):
-        super().__init__(128 + signum)
-        self.signum = signum
 
 
 def _smi_path() -> str:

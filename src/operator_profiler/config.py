@@ -17,10 +17,7 @@ from pathlib import Path
 
 import jsonschema
 import yaml
-
-
-class ConfigError(ValueError):
-    """The config is invalid; the message names the key and how to fix it."""
+from .errors import ConfigError
 
 
 #: Workload keys of the train step (schema: only with ``mode: train``).

@@ -1,41 +1,89 @@
-"""User errors: reported as one paragraph and a non-zero exit, never a traceback."""
+"""The user-error hierarchy: every error a user can cause, reported as one line and a non-zero exit, never a
+traceback of ours. Imports nothing of the package (every module raises these; the rule runner,
+:mod:`operator_profiler.rule_runner`, catches them), so it is no import circle and no heavy import."""
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 import sysconfig
 import traceback
-from typing import Callable, Sequence
-
-from .attribution.inductor import InductorArtifactError
-from .capture import CaptureError, GpuStageUnavailable
-from .clocks import ClockError, ClocksInterrupted
-from .config import ConfigError
-from .files import InputError
-from .interrupts import interrupted, was_interrupted
-from .timeline.kineto import TimelineError
+from typing import Sequence
 
 
-# Defined here rather than in workloads/harness so that this module (imported by every rule
-# script) does not import torch.
-class WorkloadError(ValueError):
+class UserError(Exception):
+    """Base of the errors a user can fix (bad input, config, environment); the message names the file or key and
+    the fix. Each subclass also derives from the builtin it always was (ValueError, RuntimeError)."""
+
+
+class ConfigError(UserError, ValueError):
+    """The config is invalid; the message names the key and how to fix it."""
+
+
+class InputError(UserError, ValueError):
+    """An input file is missing, unreadable, or not the table/JSON the stage expects."""
+
+
+class TimelineError(UserError, ValueError):
+    """The trace file is not a readable Kineto trace; the message names the file and the field."""
+
+
+class NsysExportError(InputError):
+    """The nsys SQLite export is unreadable or not an nsys export; the message names the file and the table."""
+
+
+class NcuCsvError(InputError):
+    """An ncu CSV is unreadable or not an ncu export; the message names the file and the row."""
+
+
+class NcuReplayError(InputError):
+    """The ncu replay could not run or its output is unusable; the message names the class and the fix."""
+
+
+class InductorArtifactError(UserError, ValueError):
+    """A TorchInductor debug artifact is missing, unreadable or not in a known format."""
+
+
+class WorkloadError(UserError, ValueError):
     """A workload cannot be built or run: bad factory path, factory raised, wrong return shape, the model or
     its loss raised. ``traceback_text``: the traceback of the user's exception behind it (the model's own
-    frames), which :func:`run_rule` writes to the job's log; None when there is no user exception."""
+    frames), which the rule runner writes to the job's log; None when there is no user exception."""
 
     def __init__(self, message: str, traceback_text: str | None = None):
         super().__init__(message)
         self.traceback_text = traceback_text
 
 
-class DeviceUnavailable(RuntimeError):
+class DeviceUnavailable(UserError, RuntimeError):
     """The configured device is not usable on this machine."""
 
 
-USER_ERRORS = (ConfigError, TimelineError, WorkloadError, InductorArtifactError, GpuStageUnavailable,
-               DeviceUnavailable, InputError, FileNotFoundError, ClockError, CaptureError)
+class GpuStageUnavailable(UserError, RuntimeError):
+    """A GPU stage that this version cannot run yet (or cannot run on this machine)."""
+
+
+class CaptureError(UserError, RuntimeError):
+    """A capture tool (nsys) is missing, failed, or wrote no report."""
+
+
+class ClockError(UserError, RuntimeError):
+    """nvidia-smi is missing, failed, or the GPU cannot give the clocks asked for."""
+
+
+class ClockPermissionError(ClockError):
+    """nvidia-smi refused to lock clocks: no permission, or not supported on this GPU."""
+
+
+class ClocksInterrupted(SystemExit):
+    """SIGTERM arrived while clocks were locked. A :class:`SystemExit` (exit status 143 = 128 + SIGTERM),
+    so ``finally`` blocks run, clocks are restored, and the process ends without a traceback."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+#: What the rule runner and the CLI report as one line (a missing file named by the OS counts too).
+USER_ERRORS = (UserError, FileNotFoundError)
 
 
 _STDLIB = tuple(os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"],
@@ -75,56 +123,3 @@ def from_user_exception(exc: BaseException, who: str, library_dirs: Sequence[str
     return WorkloadError(f"{who} raised {type(exc).__name__}{when}{where}: {message}", text)
 
 
-def _fail(log, log_path: str, line: str) -> None:
-    print(line, file=log)
-    print(line if log_path in line else f"{line}\n  (log: {log_path})", file=sys.__stderr__)
-    sys.exit(1)
-
-
-def run_rule(log_path: str, func: Callable, *args, user_error_hint: str | None = None, **kwargs) -> None:
-    """Run one Snakemake rule's work with its stderr and logging in ``log_path``.
-
-    ``user_error_hint``: what to do in the workflow, appended to a user error's FAILED line (the errors name the
-    fix for a file handed over by hand; a capture the workflow wrote is fixed by capturing again).
-
-    A user error ends the log with one ``FAILED: <what>`` line and exits 1 (no traceback of ours); when
-    the user's own code raised (a model or factory: :class:`WorkloadError` ``traceback_text``), its
-    traceback goes into the log above that line, and the line names the user's file:line and the log.
-    Any other exception keeps its traceback in the log (a bug to report) and also ends with a FAILED line.
-    The FAILED line is also printed on the terminal (Snakemake itself only says "check log file").
-    Ctrl-C (SIGINT) or SIGTERM ends the job with one ``interrupted:`` line instead, its outputs removed
-    and exit status 130 or 143 (:mod:`operator_profiler.interrupts`).
-    """
-    with open(log_path, "w", buffering=1) as log:
-        sys.stderr = log
-        logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(message)s", force=True)
-        try:
-            func(*args, **kwargs)
-            if was_interrupted():  # the KeyboardInterrupt was swallowed: the outputs may be incomplete
-                raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            sys.exit(interrupted())
-        except ClocksInterrupted as exc:  # SIGTERM while clocks were locked (restored by now)
-            sys.exit(interrupted(exc.signum))
-        except USER_ERRORS as exc:
-            if was_interrupted():  # a library turned the KeyboardInterrupt into another error
-                sys.exit(interrupted())
-            user_traceback = getattr(exc, "traceback_text", None)
-            if user_traceback:
-                print("The workload's own code raised (traceback, most recent call last):", file=log)
-                print(user_traceback.rstrip(), file=log)
-                _fail(log, log_path, f"FAILED: {exc} (traceback in {log_path})")
-            _fail(log, log_path, f"FAILED: {exc}" + (f". In this workflow: {user_error_hint}" if user_error_hint else ""))
-        except Exception as exc:  # a bug: keep the traceback for the report
-            if was_interrupted():
-                sys.exit(interrupted())
-            traceback.print_exc(file=log)
-            _fail(log, log_path, f"FAILED: internal error {type(exc).__name__}: {exc} (traceback in the log)")
-        finally:
-            sys.stderr = sys.__stderr__
-            # The log file closes here: detach its handler, so later logging (another rule run in the
-            # same process, as in tests) does not write to a closed file.
-            root = logging.getLogger()
-            for handler in list(root.handlers):
-                if getattr(handler, "stream", None) is log:
-                    root.removeHandler(handler)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from .errors import InputError
 
 
 def replace_atomic(path: Path, write) -> None:
@@ -40,10 +41,6 @@ def write_json(path: Path, obj) -> None:
 def write_parquet_atomic(df, path: Path) -> None:
     """A pandas DataFrame as parquet (no index)."""
     replace_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
-
-
-class InputError(ValueError):
-    """An input file is missing, unreadable, or not the table/JSON the stage expects."""
 
 
 def _missing(path: Path, what: str, hint: str) -> InputError:

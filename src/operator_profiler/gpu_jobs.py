@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         watch_job(rule, files["wildcards"], outputs, log_path)
     except (ValueError, KeyError, TypeError, AttributeError):
         watch_job(rule, {}, [], log_path)
-    from .errors import run_rule
+    from .rule_runner import run_rule
 
     def job():
         func, args = RULES[rule](parse_job(params_text, files_text))

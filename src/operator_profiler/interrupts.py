@@ -3,7 +3,7 @@
 A terminal's Ctrl-C sends SIGINT to Snakemake and to the job it runs; SIGTERM is how Snakemake or a batch
 system (``scancel``) stops a job. :func:`watch_job` (the first call of every job, before the slow imports)
 makes either signal a :class:`KeyboardInterrupt`, so ``finally`` blocks run and ``subprocess.run`` kills its
-child; :func:`interrupted` (called by ``errors.run_rule``, or by the exception hook when the signal comes
+child; :func:`interrupted` (called by ``rule_runner.run_rule``, or by the exception hook when the signal comes
 during the imports) then removes the job's declared outputs and prints
 ``interrupted: <rule> <wildcards>; re-run snakemake to redo it`` on the terminal and in the job's log; the
 job exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
@@ -56,7 +56,7 @@ def was_interrupted() -> bool:
 
 
 def _excepthook(kind, value, tb):
-    if issubclass(kind, KeyboardInterrupt):  # the signal came before errors.run_rule took over
+    if issubclass(kind, KeyboardInterrupt):  # the signal came before rule_runner.run_rule took over
         code = interrupted()
         sys.stdout.flush()
         os._exit(code)  # the interpreter is already exiting: SystemExit would not be honoured here

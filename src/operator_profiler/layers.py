@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .timeline.kineto import iteration_at, kernel_phases
+from .timeline.model import iteration_at, kernel_phases
 
 REST_CLASS = "rest"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")

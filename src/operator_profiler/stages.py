@@ -34,13 +34,14 @@ from .files import (
 )
 from .progress import stage_done
 from .timeline import kineto, nsys
+from .timeline import model as timeline_model
 
 log = logging.getLogger(__name__)
 
 
 
 
-def _read_counts(timeline: kineto.Timeline) -> str:
+def _read_counts(timeline: timeline_model.Timeline) -> str:
     events = sum((timeline.diagnostics.get("event_categories") or {}).values())
     return (f"{events:,} events, " if events else "") + (
         f"{len(timeline.kernels):,} kernels, {len(timeline.launches):,} launches, {len(timeline.ranges):,} ranges")
@@ -89,7 +90,7 @@ NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 NSYS_ONLY_OUTPUTS = ("nvtx_gpu_projection.parquet",)
 
 
-def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_gpu: bool = False) -> kineto.Timeline:
+def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_gpu: bool = False) -> timeline_model.Timeline:
     """A trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``.
 
     A Kineto trace (``.json``/``.json.gz``) or an Nsight Systems report (``.sqlite`` export, or
@@ -115,7 +116,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
         for info in timeline.diagnostics["info"]:
             log.info("%s: %s", trace, info)
         start = time.perf_counter()
-        timeline.diagnostics["gpu_activities"] = kineto.gpu_activity_summary(timeline.activities, timeline.ranges)
+        timeline.diagnostics["gpu_activities"] = timeline_model.gpu_activity_summary(timeline.activities, timeline.ranges)
         projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
         nsys.write_nsys_timeline(timeline, out_dir)
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
@@ -134,8 +135,8 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     for warning in timeline.diagnostics["warnings"]:
         log.warning("%s: %s", trace, warning)
     start = time.perf_counter()
-    timeline.diagnostics["gpu_activities"] = kineto.gpu_activity_summary(timeline.activities, timeline.ranges)
-    kineto.write_timeline(timeline, out_dir)
+    timeline.diagnostics["gpu_activities"] = timeline_model.gpu_activity_summary(timeline.activities, timeline.ranges)
+    timeline_model.write_timeline(timeline, out_dir)
     write_json(Path(out_dir) / "diagnostics.json", timeline.diagnostics)
     stage_done(f"wrote the timeline tables to {out_dir}", start)
     for stale in NSYS_ONLY_OUTPUTS:  # from an nsys timeline written to the same folder before
@@ -143,7 +144,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
     return timeline
 
 
-def _name_launch_operators(timeline: kineto.Timeline) -> None:
+def _name_launch_operators(timeline: timeline_model.Timeline) -> None:
     """Name the op around each kernel launch that has no kernel record (cases.md C04): its device
     time is unknown, which the report says per operator instead of showing 0."""
     missing = timeline.diagnostics.get("launches_without_kernel") or []
@@ -333,7 +334,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     if fusion is not None and len(fusion):
         _warn_fusion_map(result, fusion, timeline_dir)
     # The train-step phase (forward/backward/optimizer) from our phase ranges by launch time on the process.
-    phases = pd.Series(kineto.kernel_phases(kernels, ranges), index=kernels["kernel_id"].astype("int64").to_numpy())
+    phases = pd.Series(timeline_model.kernel_phases(kernels, ranges), index=kernels["kernel_id"].astype("int64").to_numpy())
     result["phase"] = phases.reindex(result["kernel_id"].astype("int64").to_numpy()).to_numpy(dtype=object)
     disagreements = agg.external_id_disagreements(result)
     if disagreements["count"]:

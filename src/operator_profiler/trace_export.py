@@ -172,7 +172,7 @@ def build_trace(kernels: pd.DataFrame, ranges: pd.DataFrame, attribution: pd.Dat
         counters: ``matched/kernel_metrics.parquet`` (``kernel_id``, ``ncu_id``, ``counters_from``,
             metrics in base units), or None.
         launches: ``timeline/launches.parquet`` (launch calls as ``X`` events), or None.
-        activities: ``timeline/gpu_activities.parquet`` (memcpy/memset rows, ``kineto.ACTIVITY_COLUMNS``),
+        activities: ``timeline/gpu_activities.parquet`` (memcpy/memset rows, ``timeline.model.ACTIVITY_COLUMNS``),
             or None.
 
     Raises:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..timeline.kineto import DISPATCHER_OP, METADATA_OPS
+from ..timeline.model import DISPATCHER_OP, METADATA_OPS
 from . import inductor
 from .correlation import COMPILED_GRAPH_PREFIX, OpTable
 

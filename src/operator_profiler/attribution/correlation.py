@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..naming import NVTX_DOMAIN
-from ..timeline.kineto import DISPATCHER_OP, external_id_mode
+from ..timeline.model import DISPATCHER_OP, external_id_mode
 
 COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
 # user_annotation ranges that never name a kernel's operator (the user_annotation path): our harness's

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..naming import MODULE_PATHS_FORMAT, MODULE_PATHS_JSON
+from ..errors import InductorArtifactError
 
 __all__ = [
     "ATTRIBUTE_BY_NAME_COLUMNS",
@@ -77,10 +78,6 @@ VIEW_OPS = frozenset(
         "squeeze", "unsqueeze", "as_strided", "slice", "select", "alias", "detach", "unbind",
     )
 )
-
-
-class InductorArtifactError(ValueError):
-    """A TorchInductor debug artifact is missing, unreadable or not in a known format."""
 
 
 # --- regular expressions (formats: kineto-and-inductor.md §3.3, §3.4, §3.6) -----------------------------------------

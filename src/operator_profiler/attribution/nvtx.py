@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..naming import NVTX_DOMAIN, PHASE_PREFIX
-from ..timeline.nsys import stack_keys, unpack_stack_key
+from ..timeline.nesting import stack_keys, unpack_stack_key
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
 NO_ITEMS: list[str] = []  # shared, never mutated

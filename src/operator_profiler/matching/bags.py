@@ -91,7 +91,7 @@ def measured_iterations(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> p
     marked = ranges[steps.notna()].assign(iteration=pd.to_numeric(steps[steps.notna()]).astype("Int64"))
     if not len(marked):
         return pd.array([None] * n, dtype="Int64")
-    from ..timeline.kineto import iteration_at
+    from ..timeline.model import iteration_at
 
     start = kernels["start_ns"] if "start_ns" in kernels.columns else kernels["launch_start_ns"]
     at = pd.array(kernels["launch_start_ns"], dtype="Int64").fillna(pd.array(start, dtype="Int64")).fillna(0)
@@ -280,7 +280,7 @@ def concurrent_launches(kernels: pd.DataFrame, ranges: pd.DataFrame | None) -> n
             out[rows[:-1][hit]] = True
     if ranges is None or not len(ranges):
         return out
-    from ..timeline.kineto import DISPATCHER_OP
+    from ..timeline.model import DISPATCHER_OP
 
     ops = ranges[ranges["end_ns"].notna() & ranges["name"].astype(str).str.match(DISPATCHER_OP)]
     for (pid, op_tid), g in ops.groupby(["pid", "tid"], sort=False):

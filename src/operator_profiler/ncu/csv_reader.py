@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from operator_profiler.files import InputError
+from ..errors import NcuCsvError
 
 __all__ = ["KERNEL_COLUMNS", "LONG_COLUMNS", "NcuCsvError", "normalize_unit", "read_ncu_csv", "wide_metrics"]
 
@@ -56,10 +56,6 @@ _TOOL_LINE = re.compile(r"^==[A-Z]+==")
 _NEVER_NEGATIVE = {"second": "a duration", "byte": "a byte count", "cycle": "a cycle count"}
 
 PERMISSION_URL = "https://developer.nvidia.com/ERR_NVGPUCTRPERM"
-
-
-class NcuCsvError(InputError):
-    """An ``ncu --csv`` file that cannot be read; the message names the file, the line or field, and the fix."""
 
 
 # ---------------------------------------------------------------- units (ncu.md §1.4)

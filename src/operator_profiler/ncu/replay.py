@@ -58,20 +58,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..files import InputError, write_json
+from ..files import write_json
 from ..layers import REST_CLASS
 from ..naming import COMMUNICATION
 from .csv_reader import PERMISSION_URL, export_report_csv
+from ..errors import NcuReplayError
 
 log = logging.getLogger(__name__)
 
 NCU = "ncu"
 COUNTED_FROM = ("cudaProfilerStart: ncu --profile-from-start off, the harness re-run brackets its measured "
                 "iterations with cudaProfilerStart/Stop, so warm-up launches are not counted")
-
-
-class NcuReplayError(InputError):
-    """The ncu replay could not run or its output is unusable; the message names the class and the fix."""
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -409,7 +406,7 @@ def replay_files(plan_path: Path, clocks_target: Path, workload: dict, harness_c
         GpuStageUnavailable: ``device`` is not cuda.
         InputError, ClockError, NcuReplayError, NcuCsvError: see the functions above.
     """
-    from ..capture import GpuStageUnavailable
+    from ..errors import GpuStageUnavailable
     from ..clocks import gpu_id, locked_clocks
     from ..files import read_json_file
     from .catalog import load_catalog

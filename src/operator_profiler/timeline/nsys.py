@@ -39,10 +39,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import tables
-from ..files import InputError, write_json
+from ..files import write_json
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
-from .kineto import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations
+from ..errors import NsysExportError
+from .model import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations
+from .nesting import nest_push_pop
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +91,6 @@ _FIELDS = {
     "op_id": ("op_id = ", r"op_id = (?P<v>\d+)"),
     "sizes": ("sizes = ", r"sizes = (?P<v>\[.*?\])(?:, input_op_ids = |$)"),
 }
-
-class NsysExportError(InputError):
-    """The file is not a readable Nsight Systems SQLite export; the message names the file and what is missing."""
-
 
 @dataclass
 class NsysTimeline(Timeline):
@@ -734,7 +732,7 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     ranges["iteration"] = iteration
 
     ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
-    depth, parent, partial = _nest_push_pop(ranges)
+    depth, parent, partial = nest_push_pop(ranges)
     ranges["depth"] = depth
     ranges["parent_id"] = pd.array(np.where(parent >= 0, parent, 0), dtype="Int64")
     ranges.loc[parent < 0, "parent_id"] = pd.NA
@@ -775,114 +773,6 @@ def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Categorical:
     parquet writer stores them as plain strings (the table contract)."""
     uniques, remap = np.unique(np.asarray(labels, dtype=object).astype(str), return_inverse=True)
     return pd.Categorical.from_codes(remap[np.asarray(codes, dtype=np.int64)], categories=uniques)
-
-
-def stack_keys(pid: np.ndarray, tid: np.ndarray, domain) -> np.ndarray:
-    """One unsigned integer per (pid, tid, domain) push/pop stack: pid and tid are 24-bit (§2), and a
-    capture has far fewer than 65,536 domains. ``domain`` is a name array (factorized here) or
-    integer domain codes."""
-    domain = np.asarray(domain)
-    if domain.dtype.kind not in "iu":
-        domain, _ = pd.factorize(domain)
-    return ((np.asarray(pid, dtype=np.uint64) << np.uint64(40)) | (np.asarray(tid, dtype=np.uint64) << np.uint64(16))
-            | np.asarray(domain, dtype=np.uint64))
-
-
-def unpack_stack_key(key) -> tuple[int, int, int]:
-    """:func:`stack_keys` -> (pid, tid, domain code)."""
-    key = int(key)
-    return key >> 40, (key >> 16) & 0xFFFFFF, key & 0xFFFF
-
-
-def _nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
-    """Depth and parent of each push/pop range within its (pid, tid, domain) stack.
-
-    ``ranges`` is sorted by (pid, tid, start, end desc). Push/pop stacks are per thread and per NVTX
-    domain, so ranges of different domains need not nest and get separate stacks (cases.md C11).
-    Start/end ranges are process-wide and never nest (depth 0, no parent). Returns (depth, parent
-    row or -1, number of ranges that overlap without nesting).
-
-    In a stack's start order the parent of a range is the nearest earlier range that ends no
-    earlier (an earlier range ending sooner is a closed sibling's subtree). That is found for all
-    ranges at once by pointer jumping: a candidate that ends too early is replaced by its own
-    candidate, which only skips ranges ending even earlier. A stack is then checked: each range's
-    depth must equal the number of earlier ranges still open when it starts; a stack that fails
-    (overlapping ranges that do not nest, or equal timestamps the count cannot order) is nested
-    again with an explicit stack, range by range.
-    """
-    n = len(ranges)
-    depth = np.zeros(n, dtype=np.int64)
-    parent = np.full(n, -1, dtype=np.int64)
-    rows = np.flatnonzero((ranges["kind"] == "nvtx_push_pop").to_numpy())
-    if not len(rows):
-        return depth, parent, 0
-    codes, _ = pd.factorize(stack_keys(ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows],
-                                       ranges["domain"].to_numpy(dtype=object)[rows]))
-    order = np.argsort(codes, kind="stable")  # by stack, then start order
-    rows, group = rows[order], codes[order]
-    start = ranges["start_ns"].to_numpy(dtype=np.int64)[rows]
-    end = ranges["effective_end_ns"].to_numpy(dtype=np.int64)[rows]
-    m = len(rows)
-    first = np.r_[True, group[1:] != group[:-1]]
-    cand = np.arange(m, dtype=np.int64) - 1
-    cand[first] = -1
-    todo = np.flatnonzero(cand >= 0)
-    while len(todo):
-        todo = todo[end[cand[todo]] < end[todo]]
-        cand[todo] = cand[cand[todo]]
-        todo = todo[cand[todo] >= 0]
-    local_depth = np.zeros(m, dtype=np.int64)
-    up = cand.copy()
-    while (live := np.flatnonzero(up >= 0)).size:
-        local_depth[live] += 1
-        up[live] = cand[up[live]]
-    # Check: earlier ranges of the stack still open at each start (= ended after it) vs depth.
-    group_start = np.flatnonzero(first)
-    position = np.arange(m) - np.repeat(group_start, np.diff(np.r_[group_start, m]))
-    span = int(end.max() - start.min()) + 1
-    ok = np.zeros(m, dtype=bool)
-    if (int(group.max()) + 1) < np.iinfo(np.int64).max // span:
-        base = start.min()
-        end_keys = np.sort(group * span + (end - base))
-        closed = np.searchsorted(end_keys, group * span + (start - base), side="right") - np.repeat(
-            group_start, np.diff(np.r_[group_start, m]))
-        ok = position - closed == local_depth
-    bad_groups = np.unique(group[~ok])
-    partial = 0
-    if len(bad_groups):
-        redo = np.isin(group, bad_groups)
-        local_parent, local_depth_redo, partial = _nest_with_stack(group[redo], start[redo], end[redo])
-        redo_idx = np.flatnonzero(redo)
-        cand[redo_idx] = np.where(local_parent >= 0, redo_idx[np.maximum(local_parent, 0)], -1)
-        local_depth[redo_idx] = local_depth_redo
-    parent[rows] = np.where(cand >= 0, rows[np.maximum(cand, 0)], -1)
-    depth[rows] = local_depth
-    return depth, parent, partial
-
-
-def _nest_with_stack(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """The explicit-stack nesting of ranges in (group, start order): (parent index or -1, depth,
-    number of ranges that overlap a range without nesting in it)."""
-    m = len(group)
-    parent = [-1] * m
-    depth = [0] * m
-    partial = 0
-    stack: list[int] = []
-    groups, starts, ends = group.tolist(), start.tolist(), end.tolist()
-    for i in range(m):
-        if i and groups[i] != groups[i - 1]:
-            stack = []
-        # The top of the stack contains range i unless it ends before i does: then it either
-        # ended before i started (a sibling) or overlaps i without containing it.
-        while stack and ends[stack[-1]] < ends[i]:
-            if ends[stack[-1]] > starts[i]:
-                partial += 1
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-            depth[i] = depth[stack[-1]] + 1
-        stack.append(i)
-    return np.array(parent, dtype=np.int64), np.array(depth, dtype=np.int64), partial
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1147,7 +1037,7 @@ def read_report(path: Path) -> NsysTimeline:
 
 def write_nsys_timeline(timeline: NsysTimeline, out_dir: Path) -> None:
     """The timeline tables (with ``gpu_activities.parquet``) and ``diagnostics.json``."""
-    from .kineto import write_timeline
+    from .model import write_timeline
 
     out_dir = Path(out_dir)
     write_timeline(timeline, out_dir)  # with gpu_activities.parquet

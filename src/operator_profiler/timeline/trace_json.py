@@ -59,6 +59,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+from ..errors import TimelineError
 
 BLOCK = 8 << 20  # decompressed bytes per read (and per parsed chunk, about)
 MAX_RECOVER = 64 << 20  # a malformed region longer than this is not recovered
@@ -74,10 +75,6 @@ _TS_NUMBER = re.compile(rb'("(?:ts|dur)"[ \t\r\n]*:[ \t\r\n]*)(-?[0-9]+\.[0-9]+(
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 _SCALAR_END = re.compile(rb"[,}\]]")
-
-
-class TimelineError(ValueError):
-    """The trace file is not a readable Kineto trace; the message names the file and the field."""
 
 
 def _quote_ts(text: bytes) -> bytes:
