@@ -241,7 +241,7 @@ def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
 
 
 def test_report_shows_counter_columns_when_counters_were_matched():
-    from operator_profiler.report import render_markdown
+    from operator_profiler.report.markdown import render_markdown
 
     operators = pd.DataFrame({"operator": ["aten::mm"], "calls": [1], "kernels": [2], "time_ns": [1000],
                               "time_share": [1.0], "paths": ["nvtx"], "sm_sol": [74.0], "memory_sol": [28.0],
@@ -256,7 +256,7 @@ def test_report_shows_counter_columns_when_counters_were_matched():
 
 
 def test_report_lists_counters_per_layer_class_and_the_verify_check():
-    from operator_profiler.report import render_markdown
+    from operator_profiler.report.markdown import render_markdown
 
     coverage = {"attributed_count": 1, "kernel_count": 1, "coverage_time": 1.0, "kernel_time_ns": 1000,
                 "by_path": {"nvtx": 1.0}, "unattributed": [], "counters_note": None}

@@ -1,4 +1,4 @@
-"""GPU clock selection and locking (:mod:`operator_profiler.clocks`) against a FAKE ``nvidia-smi``.
+"""GPU clock selection and locking (:mod:`operator_profiler.capture.clocks`) against a FAKE ``nvidia-smi``.
 
 There is no GPU on the test machine. Every test here puts a **test double** first on ``PATH``: a small
 Python script named ``nvidia-smi`` that appends its argv (one JSON list a line) to a log file and
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from operator_profiler import clocks
-from operator_profiler.clocks import (
+from operator_profiler.capture import clocks
+from operator_profiler.capture.clocks import (
     GPU_FIELDS,
     ClockError,
     ClockPermissionError,
@@ -196,7 +196,7 @@ def test_select_clocks_cpu_unchanged(smi, tmp_path):
         "policy": "none", "device": "cpu", "reason": "CPU run: no GPU clocks to lock", "sm_mhz": None,
         "mem_mhz": None, "gpu": None}
     assert smi.calls() == []
-    from operator_profiler import capture
+    from operator_profiler.capture import jobs as capture
 
     assert capture.select_clocks is select_clocks  # old import path still works
 
@@ -304,7 +304,7 @@ def test_restored_after_failing_tool(smi, out, exc):
 CHILD = textwrap.dedent('''\
     import json, sys, time
     from pathlib import Path
-    from operator_profiler.clocks import locked_clocks
+    from operator_profiler.capture.clocks import locked_clocks
     with locked_clocks(json.loads(sys.argv[1]), Path(sys.argv[2])):
         print("locked", flush=True)
         time.sleep(60)
@@ -405,10 +405,10 @@ def test_gpu_jobs_on_one_gpu_run_one_at_a_time(smi, out, tmp_path):
     import sys
     import time
 
-    from operator_profiler.clocks import gpu_job_lock
+    from operator_profiler.capture.clocks import gpu_job_lock
 
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from operator_profiler.clocks import gpu_job_lock\n"
+        "import sys, time; from operator_profiler.capture.clocks import gpu_job_lock\n"
         "with gpu_job_lock('qa-test-gpu'):\n    print('held', flush=True); time.sleep(1.5)\n")],
         stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "held"
@@ -456,7 +456,8 @@ def test_ncu_clock_args():
 
 
 def test_capture_timeline_runs_the_harness_inside_the_lock(smi, tmp_path, monkeypatch):
-    from operator_profiler import capture, harness
+    from operator_profiler.capture import harness
+    from operator_profiler.capture import jobs as capture
 
     out = tmp_path / "cap ture"
     out.mkdir()
@@ -482,7 +483,7 @@ def test_capture_timeline_runs_the_harness_inside_the_lock(smi, tmp_path, monkey
 
 def test_report_line_says_what_was_locked_or_that_nothing_was():
     """The report's clocks line comes from the capture's clocks_applied.json (written by locked_clocks)."""
-    from operator_profiler.report import _clocks_text
+    from operator_profiler.report.markdown import _clocks_text
 
     locked = {"locked": True, "gpu": "NVIDIA H100 80GB HBM3", "applied": {"sm_mhz": 1755, "mem_mhz": 2619},
               "restored": True, "warnings": []}

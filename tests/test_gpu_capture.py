@@ -30,8 +30,10 @@ import yaml
 from test_clocks import H100, QUERY, _lock_calls, _target, install_fake_smi
 from test_workflow import ROOT, job_counts
 
-from operator_profiler import capture, cli, harness, stages
-from operator_profiler.capture import NSYS_PROFILE_OPTIONS, CaptureError
+from operator_profiler import cli, stages
+from operator_profiler.capture import harness
+from operator_profiler.capture import jobs as capture
+from operator_profiler.capture.jobs import NSYS_PROFILE_OPTIONS, CaptureError
 from operator_profiler.files import InputError
 
 FAKE_NSYS = textwrap.dedent('''\

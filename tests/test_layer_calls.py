@@ -11,7 +11,8 @@ import textwrap
 import pytest
 import torch
 
-from operator_profiler import harness, layers
+from operator_profiler import layers
+from operator_profiler.capture import harness
 from operator_profiler.timeline.kineto import read_kineto
 
 MODELS = '''

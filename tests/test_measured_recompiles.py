@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from operator_profiler import harness
+from operator_profiler.capture import harness
 from operator_profiler.errors import WorkloadError
 
 MODEL = """

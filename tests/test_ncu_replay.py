@@ -325,7 +325,7 @@ def test_ncu_missing_and_nothing_profiled(fake_ncu, tmp_path, monkeypatch):
 
 
 def test_replay_estimate_and_report_lines():
-    from operator_profiler.report import _replay_lines
+    from operator_profiler.report.markdown import _replay_lines
 
     records = [{"class": BLOCK_CLASS, "instances": [f"h.{j}" for j in range(12)], "replay_instances": ["h.0"],
                 "kernels_planned": 6, "segments": [{}], "wall_s": 10.0},

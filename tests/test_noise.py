@@ -21,10 +21,10 @@ from conftest import run_opprof
 from html_report import column, tables
 
 from operator_profiler import aggregate as agg
-from operator_profiler import harness
-from operator_profiler import report as report_md
-from operator_profiler import report_html
+from operator_profiler.capture import harness
 from operator_profiler.config import ConfigError, validate_config
+from operator_profiler.report import html as report_html
+from operator_profiler.report import markdown as report_md
 
 # ------------------------------------------------------------------------------------ warm-up until steady
 

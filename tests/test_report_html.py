@@ -534,7 +534,7 @@ def test_one_operator_and_cpu_layer_classes_are_worded_right(tmp_path):
 
 def test_bar_labels_cut_in_the_middle_and_number_only_what_still_collides():
     sys.path.insert(0, str(ROOT / "src"))
-    from operator_profiler.report_html import bar_labels
+    from operator_profiler.report.html import bar_labels
 
     prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
     names = [prefix + t + ">, std::array<char*, 1> >(int)" for t in ("float", "double", "c10::Half")]

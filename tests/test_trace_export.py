@@ -24,9 +24,9 @@ import pandas as pd
 import pytest
 from nsys_export import Kernel, Memcpy, Nvtx, Runtime, write_nsys_export
 
-from operator_profiler import report as report_md
 from operator_profiler import stages, tables
-from operator_profiler.trace_export import build_trace
+from operator_profiler.report import markdown as report_md
+from operator_profiler.report.trace import build_trace
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 ROOT = Path(__file__).resolve().parents[1]

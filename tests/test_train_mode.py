@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from operator_profiler import capture, stages, tables
+from operator_profiler import stages, tables
 from operator_profiler.attribution import inductor
+from operator_profiler.capture import jobs as capture
 
 N_LAYER = 2
 WORKLOAD = {"kind": "gpt2", "mode": "train", "compile": True, "compile_scope": "layers", "n_layer": N_LAYER,

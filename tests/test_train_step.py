@@ -14,10 +14,12 @@ import pandas as pd
 import pytest
 import torch
 
-from operator_profiler import capture, harness, stages, tables, training
+from operator_profiler import stages, tables
+from operator_profiler.capture import harness, training
+from operator_profiler.capture import jobs as capture
 from operator_profiler.errors import WorkloadError
-from operator_profiler.rule_runner import run_rule
 from operator_profiler.naming import PHASE_PREFIX, PHASES
+from operator_profiler.rule_runner import run_rule
 
 MODELS = '''
 import torch

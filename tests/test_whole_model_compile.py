@@ -20,8 +20,10 @@ import pandas as pd
 import pytest
 import torch
 
-from operator_profiler import capture, harness, layers, stages, tables
+from operator_profiler import layers, stages, tables
 from operator_profiler.attribution import inductor
+from operator_profiler.capture import harness
+from operator_profiler.capture import jobs as capture
 from operator_profiler.errors import WorkloadError
 from operator_profiler.naming import LAYER_PREFIX, MODEL_RANGE, MODULE_PATHS_JSON
 

@@ -138,7 +138,7 @@ def synthetic_capture() -> tuple[list[Nvtx], list[Runtime], list[Kernel], list[d
 def layers_json(model_file: Path) -> list[dict]:
     """layers.json as capture writes it (harness.run_capture) for the model in ``model_file`` (built, never run)."""
     pytest.importorskip("torch")
-    from operator_profiler import workloads
+    from operator_profiler.capture import workloads
 
     spec = importlib.util.spec_from_file_location("nsys_models_for_layers", model_file)
     module = importlib.util.module_from_spec(spec)

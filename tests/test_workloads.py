@@ -1,5 +1,5 @@
-"""Tests for the built-in workloads, the custom-factory loader, layer discovery (operator_profiler.workloads)
-and one real capture through the harness (operator_profiler.harness) on a tiny eager GPT-2.
+"""Tests for the built-in workloads, the custom-factory loader, layer discovery (operator_profiler.capture.workloads)
+and one real capture through the harness (operator_profiler.capture.harness) on a tiny eager GPT-2.
 
 Expected parameter shapes follow from nn.Linear / nn.LayerNorm semantics and the configured sizes; the capture
 is checked with the Kineto reader and the layer classification downstream.
@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from operator_profiler import harness
+from operator_profiler.capture import harness
+from operator_profiler.capture.workloads import WorkloadError, build_workload, find_layers
 from operator_profiler.layers import REST_CLASS, classify_layers
 from operator_profiler.timeline.kineto import read_kineto
-from operator_profiler.workloads import WorkloadError, build_workload, find_layers
 
 CPU = torch.device("cpu")
 GPT2_TINY = {"kind": "gpt2", "vocab_size": 32, "n_positions": 8, "n_embd": 16, "n_layer": 3, "n_head": 2,

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from operator_profiler import stale
-from operator_profiler.capture import resolve_timeline
+from operator_profiler.capture.jobs import resolve_timeline
 from operator_profiler.config import ConfigError, check_callables, validate_config
 
 try:
@@ -85,18 +85,29 @@ wildcard_constraints:
 CAPTURE_LIB = [
     LIB / m
     for m in (
-        "capture.py",
-        "clocks.py",
-        "harness.py",
-        "fx_module_paths.py",
-        "workloads.py",
+        "capture/jobs.py",
+        "capture/clocks.py",
+        "capture/harness.py",
+        "capture/fx_module_paths.py",
+        "capture/workloads.py",
         "naming.py",
         "files.py",
         "gpu_jobs.py",
-        "training.py",
+        "capture/training.py",
     )
 ]
-ANALYSIS_LIB = [LIB / m for m in ("stages.py", "tables.py", "errors.py", "files.py")]
+ANALYSIS_LIB = [
+    LIB / m
+    for m in (
+        "stages.py",
+        "tables.py",
+        "errors.py",
+        "rule_runner.py",
+        "files.py",
+        "timeline/model.py",
+        "timeline/nesting.py",
+    )
+]
 MATCHING_LIB = [
     LIB / "matching" / m
     for m in ("__init__.py", "names.py", "align.py", "match.py", "broadcast.py")

@@ -10,7 +10,7 @@ rule report:
         diagnostics=diagnostics_input,
         matching=matching_input,
         replays=replay_records,
-        lib=[LIB / "report.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
+        lib=[LIB / "report" / "markdown.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
     output:
         report(
             "results/{workload}/report.md",
@@ -45,8 +45,8 @@ rule report_html:
         matching=matching_input,
         replays=replay_records,
         lib=[
-            LIB / "report_html.py",
-            LIB / "report.py",
+            LIB / "report" / "html.py",
+            LIB / "report" / "markdown.py",
             LIB / "ncu" / "replay.py",
             LIB / "ncu" / "catalog.py",
             LIB / "ncu" / "metrics.yaml",

@@ -6,7 +6,7 @@ rule export_trace:
         activities="results/{workload}/timeline/gpu_activities.parquet",
         attribution="results/{workload}/attribution/kernels.parquet",
         counters=counters_input,
-        lib=[LIB / "trace_export.py", *ANALYSIS_LIB],
+        lib=[LIB / "report" / "trace.py", *ANALYSIS_LIB],
     output:
         report(
             "results/{workload}/trace.json",

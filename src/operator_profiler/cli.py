@@ -8,11 +8,11 @@ import logging
 import sys
 from pathlib import Path
 
-from . import capture, stages
+from . import stages
 from .attribution.nvtx import DEFAULT_OPERATOR_DOMAINS, NvtxOptions
+from .capture import jobs as capture
 from .errors import USER_ERRORS
 from .files import InputError
-
 
 #: Appended to the error line when the user's own traceback was printed above it (capture.py looks for it).
 USER_TRACEBACK_ABOVE = " (the traceback is above)"
@@ -28,8 +28,8 @@ def _cmd_validate_config(args) -> None:
 
 
 def _cmd_capture(args) -> None:
+    from .capture.harness import resolve_device
     from .config import load_config
-    from .harness import resolve_device
 
     config = load_config(args.config)
     workloads = config["workloads"]
@@ -37,7 +37,7 @@ def _cmd_capture(args) -> None:
         from .config import ConfigError
 
         raise ConfigError(f"workload {args.workload!r} is not defined in {args.config} (have: {sorted(workloads)})")
-    from .clocks import choose_target
+    from .capture.clocks import choose_target
 
     out = Path(args.out)
     device = resolve_device(config["device"])
@@ -80,7 +80,7 @@ def _cmd_run_harness(args) -> None:
     required with ``--profiler torch``. Exit status 0 on success; 1 with one line ``opprof run-harness:
     error: ...`` on a user error (bad workload, no GPU, unreadable JSON).
     """
-    from . import harness
+    from .capture import harness
 
     if args.profiler == "torch" and not args.out_trace:
         raise InputError("run-harness --profiler torch needs --out-trace TRACE.json.gz")
@@ -207,8 +207,8 @@ def _cmd_report_html(args) -> None:
 
 
 def _cmd_compare(args) -> None:
-    from . import report_html
-    from .report import operators_phrase
+    from .report import html as report_html
+    from .report.markdown import operators_phrase
 
     out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)

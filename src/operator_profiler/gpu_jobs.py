@@ -22,13 +22,13 @@ from .interrupts import watch_job
 
 
 def _select_clocks(j):
-    from . import clocks
+    from .capture import clocks
 
     return clocks.select_clocks, (json.loads(j.params.clocks), j.params.device, j.output.target)
 
 
 def _capture_timeline(j):
-    from . import capture
+    from .capture import jobs as capture
 
     o = j.output
     return capture.capture_timeline, (
@@ -37,7 +37,7 @@ def _capture_timeline(j):
 
 
 def _capture_kineto(j):
-    from . import capture
+    from .capture import jobs as capture
 
     o = j.output
     return capture.capture_kineto, (
@@ -46,7 +46,7 @@ def _capture_kineto(j):
 
 
 def _compile_artifacts(j):
-    from . import capture
+    from .capture import jobs as capture
 
     return capture.compile_artifacts, (
         json.loads(j.params.workload), json.loads(j.params.harness), j.params.device, j.output.debug,

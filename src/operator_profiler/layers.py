@@ -1,9 +1,9 @@
 """Layer instances and layer classes (the checkpoint that decides what ncu replays).
 
 A *layer instance* is one forward call of a repeated submodule, seen in the timeline as our layer
-range (``opprof.layer:<module path>``, :mod:`operator_profiler.harness`), or, in a whole-model compiled
+range (``opprof.layer:<module path>``, :mod:`operator_profiler.capture.harness`), or, in a whole-model compiled
 workload (no layer ranges inside the compiled region), as the FX nodes its compiled kernels were generated
-from (the fusion map's ``module_paths``, :mod:`operator_profiler.fx_module_paths`). A compiled kernel fusing
+from (the fusion map's ``module_paths``, :mod:`operator_profiler.capture.fx_module_paths`). A compiled kernel fusing
 FX nodes of two layer instances (block i's residual add with block i+1's layer norm), or of one and of code
 outside every layer, is a *cross-layer* kernel: it belongs to no instance (class ``rest``) and lists the
 instances it spans (``layers_spanned``). Its *signature* is the ordered
@@ -450,7 +450,7 @@ def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[st
     kernel counts per instance and per phase against the largest class, and the kernel names that differ).
 
     The reason comes from the capture's probe of each layer call (``layers.json`` ``calls``:
-    ``input_requires_grad``, ``input_shapes``; :func:`operator_profiler.workloads.probe_layer_inputs`), checked in
+    ``input_requires_grad``, ``input_shapes``; :func:`operator_profiler.capture.workloads.probe_layer_inputs`), checked in
     that order; then ``compiled_boundary_differs`` when the instances of the two classes are touched by different
     numbers of cross-layer kernels (``boundary``: instance -> cross-layer kernels of the first measured iteration
     whose ``layers_spanned`` list it) and every kernel name that differs is a generated one (``generated``:

@@ -22,7 +22,7 @@ PHASES = ("forward", "backward", "optimizer")
 #: forward op is) are the model's, those outside are the harness's (loss, backward of the loss, optimizer).
 MODEL_RANGE = "opprof.model"
 #: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
-#: (:mod:`operator_profiler.fx_module_paths`), read by the fusion map (column ``module_paths``).
+#: (:mod:`operator_profiler.capture.fx_module_paths`), read by the fusion map (column ``module_paths``).
 MODULE_PATHS_JSON = "opprof_module_paths.json"
 MODULE_PATHS_FORMAT = "opprof.module_paths/1"
 

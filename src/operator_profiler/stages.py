@@ -7,11 +7,10 @@ partial output.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,6 @@ import pandas as pd
 
 from . import aggregate as agg
 from . import layers as layer_classes
-from . import report as report_md
 from . import tables
 from .attribution import inductor, nvtx
 from .attribution.correlation import enclosing_ops
@@ -33,6 +31,7 @@ from .files import (
     write_text_atomic,
 )
 from .progress import stage_done
+from .report import markdown as report_md
 from .timeline import kineto, nsys
 from .timeline import model as timeline_model
 
@@ -598,10 +597,10 @@ def report_html_files(workload: str, run_path: Path | None, coverage_path: Path,
                       replay_paths: list[Path] | None = None, clocks_path: Path | None = None,
                       attribution_path: Path | None = None, counters_path: Path | None = None,
                       phases_path: Path | None = None) -> None:
-    """``report.html``, self-contained (:func:`operator_profiler.report_html.render_html`); inputs as
+    """``report.html``, self-contained (:func:`operator_profiler.report.html.render_html`); inputs as
     :func:`report_files`, plus the attribution and the matched counters (CUDA) for the share of kernel time
     with counters. Written atomically."""
-    from . import report_html
+    from .report import html as report_html
 
     out = html_output(out, results=Path(operators_path).parent)
     inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
@@ -649,15 +648,15 @@ def results_folder_inputs(folder: Path) -> dict:
 
 def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False, top: int | None = None) -> pd.DataFrame:
     """``compare.html``: the profile in ``folder_b`` against the one in ``folder_a`` (two results folders of
-    one workload, e.g. before and after a change; :func:`operator_profiler.report_html.render_compare`).
-    Returns the per-operator comparison table (:func:`operator_profiler.report_html.compare_table`); ``top``: the
+    one workload, e.g. before and after a change; :func:`operator_profiler.report.html.render_compare`).
+    Returns the per-operator comparison table (:func:`operator_profiler.report.html.compare_table`); ``top``: the
     largest changes plotted (default ``report_html.TOP_BARS``). Nothing is written on an error.
 
     Raises:
         InputError: a folder that is not a results folder, or two different workloads (model kind/factory of
             their run.json, or the folder names without one) unless ``force``.
     """
-    from . import report_html
+    from .report import html as report_html
 
     out = html_output(out, "compare.html")
     profiles = []
@@ -688,7 +687,7 @@ def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_
     Raises:
         InputError: a missing or wrong input table, or an attribution of another timeline.
     """
-    from . import trace_export
+    from .report import trace as trace_export
 
     timeline_dir = Path(timeline_dir)
     kernels, ranges = read_timeline(timeline_dir)

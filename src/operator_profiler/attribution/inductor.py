@@ -187,7 +187,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       name their source nodes after post-grad nodes).  Empty when no FX graph file or no node is found.
     * ``module_paths`` (list[str]): the module paths of the call site's FX nodes, sorted and unique, from the
       ``opprof_module_paths.json`` the capture wrote beside ``output_code.py``
-      (:mod:`operator_profiler.fx_module_paths`: ``transformer.h.3.ln_1``; ``blocks.0#1`` for a module's
+      (:mod:`operator_profiler.capture.fx_module_paths`: ``transformer.h.3.ln_1``; ``blocks.0#1`` for a module's
       second call; ``""`` for the compiled frame module's own code, the model's top level). The nodes looked up
       are: ``post_grad_nodes``; else the post-grad nodes that file records for the call's
       ``<kernel>:<debug handle>`` (Inductor's provenance map, which torch writes to a file for forward graphs
@@ -1112,7 +1112,7 @@ def _call_site_module_paths(nodes: Sequence[str], post_grad: Mapping, fx_ops: Ma
 
 
 def _module_paths_record(graph_dir: Path) -> dict:
-    """``opprof_module_paths.json`` of a graph dir (:mod:`operator_profiler.fx_module_paths`) as
+    """``opprof_module_paths.json`` of a graph dir (:mod:`operator_profiler.capture.fx_module_paths`) as
     ``{"scope", "pre_grad", "post_grad"}``; empty maps and scope None without the file.
 
     Raises :class:`InductorArtifactError` when the file is there but unreadable or not of that format.

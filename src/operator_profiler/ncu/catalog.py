@@ -17,7 +17,7 @@ import jsonschema
 import pandas as pd
 import yaml
 
-from operator_profiler.config import ConfigError
+from ..config import ConfigError
 
 ARCHS = ("ampere", "hopper", "blackwell")
 RULES = ("sum", "duration_weighted_mean", "max", "ratio")

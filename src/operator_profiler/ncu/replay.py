@@ -58,11 +58,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..errors import NcuReplayError
 from ..files import write_json
 from ..layers import REST_CLASS
 from ..naming import COMMUNICATION
 from .csv_reader import PERMISSION_URL, export_report_csv
-from ..errors import NcuReplayError
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +171,10 @@ def target_argv(workload: dict, harness_cfg: dict, out_dir: Path, workload_name:
                 iterations: int | None = None) -> list[str]:
     """The program ncu runs: the workload harness again in a fresh process, its measured iterations
     inside cudaProfilerStart/Stop: ``opprof run-harness ... --device cuda --profiler cuda_profiler_api``
-    (:func:`operator_profiler.capture.harness_argv`, the same entry the nsys capture launches), writing
+    (:func:`operator_profiler.capture.jobs.harness_argv`, the same entry the nsys capture launches), writing
     its ``run.json``/``layers.json`` into ``out_dir``. ``iterations`` (default: the harness's) cuts the
     re-run to the iterations the plan needs (the first measured one)."""
-    from ..capture import harness_argv
+    from ..capture.jobs import harness_argv
 
     harness_cfg = dict(harness_cfg, **({"iterations": int(iterations)} if iterations else {}))
     out_dir = Path(out_dir)
@@ -191,11 +191,11 @@ def replay_command(plan: dict, catalog, out_report: Path, applied_clocks: dict, 
     --replay-mode kernel --cache-control all [--clock-control none] --print-kernel-base mangled
     --export REPORT --force-overwrite <target ...>`` (ncu.md §2, §6; Nsight Compute CLI guide
     https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html). ``--clock-control none`` only when
-    :func:`operator_profiler.clocks.locked_clocks` locked the clocks (:func:`~operator_profiler.clocks.ncu_clock_args`);
+    :func:`operator_profiler.capture.clocks.locked_clocks` locked the clocks (:func:`~operator_profiler.capture.clocks.ncu_clock_args`);
     otherwise ncu locks them itself. ``catalog``: :class:`~operator_profiler.ncu.catalog.Catalog`;
     ``arch``: ampere/hopper/blackwell (None: every architecture's names).
     """
-    from ..clocks import ncu_clock_args
+    from ..capture.clocks import ncu_clock_args
 
     seg = plan["segments"][segment]
     return [NCU, "--profile-from-start", "off",
@@ -398,7 +398,7 @@ def gpu_arch(device_index: str = "0") -> str | None:
 def replay_files(plan_path: Path, clocks_target: Path, workload: dict, harness_cfg: dict, workload_name: str,
                  device: str, out_csv: Path, out_json: Path, out_clocks: Path) -> dict:
     """Rule ``replay_ncu``: read the class's plan (``layers/replay/{cls}.json``) and ``clocks/target.json``,
-    lock the clocks (:func:`operator_profiler.clocks.locked_clocks`, restored whatever happens; written to
+    lock the clocks (:func:`operator_profiler.capture.clocks.locked_clocks`, restored whatever happens; written to
     ``out_clocks``), run :func:`run_replay` with the harness re-run of :func:`target_argv` (the plan's
     iterations only), and return the ``replay.json`` record.
 
@@ -406,8 +406,8 @@ def replay_files(plan_path: Path, clocks_target: Path, workload: dict, harness_c
         GpuStageUnavailable: ``device`` is not cuda.
         InputError, ClockError, NcuReplayError, NcuCsvError: see the functions above.
     """
+    from ..capture.clocks import gpu_id, locked_clocks
     from ..errors import GpuStageUnavailable
-    from ..clocks import gpu_id, locked_clocks
     from ..files import read_json_file
     from .catalog import load_catalog
 

@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from .naming import MODULE_PATHS_FORMAT, MODULE_PATHS_JSON
+from ..naming import MODULE_PATHS_FORMAT, MODULE_PATHS_JSON
 
 _log = logging.getLogger(__name__)
 
@@ -132,7 +132,6 @@ class ModulePathRecorder:
     def installed(self) -> Iterator[None]:
         """Install the passes for the block (restored afterwards)."""
         import torch._inductor.config as inductor_config
-
         from torch._inductor.custom_graph_pass import get_custom_graph_passes
 
         names = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass")

@@ -46,9 +46,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from .config import ConfigError
-from .files import write_json
-from .errors import ClockError, ClockPermissionError, ClocksInterrupted
+from ..config import ConfigError
+from ..errors import ClockError, ClockPermissionError, ClocksInterrupted
+from ..files import write_json
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import textwrap
 
 import pandas as pd
 
-from . import report as report_md
+from . import markdown as report_md
 
 # Operators/modules drawn in a bar chart before the rest are summed into one bar.
 TOP_BARS = 20
@@ -271,7 +271,7 @@ def _hbar(labels: list[str], values: list[float], hover: list[str], x_title: str
 
 def counter_metric_names() -> dict[str, str]:
     """ncu's spelling (first catalog name) of each counter column of the operator table."""
-    from .ncu.catalog import load_catalog
+    from ..ncu.catalog import load_catalog
 
     catalog = load_catalog()
     names = {}
@@ -283,7 +283,7 @@ def counter_metric_names() -> dict[str, str]:
 
 def latency_threshold() -> float:
     """The catalog's bottleneck threshold: both SOL figures below it -> latency-bound."""
-    from .ncu.catalog import load_catalog
+    from ..ncu.catalog import load_catalog
 
     return float(load_catalog().bottleneck["latency_below_pct"])
 
@@ -547,7 +547,7 @@ def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
 def _refused_counters(coverage: dict) -> str:
     """The kernels whose ncu counters the matching refused, per kernel name and reason, then the matching's hints
     (empty when neither)."""
-    from .matching import REASONS
+    from ..matching import REASONS
 
     c = coverage.get("counters") or {}
     hints = (f"<h3>Matching hints</h3>{_bullets(['- ' + h for h in c['hints']])}" if c.get("hints") else "")
@@ -573,7 +573,7 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
 
     est = {}
     if replays:
-        from .ncu.replay import replay_estimate
+        from ..ncu.replay import replay_estimate
 
         est = {r["class"]: r for r in replay_estimate(replays)["classes"]}
     # K: the instances an ncu replay runs per class. Without ncu replays (CPU runs, ncu off, imported traces)

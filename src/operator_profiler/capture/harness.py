@@ -6,7 +6,7 @@ NVTX push/pop ranges in our own domain (nsys and ncu see them). Range names:
 
 - iteration: ``opprof.iteration:<i>``
 - layer:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
-- phase:     ``opprof.phase:<forward|backward|optimizer>`` (train mode: :mod:`operator_profiler.training`)
+- phase:     ``opprof.phase:<forward|backward|optimizer>`` (train mode: :mod:`operator_profiler.capture.training`)
 - model:     ``opprof.model``, around each call of a whole-model compiled model (``compile_scope: model``)
 
 Compiled workloads (``compile: true``) are compiled as the workload's ``compile_scope`` says:
@@ -18,7 +18,7 @@ Compiled workloads (``compile: true``) are compiled as the workload's ``compile_
   would break the graph (torch 2.13: "Dynamo does not know how to trace method ``__enter__`` of class
   ``record_function``", a graph break per hook), so the profile would no longer be the user's program. The
   layer of a compiled kernel comes from the FX nodes it was generated from instead
-  (:mod:`operator_profiler.fx_module_paths`, recorded by the compile_artifacts capture).
+  (:mod:`operator_profiler.capture.fx_module_paths`, recorded by the compile_artifacts capture).
 - ``layers``: *regional compilation*, each layer instance's ``forward`` compiled on its own (a model without
   layers is compiled whole), with the layer ranges outside the compiled code: identical layers share one
   compiled graph and no fused kernel straddles two layers, but the stem and head run eager and no fusion
@@ -44,9 +44,9 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..errors import DeviceUnavailable, from_user_exception
+from ..naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN
 from . import fx_module_paths, training, workloads
-from .errors import DeviceUnavailable, from_user_exception
-from .naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
 
@@ -330,7 +330,7 @@ def harness_settings(harness: dict) -> dict:
     """
     import jsonschema
 
-    from .config import ConfigError, fill_defaults, load_schema
+    from ..config import ConfigError, fill_defaults, load_schema
 
     schema = load_schema()["properties"]["harness"]
     settings = fill_defaults(dict(harness), schema)
@@ -465,7 +465,7 @@ def run_capture(
         ``compile_options``, ``compile_notes`` (list[str]) and ``layer_ranges`` (whether layer ranges were
         emitted: false for a whole-model compile, whose layers come from the FX nodes).
 
-    Train mode (``workload["mode"] == "train"``): each iteration is one :class:`operator_profiler.training.TrainStep`
+    Train mode (``workload["mode"] == "train"``): each iteration is one :class:`operator_profiler.capture.training.TrainStep`
     (forward + loss, backward, optimizer step + zero_grad, each in an ``opprof.phase:<phase>`` range); ``run.json``
     ``train_step`` records the optimizer, lr and loss. With layers, one forward before warm-up probes each layer
     call's input (``layers.json`` ``calls``: ``input_requires_grad``, ``input_shapes``).

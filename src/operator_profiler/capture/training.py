@@ -28,8 +28,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from .errors import WorkloadError
-from .naming import PHASE_PREFIX
+from ..errors import WorkloadError
+from ..naming import PHASE_PREFIX
 
 #: config ``optimizer`` -> torch.optim class.
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}

@@ -7,7 +7,7 @@ import os
 
 import pandas as pd
 
-from .aggregate import UNATTRIBUTED
+from ..aggregate import UNATTRIBUTED
 
 # The hardware metrics shown per operator (catalog name, label, scale from the catalog's base unit).
 KEY_COUNTERS = (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1), ("dram_bytes", "DRAM MB", 1e-6),
@@ -197,7 +197,7 @@ def _replay_lines(replays: list[dict] | None) -> list[str]:
     """Measured ncu replay time per layer class against replaying every layer instance (N/K per class)."""
     if not replays:
         return []
-    from .ncu.replay import replay_estimate
+    from ..ncu.replay import replay_estimate
 
     est = replay_estimate(replays)
     lines = [f"ncu replay time (Nsight Compute {ncu_versions(replays)}; wall seconds of the ncu runs, harness "
@@ -404,7 +404,7 @@ def counters_text(coverage: dict, keys: int = 3) -> str:
 def refused_counters_lines(coverage: dict) -> list[str]:
     """The kernels whose ncu counters the matching refused, per kernel name and reason, with what each reason
     means, then the matching's hints (what the input cannot tell apart; Markdown; nothing when neither)."""
-    from .matching import REASONS
+    from ..matching import REASONS
 
     c = coverage.get("counters") or {}
     hints = ["## Matching hints", ""] + [f"- {h}" for h in c.get("hints") or []] + [""] if c.get("hints") else []

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..errors import CaptureError
+from ..files import InputError, read_json_file, write_json
 from .clocks import locked_clocks, select_clocks  # noqa: F401  (select_clocks: kept importable from here)
-from .files import InputError, read_json_file, write_json
-from .errors import CaptureError
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
 
     - CPU (always ``torch``): torch.profiler in this process; no clocks to lock.
     - CUDA, ``torch``: torch.profiler in this process, inside
-      :func:`operator_profiler.clocks.locked_clocks`; the trace is a gzipped Chrome trace and ``run.json``
+      :func:`operator_profiler.capture.clocks.locked_clocks`; the trace is a gzipped Chrome trace and ``run.json``
       records ``measured_kernels`` (kernel records of the measured window).
     - CUDA, ``nsys``: inside ``locked_clocks``, ``nsys profile`` (:func:`nsys_command`, options
       :data:`NSYS_PROFILE_OPTIONS`) launches ``opprof run-harness --profiler cuda_profiler_api`` in a new
@@ -167,7 +167,7 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
     Raises:
         InputError: CUDA without a readable ``clocks_target``.
         CaptureError: nsys missing on PATH, failing, or writing no report.
-        ClockError, ClockPermissionError: see :func:`~operator_profiler.clocks.locked_clocks`.
+        ClockError, ClockPermissionError: see :func:`~operator_profiler.capture.clocks.locked_clocks`.
         WorkloadError, DeviceUnavailable: from the harness (in-process runs).
     """
     from . import harness
@@ -228,7 +228,7 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
     """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
     (``output_code.py``, FX graphs, provenance JSON: ``trace.provenance_tracking_level = 1``,
     kineto-and-inductor.md §3.1) under ``out_dir``, each with the module path of every FX node
-    (``opprof_module_paths.json``, :mod:`operator_profiler.fx_module_paths`). One warm-up + one iteration, same seed, shapes and
+    (``opprof_module_paths.json``, :mod:`operator_profiler.capture.fx_module_paths`). One warm-up + one iteration, same seed, shapes and
     settings as the capture, so kernel names and call sites are the capture's.
 
     On CUDA with ``clocks_target`` the run happens inside ``locked_clocks`` (writes ``out_clocks``), like

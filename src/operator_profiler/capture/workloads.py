@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import WorkloadError, from_user_exception
+from ..errors import WorkloadError, from_user_exception
 
 #: Folders whose frames are never "the user's code" in an error's traceback (errors.user_frame).
 LIBRARY_DIRS = (os.path.dirname(torch.__file__),)
