@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from operator_profiler import aggregate as agg
+from operator_profiler.results import ReportInputs
 
 
 def _ev(inductor_ops=None, operator=None):
@@ -248,9 +249,9 @@ def test_report_shows_counter_columns_when_counters_were_matched():
                               "dram_bytes": [4_000_000.0], "bottleneck": ["compute-bound"]})
     coverage = {"attributed_count": 2, "kernel_count": 2, "coverage_time": 1.0, "kernel_time_ns": 1000,
                 "by_path": {"nvtx": 1.0}, "unattributed": [], "counters_note": None}
-    text = render_markdown("w", None, coverage, operators, pd.DataFrame({"module": [], "kernels": [], "time_ns": [],
-                                                                         "time_share": []}),
-                           pd.DataFrame(), 5)
+    text = render_markdown("w", ReportInputs(coverage, operators, pd.DataFrame({"module": [], "kernels": [],
+                                                                             "time_ns": [], "time_share": []}),
+                                             pd.DataFrame()), 5)
     assert "| operator | calls | kernels | total_ms | share | paths | SM SOL % | memory SOL % | DRAM MB | bottleneck |" in text
     assert "| aten::mm | 1 | 2 | 0.001 | 100.00% | nvtx | 74.0 | 28.0 | 4.0 | compute-bound |" in text
 
@@ -267,6 +268,6 @@ def test_report_lists_counters_per_layer_class_and_the_verify_check():
     operators = pd.DataFrame({"operator": ["aten::mm"], "calls": [1], "kernels": [1], "time_ns": [1000],
                               "time_share": [1.0], "paths": ["nvtx"], "bottleneck": ["not_collected"]})
     modules = pd.DataFrame({"module": [], "kernels": [], "time_ns": [], "time_share": []})
-    text = render_markdown("w", None, coverage, operators, modules, pd.DataFrame(), 5, matching=matching)
+    text = render_markdown("w", ReportInputs(coverage, operators, modules, pd.DataFrame(), matching=matching), 5)
     assert "| Block-1 | 6 | 4 | 2 | 0 | 20.0% (sm__throughput) |" in text
     assert "| rest | 2 | 2 | 0 | 0 | not verified |" in text

@@ -25,6 +25,7 @@ from operator_profiler.capture import harness
 from operator_profiler.config import ConfigError, validate_config
 from operator_profiler.report import html as report_html
 from operator_profiler.report import markdown as report_md
+from operator_profiler.results import ReportInputs
 
 # ------------------------------------------------------------------------------------ warm-up until steady
 
@@ -226,7 +227,7 @@ def test_reports_show_ranks_spreads_and_median_shares(real):
     modules = agg.modules_table(attribution)
     layer_classes = agg.layer_classes_table(instances, classes)
     coverage = agg.coverage(attribution, counters_collected=False, device="cpu")
-    md = report_md.render_markdown("tiny", run, coverage, ops, modules, layer_classes, top_operators=50)
+    md = report_md.render_markdown("tiny", ReportInputs(coverage, ops, modules, layer_classes, run=run), top_operators=50)
     assert "ranks and shares of operators and modules and the layer figures below come from per-iteration medians" in md
     ms = lambda ns: f"{ns / 1e6:.3f}"  # noqa: E731
     for rank, r in enumerate(ops.to_dict("records"), start=1):
@@ -238,7 +239,7 @@ def test_reports_show_ranks_spreads_and_median_shares(real):
                          rf"{re.escape(spread)} \|", md, re.M), r["operator"]
     assert f"share: of the sum of the medians ({ms(ops['iteration_median_ns'].sum())} ms)" in md
     assert "## Modules (by median time per measured iteration)" in md
-    page = report_html.render_html("tiny", run, coverage, ops, modules, layer_classes)
+    page = report_html.render_html("tiny", ReportInputs(coverage, ops, modules, layer_classes, run=run))
     found = tables(page)
     table = found["operator-table"]
     assert column(table, "operator", "text") == list(ops["operator"])

@@ -20,6 +20,7 @@ from operator_profiler.capture import jobs as capture
 from operator_profiler.errors import WorkloadError
 from operator_profiler.naming import PHASE_PREFIX, PHASES
 from operator_profiler.rule_runner import run_rule
+from operator_profiler.results import ReportPaths
 
 MODELS = '''
 import torch
@@ -138,11 +139,12 @@ def train_run(models, tmp_path_factory):
                            {"per_iteration": True, "device": "cpu"}, out / "operators.parquet", out / "operators.csv",
                            out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json",
                            out_phases=out / "phases.parquet")
-    inputs = {**stages.results_folder_inputs(out), "run_path": out / "run.json"}
-    stages.report_files("stack", inputs["run_path"], out / "coverage.json", out / "operators.parquet",
-                        out / "modules.parquet", out / "layer_classes.parquet", {"top_operators": 20},
-                        out / "report.md", phases_path=inputs["phases_path"])
-    stages.report_html_files("stack", **inputs, options={"top_operators": 20}, out=out / "report.html")
+    paths = ReportPaths.of_folder(out)
+    paths.run = out / "run.json"
+    stages.report_files("stack", ReportPaths(out / "coverage.json", out / "operators.parquet", out / "modules.parquet",
+                                             out / "layer_classes.parquet", run=paths.run, phases=paths.phases),
+                        {"top_operators": 20}, out / "report.md")
+    stages.report_html_files("stack", paths, {"top_operators": 20}, out / "report.html")
     return out
 
 

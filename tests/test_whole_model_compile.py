@@ -26,6 +26,7 @@ from operator_profiler.capture import harness
 from operator_profiler.capture import jobs as capture
 from operator_profiler.errors import WorkloadError
 from operator_profiler.naming import LAYER_PREFIX, MODEL_RANGE, MODULE_PATHS_JSON
+from operator_profiler.results import ReportPaths
 
 MODELS = '''
 import torch
@@ -137,9 +138,9 @@ def run(models, tmp_path_factory):
     stages.aggregate_files(out / "attribution.parquet", out / "instances.parquet", out / "classes.json",
                            {"per_iteration": True, "device": "cpu"}, out / "operators.parquet", out / "operators.csv",
                            out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json")
-    stages.report_files("wmc", out / "run.json", out / "coverage.json", out / "operators.parquet",
-                        out / "modules.parquet", out / "layer_classes.parquet", {"top_operators": 20},
-                        out / "report.md")
+    stages.report_files("wmc", ReportPaths(out / "coverage.json", out / "operators.parquet", out / "modules.parquet",
+                                           out / "layer_classes.parquet", run=out / "run.json"),
+                        {"top_operators": 20}, out / "report.md")
     return out
 
 

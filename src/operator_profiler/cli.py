@@ -13,6 +13,8 @@ from .attribution.nvtx import DEFAULT_OPERATOR_DOMAINS, NvtxOptions
 from .capture import jobs as capture
 from .errors import USER_ERRORS
 from .files import InputError
+from .report.html import html_output
+from .results import ReportPaths
 
 #: Appended to the error line when the user's own traceback was printed above it (capture.py looks for it).
 USER_TRACEBACK_ABOVE = " (the traceback is above)"
@@ -185,24 +187,23 @@ def _cmd_report(args) -> None:
     d = Path(args.results)
     # the capture writes clocks_applied.json beside run.json
     clocks = Path(args.run).parent / "clocks_applied.json" if args.run else Path("/nonexistent")
-    stages.report_files(args.workload or d.name, Path(args.run) if args.run else None, d / "coverage.json",
-                        d / "operators.parquet", d / "modules.parquet", d / "layer_classes.parquet",
-                        {"top_operators": args.top}, Path(args.out),
-                        diagnostics_path=Path(args.timeline) / "diagnostics.json" if args.timeline else None,
-                        match_diagnostics_path=Path(args.matching) if args.matching else None,
-                        clocks_path=clocks if clocks.is_file() else None,
-                        phases_path=d / "phases.parquet" if (d / "phases.parquet").is_file() else None)
+    paths = ReportPaths(d / "coverage.json", d / "operators.parquet", d / "modules.parquet",
+                        d / "layer_classes.parquet", run=Path(args.run) if args.run else None,
+                        diagnostics=Path(args.timeline) / "diagnostics.json" if args.timeline else None,
+                        matching=Path(args.matching) if args.matching else None,
+                        clocks=clocks if clocks.is_file() else None,
+                        phases=d / "phases.parquet" if (d / "phases.parquet").is_file() else None)
+    stages.report_files(args.workload or d.name, paths, {"top_operators": args.top}, Path(args.out))
     print(f"wrote {args.out}")
 
 
 def _cmd_report_html(args) -> None:
     folder = Path(args.results)
-    out = stages.html_output(args.out, results=folder)  # the text typed: '' and '.' are different mistakes
-    inputs = stages.results_folder_inputs(folder)
+    out = html_output(args.out, results=folder)  # the text typed: '' and '.' are different mistakes
+    paths = ReportPaths.of_folder(folder)
     if args.timeline:  # a trace captured elsewhere: its timeline folder is not inside the results folder
-        inputs["diagnostics_path"] = Path(args.timeline) / "diagnostics.json"
-    stages.report_html_files(args.workload or folder.resolve().name, **inputs, options={"top_operators": args.top},
-                             out=out)
+        paths.diagnostics = Path(args.timeline) / "diagnostics.json"
+    stages.report_html_files(args.workload or folder.resolve().name, paths, {"top_operators": args.top}, out)
     print(f"wrote {args.out}")
 
 
@@ -210,7 +211,7 @@ def _cmd_compare(args) -> None:
     from .report import html as report_html
     from .report.markdown import operators_phrase
 
-    out = stages.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
+    out = html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
     change = report_html.operator_changes(table)  # the (unattributed) row is not an operator
     both = sum(change.get(c, 0) for c in ("slower", "faster", "same"))

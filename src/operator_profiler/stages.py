@@ -8,9 +8,7 @@ partial output.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +22,18 @@ from .attribution.correlation import enclosing_ops
 from .attribution.merge import attribute, merge_fusion_by_name, merge_kineto_run
 from .files import (
     InputError,
-    read_json_file,
-    read_parquet_file,
     write_json,
     write_parquet_atomic,
     write_text_atomic,
 )
+from . import results
 from .progress import stage_done
+from .results import ReportInputs, ReportPaths
 from .report import markdown as report_md
 from .timeline import kineto, nsys
 from .timeline import model as timeline_model
 
 log = logging.getLogger(__name__)
-
-
 
 
 def _read_counts(timeline: timeline_model.Timeline) -> str:
@@ -76,10 +72,8 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
     timeline_dir = Path(timeline_dir)
     hint = f"write the timeline first: opprof timeline (--kineto TRACE | --nsys REPORT) --out {timeline_dir}"
-    kernels = read_parquet_file(timeline_dir / "kernels.parquet", "a timeline kernels table", hint,
-                                tuple(tables.KERNELS.names), nullable_ints=True)
-    ranges = read_parquet_file(timeline_dir / "ranges.parquet", "a timeline ranges table", hint,
-                               tuple(tables.RANGES.names), nullable_ints=True)
+    kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint, columns=tuple(tables.KERNELS.names))
+    ranges = results.read(results.RANGES, timeline_dir / "ranges.parquet", hint=hint, columns=tuple(tables.RANGES.names))
     return kernels, ranges
 
 
@@ -182,7 +176,7 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     kernels, ranges = read_timeline(timeline_dir)
     hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
             "file containing [] (no layers)")
-    layers = read_json_file(layers_json, "the capture's layers.json", hint, expect=list)
+    layers = results.read(results.LAYERS, layers_json, hint=hint)
     for index, entry in enumerate(layers):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
             raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
@@ -224,8 +218,7 @@ def _read_fusion_map(fusion_map: Path | pd.DataFrame | None) -> pd.DataFrame | N
     """A fusion map given as a ``fusion_map.parquet`` path (read and checked) or a loaded table; None stays None."""
     if fusion_map is None or isinstance(fusion_map, pd.DataFrame):
         return fusion_map
-    return read_parquet_file(Path(fusion_map), "a fusion map", "write it with: opprof fusion-map --inductor-dir DIR --out FILE",
-                             ("graph", "call_index", "profiler_name"))
+    return results.read(results.FUSION_MAP, Path(fusion_map), hint="write it with: opprof fusion-map --inductor-dir DIR --out FILE", columns=("graph", "call_index", "profiler_name"))
 
 
 def timeline_kernel_count(kernels: pd.DataFrame) -> int:
@@ -263,7 +256,7 @@ def _check_run_counts(runs: list[Path], kernels: pd.DataFrame) -> dict[str, int 
     CPU runs are skipped (their "kernels" are compute calls, not launches)."""
     counts: dict[str, int | None] = {}
     for i, path in enumerate(runs):
-        run = read_json_file(Path(path), "a capture's run.json", "run the capture rules", expect=dict)
+        run = results.read(results.RUN, Path(path), hint="run the capture rules")
         device = (run.get("versions") or {}).get("device") or run.get("device")
         if device == "cpu":
             continue
@@ -404,9 +397,7 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
                        kernel_layers: Path | None) -> pd.DataFrame:
     if kernel_layers is None:
         return layer_classes.classify_layers(kernels, ranges, [])[0]
-    kl = read_parquet_file(kernel_layers, "a kernel_layers table (layers/kernel_layers.parquet)",
-                           "write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR",
-                           ("kernel_id", "layer", "layer_class", "position"))
+    kl = results.read(results.KERNEL_LAYERS, kernel_layers, hint="write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR", columns=("kernel_id", "layer", "layer_class", "position"))
     if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
             kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
         raise InputError(f"{kernel_layers} lists {len(kl)} kernels, the timeline {timeline_dir} {len(kernels)}: they "
@@ -423,28 +414,22 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     operator and module, and with ``matching_path`` (``matched/diagnostics.json``) the kernels whose
     counters the matching refused, per reason and key (``coverage.json`` ``counters``)."""
     hint = "write it with opprof attribute / opprof classify (see opprof --help)"
-    attribution = read_parquet_file(attribution_path, "an attribution table", hint,
-                                    tuple(tables.ATTRIBUTION.names) + ("duration_ns", "operator_range_id"),
-                                    nullable_ints=True)
-    instances = read_parquet_file(instances_path, "a layer instances table", hint,
-                                  ("layer", "layer_class", "iteration", "time_ns"))
-    classes = read_json_file(classes_path, "classes.json of opprof classify", hint, expect=dict)
+    attribution = results.read(results.ATTRIBUTION, attribution_path, hint=hint, columns=tuple(tables.ATTRIBUTION.names) + ("duration_ns", "operator_range_id"))
+    instances = results.read(results.INSTANCES, instances_path, hint=hint, columns=("layer", "layer_class", "iteration", "time_ns"))
+    classes = results.read(results.CLASSES, classes_path, hint=hint)
     _check_same_timeline(attribution, attribution_path, instances, instances_path)
-    matching = read_json_file(Path(matching_path), "matched/diagnostics.json", "write it with: opprof match ...",
-                              expect=dict) if matching_path is not None else None
+    matching = results.read(results.MATCHING, Path(matching_path), hint="write it with: opprof match ...") if matching_path is not None else None
     if matching is not None:
-        _check_counters_timeline(matching.get("timeline"), attribution, matching_path, attribution_path)
+        results.check_matched_on(matching.get("timeline"), attribution, matching_path, attribution_path)
     operators = agg.operators_table(attribution, options["per_iteration"])
     modules = agg.modules_table(attribution, options["per_iteration"])
     counters = None
     if counters_path is not None:
         from .ncu.catalog import load_catalog
 
-        counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
-                                     "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
-                                     ("kernel_id", "ncu_id", "counters_from"))
-        _check_counters_timeline(counters.attrs.get("timeline"), attribution, counters_path, attribution_path)
-        catalog = load_catalog(options.get("catalog"))
+        counters = results.read(results.COUNTERS, counters_path, hint="write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR", columns=("kernel_id", "ncu_id", "counters_from"))
+        results.check_matched_on(counters.attrs.get("timeline"), attribution, counters_path, attribution_path)
+        catalog = load_catalog()
         operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
         modules = agg.with_counters(modules, attribution, counters, "module", catalog)
         layer_table = agg.with_counters(agg.layer_classes_table(instances, classes, options["per_iteration"]),
@@ -459,7 +444,7 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     write_text_atomic(out_operators_csv, operators.to_csv(index=False))
     summary = agg.coverage(attribution, counters_collected=counters is not None, device=options.get("device"),
                            counters=counters, matching=matching)
-    summary["timeline"] = timeline_digest(attribution)  # the report checks a matching's against it
+    summary["timeline"] = results.timeline_digest(attribution)  # the report checks a matching's against it
     write_json(out_coverage, summary)
 
 
@@ -481,169 +466,20 @@ def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, inst
                          "instances.parquet/classes.json that opprof classify wrote for the same timeline")
 
 
-def read_report_inputs(run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
-                       layer_classes_path: Path, diagnostics_path: Path | None = None,
-                       match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
-                       clocks_path: Path | None = None, phases_path: Path | None = None) -> dict:
-    """What a report shows, read and checked: ``run``, ``coverage``, ``operators``, ``modules``,
-    ``layer_classes``, ``diagnostics``, ``matching``, ``replays``, ``clocks`` (the optional ones None when
-    their path is None). ``run_path`` is the capture's ``run.json`` (None for a trace captured elsewhere);
-    ``diagnostics_path`` a timeline's ``diagnostics.json`` (source file, versions, GPUs and the reader's
-    warnings); ``replay_paths`` the classes' ``ncu/{cls}.replay.json`` (measured replay time against
-    replaying every layer instance); ``clocks_path`` the capture's ``clocks_applied.json``; ``phases_path``
-    ``phases.parquet`` (operators per train-step phase; key ``phases``, None without it).
-
-    Raises:
-        InputError: a missing or wrong file, or a diagnostics.json of another timeline.
-    """
-    hint = "run opprof aggregate first"
-    run = read_json_file(run_path, "the capture's run.json", "pass capture/run.json, or leave --run out for a trace "
-                         "captured elsewhere", expect=dict) if run_path is not None else None
-    diagnostics = read_json_file(diagnostics_path, "a timeline's diagnostics.json", "write the timeline with opprof "
-                                 "timeline (--kineto TRACE | --nsys REPORT) --out DIR", expect=dict) if diagnostics_path is not None else None
-    coverage = read_json_file(coverage_path, "coverage.json", hint, expect=dict)
-    if diagnostics and "counts" in diagnostics:
-        counts = diagnostics["counts"]
-        in_timeline = counts.get("kernels", 0) + counts.get("cpu_kernels", 0) + counts.get("graph_launch_rows", 0)
-        if in_timeline != coverage.get("kernel_count"):
-            raise InputError(f"{diagnostics_path} describes a timeline of {in_timeline} kernels, {coverage_path} "
-                             f"{coverage.get('kernel_count')}: pass the timeline these results were made from")
-    matching = read_json_file(match_diagnostics_path, "matched/diagnostics.json", "run opprof match first",
-                              expect=dict) if match_diagnostics_path is not None else None
-    recorded = (matching or {}).get("timeline") or {}
-    if recorded and coverage.get("timeline") and recorded != coverage["timeline"] or \
-            recorded.get("kernels") is not None and recorded["kernels"] != coverage.get("kernel_count"):
-        raise InputError(f"{match_diagnostics_path} was matched on another timeline ({recorded['kernels']} kernels) "
-                         f"than {coverage_path} describes ({coverage.get('kernel_count')} kernels): pass the matching "
-                         "of these results")
-    return {
-        "run": run,
-        "coverage": coverage,
-        "operators": read_parquet_file(operators_path, "an operators table", hint, ("operator", "time_ns")),
-        "modules": read_parquet_file(modules_path, "a modules table", hint, ("module", "time_ns")),
-        "layer_classes": read_parquet_file(layer_classes_path, "a layer classes table", hint,
-                                           ("layer_class", "instances")),
-        "diagnostics": diagnostics,
-        "matching": matching,
-        "replays": read_replay_records(replay_paths) if replay_paths else None,
-        "clocks": read_json_file(clocks_path, "the capture's clocks_applied.json", "it is written by the capture",
-                                 expect=dict) if clocks_path is not None else None,
-        "phases": read_parquet_file(phases_path, "a phases table (phases.parquet)", hint, ("phase", "operator",
-                                    "time_ns", "phase_share")) if phases_path is not None else None,
-    }
+def report_files(workload: str, paths: ReportPaths, options: dict, out: Path) -> None:
+    """The Markdown report of ``paths`` (:class:`operator_profiler.results.ReportInputs`)."""
+    inputs = ReportInputs.read(paths)
+    write_text_atomic(out, report_md.render_markdown(workload, inputs, options["top_operators"]))
 
 
-def report_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path, modules_path: Path,
-                 layer_classes_path: Path, options: dict, out: Path, diagnostics_path: Path | None = None,
-                 match_diagnostics_path: Path | None = None, replay_paths: list[Path] | None = None,
-                 clocks_path: Path | None = None, phases_path: Path | None = None) -> None:
-    """The Markdown report (inputs: :func:`read_report_inputs`)."""
-    inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
-                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path, phases_path)
-    text = report_md.render_markdown(workload, inputs.pop("run"), inputs.pop("coverage"), inputs.pop("operators"),
-                                     inputs.pop("modules"), inputs.pop("layer_classes"), options["top_operators"],
-                                     **inputs)
-    write_text_atomic(out, text)
-
-
-def counters_time_share(attribution_path: Path, counters_path: Path) -> float:
-    """The share of kernel time (timeline durations) whose kernels have matched ncu counters."""
-    attribution = read_parquet_file(attribution_path, "an attribution table", "run opprof attribute first",
-                                    ("kernel_id", "duration_ns"))
-    counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
-                                 "run opprof match first", ("kernel_id",))
-    total = int(attribution["duration_ns"].sum())
-    with_counters = int(attribution.loc[attribution["kernel_id"].isin(counters["kernel_id"]), "duration_ns"].sum())
-    return with_counters / total if total else 0.0
-
-
-HTML_SUFFIXES = (".html", ".htm")
-
-
-def html_output(out: str | Path, example: str = "report.html", results: str | Path | None = None) -> Path:
-    """The path of an HTML page to write (``report.html``, ``compare.html``), checked before anything is read or
-    written: a name ending in ``.html``/``.htm`` (so no input table, JSON or other file is ever overwritten by a
-    page), not a folder, in a folder that exists, and not the ``report.html`` of a results folder (one holding
-    ``operators.parquet``) other than ``results`` (the folder the page is of; None: any), which Snakemake would
-    then take as up to date. Errors name ``out`` as given.
-
-    Raises:
-        InputError: an empty path, a folder, another suffix, a missing parent folder, or another results
-            folder's report.html.
-    """
-    text = str(out)
-    if not text.strip():
-        raise InputError(f"--out {text!r} is empty; name the HTML page to write, e.g. -o {example}")
-    path = Path(text)
-    if text.endswith(("/", os.sep)) or path.name in ("", ".", "..") or path.is_dir():
-        raise InputError(f"--out {text} is a folder; name the HTML page to write, e.g. -o {path / example}")
-    if path.suffix.lower() not in HTML_SUFFIXES:
-        raise InputError(f"--out {text} does not end in .html; the page is only written to an .html (or .htm) "
-                         f"file, so that no other file is overwritten: e.g. -o {example}")
-    if not path.parent.is_dir():
-        raise InputError(f"--out {text}: the folder {path.parent} does not exist; create it first, or choose "
-                         "another --out")
-    if (path.name.lower() == "report.html" and (path.parent / "operators.parquet").is_file()
-            and (results is None or path.parent.resolve() != Path(results).resolve())):
-        raise InputError(f"--out {text} is the report.html of the results folder {path.parent} (the workflow's "
-                         "output, which Snakemake would then take as up to date); write the page elsewhere, e.g. "
-                         f"-o {example}")
-    return path
-
-
-def report_html_files(workload: str, run_path: Path | None, coverage_path: Path, operators_path: Path,
-                      modules_path: Path, layer_classes_path: Path, options: dict, out: Path,
-                      diagnostics_path: Path | None = None, match_diagnostics_path: Path | None = None,
-                      replay_paths: list[Path] | None = None, clocks_path: Path | None = None,
-                      attribution_path: Path | None = None, counters_path: Path | None = None,
-                      phases_path: Path | None = None) -> None:
-    """``report.html``, self-contained (:func:`operator_profiler.report.html.render_html`); inputs as
-    :func:`report_files`, plus the attribution and the matched counters (CUDA) for the share of kernel time
-    with counters. Written atomically."""
+def report_html_files(workload: str, paths: ReportPaths, options: dict, out: Path) -> None:
+    """``report.html``, self-contained (:func:`operator_profiler.report.html.render_html`), with the share of kernel
+    time with counters when ``paths`` has the attribution and the matched counters (CUDA). Written atomically."""
     from .report import html as report_html
 
-    out = html_output(out, results=Path(operators_path).parent)
-    inputs = read_report_inputs(run_path, coverage_path, operators_path, modules_path, layer_classes_path,
-                                diagnostics_path, match_diagnostics_path, replay_paths, clocks_path, phases_path)
-    counters_time = (counters_time_share(attribution_path, counters_path)
-                     if attribution_path is not None and counters_path is not None else None)
-    text = report_html.render_html(workload, inputs.pop("run"), inputs.pop("coverage"), inputs.pop("operators"),
-                                   inputs.pop("modules"), inputs.pop("layer_classes"), options["top_operators"],
-                                   counters_time=counters_time, **inputs)
-    write_text_atomic(out, text)
-
-
-def results_folder_inputs(folder: Path) -> dict:
-    """The report inputs of a workload's results folder (``results/<workload>/`` of a finished run), by the
-    workflow's layout: the keyword arguments of :func:`report_html_files` after ``workload``.
-
-    Raises:
-        InputError: not a folder, or no ``operators.parquet`` in it (not a results folder).
-    """
-    folder = Path(folder)
-    if not folder.is_dir() or not (folder / "operators.parquet").is_file():
-        what = "is not a folder" if not folder.is_dir() else "holds no operators.parquet"
-        raise InputError(f"{folder} {what}: not a results folder; pass results/<workload>/ of a finished run "
-                         "(snakemake), or the --out folder of opprof aggregate")
-
-    def optional(relative: str) -> Path | None:
-        return folder / relative if (folder / relative).is_file() else None
-
-    counters = optional("matched/kernel_metrics.parquet")
-    return {
-        "run_path": optional("capture/run.json"),
-        "coverage_path": folder / "coverage.json",
-        "operators_path": folder / "operators.parquet",
-        "modules_path": folder / "modules.parquet",
-        "layer_classes_path": folder / "layer_classes.parquet",
-        "diagnostics_path": optional("timeline/diagnostics.json"),
-        "match_diagnostics_path": optional("matched/diagnostics.json"),
-        "replay_paths": sorted((folder / "ncu").glob("*.replay.json")) or None,
-        "clocks_path": optional("capture/clocks_applied.json"),
-        "attribution_path": optional("attribution/kernels.parquet") if counters else None,
-        "counters_path": counters,
-        "phases_path": optional("phases.parquet"),
-    }
+    out = report_html.html_output(out, results=Path(paths.operators).parent)
+    inputs = ReportInputs.read(paths, counters_time=True)
+    write_text_atomic(out, report_html.render_html(workload, inputs, options["top_operators"]))
 
 
 def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False, top: int | None = None) -> pd.DataFrame:
@@ -658,16 +494,15 @@ def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False
     """
     from .report import html as report_html
 
-    out = html_output(out, "compare.html")
+    out = report_html.html_output(out, "compare.html")
     profiles = []
     for folder in (Path(folder_a), Path(folder_b)):
-        paths = results_folder_inputs(folder)
-        inputs = read_report_inputs(paths["run_path"], paths["coverage_path"], paths["operators_path"],
-                                    paths["modules_path"], paths["layer_classes_path"],
-                                    clocks_path=paths["clocks_path"])
+        found = ReportPaths.of_folder(folder)
+        inputs = ReportInputs.read(ReportPaths(found.coverage, found.operators, found.modules, found.layer_classes,
+                                               run=found.run, clocks=found.clocks))
         name = folder.resolve().name
-        profiles.append({"folder": str(folder), "workload": name, "run": inputs["run"], "clocks": inputs["clocks"],
-                         "coverage": inputs["coverage"], "operators": inputs["operators"]})
+        profiles.append({"folder": str(folder), "workload": name, "run": inputs.run, "clocks": inputs.clocks,
+                         "coverage": inputs.coverage, "operators": inputs.operators})
     a, b = profiles
     identity_a = report_html.workload_identity(a["run"], a["workload"])
     identity_b = report_html.workload_identity(b["run"], b["workload"])
@@ -692,21 +527,15 @@ def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_
     timeline_dir = Path(timeline_dir)
     kernels, ranges = read_timeline(timeline_dir)
     launches_path = timeline_dir / "launches.parquet"
-    launches = read_parquet_file(launches_path, "a timeline launches table", "write the timeline with opprof "
-                                 f"timeline --out {timeline_dir}", tuple(tables.LAUNCHES.names),
-                                 nullable_ints=True) if launches_path.is_file() else None
-    attribution = read_parquet_file(attribution_path, "an attribution table",
-                                    f"write it with: opprof attribute --timeline {timeline_dir} --out FILE",
-                                    tuple(tables.ATTRIBUTION.names), nullable_ints=True)
-    counters = read_parquet_file(counters_path, "matched kernel counters (matched/kernel_metrics.parquet)",
-                                 "write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR",
-                                 ("kernel_id", "ncu_id", "counters_from")) if counters_path is not None else None
+    launches = results.read(results.LAUNCHES, launches_path, hint="write the timeline with opprof "
+                                 f"timeline --out {timeline_dir}", columns=tuple(tables.LAUNCHES.names)) if launches_path.is_file() else None
+    attribution = results.read(results.ATTRIBUTION, attribution_path, hint=f"write it with: opprof attribute --timeline {timeline_dir} --out FILE", columns=tuple(tables.ATTRIBUTION.names))
+    counters = results.read(results.COUNTERS, counters_path, hint="write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR", columns=("kernel_id", "ncu_id", "counters_from")) if counters_path is not None else None
     if counters is not None:
-        _check_counters_timeline(counters.attrs.get("timeline"), kernels, counters_path, Path(timeline_dir))
+        results.check_matched_on(counters.attrs.get("timeline"), kernels, counters_path, Path(timeline_dir))
     activities_path = timeline_dir / "gpu_activities.parquet"
-    activities = read_parquet_file(activities_path, "the timeline's memcpy/memset table", "write the timeline "
-                                   f"again with opprof timeline --out {timeline_dir}", ("kind", "start_ns", "end_ns"),
-                                   nullable_ints=True) if activities_path.is_file() else None
+    activities = results.read(results.ACTIVITIES, activities_path, hint="write the timeline "
+                                   f"again with opprof timeline --out {timeline_dir}", columns=("kind", "start_ns", "end_ns")) if activities_path.is_file() else None
     try:
         trace = trace_export.build_trace(kernels, ranges, attribution, counters=counters, launches=launches,
                                          activities=activities)
@@ -733,7 +562,7 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
     """
     import tempfile
 
-    from .ncu.csv_reader import export_report_csv, read_ncu_csv, wide_metrics
+    from .ncu.csv_reader import counters_table, export_report_csv, read_ncu_csv
 
     frames, units = [], {}
     for path in csv_paths:
@@ -748,44 +577,13 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
                         "thousands); nothing in the file tells which, so it is read with a decimal point. If ncu ran "
                         "in a locale that groups thousands with '.', re-export it: LC_ALL=C ncu -i REPORT --csv ...",
                         path, example, example.replace(",", "."), example.replace(".", "").replace(",", ""))
-        wide = wide_metrics(long)
+        wide = counters_table(long, str(path))
         units.update(wide.attrs.get("units", {}))
-        for column in ("pid", "device"):  # a non-numeric cell (never seen) must not pass for an id
-            wide[column] = pd.array(pd.to_numeric(wide[column], errors="coerce"), dtype="Int64")
-        wide.insert(0, "source", str(path))
-        wide.insert(wide.columns.get_loc("name") + 1, "match_key", wide["name"])
-        keys = [c for c in ("pid", "device") if wide[c].notna().all()] + ["match_key"]
-        wide.insert(wide.columns.get_loc("match_key") + 1, "occurrence",
-                    wide.sort_values("ncu_id").groupby(keys, dropna=False).cumcount().reindex(wide.index).astype("int64"))
         frames.append(wide)
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     table.attrs = {"units": units}
     write_parquet_atomic(table, out)
     return table
-
-
-
-def timeline_digest(kernels: pd.DataFrame) -> dict:
-    """What identifies a timeline's kernels: their count and a SHA-1 of their names in ``kernel_id`` order. The
-    matched counters and diagnostics carry it, so the stages that join them to an attribution table can refuse
-    those of another timeline (kernel ids alone are 0..n-1 in every timeline)."""
-    import hashlib
-
-    ordered = kernels.sort_values("kernel_id")
-    text = "\n".join(f"{k}\t{n}" for k, n in zip(ordered["kernel_id"].astype("int64"), ordered["name"].astype(str)))
-    return {"kernels": int(len(kernels)), "sha1": hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()}
-
-
-def _check_counters_timeline(recorded: dict | None, attribution: pd.DataFrame, what: Path,
-                             attribution_path: Path) -> None:
-    """Counters/diagnostics of ``opprof match`` belong to the attribution's timeline, else one-line error."""
-    if not recorded:
-        return
-    mine = timeline_digest(attribution)
-    if recorded != mine:
-        raise InputError(f"{what} was matched on another timeline ({recorded.get('kernels')} kernels) than "
-                         f"{attribution_path} ({mine['kernels']} kernels, other kernel names): run opprof match on "
-                         "the timeline this attribution came from")
 
 
 def _window_specs(window: dict | None) -> list[dict]:
@@ -803,15 +601,14 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     each layer class's measured instance are broadcast to the class's other instances by position
     (``counters_from`` names the measured kernel)."""
     from .matching import broadcast_to_instances, match_invocations
+    from .matching.broadcast import count_broadcast
 
     for stale in (Path(out_metrics), Path(out_diagnostics)):  # a failed run must not leave an earlier run's answer
         stale.unlink(missing_ok=True)
-    kernels = read_parquet_file(Path(timeline_dir) / "kernels.parquet", "the timeline kernels table",
-                                "run 'opprof timeline' first", ("kernel_id", "name", "match_key", "occurrence"))
+    kernels = results.read(results.KERNELS, Path(timeline_dir) / "kernels.parquet", hint="run 'opprof timeline' first", columns=("kernel_id", "name", "match_key", "occurrence"), nullable_ints=False)
     frames, units, owner = [], {}, {}
     for path in ncu_paths:
-        frame = read_parquet_file(Path(path), "an ncu counters table", "run 'opprof ncu' first",
-                                  ("ncu_id", "name", "match_key"))
+        frame = results.read(results.NCU_COUNTERS, Path(path), hint="run 'opprof ncu' first", columns=("ncu_id", "name", "match_key"))
         units.update(frame.attrs.get("units", {}))
         if "source" not in frame.columns:
             frame.insert(0, "source", str(path))
@@ -846,103 +643,39 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
                              f"(its processes: {', '.join(map(str, timeline_pids)) or 'none'})")
     start = time.perf_counter()
     ranges_path = Path(timeline_dir) / "ranges.parquet"
-    ranges = read_parquet_file(ranges_path, "the timeline ranges table", "run 'opprof timeline' first",
-                               ("pid", "name", "start_ns", "end_ns")) if ranges_path.exists() else None
+    ranges = results.read(results.RANGES, ranges_path, hint="run 'opprof timeline' first", columns=("pid", "name", "start_ns", "end_ns"), nullable_ints=False) if ranges_path.exists() else None
     matched, diagnostics = match_invocations(kernels, ncu, window, process_map, ranges)
     counters = diagnostics["counters"]
     stage_done(f"matched {len(kernels):,} timeline kernels with {len(ncu):,} ncu rows "
                f"({counters['with_counters']:,} with counters, {counters['refused']:,} refused)", start)
     if window and "sources" in window:
-        _check_replay_windows(window["sources"], matched, diagnostics)
+        _replay_windows_checked(window["sources"], matched, diagnostics)
     if kernel_layers_path is not None:
-        kernel_layers = read_parquet_file(kernel_layers_path, "a kernel_layers table", "run 'opprof classify' first",
-                                          ("kernel_id", "layer_class", "position"))
+        kernel_layers = results.read(results.KERNEL_LAYERS, kernel_layers_path, hint="run 'opprof classify' first", columns=("kernel_id", "layer_class", "position"))
         matched, diagnostics["broadcast"] = broadcast_to_instances(matched, kernels, kernel_layers)
-        _count_broadcast(diagnostics, matched)
+        count_broadcast(diagnostics, matched)
     else:  # every kernel measured itself (DESIGN.md §3: the column is part of the table either way)
         matched.insert(matched.columns.get_loc("ncu_source") + 1, "counters_from", matched["kernel_id"].to_numpy())
     diagnostics["ncu_files"] = [str(p) for p in ncu_paths]
     diagnostics["units"] = units
-    diagnostics["timeline"] = matched.attrs["timeline"] = timeline_digest(kernels)
+    diagnostics["timeline"] = matched.attrs["timeline"] = results.timeline_digest(kernels)
     write_parquet_atomic(matched, out_metrics)
     write_json(out_diagnostics, diagnostics)
     return matched, diagnostics
-
-
-def _count_broadcast(diagnostics: dict, counters: pd.DataFrame) -> None:
-    """After the layer-class broadcast: ``counters.with_counters`` counts the kernels the written table holds
-    (measured or filled), ``counters.from_layer_class`` the filled ones; a kernel whose class representative's
-    kernel differs in launch configuration (``layer_config_mismatch``) and that has no counters of its own is
-    counted as refused, with its reason, so the console line and the reports say what the file holds."""
-    from .matching.diagnostics import REFUSED
-
-    summary = diagnostics["counters"]
-    own = counters["kernel_id"] == counters["counters_from"]
-    have = set(counters["kernel_id"].astype("int64").tolist())
-    summary["from_layer_class"] = int((~own).sum())
-    summary["with_counters"] = len(have)
-    refused_broadcast = counters.attrs.pop("broadcast_refused", [])
-    diagnostics["broadcast_refused"] = refused_broadcast
-    refused = {int(k["kernel_id"]): k["reason"] for k in diagnostics.get("timeline_only_kernels", [])
-               if k.get("reason") in REFUSED and int(k["kernel_id"]) not in have}
-    refused.update({e["kernel_id"]: e["reason"] for e in refused_broadcast
-                    if e["reason"] == "layer_config_mismatch" and e["kernel_id"] not in refused})
-    summary["refused"] = len(refused)
-    summary["refused_reasons"] = dict(sorted(Counter(refused.values()).items()))
-    summary["not_measured"] = int(summary["kernels"]) - len(have) - len(refused)
-
-
-def _check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dict) -> None:
-    """Our own replays must profile exactly the planned kernels: a replay that profiled others (the
-    launch window shifted: launches counted that the timeline does not have) would attach a neighbour's
-    counters to a kernel. Unplanned ncu rows, planned kernels left without counters or a name
-    disagreement the alignment could not explain fail the stage. Kernels refused as ``order_ambiguous``
-    (CUDA-graph nodes that ran in another order on several streams) are not a shifted window: they stay
-    visible as refusals.
-
-    Raises:
-        InputError: naming the class, the counts and the first disagreement.
-    """
-    from .matching.windows import source_window
-
-    got = set(matched["kernel_id"].astype("int64")) if len(matched) else set()
-    problems = []
-    sources = {cls: win for cls, win in sources.items() if (win or {}).get("kernel_ids") is not None}
-    if not sources:  # declared launch windows of imported files: refusals are reported, not fatal
-        return
-    unordered = {k["kernel_id"] for k in diagnostics.get("timeline_only_kernels", [])
-                 if k.get("reason") == "order_ambiguous"}
-    for cls, win in sorted(sources.items()):
-        planned = set(int(k) for k in (win or {}).get("kernel_ids") or [])
-        missing = planned - got - unordered
-        extra = [r for r in diagnostics.get("ncu_only_rows", []) if r.get("reason") != "order_ambiguous"
-                 and source_window({cls: True}, r.get("source"))]
-        if missing or extra:
-            problems.append(f"ncu file {cls}: {len(planned) - len(planned - got)} of {len(planned)} planned kernels "
-                            f"matched, {len(extra)} profiled kernel(s) not planned")
-    if problems or diagnostics.get("name_disagreements"):
-        first = (diagnostics.get("name_disagreements") or [None])[0]
-        raise InputError("the ncu files with a kernel_ids window (our replays' windows) did not profile exactly "
-                         "those kernels (" + "; ".join(problems or ["names disagree"])
-                         + (f"; first disagreement: {first}" if first else "") + "): the launch window is shifted "
-                         "(the replayed run launched other kernels than the timeline, e.g. autotuning or a different "
-                         "input); counters are not attached: recapture, or check the replay's ncu/{cls}.replay.json")
-
-
-def read_replay_records(paths: list[Path]) -> list[dict]:
-    """The ``ncu/{cls}.replay.json`` files of the ncu replays (:func:`operator_profiler.ncu.replay.run_replay`)."""
-    records = []
-    for path in paths:
-        record = read_json_file(Path(path), "an ncu replay record", "run the replay_ncu rule (GPU) first", expect=dict)
-        for key in ("class", "window", "wall_s"):
-            if key not in record:
-                raise InputError(f"{path}: no {key!r} in this replay record; re-run the replay_ncu rule for this class")
-        records.append(record)
-    return records
 
 
 def replay_window(paths: list[Path]) -> dict:
     """The matching window of the classes' ncu replays: ``{"sources": {cls: {"kernel_ids": [...]}}}``."""
     from .ncu.replay import match_window
 
-    return match_window({r["class"]: r for r in read_replay_records(paths)})
+    return match_window({r["class"]: r for r in results.read_replay_records(paths)})
+
+
+def _replay_windows_checked(sources: dict, matched: pd.DataFrame, diagnostics: dict) -> None:
+    """:func:`operator_profiler.matching.windows.check_replay_windows`, its refusal as an :class:`InputError`."""
+    from .matching.windows import check_replay_windows
+
+    try:
+        check_replay_windows(sources, matched, diagnostics)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
+
+from .diagnostics import REFUSED
 
 
 def broadcast_to_instances(matched: pd.DataFrame, kernels: pd.DataFrame, kernel_layers: pd.DataFrame
@@ -92,3 +96,24 @@ def _configs(kernels: pd.DataFrame) -> pd.Series:
         known = isinstance(g, str) and g.strip() and isinstance(b, str) and b.strip()
         out.append(f"{g.replace(' ', '')}|{b.replace(' ', '')}" if known else None)
     return pd.Series(out, index=kernels.index, dtype=object)
+
+
+def count_broadcast(diagnostics: dict, counters: pd.DataFrame) -> None:
+    """After the layer-class broadcast: ``counters.with_counters`` counts the kernels the written table holds
+    (measured or filled), ``counters.from_layer_class`` the filled ones; a kernel whose class representative's
+    kernel differs in launch configuration (``layer_config_mismatch``) and that has no counters of its own is
+    counted as refused, with its reason, so the console line and the reports say what the file holds."""
+    summary = diagnostics["counters"]
+    own = counters["kernel_id"] == counters["counters_from"]
+    have = set(counters["kernel_id"].astype("int64").tolist())
+    summary["from_layer_class"] = int((~own).sum())
+    summary["with_counters"] = len(have)
+    refused_broadcast = counters.attrs.pop("broadcast_refused", [])
+    diagnostics["broadcast_refused"] = refused_broadcast
+    refused = {int(k["kernel_id"]): k["reason"] for k in diagnostics.get("timeline_only_kernels", [])
+               if k.get("reason") in REFUSED and int(k["kernel_id"]) not in have}
+    refused.update({e["kernel_id"]: e["reason"] for e in refused_broadcast
+                    if e["reason"] == "layer_config_mismatch" and e["kernel_id"] not in refused})
+    summary["refused"] = len(refused)
+    summary["refused_reasons"] = dict(sorted(Counter(refused.values()).items()))
+    summary["not_measured"] = int(summary["kernels"]) - len(have) - len(refused)

@@ -197,3 +197,38 @@ def parse_window_specs(specs: list[str]) -> dict:
             sources[name] = {"launch_skip": int(m.group("skip")), "launch_count": int(m.group("count")),
                              **({"kernel": m.group("kernel")} if m.group("kernel") else {})}
     return {"sources": sources}
+
+
+def check_replay_windows(sources: dict, matched: pd.DataFrame, diagnostics: dict) -> None:
+    """Our own replays must profile exactly the planned kernels: a replay that profiled others (the
+    launch window shifted: launches counted that the timeline does not have) would attach a neighbour's
+    counters to a kernel. Unplanned ncu rows, planned kernels left without counters or a name
+    disagreement the alignment could not explain fail the stage. Kernels refused as ``order_ambiguous``
+    (CUDA-graph nodes that ran in another order on several streams) are not a shifted window: they stay
+    visible as refusals.
+
+    Raises:
+        ValueError: naming the class, the counts and the first disagreement.
+    """
+    got = set(matched["kernel_id"].astype("int64")) if len(matched) else set()
+    problems = []
+    sources = {cls: win for cls, win in sources.items() if (win or {}).get("kernel_ids") is not None}
+    if not sources:  # declared launch windows of imported files: refusals are reported, not fatal
+        return
+    unordered = {k["kernel_id"] for k in diagnostics.get("timeline_only_kernels", [])
+                 if k.get("reason") == "order_ambiguous"}
+    for cls, win in sorted(sources.items()):
+        planned = set(int(k) for k in (win or {}).get("kernel_ids") or [])
+        missing = planned - got - unordered
+        extra = [r for r in diagnostics.get("ncu_only_rows", []) if r.get("reason") != "order_ambiguous"
+                 and source_window({cls: True}, r.get("source"))]
+        if missing or extra:
+            problems.append(f"ncu file {cls}: {len(planned) - len(planned - got)} of {len(planned)} planned kernels "
+                            f"matched, {len(extra)} profiled kernel(s) not planned")
+    if problems or diagnostics.get("name_disagreements"):
+        first = (diagnostics.get("name_disagreements") or [None])[0]
+        raise ValueError("the ncu files with a kernel_ids window (our replays' windows) did not profile exactly "
+                         "those kernels (" + "; ".join(problems or ["names disagree"])
+                         + (f"; first disagreement: {first}" if first else "") + "): the launch window is shifted "
+                         "(the replayed run launched other kernels than the timeline, e.g. autotuning or a different "
+                         "input); counters are not attached: recapture, or check the replay's ncu/{cls}.replay.json")

@@ -509,3 +509,19 @@ def export_report_csv(report: Path, out_dir: Path) -> Path:
         raise NcuCsvError(f"{report}: 'ncu -i ... --csv --page raw' failed (exit {proc.returncode}): {detail}")
     return out
 
+
+def counters_table(long: pd.DataFrame, source: str) -> pd.DataFrame:
+    """One ncu file's rows (:func:`read_ncu_csv`) as the counters table (one row per profiled kernel, docs/DESIGN.md
+    §3): ``source``, ``ncu_id``, ``pid``, ``device`` (nullable ints), ``name``, ``match_key`` (the name as printed),
+    ``occurrence`` (index among the kernels of the same process, device and name, in ``ncu_id`` order; pid and
+    device only where every row has them), the launch columns and one column per metric in base units
+    (``attrs["units"]``)."""
+    wide = wide_metrics(long)
+    for column in ("pid", "device"):  # a non-numeric cell (never seen) must not pass for an id
+        wide[column] = pd.array(pd.to_numeric(wide[column], errors="coerce"), dtype="Int64")
+    wide.insert(0, "source", source)
+    wide.insert(wide.columns.get_loc("name") + 1, "match_key", wide["name"])
+    keys = [c for c in ("pid", "device") if wide[c].notna().all()] + ["match_key"]
+    wide.insert(wide.columns.get_loc("match_key") + 1, "occurrence",
+                wide.sort_values("ncu_id").groupby(keys, dropna=False).cumcount().reindex(wide.index).astype("int64"))
+    return wide

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import re
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 
 from . import markdown as report_md
+from ..errors import InputError
+from ..results import ReportInputs
 
 # Operators/modules drawn in a bar chart before the rest are summed into one bar.
 TOP_BARS = 20
@@ -730,12 +734,12 @@ def _modules_section(modules: pd.DataFrame, top: int, no_ranges: bool = False) -
     return f'<section id="modules"><h2>Modules (layer instances)</h2>{note}{plot}{table}</section>'
 
 
-def render_html(workload: str, run: dict | None, coverage: dict, operators: pd.DataFrame, modules: pd.DataFrame,
-                layer_classes: pd.DataFrame, top_operators: int = TOP_BARS, diagnostics: dict | None = None,
-                matching: dict | None = None, replays: list[dict] | None = None, clocks: dict | None = None,
-                counters_time: float | None = None, phases: pd.DataFrame | None = None) -> str:
-    """``report.html`` of one workload (the inputs of :func:`report.render_markdown`; ``counters_time``: the
-    share of kernel time whose kernels have ncu counters, when collected)."""
+def render_html(workload: str, inputs: ReportInputs, top_operators: int = TOP_BARS) -> str:
+    """``report.html`` of one workload: ``inputs`` as for :func:`operator_profiler.report.markdown.render_markdown`
+    (``counters_time``: the share of kernel time whose kernels have ncu counters, when collected)."""
+    run, coverage, operators, modules = inputs.run, inputs.coverage, inputs.operators, inputs.modules
+    layer_classes, diagnostics, matching = inputs.layer_classes, inputs.diagnostics, inputs.matching
+    replays, clocks, phases, counters_time = inputs.replays, inputs.clocks, inputs.phases, inputs.counters_time
     iterations = report_md.measured_iterations(run, coverage)
     no_ranges = no_iteration_ranges(run, coverage)
     device = "" if run is None else (run["versions"].get("device_name") or run["versions"]["device"])
@@ -1023,3 +1027,37 @@ def render_compare(a: dict, b: dict, top: int = TOP_BARS, forced: bool = False) 
     subtitle = f"A: {esc(a['folder'])} &nbsp;→&nbsp; B: {esc(b['folder'])}"
     return _page(title, subtitle, [("runs", "Profiles"), ("changes", "Largest changes"), ("operators", "Operators")],
                  "".join(sections))
+
+
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def html_output(out: str | Path, example: str = "report.html", results: str | Path | None = None) -> Path:
+    """The path of an HTML page to write (``report.html``, ``compare.html``), checked before anything is read or
+    written: a name ending in ``.html``/``.htm`` (so no input table, JSON or other file is ever overwritten by a
+    page), not a folder, in a folder that exists, and not the ``report.html`` of a results folder (one holding
+    ``operators.parquet``) other than ``results`` (the folder the page is of; None: any), which Snakemake would
+    then take as up to date. Errors name ``out`` as given.
+
+    Raises:
+        InputError: an empty path, a folder, another suffix, a missing parent folder, or another results
+            folder's report.html.
+    """
+    text = str(out)
+    if not text.strip():
+        raise InputError(f"--out {text!r} is empty; name the HTML page to write, e.g. -o {example}")
+    path = Path(text)
+    if text.endswith(("/", os.sep)) or path.name in ("", ".", "..") or path.is_dir():
+        raise InputError(f"--out {text} is a folder; name the HTML page to write, e.g. -o {path / example}")
+    if path.suffix.lower() not in HTML_SUFFIXES:
+        raise InputError(f"--out {text} does not end in .html; the page is only written to an .html (or .htm) "
+                         f"file, so that no other file is overwritten: e.g. -o {example}")
+    if not path.parent.is_dir():
+        raise InputError(f"--out {text}: the folder {path.parent} does not exist; create it first, or choose "
+                         "another --out")
+    if (path.name.lower() == "report.html" and (path.parent / "operators.parquet").is_file()
+            and (results is None or path.parent.resolve() != Path(results).resolve())):
+        raise InputError(f"--out {text} is the report.html of the results folder {path.parent} (the workflow's "
+                         "output, which Snakemake would then take as up to date); write the page elsewhere, e.g. "
+                         f"-o {example}")
+    return path

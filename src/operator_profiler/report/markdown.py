@@ -8,6 +8,7 @@ import os
 import pandas as pd
 
 from ..aggregate import UNATTRIBUTED
+from ..results import ReportInputs
 
 # The hardware metrics shown per operator (catalog name, label, scale from the catalog's base unit).
 KEY_COUNTERS = (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1), ("dram_bytes", "DRAM MB", 1e-6),
@@ -639,24 +640,12 @@ def layer_membership_lines(coverage: dict, limit: int = 10, layer_classes: pd.Da
     return lines
 
 
-def render_markdown(
-    workload: str,
-    run: dict | None,
-    coverage: dict,
-    operators: pd.DataFrame,
-    modules: pd.DataFrame,
-    layer_classes: pd.DataFrame,
-    top_operators: int,
-    diagnostics: dict | None = None,
-    matching: dict | None = None,
-    replays: list[dict] | None = None,
-    clocks: dict | None = None,
-    phases: pd.DataFrame | None = None,
-) -> str:
-    """The report text. Times are shown in ms (the tables on disk keep integer ns). ``run`` is the
-    capture's run.json, None for a trace captured elsewhere; ``diagnostics`` an nsys timeline's;
-    ``replays`` the classes' ncu ``replay.json`` records; ``phases`` the operators per train-step phase
-    (``phases.parquet``)."""
+def render_markdown(workload: str, inputs: ReportInputs, top_operators: int) -> str:
+    """The report text of ``inputs`` (:class:`operator_profiler.results.ReportInputs`). Times are shown in ms (the
+    tables on disk keep integer ns)."""
+    run, coverage, operators, modules = inputs.run, inputs.coverage, inputs.operators, inputs.modules
+    layer_classes, diagnostics, matching = inputs.layer_classes, inputs.diagnostics, inputs.matching
+    replays, clocks, phases = inputs.replays, inputs.clocks, inputs.phases
     iterations = measured_iterations(run, coverage)
     medians = "iteration_median_ns" in operators
     lines = [f"# Operator profile: `{workload}`", "",
