@@ -19,7 +19,8 @@ from . import layers as layer_classes
 from . import tables
 from .attribution import inductor, nvtx
 from .attribution.correlation import enclosing_ops
-from .attribution.merge import attribute, merge_fusion_by_name, merge_kineto_run
+from .attribution.merge import attribute, fusion_map_warning, merge_fusion_by_name, merge_kineto_run
+from .attribution.transfer import pairing_warnings
 from .files import (
     InputError,
     write_json,
@@ -304,18 +305,8 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
             k_layers, _, _ = layer_classes.classify_layers(k_kernels, k_ranges, [])
             kineto_result = attribute(k_kernels, k_ranges, k_layers, fusion)
             result, summary = merge_kineto_run(result, kernels, kineto_result, k_kernels)
-            if summary["paired"] < summary["target_kernels"]:
-                log.warning("%d of %d kernels have no partner in the torch.profiler run %s (paired by invocation "
-                            "order): they keep the NVTX answer only", summary["target_kernels"] - summary["paired"],
-                            summary["target_kernels"], kineto_timeline)
-            if summary["mismatched_iterations"]:
-                diff = summary["first_difference"]
-                where = "the whole run" if diff["iteration"] < 0 else f"iteration {diff['iteration']}"
-                log.warning("the torch.profiler run %s launched a different kernel sequence than this timeline in %s "
-                            "(%d vs %d kernels; first difference at position %d: %s here, %s there): those kernels "
-                            "keep the NVTX answer only. Are both captures of the same program, shapes and settings?",
-                            kineto_timeline, where, diff["target_kernels"], diff["source_kernels"], diff["position"],
-                            diff["target"], diff["source"])
+            for warning in pairing_warnings(summary, kineto_timeline):
+                log.warning("%s", warning)
             write_json(Path(out).parent / "pairing.json", summary)
         elif fusion is not None and len(fusion):
             result = merge_fusion_by_name(result, kernels, fusion)
@@ -323,8 +314,8 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         if kineto_timeline is not None:
             log.warning("--kineto-timeline is ignored: the timeline %s is itself a Kineto timeline", timeline_dir)
         result = attribute(kernels, ranges, kl, fusion)
-    if fusion is not None and len(fusion):
-        _warn_fusion_map(result, fusion, timeline_dir)
+    if fusion is not None and len(fusion) and (warning := fusion_map_warning(result, fusion, timeline_dir)):
+        log.warning("%s", warning)
     # The train-step phase (forward/backward/optimizer) from our phase ranges by launch time on the process.
     phases = pd.Series(timeline_model.kernel_phases(kernels, ranges), index=kernels["kernel_id"].astype("int64").to_numpy())
     result["phase"] = phases.reindex(result["kernel_id"].astype("int64").to_numpy()).to_numpy(dtype=object)
@@ -338,45 +329,6 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     result = _with_membership(result, kl)
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
-
-
-# Path (c) refusals that say the map does not fit the trace (rather than that it fits several ways).
-_FUSION_MISMATCH_REASONS = ("fusion_map_mismatch", "cuda_graph_replay_mismatch", "not_in_fusion_map")
-
-
-def _warn_fusion_map(result: pd.DataFrame, fusion: pd.DataFrame, timeline_dir: Path) -> None:
-    """One warning about what the fusion map could not place.
-
-    "Is it from another run?" only when it placed no kernel and every refusal says the map does not fit
-    (:data:`_FUSION_MISMATCH_REASONS`); otherwise the count per reason, the candidate graphs of
-    ``ambiguous_compiled_graph``, and the kernels whose FX nodes stayed undecided (``source_nodes_ambiguous``).
-    Reads the ``inductor`` entry of each kernel's evidence JSON (its keys are sorted, so an answered call site
-    starts with ``call_index``).
-    """
-    evidence = result["evidence"].astype(str)
-    matched = int(evidence.str.contains('"inductor": {"call_index"', regex=False).sum())
-    refused = evidence.str.extract(r'"inductor": \{[^{}]*?"reason": "(\w+)"', expand=False)
-    counts = refused.value_counts()
-    ambiguous_nodes = int((result["reason"] == "source_nodes_ambiguous").sum())
-    graphs = fusion["graph"].nunique()
-    if not matched and set(counts.index) <= set(_FUSION_MISMATCH_REASONS):
-        detail = ", ".join(f"{n} {why}" for why, n in counts.items())
-        log.warning("the fusion map (%d call sites of %d graphs) matched no kernel of %s%s: is it from "
-                    "another run or model?", len(fusion), graphs, timeline_dir, f" ({detail})" if detail else "")
-        return
-    if counts.empty and not ambiguous_nodes:
-        return
-    parts = [f"{n} {why}" for why, n in counts.items()]
-    if "ambiguous_compiled_graph" in counts:
-        sets = evidence[refused == "ambiguous_compiled_graph"].str.extract(
-            r'"candidates": \[([^\]]*)\]', expand=False).value_counts()
-        parts[list(counts.index).index("ambiguous_compiled_graph")] += " (graphs " + "; ".join(
-            s.replace('"', "") for s in sets.index[:3]) + (" ..." if len(sets) > 3 else "") + \
-            ": pass the TORCH_TRACE log of the compile in the Inductor dir to tell them apart)"
-    if ambiguous_nodes:
-        parts.append(f"{ambiguous_nodes} with their operator but undecided FX nodes (source_nodes_ambiguous)")
-    log.warning("the fusion map (%d graphs) placed %d kernels of %s; not placed: %s", graphs, matched,
-                timeline_dir, "; ".join(parts))
 
 
 def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:

@@ -384,3 +384,40 @@ def merge_fusion_by_name(primary: pd.DataFrame, kernels: pd.DataFrame, fusion_ma
     out["fused_ops"], out["source_nodes"], out["evidence"] = fused_col, nodes_col, evidence
     out["listed_not_computed"] = lnc_col
     return out
+
+
+# Path (c) refusals that say the map does not fit the trace (rather than that it fits several ways).
+_FUSION_MISMATCH_REASONS = ("fusion_map_mismatch", "cuda_graph_replay_mismatch", "not_in_fusion_map")
+
+
+def fusion_map_warning(result: pd.DataFrame, fusion: pd.DataFrame, timeline_dir) -> str | None:
+    """One warning about what the fusion map could not place (None when it placed every kernel it could).
+
+    "Is it from another run?" only when it placed no kernel and every refusal says the map does not fit
+    (:data:`_FUSION_MISMATCH_REASONS`); otherwise the count per reason, the candidate graphs of
+    ``ambiguous_compiled_graph``, and the kernels whose FX nodes stayed undecided (``source_nodes_ambiguous``).
+    Reads the ``inductor`` entry of each kernel's evidence JSON (its keys are sorted, so an answered call site
+    starts with ``call_index``).
+    """
+    evidence = result["evidence"].astype(str)
+    matched = int(evidence.str.contains('"inductor": {"call_index"', regex=False).sum())
+    refused = evidence.str.extract(r'"inductor": \{[^{}]*?"reason": "(\w+)"', expand=False)
+    counts = refused.value_counts()
+    ambiguous_nodes = int((result["reason"] == "source_nodes_ambiguous").sum())
+    graphs = fusion["graph"].nunique()
+    if not matched and set(counts.index) <= set(_FUSION_MISMATCH_REASONS):
+        detail = ", ".join(f"{n} {why}" for why, n in counts.items())
+        return (f"the fusion map ({len(fusion)} call sites of {graphs} graphs) matched no kernel of {timeline_dir}"
+                f"{f' ({detail})' if detail else ''}: is it from another run or model?")
+    if counts.empty and not ambiguous_nodes:
+        return None
+    parts = [f"{n} {why}" for why, n in counts.items()]
+    if "ambiguous_compiled_graph" in counts:
+        sets = evidence[refused == "ambiguous_compiled_graph"].str.extract(
+            r'"candidates": \[([^\]]*)\]', expand=False).value_counts()
+        parts[list(counts.index).index("ambiguous_compiled_graph")] += " (graphs " + "; ".join(
+            s.replace('"', "") for s in sets.index[:3]) + (" ..." if len(sets) > 3 else "") + \
+            ": pass the TORCH_TRACE log of the compile in the Inductor dir to tell them apart)"
+    if ambiguous_nodes:
+        parts.append(f"{ambiguous_nodes} with their operator but undecided FX nodes (source_nodes_ambiguous)")
+    return f"the fusion map ({graphs} graphs) placed {matched} kernels of {timeline_dir}; not placed: {'; '.join(parts)}"

@@ -116,3 +116,21 @@ def align_runs(target: pd.DataFrame, source: pd.DataFrame) -> tuple[pd.DataFrame
         "first_difference": first_difference,
     }
     return pairs, summary
+
+
+def pairing_warnings(summary: dict, source) -> list[str]:
+    """What an :func:`align_runs` ``summary`` of this timeline against the torch.profiler run ``source`` leaves
+    unpaired, as warning lines (none when every kernel paired)."""
+    out = []
+    if summary["paired"] < summary["target_kernels"]:
+        out.append(f"{summary['target_kernels'] - summary['paired']} of {summary['target_kernels']} kernels have no "
+                   f"partner in the torch.profiler run {source} (paired by invocation order): they keep the NVTX "
+                   "answer only")
+    if summary["mismatched_iterations"]:
+        diff = summary["first_difference"]
+        where = "the whole run" if diff["iteration"] < 0 else f"iteration {diff['iteration']}"
+        out.append(f"the torch.profiler run {source} launched a different kernel sequence than this timeline in {where} "
+                   f"({diff['target_kernels']} vs {diff['source_kernels']} kernels; first difference at position "
+                   f"{diff['position']}: {diff['target']} here, {diff['source']} there): those kernels keep the NVTX "
+                   "answer only. Are both captures of the same program, shapes and settings?")
+    return out
