@@ -32,7 +32,7 @@ NCU_MD = SHARED / "docs" / "ncu.md"
 PACKAGED = Path(__file__).resolve().parents[1] / "src" / "operator_profiler" / "ncu" / "metrics.yaml"
 
 # Names taken from widespread public ncu usage but not (yet) in ncu.md or a real CSV: each is marked
-# "check:" in metrics.yaml, to be confirmed with `ncu --query-metrics` on a GPU machine (ncu.md §6).
+# "check:" in metrics.yaml, to be confirmed with `ncu --query-metrics` on a GPU machine (docs/formats.md#ncu-gpu-checks).
 UNVERIFIED = {
     "lts__t_sectors_lookup_miss.sum",
     "sm__inst_executed.avg.per_cycle_active",
