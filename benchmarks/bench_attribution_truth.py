@@ -1,5 +1,5 @@
 """Operators and counters against ground truth: the pipeline's stages on many seeded programs whose every kernel's
-operator and ncu row are known (issue 13 item 6).
+operator and ncu row are known.
 
     python benchmarks/bench_attribution_truth.py                       # every scenario, 20 seeds each
     python benchmarks/bench_attribution_truth.py --seeds 50 --jobs 2
@@ -22,7 +22,7 @@ stages run and the scoring in ``tests/truth_score.py``. One row per scenario:
   plus ncu rows attached to no kernel missing from ``ncu_only_rows`` (goal: 0);
 * ``err``: programs where a stage raised; ``s``: wall time.
 
-Goals (issue 13): op P and ctr P 100 %, op R and ctr R >= 99 %. ``--details`` lists every failure with its seed.
+Goals: op P and ctr P 100 %, op R and ctr R >= 99 %. ``--details`` lists every failure with its seed.
 """
 
 from __future__ import annotations

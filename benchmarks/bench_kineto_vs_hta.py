@@ -21,7 +21,7 @@ Traces: the largest real Kineto trace (``../shared/data/real/kineto/hta_df_index
 53.7 MB JSON, 216k events) and a copy replicated ``--replicas`` times (events shifted in time by the
 trace's span, with fresh correlation / ``External id`` / flow ids, so launches still join their
 kernels), written once into the cache dir. Time = the work in the child after its imports
-(``import`` time is reported separately). Goal (from the issue): ours at least 5x faster and at most
+(``import`` time is reported separately). Goal (set for the streaming reader): ours at least 5x faster and at most
 1/3 of HTA's peak memory.
 """
 

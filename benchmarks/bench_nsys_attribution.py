@@ -12,7 +12,7 @@ see PROVENANCE.md there): its schema (the ``CREATE TABLE`` text from ``sqlite_ma
 tables (StringIds, TARGET_INFO_*, metadata, memcpy/memset, ...) are copied as they are, and its
 KERNEL, RUNTIME and NVTX_EVENTS rows are replicated N = ceil(kernels / 12) times, each copy shifted
 after the previous copy's last timestamp and with correlation ids (and gridIds) renumbered, so that
-every kernel still joins exactly one CUDA API call of its process (nsys-sqlite.md §2-§4, §7 Q1).
+every kernel still joins exactly one CUDA API call of its process (docs/formats.md#nsys-tables, #nsys-queries Q1).
 Copy 0 keeps the original times and ids, so the verbatim memcpy/memset rows still join.
 
 NVTX ranges: around every kernel's launch call a synthetic operator range as torch's ``emit_nvtx``
@@ -31,7 +31,7 @@ Measured, in a spawned child process (its peak RSS read with getrusage(RUSAGE_CH
 ``read_nsys``; ``classify_layers(kernels, ranges, [])`` + ``attribute_nvtx`` (what
 ``stages.attribute_files`` does without a layers file); ``gpu_projection``; and, for reference,
 writing the parquet tables (``write_nsys_timeline`` + the attribution with ``tables.ATTRIBUTION``).
-Baseline, in the parent on the same (page-cached) file: SQLite running the nsys-sqlite.md §7 Q1 join
+Baseline, in the parent on the same (page-cached) file: SQLite running the docs/formats.md#nsys-queries Q1 join
 (kernel -> launch, names from StringIds) with ``fetchall``; printed as the ratio reader / baseline.
 Goal: 1M kernels loaded and attributed in <= 20 s with peak RSS <= 2 GB, judged on read_nsys +
 classify_layers + attribute_nvtx and the child's peak RSS by the end of attribute_nvtx (the line
@@ -62,7 +62,7 @@ NVTX = "NVTX_EVENTS"
 REPLICATED = (KERNEL, RUNTIME, NVTX)
 CORRELATED = (KERNEL, RUNTIME, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
               "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
-RANGE_TYPES = (59, 60, 70, 71)  # push/pop and start/end ranges (nsys-sqlite.md §4)
+RANGE_TYPES = (59, 60, 70, 71)  # push/pop and start/end ranges (docs/formats.md#nsys-nvtx-event-types)
 DOMAIN_CREATE = 75
 OPS = ("aten::mm", "aten::addmm", "aten::add", "aten::copy_", "aten::mul", "aten::native_layer_norm")
 MARGIN_NS = 50  # synthetic op range = launch call widened by this much on both sides
@@ -362,7 +362,7 @@ def compare_interval_trees(kernels, ranges, sample: int) -> dict:
 
 
 def baseline(path: Path) -> tuple[float, int]:
-    """Seconds SQLite takes for the §7 Q1 join with fetchall, and the rows it returned."""
+    """Seconds SQLite takes for the formats.md#nsys-queries Q1 join with fetchall, and the rows it returned."""
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     conn.text_factory = lambda b: b.decode("utf-8", "replace")
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Programs with known truth: the measuring instrument of issue 13 (test support, not a test).
+"""Programs with known truth: the measuring instrument of the joins (test support, not a test).
 
 ``generate(scenario, seed, folder)`` draws a random PyTorch-like program, writes what the profilers would have
 written for it (an nsys SQLite export or a Kineto trace, ncu CSVs, Inductor debug directories; the formats are
@@ -180,7 +180,7 @@ K = {
                            "aligna4_alignc4_execute_split_k_kernel__5x_cublas"),
     "saxpy": KernelName("_Z5saxpyPdS_S_di", "saxpy(double *, double *, double *, double, int)", "saxpy"),
 }
-# Shaped like the real A100 trace's optimizer kernel (issue 13); Kineto shows demangled names only.
+# Shaped like the real A100 trace's optimizer kernel; Kineto shows demangled names only.
 MULTI_TENSOR_APPLY = _plain(
     "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
     "TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
@@ -193,7 +193,7 @@ MULTI_TENSOR_APPLY = _plain(
 def ncu_printed(kernel: KernelName, style: str) -> str:
     """The name ncu prints for ``kernel``: ``--print-kernel-base demangled|function|mangled``, or ``demangled`` by
     another demangler (``other_demangler``: no ``(int)`` casts, no ``void`` return type, ``> >`` between closing
-    template brackets; ncu.md §1.8)."""
+    template brackets; docs/formats.md#ncu-kernel-names)."""
     if style == "demangled":
         return kernel.demangled
     if style == "function":

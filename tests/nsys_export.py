@@ -2,14 +2,14 @@
 
 ``write_nsys_export(path, kernels=..., runtime=..., nvtx=..., ...)`` writes a file shaped like
 ``nsys export --type sqlite`` of nsys 2025.1.1 (export schema 3.17.1), so tests of the nsys reader can spell out the
-fixtures of ../shared/docs/cases.md (C01, C03, C08-C11, C22, ...) row by row. Layout: ../shared/docs/nsys-sqlite.md
-§2-§4 and §7.
+fixtures of docs/field-cases.md (C01, C03, C08-C11, C22, ...) row by row. Layout: docs/formats.md
+(nsys identifiers, tables, NVTX event types, queries).
 
 * ``REAL_DDL`` holds the ``CREATE TABLE`` text copied verbatim (``SELECT sql FROM sqlite_master WHERE name=?``) from the
   real export ../shared/data/real/nsys/fuser_thunder_xentropy_phi3_h200_nsys2025.1.sqlite; the two ENUM tables' rows are
   copied from the same file. Nothing else of that file is copied.
 * ``RECONSTRUCTED_DDL`` holds the two CUDA-graph tables, which no real sample contains: they are written from the
-  documented columns (nsys-sqlite.md §3 "CUDA graph tables"), not copied.
+  documented columns (docs/formats.md#nsys-cuda-graphs), not copied.
 * Identifiers as on Linux: ``globalTid = 1 << 48 (vmId 1) | pid << 24 | tid``; ``globalPid`` = the same with tid 0.
 * Strings (kernel names, API names, registered NVTX strings, graph-node and thread names) go to ``StringIds`` with ids
   assigned from 0 upwards in first-use order (real exports also use id 0, so ``if textId:`` is a bug a reader can show).
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-VM_ID = 1  # Linux exports: hwId 0, vmId 1 (nsys-sqlite.md §2)
+VM_ID = 1  # Linux exports: hwId 0, vmId 1 (docs/formats.md#nsys-identifiers)
 GLOBAL_VID = VM_ID << 48  # 281474976710656, TARGET_INFO_GPU.vmId in real Linux exports
 _ID_MASK = 0xFFFFFF
 
@@ -64,7 +64,7 @@ def gpid(pid: int) -> int:
 
 @dataclass
 class Nvtx:
-    """One NVTX_EVENTS row (59 push/pop, 60 start/end, 34 mark, 75 domain create, ...: nsys-sqlite.md §4)."""
+    """One NVTX_EVENTS row (59 push/pop, 60 start/end, 34 mark, 75 domain create, ...: docs/formats.md#nsys-nvtx-event-types)."""
 
     text: str | None
     event_type: int
@@ -408,8 +408,8 @@ CREATE TABLE ENUM_NSYS_EVENT_CLASS (
 )""",
 }
 
-# NOT copied: no real sample has these tables. Reconstructed from the documented columns (nsys-sqlite.md §3
-# "CUDA graph tables": nsys recipe / CUPTI record fields), written in the layout of the copied DDL.
+# NOT copied: no real sample has these tables. Reconstructed from the documented columns (docs/formats.md#nsys-cuda-graphs
+# tables: nsys recipe / CUPTI record fields), written in the layout of the copied DDL.
 RECONSTRUCTED_DDL: dict[str, str] = {
     "CUDA_GRAPH_NODE_EVENTS": """\
 CREATE TABLE CUDA_GRAPH_NODE_EVENTS (
@@ -859,7 +859,7 @@ def _kernel_row(ex: _Export, k: Kernel, grid_id: int) -> dict[str, object]:
 
 
 def c01_export(path, **options) -> Path:
-    """cases.md C01: two kernels launched from the autograd thread (tid 2) of pid 10, one under an
+    """docs/field-cases.md C01: two kernels launched from the autograd thread (tid 2) of pid 10, one under an
     NVTX range of that thread, while a range of tid 1 covers both; ``options`` go to write_nsys_export."""
     return write_nsys_export(
         path,

@@ -197,7 +197,7 @@ def test_real_trace_without_fusion_map_has_unattributed_row():
 
 
 def test_operator_counters_are_duration_weighted_from_timeline_times(tmp_path):
-    """Issue #4 acceptance: a two-kernel operator, durations 900 and 100 ns, SM throughput 80 % and
+    """The acceptance example: a two-kernel operator, durations 900 and 100 ns, SM throughput 80 % and
     20 %: the operator's figure is (900*80 + 100*20) / 1000 = 74 %, its DRAM bytes the sum."""
     import json
 

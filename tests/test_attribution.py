@@ -3,8 +3,8 @@
 
 Expectations are recomputed from the raw JSON of the real torch 2.13 CPU traces (inductor-cpu/traces) with a few
 lines of plain Python: the enclosing ops of each kernel, the ``Sequence number`` link from a backward node to its
-forward op (kineto-and-inductor.md §1.7), and the position of each kernel inside its
-``## Call CompiledFxGraph`` region (§3.5).
+forward op (docs/formats.md#kineto-backward-thread), and the position of each kernel inside its
+``## Call CompiledFxGraph`` region (formats.md#inductor-kernels-in-kineto).
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def test_gpu_kernels_join_launch_and_enclosing_op(tmp_path):
     assert by.loc["gemm_kernel", "path"] == "correlation"
     assert json.loads(by.loc["gemm_kernel", "evidence"])["correlation"]["stack"] == ["aten::linear", "aten::addmm"]
     # No dispatcher op around the launch: the innermost profiler op names it, flagged as such
-    # (a custom autograd Function, Inductor's CPU-side kernel event; kineto-and-inductor.md §1.6).
+    # (a custom autograd Function, Inductor's CPU-side kernel event; docs/formats.md#kineto-external-id).
     assert by.loc["lonely_kernel", "path"] == "correlation"
     assert by.loc["lonely_kernel", "operator"] == "MyWrapper"
     assert json.loads(by.loc["lonely_kernel", "evidence"])["correlation"]["operator_kind"] == "cpu_op"
@@ -378,9 +378,9 @@ def call(args):
 
 
 def test_c20_generic_kernel_resolved_through_cpu_side_event(tmp_path):
-    """cases.md C20 fixture: (a) `triton_poi_fused_add_cos_0_0d1d2de` on the GPU (no CPU-side event) and (b) a
+    """docs/field-cases.md C20 fixture: (a) `triton_poi_fused_add_cos_0_0d1d2de` on the GPU (no CPU-side event) and (b) a
     `triton_` kernel launched by cuLaunchKernel (corr 77) inside the CPU-side event `triton_red_fused_sum_1`,
-    both in one `## Call CompiledFxGraph` region (Kineto layout of kineto-and-inductor.md §3.5)."""
+    both in one `## Call CompiledFxGraph` region (Kineto layout of docs/formats.md#inductor-kernels-in-kineto)."""
     graph = tmp_path / "torchinductor" / "model__0_inference_0.0"
     graph.mkdir(parents=True)
     (graph / "output_code.py").write_text(_C20_CODE)
@@ -427,7 +427,7 @@ def test_fused_copy_kernel_does_not_merge_into_the_op_it_serves(compiled):
     assert fallback_calls == copies == 2
     ops = agg.operators_table(a, per_iteration=False).set_index("operator")
     assert ops.loc[sdpa_bwd, "calls"] == fallback_calls and ops.loc[sdpa_bwd, "paths"] == "correlation"
-    # issue 13: the SDPA backward is computed by the fallback call, not by the copy kernel that lists it
+    # the SDPA backward is computed by the fallback call, not by the copy kernel that lists it
     label = "aten::transpose+aten::view"
     assert ops.loc[label, "calls"] == copies and ops.loc[label, "paths"] == "inductor"
     copy_rows = a[a["name"] == copy_name]

@@ -1,9 +1,9 @@
-"""Ground truth (issue 13 item 6): the generator of programs with known truth (``ground_truth``), checked on its
+"""Ground truth: the generator of programs with known truth (``ground_truth``), checked on its
 own, and the pipeline's stages scored against it on a fixed set of seeds per scenario.
 
 The generator tests read its files back with the project's readers and compare with what the generator intended
 (counts, identities, tokens, call sites); its determinability rules are checked on small sequences worked out by
-hand. The goal tests assert issue 13's goals per scenario on seeds 0-2, exactly: every operator and counter given is
+hand. The goal tests assert the attribution goals per scenario on seeds 0-2, exactly: every operator and counter given is
 right, every one the input determines is given, every refusal is listed with its reason, no stage error, no
 kernel lost. Programs of the benchmark that failed before the matching and fusion-map fixes are kept as cases
 (``FOUND_CASES``).
@@ -223,7 +223,7 @@ FOUND_CASES = [
 
 
 def _assert_goals(score, truth, where: str) -> None:
-    """Issue 13's goals, exactly: every answer right, every determined answer given, every refusal visible."""
+    """The attribution goals, exactly: every answer right, every determined answer given, every refusal visible."""
     assert not score.errors, f"{where}: {score.errors}"
     assert score.not_in_timeline == 0 and score.kernels == len(truth["kernels"]), where
     assert score.op_right == score.op_answers, f"{where}: wrong operators {score.wrong_operators[:3]}"
@@ -238,7 +238,7 @@ def _assert_goals(score, truth, where: str) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_goals_against_ground_truth(scenario, tmp_path):
-    """Issue 13's goals on seeds 0-2 of the scenario: the figures of the truth, exactly. Counters: every pairing
+    """The attribution goals on seeds 0-2 of the scenario: the figures of the truth, exactly. Counters: every pairing
     the input determines is attached and right; what is attached beyond is right too (precision), and what is
     not attached has a reason. Operators likewise."""
     for seed in SEEDS:

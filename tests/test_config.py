@@ -235,7 +235,7 @@ def test_dag_check_of_a_factory_parses_without_running_the_module(tmp_path, monk
 @pytest.mark.parametrize("written", [{"compile_scope": "layers"}, {"compile_mode": "max-autotune"},
                                      {"compile_options": {"max_autotune": True}}])
 def test_compile_settings_of_an_eager_workload_are_refused(written):
-    """Issue 14: compile_scope/compile_mode/compile_options with compile: false used to be accepted and ignored."""
+    """compile_scope/compile_mode/compile_options with compile: false used to be accepted and ignored."""
     key = next(iter(written))
     with pytest.raises(ConfigError, match=rf"workloads.l.*{key} has no effect with compile: false"):
         validate_config({"workloads": {"l": {"kind": "lstm", **written}}})
@@ -248,7 +248,7 @@ def test_compile_settings_of_an_eager_workload_are_refused(written):
 
 @pytest.mark.parametrize("in_process", [True, False])
 def test_unknown_compile_options_fail_when_the_config_is_checked(in_process):
-    """Issue 14: a misspelt Inductor option failed only in the capture job (without the workload's name, leaving an
+    """A misspelt Inductor option failed only in the capture job (without the workload's name, leaving an
     empty inductor/debug.partial). Now validate-config (in process) and the DAG build (a child Python: the
     Snakemake process imports no torch) name the workload, the key and the closest option."""
     import torch._inductor

@@ -1,4 +1,4 @@
-"""Visible refusals (issue #13 item 7): coverage.json, report.md and report.html say how many kernels got ncu
+"""Visible refusals: coverage.json, report.md and report.html say how many kernels got ncu
 counters, how many were refused and why, per kernel name. A torch.profiler GPU trace and an ncu CSV written here
 (the formats the tools write) go through the command line as a user would run it."""
 

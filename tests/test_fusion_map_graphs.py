@@ -1,6 +1,6 @@
-"""Issue 13, item 4: the fusion map (attribution path c) when one kernel name can mean several call sites.
+"""The fusion map (attribution path c) when one kernel name can mean several call sites.
 
-Four situations, each on fixtures built here in the real formats (kineto-and-inductor.md §3 of the shared docs:
+Four situations, each on fixtures built here in the real formats (docs/formats.md#inductor-debug-artifacts:
 torch 2.13 ``output_code.py`` with ``Runner.call``, Source-Nodes comments and ``async_compile.triton(...)``
 definitions carrying ``inductor_meta['kernel_name']``; the TORCH_TRACE log's ``inductor_output_code`` record
 and ``inductor_compile`` chromium event, as written by torch 2.13 with ``TORCH_COMPILE_DEBUG=1``; Kineto GPU
@@ -295,7 +295,7 @@ def test_identical_code_of_two_compiles_leaves_the_compile_id_unknown(tmp_path):
 
 
 def test_same_name_different_ops_is_refused_with_the_candidate_graphs(tmp_path, caplog):
-    """Issue 13 situation 1: both kernels used to get the kernel's own name as operator, merged into one row,
+    """Situation 1: both kernels used to get the kernel's own name as operator, merged into one row,
     and a warning asking whether the map was from another run.  Now, without a log to pin the graph, they are
     unattributed (``ambiguous_compiled_graph``) with both graphs listed; with the log, exact."""
     dirs = _write_graphs(tmp_path / "dbg", UNNAMED)
@@ -368,7 +368,7 @@ def test_backward_call_takes_the_compile_id_of_its_forward(tmp_path):
     """Training, FX graph cache off (``## Call CompiledFxGraph None ##``), two compilations 0/0 and 0/1 whose
     backward graphs both call ``triton_poi_fused_0`` with different ops.  The backward call has no
     ``Torch-Compiled Region`` around it (the autograd thread runs it); its compile id is the one around the
-    forward ``CompiledFunction`` with the same ``Sequence number`` (kineto-and-inductor.md §1.7)."""
+    forward ``CompiledFunction`` with the same ``Sequence number`` (docs/formats.md#kineto-backward-thread)."""
     graphs = {
         "model__0_forward_1.0": [("triton", "triton_poi_fused_relu_0", ["relu"], ["aten.relu"])],
         "model__0_backward_3.1": [("triton", "triton_poi_fused_0", ["threshold_backward"], ["aten.threshold_backward"])],
@@ -454,7 +454,7 @@ def _replay_trace(path: Path, regions: bool, steps: int = 2, kernels: list[str] 
 
 @pytest.mark.parametrize("regions", [False, True], ids=["no_call_range", "call_range"])
 def test_cuda_graph_replay_is_attributed_through_the_fusion_map(tmp_path, regions, caplog):
-    """Issue 13 situation 2: the replayed node kernels got the Dynamo region's name as operator (or stayed
+    """Situation 2: the replayed node kernels got the Dynamo region's name as operator (or stayed
     unattributed with ``fusion_map_mismatch`` inside a ``## Call`` range).  Now the generated kernels map to the
     call sites by name and order, the GEMM and its split-K reduce to the one extern call between them."""
     _write_graphs(tmp_path / "dbg", {"model__0_inference_0.0": REPLAYED})
@@ -578,7 +578,7 @@ def _expected_split(calls: list[Call]) -> dict[str, tuple[list[str], list[str]]]
 
 
 def test_ops_of_an_extern_call_go_to_listed_not_computed(tmp_path):
-    """Issue 13 situation 3: ``aten::add+aten::mm+aten::relu`` for a Triton kernel whose comment lists the mm that
+    """Situation 3: ``aten::add+aten::mm+aten::relu`` for a Triton kernel whose comment lists the mm that
     ``extern_kernels.mm`` computes.  Now: operator ``aten::add+aten::relu``, ``listed_not_computed`` [aten::mm]."""
     dirs = _write_graphs(tmp_path / "dbg", {"model__0_inference_0.0": LISTS_MM})
     fmap = inductor.parse_output_code(dirs["model__0_inference_0.0"])
@@ -647,7 +647,7 @@ def _device_names(calls: list[Call], sites: list[int]) -> list[str]:
 
 
 def test_window_starting_mid_iteration_places_reused_kernel_by_the_graph_order(tmp_path):
-    """Issue 13 situation 4 (nsys, no iteration ranges): a window starting at the second gelu used to give
+    """Situation 4 (nsys, no iteration ranges): a window starting at the second gelu used to give
     every gelu the other call site's source nodes (j mod 2 from the window's start).  The graph's other
     kernel (``triton_poi_fused_add_1``) fixes the offset: each launch gets its real call site."""
     _write_graphs(tmp_path / "dbg", {"m__0_inference_0.0": REUSED})

@@ -1,4 +1,4 @@
-"""GPU capture (issue #6: nsys / torch timelines, capture_kineto, cudaProfilerApi range) on a machine without a GPU.
+"""GPU capture (nsys / torch timelines, capture_kineto, cudaProfilerApi range) on a machine without a GPU.
 
 There is no GPU, no Nsight Systems and no nvidia-smi here. These tests use **test doubles** put first on ``PATH``:
 

@@ -1,7 +1,7 @@
 """Path (c) on a GPU Kineto timeline: a compiled-graph region whose ``call()`` runs a Triton kernel and
 an extern GEMM. The GEMM's GPU kernel is a cuBLAS kernel, not ``aten::mm``, so the region must be
 matched to the graph by its *calls* (the extern op enclosing the cuBLAS launch), not by kernel names.
-Synthetic trace in the real Kineto layout (kineto-and-inductor.md §1.4-1.6, §3.5); no GPU needed.
+Synthetic trace in the real Kineto layout (docs/formats.md#kineto-events, #inductor-kernels-in-kineto); no GPU needed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #7 items 5 and 6: incremental re-analysis and logs, beyond what the workflow modules test.
+"""Incremental re-analysis and logs, beyond what the workflow modules test.
 
 Where each case of item 5 is tested (dry runs on finished runs, exact job counts):
 

@@ -1,7 +1,7 @@
 """Tests for attribution path (c), the TorchInductor fusion map (operator_profiler.attribution.inductor).
 
 Expected values are computed independently from the real artifacts in ../shared/data/real (torch 2.13 CPU debug dirs,
-their Kineto trace, the Oct-2024 CUDA Longformer dir); see ../shared/docs/kineto-and-inductor.md §3.
+their Kineto trace, the Oct-2024 CUDA Longformer dir); see docs/formats.md#inductor-debug-artifacts.
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def test_backward_cpp_kernel_name_tokens(bwd: pd.DataFrame):
         "aten::native_layer_norm_backward", "aten::sum", "aten::view",
     ]
     # the layout copy before the SDPA backward lists that op, which the graph's fallback call
-    # `torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(...)` computes (issue 13)
+    # `torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(...)` computes
     copy = "cpp_fused__scaled_dot_product_flash_attention_for_cpu_backward_transpose_view_2"
     fallback_ops = {f"aten::{m}" for m in re.findall(r"torch\.ops\.aten\.(\w+)\.\w+\(", "\n".join(_call_lines(BWD / "output_code.py")))}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in fallback_ops
@@ -763,7 +763,7 @@ def test_normalize_kernel_name_c20():
     assert norm("triton_poi_fused_add_cos_0_0d1d2de") == "triton_poi_fused_add_cos_0"  # C20 (a)
     assert norm("triton_poi_fused_add_cos_0") == "triton_poi_fused_add_cos_0"  # the index _0 stays
     assert norm("triton_red_fused_sum_1") == "triton_red_fused_sum_1"
-    # real names of hta_negative_queue_length__rank0 (kineto-and-inductor.md §1.8, cases.md C03/C20)
+    # real names of hta_negative_queue_length__rank0 (docs/formats.md#kineto-cuda-graphs, docs/field-cases.md C03/C20)
     for real in ("triton__0d1d2d", "triton__0d1d23d", "triton__0d1d2d3d4d5d6d7d8d9d10d11d12d13d14"):
         assert norm(real) == "triton_" and inductor.is_generic_triton_name(real)
     assert norm("original_kernel_0d1d2d3de4de") == "original_kernel_0d1d2d3de4de"  # only triton* names
@@ -820,7 +820,7 @@ def test_by_name_call_site_order_reused_kernel(tmp_path: Path):
     assert gelu["source_nodes"].tolist() == [["gelu"], ["gelu_1"]] * 3
     assert (gelu["match"] == "call_site_order").all()
     assert out.loc[out["kernel_id"] == 1, "reason"].item() == "extern_kernel_name_unknown"
-    # no iteration ranges: the window may start at either gelu (issue 13: a capture starting mid-iteration
+    # no iteration ranges: the window may start at either gelu (seen: a capture starting mid-iteration
     # swapped the call sites silently) and the graph's only generated kernel is the reused one, so no launch
     # order fixes the offset: both sites compute aten::gelu -> the operator stays, the FX nodes are undecided
     out = inductor.attribute_by_name(_kernels(names), fmap)

@@ -1,4 +1,4 @@
-"""Issue 14 item 1: Ctrl-C (SIGINT) or SIGTERM in a job is one line, a non-zero exit and no partial output.
+"""Ctrl-C (SIGINT) or SIGTERM in a job is one line, a non-zero exit and no partial output.
 
 A real child process runs a job the way the workflow's jobs do (operator_profiler.interrupts.watch_job first,
 then rule_runner.run_rule) and gets a real signal. The workflow-level case (Snakemake and a real capture / script

@@ -1,4 +1,4 @@
-"""No operator is named ``0`` (issue 14 item 4): an Inductor kernel whose name has no fused-op part.
+"""No operator is named ``0``: an Inductor kernel whose name has no fused-op part.
 
 Inductor names a generated kernel ``cpp_fused_<n>`` / ``triton_<kind>_fused_<n>`` when none of its FX nodes
 carries ``original_aten`` (``torch._inductor.utils.get_fused_kernel_name``). A real compile is made to do so

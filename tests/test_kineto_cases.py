@@ -1,7 +1,7 @@
-"""Path (a) on Kineto traces: the cases of ../shared/docs/cases.md (C01, C04, C05, C06) as fixtures
+"""Path (a) on Kineto traces: the cases of docs/field-cases.md (C01, C04, C05, C06) as fixtures
 written by the test, and the pairing of a Kineto run with an nsys run of the same program.
 
-Fixture helpers follow the conventions of cases.md ("Conventions used in fixtures"): times in µs as
+Fixture helpers follow the conventions of docs/field-cases.md#fixture-conventions: times in µs as
 in the trace, ``cpu_op(name, tid, ts, dur, ext)``, ``launch(api, cat, tid, ts, dur, corr, ext)``,
 ``kern(name, stream, ts, dur, corr[, ext])``. Expected values are those the case states.
 """
@@ -164,7 +164,7 @@ def test_c06_every_launch_api_joins(tmp_path):
 
 
 def test_pre_2024_external_id_is_the_correlation_id_and_is_not_joined(tmp_path):
-    """kineto issue #843: External id == correlation on GPU events. Here the number 2 collides with
+    """pytorch/kineto#843: External id == correlation on GPU events. Here the number 2 collides with
     the id of aten::mul; a join on External id would name aten::mul, enclosure names aten::add."""
     events = [
         cpu_op("aten::add", 1, 0, 20, 1), launch("cudaLaunchKernel", "cuda_runtime", 1, 5, 2, 2, 2),
@@ -178,7 +178,7 @@ def test_pre_2024_external_id_is_the_correlation_id_and_is_not_joined(tmp_path):
 
 
 def test_fwdbwd_flow_names_the_forward_op(tmp_path):
-    """§1.7: the fwdbwd flow links the backward op to the forward op that made its node, even when
+    """formats.md#kineto-backward-thread: the fwdbwd flow links the backward op to the forward op that made its node, even when
     the sequence numbers would point elsewhere (here the seq matches no forward op at all)."""
     events = [
         cpu_op("aten::linear", 1, 0, 30, 1), cpu_op("aten::addmm", 1, 5, 20, 2, **{"Sequence number": 7,
@@ -257,7 +257,7 @@ def test_fusion_map_of_another_model_warns(tmp_path, caplog):
 
 def test_c04_report_says_unknown_not_zero(tmp_path):
     """End to end through the CLI: the report names the op whose launch has no kernel record and the
-    ops whose kernel records have invalid timestamps as *unknown* time (cases.md C04)."""
+    ops whose kernel records have invalid timestamps as *unknown* time (docs/field-cases.md C04)."""
     from operator_profiler.cli import main
 
     (tmp_path / "c04.json").write_text(json.dumps({"deviceProperties": [{"id": 0}], "traceEvents": _c04_events()}))
@@ -279,7 +279,7 @@ def test_c04_report_says_unknown_not_zero(tmp_path):
 
 
 def _optimizer_step_events():
-    """Issue 13's example, as in the real A100 trace hta_negative_queue_length: FusedAdam's
+    """The example seen in the real A100 trace hta_negative_queue_length: FusedAdam's
     ``multi_tensor_apply_kernel`` launched directly under the optimizer's ``record_function``
     (``Optimizer.step#FusedAdam.step``), with no cpu_op around the launch. Times in µs."""
     ann = dict(cat="user_annotation")

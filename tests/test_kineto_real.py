@@ -109,7 +109,7 @@ def test_external_id_mode_matches_the_trace_era(name):
 
 def test_orphan_kernels_and_graph_replays_of_the_negative_queue_trace():
     """705 of 6080 kernels have no launch in the window (PROVENANCE: corr% 88.4); 70 cudaGraphLaunch
-    calls replay 135 kernels that share their launch's correlation id (kineto-and-inductor.md §1.8)."""
+    calls replay 135 kernels that share their launch's correlation id (docs/formats.md#kineto-cuda-graphs)."""
     name = "hta_negative_queue_length__rank0.json.gz"
     raw = _load_raw(real_file("kineto", name))["traceEvents"]
     launches = {e["args"]["correlation"]: e["name"] for e in raw
@@ -176,7 +176,7 @@ def test_amd_rocm_trace_attributes_every_kernel():
 
 
 def test_counter_only_trace_gives_a_no_kernel_events_diagnostic():
-    """CUPTI range-profiler mode (§1.9): 77 cuda_profiler_range events and 77 launches, no kernel."""
+    """CUPTI range-profiler mode (formats.md#kineto-counters): 77 cuda_profiler_range events and 77 launches, no kernel."""
     timeline = read_kineto(real_file("kineto", "hta_cupti_profiler__counters_trace.json.gz"))
     assert len(timeline.kernels) == 0
     (warning,) = [w for w in timeline.diagnostics["warnings"] if w.startswith("no kernel events")]
@@ -282,7 +282,7 @@ def _attributed_rows(timeline, a) -> Counter:
 @pytest.mark.parametrize(("name", "kernels"), [("hta_negative_queue_length__rank0.json.gz", 90),
                                                ("hta_timeline_analysis__sampled_rank-0.json.gz", 16)])
 def test_kernels_only_a_user_annotation_encloses_are_named_by_it(name, kernels):
-    """Issue 13: FusedAdam's / EMAOptimizer's multi_tensor_apply kernels launched under the optimizer's
+    """FusedAdam's / EMAOptimizer's multi_tensor_apply kernels launched under the optimizer's
     record_function only (A100 training traces). Each gets the innermost such annotation, path
     user_annotation; the counts, the time share (8.0 % of the A100 trace's kernel time, 0.1 % of the
     sampled one's) and the coverage it adds are computed from the raw JSON."""
@@ -349,7 +349,7 @@ def test_tracelens_h100_traces_through_timeline_and_attribute(tmp_path, name):
 
 
 def test_v100_trace_in_the_early_2024_form_with_ns_fractions_reads_exactly(tmp_path):
-    """Issue 13: absolute-epoch µs with ns fractions *and* kernels crashed the reader. No trace here is
+    """Absolute-epoch µs with ns fractions *and* kernels crashed the reader. No trace here is
     stored in that form (the V100 one, hta_df_index_resolver, has integer µs), so it is rewritten into it:
     every ``ts`` + 0.789 µs and every ``dur`` written ``N.000``. Every time must then be the integer
     trace's + 789 ns exactly, with the same kernels (19,370, PROVENANCE.md) and ranges."""

@@ -1,5 +1,5 @@
 """Matching ncu rows to timeline kernels: a scoped alignment that attaches counters only where the input pins them
-(issue #13 items 1-3; cases C02, C15, C16, C22, C23). Every situation the issue observed is a fixture here, built
+(docs/field-cases.md C02, C15, C16, C22, C23). Every situation observed in the field is a fixture here, built
 as the tools write it (ncu details-page CSV text, timeline kernels tables), with the right pairs or the refusal
 asserted; expected pairs are read off the fixture, never from the code."""
 

@@ -1,5 +1,5 @@
 """The ncu metric catalog (``ncu/metrics.yaml``): validation, spelling against the docs and the real
-CSVs, aggregation rules (issue #4 acceptance example) and bottleneck labels."""
+CSVs, aggregation rules (the two-kernel acceptance example) and bottleneck labels."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ NCU_MD = SHARED / "docs" / "ncu.md"
 PACKAGED = Path(__file__).resolve().parents[1] / "src" / "operator_profiler" / "ncu" / "metrics.yaml"
 
 # Names taken from widespread public ncu usage but not (yet) in ncu.md or a real CSV: each is marked
-# "check:" in metrics.yaml, to be confirmed with `ncu --query-metrics` on a GPU machine (ncu.md §6).
+# "check:" in metrics.yaml, to be confirmed with `ncu --query-metrics` on a GPU machine (docs/formats.md#ncu-gpu-checks).
 UNVERIFIED = {
     "lts__t_sectors_lookup_miss.sum",
     "sm__inst_executed.avg.per_cycle_active",
@@ -237,7 +237,7 @@ HIT, MISS, HITRATE = "lts__t_sectors_lookup_hit.sum", "lts__t_sectors_lookup_mis
 
 
 def test_acceptance_two_kernel_operator(catalog):
-    """Issue #4: durations 900/100 ns, SM SOL 80/20 % -> 74 %; DRAM bytes 1000 + 3000 -> 4000.
+    """The acceptance example: durations 900/100 ns, SM SOL 80/20 % -> 74 %; DRAM bytes 1000 + 3000 -> 4000.
     ncu's own kernel time (deliberately the other way round) is not the weight."""
     df = pd.DataFrame({"op": ["gemm", "gemm"], "duration_ns": [900.0, 100.0], SM: [80.0, 20.0], DRAM: [1000, 3000],
                        "gpu__time_duration.sum": [100.0, 900.0]})

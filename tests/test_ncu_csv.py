@@ -1,5 +1,5 @@
 """``operator_profiler.ncu.csv_reader`` on the eight real ncu CSVs and on small synthetic CSVs, one per documented
-variant of ../shared/docs/ncu.md §1 (raw page with units row, digit grouping in two locales, ``n/a``, ``==PROF==``
+variant of docs/formats.md#ncu-csv (raw page with units row, digit grouping in two locales, ``n/a``, ``==PROF==``
 and application-stdout preambles, the 20-column layout with estimated speedups) and per bad input.
 
 Expected real values were read by hand from the files in ../shared/data/real/ncu/ (provenance in PROVENANCE.md
@@ -80,7 +80,7 @@ def test_dropout_162_launches_in_id_order():
 def test_bert_global_ids_rules_and_hz():
     df = read_ncu_csv(_real(BERT))
     assert df.ncu_id.nunique() == 26 and sorted(df.ncu_id.unique()) == list(range(26))
-    # ncu.md §1.7: IDs are global across kernel names
+    # docs/formats.md#ncu-id: IDs are global across kernel names
     assert sorted(df[df.name == "ampere_sgemm_32x32_sliced1x4_tn"].ncu_id.unique()) == [6, 10, 14, 22]
     # line 32: "0",...,"sm__cycles_elapsed.avg.per_second","cycle/second","967,585,940.83"
     r = _one(df, 0, "sm__cycles_elapsed.avg.per_second")
@@ -140,7 +140,7 @@ def test_conv2d_app_stdout_preamble():
 
 # ---------------------------------------------------------------- CC 12.0 details files (auto-scaled units)
 
-# ncu.md §1.4: --print-units auto scales with SI factor 1000 (also bytes); what each printed unit is in base units.
+# docs/formats.md#ncu-units: --print-units auto scales with SI factor 1000 (also bytes); what each printed unit is in base units.
 BY_HAND = {"Mbyte": ("byte", 1e6), "Kbyte": ("byte", 1e3), "byte": ("byte", 1.0), "us": ("second", 1e-6),
            "Ghz": ("hz", 1e9), "Gbyte/s": ("byte/second", 1e9)}
 # (file, line, metric, printed unit, printed value, value in base units) read by hand from the files
@@ -158,7 +158,7 @@ CC120_VALUES = [
 
 def _csv_rows(path: Path) -> tuple[list[str], list[dict]]:
     """The header and the rows (as dicts; a short metric row has no rule fields) by the csv module; lines before
-    the header (``==PROF==`` preamble, ncu.md §1.5) and ``==PROF==`` lines after it are skipped."""
+    the header (``==PROF==`` preamble, docs/formats.md#ncu-numbers) and ``==PROF==`` lines after it are skipped."""
     with open(path, newline="", encoding="utf-8") as fh:
         rows = [r for r in csv.reader(fh) if r and not r[0].startswith("==")]
     start = next(i for i, r in enumerate(rows) if r[0] == "ID")

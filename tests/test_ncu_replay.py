@@ -12,7 +12,7 @@ Test doubles and synthetic data (nothing here is a real GPU run):
   recorded CSV ``../shared/data/real/ncu/a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv``
   (read at test time, never copied into the repository), under the kernel names of the sequence.
   ``FAKE_NCU_FAIL=perm`` makes a collection fail as ncu does without counter permission (ERR_NVGPUCTRPERM).
-  The raw-page layout is the documented one (ncu.md §1.3, itself UNVERIFIED against a real raw page).
+  The raw-page layout is the documented one (docs/formats.md#ncu-pages, itself UNVERIFIED against a real raw page).
 * ``nvidia-smi`` is the FAKE of tests/test_clocks.py (clock locking; no ``compute_cap`` answer, so the
   replay asks for every architecture's metric names).
 * The GPT-2-like timeline is synthetic: 3 embedding kernels, 12 identical blocks of 6 kernels, 2 head kernels
@@ -442,7 +442,7 @@ def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_ru
 
 @pytest.mark.workflow
 def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_capture(replay_run):
-    """Issue #7 item 5(b): the catalog is an input of replay_ncu (and aggregate), not of any capture rule."""
+    """The catalog is an input of replay_ncu (and aggregate), not of any capture rule."""
     import test_workflow_nsys as wf
 
     setup, ncu, _, _, target = replay_run
@@ -459,7 +459,7 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
     # The same bytes again (newer mtime, same checksum): nothing to do.
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
-    # Issue #7 item 5(d) for the replay: a touch / git checkout of the replay's code re-runs nothing
+    # For the replay: a touch / git checkout of the replay's code re-runs nothing
     # (replay_ncu is a shell: rule; its modules are checksummed inputs).
     for module in ("ncu/replay.py", "ncu/catalog.py"):
         (setup["repo"] / "src" / "operator_profiler" / module).touch()
@@ -469,7 +469,7 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
 
 @pytest.mark.workflow
 def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
-    """Issue #7 item 5(e): a new capture whose layer classes are the same rewrites byte-identical class
+    """A new capture whose layer classes are the same rewrites byte-identical class
     JSONs and replay plans (checksummed inputs of replay_ncu): no replay runs again."""
     import test_workflow_nsys as wf
 

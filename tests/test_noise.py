@@ -1,4 +1,4 @@
-"""Numbers that survive noise (issue 14, item 3): warm-up until steady, shares and ranks from per-iteration
+"""Numbers that survive noise: warm-up until steady, shares and ranks from per-iteration
 medians, the spread columns and rank marks, and a compare headline consistent with its table.
 
 The aggregation is checked on a real capture (a tiny eager GPT-2 on CPU, 7 measured iterations, through the

@@ -1,10 +1,10 @@
-"""Cases of ../shared/docs/cases.md on the nsys path: timeline reader + NVTX enclosure (path b).
+"""Cases of docs/field-cases.md on the nsys path: timeline reader + NVTX enclosure (path b).
 
 Each test builds the case's small export with the real table layout (tests/nsys_export.py), runs the
 stages on files (``opprof timeline`` / ``opprof attribute`` equivalents) and checks the case's
 expected result. Times are ns.
 
-Reason vocabulary (issue #3 §4): the cases write ``no_enclosing_range_on_launch_thread`` for a kernel
+Reason vocabulary: the public case reports write ``no_enclosing_range_on_launch_thread`` for a kernel
 whose launch thread has no range; the pipeline says ``range_on_other_thread`` when an operator range
 of another thread of the process is open at launch time (the C01 trap) and ``no_enclosing_range``
 when no range is open anywhere; C05's ``launch_record_missing(corr=284)`` is ``no_launch_record``
@@ -427,7 +427,7 @@ def test_c22_processes_keep_their_own_correlation_ids_and_ranges(tmp_path):
     assert "no GPU activity captured for pid 333" in timeline.diagnostics["info"]
 
 
-# Devices (nsys-sqlite.md §2): KERNEL.deviceId is the CUDA ordinal, not the nsys GPU id ----------------
+# Devices (docs/formats.md#nsys-identifiers): KERNEL.deviceId is the CUDA ordinal, not the nsys GPU id ----------------
 
 
 def test_cuda_ordinal_maps_to_the_nsys_gpu_id_per_process(tmp_path):
@@ -448,7 +448,7 @@ def test_cuda_ordinal_maps_to_the_nsys_gpu_id_per_process(tmp_path):
     assert {d["name"] for d in timeline.diagnostics["devices"]} == {"A100-a", "A100-b", "A100-c"}
 
 
-# Bugs found in review (issue #3), each reproduced first ----------------------------------------------
+# Bugs found in review, each reproduced first ----------------------------------------------------
 
 
 def test_graph_node_ids_are_per_process(tmp_path):

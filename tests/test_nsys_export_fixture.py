@@ -2,7 +2,7 @@
 
 The builder's DDL and ENUM rows are compared with the real export they were copied from
 (../shared/data/real/nsys/fuser_thunder_xentropy_phi3_h200_nsys2025.1.sqlite); queries follow
-../shared/docs/nsys-sqlite.md §2 and §7, fixtures ../shared/docs/cases.md (C01, C03, C08-C11, C22).
+docs/formats.md#nsys-identifiers, #nsys-queries, fixtures docs/field-cases.md (C01, C03, C08-C11, C22).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _sql(conn: sqlite3.Connection, table: str) -> str:
     return conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
 
 
-# Q1 of nsys-sqlite.md §7: kernel -> launching API call of the same process, backtrace duplicates dropped.
+# Q1 of docs/formats.md#nsys-queries: kernel -> launching API call of the same process, backtrace duplicates dropped.
 Q1 = """
 SELECT kn.value, k.start, k."end", k.streamId, k.correlationId, (k.globalPid >> 24) & 0xFFFFFF,
        rn.value, r.start, r."end", (r.globalTid >> 24) & 0xFFFFFF, r.globalTid & 0xFFFFFF
@@ -81,7 +81,7 @@ ORDER BY k.start
 def test_global_ids_follow_the_linux_layout():
     assert gtid("10:2") == (1 << 48) | (10 << 24) | 2
     assert gpid(10) == gtid("10:0") == gtid("10:2") & 0xFFFFFFFFFF000000
-    assert gtid("1230493:1230493") == 302119224788637  # nsys-sqlite.md §2 example
+    assert gtid("1230493:1230493") == 302119224788637  # docs/formats.md#nsys-identifiers example
     for bad in ("10", "a:b", "1:2:3", f"{1 << 24}:1", "-1:1"):
         with pytest.raises(ValueError, match="pid|tid"):
             gtid(bad)
@@ -191,7 +191,7 @@ def test_c03_graph_tables(tmp_path):
     assert ddl_columns(RECONSTRUCTED_DDL["CUPTI_ACTIVITY_KIND_GRAPH_TRACE"]) == [
         "start", "end", "deviceId", "contextId", "greenContextId", "streamId", "correlationId", "globalPid", "graphId",
         "graphExecId"]
-    # Q4 of nsys-sqlite.md §7: replayed kernel -> capture-time node creation
+    # Q4 of docs/formats.md#nsys-queries: replayed kernel -> capture-time node creation
     assert conn.execute("""
         SELECT s.value, r.start, cge2.start, cge2."end", n.value
         FROM CUPTI_ACTIVITY_KIND_KERNEL k
@@ -246,7 +246,7 @@ def test_c11_domains_are_domain_create_rows(tmp_path):
     conn = _open(write_nsys_export(
         tmp_path / "c11.sqlite", domains={(10, 7): "deepspeed"},
         nvtx=[Nvtx("aten::linear", 59, "10:1", 100, 400), Nvtx("allreduce_hook", 59, "10:1", 150, 350, domain=7)]))
-    # Q5 of nsys-sqlite.md §7
+    # Q5 of docs/formats.md#nsys-queries
     assert conn.execute("""SELECT (globalTid >> 24) & 0xFFFFFF, globalTid & 0xFFFFFF, domainId,
                                   coalesce(text, (SELECT value FROM StringIds WHERE id = textId)), "end"
                            FROM NVTX_EVENTS WHERE eventType = 75""").fetchall() == [(10, 10, 7, "deepspeed", None)]

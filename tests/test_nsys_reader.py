@@ -117,7 +117,7 @@ def test_emit_nvtx_texts_parse():
     assert [None if pd.isna(v) else v for v in parsed["sizes"]] == ["[[64, 128], [128, 256]]", None, None, None, "[[2], [3]]", None, None]
 
 
-# Robustness found by a fresh user (QA pass of issue #3) ---------------------------------------------
+# Robustness found by a fresh user (a QA pass) ------------------------------------------------------
 
 import sqlite3  # noqa: E402
 import subprocess  # noqa: E402

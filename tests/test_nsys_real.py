@@ -1,11 +1,11 @@
 """The nsys reader, NVTX attribution and ``opprof timeline --nsys`` on the eight real Nsight Systems exports.
 
 Every expected figure is computed here, independently of the reader, with plain ``sqlite3`` SQL on the real files
-(../shared/data/real/nsys/, provenance in PROVENANCE.md there), following ../shared/docs/nsys-sqlite.md: §2 for
-``pid = (globalTid >> 24) & 0xFFFFFF`` / ``tid = globalTid & 0xFFFFFF``, §3 for the tables, §7 Q1 for
+(../shared/data/real/nsys/, provenance in PROVENANCE.md there), following docs/formats.md#nsys-identifiers for
+``pid = (globalTid >> 24) & 0xFFFFFF`` / ``tid = globalTid & 0xFFFFFF``, formats.md#nsys-tables for the tables, formats.md#nsys-queries Q1 for
 kernel -> launching call (same correlationId and process, ``eventClass IN (0, 1)``), Q2 for the innermost enclosing
 push/pop range of a launch call and Q3 for the GPU projection of a range. The SQL results are also pinned to the
-figures that nsys-sqlite.md §7/§11 and PROVENANCE.md report, so a query that silently returned nothing could not
+figures that docs/formats.md#nsys-queries and PROVENANCE.md report, so a query that silently returned nothing could not
 make a broken reader pass.
 
 Bad input goes through the CLI as a subprocess (like tests/test_cli.py): exit 1, one line on stderr naming the
@@ -53,7 +53,7 @@ FASTVIDEO = "nsysai_fastvideo_h100x2_window1s_nsys2026.sqlite"
 MFU = "nsysai_mfu_2gpu_before.sqlite"
 EXTRAP_DOMAIN = "de.tu-darmstadt.parallel.extra_prof"
 
-# What the SQL below must find (nsys-sqlite.md §7/§11, PROVENANCE.md): kernels, launches (eventClass 0/1),
+# What the SQL below must find (docs/formats.md#nsys-queries, PROVENANCE.md): kernels, launches (eventClass 0/1),
 # push/pop ranges, start/end ranges, memcpy rows, memset rows, (product version, schema version).
 PINNED = {
     THUNDER: (18, 990, 13513, 0, 3, 3, ("2025.1.1.110", "3.17.1")),
@@ -84,7 +84,7 @@ def _real(name: str) -> Path:
 
 def _db(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    conn.text_factory = lambda b: b.decode("utf-8", "replace")  # non-UTF-8 bytes in some tables (§3)
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")  # non-UTF-8 bytes in some tables (formats.md#nsys-export)
     return conn
 
 
@@ -97,13 +97,13 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
 
 
 def _launch_filter(conn: sqlite3.Connection, alias: str = "") -> str:
-    """``eventClass IN (0, 1)`` when RUNTIME has the column (drops backtrace duplicates, §3), else nothing."""
+    """``eventClass IN (0, 1)`` when RUNTIME has the column (drops backtrace duplicates, formats.md#nsys-tables), else nothing."""
     return f"{alias}eventClass IN (0, 1)" if "eventClass" in _columns(conn, RUNTIME) else "1 = 1"
 
 
 def _launched(conn: sqlite3.Connection) -> str:
     """API rows that launched GPU work: their (process, correlation id) is on a kernel, memcpy or memset row of the
-    same process (correlation ids are unique per process only, §3)."""
+    same process (correlation ids are unique per process only, formats.md#nsys-tables)."""
     tables = [t for t in (KERNEL, "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if t in _tables(conn)]
     if not tables:
         return "0 = 1"
@@ -220,7 +220,7 @@ def test_reader_matches_sql(name):
     # The SQL finds what the docs report ...
     assert (facts["kernels"], facts["launches"], facts["ranges"]["nvtx_push_pop"], facts["ranges"]["nvtx_start_end"],
             facts["memcpy"], facts["memset"], facts["versions"]) == PINNED[name]
-    # ... every kernel joins exactly one launch call of its process (§7 Q1 results), except those of a windowed
+    # ... every kernel joins exactly one launch call of its process (formats.md#nsys-queries Q1 results), except those of a windowed
     # export whose launch call lies before the window (none) ...
     joined = WITH_LAUNCH.get(name, kernels_n)
     assert Counter(n for n, *_ in facts["joins"].values()) == {k: v for k, v in ((1, joined), (0, kernels_n - joined))
@@ -270,7 +270,7 @@ Q1_LAUNCHES = f"""
 
 
 def _sql_enclosure(conn: sqlite3.Connection, domain_id: int) -> tuple[dict, dict]:
-    """Per kernel (pid, correlationId): (innermost range name or None, depth) by §7 Q2, restricted to push/pop
+    """Per kernel (pid, correlationId): (innermost range name or None, depth) by formats.md#nsys-queries Q2, restricted to push/pop
     ranges of one NVTX domain; and the stack of all enclosing ranges, outermost first."""
     on = f"""n.globalTid = l.globalTid AND n.eventType IN {PUSH_POP} AND n.endGlobalTid IS NULL
              AND coalesce(n.domainId, 0) = {domain_id}
@@ -319,7 +319,7 @@ def test_thunder_attribution_is_the_innermost_default_domain_range():
     assert conn.execute("SELECT DISTINCT domainId FROM NVTX_EVENTS").fetchall() == [(0,)]  # all "default"
     innermost, stacks = _sql_enclosure(conn, 0)
     assert len(innermost) == 18
-    # nsys-sqlite.md §7: 8 of 18 kernels have an enclosing stack, the 10 ATen/cuBLAS kernels none.
+    # docs/formats.md#nsys-queries: 8 of 18 kernels have an enclosing stack, the 10 ATen/cuBLAS kernels none.
     assert Counter(name for name, _ in innermost.values()) == {
         None: 10, "ExecutorRunFusion::cuLaunchKernel": 6, "KernelExecutor::runFusion::intermediates": 2}
     assert Counter(depth for _, depth in innermost.values()) == {0: 10, 8: 6, 7: 2}
@@ -341,7 +341,7 @@ def test_thunder_attribution_is_the_innermost_default_domain_range():
 def test_thunder_gpu_projection_of_run_fusion_with_inputs():
     name = "FusionExecutorCache::runFusionWithInputs"
     conn = _db(_real(THUNDER))
-    # §7 Q3 for the ranges of that name, also grouped by stream as gpu_projection is.
+    # formats.md#nsys-queries Q3 for the ranges of that name, also grouped by stream as gpu_projection is.
     expected = conn.execute(f"""
         WITH launches AS ({Q1_LAUNCHES})
         SELECT n.start, n."end", l.streamId, min(l.k_start), max(l.k_end), count(*)
@@ -352,7 +352,7 @@ def test_thunder_gpu_projection_of_run_fusion_with_inputs():
         WHERE n.eventType IN (59, 60, 70, 71) AND n.endGlobalTid IS NULL AND coalesce(n.text, s.value) = ?
         GROUP BY n.rowid, l.streamId
         ORDER BY n.start""", (name,)).fetchall()
-    # nsys-sqlite.md §7: CPU 573.8 ms vs GPU 7.6 ms, 6 kernels (the first call; a second call projects 2 kernels).
+    # docs/formats.md#nsys-queries: CPU 573.8 ms vs GPU 7.6 ms, 6 kernels (the first call; a second call projects 2 kernels).
     assert [(end - start, gpu_end - gpu_start, n) for start, end, _, gpu_start, gpu_end, n in expected] == [
         (573_760_070, 7_620_556, 6), (271_057_015, 1_286_194, 2)]
 
@@ -373,7 +373,7 @@ def test_extrap_named_domain_ranges_name_operators_only_when_asked():
     (domain_id,) = conn.execute("SELECT domainId FROM NVTX_EVENTS WHERE eventType = 75 AND text = ?",
                                 (EXTRAP_DOMAIN,)).fetchone()
     innermost, stacks = _sql_enclosure(conn, domain_id)
-    assert len(innermost) == 12 and all(depth == 4 for _, depth in innermost.values())  # §7: depth-4 stacks
+    assert len(innermost) == 12 and all(depth == 4 for _, depth in innermost.values())  # formats.md#nsys-queries: depth-4 stacks
     assert ("main->process->phase1->kernel0", 4) in innermost.values()
 
     default = _attribution(EXTRAP_WIN)
@@ -393,7 +393,7 @@ def test_extrap_named_domain_ranges_name_operators_only_when_asked():
 
 def test_extrap_windows_global_ids_decode_to_pid_and_tid():
     conn = _db(_real(EXTRAP_WIN))
-    # Windows: hwId 1 in the top byte, vmId 0 (nsys-sqlite.md §2).
+    # Windows: hwId 1 in the top byte, vmId 0 (docs/formats.md#nsys-identifiers).
     for table, column in ((RUNTIME, "globalTid"), ("NVTX_EVENTS", "globalTid"), (KERNEL, "globalPid")):
         assert conn.execute(f"SELECT DISTINCT ({column} >> 56) & 0xFF, ({column} >> 48) & 0xFF FROM {table}").fetchall() \
                == [(1, 0)], table
@@ -562,14 +562,14 @@ NSYSAI = {
     FASTVIDEO: {"kernels": {(111, 0): 1721, (112, 1): 1721}, "with_launch": 1632, "domains": 1, "cross": 11},
     MFU: {"kernels": {(144, 0): 1993, (145, 1): 2017}, "with_launch": 3986, "domains": 2, "cross": None},
 }
-DECORATIONS = re.compile(r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$")  # emit_nvtx, nsys-sqlite.md §10
+DECORATIONS = re.compile(r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$")  # emit_nvtx, docs/formats.md#emit_nvtx-range-names
 
 
 def _ranges_db(name: str) -> sqlite3.Connection:
     """An in-memory database with the file attached read-only, its push/pop ranges (eventType 59/70, unclosed ones
     ending at the largest integer) in a temporary table ``r`` indexed in the order the innermost search reads
     (thread, domain, latest start first, then shortest) and its kernels' own-process launch calls
-    (§7 Q1) in ``l``: the innermost enclosing range of a launch is then one index lookup (the file itself has no
+    (formats.md#nsys-queries Q1) in ``l``: the innermost enclosing range of a launch is then one index lookup (the file itself has no
     index on NVTX_EVENTS, so a plain join would compare every launch with every range of its thread)."""
     conn = sqlite3.connect(":memory:")
     conn.text_factory = lambda b: b.decode("utf-8", "replace")
@@ -590,7 +590,7 @@ def _ranges_db(name: str) -> sqlite3.Connection:
 
 def _sql_innermost(conn: sqlite3.Connection, domain: int) -> dict:
     """(pid, correlationId) -> the raw text of the innermost push/pop range of ``domain`` on the launching thread
-    enclosing the launch call (§7 Q2: start <= call start, end >= call end; latest start, then shortest), or None."""
+    enclosing the launch call (formats.md#nsys-queries Q2: start <= call start, end >= call end; latest start, then shortest), or None."""
     return {(pid, corr): text for pid, corr, text in conn.execute("""
         SELECT l.pid, l.corr,
                (SELECT r.text FROM r WHERE r.globalTid = l.globalTid AND r.domain = ? AND r.start <= l.s AND r.e >= l.e
@@ -623,7 +623,7 @@ def test_two_process_export_kernels_and_launches_stay_in_their_process(nsysai_ou
     conn = _db(_real(name))
     kernels_sql = {(pid, dev): n for pid, dev, n in conn.execute(
         f"SELECT (globalPid >> 24) & 0xFFFFFF, deviceId, count(*) FROM {KERNEL} GROUP BY 1, 2")}
-    # a launch row of the kernel's own process: same (pid, correlationId), §7 Q1
+    # a launch row of the kernel's own process: same (pid, correlationId), formats.md#nsys-queries Q1
     own = f"""((globalPid >> 24) & 0xFFFFFF, correlationId) IN
               (SELECT (globalTid >> 24) & 0xFFFFFF, correlationId FROM {RUNTIME} WHERE eventClass IN (0, 1))"""
     with_launch_sql = {(pid, dev): n for pid, dev, n in conn.execute(

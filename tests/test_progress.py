@@ -1,4 +1,4 @@
-"""Issue #7 item 6: long CPU stages show progress in their log while they read, not only when a stage ends.
+"""Long CPU stages show progress in their log while they read, not only when a stage ends.
 
 The real Kineto trace hta_df_index_resolver (54 MB of JSON, 216k events) is read in several ~8 MB
 chunks; with the progress interval set to 0 every chunk logs one line, so the lines can be checked

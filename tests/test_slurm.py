@@ -254,7 +254,7 @@ def test_gpu_rules_ask_slurm_for_a_gpu_and_the_whole_node_only_on_cuda(tmp_path)
 @pytest.mark.workflow
 def test_the_profiles_gpu_cluster_example_pins_every_gpu_rule(tmp_path):
     """The commented GPU-cluster example of profiles/slurm/config.yaml ("#| " lines), switched on as the
-    README says: every GPU rule gets the partition, the node constraint with --exclusive kept, the
+    docs/cluster.md says: every GPU rule gets the partition, the node constraint with --exclusive kept, the
     memory; the captures 8 CPUs (sbatch --cpus-per-task and the job's threads); CPU rules keep the defaults."""
     pytest.importorskip("snakemake_executor_plugin_slurm")
     text = (PROFILE / "config.yaml").read_text()

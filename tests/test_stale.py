@@ -1,4 +1,4 @@
-"""Issue 14 item 1: which results a failed, interrupted or partial run left stale (operator_profiler.stale).
+"""Which results a failed, interrupted or partial run left stale (operator_profiler.stale).
 
 Real files in a temporary folder, with made-up records of what each output was made from (the shape of
 Snakemake's metadata: the job's inputs and the sha256 of the small ones). The workflow-level behaviour

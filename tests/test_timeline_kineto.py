@@ -2,7 +2,7 @@
 
 Expected values are computed independently from the real traces in ../shared/data/real (the torch 2.13 CPU
 traces of inductor-cpu/traces and two HTA GPU traces), with plain ``json`` and exact rational arithmetic, and
-from small synthetic traces written to tmp_path. Format: ../shared/docs/kineto-and-inductor.md §1.
+from small synthetic traces written to tmp_path. Format: docs/formats.md#kineto-trace-json.
 """
 
 from __future__ import annotations
@@ -380,13 +380,13 @@ def test_event_without_ts_names_its_index(tmp_path, drop):
     assert "traceEvents[2]" in msg and "aten::add" in msg and str(bad) in msg
 
 
-# --- C18: malformed and huge trace JSON (cases.md C18; reader: timeline/trace_json.py) ---------
+# --- C18: malformed and huge trace JSON (docs/field-cases.md C18; reader: timeline/trace_json.py) ---------
 
 BROKEN_NAME = b'{"device": "cpu"}(12): run'  # unescaped inner quotes, as old Kineto wrote them
 
 
 def _fixture_a(pretty: bool) -> tuple[bytes, int]:
-    """cases.md C18 fixture A as raw bytes, and the byte offset of the broken python_function event.
+    """docs/field-cases.md C18 fixture A as raw bytes, and the byte offset of the broken python_function event.
 
     ``pretty``: Kineto's multi-line layout (output_json.cpp); otherwise one compact line."""
     events = [
@@ -489,7 +489,7 @@ def test_event_boundary_text_inside_strings_loses_nothing(tmp_path, monkeypatch)
 
 def test_absolute_epoch_us_with_ns_fractions_stay_exact(tmp_path):
     """The early-2024 form: absolute Unix µs with 3 decimals and no baseTimeNanoseconds
-    (kineto-and-inductor.md §1.2); 1.7e15 µs does not fit a float64 to the ns."""
+    (docs/formats.md#kineto-time-base); 1.7e15 µs does not fit a float64 to the ns."""
     text = ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, '
             '"ts": 1695835535123456.789, "dur": 12.001}, '
             '{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1695835535123500.001, "dur": 0.999}]}')
@@ -500,7 +500,7 @@ def test_absolute_epoch_us_with_ns_fractions_stay_exact(tmp_path):
     assert list(k["end_ns"].astype("int64")) == [1695835535123468790, 1695835535123501000]
 
 
-# Issue 13: a trace in this form *with kernels* crashed the reader ('>=' between str and int): in a
+# A trace in this form *with kernels* crashed the reader ('>=' between str and int): in a
 # chunk holding such a ts, every fractional ts/dur comes back as exact decimal text (trace_json).
 EARLY_2024_WITH_KERNELS = """{"deviceProperties": [{"id": 0, "name": "Tesla V100-SXM2-32GB"}], "traceEvents": [
 {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 8, "ts": 1669843200123456.789, "dur": 40.5,
@@ -525,7 +525,7 @@ EARLY_2024_WITH_KERNELS = """{"deviceProperties": [{"id": 0, "name": "Tesla V100
 
 
 def test_early_2024_form_with_kernels_reads_and_attributes_exactly(tmp_path):
-    """Kernels, launches and ops in absolute Unix µs with ns fractions (kineto-and-inductor.md §1.2):
+    """Kernels, launches and ops in absolute Unix µs with ns fractions (docs/formats.md#kineto-time-base):
     exact ns everywhere, and the C04 checks (ts 0, negative dur) on exact values: ``0.000`` is a
     dropped timestamp (not a kernel at epoch 0), ``-1.250`` a negative duration."""
     from operator_profiler.attribution.merge import attribute
@@ -538,7 +538,7 @@ def test_early_2024_form_with_kernels_reads_and_attributes_exactly(tmp_path):
     assert (int(sgemm["start_ns"]), int(sgemm["end_ns"])) == (1669843200123470123, 1669843200123478131)
     assert (int(sgemm["launch_start_ns"]), int(sgemm["launch_end_ns"])) == (1669843200123460001, 1669843200123463251)
     assert int(sgemm["duration_ns"]) == 8008 and bool(sgemm["valid_time"])
-    # Invalid records are placed at their launch's end with no length (cases.md C04).
+    # Invalid records are placed at their launch's end with no length (docs/field-cases.md C04).
     for name, launch_end in (("dropped_ts_kernel", 1669843200123472502), ("negative_dur_kernel", 1669843200123482000)):
         assert not bool(k.loc[name, "valid_time"])
         assert int(k.loc[name, "start_ns"]) == int(k.loc[name, "end_ns"]) == launch_end
@@ -552,7 +552,7 @@ def test_early_2024_form_with_kernels_reads_and_attributes_exactly(tmp_path):
 
 
 def test_early_2024_form_with_kernels_through_the_cli(tmp_path):
-    """The crash of issue 13 was seen with ``opprof timeline --kineto``: the same fixture through the CLI."""
+    """The crash was seen with ``opprof timeline --kineto``: the same fixture through the CLI."""
     import subprocess
     import sys
 
@@ -616,7 +616,7 @@ def test_event_without_ts_names_its_byte_offset(tmp_path):
 
 
 def write_big_trace(path: Path, kernels: int) -> None:
-    """cases.md C18 fixture B: ``kernels`` kernel events with their cudaLaunchKernel and cpu_op
+    """docs/field-cases.md C18 fixture B: ``kernels`` kernel events with their cudaLaunchKernel and cpu_op
     (one ``aten::add`` per kernel), Kineto-style relative float ts after a baseTimeNanoseconds
     written last, gzip level 1, written in chunks (never whole in memory)."""
     op = ('{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": %d.125, "dur": 5.5, '
@@ -648,7 +648,7 @@ print(json.dumps({"kernels": len(k), "joined": int(k["launch_start_ns"].notna().
                   "first_start": int(k["start_ns"].min()), "ops": int((k["launch_api"] == "cudaLaunchKernel").sum()),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
-# cases.md C18 fixture B: 2,000,000 kernels (6M events with their launches and ops, ~1.4 GB of JSON,
+# docs/field-cases.md C18 fixture B: 2,000,000 kernels (6M events with their launches and ops, ~1.4 GB of JSON,
 # 65 MB gzipped). Measured on the 2-core machine: ~9 s to write, ~45 s to read, peak RSS 1.6 GB
 # (the streaming parser itself stays near 160 MB; the rest is the tables).
 BIG_KERNELS = 2_000_000
@@ -656,7 +656,7 @@ BIG_KERNELS = 2_000_000
 
 @pytest.mark.slow
 def test_c18_big_gzipped_trace_streams_with_bounded_memory(tmp_path):
-    """cases.md C18 fixture B (BIG_KERNELS, see there): a .json.gz of kernels +
+    """docs/field-cases.md C18 fixture B (BIG_KERNELS, see there): a .json.gz of kernels +
     launches + ops, read in a child process whose peak RSS (ru_maxrss) must stay below 2 GB, with
     every kernel joined to its launch and exact ns times."""
     import os
@@ -677,7 +677,7 @@ def test_c18_big_gzipped_trace_streams_with_bounded_memory(tmp_path):
 
 
 def test_ids_beyond_int64_become_null_not_an_overflow(tmp_path):
-    """cases.md C18: ids above 2**63-1 (here an External id and a correlation) must not overflow the
+    """docs/field-cases.md C18: ids above 2**63-1 (here an External id and a correlation) must not overflow the
     int64 columns: they are read as missing."""
     big = 18446744073709551615
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10, "dur": 5,

@@ -1,4 +1,4 @@
-"""trace.json (issue #7 item 2): real timelines -> Chrome/Perfetto trace, checked against the Trace Event
+"""trace.json: real timelines -> Chrome/Perfetto trace, checked against the Trace Event
 Format rules by an independent validator below (not by the exporter's own code).
 
 Rules checked (Trace Event Format, https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h2I0nSsKchNAn9E,

@@ -1,4 +1,4 @@
-"""Train mode end to end on the CPU with real torch (issue 14 item 4): the train step (loss, backward,
+"""Train mode end to end on the CPU with real torch: the train step (loss, backward,
 optimizer), its phases in the profile and the reports, the reason identical layers fall into several classes,
 and the errors of a model that raises (its traceback in the job's log, its file:line in the one-line message).
 

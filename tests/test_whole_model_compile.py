@@ -1,4 +1,4 @@
-"""Issue 14 item 2: ``compile: true`` compiles the whole model, and compiled kernels get their layer from the FX
+"""``compile: true`` compiles the whole model, and compiled kernels get their layer from the FX
 nodes they were generated from (real torch.compile on the CPU, real Inductor debug dirs).
 
 One module-scoped run of a small model, in train mode (forward and backward graphs), compiled whole by the
@@ -202,7 +202,7 @@ def test_no_generated_kernel_is_given_to_a_layer_whose_code_it_does_not_hold_alo
 
 
 def test_a_constant_shared_by_the_blocks_does_not_make_their_kernels_cross_layer(run):
-    """Issue 14: a value that depends on no input (the mask's fill value, the mask itself) is one set of FX nodes
+    """A value that depends on no input (the mask's fill value, the mask itself) is one set of FX nodes
     once the graph's common subexpressions are merged, recorded under blocks.0, so blocks.1's masked_fill kernel
     read blocks.0's nodes and was called cross-layer. Such nodes no longer count toward membership."""
     graph = next(g for g in inductor.find_graph_dirs(run / "inductor") if inductor.graph_kind(g.name) == "forward")

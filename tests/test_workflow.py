@@ -134,7 +134,7 @@ def test_gpt2_blocks_form_one_layer_class(finished_run):
 
 @pytest.mark.workflow
 def test_whole_model_compile_places_kernels_by_their_fx_nodes_and_says_so(finished_run):
-    """Issue 14 item 2 in the workflow: sdpa_attention (compile_scope model by default) has no layer ranges, every
+    """Whole-model compile in the workflow: sdpa_attention (compile_scope model by default) has no layer ranges, every
     layer instance gets kernels from the fusion map's module paths, the others are cross-layer or outside, and the
     reports state the compile scope; gpt2 (compile_scope layers) keeps its layer ranges."""
     work, _ = finished_run
@@ -277,7 +277,7 @@ def test_aggregation_option_edit_reruns_only_aggregate_and_reports(finished_run,
 
 @pytest.mark.workflow
 def test_report_option_edit_reruns_only_the_reports(finished_run, tmp_path):
-    """Issue #7 item 5(a), report side (the aggregation side is the test above)."""
+    """A presentation option re-runs only what follows it: the report side (the aggregation side is the test above)."""
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump({**TINY, "report": {"top_operators": 3}}))
@@ -288,7 +288,7 @@ def test_report_option_edit_reruns_only_the_reports(finished_run, tmp_path):
 
 @pytest.mark.workflow
 def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
-    """Issue #7 item 5(c): one more (uncompiled) workload plans its own 9 jobs (with export_trace, report_html) and nothing of the others."""
+    """One more (uncompiled) workload plans its own 9 jobs (with export_trace, report_html) and nothing of the others."""
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     extra = {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}
@@ -304,7 +304,7 @@ def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
 
 @pytest.mark.workflow
 def test_long_cpu_stages_log_their_progress(finished_run):
-    """Issue #7 item 6: export_timeline, classify_layers and attribute log counts and elapsed seconds."""
+    """export_timeline, classify_layers and attribute log counts and elapsed seconds."""
     work, _ = finished_run
     kernels = len(tables.read_table(work / "results" / "lstm" / "timeline" / "kernels.parquet"))
     logs = {rule: (work / "logs" / rule / "lstm.log").read_text()
@@ -339,7 +339,7 @@ def test_touching_library_code_reruns_nothing_and_editing_a_custom_model_recaptu
         (ROOT / "src" / "operator_profiler" / module).touch()
     result = snakemake(work, config, "-n", env=custom_env(work))
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-2000:]
-    # Issue #7 item 5(d): a git checkout that leaves the GPU rules' code as it was but gives it a new
+    # A git checkout that leaves the GPU rules' code as it was but gives it a new
     # mtime (here: in the future, newer than every output) re-runs no capture. The GPU rules are shell:
     # rules running operator_profiler.gpu_jobs, a checksummed input (a script: rule would re-run: its
     # code trigger is the script's mtime).
@@ -434,7 +434,7 @@ def test_workload_that_raises_is_a_one_line_failure(tmp_path):
 
 
 # ------------------------------------------------------------------------------ failed and interrupted runs
-# Issue 14 item 1: after a failed or interrupted job the next run redoes the work or fails again, and never
+# After a failed or interrupted job the next run redoes the work or fails again, and never
 # exits 0 over reports made from what the failure removed. Each test works on a copy of the finished run's
 # results (and of Snakemake's records of them), so the analysis half runs on a prepared capture.
 
@@ -524,7 +524,7 @@ def test_a_corrupt_capture_and_a_model_that_starts_raising_never_leave_reports_a
     assert all((tmp_path / "results" / "mine" / name).exists() for name in REPORTS)
     assert not (tmp_path / "results" / "mine" / "capture" / "run.json").exists()
 
-    # The next run (the issue's: "Nothing to be done", exit 0) finds mine's reports made from a capture that
+    # The next run (before the fix: "Nothing to be done", exit 0) finds mine's reports made from a capture that
     # is gone, removes them before it starts, and fails again (at the first of the two failing jobs).
     again = snakemake(tmp_path, config, env=env)
     out = again.stdout + again.stderr

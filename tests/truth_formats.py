@@ -4,16 +4,16 @@
   ``emit_nvtx`` push/pop ranges (``aten::mm, seq = 3, op_id = 7``) in the default domain on the launching thread,
   runtime/driver API rows, KERNEL rows with mangled/demangled/short names, graph node creation events and their
   instantiation clones (``originalGraphNodeId``), PROCESSES and ThreadNames, one TARGET_INFO_GPU row per device.
-* Kineto: a Chrome trace as torch.profiler writes it (kineto-and-inductor.md §1): ``cpu_op``/``user_annotation``
+* Kineto: a Chrome trace as torch.profiler writes it (docs/formats.md#kineto-trace-json): ``cpu_op``/``user_annotation``
   ranges with ``External id``, ``cuda_runtime``/``cuda_driver`` launches with ``correlation``, ``kernel`` events
   with ``pid`` = device, ``tid`` = stream and ``graph id``/``graph node id`` for graph nodes; ``ts``/``dur`` in µs
   with three decimals, either relative to ``baseTimeNanoseconds`` (2024-05 on) or absolute epoch µs with ns
   fractions and no base (early 2024), written as exact decimal text.
 * ncu: ``ncu -i R --csv --page raw --print-units base`` (header, units row, one row per result) or the details page
-  (one row per result and metric), with the identity columns of ncu 2022+ (ncu.md §1.2-1.3).
+  (one row per result and metric), with the identity columns of ncu 2022+ (docs/formats.md#ncu-pages).
 * Inductor: one debug directory per compiled graph with ``output_code.py`` (Triton kernel definitions with
   ``inductor_meta['kernel_name']``, ``call()`` with a ``Topologically Sorted Source Nodes`` comment per call site)
-  and ``fx_graph_readable.py`` (kineto-and-inductor.md §3.2-3.3).
+  and ``fx_graph_readable.py`` (docs/formats.md#inductor-output-code).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ NSYS_API = {"cudaLaunchKernel": ("cudaLaunchKernel_v7000", 0), "cuLaunchKernel":
 
 
 def nvtx_text(op) -> str:
-    """The range text ``emit_nvtx`` writes for an op (nsys-sqlite.md §10): ``name[, seq = N], op_id = M``."""
+    """The range text ``emit_nvtx`` writes for an op (docs/formats.md#emit_nvtx-range-names): ``name[, seq = N], op_id = M``."""
     seq = op.args.get("Sequence number")
     return op.name + (f", seq = {seq}" if seq is not None else "") + f", op_id = {op.external_id}"
 

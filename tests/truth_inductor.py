@@ -7,7 +7,7 @@ A compiled graph is a list of call sites of ``call()``: Triton kernels (one laun
 ``unique_kernel_names=False``) and extern calls (``extern_kernels.mm`` -> an ``aten::mm`` op launching cuBLAS
 kernels). In the trace a run of the graph is ``Torch-Compiled Region: <compile id>`` > ``## Call CompiledFxGraph
 <key> ##`` > per call site the CPU-side Triton record function (``cuLaunchKernel``) or the extern ATen op
-(kineto-and-inductor.md §3.5). The truth label of a Triton kernel is its call site's ``Original ATen`` ops as
+(docs/formats.md#inductor-kernels-in-kineto). The truth label of a Triton kernel is its call site's ``Original ATen`` ops as
 ``aten::op`` without view ops and without ops an extern call of the graph computes (shared source node), sorted,
 joined by ``+``.
 """

@@ -185,7 +185,7 @@ def _run_stages(folder: Path, truth: dict) -> list[tuple[str, str]]:
             if "process_map" in inspect.signature(stages.match_files).parameters:
                 kwargs["process_map"] = {int(a): int(b) for a, b in truth["process_map"].items()}
             else:
-                errors.append(("match", "match_files takes no process_map (the --process-map of issue 13)"))
+                errors.append(("match", "match_files takes no process_map (the --process-map option of opprof match)"))
         attempt("match", stages.match_files, timeline, parquets, out / "matched" / "kernel_metrics.parquet",
                 out / "matched" / "diagnostics.json", **kwargs)
     return errors

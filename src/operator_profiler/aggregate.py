@@ -126,7 +126,7 @@ def operators_table(attribution: pd.DataFrame, per_iteration: bool) -> pd.DataFr
             "kernels": grouped.size(),
             "time_ns": grouped["duration_ns"].sum().astype("int64"),
             "paths": grouped["path"].agg(lambda s: ",".join(sorted(set(s)))),
-            # Kernel records with invalid timestamps (Kineto, cases.md C04): their time is unknown, not 0.
+            # Kernel records with invalid timestamps (Kineto, docs/field-cases.md C04): their time is unknown, not 0.
             "kernels_without_time": (~df["valid_time"].astype(bool)).groupby(df["operator"], sort=False).sum()
             if "valid_time" in df else 0,
         }
@@ -284,7 +284,7 @@ def with_counters(table: pd.DataFrame, attribution: pd.DataFrame, counters: pd.D
 
     ``counters``: one row per matched kernel (``kernel_id`` + metric columns as ncu spells them, base
     units), from ``matched/kernel_metrics.parquet``. Each metric is combined over the group's kernels by
-    its catalog rule with the *timeline* durations as weights (``../shared/docs/DESIGN.md``: durations
+    its catalog rule with the *timeline* durations as weights (``docs/DESIGN.md``: durations
     come from the clock-locked capture, not from ncu's replay); ``counters_kernels`` says how many of
     the group's kernels had counters, and ``bottleneck`` labels the group from its SOL figures.
     """

@@ -211,7 +211,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
         raise ConfigError(
             f"invalid configuration in {source} {_describe(best, schema)}.{more} "
             "Fix the key in the config file (or the --config override); the accepted keys, types "
-            "and defaults are listed in workflow/schemas/config.schema.yaml and the README."
+            "and defaults are listed in workflow/schemas/config.schema.yaml and docs/config.md."
         )
     problems = _cross_field_problems(filled, config)
     if problems:

@@ -139,7 +139,7 @@ def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_
 
 
 def _name_launch_operators(timeline: timeline_model.Timeline) -> None:
-    """Name the op around each kernel launch that has no kernel record (cases.md C04): its device
+    """Name the op around each kernel launch that has no kernel record (docs/field-cases.md C04): its device
     time is unknown, which the report says per operator instead of showing 0."""
     missing = timeline.diagnostics.get("launches_without_kernel") or []
     if not missing:

@@ -1,4 +1,4 @@
-"""The table contract of ``../shared/docs/DESIGN.md`` §3 as explicit pyarrow schemas.
+"""The table contract of ``docs/DESIGN.md`` §3 as explicit pyarrow schemas.
 
 Every stage writes its parquet tables through :func:`write_table`, so a column missing or of the
 wrong type fails at the writer, not three stages later. Times are integer ns, sizes bytes.

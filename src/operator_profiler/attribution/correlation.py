@@ -3,9 +3,9 @@
 For GPU Kineto traces the kernel's launch is found by CUPTI correlation id (done by the timeline
 reader, which fills ``launch_tid``/``launch_start_ns``/``launch_end_ns``); on a CPU trace a kernel is its
 own launch. The operator is the innermost dispatcher op (``aten::...``) of the stack of ``cpu_op``
-ranges that enclose the launch interval on the launch thread (``../shared/docs/kineto-and-inductor.md``
-§1.6, recommended algorithm). Backward kernels get ``forward_operator`` through the Kineto
-``Sequence number`` of their autograd node (§1.7). Where no op encloses the launch, the innermost
+ranges that enclose the launch interval on the launch thread (docs/formats.md#kineto-external-id,
+the recommended algorithm). Backward kernels get ``forward_operator`` through the Kineto
+``Sequence number`` of their autograd node (formats.md#kineto-backward-thread). Where no op encloses the launch, the innermost
 ``user_annotation`` around it (``record_function``) is kept for the last-resort ``user_annotation``
 path of :mod:`.merge` (DESIGN.md §3).
 """
@@ -76,7 +76,7 @@ class _ThreadRanges:
         self.position[ids] = np.arange(len(ids), dtype=np.int64)
         self.threads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # Pre-order (the timeline reader numbers ranges parents-first). A child recorded as starting
-        # slightly before its parent (clock skew, cases.md C17) is searched at its parent's start:
+        # slightly before its parent (clock skew, docs/field-cases.md C17) is searched at its parent's start:
         # the running maximum keeps the search keys sorted and the child after its parent.
         ordered = closed.sort_values(["pid", "tid", "range_id"], kind="stable")
         for (pid, tid), group in ordered.groupby(["pid", "tid"], sort=False):
@@ -185,8 +185,8 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     ``CompiledFunction`` around a CUDA graph replay; never the kernel's own range, never above the
     compiled-graph region around it), flagged by ``operator_kind``. A backward kernel's forward op
     comes from the ``fwdbwd`` flow of its innermost autograd node when the trace has flows, else from
-    the node's ``Sequence number`` (kineto-and-inductor.md §1.7). Where the trace's ``External id``
-    is an op id (``external_id_mode == "op_id"``, §1.6) it is checked against the stack, never used
+    the node's ``Sequence number`` (docs/formats.md#kineto-backward-thread). Where the trace's ``External id``
+    is an op id (``external_id_mode == "op_id"``, formats.md#kineto-external-id) it is checked against the stack, never used
     to pick the op; where it disagrees, ``external_id`` and ``external_id_op`` (the op of the launch's
     process carrying that id) say so. ``annotation``: the innermost ``user_annotation`` range
     around the launch (``record_function``, e.g. ``Optimizer.step#FusedAdam.step``) that is not one of
@@ -195,7 +195,7 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     level (an integer-µs child can overrun its parent, so an ancestor may end before the launch).
 
     Returns:
-        :class:`OpTable`. ``reason``: ``null_correlation`` (correlation id missing or <= 0, cases.md
+        :class:`OpTable`. ``reason``: ``null_correlation`` (correlation id missing or <= 0, docs/field-cases.md
         C05), ``no_launch_record`` (the launch is not in the trace window: an orphan, or a dangling
         id), ``no_enclosing_operator`` (no profiler op encloses the launch).
     """

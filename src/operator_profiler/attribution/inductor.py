@@ -7,9 +7,9 @@ ATen operators / FX nodes it was fused from.  A timeline region ``## Call Compil
 to its graph by :func:`match_region` (the i-th kernel of the region is call site i); a timeline without such
 regions (nsys) is joined by kernel name and call-site order with :func:`attribute_by_name`.
 
-Format facts are from ``../shared/docs/kineto-and-inductor.md`` §3 (measured on torch 2.13 CPU artifacts and an
-Oct-2024 CUDA debug dir): directory layout §3.2, ``output_code.py`` anatomy and comment dialects §3.3, kernel
-names §3.4, kernels in the Kineto trace §3.5, provenance JSON §3.6.
+Format facts are from ``docs/formats.md#inductor-debug-artifacts`` (measured on torch 2.13 CPU artifacts and an
+Oct-2024 CUDA debug dir): its sections on the directory layout, ``output_code.py`` anatomy and comment dialects, kernel
+names, kernels in the Kineto trace and the provenance JSON.
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ VIEW_OPS = frozenset(
 )
 
 
-# --- regular expressions (formats: kineto-and-inductor.md §3.3, §3.4, §3.6) -----------------------------------------
+# --- regular expressions (formats: docs/formats.md#inductor-debug-artifacts) ----------------------------------------
 
 # `name = async_compile.<backend>(` at module level: a generated kernel definition.
 _KERNEL_DEF_RE = re.compile(r"^(\w+)\s*=\s*async_compile\.(\w+)\(", re.M)
 # First positional argument of async_compile.triton(...): the compiled (GPU) function name, "triton_" when
-# unique_kernel_names=False (§3.4).
+# unique_kernel_names=False (formats.md#inductor-kernel-names).
 _TRITON_SYMBOL_RE = re.compile(r"async_compile\.triton\(\s*(?:kernel_name\s*=\s*)?['\"](\w+)['\"]")
 _INDUCTOR_META_NAME_RE = re.compile(r"['\"]kernel_name['\"]\s*:\s*['\"](\w+)['\"]")
 # cpp kernels with cpp.enable_kernel_profile: RAIIAtenRecordFunctionHandle record_...("graph_0_cpp_...", nullptr)
@@ -109,10 +109,10 @@ _NAME_CALL_RE = re.compile(rf"^{_ASSIGN}(\w+)(?:\.run)?\(")
 _ATEN_NAME_RE = re.compile(r"\baten(?:\.|::)([A-Za-z_]\w*)")
 # FX graph node line: `name: "f32[2, 16]" = torch.ops.aten.add.Tensor(...)` (type annotation optional).
 _FX_NODE_RE = re.compile(r"^\s*(\w+)(?:\s*:\s*\"[^\"]*\")?\s*=\s*torch\.ops\.(\w+)\.(\w+)\.\w+\(", re.M)
-# Descriptive kernel names: cpp_fused_<ops>_<n>, triton_<poi|red|per|tem|for|spl|unk>_fused_<ops>_<n> (§3.4).
+# Descriptive kernel names: cpp_fused_<ops>_<n>, triton_<poi|red|per|tem|for|spl|unk>_fused_<ops>_<n> (formats.md#inductor-kernel-names).
 _FUSED_NAME_RE = re.compile(r"^(?:cpp|triton_[a-z]+)_fused_(.+?)(?:_\d+)?$")
 # Triton 2.x compiled symbols carry a specialisation suffix after the name: `triton__0d1d2d` (generic `triton_`
-# + `_0d1d2d`), `..._0_0d1d2de`, `...13d14` (last group without a letter); §3.4, cases.md C20.  At least one
+# + `_0d1d2d`), `..._0_0d1d2de`, `...13d14` (last group without a letter); formats.md#inductor-kernel-names, docs/field-cases.md C20.  At least one
 # `<digits><letters>` group is required, so a kernel index such as `_0` is never taken for a suffix.
 _TRITON_SIGNATURE_SUFFIX_RE = re.compile(r"_(?:\d+[cde]+)+\d*$")
 GENERIC_TRITON_SYMBOL = "triton_"
@@ -141,7 +141,7 @@ def find_graph_dirs(root: Path) -> list[Path]:
     """Return every directory at or below ``root`` that contains an ``output_code.py``, sorted by path.
 
     Such a directory is one compiled FX graph's Inductor debug dir, named
-    ``<model>__<aot_id>_<forward|backward|inference>_<nth_graph>.<n>`` (kineto-and-inductor.md §3.2;
+    ``<model>__<aot_id>_<forward|backward|inference>_<nth_graph>.<n>`` (docs/formats.md#inductor-directory-layout;
     :func:`graph_kind`).
     A missing ``root`` yields ``[]``; nothing is raised.
     """
@@ -162,7 +162,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       ``extern_kernels.addmm``, ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default``.
     * ``kind`` (str): ``cpp`` | ``triton`` | ``extern`` | ``fallback`` (``torch.ops.<ns>.<op>.<overload>`` or the
       old ``aten.<op>`` form).  Kernels of other ``async_compile`` backends are reported as ``extern``.
-    * ``profiler_name`` (str): the name a profiler timeline shows for the call (§3.4, §3.5): cpp -> the
+    * ``profiler_name`` (str): the name a profiler timeline shows for the call (formats.md#inductor-kernels-in-kineto): cpp -> the
       ``RAIIAtenRecordFunctionHandle`` string of the kernel source (``graph_<id>_<kernel>``; ``graph_0_<kernel>``
       when the kernel was built without ``cpp.enable_kernel_profile``); triton -> ``inductor_meta['kernel_name']``
       (the CPU-side record function), else the kernel name; ``extern_kernels.X`` -> ``aten::X``;
@@ -183,7 +183,7 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       2.13 debug dirs carry no ``nn_module_stack``, so this is the module information they hold.  The nodes
       looked up are, by precedence: ``post_grad_nodes``; the right-hand sides of the call site's
       ``# <source node> => <post-grad nodes>`` mapping lines (or of the kernel definition's header comment when
-      its Source Nodes equal the call site's, §3.3); the ``source_nodes`` names themselves (backward graphs
+      its Source Nodes equal the call site's, formats.md#inductor-output-code); the ``source_nodes`` names themselves (backward graphs
       name their source nodes after post-grad nodes).  Empty when no FX graph file or no node is found.
     * ``module_paths`` (list[str]): the module paths of the call site's FX nodes, sorted and unique, from the
       ``opprof_module_paths.json`` the capture wrote beside ``output_code.py``
@@ -207,9 +207,9 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       TORCH_TRACE log.
     * ``origin`` (str): what the row's attribution rests on, by precedence:
       ``provenance_json`` -- ``cppCodeToPost["<kernel>:<handle>"]`` (key from the debug-handle comment) gives
-      ``post_grad_nodes`` and, through ``postToPre``, ``source_nodes`` (§3.6); ``source_nodes_comment`` -- the call
-      site's ``[Topologically Sorted |Unsorted ]Source Nodes: [...], Original ATen: [...]`` comment (§3.3);
-      ``kernel_name`` -- neither: ``fused_ops`` are the ops encoded in the kernel name (§3.4), split greedily, longest
+      ``post_grad_nodes`` and, through ``postToPre``, ``source_nodes`` (formats.md#inductor-provenance); ``source_nodes_comment`` -- the call
+      site's ``[Topologically Sorted |Unsorted ]Source Nodes: [...], Original ATen: [...]`` comment (formats.md#inductor-output-code);
+      ``kernel_name`` -- neither: ``fused_ops`` are the ops encoded in the kernel name (formats.md#inductor-kernel-names), split greedily, longest
       match first, on the ATen op names occurring in ``output_code.py`` / ``fx_graph_readable.py`` /
       ``fx_graph_transformed.py``; pieces not in that vocabulary are kept verbatim (no ``ns::`` prefix); for an
       extern/fallback call it is the called op itself.
@@ -223,10 +223,10 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     JSON are taken from the comment.
 
     A comment belongs to the next kernel call below it (other lines such as ``stream0 = get_raw_stream(0)`` may
-    come in between) and is consumed by it, so a reused kernel gets each call site's own comment (§3.3).
+    come in between) and is consumed by it, so a reused kernel gets each call site's own comment (formats.md#inductor-output-code).
 
     ``provenance``: path to (or the parsed dict of) an ``inductor_provenance_tracking_node_mappings.json``;
-    default: that file in ``graph_dir`` when present (torch 2.13 writes it for forward graphs only, §3.6).
+    default: that file in ``graph_dir`` when present (torch 2.13 writes it for forward graphs only, formats.md#inductor-provenance).
 
     Raises :class:`InductorArtifactError` when ``output_code.py`` is missing, unreadable, or has no
     ``def call(``, or when the provenance JSON is not valid JSON.
@@ -362,7 +362,7 @@ def load_fusion_map(root: Path) -> pd.DataFrame:
     ``compile_id``/``cache_key`` filled from a TORCH_TRACE log under ``root`` when there is one
     (:func:`torch_trace_graph_ids`).  Returns an empty DataFrame with those columns when no debug dir is found.
     Raises
-    :class:`InductorArtifactError` for a malformed ``output_code.py`` (kineto-and-inductor.md §3.2, §3.3).
+    :class:`InductorArtifactError` for a malformed ``output_code.py`` (docs/formats.md#inductor-output-code).
     """
     dirs = find_graph_dirs(root)
     frames = [parse_output_code(d) for d in dirs]
@@ -471,11 +471,11 @@ def match_region(profiler_names: Sequence[str], fusion_map: pd.DataFrame) -> tup
     """Find the compiled graph whose kernel sequence equals the kernels seen inside one timeline region.
 
     ``profiler_names``: in order, the names of the kernels shown inside one ``## Call CompiledFxGraph <key> ##``
-    region (cpu_ops ``graph_0_cpp_fused_*``, ``aten::addmm``, Triton record functions ...; §3.5).  A name matches
+    region (cpu_ops ``graph_0_cpp_fused_*``, ``aten::addmm``, Triton record functions ...; formats.md#inductor-kernels-in-kineto).  A name matches
     call site i when it equals that row's ``profiler_name`` or its ``gpu_symbol`` (generic GPU names such as
-    ``triton_``, also with the Triton 2.0 specialisation suffix ``triton__0d1d2d``; §3.4).
+    ``triton_``, also with the Triton 2.0 specialisation suffix ``triton__0d1d2d``; formats.md#inductor-kernel-names).
     Names are compared after :func:`normalize_kernel_name` (a Triton 2.x signature suffix such as
-    ``_0d1d2de`` is dropped, cases.md C20).
+    ``_0d1d2de`` is dropped, docs/field-cases.md C20).
 
     Several graphs (forward and backward, one per recompilation; each numbers its kernels from 0 again, so the
     same kernel name can occur in several graphs) may match one region.  The graph with the most *descriptive*
@@ -550,7 +550,7 @@ def normalize_kernel_name(name: str) -> str:
     ``triton__0d1d2d3d4d5d6d7d8d9d10d11d12d13d14`` -> ``triton_`` (the generic symbol); the suffix is ``_``
     followed by one or more ``<digits><c|d|e...>`` groups and optionally bare digits, so a kernel index
     (``triton_poi_fused_add_cos_0``) is never stripped.  Only names starting with ``triton`` are changed.
-    Source: kineto-and-inductor.md §3.4; cases.md C20 (triton issue #1386, pytorch issue #120478).
+    Source: docs/formats.md#inductor-kernel-names; docs/field-cases.md C20 (triton-lang/triton#1386, pytorch/pytorch#120478).
     """
     if not name.startswith("triton"):
         return name
@@ -559,7 +559,7 @@ def normalize_kernel_name(name: str) -> str:
 
 def is_generic_triton_name(name: str) -> bool:
     """Whether a device kernel name is the generic ``triton_`` of ``unique_kernel_names=False`` (torch <= 2.5),
-    also with a Triton 2.x signature suffix (``triton__0d1d2d``), which names no particular kernel (§3.4)."""
+    also with a Triton 2.x signature suffix (``triton__0d1d2d``), which names no particular kernel (formats.md#inductor-kernel-names)."""
     return normalize_kernel_name(name) == GENERIC_TRITON_SYMBOL
 
 
@@ -606,12 +606,12 @@ def attribute_by_name(kernels: pd.DataFrame, fusion_map: pd.DataFrame) -> pd.Dat
     identical for unmangled Triton symbols), ``launch_start_ns`` (launch order) before ``start_ns`` when present.
     ``fusion_map``: :func:`load_fusion_map` output.
 
-    A name (after :func:`normalize_kernel_name`, which drops a Triton 2.x ``_0d1d2de`` suffix, cases.md C20)
+    A name (after :func:`normalize_kernel_name`, which drops a Triton 2.x ``_0d1d2de`` suffix, docs/field-cases.md C20)
     matches a generated call site (kind ``triton``/``cpp``) whose ``kernel``, ``profiler_name`` or non-generic
     ``gpu_symbol`` equals it.  Extern/fallback call sites are never matched by name: the cuBLAS/cuDNN kernel
-    an ``extern_kernels.mm`` launches has a library name (kineto-and-inductor.md §3.3), so those kernels are
+    an ``extern_kernels.mm`` launches has a library name (docs/formats.md#inductor-output-code), so those kernels are
     left to the correlation/NVTX paths.  When a name has several call sites (a reused kernel), the launch
-    order decides only where it is known to start at the beginning of a ``call()`` (§4.4):
+    order decides only where it is known to start at the beginning of a ``call()`` (formats.md#inductor-output-code):
 
     * in a measured ``iteration`` (a complete iteration of our harness), the j-th launch of the name is call
       site ``j mod n`` of its ``n`` call sites when the count is a multiple of ``n``;
@@ -1012,7 +1012,7 @@ def _match_call(line: str, kernels: Mapping[str, _KernelDef]) -> tuple[str, _Ker
 
 def _header_comments(text: str) -> dict[str, tuple[list[str], list[str]]]:
     """Kernel name -> (Source Nodes, post-grad nodes of the ``a => b`` lines) of the comment block right above
-    its module-level definition (describes the kernel's first instance only, §3.3)."""
+    its module-level definition (describes the kernel's first instance only, formats.md#inductor-output-code)."""
     out: dict[str, tuple[list[str], list[str]]] = {}
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -1162,7 +1162,7 @@ def _registered_aten_ops() -> frozenset[str]:
     """ATen operator names registered in the installed torch.
 
     Kernel names are built from the *pre-decomposition* ATen ops (``descriptive_names =
-    "original_aten"``, kineto-and-inductor.md §3.4), which often do not occur in the post-grad graph
+    "original_aten"``, docs/formats.md#inductor-kernel-names), which often do not occur in the post-grad graph
     text (``masked_fill``, ``tril``, ``ones`` decompose away), so the graph files alone are not a
     sufficient vocabulary.
     """
@@ -1180,7 +1180,7 @@ def _aten_vocabulary(text: str) -> list[str]:
 
 
 def _ops_from_name(kernel: str, kdef: _KernelDef, vocab: Sequence[str]) -> list[str]:
-    """The ops a kernel's name encodes (§3.4). A name without a fused-op part (``cpp_fused_0``,
+    """The ops a kernel's name encodes (formats.md#inductor-kernel-names). A name without a fused-op part (``cpp_fused_0``,
     ``triton_poi_fused_0``: Inductor names a kernel so when its nodes carry no ``original_aten``) encodes none,
     and pieces that are only digits (FX node suffixes of ``descriptive_names="inductor_node"`` names,
     ``add_1``) are never ops: an operator is never named ``0``."""

@@ -1,9 +1,9 @@
 """Path (b): kernel -> launch call -> the NVTX ranges open on the launching thread.
 
-The rule is nsys's own (``../shared/docs/nsys-sqlite.md`` §6): a kernel belongs to a push/pop range
+The rule is nsys's own (docs/formats.md#nsys-nvtx-projection): a kernel belongs to a push/pop range
 when its *launch call* lies inside the range on the *same thread*; the kernel's own GPU interval is
 never compared with CPU ranges. Push/pop stacks are per thread and per NVTX domain, so each
-(process, thread, domain) has its own nested stack (cases.md C11); start/end ranges are process-wide,
+(process, thread, domain) has its own nested stack (docs/field-cases.md C11); start/end ranges are process-wide,
 may cross threads and overlap, and are kept apart as *regions* (C09).
 
 - **operator**: the innermost push/pop range of an *operator domain* (default: the default domain,
@@ -14,7 +14,7 @@ may cross threads and overlap, and are kept apart as *regions* (C09).
 - **forward_operator**: for a kernel under a backward node (``MmBackward0, seq = N``) or an op with
   ``stashed seq = N``, the forward op range with ``seq = N`` in the same process.
 - **tags**: the innermost range of every other domain (``{"deepspeed": "allreduce_hook"}``).
-- CUDA-graph kernels use the node's creation at capture time (where the ranges were open, §3); a
+- CUDA-graph kernels use the node's creation at capture time (where the ranges were open, formats.md#nsys-cuda-graphs); a
   replayed kernel without it is unattributed (``cuda_graph_replay``).
 
 Queries are vectorized: per (thread, domain) the ranges are sorted by start; the innermost range
@@ -383,7 +383,7 @@ def _region_hits(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray
 
 
 def _regions(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> list[list[str]]:
-    """Start/end ranges of the same process enclosing each [t0, t1], in start order (cases.md C09)."""
+    """Start/end ranges of the same process enclosing each [t0, t1], in start order (docs/field-cases.md C09)."""
     out: list[list[str]] = [NO_ITEMS] * len(t0)  # replaced by a fresh list for kernels inside a region
     for row, hits in _region_hits(index, pid, t0, t1):
         region_name = index.name_of(np.array([row]))[0]
@@ -652,7 +652,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
 
 
 def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
-    """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (nsys-sqlite.md §6).
+    """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (docs/formats.md#nsys-nvtx-projection).
 
     A kernel is projected onto every range of every domain on its launch thread's stacks that encloses
     its launch (and onto the start/end regions of its process); a CUDA-graph node kernel also onto the

@@ -428,6 +428,6 @@ def ncu_clock_args(applied: dict) -> list[str]:
     """ncu options for the clocks: ``["--clock-control", "none"]`` when :func:`locked_clocks` locked them,
     so ncu keeps our lock instead of locking its own; else ``[]``, and ncu locks clocks itself with its
     default ``--clock-control`` (``base`` in older ncu builds, ``boost`` in 2026.1; Nsight Compute CLI
-    guide, https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html, and ../shared/docs/ncu.md §2).
+    guide, https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html, and docs/formats.md#ncu-filters-and-replay).
     """
     return ["--clock-control", "none"] if applied.get("locked") else []

@@ -140,7 +140,7 @@ def _configure_inductor(debug_dir: Path | None, device: str) -> None:
     import torch._inductor.config as inductor_config
 
     if device == "cpu":
-        # C++ kernels are invisible to the profiler without this (kineto-and-inductor.md §3.1).
+        # C++ kernels are invisible to the profiler without this (docs/formats.md#inductor-switches).
         inductor_config.cpp.enable_kernel_profile = True
     if debug_dir is not None:
         debug_dir.mkdir(parents=True, exist_ok=True)

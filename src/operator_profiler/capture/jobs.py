@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 TIMELINES = ("auto", "nsys", "torch")
 NSYS = "nsys"
 # ``nsys profile`` options of the timeline capture (Nsight Systems User Guide, CLI profile command switches;
-# ../shared/docs/nsys-sqlite.md §3 "CUDA graph tables"):
+# docs/formats.md#nsys-cuda-graphs):
 # --trace=cuda,nvtx                 CUDA API + GPU activities and NVTX ranges, no OS-runtime tracing;
 # --sample=none --cpuctxsw=none     no CPU IP sampling and no context-switch tracing: ``--trace`` does not turn
 #                                   them off (both default on), and they only add overhead and report size here;
@@ -202,7 +202,7 @@ def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device
     Chrome trace), its ``kineto_run.json`` (with ``measured_kernels``) and ``kineto_clocks_applied.json``.
 
     nsys and torch.profiler cannot share CUPTI in one process (``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``,
-    ../shared/docs/nsys-sqlite.md §1), hence a second run. The attribute rule compares the kernel counts
+    docs/formats.md#nsys-export), hence a second run. The attribute rule compares the kernel counts
     of both runs and fails on a mismatch (:func:`operator_profiler.stages.check_kernel_counts`).
 
     Raises:
@@ -227,7 +227,7 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
                       clocks_target: Path | dict | None = None, out_clocks: Path | None = None) -> None:
     """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
     (``output_code.py``, FX graphs, provenance JSON: ``trace.provenance_tracking_level = 1``,
-    kineto-and-inductor.md §3.1) under ``out_dir``, each with the module path of every FX node
+    docs/formats.md#inductor-switches) under ``out_dir``, each with the module path of every FX node
     (``opprof_module_paths.json``, :mod:`operator_profiler.capture.fx_module_paths`). One warm-up + one iteration, same seed, shapes and
     settings as the capture, so kernel names and call sites are the capture's.
 

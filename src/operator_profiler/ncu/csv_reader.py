@@ -1,27 +1,27 @@
 """Read Nsight Compute ``ncu --csv`` output (details page or raw page) into one long, normalised table.
 
-Format facts come from ``../shared/docs/ncu.md`` (cited as "ncu.md §x") and were checked against the real files in
+Format facts come from ``docs/formats.md#ncu-csv`` (its sections cited below) and were checked against the real files in
 ``../shared/data/real/ncu/`` (provenance in ``PROVENANCE.md`` there):
 
-* Pages (ncu.md §1.1-1.3). ``details`` is long: one row per kernel x metric, with optional rule columns
+* Pages (docs/formats.md#ncu-pages). ``details`` is long: one row per kernel x metric, with optional rule columns
   (``Rule Name``/``Rule Type``/``Rule Description``, and ``Estimated Speedup Type``/``Estimated Speedup`` in
   2023.x+), either the 2021-era ``Kernel Time`` identity columns or the newer ``Block Size``/``Grid Size``/
   ``Device``/``CC`` ones. Metric rows end early when rule columns exist ("ragged rows", padded here). Rule rows
   (empty Metric Name, rule columns filled) are not metrics: they go to ``df.attrs["rules"]``. ``raw`` is wide:
   identity columns, then one column per metric *name*; the second row holds the units.
-* Preamble (ncu.md §1.5, key fact 3): ``==PROF==``/``==WARNING==``/``==ERROR==`` lines and application stdout
+* Preamble (docs/formats.md#ncu-numbers): ``==PROF==``/``==WARNING==``/``==ERROR==`` lines and application stdout
   may precede the header; ``==XXX==`` lines are also skipped after it.
-* ``ID`` (ncu.md §1.7): 0-based index of the profiled result, global across kernel names: the invocation-order
+* ``ID`` (docs/formats.md#ncu-id): 0-based index of the profiled result, global across kernel names: the invocation-order
   join key.
-* Numbers (ncu.md §1.5): locale digit grouping (``"6,400"``, ``"967,585,940.83"``, Spanish ``"2.508.800"``),
+* Numbers (docs/formats.md#ncu-numbers): locale digit grouping (``"6,400"``, ``"967,585,940.83"``, Spanish ``"2.508.800"``),
   ``n/a`` (missing, not 0), text values (``CachePreferNone``). The grouping/decimal convention is detected once
   per file (see :func:`_detect_locale`); ambiguous files default to ``,`` grouping and ``.`` decimal, which is
   what every real file uses.
-* Units (ncu.md §1.4): base units by default, but spellings changed (``nsecond`` vs ``ns``, ``cycle/second`` vs
+* Units (docs/formats.md#ncu-units): base units by default, but spellings changed (``nsecond`` vs ``ns``, ``cycle/second`` vs
   ``hz``) and ``--print-units auto`` scales with SI factor 1000, also for bytes (``Kbyte`` = 1000 byte). Values
   are converted to base units: ``byte``, ``second``, ``hz`` (for ``cycle/second``), counts (``inst``,
   ``cycle``, ...), ``%`` unchanged; unknown unit strings are kept as printed with factor 1.
-* Instanced metrics (ncu.md §1.2, UNVERIFIED format ``158 (0: 158)`` / ``a; b; c``): the leading aggregate is
+* Instanced metrics (docs/formats.md#ncu-numbers, UNVERIFIED format ``158 (0: 158)`` / ``a; b; c``): the leading aggregate is
   kept as the value, the whole cell in ``text``.
 """
 
@@ -45,7 +45,7 @@ LONG_COLUMNS = ["ncu_id", "pid", "device", "name", "stream", "grid", "block", "s
 #: Per-kernel columns kept by :func:`wide_metrics`.
 KERNEL_COLUMNS = ["ncu_id", "pid", "device", "name", "stream", "grid", "block"]
 
-# Identity (non-metric) columns of both pages (ncu.md §1.2, §1.3, §1.6); NVTX columns are matched by substring.
+# Identity (non-metric) columns of both pages (docs/formats.md#ncu-pages, #ncu-nvtx-columns); NVTX columns are matched by substring.
 _IDENTITY = {"ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time", "Context", "Stream",
              "Block Size", "Grid Size", "Device", "CC"}
 _DETAILS = {"Section Name", "Metric Name", "Metric Unit", "Metric Value"}
@@ -58,7 +58,7 @@ _NEVER_NEGATIVE = {"second": "a duration", "byte": "a byte count", "cycle": "a c
 PERMISSION_URL = "https://developer.nvidia.com/ERR_NVGPUCTRPERM"
 
 
-# ---------------------------------------------------------------- units (ncu.md §1.4)
+# ---------------------------------------------------------------- units (docs/formats.md#ncu-units)
 
 _PREFIX = {"": 1.0, "n": 1e-9, "u": 1e-6, "µ": 1e-6, "m": 1e-3, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 # base word -> normalised name; words that take SI prefixes
@@ -84,7 +84,7 @@ def normalize_unit(raw_unit: str) -> tuple[str, float]:
 
     ``nsecond``/``ns``/``usecond``/``msecond`` -> ``second``; ``Kbyte``/``Mbyte`` (SI 1000) -> ``byte``;
     ``cycle/second``, ``hz``, ``Ghz``, ``cycle/nsecond`` -> ``hz``; ``Gbyte/second`` -> ``byte/second``;
-    ``register/thread``, ``byte/block``, ``%``, ``inst`` etc. keep their names (ncu.md §1.4). Unknown -> (as is, 1).
+    ``register/thread``, ``byte/block``, ``%``, ``inst`` etc. keep their names (docs/formats.md#ncu-units). Unknown -> (as is, 1).
     """
     u = (raw_unit or "").strip()
     if not u or u == "%":
@@ -102,7 +102,7 @@ def normalize_unit(raw_unit: str) -> tuple[str, float]:
     return num, f
 
 
-# ---------------------------------------------------------------- numbers (ncu.md §1.5)
+# ---------------------------------------------------------------- numbers (docs/formats.md#ncu-numbers)
 
 _NUMLIKE = re.compile(r"^[+-]?[\d.,]*\d[\d.,]*$")
 _LEADING = re.compile(r"^\s*([+-]?[\d.,]*\d)\s*(?:\(|;)")  # instanced "158 (0: 158)" / "a; b; c"
@@ -115,7 +115,7 @@ def _detect_locale(cells: list[str]) -> tuple[str, str]:
 
     Evidence for ``,`` grouping / ``.`` decimal: ``1,234.5``, ``1,234,567``, ``12.5`` (a ``.`` not followed by
     exactly three digits). Evidence for ``.`` grouping / ``,`` decimal: ``1.234,5``, ``2.508.800``, ``12,5``.
-    ``1,234`` or ``1.234`` alone is ambiguous. No evidence -> ``(",", ".")`` (every real file, ncu.md §1.5).
+    ``1,234`` or ``1.234`` alone is ambiguous. No evidence -> ``(",", ".")`` (every real file, docs/formats.md#ncu-numbers).
     """
     en = de = None
     for c in cells:
@@ -237,7 +237,7 @@ def _lines(text: str, start: int, tool_lines: list[tuple[int, str]], cur: list[i
 
 
 def _dims(cell: str) -> str | None:
-    """``"(384, 1, 1)"`` -> ``"384,1,1"`` (ncu.md §1.2 Block Size / Grid Size)."""
+    """``"(384, 1, 1)"`` -> ``"384,1,1"`` (docs/formats.md#ncu-pages Block Size / Grid Size)."""
     if cell is None:
         return None
     s = cell.strip().strip("()[]").replace(" ", "")
@@ -256,11 +256,11 @@ def read_ncu_csv(path) -> pd.DataFrame:
 
     One row per (profiled result, metric). Columns (:data:`LONG_COLUMNS`):
 
-    * ``ncu_id`` (int): the ncu ``ID`` column, 0-based profiling order, global across kernel names (ncu.md §1.7).
+    * ``ncu_id`` (int): the ncu ``ID`` column, 0-based profiling order, global across kernel names (docs/formats.md#ncu-id).
     * ``pid`` (Int64, null if no ``Process ID`` column), ``device`` (Int64: the ``Device`` column, the CUDA
       ordinal as the process sees it; null in the 2021-era layout, which lacks it), ``name`` (``Kernel Name`` as printed),
       ``stream`` (Int64 when numeric), ``grid``/``block`` (``"x,y,z"`` from ``Grid Size``/``Block Size``; null in
-      the 2021-era ``Kernel Time`` layout, which lacks them, ncu.md §1.2).
+      the 2021-era ``Kernel Time`` layout, which lacks them, docs/formats.md#ncu-pages).
     * ``section``: ``Section Name`` (details page; e.g. ``Command line profiler metrics``), null on the raw page.
     * ``metric``: as ncu spells it (raw metric name, or the label such as ``Duration`` on the details page).
     * ``value`` (float): in ``unit``; NaN for ``n/a``, empty or text values. ``text``: the cell as printed.
@@ -319,7 +319,7 @@ def read_ncu_csv(path) -> pd.DataFrame:
     for r in reader:
         if not r or all(not c.strip() for c in r):
             continue
-        rows.append((cur[0], r + [""] * (len(header) - len(r))))  # ragged rows (ncu.md §1.2)
+        rows.append((cur[0], r + [""] * (len(header) - len(r))))  # ragged rows (docs/formats.md#ncu-pages)
     page = "details" if _DETAILS <= set(col) else "raw"
 
     def cell(r, name):
@@ -328,7 +328,7 @@ def read_ncu_csv(path) -> pd.DataFrame:
 
     units_row = None
     if page == "raw" and rows and not rows[0][1][col["ID"]].strip():
-        units_row = rows.pop(0)[1]  # ncu.md §1.3: second row = units
+        units_row = rows.pop(0)[1]  # docs/formats.md#ncu-pages: second row = units
     if not rows:
         failed = _failed_run_error(path, tool_lines)
         if failed:
@@ -485,7 +485,7 @@ def wide_metrics(long_df: pd.DataFrame) -> pd.DataFrame:
 
 def export_report_csv(report: Path, out_dir: Path) -> Path:
     """``.ncu-rep`` -> raw-page CSV with ``ncu -i REPORT --csv --page raw --print-units base
-    --print-kernel-base mangled --rename-kernels off`` (``../shared/docs/ncu.md`` §1.9).
+    --print-kernel-base mangled --rename-kernels off`` (docs/formats.md#ncu-export).
 
     Raises:
         NcuCsvError: ncu is not on PATH, or the import failed (its message is included).

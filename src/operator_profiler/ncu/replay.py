@@ -1,4 +1,4 @@
-"""Nsight Compute replay of one layer class (issue #6 item 4): plan the window, build the exact ncu
+"""Nsight Compute replay of one layer class: plan the window, build the exact ncu
 command, run it, export the raw page and record what was run.
 
 **The replay window: launch counting from cudaProfilerStart (our choice, and why).** ncu numbers the
@@ -7,21 +7,21 @@ kernel launches of the profiled application from its start, warm-up included, wh
 ``--capture-range=cudaProfilerApi``). So the replay re-runs the workload harness with its measured
 iterations bracketed by ``cudaProfilerStart/Stop`` (``harness.run_capture(profiler="cuda_profiler_api")``)
 and runs ncu with ``--profile-from-start off``: launches before ``cudaProfilerStart`` (warm-up, compile,
-autotuning: cases.md C15) are neither profiled nor counted, and the k-th launch ncu sees is the k-th kernel
+autotuning: docs/field-cases.md C15) are neither profiled nor counted, and the k-th launch ncu sees is the k-th kernel
 of the timeline's process in ``kernel_id`` order (launch order). The class's replay instances are then
 selected with ``--launch-skip N --launch-count M`` (no ``-k`` filter, so ``--launch-skip`` counts every
-launch, ../shared/docs/ncu.md §2 and §1.7). The alternatives and why not:
+launch, docs/formats.md#ncu-filters-and-replay, #ncu-id). The alternatives and why not:
 
 - ``--launch-skip-before-match`` from the application start: needs the warm-up's launch count, which the
   timeline does not have and which varies (Inductor autotuning, cuDNN/cuBLAS heuristics, lazy init).
 - NVTX include filter of the layer range (``--nvtx --nvtx-include "opprof@opprof.layer:h.0/"``):
   push/pop ranges are per thread, so backward kernels launched by the autograd thread are dropped
-  (cases.md C02); the range's domain depends on whether the ``nvtx`` package is installed (else
+  (docs/field-cases.md C02); the range's domain depends on whether the ``nvtx`` package is installed (else
   torch's default domain); it matches the layer in every iteration unless ``--range-filter`` is added;
   and the class ``rest`` (kernels outside every layer) has no range to include at all.
 
 **UNVERIFIED** (no GPU on the machine this was written on): that ``--launch-skip`` counts only
-launches inside ``cudaProfilerStart/Stop`` under ``--profile-from-start off`` (ncu.md §2 only says
+launches inside ``cudaProfilerStart/Stop`` under ``--profile-from-start off`` (docs/formats.md#ncu-filters-and-replay only says
 "Filtering honours cudaProfilerStart/Stop"). Check on a GPU: a replay whose ncu IDs match the planned
 kernels' names position by position (``matched/diagnostics.json``: no ``name_disagreements``).
 
@@ -140,7 +140,7 @@ def plan_replay(kernels: pd.DataFrame, kernel_layers: pd.DataFrame, class_json: 
     if comm.any():
         warnings.append(f"{int(comm.sum())} communication kernel(s) in the window (e.g. {names[comm].iloc[0][:80]}): "
                         "ncu serialises launches and NCCL kernels wait on other ranks, so the replay may hang "
-                        "(cases.md C16)")
+                        "(docs/field-cases.md C16)")
     return {
         "class": cls,
         "instances": list(class_json.get("instances", [])),
@@ -189,7 +189,7 @@ def replay_command(plan: dict, catalog, out_report: Path, applied_clocks: dict, 
 
     ``ncu --profile-from-start off --launch-skip N --launch-count M --metrics <catalog, arch>
     --replay-mode kernel --cache-control all [--clock-control none] --print-kernel-base mangled
-    --export REPORT --force-overwrite <target ...>`` (ncu.md §2, §6; Nsight Compute CLI guide
+    --export REPORT --force-overwrite <target ...>`` (docs/formats.md#ncu-filters-and-replay, #ncu-gpu-checks; Nsight Compute CLI guide
     https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html). ``--clock-control none`` only when
     :func:`operator_profiler.capture.clocks.locked_clocks` locked the clocks (:func:`~operator_profiler.capture.clocks.ncu_clock_args`);
     otherwise ncu locks them itself. ``catalog``: :class:`~operator_profiler.ncu.catalog.Catalog`;
@@ -230,7 +230,7 @@ def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess) -> Ncu
 
 
 def merge_raw_csvs(paths: list[Path], out: Path) -> list[int | None]:
-    """Concatenate raw-page CSVs (header, units row, one row per result; ncu.md §1.3) of the segments of one
+    """Concatenate raw-page CSVs (header, units row, one row per result; docs/formats.md#ncu-pages) of the segments of one
     class, in order, into ``out``: ``ID`` renumbered 0.. in order and ``Process ID`` set to the first
     file's, so the file reads as one run in launch order. Returns each file's original process id.
 

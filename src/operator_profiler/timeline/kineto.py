@@ -1,6 +1,6 @@
 """torch.profiler (Kineto Chrome trace) -> the timeline tables of DESIGN.md §3.
 
-Format facts from ``../shared/docs/kineto-and-inductor.md`` §1 (sources: kineto ``output_json.cpp``):
+Format facts from docs/formats.md#kineto-trace-json (sources: kineto ``output_json.cpp``):
 ``ts``/``dur`` are µs, relative to ``baseTimeNanoseconds`` since 2024-05 (absolute epoch µs before);
 GPU events have ``pid`` = device and ``tid`` = stream; a kernel joins its launch (``cuda_runtime`` or
 ``cuda_driver``) by ``args.correlation``.
@@ -76,7 +76,7 @@ def load_trace(path: Path) -> KinetoTrace:
 
     The result gives ``get(key)`` for the top-level metadata, ``events()`` yielding ``(index, event)``
     in file order, ``offset(index)`` (byte offset of the event being processed) and ``warnings``
-    (repairs/skips of malformed events, cases.md C18); ``trace["traceEvents"]`` still materialises
+    (repairs/skips of malformed events, docs/field-cases.md C18); ``trace["traceEvents"]`` still materialises
     the list for small files.
 
     Raises:
@@ -126,7 +126,7 @@ def _xyz(value) -> str | None:
 
 
 # CPU and GPU clocks are converted with one offset and the CPU events themselves can be skewed:
-# a child op was seen starting 0.3 µs before its parent (cases.md C17). Up to this much, a range
+# a child op was seen starting 0.3 µs before its parent (docs/field-cases.md C17). Up to this much, a range
 # that starts just before a longer one on the same thread and ends inside it is its child.
 NEST_TOLERANCE_NS = 1000
 
@@ -251,7 +251,7 @@ def _gpu_kernels(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
     """GPU kernel records (the columns read_kineto builds from ``kernel`` events) joined to their launch
     by correlation id."""
     kernels = _join_launches(kernels, launches)
-    # An invalid kernel record (cases.md C04) is placed at its launch's end: zero length, never at epoch 0.
+    # An invalid kernel record (docs/field-cases.md C04) is placed at its launch's end: zero length, never at epoch 0.
     invalid = ~kernels["valid_time"].to_numpy(dtype=bool)
     if invalid.any():
         at = kernels.loc[invalid, "launch_end_ns"].fillna(kernels.loc[invalid, "start_ns"]).astype("int64")
@@ -263,7 +263,7 @@ def _gpu_kernels(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
 def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
     """GPU records (kernels, memcpy/memset) with ``launch_tid/launch_start_ns/launch_end_ns/launch_api``
     of the launch call carrying their correlation id, and ``pid`` the launch's process."""
-    # Ids <= 0 mean "no correlation" (communication kernels, cases.md C05): never a join key; an id
+    # Ids <= 0 mean "no correlation" (communication kernels, docs/field-cases.md C05): never a join key; an id
     # that two launches carry (merged processes) is ambiguous: no join either.
     keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
     by_corr = keyed.drop_duplicates("correlation_id", keep=False)
@@ -289,7 +289,7 @@ def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFram
     return kernels
 
 
-# Launch calls that start GPU work expected to appear as a kernel record (cases.md C04, C06: any
+# Launch calls that start GPU work expected to appear as a kernel record (docs/field-cases.md C04, C06: any
 # runtime/driver call carrying the kernel's correlation id joins; this list only decides which
 # calls *without* a kernel record are worth a warning).
 KERNEL_LAUNCH_API = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
@@ -307,12 +307,12 @@ def read_kineto(path: Path) -> Timeline:
         ``Timeline(kernels, launches, ranges, diagnostics)`` with the columns of
         :mod:`operator_profiler.tables` (KERNELS, LAUNCHES, RANGES); times in integer ns on the
         trace's clock (``baseTimeNanoseconds + ts``). Extra columns: kernels ``external_id`` and
-        ``valid_time`` (False for a kernel record with ``ts`` 0 or a negative ``dur``, cases.md C04:
+        ``valid_time`` (False for a kernel record with ``ts`` 0 or a negative ``dur``, docs/field-cases.md C04:
         its ``duration_ns`` is 0 and its interval is its launch's end, so it weighs nothing and
         draws nothing at epoch 0); ranges ``external_id`` and ``forward_range_id`` (on a backward op,
-        the forward op its ``fwdbwd`` flow comes from, §1.7). ``diagnostics`` holds the counts, the
-        launch APIs seen (C06), the ``External id`` mode (§1.6), orphan kernels and warnings
-        (including the malformed events the loader repaired or skipped, cases.md C18).
+        the forward op its ``fwdbwd`` flow comes from, formats.md#kineto-backward-thread). ``diagnostics`` holds the counts, the
+        launch APIs seen (C06), the ``External id`` mode (formats.md#kineto-external-id), orphan kernels and warnings
+        (including the malformed events the loader repaired or skipped, docs/field-cases.md C18).
 
     Raises:
         TimelineError: the file is not a Kineto trace, is truncated or malformed beyond one event
@@ -420,7 +420,7 @@ def read_kineto(path: Path) -> Timeline:
                 v = args.get("External id")
                 l_ext.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v if v is not None else args.get("external id")))
             else:
-                # cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
+                # docs/field-cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
                 # Compared in exact ns: ts/dur may be int, float or exact decimal text (trace_json).
                 valid = start != base and end >= start
                 k_pid.append(int_or_null(ev.get("pid")))
@@ -499,9 +499,9 @@ _COPY_KIND = re.compile(r"^Memcpy (\w+)")
 
 def _memory_row(ev: dict, cat: str, args: dict, corr: int | None, base: int) -> tuple | None:
     """One memcpy/memset event as an activity row (``ACTIVITY_COLUMNS`` order up to the launch
-    columns), or None when its ``ts``/``dur`` are missing or invalid (cases.md C04: it is then only
+    columns), or None when its ``ts``/``dur`` are missing or invalid (docs/field-cases.md C04: it is then only
     counted in the diagnostics). Kineto names them ``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``
-    (``../shared/docs`` Kineto reference; seen in the real HTA traces)."""
+    (docs/formats.md#kineto-events; seen in the real HTA traces)."""
     try:
         start = base + _to_ns(ev["ts"])
         end = start + _to_ns(ev["dur"])
@@ -539,7 +539,7 @@ def _has_gpu_activity(trace: dict, categories: Counter, launches: pd.DataFrame) 
 
 
 def _bind_fwdbwd_flows(ranges: pd.DataFrame, flows: list[tuple]) -> pd.arrays.IntegerArray:
-    """Backward op -> forward op through the ``fwdbwd`` flow events (§1.7 of kineto-and-inductor.md).
+    """Backward op -> forward op through the ``fwdbwd`` flow events (docs/formats.md#kineto-backward-thread).
 
     A flow's ``s`` end sits at the start of the forward op that created the autograd node, its ``f``
     end at the start of the backward op, each on its op's thread; several ops can start at the same

@@ -23,7 +23,7 @@ class Timeline:
     launches: pd.DataFrame
     ranges: pd.DataFrame
     # What the reader noticed (counts, launch APIs, warnings including the malformed events repaired
-    # or skipped, cases.md C18); written as the timeline's diagnostics.json.
+    # or skipped, docs/field-cases.md C18); written as the timeline's diagnostics.json.
     diagnostics: dict = field(default_factory=dict)
     # memcpy/memset (ACTIVITY_COLUMNS), written as gpu_activities.parquet
     activities: pd.DataFrame | None = None
@@ -88,7 +88,7 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     # Without mangled names (Kineto) the key is the name itself: share its column instead of copying it.
     kernels["match_key"] = (kernels["name"] if kernels["mangled_name"].isna().all()
                             else kernels["mangled_name"].fillna(kernels["name"]))
-    # Per process: correlation ids and launch order are per process (a multi-rank capture, cases.md C22).
+    # Per process: correlation ids and launch order are per process (a multi-rank capture, docs/field-cases.md C22).
     kernels["occurrence"] = kernels.groupby(["pid", "match_key"]).cumcount().astype("int64")
     kernels["source"] = source
     kernels["iteration"] = kernel_iterations(kernels, ranges)
@@ -190,10 +190,10 @@ def gpu_activity_summary(activities: pd.DataFrame | None, ranges: pd.DataFrame) 
 
 
 def external_id_mode(kernels: pd.DataFrame) -> str:
-    """What a GPU kernel's ``External id`` means in this trace (kineto-and-inductor.md §1.6).
+    """What a GPU kernel's ``External id`` means in this trace (docs/formats.md#kineto-external-id).
 
     ``op_id``: the id of the op that launched it (Kineto after PR #873, 2024-02); ``correlation``:
-    the kernel's own correlation id (Kineto before the fix, issue #843: never join it to ops);
+    the kernel's own correlation id (Kineto before the fix, pytorch/kineto#843: never join it to ops);
     ``absent``: no kernel carries one.
     """
     if "external_id" not in kernels or not len(kernels):

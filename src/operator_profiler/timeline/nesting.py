@@ -28,7 +28,7 @@ def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     """Depth and parent of each push/pop range within its (pid, tid, domain) stack.
 
     ``ranges`` is sorted by (pid, tid, start, end desc). Push/pop stacks are per thread and per NVTX
-    domain, so ranges of different domains need not nest and get separate stacks (cases.md C11).
+    domain, so ranges of different domains need not nest and get separate stacks (docs/field-cases.md C11).
     Start/end ranges are process-wide and never nest (depth 0, no parent). Returns (depth, parent
     row or -1, number of ranges that overlap without nesting).
 

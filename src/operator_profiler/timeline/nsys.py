@@ -1,23 +1,23 @@
 """Nsight Systems SQLite export (``nsys export --type sqlite``) -> the timeline tables of DESIGN.md §3.
 
-Format facts are from ``../shared/docs/nsys-sqlite.md`` (section numbers below) and were checked on the
+Format facts are from ``docs/formats.md#nsys-sqlite-export`` (sections named below) and were checked on the
 real exports in ``../shared/data/real/nsys/``:
 
 - Tables are created lazily and columns drift between schema versions (2021 to 2025), so the reader
-  probes ``sqlite_master``/``PRAGMA table_info`` and selects columns by name (§1, §5).
-- Times are integer ns on one capture timeline (§1).
-- ``globalTid = hwId[63:56] | vmId[55:48] | pid[47:24] | tid[23:0]`` (§2).
+  probes ``sqlite_master``/``PRAGMA table_info`` and selects columns by name (formats.md#nsys-export).
+- Times are integer ns on one capture timeline (formats.md#nsys-export).
+- ``globalTid = hwId[63:56] | vmId[55:48] | pid[47:24] | tid[23:0]`` (formats.md#nsys-identifiers).
 - A kernel joins its launching API call by ``(pid, correlationId)``: correlation ids are unique per
-  process only (§3, §7 Q1). The runtime table holds runtime (``eventClass`` 0) and driver (1) calls
+  process only (formats.md#nsys-queries). The runtime table holds runtime (``eventClass`` 0) and driver (1) calls
   plus backtrace duplicates (67), so launches are the ``eventClass IN (0, 1)`` rows and are never
   chosen by API name (``cudaLaunchKernel``, ``cuLaunchKernelEx``, ``cudaGraphLaunch`` all count).
 - NVTX ``eventType`` 59/70 are push/pop ranges (per thread), 60/71 start/end ranges (process-wide,
-  may end on another thread: ``endGlobalTid``), 75 names a domain; domain ids are per process (§4).
+  may end on another thread: ``endGlobalTid``), 75 names a domain; domain ids are per process (formats.md#nsys-nvtx-event-types).
   The name is ``coalesce(text, StringIds[textId])``; an unclosed range has a NULL end.
-- ``KERNEL.deviceId`` is the CUDA ordinal; ``TARGET_INFO_CUDA_DEVICE`` maps it to the nsys GPU id (§2).
+- ``KERNEL.deviceId`` is the CUDA ordinal; ``TARGET_INFO_CUDA_DEVICE`` maps it to the nsys GPU id (formats.md#nsys-identifiers).
 - CUDA graphs: node-level tracing gives kernel rows with ``graphNodeId``; the node-creation table maps a
   replayed node to the node created at capture time; graph-level tracing gives one
-  ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph launch and no kernel rows (§3).
+  ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph launch and no kernel rows (formats.md#nsys-tables).
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ MEMSET_TABLE = "CUPTI_ACTIVITY_KIND_MEMSET"
 GRAPH_TRACE_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 NVTX_TABLE = "NVTX_EVENTS"
 # Node-creation events: CUDA_GRAPH_NODE_EVENTS since 2024; the 2022 exports used CUDA_GRAPH_EVENTS
-# for the same rows (graphNodeId, originalGraphNodeId); recognised by their columns (§3).
+# for the same rows (graphNodeId, originalGraphNodeId); recognised by their columns (formats.md#nsys-tables).
 GRAPH_NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")
 DEFAULT_DOMAIN = "default"  # NVTX domain 0 (no domain): where torch emit_nvtx ranges go
 
-# ENUM_NSYS_EVENT_TYPE ids (§4), used when the export has no ENUM table.
+# ENUM_NSYS_EVENT_TYPE ids (formats.md#nsys-nvtx-event-types), used when the export has no ENUM table.
 EVENT_TYPE_DEFAULTS = {
     "NvtxPushPopRange": 59, "NvtxStartEndRange": 60, "NvtxtPushPopRange": 70, "NvtxtStartEndRange": 71,
     "NvtxDomainCreate": 75, "NvtxMark": 34,
@@ -69,7 +69,7 @@ RUNTIME_EVENT_CLASSES = (0, 1)  # CUDA runtime, CUDA driver; 67 = backtrace dupl
 MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
                 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH", 13: "UVM DtoD"}
 
-# Columns the reader cannot work without, per table; anything else is optional (§3, §5).
+# Columns the reader cannot work without, per table; anything else is optional (formats.md#nsys-export).
 REQUIRED_COLUMNS = {
     KERNEL_TABLE: ("start", "end", "deviceId", "streamId", "correlationId", "globalPid"),
     RUNTIME_TABLE: ("start", "end", "globalTid", "correlationId", "nameId"),
@@ -83,7 +83,7 @@ TEXT_COLUMNS = frozenset({"text", "value", "name"})  # the string columns the re
 
 # torch emit_nvtx / record_function decorations (torch/csrc/profiler/util.cpp getNvtxStr):
 # "aten::addmm, seq = 5, op_id = 7, sizes = [[4, 8], [8]], input_op_ids = [...]"; old releases
-# wrote "stashed seq = N" on ops run by a backward node (§10, cases.md C12). RE2 syntax (pyarrow).
+# wrote "stashed seq = N" on ops run by a backward node (formats.md#emit_nvtx-range-names, docs/field-cases.md C12). RE2 syntax (pyarrow).
 _DECORATIONS = r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$"
 _FIELDS = {
     "seq": ("seq = ", r"(?:^|, )seq = (?P<v>-?\d+)"),
@@ -99,7 +99,7 @@ class NsysTimeline(Timeline):
 
 
 def decode_global_tid(gtid: np.ndarray | pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """``globalTid`` -> (pid, tid) arrays (nsys-sqlite.md §2). Works for ``globalPid`` too (tid 0)."""
+    """``globalTid`` -> (pid, tid) arrays (docs/formats.md#nsys-identifiers). Works for ``globalPid`` too (tid 0)."""
     values = np.asarray(gtid, dtype=np.int64)
     return (values >> 24) & 0xFFFFFF, values & 0xFFFFFF
 
@@ -166,7 +166,7 @@ class _Export:
             )
         self.uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro&immutable=1"
         self.conn = sqlite3.connect(self.uri, uri=True)
-        # Exports hold non-UTF-8 bytes (Windows host names, ...) (§3): decode tolerantly.
+        # Exports hold non-UTF-8 bytes (Windows host names, ...) (formats.md#nsys-export): decode tolerantly.
         self.conn.text_factory = lambda b: b.decode("utf-8", "replace")
         try:
             names = [r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
@@ -325,7 +325,7 @@ def _event_types(export: _Export) -> dict[str, int]:
 
 
 def _nvtx_table(export: _Export, diagnostics: dict) -> str | None:
-    """The NVTX events table: ``NVTX_EVENTS``, else a version-suffixed one (``NVTX_EVENTS_V2``; cases.md C08)."""
+    """The NVTX events table: ``NVTX_EVENTS``, else a version-suffixed one (``NVTX_EVENTS_V2``; docs/field-cases.md C08)."""
     if export.has(NVTX_TABLE):
         return NVTX_TABLE
     candidates = sorted(t for t in export.columns if t.upper().startswith(NVTX_TABLE))
@@ -406,7 +406,7 @@ def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame) -> pd.DataFram
 
 
 def _process_keys(pid, correlation_id) -> np.ndarray:
-    """One int64 per (pid, correlation id): pid is 24-bit (§2), CUPTI correlation ids 32-bit; -1 where the id is
+    """One int64 per (pid, correlation id): pid is 24-bit (formats.md#nsys-identifiers), CUPTI correlation ids 32-bit; -1 where the id is
     null or <= 0 (such a row never joins)."""
     corr = pd.array(correlation_id, dtype="Int64").fillna(0).to_numpy(dtype=np.int64)
     keys = (np.asarray(pid, dtype=np.int64) << 32) | (corr & 0xFFFFFFFF)
@@ -419,7 +419,7 @@ def _own_process_launches(launches: pd.DataFrame, kernels: pd.DataFrame, activit
     process* carries; ``launch_id`` is renumbered in start order.
 
     The SQL pre-filter matches correlation ids alone (cheap on large tables), but correlation ids are unique per
-    process only (§3, §7 Q1): in a multi-process capture a call of one process can share its id with a kernel of
+    process only (formats.md#nsys-queries): in a multi-process capture a call of one process can share its id with a kernel of
     another and would be kept as a "launch" that launched nothing. Kernels left without a launch row whose id a
     call of another process carries are counted in ``diagnostics["cross_process_correlation_ids"]`` (never
     joined)."""
@@ -453,7 +453,7 @@ def _xyz(df: pd.DataFrame, prefix: str) -> pd.Series:
 
 
 def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray:
-    """CUDA ordinal -> nsys GPU id (§2): TARGET_INFO_CUDA_DEVICE maps (process, ordinal) where the export
+    """CUDA ordinal -> nsys GPU id (formats.md#nsys-identifiers): TARGET_INFO_CUDA_DEVICE maps (process, ordinal) where the export
     has it (2025+); otherwise, and for processes it does not list, TARGET_INFO_GPU.cuDevice; the ordinal
     itself when neither knows it."""
     mapping: dict[tuple[int, int], int] = {}
@@ -713,7 +713,7 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     ranges["end_tid"] = pd.array(end_tid, dtype="Int64")
     ranges.loc[end_gtid.isna().to_numpy(), "end_tid"] = pd.NA
     del df, parsed, end_gtid  # the query's columns are copied into ranges: free them before nesting
-    # Domain ids are per process (§4): name each (pid, domain id) pair once.
+    # Domain ids are per process (formats.md#nsys-nvtx-event-types): name each (pid, domain id) pair once.
     pair_key = ranges["pid"].to_numpy(dtype=np.int64) << 32 | ranges["domain_id"].to_numpy(dtype=np.int64)
     pairs, pair_of_row = np.unique(pair_key, return_inverse=True)
     pair_names = [DEFAULT_DOMAIN if (k & 0xFFFFFFFF) == 0 else
@@ -752,7 +752,7 @@ def _all_null(n: int) -> pd.arrays.IntegerArray:
 
 
 def _range_texts(df: pd.DataFrame, strings: pa.Array) -> pd.Series:
-    """``coalesce(text, StringIds[textId])`` (§3) for NVTX rows; '' text (the null sentinel of the
+    """``coalesce(text, StringIds[textId])`` (formats.md#nsys-tables) for NVTX rows; '' text (the null sentinel of the
     query) counts as absent. Only rows without inline text are looked up."""
     text = pa.array(df["text"].astype("str"), type=pa.string())
     missing = np.flatnonzero(pc.equal(pc.fill_null(text, ""), "").to_numpy(zero_copy_only=False))
@@ -899,7 +899,7 @@ def _read(export: _Export) -> NsysTimeline:
         kernels["iteration"] = kernel_iterations(kernels, ranges)
     inverted = (kernels["duration_ns"] < 0).to_numpy()
     if inverted.any():
-        # No negative time reaches the totals (cases.md C04); the kernel itself stays visible.
+        # No negative time reaches the totals (docs/field-cases.md C04); the kernel itself stays visible.
         names = ", ".join(repr(n) for n in kernels.loc[inverted, "name"].head(3))
         diagnostics["warnings"].append(f"{int(inverted.sum())} kernel(s) end before they start ({names}); kept with "
                                        "duration 0")
@@ -983,7 +983,7 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
                 "export window that starts after their launch calls leaves such kernels"
             )
         # One clock: a kernel may start before its launch call returns, but never before the call
-        # begins; if it does, the export's clocks disagree (cases.md C17). Attribution only uses the
+        # begins; if it does, the export's clocks disagree (docs/field-cases.md C17). Attribution only uses the
         # launch call, so it is unaffected; say so rather than publish negative launch latencies.
         skew = (kernels["start_ns"] - kernels["launch_start_ns"]).astype("Float64")
         early = (skew < 0).fillna(False)
@@ -1001,7 +1001,7 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
 
 
 def export_sqlite(report: Path, out_dir: Path) -> Path:
-    """Export an ``.nsys-rep`` (or ``.qdrep``) to SQLite with ``nsys export --type sqlite`` (nsys-sqlite.md §1).
+    """Export an ``.nsys-rep`` (or ``.qdrep``) to SQLite with ``nsys export --type sqlite`` (docs/formats.md#nsys-export).
 
     Raises:
         NsysExportError: nsys is not on PATH, or the export failed (its message is included).

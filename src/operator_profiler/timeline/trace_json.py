@@ -1,13 +1,13 @@
 """Streaming, tolerant reader of Chrome trace JSON as written by torch.profiler (Kineto).
 
-Format facts (``../shared/docs/kineto-and-inductor.md`` §1.1-1.2; kineto ``output_json.cpp``): the file
+Format facts (docs/formats.md#kineto-file-layout, #kineto-time-base; kineto ``output_json.cpp``): the file
 is one JSON object ``{"schemaVersion": 1, "deviceProperties": [...], ..., "traceEvents": [...],
 "traceName": ..., "displayTimeUnit": "ms", "baseTimeNanoseconds": N}`` (``baseTimeNanoseconds`` and
 ``traceName`` come *after* ``traceEvents``), pretty-printed with one key group per line, or a compact
 one-line dump, or the bare-array form ``[...]`` of the Chrome trace format; optionally gzipped.
 ``ts``/``dur`` are µs written with up to 3 decimals (ns); relative to ``baseTimeNanoseconds`` since
 2024-05 (< 3 months = 7.8e12 µs), absolute Unix µs before (integers, or with ns fractions in an
-early-2024 transitional form). Malformed files are real (``../shared/docs/cases.md`` C18): unescaped
+early-2024 transitional form). Malformed files are real (``docs/field-cases.md`` C18): unescaped
 ``"`` in Python frame names, raw control characters, invalid UTF-8, ids up to 2**64-1, multi-GB files.
 
 Design (measured on this repository's 2-core machine, hta_df_index_resolver, 53.7 MB, 216,092 events,
@@ -38,7 +38,7 @@ re-parsed with the ``ts``/``dur`` numbers turned into strings first, so ``ts``/`
 ``str`` holding the exact decimal text. Integers are exact up to 2**64-1 (``Comms Id``); larger
 integers (not written by Kineto) would come back as floats from ``orjson``.
 
-Recovery (cases.md C18): in a chunk that does not parse, the events before the error position are
+Recovery (docs/field-cases.md C18): in a chunk that does not parse, the events before the error position are
 parsed in bulk; the event containing it is re-parsed leniently (invalid UTF-8 -> U+FFFD, raw control
 characters accepted); if that fails too, the bytes up to the next candidate boundary after which a
 valid event follows are skipped and counted. Each repair and skip is reported in :attr:`warnings`
@@ -623,14 +623,14 @@ class KinetoTrace:
             self.warnings.append(
                 f"{n} malformed event{'s' if n > 1 else ''} skipped at byte offset{'s' if n > 1 else ''} "
                 f"{offsets(self._skipped)} of {self.path.name} (not valid JSON even leniently, e.g. unescaped "
-                "quotes in a name; cases.md C18)"
+                "quotes in a name; docs/field-cases.md C18)"
             )
         if self._repaired:
             n = len(self._repaired)
             self.warnings.append(
                 f"{n} event{'s' if n > 1 else ''} repaired at byte offset{'s' if n > 1 else ''} "
                 f"{offsets(self._repaired)} of {self.path.name} (invalid UTF-8 replaced by U+FFFD, raw control "
-                "characters kept; cases.md C18)"
+                "characters kept; docs/field-cases.md C18)"
             )
 
 
