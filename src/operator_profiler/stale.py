@@ -1,20 +1,7 @@
-"""Results that no longer follow from their inputs after a failed, interrupted or partial run.
-
-Snakemake re-runs a job whose output is missing only when a job after it has to run: when a job fails (and
-Snakemake removes its outputs) or is interrupted while every later output still exists, the next run says
-"Nothing to be done" and the old operators.csv and reports stay, describing a capture that is gone. From
-Snakemake's own record of what each output was made from (its metadata: the job's input files and their
-checksums), :func:`find_stale` finds every existing output that descends, directly or through other stale
-outputs, from
-
-* a workflow output that is **missing** (removed by a failed or interrupted job, or deleted), or
-* a workflow output that **changed** after it was made: newer than it (modification time), and not the
-  content recorded then (the recorded sha256 differs, or none was recorded: Snakemake records checksums of
-  small files only).
-
-The workflow (workflow/common.smk) removes them (:func:`remove`) so that Snakemake rebuilds them, and says
-so in one line per cause (:func:`describe`).
-"""
+"""Results that no longer follow from their inputs after a failed, interrupted or partial run: found from
+Snakemake's own record of what each output was made from, and removed, so the next run rebuilds them
+instead of saying "Nothing to be done" over old reports.
+Details: docs/modules.md#stale."""
 
 from __future__ import annotations
 

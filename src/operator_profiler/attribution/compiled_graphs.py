@@ -1,25 +1,6 @@
-"""Path (c) on a Kineto timeline: which compiled graph, and which of its call sites, each kernel ran as.
-
-A kernel of a torch.compile'd program runs inside one *call* of one compiled graph. This module finds that
-call in the profiler's CPU-side ranges (DESIGN.md §3, "Compiled graphs on a Kineto timeline"):
-
-* a ``## Call CompiledFxGraph <key> ##`` range (Inductor's wrapper around ``call()``; ``<key>`` is the FX
-  graph cache key, ``None`` with the cache off): its calls, in order, are the graph's call sites;
-* a CUDA-graph replay (``torch.compile(mode="reduce-overhead")``): the kernels of one ``cudaGraphLaunch``
-  (they share its correlation id) are the captured graph's kernels, in execution order;
-* otherwise the innermost wrapper range around the launch: ``CompiledFunction`` (a forward call),
-  ``CompiledFunctionBackward`` (a backward call) or ``Torch-Compiled Region: <frame>/<n>`` (a compiled frame);
-  traces of torch <= 2.5 have no ``## Call`` range.
-
-Which graph a call ran is pinned by what the ranges say -- the cache key (matched to a graph through the
-TORCH_TRACE log's ``inductor_compile`` events, fusion-map column ``cache_key``), the compile id of the
-enclosing ``Torch-Compiled Region`` (column ``compile_id``), the direction (a ``CompiledFunctionBackward``
-call runs a ``backward`` graph, a ``CompiledFunction`` call a ``forward`` one, neither an ``inference`` or
-``forward`` one; from the debug dir name), calls with one key running one graph -- and then by the call's kernel
-sequence.  Where several graphs with different call sites remain, nothing is guessed: the kernels are
-refused with ``ambiguous_compiled_graph`` and the candidates listed.  Kernels outside any such call whose
-names the fusion map knows are joined by name (:func:`operator_profiler.attribution.inductor.attribute_by_name`).
-"""
+"""Path (c) on a Kineto timeline: which compiled graph, and which of its call sites, each kernel ran as,
+found from the profiler's CPU-side ranges around each compiled graph's call and the fusion map's call order.
+Details: docs/modules.md#attribution-compiled-graphs."""
 
 from __future__ import annotations
 

@@ -1,26 +1,6 @@
-"""Path (b): kernel -> launch call -> the NVTX ranges open on the launching thread.
-
-The rule is nsys's own (docs/formats.md#nsys-nvtx-projection): a kernel belongs to a push/pop range
-when its *launch call* lies inside the range on the *same thread*; the kernel's own GPU interval is
-never compared with CPU ranges. Push/pop stacks are per thread and per NVTX domain, so each
-(process, thread, domain) has its own nested stack (docs/field-cases.md C11); start/end ranges are process-wide,
-may cross threads and overlap, and are kept apart as *regions* (C09).
-
-- **operator**: the innermost push/pop range of an *operator domain* (default: the default domain,
-  where ``torch.autograd.profiler.emit_nvtx`` writes ``aten::mm, seq = 3, ...``), skipping our layer
-  and iteration ranges and names the user ignores; its name without emit_nvtx decorations (C12).
-- **layer**: the innermost ``opprof.layer:`` range; a backward kernel (launched by the autograd thread,
-  outside every layer range, C01) gets the layer of its forward op, found through ``seq``.
-- **forward_operator**: for a kernel under a backward node (``MmBackward0, seq = N``) or an op with
-  ``stashed seq = N``, the forward op range with ``seq = N`` in the same process.
-- **tags**: the innermost range of every other domain (``{"deepspeed": "allreduce_hook"}``).
-- CUDA-graph kernels use the node's creation at capture time (where the ranges were open, formats.md#nsys-cuda-graphs); a
-  replayed kernel without it is unattributed (``cuda_graph_replay``).
-
-Queries are vectorized: per (thread, domain) the ranges are sorted by start; the innermost range
-enclosing a launch is an ancestor-or-self of the last range starting at or before it (binary search),
-and walking up parents is one numpy step per nesting level for all kernels at once.
-"""
+"""Path (b): kernel -> launch call -> the NVTX ranges open on the launching thread (nsys's own projection
+rule); push/pop stacks per (process, thread, domain), start/end ranges kept apart as regions.
+Details: docs/modules.md#attribution-nvtx."""
 
 from __future__ import annotations
 

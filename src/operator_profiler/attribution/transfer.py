@@ -1,19 +1,6 @@
-"""Carry per-kernel results from one run of a program to another run of the same program.
-
-Two captures of one harness (an nsys run for NVTX and timing, a torch.profiler run for path (a);
-or a timeline and an ncu replay) launch the same kernels in the same order, but in different
-processes, on different clocks. Their kernels are paired by **invocation order**, never by time:
-the k-th launch of a kernel in a measured iteration of one run is the k-th launch of that kernel in
-the same iteration of the other (DESIGN.md §4, "matching by invocation order").
-
-Kernel names are compared by their *signature*: the demangled name without its parameter list and
-without whitespace (:func:`kernel_signature`). The two tools demangle with different demanglers
-(Kineto: the C++ ABI demangler on the CUPTI name; nsys: its own), which differ in spacing, the
-anonymous namespace and sometimes the parameter list. The sequences of a process and iteration must
-match kernel by kernel, or nothing there is paired. (The coarser
-:func:`operator_profiler.matching.base_name`, without namespaces and template arguments, would pair
-``vectorized_elementwise_kernel<FillFunctor>`` with ``<AbsFunctor>``.)
-"""
+"""Carry per-kernel results from one run of a program to another run of the same program (an nsys and a
+torch.profiler capture, a timeline and an ncu replay): kernels paired by invocation order, never by time.
+Details: docs/modules.md#attribution-transfer."""
 
 from __future__ import annotations
 

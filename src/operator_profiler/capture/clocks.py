@@ -1,39 +1,7 @@
-"""GPU clocks: choose what to lock (``clocks/target.json``), lock around a GPU tool, always restore.
-
-All clock values are in **MHz**. Everything goes through the ``nvidia-smi`` command line (found on
-``PATH`` at call time, so tests can put a fake one first), never NVML, so that this module does not
-need ``pynvml`` and the exact commands are visible in the logs.
-
-Format facts and their sources (``nvidia-smi`` man page, https://docs.nvidia.com/deploy/nvidia-smi/index.html,
-and ``nvidia-smi --help-query-gpu``):
-
-- ``nvidia-smi -i ID --query-gpu=F1,F2,... --format=csv,noheader,nounits`` prints one line per GPU with
-  the fields comma-separated in the order asked, clocks as plain MHz numbers; a value the GPU does not
-  report reads ``[N/A]`` or ``[Not Supported]``. ``-i`` takes an index, a UUID or a PCI bus id.
-- Fields used (:data:`GPU_FIELDS`): ``name``, ``uuid``, ``clocks.current.sm``, ``clocks.current.memory``,
-  ``clocks.max.sm``, ``clocks.max.memory``, ``clocks.default_applications.graphics``,
-  ``clocks.default_applications.memory`` ("Default frequency at which applications will be running at").
-- ``nvidia-smi -i ID --query-supported-clocks=memory,graphics --format=csv,noheader,nounits`` prints one
-  ``memory, graphics`` pair per supported combination.
-- ``-lgc/--lock-gpu-clocks=MIN,MAX`` locks the GPU (graphics/SM) clock to a range in MHz (``X,X`` pins
-  it), ``-rgc/--reset-gpu-clocks`` undoes it; ``-lmc/--lock-memory-clocks=MIN,MAX`` and
-  ``-rmc/--reset-memory-clocks`` do the same for memory (NVML: ``nvmlDeviceSetGpuLockedClocks``,
-  ``nvmlDeviceSetMemoryLockedClocks``; Volta+ for GPU clocks, Ampere+ for memory clocks; they need
-  root unless an administrator relaxed the restriction,
-  https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceCommands.html).
-- Return codes (man page, RETURN VALUE): 3 = operation not available on this device, 4 = no permission.
-
-**Base clock.** ``nvidia-smi`` has no "base clock" query field on every driver. This module takes the
-*default application clocks* (``clocks.default_applications.graphics`` / ``.memory``), the clocks the
-driver runs applications at when nobody changed them, as the base. When the GPU reports no default
-memory application clock, the base memory clock falls back to ``clocks.max.memory`` (HBM parts run
-memory at a single clock) and ``reason`` says so; with no default graphics application clock,
-policy ``base`` fails and names policies ``max``/``fixed`` instead of guessing.
-
-**SM vs graphics clock.** ``-lgc`` locks the graphics (GPC) clock; on the GPUs this project targets
-the SM clock is the graphics clock, so ``sm_mhz`` is locked with ``-lgc`` and read back from
-``clocks.current.sm``.
-"""
+"""GPU clocks: choose what to lock (``clocks/target.json``), lock them around a GPU tool, verify, and always
+restore (also on SIGTERM). All values in MHz; everything through the ``nvidia-smi`` command line (visible
+in the logs, replaceable by a fake in tests), never NVML.
+Details: docs/modules.md#capture-clocks."""
 
 from __future__ import annotations
 

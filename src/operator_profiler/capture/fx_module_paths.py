@@ -1,46 +1,7 @@
-"""Record the module path of every compiled FX node while torch.compile runs (the compile_artifacts capture).
-
-Inductor's debug dirs (torch 2.13) say which FX nodes each kernel was generated from, but not which module
-those nodes came from: ``fx_graph_readable.py`` prints only the innermost source line (``# File: ...``), and no
-file holds Dynamo's ``nn_module_stack``. A whole-model compile has no layer ranges inside the compiled region,
-so the layer a kernel belongs to must come from its FX nodes' modules. :class:`ModulePathRecorder` installs two
-read-only Inductor custom passes that write, beside each graph's ``output_code.py``,
-``opprof_module_paths.json`` (:data:`operator_profiler.naming.MODULE_PATHS_JSON`)::
-
-    {"format": "opprof.module_paths/1", "compile_id": "0/0", "scope": "model" | "frame" | null,
-     "frame_module": "<module path of the compiled frame's module>" | null,
-     "pre_grad": {"<Dynamo FX node>": "<module path>" | null, ...},
-     "post_grad": {"<post-grad FX node>": "<module path>" | null, ...},
-     "source_nodes": {"<name in output_code.py's Source Nodes>": ["<post-grad FX node>", ...], ...},
-     "kernel_nodes": {"<kernel>:<provenance debug handle>": ["<post-grad FX node>", ...], ...},
-     "from_inputs": ["<post-grad FX node>", ...]}
-
-A *module path* is the innermost module that called the node's op, as ``named_modules()`` names it
-(``transformer.h.3.attn.c_attn``; the first name of a module listed under several), with ``#k`` after a
-component for the k-th further call of that module object in the compiled frame (``blocks.0#1.lin``: a layer
-called twice, shared weights), the numbering :func:`operator_profiler.layers.instance_labels` gives layer ranges.
-``""`` is the frame module's own code (for ``scope: model``, the model's top level: embeddings, final norm);
-``null`` unknown. ``scope`` says what the paths are relative to: ``model`` -- the frame is the model's own
-``forward`` (``torch.compile(model)``/``model.compile()``), so the paths name one module instance each;
-``frame`` -- the compiled frame belongs to a submodule (regional compilation, or a frame Dynamo started after a
-graph break), whose compiled graph may run for several instances: paths are relative to ``frame_module``
-and name no instance; ``null`` -- the frame could not be identified.
-
-Sources (torch 2.13): ``node.meta["nn_module_stack"]`` of Dynamo's graph (key ``str(id(module))``, with
-``@N`` for a repeated call; value ``(access path, module class)``), seen by ``pre_grad_custom_pass``; each
-post-grad node's ``meta["from_node"]`` provenance chain back to the Dynamo node (set with
-``trace.provenance_tracking_level``), else its own ``nn_module_stack`` (forward) or ``fwd_nn_module_stack``
-(backward: AOTAutograd copies the forward node's stack onto the backward nodes it creates,
-``_functorch/_aot_autograd/utils.py``), seen by ``post_grad_custom_pre_pass``/``post_grad_custom_post_pass``
-inside Inductor's ``DebugContext`` (``V.debug``: the graph's debug dir). ``source_nodes`` is keyed as Inductor
-names a kernel's ``Source Nodes`` (each post-grad node's ``from_node[0].name``, else its own name;
-``torch/_inductor/utils.py`` ``get_kernel_metadata``): the post-grad nodes under each name. ``kernel_nodes``:
-Inductor's own provenance map (kernel and debug handle of ``# [Provenance debug handles]`` -> post-grad nodes),
-taken when Inductor dumps it (torch 2.13 writes it to a file for forward graphs only). Gradient-accumulation
-nodes carry no forward stack; they get the longest module path their computed inputs share (listed in
-``from_inputs``). The passes change nothing in the graph, so the generated code equals the capture's; a pass
-that fails logs a warning and leaves the record incomplete (those kernels' layers read unknown).
-"""
+"""Record the module path of every compiled FX node while torch.compile runs (the compile_artifacts capture),
+into ``opprof_module_paths.json`` beside each graph's ``output_code.py``: Inductor's debug files do not keep
+``nn_module_stack``, and a whole-model compile has no layer ranges, so a kernel's layer comes from here.
+Details: docs/modules.md#capture-fx-module-paths."""
 
 from __future__ import annotations
 

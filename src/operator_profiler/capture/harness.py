@@ -1,33 +1,7 @@
-"""The process every capture runs: build the workload, warm up, run N measured iterations.
-
-Each measured iteration sits inside an *iteration range* and every layer instance's forward inside a
-*layer range*, emitted both as ``torch.profiler.record_function`` (Kineto sees them) and, on CUDA, as
-NVTX push/pop ranges in our own domain (nsys and ncu see them). Range names:
-
-- iteration: ``opprof.iteration:<i>``
-- layer:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
-- phase:     ``opprof.phase:<forward|backward|optimizer>`` (train mode: :mod:`operator_profiler.capture.training`)
-- model:     ``opprof.model``, around each call of a whole-model compiled model (``compile_scope: model``)
-
-Compiled workloads (``compile: true``) are compiled as the workload's ``compile_scope`` says:
-
-- ``model`` (default): the whole model, as users compile it: ``model.compile(mode=..., options=...)``, i.e.
-  ``torch.compile`` of the model's call with ``compile_mode``/``compile_options`` from the config (the same
-  graph as ``torch.compile(model)``), with a model range around each call of the compiled code (a wrapper
-  of the compiled call, outside it). No layer ranges are emitted: a layer hook inside the compiled region
-  would break the graph (torch 2.13: "Dynamo does not know how to trace method ``__enter__`` of class
-  ``record_function``", a graph break per hook), so the profile would no longer be the user's program. The
-  layer of a compiled kernel comes from the FX nodes it was generated from instead
-  (:mod:`operator_profiler.capture.fx_module_paths`, recorded by the compile_artifacts capture).
-- ``layers``: *regional compilation*, each layer instance's ``forward`` compiled on its own (a model without
-  layers is compiled whole), with the layer ranges outside the compiled code: identical layers share one
-  compiled graph and no fused kernel straddles two layers, but the stem and head run eager and no fusion
-  crosses a layer boundary.
-
-A model that the factory returns already compiled is refused, except a top-level ``torch.compile(model)``
-(``OptimizedModule``) with ``compile: true``, which is unwrapped and compiled as the config says (noted in
-``run.json`` ``compile_notes``): with ``compile: false`` its Inductor kernels would have no fusion map.
-"""
+"""The process every capture runs: build the workload, compile it as configured, warm up until steady, and run
+the measured iterations, each inside an iteration range and every layer call inside a layer range
+(``record_function`` for Kineto, NVTX for nsys/ncu), so every later stage can place a kernel in both.
+Details: docs/modules.md#capture-harness."""
 
 from __future__ import annotations
 

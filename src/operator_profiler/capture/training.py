@@ -1,25 +1,6 @@
-"""The train step the harness runs for a workload with ``mode: train``.
-
-One step is three *phases*, each inside a phase range ``opprof.phase:<phase>``
-(:data:`operator_profiler.naming.PHASES`, emitted like the iteration ranges):
-
-- ``forward``:   ``output = model(*inputs)``; ``loss = loss_of(output, inputs)``
-- ``backward``:  ``loss.backward()``
-- ``optimizer``: ``optimizer.step()``; ``optimizer.zero_grad(set_to_none=True)``
-
-Optimizer (workload key ``optimizer``, learning rate ``lr``): ``sgd`` -> ``torch.optim.SGD(params, lr=lr)``,
-``adam`` -> ``torch.optim.Adam(params, lr=lr)``, ``adamw`` -> ``torch.optim.AdamW(params, lr=lr)``, torch's
-defaults otherwise (its implementation choice too: ``foreach`` when every parameter is on CUDA, the
-per-parameter loop on the CPU). The optimizer runs eager, also for compiled workloads. Its state is created
-by the first ``step()``, in warm-up.
-
-Loss (:func:`default_loss`, unless the workload's ``loss_fn: "module:function"`` names a function
-``(output, inputs) -> scalar tensor``): the model's output may be a tensor, a tuple/list or a dict
-(nested). A 0-dim tensor is the loss itself; a dict with a tensor under ``"loss"`` (Hugging Face style)
-gives that tensor; otherwise the loss is the sum, over every floating-point tensor of the output that
-requires grad, of ``t.float().square().mean()`` (a stand-in objective: every output element gets a
-gradient, so backward runs through the whole model).
-"""
+"""The train step the harness runs for ``mode: train``: forward and loss, backward, optimizer step and
+``zero_grad``, each inside a phase range ``opprof.phase:<phase>``, so the profile splits time per phase.
+Details: docs/modules.md#capture-training."""
 
 from __future__ import annotations
 

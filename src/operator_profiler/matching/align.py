@@ -1,29 +1,7 @@
-"""Align an ncu launch sequence with a timeline launch sequence and keep only what the alignment pins.
-
-Both sequences are integer *tokens* (one per launch: the kernel's resolved name and, where both sides know it,
-its launch configuration). An alignment pairs equal tokens in order (a common subsequence); the ncu run may miss
-launches (filters, windows) and may have launches the timeline lacks (autotuning, helper kernels), so the
-alignments worth considering are the *optimal* ones: those pairing the most launches (a longest common
-subsequence, LCS). A pair (timeline i, ncu j) is **pinned** when every optimal alignment contains it. Only pinned
-pairs carry counters; an ncu row that some optimal alignment pairs differently, or leaves out, is *ambiguous*;
-one that no optimal alignment pairs is *unaligned* (a launch the timeline does not have).
-
-Two exact methods, chosen by what the sequences allow:
-
-- **Embedding** (the common case: every ncu launch has a partner, LCS = len(ncu)): the leftmost and the rightmost
-  embeddings of the ncu sequence into the timeline bound where each ncu row can go; a row is pinned iff both put
-  it at the same timeline launch. O(n log m).
-- **Bit-parallel LCS** otherwise (Hyyrö 2004, "Bit-parallel LCS-length computation revisited": one row of the
-  LCS table as an m-bit integer, ``V' = (V + U) | (V - U)`` with ``U = V & match(c)``; the row's value at i is the
-  number of zero bits below i). Forward rows F(j, i) = LCS(ncu[:j], tl[:i]) and backward rows B(j, i) =
-  LCS(ncu[j:], tl[i:]) give: (i, j) lies on an optimal alignment iff F(j, i) + 1 + B(j+1, i+1) = L; row j can be
-  left out of an optimal alignment iff max_i F(j, i) + B(j+1, i) = L. Row j is pinned iff exactly one i lies on an
-  optimal alignment and it cannot be left out. O(n·m) bit operations and numpy steps; above ``max_cells`` the
-  sequences are not aligned at all (every row ambiguous, ``exhaustive`` False).
-
-Timeline launches whose token the ncu sequence lacks (and vice versa) cannot take part in any alignment and are
-dropped first, which keeps both sequences short in practice.
-"""
+"""Align an ncu launch sequence with a timeline launch sequence and keep only the pairs every optimal
+alignment (longest common subsequence) contains: a pair two equally good alignments disagree on is
+refused, never guessed.
+Details: docs/modules.md#matching-align."""
 
 from __future__ import annotations
 

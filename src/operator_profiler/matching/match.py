@@ -1,29 +1,7 @@
-"""Invocation-order matching of Nsight Compute rows to timeline kernels, as a scoped alignment (DESIGN.md §4).
-
-An ncu row and a timeline kernel are the same launch only when the input pins it; timestamps are never used (the
-ncu run is another process, serialised by replay). The steps, per ncu file:
-
-1. **Scopes.** Rows are split by ncu ``Process ID`` and ``Device``; each ncu process is mapped to one timeline
-   process (an explicit ``process_map``, the replay record's process, the only process on both sides, or the one
-   timeline process whose launch sequence contains all the ncu process's rows); a mapping that is not unique is
-   refused (``process_ambiguous``), never guessed. Inside a mapped process devices pair by CUDA ordinal (one device
-   on each side pairs whatever its ordinal); rows without a device in a process that used several devices are
-   refused (``device_unknown``). Nothing crosses a scope.
-2. **Window.** The timeline launches the file covers: a replay's planned ``kernel_ids``; a declared launch window
-   (``launch_skip``/``launch_count`` over the process's launches in ``kernel_id`` order, optionally only launches of
-   one ``kernel``, as ``ncu -k NAME -s N -c M`` counts them); ``contiguous`` (an ncu run of consecutive launches,
-   start unknown: placed where the row sequence occurs exactly, only if it occurs once); or unknown (the whole
-   process: the rows may be any subsequence, as with kernel filters).
-3. **Names.** Each row's name resolves to one timeline kernel name of the scope on the ladder of
-   :mod:`.names`, or is refused (``name_unmatched``, ``name_ambiguous``).
-4. **Alignment.** Row and launch tokens (resolved name, and grid/block where both sides know them) are aligned
-   (:mod:`.align`); only pinned pairs carry counters. Launch order inside a CUDA-graph replay spread over several
-   streams, and between threads whose launches interleave, is not fixed from run to run: such *bags* are matched
-   by token (a token repeated on several streams/threads of one bag is refused as ``order_ambiguous``).
-
-Every row and every kernel of a window that did not get a partner gets a machine-readable reason (:data:`.diagnostics.REASONS`);
-``diagnostics["counters"]`` sums them up per key for the reports.
-"""
+"""Invocation-order matching of Nsight Compute rows to timeline kernels, as a scoped alignment: per ncu
+process and window, a kernel gets a row's counters only when the alignment pins the pair; timestamps are
+never used (ncu's replayed run is another process on another clock).
+Details: docs/modules.md#matching-match."""
 
 from __future__ import annotations
 

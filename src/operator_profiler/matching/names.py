@@ -1,23 +1,6 @@
-"""Kernel names across tools: one normalization ladder for keys and checks (DESIGN.md §4, "Names").
-
-ncu prints a kernel's name in one of three bases (``--print-kernel-base mangled|demangled|function``), and its
-demangler differs from the one behind nsys/CUPTI: ``<(int)4, ...>`` vs ``<4, ...>``, ``(unsigned long)1`` vs
-``1ul``, ``<unnamed>`` vs ``(anonymous namespace)``, ``char *`` vs ``char*``, ``> >`` vs ``>>``, a leading
-``void`` or not, and parameter lists printed with template parameter names (``(int, T2, T3)``) or substituted
-types. A name is therefore compared on a ladder of forms, from exact to coarse:
-
-``mangled``     the Itanium mangled name (``_ZN2at6native...``), exact;
-``demangled``   the demangled text, exact (a mangled ncu name is demangled here with libstdc++'s
-                ``__cxa_demangle``, the demangler behind ``c++filt``);
-``normalized``  the demangled text without return type, top-level parameter list, integer casts and
-                suffixes, anonymous-namespace spellings and whitespace;
-``function``    the function name alone (what ``--print-kernel-base function`` prints).
-
-An ncu name resolves to the timeline kernel name whose form equals its form on the highest rung where any
-timeline name of the scope matches; a rung where several timeline names match is *ambiguous* (a lower rung is
-coarser, so the search stops there). The ``function`` rung serves only names printed as bare function names: a
-name with template arguments that differ is another kernel. Each resolution records the rung it used.
-"""
+"""Kernel names across tools: one normalisation ladder (exact, demangler-normalised, base name) for keys and
+checks, because ncu, nsys and CUPTI demangle and abbreviate the same kernel differently.
+Details: docs/modules.md#matching-names."""
 
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
-"""Read Nsight Compute ``ncu --csv`` output (details page or raw page) into one long, normalised table.
-
-Format facts come from ``docs/formats.md#ncu-csv`` (its sections cited below) and were checked against the real files in
-``../shared/data/real/ncu/`` (provenance in ``PROVENANCE.md`` there):
-
-* Pages (docs/formats.md#ncu-pages). ``details`` is long: one row per kernel x metric, with optional rule columns
-  (``Rule Name``/``Rule Type``/``Rule Description``, and ``Estimated Speedup Type``/``Estimated Speedup`` in
-  2023.x+), either the 2021-era ``Kernel Time`` identity columns or the newer ``Block Size``/``Grid Size``/
-  ``Device``/``CC`` ones. Metric rows end early when rule columns exist ("ragged rows", padded here). Rule rows
-  (empty Metric Name, rule columns filled) are not metrics: they go to ``df.attrs["rules"]``. ``raw`` is wide:
-  identity columns, then one column per metric *name*; the second row holds the units.
-* Preamble (docs/formats.md#ncu-numbers): ``==PROF==``/``==WARNING==``/``==ERROR==`` lines and application stdout
-  may precede the header; ``==XXX==`` lines are also skipped after it.
-* ``ID`` (docs/formats.md#ncu-id): 0-based index of the profiled result, global across kernel names: the invocation-order
-  join key.
-* Numbers (docs/formats.md#ncu-numbers): locale digit grouping (``"6,400"``, ``"967,585,940.83"``, Spanish ``"2.508.800"``),
-  ``n/a`` (missing, not 0), text values (``CachePreferNone``). The grouping/decimal convention is detected once
-  per file (see :func:`_detect_locale`); ambiguous files default to ``,`` grouping and ``.`` decimal, which is
-  what every real file uses.
-* Units (docs/formats.md#ncu-units): base units by default, but spellings changed (``nsecond`` vs ``ns``, ``cycle/second`` vs
-  ``hz``) and ``--print-units auto`` scales with SI factor 1000, also for bytes (``Kbyte`` = 1000 byte). Values
-  are converted to base units: ``byte``, ``second``, ``hz`` (for ``cycle/second``), counts (``inst``,
-  ``cycle``, ...), ``%`` unchanged; unknown unit strings are kept as printed with factor 1.
-* Instanced metrics (docs/formats.md#ncu-numbers, UNVERIFIED format ``158 (0: 158)`` / ``a; b; c``): the leading aggregate is
-  kept as the value, the whole cell in ``text``.
-"""
+"""Read Nsight Compute ``ncu --csv`` output (details or raw page, any ncu version seen) into one long,
+normalised table: ids, process, device, kernel name, launch configuration, metric, value in base units;
+refusing what it cannot read (errors of a failed run, a non-numeric metric) in one line.
+Details: docs/modules.md#ncu-csv-reader."""
 
 from __future__ import annotations
 

@@ -1,47 +1,7 @@
-"""Nsight Compute replay of one layer class: plan the window, build the exact ncu
-command, run it, export the raw page and record what was run.
-
-**The replay window: launch counting from cudaProfilerStart (our choice, and why).** ncu numbers the
-kernel launches of the profiled application from its start, warm-up included, while the timeline
-(``timeline/kernels.parquet``) only holds the measured window (torch.profiler's window, or nsys
-``--capture-range=cudaProfilerApi``). So the replay re-runs the workload harness with its measured
-iterations bracketed by ``cudaProfilerStart/Stop`` (``harness.run_capture(profiler="cuda_profiler_api")``)
-and runs ncu with ``--profile-from-start off``: launches before ``cudaProfilerStart`` (warm-up, compile,
-autotuning: docs/field-cases.md C15) are neither profiled nor counted, and the k-th launch ncu sees is the k-th kernel
-of the timeline's process in ``kernel_id`` order (launch order). The class's replay instances are then
-selected with ``--launch-skip N --launch-count M`` (no ``-k`` filter, so ``--launch-skip`` counts every
-launch, docs/formats.md#ncu-filters-and-replay, #ncu-id). The alternatives and why not:
-
-- ``--launch-skip-before-match`` from the application start: needs the warm-up's launch count, which the
-  timeline does not have and which varies (Inductor autotuning, cuDNN/cuBLAS heuristics, lazy init).
-- NVTX include filter of the layer range (``--nvtx --nvtx-include "opprof@opprof.layer:h.0/"``):
-  push/pop ranges are per thread, so backward kernels launched by the autograd thread are dropped
-  (docs/field-cases.md C02); the range's domain depends on whether the ``nvtx`` package is installed (else
-  torch's default domain); it matches the layer in every iteration unless ``--range-filter`` is added;
-  and the class ``rest`` (kernels outside every layer) has no range to include at all.
-
-**UNVERIFIED** (no GPU on the machine this was written on): that ``--launch-skip`` counts only
-launches inside ``cudaProfilerStart/Stop`` under ``--profile-from-start off`` (docs/formats.md#ncu-filters-and-replay only says
-"Filtering honours cudaProfilerStart/Stop"). Check on a GPU: a replay whose ncu IDs match the planned
-kernels' names position by position (``matched/diagnostics.json``: no ``name_disagreements``).
-
-A class's replay instances are contiguous in launch order only in simple cases: ``rest`` has kernels
-before and after the layers, and in training a layer's backward kernels run long after its forward.
-The window is therefore a list of *segments* (maximal runs of consecutive launch positions); each
-segment is one ncu run (one re-run of the harness), and their raw-page CSVs are concatenated in launch
-order into ``ncu/{cls}.csv`` (IDs renumbered, one process id; see :func:`merge_raw_csvs`). An inference
-layer class is one segment, so one ncu run.
-
-Matching (``stages.match_files``, the ``window`` JSON): per class CSV the planned ``kernel_ids``, so ncu's
-k-th row of a kernel name pairs with the k-th planned kernel of that name
-(``{"sources": {cls: {"kernel_ids": [...], "pid": <timeline process>}}}``, :func:`match_window`): the
-merged CSV's process is the plan's timeline process, and its rows pair with the planned kernels position by
-position when every position's names agree (the identity is then the only alignment pairing all of them).
-
-Functions: :func:`plan_replay` (class JSON + timeline -> plan), :func:`replay_command` (the ncu argv),
-:func:`target_argv` (the harness re-run), :func:`run_replay` (run, time, export, ``replay.json``),
-:func:`replay_estimate` (measured vs all-instances time for the report).
-"""
+"""Nsight Compute replay of one layer class: plan the launch window (counted from cudaProfilerStart, so
+warm-up is never counted), build the exact ncu command, run it per segment, export the raw page and
+record what ran (``replay.json``), so that every ncu row can be matched to its planned kernel.
+Details: docs/modules.md#ncu-replay."""
 
 from __future__ import annotations
 

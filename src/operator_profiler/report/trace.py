@@ -1,52 +1,6 @@
-"""The timeline as a Chrome/Perfetto trace (``trace.json``): every kernel with its attribution.
-
-Format: the JSON *object* form of the Trace Event Format (Google, "Trace Event Format",
-https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h2I0nSsKchNAn9E), as read by
-https://ui.perfetto.dev (Perfetto's legacy JSON importer) and chrome://tracing:
-``{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}``.
-
-Events written (``ts``/``dur`` in **µs**, floats carrying ns precision):
-
-* ``M`` metadata: ``process_name``, ``process_sort_index``, ``thread_name``, ``thread_sort_index``
-  (``args.name`` / ``args.sort_index``) for every process and thread used.
-* ``X`` complete events, GPU kernels (``cat: "kernel"``): ``pid`` = the GPU process of the kernel's CUDA
-  device (``GPU_PID_BASE + device``, named ``GPU <device>``: above Linux's largest pid, 2^22, so never an
-  OS pid), ``tid`` = the stream. ``args``: ``kernel_id``, ``operator``, ``forward_operator``, ``module``,
-  ``layer``, ``layer_class``, ``path`` (``correlation``, ``inductor``, ``nvtx``, ``user_annotation``,
-  ``unattributed``: DESIGN.md §3), ``fused_ops``, ``source_nodes``, ``reason`` (only when
-  unattributed or partial), ``duration_ns``, ``grid``, ``block``, ``correlation_id``, and ``counters``
-  (ncu metric name -> value, plus ``counters_from``) when matched counters are given.
-* ``X`` CPU ranges (``ranges.parquet``: ops, annotations, NVTX ranges; ``cat`` = the range ``kind``) on
-  their OS ``(pid, tid)`` thread, and launch calls (``launches.parquet``, ``cat: "cuda_api"``).
-* CPU kernels (``device == -1``: a compute call whose interval is its op's range, DESIGN.md §1) are
-  written *instead of* their range (``range_id``) as ``cat: "cpu_kernel"`` on the call's thread, with
-  the same attribution ``args`` plus ``self_ns`` (its exclusive time; ``dur`` is the call's interval),
-  so each kernel appears once and the range is not duplicated.
-* ``X`` memcpy/memset (``gpu_activities.parquet``; ``cat: "memcpy"``/``"memset"``, named ``Memcpy HtoD``,
-  ``Memset`` ...) on their GPU stream beside the kernels: ``args`` ``bytes``, ``copy_kind``,
-  ``correlation_id``, ``launch_api``, ``duration_ns``, ``flow_id``. They are not kernels: no operator,
-  not in the kernel totals.
-* ``s``/``f`` flow events (``cat: "launch"``, ``id`` = ``kernel_id``, or a memcpy/memset's ``flow_id``
-  (numbered after the last kernel id); ``f`` with ``bp: "e"``) from each launch call (``launch_tid``,
-  ``launch_start_ns``) to its GPU work.
-
-Well-formedness (Perfetto's JSON importer needs ``X`` events of one thread to nest properly):
-
-* CPU threads: events sorted by (start, longer first); an event that starts inside the open one but
-  ends after it is *clipped* to the open one's end (``args.clipped_end_us`` keeps the real end);
-  ranges that were never closed use ``effective_end_ns`` (nsys: the capture's last timestamp,
-  ``args.unclosed: true``) or are skipped when the timeline has no end for them.
-* GPU streams: a kernel that would overlap the open kernel of its stream (a clock artefact, or
-  several processes on one device) goes to the next *overlap lane* of that stream (its own thread,
-  ``stream <s> (overlap <k>)``), so no kernel is dropped or shortened.
-* ``otherData`` counts what was clipped or skipped (``ranges_clipped``, ``ranges_unclosed_skipped``,
-  ``kernels_in_overlap_lanes``), the memcpy/memset written (``gpu_activities``) and records the zero point.
-
-Time zero: the earliest start of any written event (kernel, range, launch) in the timeline's own clock,
-kept as a decimal string ``otherData.time_zero_ns``; ``ts = (t_ns - zero) / 1000``. Relative
-numbers stay far below 2^53, so each float µs value determines its integer ns exactly
-(``round(ts * 1000)``), also for absolute epoch clocks (~1.7e18 ns) that a float64 µs cannot hold.
-"""
+"""The timeline as a Chrome/Perfetto trace (``trace.json``): every kernel with its attribution and counters in
+its ``args``, CPU ranges and launches nested per thread, so a user can see what the tables summarise.
+Details: docs/modules.md#report-trace."""
 
 from __future__ import annotations
 

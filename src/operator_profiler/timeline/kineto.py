@@ -1,21 +1,6 @@
-"""torch.profiler (Kineto Chrome trace) -> the timeline tables of DESIGN.md §3.
-
-Format facts from docs/formats.md#kineto-trace-json (sources: kineto ``output_json.cpp``):
-``ts``/``dur`` are µs, relative to ``baseTimeNanoseconds`` since 2024-05 (absolute epoch µs before);
-GPU events have ``pid`` = device and ``tid`` = stream; a kernel joins its launch (``cuda_runtime`` or
-``cuda_driver``) by ``args.correlation``.
-
-On a CPU-only trace there are no GPU kernels. The *kernels* are then the CPU compute calls: every
-Inductor C++ kernel (``graph_<n>_cpp_*``, visible with ``cpp.enable_kernel_profile``) and every
-dispatcher operator (``aten::addmm``, ``aten::copy_`` ...) except metadata ops (views, ``empty``,
-``resolve_conj`` ...: their time stays with the call that made them). A CPU kernel's ``duration_ns``
-is its *self* time: its interval minus the nested compute calls', so ``aten::addmm`` > ``aten::copy_``
-gives two kernels (the GEMM's own time and the bias copy) and every nanosecond is counted once,
-with the innermost ATen op that did the work as the operator, as for a GPU kernel. ``start_ns``/
-``end_ns`` remain the call's interval, ``parent_kernel_id`` the enclosing compute call. A CPU kernel
-is its own launch (``launch_*`` = its interval on its thread, ``launch_api`` = ``cpu``); framework
-markers (``TorchDynamo Cache Lookup``, ``## Call CompiledFxGraph ##``, autograd wrappers) stay ranges.
-"""
+"""torch.profiler (Kineto Chrome trace) -> the timeline tables (docs/DESIGN.md §3): kernels joined to their
+launch by correlation id, CPU ops and our ranges nested per thread, CPU runs' compute ops as kernels.
+Details: docs/modules.md#timeline-kineto."""
 
 from __future__ import annotations
 

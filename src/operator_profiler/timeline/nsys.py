@@ -1,24 +1,6 @@
-"""Nsight Systems SQLite export (``nsys export --type sqlite``) -> the timeline tables of DESIGN.md §3.
-
-Format facts are from ``docs/formats.md#nsys-sqlite-export`` (sections named below) and were checked on the
-real exports in ``../shared/data/real/nsys/``:
-
-- Tables are created lazily and columns drift between schema versions (2021 to 2025), so the reader
-  probes ``sqlite_master``/``PRAGMA table_info`` and selects columns by name (formats.md#nsys-export).
-- Times are integer ns on one capture timeline (formats.md#nsys-export).
-- ``globalTid = hwId[63:56] | vmId[55:48] | pid[47:24] | tid[23:0]`` (formats.md#nsys-identifiers).
-- A kernel joins its launching API call by ``(pid, correlationId)``: correlation ids are unique per
-  process only (formats.md#nsys-queries). The runtime table holds runtime (``eventClass`` 0) and driver (1) calls
-  plus backtrace duplicates (67), so launches are the ``eventClass IN (0, 1)`` rows and are never
-  chosen by API name (``cudaLaunchKernel``, ``cuLaunchKernelEx``, ``cudaGraphLaunch`` all count).
-- NVTX ``eventType`` 59/70 are push/pop ranges (per thread), 60/71 start/end ranges (process-wide,
-  may end on another thread: ``endGlobalTid``), 75 names a domain; domain ids are per process (formats.md#nsys-nvtx-event-types).
-  The name is ``coalesce(text, StringIds[textId])``; an unclosed range has a NULL end.
-- ``KERNEL.deviceId`` is the CUDA ordinal; ``TARGET_INFO_CUDA_DEVICE`` maps it to the nsys GPU id (formats.md#nsys-identifiers).
-- CUDA graphs: node-level tracing gives kernel rows with ``graphNodeId``; the node-creation table maps a
-  replayed node to the node created at capture time; graph-level tracing gives one
-  ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph launch and no kernel rows (formats.md#nsys-tables).
-"""
+"""Nsight Systems SQLite export (``nsys export --type sqlite``) -> the timeline tables (docs/DESIGN.md §3),
+probing tables and columns by name (the schema drifts between nsys versions) and streaming large tables.
+Details: docs/modules.md#timeline-nsys."""
 
 from __future__ import annotations
 

@@ -1,51 +1,7 @@
-"""Streaming, tolerant reader of Chrome trace JSON as written by torch.profiler (Kineto).
-
-Format facts (docs/formats.md#kineto-file-layout, #kineto-time-base; kineto ``output_json.cpp``): the file
-is one JSON object ``{"schemaVersion": 1, "deviceProperties": [...], ..., "traceEvents": [...],
-"traceName": ..., "displayTimeUnit": "ms", "baseTimeNanoseconds": N}`` (``baseTimeNanoseconds`` and
-``traceName`` come *after* ``traceEvents``), pretty-printed with one key group per line, or a compact
-one-line dump, or the bare-array form ``[...]`` of the Chrome trace format; optionally gzipped.
-``ts``/``dur`` are µs written with up to 3 decimals (ns); relative to ``baseTimeNanoseconds`` since
-2024-05 (< 3 months = 7.8e12 µs), absolute Unix µs before (integers, or with ns fractions in an
-early-2024 transitional form). Malformed files are real (``docs/field-cases.md`` C18): unescaped
-``"`` in Python frame names, raw control characters, invalid UTF-8, ids up to 2**64-1, multi-GB files.
-
-Design (measured on this repository's 2-core machine, hta_df_index_resolver, 53.7 MB, 216,092 events,
-garbage collector off, parse only; the full read_kineto is dominated by its per-event loop and tables):
-
-=================================================  =======
-whole-file ``json.loads(parse_float=Decimal)``      0.59 s  (the previous reader; whole file in memory)
-``ijson`` items, yajl2_c backend, Decimal floats    0.61 s  (streams, but no byte offsets, stops at
-                                                            the first error)
-``pysimdjson`` parse + ``as_list``                  1.23 s  (with GC; whole document)
-``orjson.loads`` whole file                         0.38 s
-``orjson`` on 4 MB chunks of whole events           0.30 s  (chosen)
-=================================================  =======
-
-So: the decompressed bytes are read in blocks of :data:`BLOCK` bytes; the ``traceEvents`` array is cut
-at candidate event boundaries ``}`` ws ``,`` ws ``{`` (one regex search at the end of each block) and
-each chunk ``[`` + events + ``]`` is parsed by ``orjson`` in one call. A cut inside a string or inside
-a nested value cannot parse (JSON tokenises left to right, so a successful parse of a prefix that
-starts at an event start proves the cut is between top-level events), so a successful parse is
-always correct; a failed one falls back to recovery (below). Memory: one block plus one chunk's
-parsed events, independent of the file size; what the *caller* keeps is the caller's.
-
-Exact timestamps: ``orjson`` parses ``ts`` as float64. For ``|ts| < 2**43`` µs (101 days: every
-relative Kineto timestamp) the nearest double is within 0.49 ns of the written value, so rounding
-``ts * 1000`` exactly (``kineto._to_ns``) recovers the integer ns; integers stay ``int``. When a chunk
-holds a float ``ts`` beyond that (absolute µs with ns fractions), it and all later chunks are
-re-parsed with the ``ts``/``dur`` numbers turned into strings first, so ``ts``/``dur`` are then
-``str`` holding the exact decimal text. Integers are exact up to 2**64-1 (``Comms Id``); larger
-integers (not written by Kineto) would come back as floats from ``orjson``.
-
-Recovery (docs/field-cases.md C18): in a chunk that does not parse, the events before the error position are
-parsed in bulk; the event containing it is re-parsed leniently (invalid UTF-8 -> U+FFFD, raw control
-characters accepted); if that fails too, the bytes up to the next candidate boundary after which a
-valid event follows are skipped and counted. Each repair and skip is reported in :attr:`warnings`
-with its byte offset (offsets are into the *decompressed* stream). An error that cannot be confined
-to one event within :data:`MAX_RECOVER` bytes, a file that ends before ``traceEvents`` is closed
-(truncated), or a file that is not JSON raises :class:`TimelineError` naming the file and offset.
-"""
+"""Streaming, tolerant reader of torch.profiler's (Kineto's) Chrome trace JSON: event by event, gzipped or not,
+repairing or skipping malformed events with a warning (real traces are truncated or hand-edited), so a
+multi-GB trace is never loaded as one object.
+Details: docs/modules.md#timeline-trace-json."""
 
 from __future__ import annotations
 
