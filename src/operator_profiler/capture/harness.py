@@ -257,35 +257,31 @@ def _dynamo_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _refuse_uncompiled_config(new_graphs: int, name: str) -> None:
-    """``compile: false``, yet torch.compile compiled graphs while the model ran (a compiled function or module
-    that :func:`_precompiled_parts` cannot see, e.g. ``@torch.compile`` inside ``forward``).
+#: Why graphs that torch.compile compiled while the model ran are refused, per situation (:func:`_refuse_new_graphs`).
+_NEW_GRAPHS_REFUSED = {
+    # compile: false, yet graphs were compiled: a compiled function or module that _precompiled_parts cannot see
+    # (e.g. @torch.compile inside forward); their Inductor kernels would have no fusion map
+    "uncompiled": "has compile: false, but torch.compile compiled {n} graph(s) while it ran (a torch.compile'd "
+                  "function or module inside the model): their Inductor kernels would have no fusion map; set "
+                  "compile: true (compile_scope: model) and remove the model's own torch.compile calls, or run it "
+                  "without them",
+    # graphs compiled inside the measured iterations: a guard that fails on every call, so the profile would time
+    # tracing and compilation as if they were the model's operators
+    "measured": "was recompiled {n} time(s) during the measured iterations (after warm-up): its compiled graph's "
+                "guards fail on every call (e.g. forward changes a Python attribute or takes a new input shape each "
+                "time), so the profile would time compilation as model work; make the forward stable under "
+                "torch.compile (TORCH_LOGS=recompiles shows why), or profile it with compile: false",
+}
+
+
+def _refuse_new_graphs(new_graphs: int, name: str, situation: str) -> None:
+    """Refuse graphs torch.compile compiled while the model ran, in a ``situation`` of :data:`_NEW_GRAPHS_REFUSED`.
 
     Raises:
         workloads.WorkloadError: ``new_graphs`` > 0.
     """
     if new_graphs > 0:
-        raise workloads.WorkloadError(
-            f"workload {name!r} has compile: false, but torch.compile compiled {new_graphs} graph(s) while it ran "
-            "(a torch.compile'd function or module inside the model): their Inductor kernels would have no fusion "
-            "map; set compile: true (compile_scope: model) and remove the model's own torch.compile calls, or run it "
-            "without them")
-
-
-def _refuse_measured_recompiles(new_graphs: int, name: str) -> None:
-    """Dynamo compiled graphs inside the measured iterations: the model recompiles per call (a guard that fails
-    every time, e.g. a Python attribute the forward changes), so the profile would time tracing and compilation
-    as if they were the model's operators.
-
-    Raises:
-        workloads.WorkloadError: ``new_graphs`` > 0.
-    """
-    if new_graphs > 0:
-        raise workloads.WorkloadError(
-            f"workload {name!r} was recompiled {new_graphs} time(s) during the measured iterations (after warm-up): "
-            "its compiled graph's guards fail on every call (e.g. forward changes a Python attribute or takes a "
-            "new input shape each time), so the profile would time compilation as model work; make the forward "
-            "stable under torch.compile (TORCH_LOGS=recompiles shows why), or profile it with compile: false")
+        raise workloads.WorkloadError(f"workload {name!r} " + _NEW_GRAPHS_REFUSED[situation].format(n=new_graphs))
 
 
 def _copy(kwargs: dict) -> dict:
@@ -523,7 +519,7 @@ def run_capture(
                                   harness["steady_window"], harness["steady_tolerance"])
     warmup_s = time.perf_counter() - t0
     if not compiled:
-        _refuse_uncompiled_config(_dynamo_graphs() - graphs_before, workload_name or workload.get("kind"))
+        _refuse_new_graphs(_dynamo_graphs() - graphs_before, workload_name or workload.get("kind"), "uncompiled")
 
     graphs_warm = _dynamo_graphs()
 
@@ -553,7 +549,7 @@ def run_capture(
         measured_iterations()
     measured_s = time.perf_counter() - t0
     if compiled:
-        _refuse_measured_recompiles(_dynamo_graphs() - graphs_warm, workload_name or workload.get("kind"))
+        _refuse_new_graphs(_dynamo_graphs() - graphs_warm, workload_name or workload.get("kind"), "measured")
 
     if layers_path is not None:
         layers_path.parent.mkdir(parents=True, exist_ok=True)

@@ -574,20 +574,14 @@ class KinetoTrace:
             shown = ", ".join(str(x) for x in xs[:20])
             return shown + (f", ... ({len(xs) - 20} more)" if len(xs) > 20 else "")
 
-        if self._skipped:
-            n = len(self._skipped)
-            self.warnings.append(
-                f"{n} malformed event{'s' if n > 1 else ''} skipped at byte offset{'s' if n > 1 else ''} "
-                f"{offsets(self._skipped)} of {self.path.name} (not valid JSON even leniently, e.g. unescaped "
-                "quotes in a name; docs/field-cases.md C18)"
-            )
-        if self._repaired:
-            n = len(self._repaired)
-            self.warnings.append(
-                f"{n} event{'s' if n > 1 else ''} repaired at byte offset{'s' if n > 1 else ''} "
-                f"{offsets(self._repaired)} of {self.path.name} (invalid UTF-8 replaced by U+FFFD, raw control "
-                "characters kept; docs/field-cases.md C18)"
-            )
+        for found, what, why in (
+            (self._skipped, "malformed event{s} skipped", "not valid JSON even leniently, e.g. unescaped quotes in a name"),
+            (self._repaired, "event{s} repaired", "invalid UTF-8 replaced by U+FFFD, raw control characters kept"),
+        ):
+            if found:
+                s = "s" if len(found) > 1 else ""
+                self.warnings.append(f"{len(found)} {what.format(s=s)} at byte offset{s} {offsets(found)} of "
+                                     f"{self.path.name} ({why}; docs/field-cases.md C18)")
 
 
 def open_trace(path: Path) -> KinetoTrace:
