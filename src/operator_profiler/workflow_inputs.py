@@ -278,21 +278,27 @@ def _derive(package_dir: Path, scripts_dir: Path) -> dict[str, list[str]]:
             for rule, c in closures.items()}
 
 
-def _fingerprint(package_dir: Path, scripts_dir: Path) -> str:
-    """A digest of every file the derivation reads (and of this module): equal digests, equal results."""
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    for tag, folder in (("package", package_dir), ("scripts", scripts_dir)):
-        for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-            content = path.read_bytes()
-            digest.update(f"{tag}/{path.relative_to(folder).as_posix()}\0{len(content)}\0".encode() + content)
+def _sources(package_dir: Path, scripts_dir: Path) -> list[Path]:
+    """Every file the derivation reads (this module too: its logic decides the results)."""
+    return [Path(__file__), *(p for folder in (package_dir, scripts_dir) for p in sorted(folder.rglob("*"))
+                              if p.is_file() and "__pycache__" not in p.parts)]
+
+
+def _fingerprint(sources: list[Path]) -> str:
+    """A digest of the sources' names and contents: equal digests, equal results."""
+    digest = hashlib.sha256()
+    for path in sources:
+        content = path.read_bytes()
+        digest.update(f"{path.as_posix()}\0{len(content)}\0".encode() + content)
     return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
-def _all_rules(package_dir: Path, scripts_dir: Path) -> dict[str, list[str]]:
-    """The derivation, once per process and, on disk, once per content of the sources: parsing the package
-    takes ~0.3 s, a noticeable part of a DAG build (each cluster job builds one)."""
-    key = _fingerprint(package_dir, scripts_dir)
+@functools.cache
+def _all_rules(package_dir: Path, scripts_dir: Path, stamp: tuple) -> dict[str, list[str]]:
+    """The derivation, once per process while the sources' ``stamp`` (names, sizes, mtimes) holds, and on
+    disk once per content of the sources: parsing the package takes ~0.3 s, a noticeable part of a DAG
+    build (each cluster job builds one)."""
+    key = _fingerprint([p for p, _, _ in stamp])
     cache = package_dir / "__pycache__" / "workflow_inputs.json"
     try:
         cached = json.loads(cache.read_text())
@@ -320,7 +326,8 @@ def rule_inputs(rule: str, package_dir: Path, scripts_dir: Path) -> list[str]:
     ``scripts/<rule>.py`` nor a gpu_jobs rule), SyntaxError for a package file that does not parse.
     """
     package_dir, scripts_dir = Path(package_dir).resolve(), Path(scripts_dir).resolve()
-    rules = _all_rules(package_dir, scripts_dir)
+    stamp = tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in _sources(package_dir, scripts_dir))
+    rules = _all_rules(package_dir, scripts_dir, stamp)
     if rule not in rules:
         raise ValueError(f"rule {rule!r} has no entry: no {scripts_dir / rule}.py and not in {GPU_ENTRY}.{GPU_TABLE} "
                          f"(known: {', '.join(sorted(rules))})")
