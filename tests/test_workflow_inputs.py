@@ -12,13 +12,14 @@ ModuleFinder for the imports it runs later.
 from __future__ import annotations
 
 import json
+import modulefinder
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-import modulefinder
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -32,6 +33,7 @@ PACKAGE = "operator_profiler"
 DECLARED = r"""
 import json, sys
 from pathlib import Path
+from typing import ClassVar
 from snakemake.api import SnakemakeApi
 from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
 
@@ -73,8 +75,8 @@ print("LOADED " + json.dumps(sorted(name for name in sys.modules if name.split("
 def declared_rules(root: Path, workdir: Path) -> dict[str, dict]:
     """{rule: {"lib": [paths] or None, "script": path or None, "shell": command or None}} from Snakemake."""
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
-    done = subprocess.run([sys.executable, "-c", DECLARED, str(root), str(workdir)], capture_output=True, text=True,
-                          env=env, cwd=workdir, timeout=300)
+    done = subprocess.run([sys.executable, "-c", DECLARED, str(root), str(workdir)], check=False, capture_output=True,
+                          text=True, env=env, cwd=workdir, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RULES ")]
     assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("RULES "))
@@ -83,7 +85,7 @@ def declared_rules(root: Path, workdir: Path) -> dict[str, dict]:
 class ModuleFinder(modulefinder.ModuleFinder):
     """The stdlib ModuleFinder, each source file compiled once per session (the 17 rules share most files)."""
 
-    codes: dict[str, object] = {}
+    codes: ClassVar[dict[str, object]] = {}
 
     def load_module(self, fqname, fp, pathname, file_info):
         if file_info[2] != modulefinder._PY_SOURCE:
