@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-REAL_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"  # beside the repository, never copied into it
+REAL_DATA = SHARED / "data" / "real"
 
 
 def pytest_sessionstart(session):
@@ -39,6 +41,17 @@ def real_file(*parts: str) -> Path:
         if os.environ.get("CI"):
             pytest.fail(f"real data file missing in a CI run: {path}")
         pytest.skip(f"real data not available: {path}")
+    return path
+
+
+def need_real(path: Path, *more: Path) -> Path:
+    """``path`` (and ``more``), files or folders under ``../shared``, when they exist: fails a CI run when one is
+    missing, skips the test otherwise."""
+    for p in (path, *more):
+        if not p.exists():
+            if os.environ.get("CI"):
+                pytest.fail(f"real data missing in a CI run: {p}")
+            pytest.skip(f"real data not available: {p}")
     return path
 
 

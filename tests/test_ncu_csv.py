@@ -25,8 +25,6 @@ from operator_profiler.ncu.csv_reader import (
     wide_metrics,
 )
 
-# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
-NCU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "ncu"
 BERT = "a100_pytorch_bert_mha_eager_details_kerneltime_rules.csv"
 GPT2 = "a100_pytorch_gpt2_flashattn_details_kerneltime_rules.csv"
 DROPOUT = "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv"

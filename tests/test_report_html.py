@@ -578,7 +578,6 @@ def test_kernels_beside_the_per_iteration_headline_are_per_iteration_on_both_pag
 
 # ------------------------------------------------------------------------------ details seen on real traces
 
-KINETO = ROOT.parent / "shared" / "data" / "real" / "kineto"
 QWEN = "tracelens_h100_qwen1.5_0.5b_chat.json.gz"  # H100, 436 orphan kernels, 1 memcpy and 241 memsets
 BERT = "tracelens_h100_bert_small_uncased.json.gz"
 
