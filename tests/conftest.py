@@ -56,6 +56,14 @@ def need_real(path: Path, *more: Path) -> Path:
 
 
 
+@pytest.fixture
+def smi(tmp_path, monkeypatch):
+    """The fake ``nvidia-smi`` (tests/fake_tools.py) first on PATH for this test, no CUDA_VISIBLE_DEVICES."""
+    from fake_tools import install_fake_smi
+
+    return install_fake_smi(tmp_path, monkeypatch)
+
+
 def run_opprof(*args, cwd) -> subprocess.CompletedProcess:
     """``opprof ARGS`` run in this process, in ``cwd``: its exit code, stdout and stderr as a CompletedProcess. The
     same code path as the command (``cli.main``, one-line errors included) without a Python start-up per call."""

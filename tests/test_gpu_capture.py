@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_clocks import H100, QUERY, _lock_calls, _target, install_fake_smi
+from fake_tools import H100, QUERY, clock_target, lock_calls, write_tool
 from test_workflow import ROOT, job_counts
 
 from operator_profiler import capture, cli, harness, stages
@@ -63,25 +63,22 @@ FAKE_NSYS = textwrap.dedent('''\
 
 
 @pytest.fixture
-def smi(tmp_path, monkeypatch):
-    fake = install_fake_smi(tmp_path, monkeypatch)
+def smi(smi, monkeypatch):
+    """conftest's fake nvidia-smi, and no FAKE_NSYS_FAIL from the environment."""
     monkeypatch.delenv("FAKE_NSYS_FAIL", raising=False)
-    return fake
+    return smi
 
 
 @pytest.fixture
 def nsys(smi) -> Path:
-    exe = smi.bin / "nsys"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE_NSYS)
-    exe.chmod(0o755)
-    return exe
+    return write_tool(smi.bin, "nsys", FAKE_NSYS)
 
 
 @pytest.fixture
 def target(tmp_path) -> Path:
     path = tmp_path / "clocks dir" / "target.json"
     path.parent.mkdir()
-    path.write_text(json.dumps(_target("base", 1755, 2619)))
+    path.write_text(json.dumps(clock_target("base", 1755, 2619)))
     return path
 
 
@@ -148,7 +145,7 @@ def test_capture_timeline_nsys_runs_the_exact_command_inside_locked_clocks(smi, 
     assert len(nsys_at) == 1
     i = nsys_at[0]
     # clocks locked (and read back) before nsys, read back again and restored after it
-    assert calls[:i] == _lock_calls(1755, 2619)
+    assert calls[:i] == lock_calls(1755, 2619)
     assert calls[i + 1:] == [QUERY, ["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
     base = outs["trace"].with_name("timeline.partial")
     partial_run = outs["run"].with_name("run.json.nsys-partial")
@@ -233,7 +230,7 @@ def test_capture_kineto_runs_torch_profiler_inside_locked_clocks(smi, target, tm
     cap.mkdir()
     capture.capture_kineto("w", WORKLOAD, HARNESS, "cuda", cap / "kineto.json.gz", cap / "kineto_run.json",
                            cap / "kineto_clocks_applied.json", target)
-    assert seen["calls"] == _lock_calls(1755, 2619) and seen["layers"] is None and seen["profiler"] == "torch"
+    assert seen["calls"] == lock_calls(1755, 2619) and seen["layers"] is None and seen["profiler"] == "torch"
     assert seen["record"]["timeline"] == "torch"
     assert (cap / "kineto.json.gz").read_bytes() == b"gz"
     assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]

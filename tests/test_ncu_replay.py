@@ -13,8 +13,8 @@ Test doubles and synthetic data (nothing here is a real GPU run):
   (read at test time, never copied into the repository), under the kernel names of the sequence.
   ``FAKE_NCU_FAIL=perm`` makes a collection fail as ncu does without counter permission (ERR_NVGPUCTRPERM).
   The raw-page layout is the documented one (ncu.md §1.3, itself UNVERIFIED against a real raw page).
-* ``nvidia-smi`` is the FAKE of tests/test_clocks.py (clock locking; no ``compute_cap`` answer, so the
-  replay asks for every architecture's metric names).
+* ``nvidia-smi`` is the FAKE of tests/fake_tools.py, as is the ``ncu`` above (clock locking; no ``compute_cap``
+  answer, so the replay asks for every architecture's metric names).
 * The GPT-2-like timeline is synthetic: 3 embedding kernels, 12 identical blocks of 6 kernels, 2 head kernels
   per iteration, two iterations. The expected launch windows are written out by hand below.
 * The workflow tests reuse tests/test_workflow_nsys.py (placed GPU captures, fake ``nsys``) and add the fake
@@ -24,7 +24,6 @@ Test doubles and synthetic data (nothing here is a real GPU run):
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shlex
@@ -34,96 +33,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import real_file
+from fake_tools import FakeNcu, FakeSmi
 
 from operator_profiler import stages
 from operator_profiler.ncu import replay
 from operator_profiler.ncu.catalog import load_catalog
-
-REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
-
-FAKE_NCU = r'''
-import json, os, sys
-argv = sys.argv[1:]
-if argv == ["--version"]:  # as ncu 2025.1 prints it (not logged: it is no collection or export)
-    print("NVIDIA (R) Nsight Compute Command Line Profiler\nCopyright (c) 2018-2025 NVIDIA Corporation\n"
-          "Version 2025.1.1.0 (build 35528883) (public-release)")
-    sys.exit(0)
-with open(os.environ["FAKE_NCU_LOG"], "a") as fh:
-    fh.write(json.dumps(argv) + "\n")
-def opt(name):
-    return argv[argv.index(name) + 1]
-if "-i" in argv:  # ncu -i REPORT --csv --page raw ...: print the raw page
-    report = json.load(open(opt("-i")))
-    data = json.load(open(os.environ["FAKE_NCU_DATA"]))
-    ident = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-             "Grid Size", "Device", "CC"]
-    metrics = [m for m, _ in data["metrics"]]
-    q = lambda row: ",".join('"%s"' % c for c in row)
-    print(q(ident + metrics))
-    print(q([""] * len(ident) + [u for _, u in data["metrics"]]))
-    for i, (name, grid, block) in enumerate(report["launches"]):
-        values = data["values"][i % len(data["values"])]
-        print(q([str(i), str(report["pid"]), "python3", "host", name, "1", "7", block, grid, "0", "9.0"] + values))
-    sys.exit(0)
-if os.environ.get("FAKE_NCU_FAIL") == "perm":
-    print("==PROF== Connected to process 4711 (python3)")
-    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
-          "Counters on the target device 0.")
-    sys.exit(1)
-skip, count = int(opt("--launch-skip")), int(opt("--launch-count"))
-launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
-n = int(os.environ.get("FAKE_NCU_PID_COUNTER_START", "4711")) + sum(1 for _ in open(os.environ["FAKE_NCU_LOG"]))
-print("==PROF== Connected to process %d (python3)" % n)
-if not launches:
-    print("==WARNING== No kernels were profiled.")
-    sys.exit(0)
-with open(opt("--export"), "w") as fh:
-    json.dump({"launches": launches, "pid": n}, fh)
-print("==PROF== Report: " + opt("--export"))
-'''
-
-
-def real_metric_rows(n: int = 4) -> dict:
-    """Metric names, units and the values of the first ``n`` results of the real dropout CSV (details page)."""
-    rows = list(csv.DictReader(real_file(*REAL_CSV).open()))
-    metrics: dict[str, str] = {}
-    values: dict[str, dict[str, str]] = {}
-    for r in rows:
-        if int(r["ID"]) >= n:
-            break
-        metrics.setdefault(r["Metric Name"], r["Metric Unit"])
-        values.setdefault(r["ID"], {})[r["Metric Name"]] = r["Metric Value"].replace(",", "")
-    return {"metrics": list(metrics.items()),
-            "values": [[values[i].get(m, "") for m in metrics] for i in sorted(values, key=int)]}
-
-
-class FakeNcu:
-    def __init__(self, root: Path, sequence: list[list[str]]):
-        self.bin = root / "fake ncu bin"
-        self.bin.mkdir(parents=True)
-        exe = self.bin / "ncu"
-        exe.write_text(f"#!{sys.executable}\n" + FAKE_NCU)
-        exe.chmod(0o755)
-        self.log = root / "ncu calls.jsonl"
-        self.data = root / "real metric rows.json"
-        self.data.write_text(json.dumps(real_metric_rows()))
-        self.sequence = root / "launch sequence.json"
-        self.set_sequence(sequence)
-
-    def set_sequence(self, sequence: list[list[str]]) -> None:
-        self.sequence.write_text(json.dumps(sequence))
-
-    def env(self) -> dict:
-        return {"FAKE_NCU_LOG": str(self.log), "FAKE_NCU_DATA": str(self.data),
-                "FAKE_NCU_SEQUENCE": str(self.sequence)}
-
-    def calls(self) -> list[list[str]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
-
-    def collections(self) -> list[list[str]]:
-        return [c for c in self.calls() if "-i" not in c]
-
 
 # ------------------------------------------------------------------------------ a GPT-2-like timeline
 
@@ -346,7 +260,6 @@ def test_replay_estimate_and_report_lines():
 def replay_run(tmp_path_factory):
     pytest.importorskip("snakemake")
     import test_workflow_nsys as wf
-    from test_clocks import FakeSmi
 
     base = tmp_path_factory.mktemp("wf replay")
     setup = wf.make_setup(base)
