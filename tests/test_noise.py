@@ -19,11 +19,11 @@ import pytest
 import torch
 from conftest import run_opprof
 from html_report import column, tables
+from results_folders import write_results
 
 from operator_profiler import aggregate as agg
-from operator_profiler import harness
+from operator_profiler import harness, report_html
 from operator_profiler import report as report_md
-from operator_profiler import report_html
 from operator_profiler.config import ConfigError, validate_config
 
 # ------------------------------------------------------------------------------------ warm-up until steady
@@ -305,8 +305,6 @@ def test_compare_headline_is_the_sum_of_its_table(tmp_path):
     # Field report: compare headlined -84 % while the per-operator medians on the page gave -41 %. A: each
     # operator slow in another iteration, so every iteration's total is high (median iteration 12 ms) while each
     # operator's median is 1 ms; B: steady. The median iteration says -75 %; the operators' medians say 0 %.
-    from test_report_html import write_results
-
     a_times = {"aten::addmm": [10_000_000, 1_000_000, 1_000_000], "aten::gelu": [1_000_000, 10_000_000, 1_000_000],
                "aten::copy_": [1_000_000, 1_000_000, 10_000_000]}
     b_times = {name: [1_000_000] * 3 for name in a_times}

@@ -402,8 +402,7 @@ def test_nsys_phase_ranges_in_the_default_domain_name_no_operator(tmp_path):
     """Without NVIDIA's ``nvtx`` package the harness's ranges go to NVTX's default domain (torch.cuda.nvtx),
     where emit_nvtx's operator ranges are: a phase range is never an operator, and the phases reach the
     backward kernel launched on the autograd thread (10:2). An nsys export in the real table layout."""
-    from nsys_export import Nvtx, write_nsys_export
-    from test_nsys_cases import launch, rows
+    from nsys_export import Nvtx, launch, rows, write_nsys_export
 
     db = write_nsys_export(tmp_path / "report.sqlite", nvtx=[
         Nvtx("opprof.iteration:0", 59, "10:1", 0, 10_000),
