@@ -1,9 +1,9 @@
 """report.html and compare.html (src/operator_profiler/report_html.py) on small synthetic results folders:
 what the page's tables and figures hold, read back with tests/html_report.py, against the tables written.
 
-The folders are written (tests/results_folders.py) in the layout of a finished run (``results/<workload>/``): the workflow tests
-(tests/test_workflow.py, tests/test_ncu_replay.py) check the pages of real runs; the browser test
-(tests/test_report_html_browser.py) renders them.
+The folders are written (tests/results_folders.py) in the layout of a finished run (``results/<workload>/``):
+the workflow tests (tests/test_workflow.py, tests/test_ncu_replay.py) check the pages of real runs; the browser
+test (tests/test_report_html_browser.py) renders them.
 """
 
 from __future__ import annotations
