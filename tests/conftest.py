@@ -64,6 +64,22 @@ def smi(tmp_path, monkeypatch):
     return install_fake_smi(tmp_path, monkeypatch)
 
 
+@pytest.fixture(scope="session")
+def nsys_finished_run(tmp_path_factory):
+    """The workflow's CPU rules run to the end on placed nsys captures (tests/nsys_workflow.py), once per session:
+    ``(setup, the dry run before the run)``. A test that changes the run puts it back (finished, nothing to do)."""
+    from nsys_workflow import CUDA_NSYS, TARGETS, make_setup, snakemake
+
+    setup = make_setup(tmp_path_factory.mktemp("wf_nsys"))
+    # Placed captures have no Snakemake metadata: only the mtime trigger can fire for them, and it does
+    # not, as they are newer than their inputs. So the plan holds the three CPU rules and no capture rule.
+    dry = snakemake(setup, "-n", *TARGETS, *CUDA_NSYS)
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    result = snakemake(setup, *TARGETS, *CUDA_NSYS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return setup, dry
+
+
 def run_opprof(*args, cwd) -> subprocess.CompletedProcess:
     """``opprof ARGS`` run in this process, in ``cwd``: its exit code, stdout and stderr as a CompletedProcess. The
     same code path as the command (``cli.main``, one-line errors included) without a Python start-up per call."""

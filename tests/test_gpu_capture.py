@@ -2,7 +2,7 @@
 
 There is no GPU, no Nsight Systems and no nvidia-smi here. These tests use **test doubles** put first on ``PATH``:
 
-* ``nvidia-smi``: the FAKE of tests/test_clocks.py (logs its argv, answers clock queries from a state file).
+* ``nvidia-smi``: the FAKE of tests/fake_tools.py (logs its argv, answers clock queries from a state file).
 * ``nsys``: a FAKE written below. It appends ``["nsys", *argv]`` to the same call log as the fake nvidia-smi
   (so the order of clock locking, capture and restore is visible), and for ``nsys profile`` it *does not run the
   target*: it writes a placeholder ``<--output>.nsys-rep`` and the run.json / layers.json the harness would have
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fake_tools import H100, QUERY, clock_target, lock_calls, write_tool
-from test_workflow import ROOT, job_counts
+from workflow_runs import ROOT, dry_run_jobs, job_counts
 
 from operator_profiler import capture, cli, harness, stages
 from operator_profiler.capture import NSYS_PROFILE_OPTIONS, CaptureError
@@ -410,16 +409,6 @@ def _dry_run(tmp_path: Path, path_dirs: list[Path], *config: str) -> subprocess.
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
-def _jobs(stdout: str) -> list[dict]:
-    """The dry run's job blocks as {rule, wildcards, resources}."""
-    jobs = []
-    for block in re.split(r"\n(?:rule|checkpoint|localrule) ", stdout)[1:]:
-        rule = block.split(":", 1)[0].strip()
-        fields = dict(line.strip().split(": ", 1) for line in block.splitlines()[1:] if ": " in line)
-        jobs.append({"rule": rule, "wildcards": fields.get("wildcards"), "resources": fields.get("resources", "")})
-    return jobs
-
-
 @pytest.mark.workflow
 def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
     result = _dry_run(tmp_path, [nsys.parent], "device=cuda", "timeline=auto")  # auto: the fake nsys is on PATH
@@ -429,7 +418,7 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
         "select_clocks": 2, "capture_timeline": 2, "capture_kineto": 2, "compile_artifacts": 1}
     for rule in ("export_timeline", "export_kineto_timeline", "classify_layers", "build_fusion_map"):
         assert counts.get(rule) == (1 if rule == "build_fusion_map" else 2), (rule, counts)
-    jobs = _jobs(result.stdout)
+    jobs = dry_run_jobs(result.stdout)
     for job in jobs:
         resources = job["resources"].replace(" ", "").split(",")
         gpu = "gpu=1" in resources

@@ -17,7 +17,7 @@ Test doubles and synthetic data (nothing here is a real GPU run):
   answer, so the replay asks for every architecture's metric names).
 * The GPT-2-like timeline is synthetic: 3 embedding kernels, 12 identical blocks of 6 kernels, 2 head kernels
   per iteration, two iterations. The expected launch windows are written out by hand below.
-* The workflow tests reuse tests/test_workflow_nsys.py (placed GPU captures, fake ``nsys``) and add the fake
+* The workflow tests reuse tests/nsys_workflow.py (placed GPU captures, fake ``nsys``) and add the fake
   ``ncu`` and ``nvidia-smi``: they prove that a finished run re-runs no replay, and that a class that appears
   later runs exactly one.
 """
@@ -31,9 +31,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import nsys_workflow as wf
 import pandas as pd
 import pytest
 from fake_tools import FakeNcu, FakeSmi
+from workflow_runs import dry_run_jobs, job_counts
 
 from operator_profiler import stages
 from operator_profiler.ncu import replay
@@ -259,8 +261,6 @@ def test_replay_estimate_and_report_lines():
 @pytest.fixture(scope="module")
 def replay_run(tmp_path_factory):
     pytest.importorskip("snakemake")
-    import test_workflow_nsys as wf
-
     base = tmp_path_factory.mktemp("wf replay")
     setup = wf.make_setup(base)
     smi = FakeSmi(base / "smi")
@@ -282,8 +282,6 @@ def replay_run(tmp_path_factory):
 
 @pytest.mark.workflow
 def test_workflow_replays_each_class_once_and_reports_it(replay_run):
-    import test_workflow_nsys as wf
-
     setup, ncu, smi, _, target = replay_run
     out = setup["work"] / "results" / wf.W
     (cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]
@@ -317,7 +315,6 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
 def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_run):
     """report.html of the CUDA run (fake ncu with the real CSV's metric values): one SOL point per operator
     with both SOL figures in operators.parquet, the counters' share, and the measured replay per class."""
-    import test_workflow_nsys as wf
     from html_report import column, figure, tables
 
     setup, _, _, _, _ = replay_run
@@ -356,8 +353,6 @@ def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_ru
 @pytest.mark.workflow
 def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_capture(replay_run):
     """Issue #7 item 5(b): the catalog is an input of replay_ncu (and aggregate), not of any capture rule."""
-    import test_workflow_nsys as wf
-
     setup, ncu, _, _, target = replay_run
     catalog = setup["repo"] / "src" / "operator_profiler" / "ncu" / "metrics.yaml"
     original = catalog.read_bytes()
@@ -365,7 +360,7 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
         catalog.write_bytes(original + b"# an edit of the metric catalog\n")
         dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
         assert dry.returncode == 0, dry.stderr[-3000:]
-        assert wf.job_counts(dry.stdout) == {"replay_ncu": 1, "parse_ncu": 1, "match_invocations": 1,
+        assert job_counts(dry.stdout) == {"replay_ncu": 1, "parse_ncu": 1, "match_invocations": 1,
                                              "aggregate": 1, "report": 1}, dry.stdout[-3000:]
     finally:
         catalog.write_bytes(original)
@@ -384,15 +379,13 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
 def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
     """Issue #7 item 5(e): a new capture whose layer classes are the same rewrites byte-identical class
     JSONs and replay plans (checksummed inputs of replay_ncu): no replay runs again."""
-    import test_workflow_nsys as wf
-
     setup, ncu, _, _, target = replay_run
     out = setup["work"] / "results" / wf.W
     (out / "capture" / "timeline.nsys-rep").write_bytes(b"\x00a recapture of the same program\x00")
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert dry.returncode == 0, dry.stderr[-3000:]
     # Planned before the checkpoint re-runs: the CPU stages that read the timeline, no capture, no replay.
-    assert wf.job_counts(dry.stdout) == {"export_timeline": 1, "classify_layers": 1, "attribute": 1,
+    assert job_counts(dry.stdout) == {"export_timeline": 1, "classify_layers": 1, "attribute": 1,
                                          "match_invocations": 1, "aggregate": 1, "report": 1}, dry.stdout[-3000:]
 
     # The checkpoint decides the classes: run the CPU stages up to it, then plan the rest.
@@ -400,7 +393,7 @@ def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
     assert step.returncode == 0, step.stderr[-4000:]
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    assert wf.job_counts(dry.stdout) == {}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {}, dry.stdout[-3000:]
     before = len(ncu.collections())
     result = wf.snakemake(setup, *target, *wf.CUDA_NSYS)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -409,7 +402,6 @@ def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
 
 @pytest.mark.workflow
 def test_workflow_new_class_runs_exactly_one_replay(replay_run):
-    import test_workflow_nsys as wf
     from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
 
     setup, ncu, _, base, target = replay_run
@@ -452,14 +444,12 @@ def test_workflow_new_class_runs_exactly_one_replay(replay_run):
     assert {p: p.read_bytes() for p in block_files} == block_files
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    counts = wf.job_counts(dry.stdout)
+    counts = job_counts(dry.stdout)
     assert counts.get("replay_ncu") == 1 and counts.get("parse_ncu") == 1, dry.stdout[-3000:]
     assert "cls=rest" in dry.stdout and f"cls={block_cls}" not in dry.stdout
     # On a cluster (profiles/slurm) the replay asks for a GPU and its node whole (sbatch --gpus=1 --exclusive,
     # tests/test_slurm.py), its parser for neither.
-    from test_gpu_capture import _jobs
-
-    resources = {j["rule"]: set(j["resources"].split(", ")) for j in _jobs(dry.stdout)}
+    resources = {j["rule"]: set(j["resources"].split(", ")) for j in dry_run_jobs(dry.stdout)}
     assert {"gpu=1", "slurm_extra=--exclusive", "runtime=240"} <= resources["replay_ncu"], resources
     assert not {r for r in resources["parse_ncu"] if r.startswith(("gpu=", "slurm_extra="))}, resources
 

@@ -15,13 +15,13 @@ import json
 import modulefinder
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from workflow_runs import copy_repo
 
 from operator_profiler import gpu_jobs
 from operator_profiler.workflow_inputs import rule_inputs
@@ -195,19 +195,11 @@ def test_rule_declares_every_module_its_entry_imports(declared, imported, rule):
     assert not gaps, describe(gaps)
 
 
-def _copy_workflow(dest: Path) -> Path:
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in ("workflow", "scripts", "config", "src"):
-        shutil.copytree(ROOT / part, dest / part, ignore=ignore)
-    shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
-    return dest
-
-
 def test_an_import_added_without_its_declaration_is_reported(tmp_path):
     """The check above fails, naming the rule and the module, when a module gains an import its rules do not
     declare: the lib lists are frozen (as hand-kept lists were), then files.py (imported by CPU and GPU rules)
     imports stale.py (imported by no rule) inside a function."""
-    repo = _copy_workflow(tmp_path / "repo")
+    repo = copy_repo(tmp_path / "repo")
     package, scripts = repo / "src" / PACKAGE, repo / "scripts"
     rules = ("aggregate", "capture_timeline")
     frozen = {rule: rule_inputs(rule, package, scripts) for rule in CHECKED}
