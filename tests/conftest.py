@@ -56,6 +56,21 @@ def need_real(path: Path, *more: Path) -> Path:
 
 
 
+@contextlib.contextmanager
+def torch_flags_kept():
+    """Restores on leaving the process-wide torch flags a capture sets (deterministic algorithms, cuDNN benchmark
+    and deterministic), so that the tests after it run unaffected."""
+    import torch
+
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
+
+
 @pytest.fixture
 def smi(tmp_path, monkeypatch):
     """The fake ``nvidia-smi`` (tests/fake_tools.py) first on PATH for this test, no CUDA_VISIBLE_DEVICES."""

@@ -9,7 +9,7 @@ import json
 import textwrap
 
 import pytest
-import torch
+from conftest import torch_flags_kept
 
 from operator_profiler import harness, layers
 from operator_profiler.timeline.kineto import read_kineto
@@ -90,16 +90,13 @@ def capture(tmp_path_factory):
     import sys
 
     sys.path.insert(0, str(root))
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
 
     def run(factory):
         out = root / factory
         workload = {"kind": "custom", "factory": f"layer_call_models:{factory}", "kwargs": {}, "compile": False}
-        try:
+        with torch_flags_kept():
             harness.run_capture(workload, {"seed": 0, "warmup": 1, "iterations": ITERATIONS}, "cpu",
                                 out / "trace.json.gz", out / "layers.json", out / "run.json")
-        finally:
-            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         timeline = read_kineto(out / "trace.json.gz")
         found = json.loads((out / "layers.json").read_text())
         return timeline, found, layers.classify_layers(timeline.kernels, timeline.ranges, found)

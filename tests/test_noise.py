@@ -16,8 +16,7 @@ from collections import defaultdict
 
 import pandas as pd
 import pytest
-import torch
-from conftest import run_opprof
+from conftest import run_opprof, torch_flags_kept
 from html_report import column, tables
 from results_folders import write_results
 
@@ -127,14 +126,9 @@ def real(tmp_path_factory):
     from operator_profiler.timeline.kineto import read_kineto
 
     out = tmp_path_factory.mktemp("noise")
-    state = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-    try:
+    with torch_flags_kept():  # run_capture sets process-wide torch flags; keep other tests unaffected
         run = harness.run_capture(GPT2_TINY, {"seed": 0, "warmup": 1, "warmup_max": 1, "iterations": ITERATIONS},
                                   "cpu", out / "trace.json.gz", out / "layers.json", out / "run.json")
-    finally:  # run_capture sets process-wide torch flags; keep other tests unaffected
-        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = state[2], state[3]
     timeline = read_kineto(out / "trace.json.gz")
     kernel_layers, instances, classes = classify_layers(timeline.kernels, timeline.ranges,
                                                          json.loads((out / "layers.json").read_text()))

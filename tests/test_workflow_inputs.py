@@ -33,7 +33,6 @@ PACKAGE = "operator_profiler"
 DECLARED = r"""
 import json, sys
 from pathlib import Path
-from typing import ClassVar
 from snakemake.api import SnakemakeApi
 from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
 
@@ -82,7 +81,7 @@ def declared_rules(root: Path, workdir: Path) -> dict[str, dict]:
     return json.loads(lines[-1].removeprefix("RULES "))
 
 
-class ModuleFinder(modulefinder.ModuleFinder):
+class CachedModuleFinder(modulefinder.ModuleFinder):
     """The stdlib ModuleFinder, each source file compiled once per session (the 17 rules share most files)."""
 
     codes: ClassVar[dict[str, object]] = {}
@@ -98,7 +97,7 @@ class ModuleFinder(modulefinder.ModuleFinder):
         return module
 
 
-def _package_files(finder: ModuleFinder, src: Path) -> set[str]:
+def _package_files(finder: CachedModuleFinder, src: Path) -> set[str]:
     package = src / PACKAGE
     return {Path(m.__file__).relative_to(package).as_posix() for name, m in finder.modules.items()
             if name.split(".")[0] == PACKAGE and m.__file__}
@@ -106,7 +105,7 @@ def _package_files(finder: ModuleFinder, src: Path) -> set[str]:
 
 def script_imports(script: Path, src: Path) -> set[str]:
     """The package files a script can import (ModuleFinder: the package on its path, nothing else)."""
-    finder = ModuleFinder(path=[str(src)])
+    finder = CachedModuleFinder(path=[str(src)])
     finder.run_script(str(script))
     return _package_files(finder, src)
 
@@ -125,7 +124,7 @@ def _gpu_probe_imports(probe: subprocess.Popen, src: Path) -> set[str]:
     lines = [line for line in stdout.splitlines() if line.startswith("LOADED ")]
     assert probe.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
     entry = f"{PACKAGE}.gpu_jobs"
-    finder = ModuleFinder(path=[str(src)], excludes=[entry])
+    finder = CachedModuleFinder(path=[str(src)], excludes=[entry])
     for name in json.loads(lines[-1].removeprefix("LOADED ")):
         if name != entry:
             finder.import_hook(name)
@@ -219,7 +218,6 @@ def test_an_import_added_without_its_declaration_is_reported(tmp_path):
     # The derivation follows the new import: with it, both rules declare stale.py.
     for rule in rules:
         assert str(package.resolve() / "stale.py") in rule_inputs(rule, package, scripts), rule
-
 
 
 # A package in small: what the derivation follows (relative and lazy imports, `from . import x`, a submodule
