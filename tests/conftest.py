@@ -1,4 +1,9 @@
-"""Shared test settings.
+"""Shared test settings, fixtures and helpers: the real-data folder (``REAL_DATA``, ``real_file``, ``need_real``,
+``real_nsys_files``), the fake ``nvidia-smi`` (``smi``; the fake tools are in tests/fake_tools.py), the finished
+nsys workflow run several modules read (``nsys_finished_run``; set-ups in tests/workflow_runs.py and
+tests/nsys_workflow.py), ``opprof`` in-process (``run_opprof``), and a capture's side effects undone
+(``torch_flags_kept``, ``importable_module``). Test modules import helpers from here or from those helper
+modules, never from another test module.
 
 Tests that read the real recordings expect them at ``../shared/data/real`` beside the repository
 (they are never copied into it) and skip without them. In CI (``CI`` set) the folder must be there:
@@ -9,6 +14,7 @@ import contextlib
 import io
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +75,20 @@ def torch_flags_kept():
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
+
+
+@contextlib.contextmanager
+def importable_module(folder: Path, name: str, source: str):
+    """``source`` written as ``folder/<name>.py``, importable (``folder`` first on sys.path) while inside: a custom
+    model's module as a workload's factory names it. sys.path and sys.modules are restored on leaving."""
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    sys.modules.pop(name, None)
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture

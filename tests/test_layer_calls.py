@@ -9,7 +9,7 @@ import json
 import textwrap
 
 import pytest
-from conftest import torch_flags_kept
+from conftest import importable_module, torch_flags_kept
 
 from operator_profiler import harness, layers
 from operator_profiler.timeline.kineto import read_kineto
@@ -86,10 +86,6 @@ ITERATIONS = 2
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory):
     root = tmp_path_factory.mktemp("calls")
-    (root / "layer_call_models.py").write_text(textwrap.dedent(MODELS))
-    import sys
-
-    sys.path.insert(0, str(root))
 
     def run(factory):
         out = root / factory
@@ -101,8 +97,8 @@ def capture(tmp_path_factory):
         found = json.loads((out / "layers.json").read_text())
         return timeline, found, layers.classify_layers(timeline.kernels, timeline.ranges, found)
 
-    yield run
-    sys.path.remove(str(root))
+    with importable_module(root, "layer_call_models", textwrap.dedent(MODELS)):
+        yield run
 
 
 def test_a_layer_called_twice_is_two_instances_of_one_class(capture):

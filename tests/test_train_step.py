@@ -8,11 +8,11 @@ Expected values are recomputed here from the timeline's own tables (ranges, kern
 from __future__ import annotations
 
 import json
-import sys
 
 import pandas as pd
 import pytest
 import torch
+from conftest import importable_module
 
 from operator_profiler import capture, harness, stages, tables, training
 from operator_profiler.errors import WorkloadError, run_rule
@@ -110,15 +110,10 @@ def line_of(mark: str) -> int:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("train_models")
-    (folder / "train_models.py").write_text(MODELS)
-    sys.path.insert(0, str(folder))
-    sys.modules.pop("train_models", None)
-    import train_models
+    with importable_module(tmp_path_factory.mktemp("train_models"), "train_models", MODELS):
+        import train_models
 
-    yield train_models
-    sys.path.remove(str(folder))
-    sys.modules.pop("train_models", None)
+        yield train_models
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import textwrap
 
 import pandas as pd
 import pytest
-from conftest import torch_flags_kept
+from conftest import importable_module, torch_flags_kept
 
 from operator_profiler import capture, harness, layers, stages, tables
 from operator_profiler.attribution import inductor
@@ -100,12 +99,8 @@ ITERATIONS = 2
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wmc_models")
-    (root / "wmc_models.py").write_text(textwrap.dedent(MODELS))
-    sys.path.insert(0, str(root))
-    yield root
-    sys.path.remove(str(root))
-    sys.modules.pop("wmc_models", None)
+    with importable_module(tmp_path_factory.mktemp("wmc_models"), "wmc_models", textwrap.dedent(MODELS)) as root:
+        yield root
 
 
 @pytest.fixture
