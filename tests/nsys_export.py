@@ -855,6 +855,24 @@ def _kernel_row(ex: _Export, k: Kernel, grid_id: int) -> dict[str, object]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Rows for write_nsys_export: a launch and its kernel
+
+
+def launch(name, thread, start, corr, *, kernel_start=None, dur=10, stream=7, api="cudaLaunchKernel_v7000",
+           event_class=0, pid=None):
+    """A launch call of 5 ns at ``start`` and its kernel (``dur`` ns, starting 20 ns later by default)."""
+    pid = pid if pid is not None else int(thread.split(":")[0])
+    k0 = kernel_start if kernel_start is not None else start + 20
+    return (Runtime(api, thread, start, start + 5, corr, event_class=event_class),
+            Kernel(name, pid, stream, k0, k0 + dur, corr))
+
+
+def rows(*launches):
+    """write_nsys_export's ``runtime`` and ``kernels`` arguments from :func:`launch` pairs."""
+    return {"runtime": [r for r, _ in launches], "kernels": [k for _, k in launches]}
+
+
+# ------------------------------------------------------------------------------------------------
 # Small ready-made exports and a fake nsys, shared by the tests
 
 

@@ -163,16 +163,14 @@ def test_real_trace_without_fusion_map_has_unattributed_row():
     import gzip
     import re
     from fractions import Fraction
-    from pathlib import Path
+
+    from conftest import real_file
 
     from operator_profiler.attribution.merge import attribute
     from operator_profiler.layers import classify_layers
     from operator_profiler.timeline.kineto import read_kineto
 
-    trace = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "inductor-cpu" / "traces" \
-        / "trace_compiled_cpu.json.gz"
-    if not trace.is_file():
-        pytest.skip(f"real data not available: {trace}")
+    trace = real_file("inductor-cpu", "traces", "trace_compiled_cpu.json.gz")
     with gzip.open(trace, "rt") as fh:
         raw = json.load(fh, parse_float=str)
     cpp = [e for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"

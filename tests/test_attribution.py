@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REAL_DATA, need_real
 
 from operator_profiler.attribution import inductor
 from operator_profiler.attribution.merge import (
@@ -28,20 +29,13 @@ from operator_profiler.attribution.merge import (
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.kineto import read_kineto
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-COMPILED = REAL / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
-EAGER = REAL / "inductor-cpu" / "traces" / "trace_eager_cpu.json.gz"
-INDUCTOR_DIR = REAL / "inductor-cpu" / "torchinductor"
+COMPILED = REAL_DATA / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
+EAGER = REAL_DATA / "inductor-cpu" / "traces" / "trace_eager_cpu.json.gz"
+INDUCTOR_DIR = REAL_DATA / "inductor-cpu" / "torchinductor"
 
 CALL_NAME = re.compile(r"^\w+::[\w.]+$")
 CPP_KERNEL = re.compile(r"^graph_\d+_cpp_")
 REGION = "## Call CompiledFxGraph"
-
-
-def _need(*paths: Path) -> None:
-    for p in paths:
-        if not p.exists():
-            pytest.skip(f"real data not available: {p}")
 
 
 def _events(path: Path) -> list[dict]:
@@ -90,20 +84,20 @@ def _run(trace: Path, fusion_map: pd.DataFrame | None):
 
 @pytest.fixture(scope="module")
 def fusion_map():
-    _need(INDUCTOR_DIR)
+    need_real(INDUCTOR_DIR)
     return inductor.load_fusion_map(INDUCTOR_DIR)
 
 
 @pytest.fixture(scope="module")
 def compiled(fusion_map):
-    _need(COMPILED)
+    need_real(COMPILED)
     t, a = _run(COMPILED, fusion_map)
     return _events(COMPILED), t, a
 
 
 @pytest.fixture(scope="module")
 def eager():
-    _need(EAGER)
+    need_real(EAGER)
     t, a = _run(EAGER, None)
     return _events(EAGER), t, a
 
@@ -334,7 +328,7 @@ def test_integer_microsecond_trace_still_matches_its_graphs(tmp_path):
     """Kineto before 2024 wrote integer µs: children then end a µs after their parent, or sit as
     zero-length events exactly at its end. The same compute calls must be found, counted once, and
     the compiled regions must still match their graphs."""
-    _need(COMPILED, INDUCTOR_DIR)
+    need_real(COMPILED, INDUCTOR_DIR)
     trace = json.load(gzip.open(COMPILED, "rt"))
     for ev in trace["traceEvents"]:
         if ev.get("ph") == "X":

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REAL_DATA, need_real
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-COMPILED = REAL / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
-INDUCTOR_DIR = REAL / "inductor-cpu" / "torchinductor"
+COMPILED = REAL_DATA / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
+INDUCTOR_DIR = REAL_DATA / "inductor-cpu" / "torchinductor"
 
 
 def opprof(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -168,9 +168,7 @@ def test_attribute_on_a_folder_without_a_timeline_names_the_missing_files(tmp_pa
 
 
 def test_timeline_then_attribute_real_compiled_trace(tmp_path):
-    for p in (COMPILED, INDUCTOR_DIR):
-        if not p.exists():
-            pytest.skip(f"real data not available: {p}")
+    need_real(COMPILED, INDUCTOR_DIR)
     with gzip.open(COMPILED, "rt") as fh:
         events = json.load(fh)["traceEvents"]
     cpp_calls = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"

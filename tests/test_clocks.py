@@ -1,9 +1,9 @@
 """GPU clock selection and locking (:mod:`operator_profiler.capture.clocks`) against a FAKE ``nvidia-smi``.
 
-There is no GPU on the test machine. Every test here puts a **test double** first on ``PATH``: a small
-Python script named ``nvidia-smi`` that appends its argv (one JSON list a line) to a log file and
-answers ``--query-gpu`` / ``--query-supported-clocks`` from a JSON state file, which ``-lgc/-lmc``
-update and ``-rgc/-rmc`` clear, so later queries see the lock. It imitates the documented command line
+There is no GPU on the test machine. Every test here puts a **test double** first on ``PATH`` (the ``smi``
+fixture, tests/fake_tools.py): a small Python script named ``nvidia-smi`` that appends its argv (one JSON list
+a line) to a log file and answers ``--query-gpu`` / ``--query-supported-clocks`` from a JSON state file, which
+``-lgc/-lmc`` update and ``-rgc/-rmc`` clear, so later queries see the lock. It imitates the documented command line
 and CSV shape (``--format=csv,noheader,nounits``) and return codes (3 = not supported, 4 = no
 permission); its error texts are approximations. The tests therefore prove the commands we send, their
 order, and that clocks are restored (after a failing tool, KeyboardInterrupt and SIGTERM), not how a
@@ -20,10 +20,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fake_tools import H100, QUERY, SUPPORTED, clock_target, lock_calls
 
 from operator_profiler.capture import clocks
 from operator_profiler.capture.clocks import (
-    GPU_FIELDS,
     ClockError,
     ClockPermissionError,
     choose_target,
@@ -35,140 +35,12 @@ from operator_profiler.capture.clocks import (
 from operator_profiler.config import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-H100 = "NVIDIA H100 80GB HBM3"
-
-FAKE = textwrap.dedent('''\
-    import json, os, sys
-    argv = sys.argv[1:]
-    with open(os.environ["FAKE_NVSMI_LOG"], "a") as f:
-        f.write(json.dumps(argv) + "\\n")
-    path = os.environ["FAKE_NVSMI_STATE"]
-    with open(path) as f:
-        st = json.load(f)
-    idx = argv[argv.index("-i") + 1] if "-i" in argv else "0"
-    gpu = st["gpus"].get(idx)
-    if gpu is None:
-        print("No devices were found")
-        sys.exit(6)
-    def save():
-        with open(path + ".tmp", "w") as f:
-            json.dump(st, f)
-        os.replace(path + ".tmp", path)
-    def mhz(v):
-        return "[N/A]" if v is None else str(v)
-    for flag, key in (("-lgc", "locked_sm"), ("-lmc", "locked_mem"), ("-rgc", "locked_sm"), ("-rmc", "locked_mem")):
-        if flag in argv:
-            how = st.get("fail", {}).get(flag)
-            if how == "permission":
-                print(f"Failed to change clocks for GPU {idx}: Insufficient Permissions")
-                sys.exit(4)
-            if how == "unsupported":
-                print(f"Setting locked clocks is not supported for GPU {idx}.")
-                sys.exit(3)
-            if flag in ("-lgc", "-lmc"):
-                lo, hi = argv[argv.index(flag) + 1].split(",")
-                gpu[key] = int(hi)
-                print(f"GPU clocks set to ({lo}, {hi}) for GPU {idx}.")
-            else:
-                gpu[key] = None
-                print(f"All done.")
-            save()
-            sys.exit(0)
-    for a in argv:
-        if a.startswith("--query-gpu="):
-            sm = gpu["locked_sm"] + gpu.get("skew_sm", 0) if gpu["locked_sm"] else gpu["idle_sm"]
-            mem = gpu["locked_mem"] if gpu["locked_mem"] else gpu["idle_mem"]
-            values = {"name": gpu["name"], "uuid": gpu["uuid"], "clocks.current.sm": sm, "clocks.current.memory": mem,
-                      "clocks.max.sm": gpu["max_sm"], "clocks.max.memory": gpu["max_mem"],
-                      "clocks.default_applications.graphics": gpu["app_sm"],
-                      "clocks.default_applications.memory": gpu["app_mem"]}
-            print(", ".join(str(values[f]) if f in ("name", "uuid") else mhz(values[f])
-                            for f in a.split("=", 1)[1].split(",")))
-            sys.exit(0)
-        if a.startswith("--query-supported-clocks="):
-            for mem, grs in gpu["supported"].items():
-                for gr in grs:
-                    print(f"{mem}, {gr}")
-            sys.exit(0)
-    print("fake nvidia-smi: unexpected arguments", argv, file=sys.stderr)
-    sys.exit(2)
-''')
-
-
-def _gpu(**kw):
-    gpu = {"name": H100, "uuid": "GPU-1234", "idle_sm": 345, "idle_mem": 2619, "max_sm": 1980, "max_mem": 2619,
-           "app_sm": 1755, "app_mem": 2619, "supported": {"2619": [1980, 1755, 1500, 1200], "1593": [1500, 1200]},
-           "locked_sm": None, "locked_mem": None}
-    gpu.update(kw)
-    return gpu
-
-
-class FakeSmi:
-    def __init__(self, root: Path):
-        self.bin = root / "fake bin"
-        self.bin.mkdir(parents=True)
-        exe = self.bin / "nvidia-smi"
-        exe.write_text(f"#!{sys.executable}\n" + FAKE)
-        exe.chmod(0o755)
-        self.state = root / "fake state.json"
-        self.log = root / "fake calls.log"
-        self.log.write_text("")
-        self.write({"gpus": {"0": _gpu()}})
-
-    def write(self, state: dict) -> None:
-        self.state.write_text(json.dumps(state))
-
-    def read(self) -> dict:
-        return json.loads(self.state.read_text())
-
-    def gpu(self, **kw) -> None:
-        st = self.read()
-        st["gpus"]["0"].update(kw)
-        self.write(st)
-
-    def fail(self, flag: str, how: str) -> None:
-        st = self.read()
-        st.setdefault("fail", {})[flag] = how
-        self.write(st)
-
-    def calls(self) -> list[list[str]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
-
-    def clear(self) -> None:
-        self.log.write_text("")
-
-    def env(self) -> dict:
-        return {"FAKE_NVSMI_STATE": str(self.state), "FAKE_NVSMI_LOG": str(self.log),
-                "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
-
-
-def install_fake_smi(tmp_path: Path, monkeypatch) -> FakeSmi:
-    """The fake nvidia-smi first on PATH (in a folder with a space) for this test, no CUDA_VISIBLE_DEVICES."""
-    fake = FakeSmi(tmp_path / "with space")
-    for k, v in fake.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return fake
-
-
-@pytest.fixture
-def smi(tmp_path, monkeypatch):
-    return install_fake_smi(tmp_path, monkeypatch)
-
-
 @pytest.fixture
 def out(tmp_path):
     d = tmp_path / "results dir" / "w l" / "capture"
     return d / "clocks_applied.json"
 
 
-QUERY = ["-i", "0", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
-SUPPORTED = ["-i", "0", "--query-supported-clocks=memory,graphics", "--format=csv,noheader,nounits"]
-
-
-def _target(policy="base", sm=1755, mem=2619):
-    return {"policy": policy, "device": "cuda", "gpu": H100, "gpu_index": "0", "gpu_uuid": "GPU-1234",
-            "sm_mhz": sm, "mem_mhz": mem, "reason": f"policy {policy}"}
 
 
 # --- select_clocks -------------------------------------------------------------------------------------------
@@ -258,18 +130,16 @@ def test_query_gpu(smi):
 # --- locked_clocks -------------------------------------------------------------------------------------------
 
 
-def _lock_calls(sm, mem):
-    return [QUERY, ["-i", "0", "-lgc", f"{sm},{sm}"], ["-i", "0", "-lmc", f"{mem},{mem}"], QUERY]
 
 
 @pytest.mark.parametrize("policy, sm, mem", [("base", 1755, 2619), ("max", 1980, 2619), ("fixed", 1500, 1593)])
 def test_locked_clocks_exact_commands_and_restore(smi, out, policy, sm, mem):
-    with locked_clocks(_target(policy, sm, mem), out) as applied:
-        assert smi.calls() == _lock_calls(sm, mem)
+    with locked_clocks(clock_target(policy, sm, mem), out) as applied:
+        assert smi.calls() == lock_calls(sm, mem)
         assert smi.read()["gpus"]["0"]["locked_sm"] == sm
         assert applied["locked"] is True and applied["applied"] == {"sm_mhz": sm, "mem_mhz": mem}
         assert ncu_clock_args(applied) == ["--clock-control", "none"]
-    assert smi.calls() == _lock_calls(sm, mem) + [QUERY, ["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert smi.calls() == lock_calls(sm, mem) + [QUERY, ["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
     got = json.loads(out.read_text())
     assert got["locked"] is True and got["restored"] is True and got["warnings"] == []
     assert got["requested"] == got["applied"] == got["applied_after"] == {"sm_mhz": sm, "mem_mhz": mem}
@@ -279,7 +149,7 @@ def test_locked_clocks_exact_commands_and_restore(smi, out, policy, sm, mem):
 
 
 def test_policy_none_runs_no_command(smi, out):
-    with locked_clocks(_target("none", None, None), out) as applied:
+    with locked_clocks(clock_target("none", None, None), out) as applied:
         assert ncu_clock_args(applied) == []
     assert smi.calls() == []
     got = json.loads(out.read_text())
@@ -290,7 +160,7 @@ def test_policy_none_runs_no_command(smi, out):
 def test_restored_after_failing_tool(smi, out, exc):
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(type(exc)):
-        with locked_clocks(_target(), out):
+        with locked_clocks(clock_target(), out):
             raise exc
     assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
     assert signal.getsignal(signal.SIGTERM) is previous
@@ -314,7 +184,7 @@ CHILD = textwrap.dedent('''\
 
 def test_restored_after_sigterm(smi, out):
     env = {**os.environ, **smi.env(), "PYTHONPATH": str(SRC)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(_target()), str(out)], env=env,
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(clock_target()), str(out)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "locked"
@@ -325,7 +195,7 @@ def test_restored_after_sigterm(smi, out):
         child.kill()
     assert child.returncode == 143, stderr
     assert "not reached" not in stdout and "Traceback" not in stderr
-    assert smi.calls() == _lock_calls(1755, 2619) + [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert smi.calls() == lock_calls(1755, 2619) + [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
     got = json.loads(out.read_text())
     assert got["restored"] is True and got["outcome"] == "interrupted: SIGTERM" and got["locked"] is True
     st = smi.read()["gpus"]["0"]
@@ -335,7 +205,7 @@ def test_restored_after_sigterm(smi, out):
 def test_permission_denied_gives_the_fixes_and_locks_nothing(smi, out):
     smi.fail("-lgc", "permission")
     with pytest.raises(ClockPermissionError) as e:
-        with locked_clocks(_target(), out):
+        with locked_clocks(clock_target(), out):
             pytest.fail("the block must not run without the lock")
     msg = str(e.value)
     assert "nvidia-smi -i 0 -lgc 1755,1755" in msg and "Insufficient Permissions" in msg
@@ -354,7 +224,7 @@ def test_permission_denied_exit_path_is_one_failed_line(smi, out, tmp_path, caps
     log.parent.mkdir()
 
     def job():
-        with locked_clocks(_target(), out):
+        with locked_clocks(clock_target(), out):
             pass
 
     root = logging.getLogger()
@@ -378,7 +248,7 @@ def test_memory_lock_unsupported_keeps_the_sm_lock_with_a_warning(smi, out):
     """QA: GPUs whose memory runs at one clock may refuse -lmc ("not supported", exit 3): the SM clock
     lock is kept, the job runs, and only -rgc is reset afterwards."""
     smi.fail("-lmc", "unsupported")
-    with locked_clocks(_target(), out) as applied:
+    with locked_clocks(clock_target(), out) as applied:
         assert applied["locked"] is True
         assert any(w.startswith("memory clock not locked") for w in applied["warnings"])
     calls = smi.calls()
@@ -391,7 +261,7 @@ def test_memory_lock_unsupported_keeps_the_sm_lock_with_a_warning(smi, out):
 def test_memory_lock_without_permission_restores_the_gpu_clock(smi, out):
     smi.fail("-lmc", "permission")
     with pytest.raises(ClockPermissionError, match="no permission"):
-        with locked_clocks(_target(), out):
+        with locked_clocks(clock_target(), out):
             pass
     assert smi.calls() == [QUERY, ["-i", "0", "-lgc", "1755,1755"], ["-i", "0", "-lmc", "2619,2619"],
                            ["-i", "0", "-rgc"]]
@@ -421,7 +291,7 @@ def test_gpu_jobs_on_one_gpu_run_one_at_a_time(smi, out, tmp_path):
 
 def test_failed_restore_is_recorded(smi, out):
     smi.fail("-rgc", "permission")
-    with locked_clocks(_target(), out):
+    with locked_clocks(clock_target(), out):
         pass
     got = json.loads(out.read_text())
     assert got["restored"] is False
@@ -431,7 +301,7 @@ def test_failed_restore_is_recorded(smi, out):
 
 def test_readback_mismatch_is_a_warning(smi, out):
     smi.gpu(skew_sm=-200)
-    with locked_clocks(_target(), out) as applied:
+    with locked_clocks(clock_target(), out) as applied:
         assert applied["locked"] is True and applied["applied"]["sm_mhz"] == 1555
     got = json.loads(out.read_text())
     assert len(got["warnings"]) == 2  # after locking and after the run
@@ -441,7 +311,7 @@ def test_readback_mismatch_is_a_warning(smi, out):
 def test_other_gpu_model_is_refused(smi, out):
     smi.gpu(name="NVIDIA A100-SXM4-80GB")
     with pytest.raises(ClockError, match="chosen for NVIDIA H100 80GB HBM3, but this job runs on NVIDIA A100"):
-        with locked_clocks(_target(), out):
+        with locked_clocks(clock_target(), out):
             pass
     assert smi.calls() == [QUERY]
 
@@ -471,10 +341,10 @@ def test_capture_timeline_runs_the_harness_inside_the_lock(smi, tmp_path, monkey
 
     monkeypatch.setattr(harness, "run_capture", fake_run_capture)
     target = tmp_path / "tar get.json"
-    target.write_text(json.dumps(_target("max", 1980, 2619)))
+    target.write_text(json.dumps(clock_target("max", 1980, 2619)))
     capture.capture_timeline("w", {}, {}, "cuda", "torch", out / "timeline.kineto.json.gz", out / "run.json",
                              out / "layers.json", out / "clocks_applied.json", target)
-    assert seen == {"calls": _lock_calls(1980, 2619), "locked": 1980}
+    assert seen == {"calls": lock_calls(1980, 2619), "locked": 1980}
     got = json.loads((out / "clocks_applied.json").read_text())
     assert got["locked"] is True and got["restored"] is True
     assert got["workload"] == "w" and got["measured_s"] == 1.5

@@ -15,7 +15,6 @@ import yaml
 
 from operator_profiler.config import ConfigError, check_callables, load_config, validate_config
 
-
 # The compile keys every workload gets (schema $defs.workload): whole-model compile, torch.compile's own defaults.
 COMPILE_DEFAULTS = {"compile_scope": "model", "compile_mode": "default", "compile_options": {}}
 

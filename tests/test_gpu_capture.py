@@ -2,7 +2,7 @@
 
 There is no GPU, no Nsight Systems and no nvidia-smi here. These tests use **test doubles** put first on ``PATH``:
 
-* ``nvidia-smi``: the FAKE of tests/test_clocks.py (logs its argv, answers clock queries from a state file).
+* ``nvidia-smi``: the FAKE of tests/fake_tools.py (logs its argv, answers clock queries from a state file).
 * ``nsys``: a FAKE written below. It appends ``["nsys", *argv]`` to the same call log as the fake nvidia-smi
   (so the order of clock locking, capture and restore is visible), and for ``nsys profile`` it *does not run the
   target*: it writes a placeholder ``<--output>.nsys-rep`` and the run.json / layers.json the harness would have
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -27,8 +26,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_clocks import H100, QUERY, _lock_calls, _target, install_fake_smi
-from test_workflow import ROOT, job_counts
+from fake_tools import H100, QUERY, clock_target, lock_calls, write_tool
+from workflow_runs import ROOT, dry_run_jobs, job_counts
 
 from operator_profiler import cli, stages
 from operator_profiler.capture import harness
@@ -65,25 +64,22 @@ FAKE_NSYS = textwrap.dedent('''\
 
 
 @pytest.fixture
-def smi(tmp_path, monkeypatch):
-    fake = install_fake_smi(tmp_path, monkeypatch)
+def smi(smi, monkeypatch):
+    """conftest's fake nvidia-smi, and no FAKE_NSYS_FAIL from the environment."""
     monkeypatch.delenv("FAKE_NSYS_FAIL", raising=False)
-    return fake
+    return smi
 
 
 @pytest.fixture
 def nsys(smi) -> Path:
-    exe = smi.bin / "nsys"
-    exe.write_text(f"#!{sys.executable}\n" + FAKE_NSYS)
-    exe.chmod(0o755)
-    return exe
+    return write_tool(smi.bin, "nsys", FAKE_NSYS)
 
 
 @pytest.fixture
 def target(tmp_path) -> Path:
     path = tmp_path / "clocks dir" / "target.json"
     path.parent.mkdir()
-    path.write_text(json.dumps(_target("base", 1755, 2619)))
+    path.write_text(json.dumps(clock_target("base", 1755, 2619)))
     return path
 
 
@@ -150,7 +146,7 @@ def test_capture_timeline_nsys_runs_the_exact_command_inside_locked_clocks(smi, 
     assert len(nsys_at) == 1
     i = nsys_at[0]
     # clocks locked (and read back) before nsys, read back again and restored after it
-    assert calls[:i] == _lock_calls(1755, 2619)
+    assert calls[:i] == lock_calls(1755, 2619)
     assert calls[i + 1:] == [QUERY, ["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
     base = outs["trace"].with_name("timeline.partial")
     partial_run = outs["run"].with_name("run.json.nsys-partial")
@@ -235,7 +231,7 @@ def test_capture_kineto_runs_torch_profiler_inside_locked_clocks(smi, target, tm
     cap.mkdir()
     capture.capture_kineto("w", WORKLOAD, HARNESS, "cuda", cap / "kineto.json.gz", cap / "kineto_run.json",
                            cap / "kineto_clocks_applied.json", target)
-    assert seen["calls"] == _lock_calls(1755, 2619) and seen["layers"] is None and seen["profiler"] == "torch"
+    assert seen["calls"] == lock_calls(1755, 2619) and seen["layers"] is None and seen["profiler"] == "torch"
     assert seen["record"]["timeline"] == "torch"
     assert (cap / "kineto.json.gz").read_bytes() == b"gz"
     assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
@@ -415,16 +411,6 @@ def _dry_run(tmp_path: Path, path_dirs: list[Path], *config: str) -> subprocess.
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
-def _jobs(stdout: str) -> list[dict]:
-    """The dry run's job blocks as {rule, wildcards, resources}."""
-    jobs = []
-    for block in re.split(r"\n(?:rule|checkpoint|localrule) ", stdout)[1:]:
-        rule = block.split(":", 1)[0].strip()
-        fields = dict(line.strip().split(": ", 1) for line in block.splitlines()[1:] if ": " in line)
-        jobs.append({"rule": rule, "wildcards": fields.get("wildcards"), "resources": fields.get("resources", "")})
-    return jobs
-
-
 @pytest.mark.workflow
 def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
     result = _dry_run(tmp_path, [nsys.parent], "device=cuda", "timeline=auto")  # auto: the fake nsys is on PATH
@@ -434,7 +420,7 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
         "select_clocks": 2, "capture_timeline": 2, "capture_kineto": 2, "compile_artifacts": 1}
     for rule in ("export_timeline", "export_kineto_timeline", "classify_layers", "build_fusion_map"):
         assert counts.get(rule) == (1 if rule == "build_fusion_map" else 2), (rule, counts)
-    jobs = _jobs(result.stdout)
+    jobs = dry_run_jobs(result.stdout)
     for job in jobs:
         resources = job["resources"].replace(" ", "").split(",")
         gpu = "gpu=1" in resources

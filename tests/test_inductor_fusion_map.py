@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REAL_DATA, need_real
 
 try:
     from operator_profiler.attribution import inductor
@@ -30,19 +31,12 @@ from operator_profiler.attribution.inductor import (
     parse_output_code,
 )
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-CPU_DIRS = REAL / "inductor-cpu" / "torchinductor"
+CPU_DIRS = REAL_DATA / "inductor-cpu" / "torchinductor"
 FWD = CPU_DIRS / "model__0_forward_1.0"
 BWD = CPU_DIRS / "model__0_backward_3.1"
-LONGFORMER = REAL / "inductor-cuda" / "AllenaiLongformerBase__0_inference_0.0"
-TRACE = REAL / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
-TLPARSE = REAL / "inductor-cpu" / "tlparse_extracted"
-
-
-def _need(*paths: Path) -> None:
-    for p in paths:
-        if not p.exists():
-            pytest.skip(f"real data not available: {p}")
+LONGFORMER = REAL_DATA / "inductor-cuda" / "AllenaiLongformerBase__0_inference_0.0"
+TRACE = REAL_DATA / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz"
+TLPARSE = REAL_DATA / "inductor-cpu" / "tlparse_extracted"
 
 
 # --- independent helpers (deliberately simpler than the module) -----------------------------------------------------
@@ -91,13 +85,13 @@ def _region_kernels(trace: Path) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def fwd() -> pd.DataFrame:
-    _need(FWD)
+    need_real(FWD)
     return parse_output_code(FWD)
 
 
 @pytest.fixture(scope="module")
 def bwd() -> pd.DataFrame:
-    _need(BWD)
+    need_real(BWD)
     return parse_output_code(BWD)
 
 
@@ -105,17 +99,17 @@ def bwd() -> pd.DataFrame:
 
 
 def test_find_graph_dirs_real_tree():
-    _need(REAL)
-    expected = sorted({p.parent for p in REAL.rglob("output_code.py")})
-    got = find_graph_dirs(REAL)
+    need_real(REAL_DATA)
+    expected = sorted({p.parent for p in REAL_DATA.rglob("output_code.py")})
+    got = find_graph_dirs(REAL_DATA)
     assert got == expected
     assert FWD in got and BWD in got and LONGFORMER in got
-    assert find_graph_dirs(REAL / "does-not-exist") == []
+    assert find_graph_dirs(REAL_DATA / "does-not-exist") == []
 
 
 @pytest.mark.parametrize("graph_dir", [FWD, BWD, LONGFORMER], ids=lambda p: p.name)
 def test_call_sites_match_output_code(graph_dir: Path):
-    _need(graph_dir)
+    need_real(graph_dir)
     df = parse_output_code(graph_dir)
     expected = _call_sites(graph_dir / "output_code.py")
     assert len(expected) > 0
@@ -159,7 +153,7 @@ def test_profiler_names_from_raii_strings(fwd: pd.DataFrame, bwd: pd.DataFrame):
 
 
 def test_match_region_real_trace():
-    _need(TRACE, FWD, BWD)
+    need_real(TRACE, FWD, BWD)
     regions = _region_kernels(TRACE)
     assert len(regions) == 4  # two compiled training steps x (forward, backward)
     fmap = load_fusion_map(CPU_DIRS)
@@ -176,7 +170,7 @@ def test_match_region_real_trace():
 
 
 def test_match_region_first_of_duplicate_graphs(tmp_path: Path):
-    _need(FWD)
+    need_real(FWD)
     fmap = parse_output_code(FWD)
     twin = fmap.assign(graph="a_twin_graph")
     names = fmap["profiler_name"].tolist()
@@ -219,7 +213,7 @@ def test_provenance_nodes(fwd: pd.DataFrame):
 
 
 def test_provenance_passed_explicitly(bwd: pd.DataFrame):
-    _need(TLPARSE, FWD)
+    need_real(TLPARSE, FWD)
     # the tlparse copy of the forward mapping gives the same result as the file in the graph dir
     fwd_explicit = parse_output_code(FWD, TLPARSE / "inductor_provenance_tracking_node_mappings.0.json")
     pd.testing.assert_frame_equal(fwd_explicit, parse_output_code(FWD))
@@ -286,7 +280,7 @@ def test_reused_kernel_gets_own_call_sites(bwd: pd.DataFrame):
 
 
 def test_longformer_triton():
-    _need(LONGFORMER)
+    need_real(LONGFORMER)
     df = parse_output_code(LONGFORMER)
     text = (LONGFORMER / "output_code.py").read_text()
     assert (df["kind"] == "triton").all()
@@ -453,12 +447,12 @@ def test_load_fusion_map_empty(tmp_path: Path):
 
 
 def test_load_fusion_map_real():
-    _need(REAL)
-    df = load_fusion_map(REAL)
+    need_real(REAL_DATA)
+    df = load_fusion_map(REAL_DATA)
     assert list(df.columns) == FUSION_MAP_COLUMNS
-    assert sorted(df["graph"].unique()) == sorted(p.name for p in find_graph_dirs(REAL))
+    assert sorted(df["graph"].unique()) == sorted(p.name for p in find_graph_dirs(REAL_DATA))
     per_graph = df.groupby("graph").size().to_dict()
-    for d in find_graph_dirs(REAL):
+    for d in find_graph_dirs(REAL_DATA):
         assert per_graph[d.name] == len(_call_sites(d / "output_code.py"))
 
 
@@ -552,7 +546,7 @@ def test_module_stack_backward_from_source_nodes(bwd: pd.DataFrame):
 
 
 def test_module_stack_longformer_from_header_mapping():
-    _need(LONGFORMER)
+    need_real(LONGFORMER)
     df = parse_output_code(LONGFORMER)
     base = "/home/user/.conda/envs/pytorch-3.10/lib/python3.10/site-packages/transformers/"
     # header of kernel 0: `cumsum => cumsum`, `mask => convert_element_type`, `ne => ne`; in fx_graph_readable.py
@@ -642,7 +636,7 @@ def test_exact_maps_backward(bwd: pd.DataFrame):
 
 
 def test_exact_maps_longformer():
-    _need(LONGFORMER)
+    need_real(LONGFORMER)
     df = parse_output_code(LONGFORMER)
     # call-site comments at output_code.py lines 258, 263, 274
     assert df["kernel"].tolist() == [
@@ -704,8 +698,8 @@ def _graph_code(calls: list[tuple[str, str, str]], generic: bool = False) -> str
 
 
 def test_real_graphs_number_kernels_from_zero():
-    _need(REAL)
-    fmap = load_fusion_map(REAL)
+    need_real(REAL_DATA)
+    fmap = load_fusion_map(REAL_DATA)
     assert sorted(fmap["graph"].unique()) == sorted([FWD.name, BWD.name, LONGFORMER.name])
     for d in (FWD, BWD, LONGFORMER):
         # the generated kernels' trailing counters, read off the definitions: 0..k-1 in every graph
@@ -713,7 +707,7 @@ def test_real_graphs_number_kernels_from_zero():
         assert sorted(map(int, defined)) == list(range(len(defined)))
         assert fmap.loc[fmap["graph"] == d.name, "call_index"].tolist() == list(range(len(_call_sites(d / "output_code.py"))))
     # the real trace's regions still find their own graph among all real graphs
-    _need(TRACE)
+    need_real(TRACE)
     for names, graph in zip(_region_kernels(TRACE), [FWD.name, BWD.name, FWD.name, BWD.name]):
         assert match_region(names, fmap) == (graph, list(range(len(names))))
 
@@ -853,7 +847,7 @@ def test_by_name_several_graphs(tmp_path: Path):
 def test_by_name_real_cpu_trace():
     """The real compiled CPU trace joined by name only (as for an nsys timeline): each graph_0_cpp_* kernel gets
     the call site at its position in its `## Call CompiledFxGraph` region (computed from the raw JSON)."""
-    _need(TRACE, FWD, BWD)
+    need_real(TRACE, FWD, BWD)
     from operator_profiler.timeline.kineto import read_kineto
 
     fmap = load_fusion_map(CPU_DIRS)
@@ -874,7 +868,7 @@ def test_by_name_real_cpu_trace():
 
 
 def test_by_name_longformer_generic_and_descriptive():
-    _need(LONGFORMER)
+    need_real(LONGFORMER)
     fmap = parse_output_code(LONGFORMER)
     names = ["triton_"] * 3 + ["triton_per_fused__to_copy_cumsum_ne_0", "triton_poi_fused_mul_2"]
     out = inductor.attribute_by_name(_kernels(names), fmap)
@@ -910,7 +904,7 @@ def test_cli_fusion_map_errors(tmp_path: Path, capsys):
     assert not (tmp_path / "f.parquet").exists()
     code, err = _cli(capsys, "fusion-map", "--inductor-dir", str(prov.parent.parent), "--out", str(tmp_path / "g.parquet"))
     assert code == 1  # a tree with one broken graph is an error, not a partial map
-    _need(CPU_DIRS)
+    need_real(CPU_DIRS)
     code, _ = _cli(capsys, "fusion-map", "--inductor-dir", str(CPU_DIRS), "--out", str(tmp_path / "ok.parquet"))
     written = pd.read_parquet(tmp_path / "ok.parquet")
     assert code == 0 and list(written.columns) == FUSION_MAP_COLUMNS

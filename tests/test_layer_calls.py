@@ -9,7 +9,7 @@ import json
 import textwrap
 
 import pytest
-import torch
+from conftest import importable_module, torch_flags_kept
 
 from operator_profiler import layers
 from operator_profiler.capture import harness
@@ -87,26 +87,19 @@ ITERATIONS = 2
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory):
     root = tmp_path_factory.mktemp("calls")
-    (root / "layer_call_models.py").write_text(textwrap.dedent(MODELS))
-    import sys
-
-    sys.path.insert(0, str(root))
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
 
     def run(factory):
         out = root / factory
         workload = {"kind": "custom", "factory": f"layer_call_models:{factory}", "kwargs": {}, "compile": False}
-        try:
+        with torch_flags_kept():
             harness.run_capture(workload, {"seed": 0, "warmup": 1, "iterations": ITERATIONS}, "cpu",
                                 out / "trace.json.gz", out / "layers.json", out / "run.json")
-        finally:
-            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         timeline = read_kineto(out / "trace.json.gz")
         found = json.loads((out / "layers.json").read_text())
         return timeline, found, layers.classify_layers(timeline.kernels, timeline.ranges, found)
 
-    yield run
-    sys.path.remove(str(root))
+    with importable_module(root, "layer_call_models", textwrap.dedent(MODELS)):
+        yield run
 
 
 def test_a_layer_called_twice_is_two_instances_of_one_class(capture):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import re
 from functools import cache
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import REAL_DATA, SHARED, need_real
 
 from operator_profiler.config import ConfigError
 from operator_profiler.ncu.catalog import (
@@ -25,9 +25,7 @@ from operator_profiler.ncu.catalog import (
     validate_catalog,
 )
 
-# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-NCU_DIR = SHARED / "data" / "real" / "ncu"
+NCU_DIR = REAL_DATA / "ncu"
 NCU_MD = SHARED / "docs" / "ncu.md"
 PACKAGED = Path(__file__).resolve().parents[1] / "src" / "operator_profiler" / "ncu" / "metrics.yaml"
 
@@ -43,14 +41,6 @@ UNVERIFIED = {
 }
 
 
-def _need(path: Path) -> Path:
-    if not path.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"real data missing in a CI run: {path}")
-        pytest.skip(f"real data not available: {path}")
-    return path
-
-
 @cache
 def _real_rows(name: str) -> tuple[tuple[str, ...], list[list[str]]]:
     """Header and rows of a real details-page CSV (preamble lines skipped)."""
@@ -63,7 +53,7 @@ def _real_rows(name: str) -> tuple[tuple[str, ...], list[list[str]]]:
 @cache
 def _real_metric_names() -> frozenset[str]:
     names = set()
-    for path in sorted(_need(NCU_DIR).glob("*.csv")):
+    for path in sorted(need_real(NCU_DIR).glob("*.csv")):
         header, rows = _real_rows(path.name)
         col = header.index("Metric Name")
         names.update(row[col] for row in rows if len(row) > col and row[col])
@@ -123,7 +113,7 @@ def test_resolve_first_present_wins_then_labels(catalog):
 
 
 def test_every_ncu_name_is_spelled_as_documented(catalog):
-    doc = _need(NCU_MD).read_text()
+    doc = need_real(NCU_MD).read_text()
     known = _real_metric_names()
     stall = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
     reasons = doc.split("reasons:", 1)[1].split("\n", 1)[0]
@@ -150,7 +140,7 @@ def test_real_csv_names_resolve(catalog):
 
 
 def test_real_dropout_file_aggregates(catalog):
-    _need(NCU_DIR / "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
+    need_real(NCU_DIR / "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
     header, rows = _real_rows("a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
     idx = {k: header.index(k) for k in ("ID", "Metric Name", "Metric Value")}
     long = pd.DataFrame({k: [r[i] for r in rows] for k, i in idx.items()})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import real_file
+from fake_tools import write_tool
 
 from operator_profiler.files import InputError
 from operator_profiler.ncu.csv_reader import (
@@ -25,8 +26,6 @@ from operator_profiler.ncu.csv_reader import (
     wide_metrics,
 )
 
-# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
-NCU_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "ncu"
 BERT = "a100_pytorch_bert_mha_eager_details_kerneltime_rules.csv"
 GPT2 = "a100_pytorch_gpt2_flashattn_details_kerneltime_rules.csv"
 DROPOUT = "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv"
@@ -474,7 +473,6 @@ def test_an_ncu_rep_is_exported_with_ncu_from_path_or_refused_clearly(tmp_path):
     """The ``ncu`` here is a fake (a test double that writes a saved CSV): real Nsight Compute cannot
     run on the test machine. Without ncu on PATH the error says how to export by hand."""
     import json
-    import stat
     import subprocess
     import sys
 
@@ -490,11 +488,9 @@ def test_an_ncu_rep_is_exported_with_ncu_from_path_or_refused_clearly(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.jsonl"
-    fake = bin_dir / "ncu"
-    fake.write_text(f"#!{sys.executable}\n# FAKE ncu (test double)\nimport json, sys\n"
-                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-                    f"sys.stdout.write(open({str(dropout)!r}).read())\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    write_tool(bin_dir, "ncu", "# FAKE ncu (test double)\nimport json, sys\n"
+               f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+               f"sys.stdout.write(open({str(dropout)!r}).read())\n")
     result = subprocess.run(cmd, capture_output=True, text=True, check=False,
                             env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
     assert result.returncode == 0, result.stderr

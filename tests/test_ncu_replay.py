@@ -13,18 +13,17 @@ Test doubles and synthetic data (nothing here is a real GPU run):
   (read at test time, never copied into the repository), under the kernel names of the sequence.
   ``FAKE_NCU_FAIL=perm`` makes a collection fail as ncu does without counter permission (ERR_NVGPUCTRPERM).
   The raw-page layout is the documented one (docs/formats.md#ncu-pages, itself UNVERIFIED against a real raw page).
-* ``nvidia-smi`` is the FAKE of tests/test_clocks.py (clock locking; no ``compute_cap`` answer, so the
-  replay asks for every architecture's metric names).
+* ``nvidia-smi`` is the FAKE of tests/fake_tools.py, as is the ``ncu`` above (clock locking; no ``compute_cap``
+  answer, so the replay asks for every architecture's metric names).
 * The GPT-2-like timeline is synthetic: 3 embedding kernels, 12 identical blocks of 6 kernels, 2 head kernels
   per iteration, two iterations. The expected launch windows are written out by hand below.
-* The workflow tests reuse tests/test_workflow_nsys.py (placed GPU captures, fake ``nsys``) and add the fake
+* The workflow tests reuse tests/nsys_workflow.py (placed GPU captures, fake ``nsys``) and add the fake
   ``ncu`` and ``nvidia-smi``: they prove that a finished run re-runs no replay, and that a class that appears
   later runs exactly one.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shlex
@@ -32,98 +31,15 @@ import statistics
 import sys
 from pathlib import Path
 
+import nsys_workflow as wf
 import pandas as pd
 import pytest
-from conftest import real_file
+from fake_tools import FakeNcu, FakeSmi
+from workflow_runs import dry_run_jobs, job_counts
 
 from operator_profiler import stages
 from operator_profiler.ncu import replay
 from operator_profiler.ncu.catalog import load_catalog
-
-REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
-
-FAKE_NCU = r'''
-import json, os, sys
-argv = sys.argv[1:]
-if argv == ["--version"]:  # as ncu 2025.1 prints it (not logged: it is no collection or export)
-    print("NVIDIA (R) Nsight Compute Command Line Profiler\nCopyright (c) 2018-2025 NVIDIA Corporation\n"
-          "Version 2025.1.1.0 (build 35528883) (public-release)")
-    sys.exit(0)
-with open(os.environ["FAKE_NCU_LOG"], "a") as fh:
-    fh.write(json.dumps(argv) + "\n")
-def opt(name):
-    return argv[argv.index(name) + 1]
-if "-i" in argv:  # ncu -i REPORT --csv --page raw ...: print the raw page
-    report = json.load(open(opt("-i")))
-    data = json.load(open(os.environ["FAKE_NCU_DATA"]))
-    ident = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
-             "Grid Size", "Device", "CC"]
-    metrics = [m for m, _ in data["metrics"]]
-    q = lambda row: ",".join('"%s"' % c for c in row)
-    print(q(ident + metrics))
-    print(q([""] * len(ident) + [u for _, u in data["metrics"]]))
-    for i, (name, grid, block) in enumerate(report["launches"]):
-        values = data["values"][i % len(data["values"])]
-        print(q([str(i), str(report["pid"]), "python3", "host", name, "1", "7", block, grid, "0", "9.0"] + values))
-    sys.exit(0)
-if os.environ.get("FAKE_NCU_FAIL") == "perm":
-    print("==PROF== Connected to process 4711 (python3)")
-    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
-          "Counters on the target device 0.")
-    sys.exit(1)
-skip, count = int(opt("--launch-skip")), int(opt("--launch-count"))
-launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
-n = int(os.environ.get("FAKE_NCU_PID_COUNTER_START", "4711")) + sum(1 for _ in open(os.environ["FAKE_NCU_LOG"]))
-print("==PROF== Connected to process %d (python3)" % n)
-if not launches:
-    print("==WARNING== No kernels were profiled.")
-    sys.exit(0)
-with open(opt("--export"), "w") as fh:
-    json.dump({"launches": launches, "pid": n}, fh)
-print("==PROF== Report: " + opt("--export"))
-'''
-
-
-def real_metric_rows(n: int = 4) -> dict:
-    """Metric names, units and the values of the first ``n`` results of the real dropout CSV (details page)."""
-    rows = list(csv.DictReader(real_file(*REAL_CSV).open()))
-    metrics: dict[str, str] = {}
-    values: dict[str, dict[str, str]] = {}
-    for r in rows:
-        if int(r["ID"]) >= n:
-            break
-        metrics.setdefault(r["Metric Name"], r["Metric Unit"])
-        values.setdefault(r["ID"], {})[r["Metric Name"]] = r["Metric Value"].replace(",", "")
-    return {"metrics": list(metrics.items()),
-            "values": [[values[i].get(m, "") for m in metrics] for i in sorted(values, key=int)]}
-
-
-class FakeNcu:
-    def __init__(self, root: Path, sequence: list[list[str]]):
-        self.bin = root / "fake ncu bin"
-        self.bin.mkdir(parents=True)
-        exe = self.bin / "ncu"
-        exe.write_text(f"#!{sys.executable}\n" + FAKE_NCU)
-        exe.chmod(0o755)
-        self.log = root / "ncu calls.jsonl"
-        self.data = root / "real metric rows.json"
-        self.data.write_text(json.dumps(real_metric_rows()))
-        self.sequence = root / "launch sequence.json"
-        self.set_sequence(sequence)
-
-    def set_sequence(self, sequence: list[list[str]]) -> None:
-        self.sequence.write_text(json.dumps(sequence))
-
-    def env(self) -> dict:
-        return {"FAKE_NCU_LOG": str(self.log), "FAKE_NCU_DATA": str(self.data),
-                "FAKE_NCU_SEQUENCE": str(self.sequence)}
-
-    def calls(self) -> list[list[str]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
-
-    def collections(self) -> list[list[str]]:
-        return [c for c in self.calls() if "-i" not in c]
-
 
 # ------------------------------------------------------------------------------ a GPT-2-like timeline
 
@@ -345,9 +261,6 @@ def test_replay_estimate_and_report_lines():
 @pytest.fixture(scope="module")
 def replay_run(tmp_path_factory):
     pytest.importorskip("snakemake")
-    import test_workflow_nsys as wf
-    from test_clocks import FakeSmi
-
     base = tmp_path_factory.mktemp("wf replay")
     setup = wf.make_setup(base)
     smi = FakeSmi(base / "smi")
@@ -369,8 +282,6 @@ def replay_run(tmp_path_factory):
 
 @pytest.mark.workflow
 def test_workflow_replays_each_class_once_and_reports_it(replay_run):
-    import test_workflow_nsys as wf
-
     setup, ncu, smi, _, target = replay_run
     out = setup["work"] / "results" / wf.W
     (cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]
@@ -404,7 +315,6 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
 def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_run):
     """report.html of the CUDA run (fake ncu with the real CSV's metric values): one SOL point per operator
     with both SOL figures in operators.parquet, the counters' share, and the measured replay per class."""
-    import test_workflow_nsys as wf
     from html_report import column, figure, tables
 
     setup, _, _, _, _ = replay_run
@@ -443,8 +353,6 @@ def test_workflow_report_html_shows_counters_sol_points_and_the_replay(replay_ru
 @pytest.mark.workflow
 def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_capture(replay_run):
     """The catalog is an input of replay_ncu (and aggregate), not of any capture rule."""
-    import test_workflow_nsys as wf
-
     setup, ncu, _, _, target = replay_run
     catalog = setup["repo"] / "src" / "operator_profiler" / "ncu" / "metrics.yaml"
     original = catalog.read_bytes()
@@ -452,7 +360,7 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
         catalog.write_bytes(original + b"# an edit of the metric catalog\n")
         dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
         assert dry.returncode == 0, dry.stderr[-3000:]
-        assert wf.job_counts(dry.stdout) == {"replay_ncu": 1, "parse_ncu": 1, "match_invocations": 1,
+        assert job_counts(dry.stdout) == {"replay_ncu": 1, "parse_ncu": 1, "match_invocations": 1,
                                              "aggregate": 1, "report": 1}, dry.stdout[-3000:]
     finally:
         catalog.write_bytes(original)
@@ -471,15 +379,13 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
 def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
     """A new capture whose layer classes are the same rewrites byte-identical class
     JSONs and replay plans (checksummed inputs of replay_ncu): no replay runs again."""
-    import test_workflow_nsys as wf
-
     setup, ncu, _, _, target = replay_run
     out = setup["work"] / "results" / wf.W
     (out / "capture" / "timeline.nsys-rep").write_bytes(b"\x00a recapture of the same program\x00")
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert dry.returncode == 0, dry.stderr[-3000:]
     # Planned before the checkpoint re-runs: the CPU stages that read the timeline, no capture, no replay.
-    assert wf.job_counts(dry.stdout) == {"export_timeline": 1, "classify_layers": 1, "attribute": 1,
+    assert job_counts(dry.stdout) == {"export_timeline": 1, "classify_layers": 1, "attribute": 1,
                                          "match_invocations": 1, "aggregate": 1, "report": 1}, dry.stdout[-3000:]
 
     # The checkpoint decides the classes: run the CPU stages up to it, then plan the rest.
@@ -487,7 +393,7 @@ def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
     assert step.returncode == 0, step.stderr[-4000:]
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    assert wf.job_counts(dry.stdout) == {}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {}, dry.stdout[-3000:]
     before = len(ncu.collections())
     result = wf.snakemake(setup, *target, *wf.CUDA_NSYS)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -496,7 +402,6 @@ def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
 
 @pytest.mark.workflow
 def test_workflow_new_class_runs_exactly_one_replay(replay_run):
-    import test_workflow_nsys as wf
     from nsys_export import Kernel, Nvtx, Runtime, write_nsys_export
 
     setup, ncu, _, base, target = replay_run
@@ -539,14 +444,12 @@ def test_workflow_new_class_runs_exactly_one_replay(replay_run):
     assert {p: p.read_bytes() for p in block_files} == block_files
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    counts = wf.job_counts(dry.stdout)
+    counts = job_counts(dry.stdout)
     assert counts.get("replay_ncu") == 1 and counts.get("parse_ncu") == 1, dry.stdout[-3000:]
     assert "cls=rest" in dry.stdout and f"cls={block_cls}" not in dry.stdout
     # On a cluster (profiles/slurm) the replay asks for a GPU and its node whole (sbatch --gpus=1 --exclusive,
     # tests/test_slurm.py), its parser for neither.
-    from test_gpu_capture import _jobs
-
-    resources = {j["rule"]: set(j["resources"].split(", ")) for j in _jobs(dry.stdout)}
+    resources = {j["rule"]: set(j["resources"].split(", ")) for j in dry_run_jobs(dry.stdout)}
     assert {"gpu=1", "slurm_extra=--exclusive", "runtime=240"} <= resources["replay_ncu"], resources
     assert not {r for r in resources["parse_ncu"] if r.startswith(("gpu=", "slurm_extra="))}, resources
 

@@ -16,9 +16,9 @@ from collections import defaultdict
 
 import pandas as pd
 import pytest
-import torch
-from conftest import run_opprof
+from conftest import run_opprof, torch_flags_kept
 from html_report import column, tables
+from results_folders import write_results
 
 from operator_profiler import aggregate as agg
 from operator_profiler.capture import harness
@@ -128,14 +128,9 @@ def real(tmp_path_factory):
     from operator_profiler.timeline.kineto import read_kineto
 
     out = tmp_path_factory.mktemp("noise")
-    state = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-    try:
+    with torch_flags_kept():  # run_capture sets process-wide torch flags; keep other tests unaffected
         run = harness.run_capture(GPT2_TINY, {"seed": 0, "warmup": 1, "warmup_max": 1, "iterations": ITERATIONS},
                                   "cpu", out / "trace.json.gz", out / "layers.json", out / "run.json")
-    finally:  # run_capture sets process-wide torch flags; keep other tests unaffected
-        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = state[2], state[3]
     timeline = read_kineto(out / "trace.json.gz")
     kernel_layers, instances, classes = classify_layers(timeline.kernels, timeline.ranges,
                                                          json.loads((out / "layers.json").read_text()))
@@ -306,8 +301,6 @@ def test_compare_headline_is_the_sum_of_its_table(tmp_path):
     # Field report: compare headlined -84 % while the per-operator medians on the page gave -41 %. A: each
     # operator slow in another iteration, so every iteration's total is high (median iteration 12 ms) while each
     # operator's median is 1 ms; B: steady. The median iteration says -75 %; the operators' medians say 0 %.
-    from test_report_html import write_results
-
     a_times = {"aten::addmm": [10_000_000, 1_000_000, 1_000_000], "aten::gelu": [1_000_000, 10_000_000, 1_000_000],
                "aten::copy_": [1_000_000, 1_000_000, 10_000_000]}
     b_times = {name: [1_000_000] * 3 for name in a_times}

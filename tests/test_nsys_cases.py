@@ -19,7 +19,16 @@ import sys
 
 import pandas as pd
 import pytest
-from nsys_export import GraphNode, GraphTrace, Kernel, Nvtx, Runtime, write_nsys_export
+from nsys_export import (
+    GraphNode,
+    GraphTrace,
+    Kernel,
+    Nvtx,
+    Runtime,
+    launch,
+    rows,
+    write_nsys_export,
+)
 
 from operator_profiler import aggregate as agg
 from operator_profiler import stages, tables
@@ -43,19 +52,6 @@ def by_name(attribution: pd.DataFrame) -> dict[str, dict]:
 
 def evidence(row: dict) -> dict:
     return json.loads(row["evidence"])["nvtx"]
-
-
-def launch(name, thread, start, corr, *, kernel_start=None, dur=10, stream=7, api="cudaLaunchKernel_v7000",
-           event_class=0, pid=None):
-    """A launch call of 5 ns at ``start`` and its kernel (``dur`` ns, starting 20 ns later by default)."""
-    pid = pid if pid is not None else int(thread.split(":")[0])
-    k0 = kernel_start if kernel_start is not None else start + 20
-    return (Runtime(api, thread, start, start + 5, corr, event_class=event_class),
-            Kernel(name, pid, stream, k0, k0 + dur, corr))
-
-
-def rows(*launches):
-    return {"runtime": [r for r, _ in launches], "kernels": [k for _, k in launches]}
 
 
 # C01 --------------------------------------------------------------------------------------------

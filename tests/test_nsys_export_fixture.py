@@ -7,11 +7,11 @@ docs/formats.md#nsys-identifiers, #nsys-queries, fixtures docs/field-cases.md (C
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import real_file
 from nsys_export import (
     DEFAULT_META,
     ENUM_NSYS_EVENT_CLASS_ROWS,
@@ -33,20 +33,14 @@ from nsys_export import (
     write_nsys_export,
 )
 
-# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-REAL_NSYS = REAL / "nsys" / "fuser_thunder_xentropy_phi3_h200_nsys2025.1.sqlite"
+REAL_NSYS = ("nsys", "fuser_thunder_xentropy_phi3_h200_nsys2025.1.sqlite")
 
 ALWAYS = {"StringIds", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "META_DATA_EXPORT",
           "ENUM_NSYS_EVENT_TYPE", "ENUM_NSYS_EVENT_CLASS"}
 
 
 def _real() -> sqlite3.Connection:
-    if not REAL_NSYS.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"real nsys export missing in a CI run: {REAL_NSYS}")
-        pytest.skip(f"real data not available: {REAL_NSYS}")
-    return sqlite3.connect(f"file:{REAL_NSYS}?mode=ro", uri=True)
+    return sqlite3.connect(f"file:{real_file(*REAL_NSYS)}?mode=ro", uri=True)
 
 
 def _open(path: Path) -> sqlite3.Connection:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import real_file
+from conftest import REAL_DATA, real_file
 from nsys_export import c01_export, fake_nsys
 
 from operator_profiler.attribution.nvtx import (
@@ -38,9 +38,7 @@ from operator_profiler.attribution.nvtx import (
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.nsys import read_nsys
 
-# Same location as tests/conftest.py's REAL_DATA (which fails CI runs without the folder).
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-NSYS_DIR = REAL / "nsys"
+NSYS_DIR = REAL_DATA / "nsys"
 
 THUNDER = "fuser_thunder_xentropy_phi3_h200_nsys2025.1.sqlite"
 MATMUL = "fuser_test_matmul_h100x8_nsys2024.6.sqlite"

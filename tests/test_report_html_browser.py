@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from results_folders import CUDA_OPS, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -209,8 +210,6 @@ def test_cuda_operator_table_keeps_the_operator_column_readable(browser, tmp_pat
     """Counter columns name their ncu metric (long, no spaces) in the header: the metric name wraps, and the
     operator column keeps its width (it used to shrink to ~70 px, a template name ~20 lines tall). Two long
     names sharing their first 60 characters are two bars."""
-    from test_report_html import CUDA_OPS, write_results
-
     prefix = "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, at::native::FillFunctor<"
     ops = [*CUDA_OPS, (prefix + "float>, std::array<char*, 1> >(int)", 700_000, 20.0, 60.0),
            (prefix + "double>, std::array<char*, 1> >(int)", 600_000, 21.0, 61.0)]

@@ -33,7 +33,7 @@ import pandas as pd
 import pytest
 import yaml
 from slurm_cluster import SetupError, SingleNodeSlurm
-from test_workflow import TINY, custom_env
+from workflow_runs import TINY, custom_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "slurm"

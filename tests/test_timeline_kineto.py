@@ -16,27 +16,21 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REAL_DATA, need_real
 
 from operator_profiler import tables
 from operator_profiler.timeline import trace_json
 from operator_profiler.timeline.kineto import TimelineError, load_trace, read_kineto
 from operator_profiler.timeline.model import METADATA_OPS, write_timeline
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-CPU_TRACES = REAL / "inductor-cpu" / "traces"
+CPU_TRACES = REAL_DATA / "inductor-cpu" / "traces"
 COMPILED = CPU_TRACES / "trace_compiled_cpu.json.gz"
 EAGER = CPU_TRACES / "trace_eager_cpu.json.gz"
-TRITON = REAL / "kineto" / "hta_triton_example.json.gz"
-ALEXNET = REAL / "kineto" / "hta_critical_path_alexnet__trace.json.gz"
+TRITON = REAL_DATA / "kineto" / "hta_triton_example.json.gz"
+ALEXNET = REAL_DATA / "kineto" / "hta_critical_path_alexnet__trace.json.gz"
 
 CALL_NAME = re.compile(r"^\w+::[\w.]+$")
 CPP_KERNEL = re.compile(r"^graph_\d+_cpp_")
-
-
-def _need(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    return path
 
 
 def _raw(path: Path) -> dict:
@@ -91,7 +85,7 @@ def _expected_cpu_kernels(trace: dict) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["compiled", "eager"])
 def cpu_case(request):
-    path = _need(COMPILED if request.param == "compiled" else EAGER)
+    path = need_real(COMPILED if request.param == "compiled" else EAGER)
     return _raw(path), read_kineto(path)
 
 
@@ -167,7 +161,7 @@ def test_ranges_nesting_is_consistent(cpu_case):
 
 
 def test_cpu_ranges_carry_seq_and_fwd_thread_id():
-    path = _need(EAGER)
+    path = need_real(EAGER)
     trace = _raw(path)
     r = read_kineto(path).ranges
     base = int(trace["baseTimeNanoseconds"])
@@ -183,7 +177,7 @@ def test_cpu_ranges_carry_seq_and_fwd_thread_id():
 
 
 def test_gpu_triton_kernel_joins_its_driver_launch():
-    path = _need(TRITON)
+    path = need_real(TRITON)
     trace = _raw(path)
     base = int(trace["baseTimeNanoseconds"])
     events = trace["traceEvents"]
@@ -217,7 +211,7 @@ def test_gpu_triton_kernel_joins_its_driver_launch():
 
 
 def test_gpu_alexnet_kernel_count_and_launch_join():
-    path = _need(ALEXNET)
+    path = need_real(ALEXNET)
     trace = _raw(path)
     events = trace["traceEvents"]
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
@@ -238,7 +232,7 @@ def test_gpu_alexnet_kernel_count_and_launch_join():
 
 
 def test_write_timeline_roundtrip_keeps_contract(tmp_path):
-    path = _need(COMPILED)
+    path = need_real(COMPILED)
     t = read_kineto(path)
     write_timeline(t, tmp_path)
     back = tables.read_table(tmp_path / "kernels.parquet")
@@ -329,7 +323,7 @@ def test_bare_array_form_is_accepted(tmp_path):
 
 
 def test_truncated_gzip_raises_timeline_error_naming_the_file(tmp_path):
-    src = _need(EAGER).read_bytes()
+    src = need_real(EAGER).read_bytes()
     bad = tmp_path / "truncated.json.gz"
     bad.write_bytes(src[: len(src) // 2])
     with pytest.raises(TimelineError) as err:
@@ -467,7 +461,7 @@ def test_c18_small_blocks_give_the_same_result(fixture_a, monkeypatch):
 
 
 def test_real_trace_in_small_blocks_equals_whole_reads(monkeypatch):
-    path = _need(ALEXNET)
+    path = need_real(ALEXNET)
     whole = read_kineto(path)
     monkeypatch.setattr(trace_json, "BLOCK", 4096)
     small = read_kineto(path)

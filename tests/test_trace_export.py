@@ -22,17 +22,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REAL_DATA
 from nsys_export import Kernel, Memcpy, Nvtx, Runtime, write_nsys_export
 
 from operator_profiler import stages, tables
 from operator_profiler.report import markdown as report_md
 from operator_profiler.report.trace import build_trace
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = {
-    "inductor_cpu": REAL / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz",
-    "alexnet": REAL / "kineto" / "hta_critical_path_alexnet__trace.json.gz",
+    "inductor_cpu": REAL_DATA / "inductor-cpu" / "traces" / "trace_compiled_cpu.json.gz",
+    "alexnet": REAL_DATA / "kineto" / "hta_critical_path_alexnet__trace.json.gz",
 }
 METADATA = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
             "thread_sort_index": "sort_index"}

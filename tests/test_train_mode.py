@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 import pytest
-import torch
+from conftest import torch_flags_kept
 
 from operator_profiler import stages, tables
 from operator_profiler.attribution import inductor
@@ -22,14 +22,11 @@ WORKLOAD = {"kind": "gpt2", "mode": "train", "compile": True, "compile_scope": "
 @pytest.fixture(scope="module")
 def train_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("train")
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
+    with torch_flags_kept():
         settings = {"seed": 0, "warmup": 1, "iterations": 1}
         capture.compile_artifacts(WORKLOAD, settings, "cpu", out / "inductor")
         capture.capture_timeline("tiny", WORKLOAD, {**settings, "iterations": 2}, "cpu", "torch",
                                 out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json")
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
     stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
     stages.export_timeline(out / "trace.json.gz", out / "timeline")
     stages.classify(out / "timeline", out / "layers.json", out / "instances.parquet", out / "kernel_layers.parquet",

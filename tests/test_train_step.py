@@ -8,19 +8,19 @@ Expected values are recomputed here from the timeline's own tables (ranges, kern
 from __future__ import annotations
 
 import json
-import sys
 
 import pandas as pd
 import pytest
 import torch
+from conftest import importable_module
 
 from operator_profiler import stages, tables
 from operator_profiler.capture import harness, training
 from operator_profiler.capture import jobs as capture
 from operator_profiler.errors import WorkloadError
 from operator_profiler.naming import PHASE_PREFIX, PHASES
-from operator_profiler.rule_runner import run_rule
 from operator_profiler.results import ReportPaths
+from operator_profiler.rule_runner import run_rule
 
 MODELS = '''
 import torch
@@ -114,15 +114,10 @@ def line_of(mark: str) -> int:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("train_models")
-    (folder / "train_models.py").write_text(MODELS)
-    sys.path.insert(0, str(folder))
-    sys.modules.pop("train_models", None)
-    import train_models
+    with importable_module(tmp_path_factory.mktemp("train_models"), "train_models", MODELS):
+        import train_models
 
-    yield train_models
-    sys.path.remove(str(folder))
-    sys.modules.pop("train_models", None)
+        yield train_models
 
 
 @pytest.fixture(scope="module")
@@ -407,8 +402,7 @@ def test_nsys_phase_ranges_in_the_default_domain_name_no_operator(tmp_path):
     """Without NVIDIA's ``nvtx`` package the harness's ranges go to NVTX's default domain (torch.cuda.nvtx),
     where emit_nvtx's operator ranges are: a phase range is never an operator, and the phases reach the
     backward kernel launched on the autograd thread (10:2). An nsys export in the real table layout."""
-    from nsys_export import Nvtx, write_nsys_export
-    from test_nsys_cases import launch, rows
+    from nsys_export import Nvtx, launch, rows, write_nsys_export
 
     db = write_nsys_export(tmp_path / "report.sqlite", nvtx=[
         Nvtx("opprof.iteration:0", 59, "10:1", 0, 10_000),

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import textwrap
 
 import pandas as pd
 import pytest
-import torch
+from conftest import importable_module, torch_flags_kept
 
 from operator_profiler import layers, stages, tables
 from operator_profiler.attribution import inductor
@@ -103,32 +102,24 @@ ITERATIONS = 2
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wmc_models")
-    (root / "wmc_models.py").write_text(textwrap.dedent(MODELS))
-    sys.path.insert(0, str(root))
-    yield root
-    sys.path.remove(str(root))
-    sys.modules.pop("wmc_models", None)
+    with importable_module(tmp_path_factory.mktemp("wmc_models"), "wmc_models", textwrap.dedent(MODELS)) as root:
+        yield root
 
 
 @pytest.fixture
 def keep_settings():
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    yield
-    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    with torch_flags_kept():
+        yield
 
 
 @pytest.fixture(scope="module")
 def run(models, tmp_path_factory):
     """compile_artifacts + capture + the analysis stages, as the workflow runs them (one process here)."""
     out = tmp_path_factory.mktemp("wmc")
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
+    with torch_flags_kept():
         capture.compile_artifacts(WORKLOAD, {"seed": 0, "warmup": 1, "iterations": 1}, "cpu", out / "inductor")
         capture.capture_timeline("wmc", WORKLOAD, {"seed": 0, "warmup": 1, "iterations": ITERATIONS}, "cpu", "torch",
                                  out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json")
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
     stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
     stages.export_timeline(out / "trace.json.gz", out / "timeline")
     stages.classify(out / "timeline", out / "layers.json", out / "instances.parquet", out / "kernel_layers.parquet",

@@ -21,62 +21,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from workflow_runs import (
+    CUSTOM_MODEL,
+    ITERATIONS,
+    N_LAYER,
+    ROOT,
+    TINY,
+    custom_env,
+    job_counts,
+    snakemake,
+)
 
 from operator_profiler import tables
 from operator_profiler.timeline.kineto import load_trace
-
-ROOT = Path(__file__).resolve().parents[1]
-N_LAYER = 3
-ITERATIONS = 2
-
-TINY = {
-    "device": "cpu",
-    "harness": {"seed": 0, "warmup": 1, "iterations": ITERATIONS},
-    "workloads": {
-        # gpt2 compiled per layer (layer ranges), sdpa_attention whole (layer membership from the FX nodes)
-        "gpt2": {"kind": "gpt2", "compile": True, "compile_scope": "layers", "n_layer": N_LAYER, "n_embd": 32,
-                 "n_head": 2, "vocab_size": 64, "n_positions": 32, "batch_size": 1, "seq_len": 16},
-        "sdpa_attention": {"kind": "sdpa_attention", "compile": True, "d_model": 32, "n_head": 2,
-                           "n_block": 2, "batch_size": 1, "seq_len": 16},
-        "lstm": {"kind": "lstm", "input_size": 8, "hidden_size": 16, "num_layers": 2, "batch_size": 2,
-                 "seq_len": 8},
-        "mine": {"kind": "custom", "factory": "wf_models:build", "kwargs": {"width": 8}},
-    },
-}
-
-CUSTOM_MODEL = """
-import torch
-
-def build(width):
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(3)])
-    return model, (torch.randn(2, width),)
-"""
-
-
-def custom_env(workdir: Path) -> dict:
-    """This checkout's src/ first (not another checkout's editable install), then ``workdir`` (custom models)."""
-    env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(workdir)])
-    return env
-
-
-def snakemake(workdir: Path, config: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(config), "--cores", "1", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or os.environ.copy(), timeout=900)
-
-
-def job_counts(dry_run_output: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry run as {rule: count}."""
-    counts = {}
-    block = dry_run_output.split("Job stats:", 1)[1] if "Job stats:" in dry_run_output else ""
-    for line in block.splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        counts[m.group(1)] = int(m.group(2))
-    counts.pop("total", None)
-    return counts
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from conftest import torch_flags_kept
 
 from operator_profiler.capture import harness
 from operator_profiler.capture.workloads import WorkloadError, build_workload, find_layers
@@ -161,14 +162,9 @@ def capture(tmp_path_factory):
     """One real torch.profiler capture of a tiny eager GPT-2 (2 blocks, 1 warm-up, 2 measured iterations)."""
     out = tmp_path_factory.mktemp("capture")
     workload = dict(GPT2_TINY, n_layer=2, compile=False, mode="inference")
-    state = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-    try:
+    with torch_flags_kept():  # run_capture sets process-wide torch flags; keep other tests unaffected
         run = harness.run_capture(workload, {"seed": 0, "warmup": 1, "iterations": 2}, "cpu",
                                   out / "trace.json.gz", out / "layers.json", out / "run.json")
-    finally:  # run_capture sets process-wide torch flags; keep other tests unaffected
-        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = state[2], state[3]
     return out, workload, run
 
 
@@ -268,12 +264,8 @@ def test_workload_error_during_capture_is_reported(tmp_path, monkeypatch, factor
             return Broken(), (torch.zeros(1, 2),)
     """))
     wl = {"kind": "custom", "factory": "opprof_test_broken_model:make", "kwargs": {}, "compile": False}
-    state = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    try:
-        with pytest.raises(WorkloadError) as err:
-            harness.run_capture(wl, {"seed": 0, "warmup": 1, "iterations": 1}, "cpu", tmp_path / "t.json.gz",
-                                tmp_path / "layers.json", tmp_path / "run.json")
-    finally:
-        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
+    with torch_flags_kept(), pytest.raises(WorkloadError) as err:
+        harness.run_capture(wl, {"seed": 0, "warmup": 1, "iterations": 1}, "cpu", tmp_path / "t.json.gz",
+                            tmp_path / "layers.json", tmp_path / "run.json")
     assert "warm-up" in str(err.value) and "forward is broken" in str(err.value)
     assert not (tmp_path / "t.json.gz").exists() and not (tmp_path / "run.json").exists()

@@ -19,9 +19,9 @@ whose truth is "no operator" is wrong); recall = right answers / kernels whose a
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
-import contextlib
 import logging
 import math
 import traceback

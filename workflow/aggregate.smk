@@ -5,14 +5,7 @@ rule aggregate:
         classes="results/{workload}/layers/classes.json",
         counters=counters_input,
         matching=matching_input,
-        lib=[
-            *MATCHING_LIB,
-            LIB / "aggregate.py",
-            LIB / "naming.py",
-            LIB / "ncu" / "catalog.py",
-            LIB / "ncu" / "metrics.yaml",
-            *ANALYSIS_LIB,
-        ],
+        lib=lib_inputs("aggregate"),
     output:
         operators="results/{workload}/operators.parquet",
         operators_csv=report(

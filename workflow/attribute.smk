@@ -12,17 +12,7 @@ rule attribute:
         fusion_map=fusion_map_input,
         kineto=kineto_input,
         runs=runs_input,
-        lib=[
-            LIB / "attribution" / "correlation.py",
-            LIB / "attribution" / "compiled_graphs.py",
-            LIB / "attribution" / "merge.py",
-            LIB / "attribution" / "transfer.py",
-            LIB / "attribution" / "inductor.py",
-            LIB / "attribution" / "nvtx.py",
-            # kernel_phases: the train-step phase of each kernel
-            LIB / "timeline" / "kineto.py",
-            *ANALYSIS_LIB,
-        ],
+        lib=lib_inputs("attribute"),
     output:
         **ATTRIBUTION_OUTPUTS,
     log:

@@ -1,10 +1,11 @@
-# GPU (or CPU) captures. Kept apart from the CPU parsers so a parser change never re-runs them.
+# GPU (or CPU) captures, kept apart from the CPU parsers: a capture re-runs on an edit of what it imports
+# (lib_inputs), never because a parser it does not import changed.
 
 
 rule capture_timeline:
     input:
         clocks="results/{workload}/clocks/target.json",
-        lib=CAPTURE_LIB,
+        lib=lib_inputs("capture_timeline"),
         model=custom_model_source,
     output:
         trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
@@ -37,7 +38,7 @@ rule capture_timeline:
 rule capture_kineto:
     input:
         clocks="results/{workload}/clocks/target.json",
-        lib=CAPTURE_LIB,
+        lib=lib_inputs("capture_kineto"),
         model=custom_model_source,
     output:
         trace="results/{workload}/capture/kineto.json.gz",
@@ -66,7 +67,7 @@ rule capture_kineto:
 rule compile_artifacts:
     input:
         clocks="results/{workload}/clocks/target.json",
-        lib=CAPTURE_LIB,
+        lib=lib_inputs("compile_artifacts"),
         model=custom_model_source,
     output:
         debug=directory("results/{workload}/inductor/debug"),
@@ -95,7 +96,7 @@ rule compile_artifacts:
 rule build_fusion_map:
     input:
         debug="results/{workload}/inductor/debug",
-        lib=[LIB / "attribution" / "inductor.py", *ANALYSIS_LIB],
+        lib=lib_inputs("build_fusion_map"),
     output:
         "results/{workload}/inductor/fusion_map.parquet",
     log:

@@ -1,4 +1,6 @@
 rule select_clocks:
+    input:
+        lib=lib_inputs("select_clocks"),
     output:
         target="results/{workload}/clocks/target.json",
     log:

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from operator_profiler import stale
-from operator_profiler.capture.jobs import resolve_timeline
+from operator_profiler.capture import resolve_timeline
 from operator_profiler.config import ConfigError, check_callables, validate_config
+from operator_profiler.workflow_inputs import rule_inputs
 
 try:
     _SOURCE = " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)"
@@ -21,9 +22,16 @@ try:
 except ConfigError as exc:
     sys.exit(f"Error: {exc}")
 
-# The library modules a CPU rule depends on are declared as inputs (Snakemake does not track
-# modules imported by scripts); paths are anchored at the Snakefile, not the working directory.
+# The library files each rule runs are declared as its `lib` input (Snakemake does not track what a
+# script imports): checksummed, so a touch does nothing and an edit re-runs the rule. Derived from the
+# package's import graph (operator_profiler.workflow_inputs), never kept by hand; anchored at the Snakefile,
+# not the working directory.
 LIB = Path(workflow.basedir) / "src" / "operator_profiler"
+
+
+def lib_inputs(rule):
+    """The package files ``rule`` runs: its script's (or gpu_jobs rule's) imports, followed to the end."""
+    return rule_inputs(rule, LIB, Path(workflow.basedir) / "scripts")
 
 
 def _cuda_visible():
@@ -79,51 +87,7 @@ wildcard_constraints:
     cls="[A-Za-z0-9_.-]+",
 
 
-# Library modules each stage depends on, declared as inputs (checksummed, so a touch does
-# nothing and an edit re-runs the rule). Capture rules depend only on the capture-side modules, so an
-# analysis change never re-runs a GPU capture.
-CAPTURE_LIB = [
-    LIB / m
-    for m in (
-        "capture/jobs.py",
-        "capture/clocks.py",
-        "capture/harness.py",
-        "capture/fx_module_paths.py",
-        "capture/workloads.py",
-        "naming.py",
-        "files.py",
-        "gpu_jobs.py",
-        "capture/training.py",
-    )
-]
-ANALYSIS_LIB = [
-    LIB / m
-    for m in (
-        "stages.py",
-        "tables.py",
-        "errors.py",
-        "rule_runner.py",
-        "files.py",
-        "timeline/model.py",
-        "timeline/nesting.py",
-    )
-]
-MATCHING_LIB = [
-    LIB / "matching" / m
-    for m in ("__init__.py", "names.py", "align.py", "match.py", "broadcast.py")
-]
-# The ncu replay (GPU): the capture side, the command builder, the harness re-run and the metric set.
-REPLAY_LIB = [
-    *CAPTURE_LIB,
-    # replay.py builds the ncu command with catalog.py and exports the raw page with csv_reader.py
-    *(
-        LIB / "ncu" / m
-        for m in ("replay.py", "catalog.py", "csv_reader.py", "metrics.yaml")
-    ),
-]
-
-
-# The GPU rules are shell: rules running operator_profiler.gpu_jobs (a declared input, in CAPTURE_LIB):
+# The GPU rules are shell: rules running operator_profiler.gpu_jobs (a declared input, in lib_inputs):
 # for a script: rule Snakemake's code trigger is the script's mtime, so a touch or git checkout of a
 # script would re-run GPU captures; for a shell: rule it is the command text (gpu_shell), which never
 # changes. The interpreter comes from the environment, not from params (a venv path is no rerun

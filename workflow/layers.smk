@@ -9,16 +9,7 @@ checkpoint classify_layers:
         layers="results/{workload}/capture/layers.json",
         fusion_map=fusion_map_input,
         kineto=lambda w: kineto_input(w) if is_compiled(w.workload) else [],
-        lib=[
-            LIB / "layers.py",
-            LIB / "attribution" / "correlation.py",
-            LIB / "attribution" / "compiled_graphs.py",
-            LIB / "attribution" / "inductor.py",
-            LIB / "attribution" / "transfer.py",
-            LIB / "attribution" / "nvtx.py",
-            LIB / "ncu" / "replay.py",
-            *ANALYSIS_LIB,
-        ],
+        lib=lib_inputs("classify_layers"),
     output:
         instances="results/{workload}/layers/instances.parquet",
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",

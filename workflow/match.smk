@@ -4,7 +4,7 @@ rule match_invocations:
         ncu=ncu_tables,
         kernel_layers="results/{workload}/layers/kernel_layers.parquet",
         replays=replay_records,
-        lib=[*MATCHING_LIB, LIB / "naming.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
+        lib=lib_inputs("match_invocations"),
     output:
         metrics="results/{workload}/matched/kernel_metrics.parquet",
         diagnostics="results/{workload}/matched/diagnostics.json",

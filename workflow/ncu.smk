@@ -7,7 +7,7 @@ rule replay_ncu:
         cls="results/{workload}/layers/classes/{cls}.json",
         plan="results/{workload}/layers/replay/{cls}.json",
         clocks="results/{workload}/clocks/target.json",
-        lib=REPLAY_LIB,
+        lib=lib_inputs("replay_ncu"),
         model=custom_model_source,
     output:
         csv="results/{workload}/ncu/{cls}.csv",
@@ -38,7 +38,7 @@ rule replay_ncu:
 rule parse_ncu:
     input:
         csv="results/{workload}/ncu/{cls}.csv",
-        lib=[LIB / "ncu" / "csv_reader.py", *ANALYSIS_LIB],
+        lib=lib_inputs("parse_ncu"),
     output:
         "results/{workload}/ncu/{cls}.parquet",
     log:

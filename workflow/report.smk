@@ -10,7 +10,7 @@ rule report:
         diagnostics=diagnostics_input,
         matching=matching_input,
         replays=replay_records,
-        lib=[LIB / "report" / "markdown.py", LIB / "ncu" / "replay.py", *ANALYSIS_LIB],
+        lib=lib_inputs("report"),
     output:
         report(
             "results/{workload}/report.md",
@@ -44,14 +44,7 @@ rule report_html:
         diagnostics=diagnostics_input,
         matching=matching_input,
         replays=replay_records,
-        lib=[
-            LIB / "report" / "html.py",
-            LIB / "report" / "markdown.py",
-            LIB / "ncu" / "replay.py",
-            LIB / "ncu" / "catalog.py",
-            LIB / "ncu" / "metrics.yaml",
-            *ANALYSIS_LIB,
-        ],
+        lib=lib_inputs("report_html"),
     # Not in `snakemake --report`: report.html is a self-contained page of its own (~5 MB with plotly.js
     # inlined), and the Snakemake report embeds each file as a data: URL iframe, which Chromium blocks
     # over 2 MB (a blank pane). Open results/{workload}/report.html directly.

@@ -1,13 +1,7 @@
 rule export_timeline:
     input:
         trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
-        lib=[
-            LIB / "timeline" / "kineto.py",
-            LIB / "timeline" / "nsys.py",
-            LIB / "attribution" / "nvtx.py",
-            LIB / "naming.py",
-            *ANALYSIS_LIB,
-        ],
+        lib=lib_inputs("export_timeline"),
     output:
         **TIMELINE_OUTPUTS,
     log:
@@ -27,7 +21,7 @@ rule export_timeline:
 rule export_kineto_timeline:
     input:
         trace="results/{workload}/capture/kineto.json.gz",
-        lib=[LIB / "timeline" / "kineto.py", LIB / "naming.py", *ANALYSIS_LIB],
+        lib=lib_inputs("export_kineto_timeline"),
     output:
         kernels="results/{workload}/timeline_kineto/kernels.parquet",
         launches="results/{workload}/timeline_kineto/launches.parquet",

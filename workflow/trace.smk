@@ -6,7 +6,7 @@ rule export_trace:
         activities="results/{workload}/timeline/gpu_activities.parquet",
         attribution="results/{workload}/attribution/kernels.parquet",
         counters=counters_input,
-        lib=[LIB / "report" / "trace.py", *ANALYSIS_LIB],
+        lib=lib_inputs("export_trace"),
     output:
         report(
             "results/{workload}/trace.json",

@@ -1,0 +1,242 @@
+"""Fake command-line tools: test doubles put first on PATH where the real tool cannot run on the test machine
+(no GPU, no Nsight tools). Each writes its argv to a log the tests read back.
+
+* ``nvidia-smi`` (:class:`FakeSmi`): answers ``--query-gpu`` / ``--query-supported-clocks`` from a JSON state
+  file, which ``-lgc/-lmc`` update and ``-rgc/-rmc`` clear, so later queries see the lock; return codes 3 (not
+  supported) and 4 (no permission) on request. It imitates the documented command line and CSV shape
+  (``--format=csv,noheader,nounits``); its error texts are approximations.
+* ``ncu`` (:class:`FakeNcu`): collections take launches of a launch sequence the test wrote; an import prints a
+  raw-page CSV with the metric names, units and values of the real recorded dropout CSV (read at test time);
+  see tests/test_ncu_replay.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import real_file
+
+from operator_profiler.capture.clocks import GPU_FIELDS
+
+
+def write_tool(bin_dir: Path, name: str, script: str) -> Path:
+    """An executable ``bin_dir/name`` running the Python ``script`` with this interpreter."""
+    exe = bin_dir / name
+    exe.write_text(f"#!{sys.executable}\n" + script)
+    exe.chmod(0o755)
+    return exe
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+FAKE_SMI = textwrap.dedent('''\
+    import json, os, sys
+    argv = sys.argv[1:]
+    with open(os.environ["FAKE_NVSMI_LOG"], "a") as f:
+        f.write(json.dumps(argv) + "\\n")
+    path = os.environ["FAKE_NVSMI_STATE"]
+    with open(path) as f:
+        st = json.load(f)
+    idx = argv[argv.index("-i") + 1] if "-i" in argv else "0"
+    gpu = st["gpus"].get(idx)
+    if gpu is None:
+        print("No devices were found")
+        sys.exit(6)
+    def save():
+        with open(path + ".tmp", "w") as f:
+            json.dump(st, f)
+        os.replace(path + ".tmp", path)
+    def mhz(v):
+        return "[N/A]" if v is None else str(v)
+    for flag, key in (("-lgc", "locked_sm"), ("-lmc", "locked_mem"), ("-rgc", "locked_sm"), ("-rmc", "locked_mem")):
+        if flag in argv:
+            how = st.get("fail", {}).get(flag)
+            if how == "permission":
+                print(f"Failed to change clocks for GPU {idx}: Insufficient Permissions")
+                sys.exit(4)
+            if how == "unsupported":
+                print(f"Setting locked clocks is not supported for GPU {idx}.")
+                sys.exit(3)
+            if flag in ("-lgc", "-lmc"):
+                lo, hi = argv[argv.index(flag) + 1].split(",")
+                gpu[key] = int(hi)
+                print(f"GPU clocks set to ({lo}, {hi}) for GPU {idx}.")
+            else:
+                gpu[key] = None
+                print(f"All done.")
+            save()
+            sys.exit(0)
+    for a in argv:
+        if a.startswith("--query-gpu="):
+            sm = gpu["locked_sm"] + gpu.get("skew_sm", 0) if gpu["locked_sm"] else gpu["idle_sm"]
+            mem = gpu["locked_mem"] if gpu["locked_mem"] else gpu["idle_mem"]
+            values = {"name": gpu["name"], "uuid": gpu["uuid"], "clocks.current.sm": sm, "clocks.current.memory": mem,
+                      "clocks.max.sm": gpu["max_sm"], "clocks.max.memory": gpu["max_mem"],
+                      "clocks.default_applications.graphics": gpu["app_sm"],
+                      "clocks.default_applications.memory": gpu["app_mem"]}
+            print(", ".join(str(values[f]) if f in ("name", "uuid") else mhz(values[f])
+                            for f in a.split("=", 1)[1].split(",")))
+            sys.exit(0)
+        if a.startswith("--query-supported-clocks="):
+            for mem, grs in gpu["supported"].items():
+                for gr in grs:
+                    print(f"{mem}, {gr}")
+            sys.exit(0)
+    print("fake nvidia-smi: unexpected arguments", argv, file=sys.stderr)
+    sys.exit(2)
+''')
+
+
+def gpu_state(**kw):
+    gpu = {"name": H100, "uuid": "GPU-1234", "idle_sm": 345, "idle_mem": 2619, "max_sm": 1980, "max_mem": 2619,
+           "app_sm": 1755, "app_mem": 2619, "supported": {"2619": [1980, 1755, 1500, 1200], "1593": [1500, 1200]},
+           "locked_sm": None, "locked_mem": None}
+    gpu.update(kw)
+    return gpu
+
+
+class FakeSmi:
+    def __init__(self, root: Path):
+        self.bin = root / "fake bin"
+        self.bin.mkdir(parents=True)
+        write_tool(self.bin, "nvidia-smi", FAKE_SMI)
+        self.state = root / "fake state.json"
+        self.log = root / "fake calls.log"
+        self.log.write_text("")
+        self.write({"gpus": {"0": gpu_state()}})
+
+    def write(self, state: dict) -> None:
+        self.state.write_text(json.dumps(state))
+
+    def read(self) -> dict:
+        return json.loads(self.state.read_text())
+
+    def gpu(self, **kw) -> None:
+        st = self.read()
+        st["gpus"]["0"].update(kw)
+        self.write(st)
+
+    def fail(self, flag: str, how: str) -> None:
+        st = self.read()
+        st.setdefault("fail", {})[flag] = how
+        self.write(st)
+
+    def calls(self) -> list[list[str]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def clear(self) -> None:
+        self.log.write_text("")
+
+    def env(self) -> dict:
+        return {"FAKE_NVSMI_STATE": str(self.state), "FAKE_NVSMI_LOG": str(self.log),
+                "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+
+
+def install_fake_smi(tmp_path: Path, monkeypatch) -> FakeSmi:
+    """The fake nvidia-smi first on PATH (in a folder with a space) for this test, no CUDA_VISIBLE_DEVICES."""
+    fake = FakeSmi(tmp_path / "with space")
+    for k, v in fake.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake
+
+
+QUERY = ["-i", "0", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
+SUPPORTED = ["-i", "0", "--query-supported-clocks=memory,graphics", "--format=csv,noheader,nounits"]
+
+
+def clock_target(policy="base", sm=1755, mem=2619):
+    return {"policy": policy, "device": "cuda", "gpu": H100, "gpu_index": "0", "gpu_uuid": "GPU-1234",
+            "sm_mhz": sm, "mem_mhz": mem, "reason": f"policy {policy}"}
+
+
+def lock_calls(sm, mem):
+    return [QUERY, ["-i", "0", "-lgc", f"{sm},{sm}"], ["-i", "0", "-lmc", f"{mem},{mem}"], QUERY]
+
+
+REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
+
+FAKE_NCU = r'''
+import json, os, sys
+argv = sys.argv[1:]
+if argv == ["--version"]:  # as ncu 2025.1 prints it (not logged: it is no collection or export)
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\nCopyright (c) 2018-2025 NVIDIA Corporation\n"
+          "Version 2025.1.1.0 (build 35528883) (public-release)")
+    sys.exit(0)
+with open(os.environ["FAKE_NCU_LOG"], "a") as fh:
+    fh.write(json.dumps(argv) + "\n")
+def opt(name):
+    return argv[argv.index(name) + 1]
+if "-i" in argv:  # ncu -i REPORT --csv --page raw ...: print the raw page
+    report = json.load(open(opt("-i")))
+    data = json.load(open(os.environ["FAKE_NCU_DATA"]))
+    ident = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+             "Grid Size", "Device", "CC"]
+    metrics = [m for m, _ in data["metrics"]]
+    q = lambda row: ",".join('"%s"' % c for c in row)
+    print(q(ident + metrics))
+    print(q([""] * len(ident) + [u for _, u in data["metrics"]]))
+    for i, (name, grid, block) in enumerate(report["launches"]):
+        values = data["values"][i % len(data["values"])]
+        print(q([str(i), str(report["pid"]), "python3", "host", name, "1", "7", block, grid, "0", "9.0"] + values))
+    sys.exit(0)
+if os.environ.get("FAKE_NCU_FAIL") == "perm":
+    print("==PROF== Connected to process 4711 (python3)")
+    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
+          "Counters on the target device 0.")
+    sys.exit(1)
+skip, count = int(opt("--launch-skip")), int(opt("--launch-count"))
+launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
+n = int(os.environ.get("FAKE_NCU_PID_COUNTER_START", "4711")) + sum(1 for _ in open(os.environ["FAKE_NCU_LOG"]))
+print("==PROF== Connected to process %d (python3)" % n)
+if not launches:
+    print("==WARNING== No kernels were profiled.")
+    sys.exit(0)
+with open(opt("--export"), "w") as fh:
+    json.dump({"launches": launches, "pid": n}, fh)
+print("==PROF== Report: " + opt("--export"))
+'''
+
+
+def real_metric_rows(n: int = 4) -> dict:
+    """Metric names, units and the values of the first ``n`` results of the real dropout CSV (details page)."""
+    rows = list(csv.DictReader(real_file(*REAL_CSV).open()))
+    metrics: dict[str, str] = {}
+    values: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if int(r["ID"]) >= n:
+            break
+        metrics.setdefault(r["Metric Name"], r["Metric Unit"])
+        values.setdefault(r["ID"], {})[r["Metric Name"]] = r["Metric Value"].replace(",", "")
+    return {"metrics": list(metrics.items()),
+            "values": [[values[i].get(m, "") for m in metrics] for i in sorted(values, key=int)]}
+
+
+class FakeNcu:
+    def __init__(self, root: Path, sequence: list[list[str]]):
+        self.bin = root / "fake ncu bin"
+        self.bin.mkdir(parents=True)
+        write_tool(self.bin, "ncu", FAKE_NCU)
+        self.log = root / "ncu calls.jsonl"
+        self.data = root / "real metric rows.json"
+        self.data.write_text(json.dumps(real_metric_rows()))
+        self.sequence = root / "launch sequence.json"
+        self.set_sequence(sequence)
+
+    def set_sequence(self, sequence: list[list[str]]) -> None:
+        self.sequence.write_text(json.dumps(sequence))
+
+    def env(self) -> dict:
+        return {"FAKE_NCU_LOG": str(self.log), "FAKE_NCU_DATA": str(self.data),
+                "FAKE_NCU_SEQUENCE": str(self.sequence)}
+
+    def calls(self) -> list[list[str]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def collections(self) -> list[list[str]]:
+        return [c for c in self.calls() if "-i" not in c]
