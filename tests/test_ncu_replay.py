@@ -38,6 +38,7 @@ from fake_tools import FakeNcu, FakeSmi
 from workflow_runs import dry_run_jobs, job_counts
 
 from operator_profiler import stages
+from operator_profiler.ncu import plan as replay_plan
 from operator_profiler.ncu import replay
 from operator_profiler.ncu.catalog import load_catalog
 
@@ -91,7 +92,7 @@ def launch_sequence(kernels: pd.DataFrame) -> list[list[str]]:
 
 def test_plan_gpt2_launch_windows_per_class():
     kernels, kl, classes = gpt2_timeline()
-    block = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    block = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     # Launch order after cudaProfilerStart: 3 embedding kernels, then h.0's 6 kernels.
     assert block["segments"] == [{"launch_skip": 3, "launch_count": 6, "first_kernel_id": 3, "last_kernel_id": 8}]
     assert block["window"] == {"kernel_ids": [3, 4, 5, 6, 7, 8], "pid": PID}
@@ -99,11 +100,11 @@ def test_plan_gpt2_launch_windows_per_class():
     assert block["instances"] == [f"transformer.h.{j}" for j in range(12)]
     # rest: the 3 head kernels (launches 0-2) and the 2 tail kernels after 12 x 6 block kernels (75, 76):
     # two segments, two ncu runs; the second iteration is never replayed.
-    rest = replay.plan_replay(kernels, kl, classes["rest"])
+    rest = replay_plan.plan_replay(kernels, kl, classes["rest"])
     assert [(s["launch_skip"], s["launch_count"]) for s in rest["segments"]] == [(0, 3), (3 + 12 * 6, 2)]
     assert rest["window"] == {"kernel_ids": [0, 1, 2, 75, 76], "pid": PID}
     # dedup.verify: two replay instances, adjacent blocks -> one window of 12 launches.
-    verify = replay.plan_replay(kernels, kl, dict(classes[BLOCK_CLASS],
+    verify = replay_plan.plan_replay(kernels, kl, dict(classes[BLOCK_CLASS],
                                                   replay_instances=["transformer.h.0", "transformer.h.1"]))
     assert [(s["launch_skip"], s["launch_count"]) for s in verify["segments"]] == [(3, 12)]
     assert block["warnings"] == rest["warnings"] == []
@@ -118,11 +119,11 @@ def test_plan_counts_launches_of_the_process_only_and_flags_nccl():
     kl = pd.concat([pd.DataFrame([{"kernel_id": -1, "layer": None, "module": None, "layer_class": "rest",
                                    "position": 0}]), kl], ignore_index=True)
     kernels.loc[kernels["kernel_id"] == 5, "name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-    plan = replay.plan_replay(kernels[kernels["pid"] == PID], kl[kl["kernel_id"] >= 0], classes[BLOCK_CLASS])
+    plan = replay_plan.plan_replay(kernels[kernels["pid"] == PID], kl[kl["kernel_id"] >= 0], classes[BLOCK_CLASS])
     assert plan["segments"][0]["launch_skip"] == 3
     assert any("communication" in w and "C16" in w for w in plan["warnings"])
     with pytest.raises(replay.NcuReplayError, match="2 processes"):
-        replay.plan_replay(kernels, kl, classes["rest"])
+        replay_plan.plan_replay(kernels, kl, classes["rest"])
 
 
 # ------------------------------------------------------------------------------ command
@@ -130,7 +131,7 @@ def test_plan_counts_launches_of_the_process_only_and_flags_nccl():
 
 def test_replay_command_exact_argv_with_spaces():
     kernels, kl, classes = gpt2_timeline()
-    plan = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    plan = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     catalog = load_catalog()
     report = Path("/data/my results/gpt 2/ncu") / f"{BLOCK_CLASS}.ncu-rep"
     target = replay.target_argv({"kind": "gpt2"}, {"seed": 0, "warmup": 2, "iterations": 5},
@@ -173,7 +174,7 @@ def test_run_replay_writes_csv_and_record_and_the_csv_matches_the_plan(fake_ncu,
     catalog = load_catalog()
     records = {}
     for cls in (BLOCK_CLASS, "rest"):
-        plan = replay.plan_replay(kernels, kl, classes[cls])
+        plan = replay_plan.plan_replay(kernels, kl, classes[cls])
         records[cls] = replay.run_replay(plan, catalog, out / f"{cls}.csv", out / f"{cls}.replay.json",
                                          {"locked": False}, target)
     collections = fake.collections()
@@ -219,7 +220,7 @@ def test_run_replay_writes_csv_and_record_and_the_csv_matches_the_plan(fake_ncu,
 def test_ncu_without_counter_permission_is_one_line_with_the_fix(fake_ncu, tmp_path, monkeypatch):
     fake, kernels, kl, classes = fake_ncu
     monkeypatch.setenv("FAKE_NCU_FAIL", "perm")
-    plan = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    plan = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     with pytest.raises(replay.NcuReplayError) as e:
         replay.run_replay(plan, load_catalog(), tmp_path / "ncu" / "c.csv", tmp_path / "ncu" / "c.replay.json",
                           {"locked": False}, ["python", "x.py"])
@@ -231,7 +232,7 @@ def test_ncu_without_counter_permission_is_one_line_with_the_fix(fake_ncu, tmp_p
 
 def test_ncu_missing_and_nothing_profiled(fake_ncu, tmp_path, monkeypatch):
     fake, kernels, kl, classes = fake_ncu
-    plan = replay.plan_replay(kernels, kl, classes[BLOCK_CLASS])
+    plan = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     fake.set_sequence([])  # the re-run launches fewer kernels than planned
     with pytest.raises(replay.NcuReplayError, match="profiled no kernels"):
         replay.run_replay(plan, load_catalog(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
@@ -247,7 +248,7 @@ def test_replay_estimate_and_report_lines():
                 "kernels_planned": 6, "segments": [{}], "wall_s": 10.0},
                {"class": "rest", "instances": ["rest"], "replay_instances": ["rest"], "kernels_planned": 5,
                 "segments": [{}, {}], "wall_s": 4.0}]
-    est = replay.replay_estimate(records)
+    est = replay_plan.replay_estimate(records)
     assert est["wall_s"] == 14.0 and est["estimate_all_s"] == 12 * 10.0 + 4.0
     text = "\n".join(_replay_lines(records))
     assert f"| {BLOCK_CLASS} | 12 | 1 | 6 | 1 | 10.0 | 120.0 |" in text
@@ -478,5 +479,5 @@ def test_a_shifted_launch_window_fails_instead_of_attaching_a_neighbours_counter
                    "name_disagreements": [{"key": "gemm", "position": 0}]}
     with pytest.raises(InputError, match=r"ncu file Block-1: 1 of 2 planned kernels matched, 2 profiled kernel\(s\) "
                                          r"not planned.*first disagreement.*launch window is shifted"):
-        stages._check_replay_windows({"Block-1": {"kernel_ids": [3, 4]}}, matched, diagnostics)
-    stages._check_replay_windows({"Block-1": {"kernel_ids": [3]}}, matched, {"ncu_only_rows": []})  # all good
+        stages._replay_windows_checked({"Block-1": {"kernel_ids": [3, 4]}}, matched, diagnostics)
+    stages._replay_windows_checked({"Block-1": {"kernel_ids": [3]}}, matched, {"ncu_only_rows": []})  # all good

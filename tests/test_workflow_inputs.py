@@ -328,3 +328,13 @@ def test_a_cache_of_other_sources_is_not_used(small_package):
     cache.write_text("{not json")
     os.utime(scripts / "plain_rule.py", ns=(1, 1))
     assert rule_inputs("table_rule", package, scripts) == expected
+
+
+@pytest.mark.parametrize("rule", sorted(gpu_jobs.RULES))
+def test_a_gpu_rule_depends_on_no_analysis_code(declared, rule):
+    """An edit of the analysis side (timeline readers, layers, matching, attribution, aggregation, reports) must
+    never re-run a GPU capture or replay: their declared library inputs are the capture side and the ncu run."""
+    analysis = ("timeline/", "layers.py", "matching/", "attribution/", "aggregate.py", "report/", "stages.py",
+                "results.py", "ncu/plan.py")
+    lib = [str(p).split(f"{PACKAGE}/", 1)[-1] for p in declared[rule]["lib"]]
+    assert lib and not [p for p in lib if p.startswith(analysis)], lib

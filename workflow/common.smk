@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from operator_profiler import stale
-from operator_profiler.capture import resolve_timeline
+from operator_profiler.capture.jobs import resolve_timeline
 from operator_profiler.config import ConfigError, check_callables, validate_config
 from operator_profiler.workflow_inputs import rule_inputs
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .naming import REST_CLASS
 from .timeline.model import iteration_at, kernel_phases
 
-REST_CLASS = "rest"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 

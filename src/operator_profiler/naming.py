@@ -28,3 +28,6 @@ MODULE_PATHS_FORMAT = "opprof.module_paths/1"
 
 #: Communication (NCCL) kernel names, demangled or mangled.
 COMMUNICATION = re.compile(r"^(?:void )?nccl|ncclDevKernel|ncclKernel|_Z\d+nccl", re.IGNORECASE)
+
+#: The layer class of the kernels outside every layer instance (layers.classify_layers).
+REST_CLASS = "rest"

@@ -164,7 +164,7 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
              kineto_timeline: Path | None = None) -> dict[str, dict]:
     """The layer-class checkpoint: instances table, per-kernel layer table, one JSON per class
     (``verify``: each class names two instances to replay, see config ``dedup.verify``) and, with
-    ``out_plans_dir``, one ncu replay plan per class (:func:`operator_profiler.ncu.replay.plan_replay`;
+    ``out_plans_dir``, one ncu replay plan per class (:func:`operator_profiler.ncu.plan.plan_replay`;
     written here, by the checkpoint, so that an unchanged class keeps a byte-identical plan and the GPU
     replay depends on nothing else the timeline export rewrites).
 
@@ -209,7 +209,7 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     write_json(out_summary, classes)
     layer_classes.write_classes(classes, out_classes_dir)
     if out_plans_dir is not None:
-        from .ncu.replay import write_plans
+        from .ncu.plan import write_plans
 
         write_plans(kernels, kernel_layers, classes, out_plans_dir)
     return classes
@@ -618,7 +618,7 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
 
 def replay_window(paths: list[Path]) -> dict:
     """The matching window of the classes' ncu replays: ``{"sources": {cls: {"kernel_ids": [...]}}}``."""
-    from .ncu.replay import match_window
+    from .ncu.plan import match_window
 
     return match_window({r["class"]: r for r in results.read_replay_records(paths)})
 

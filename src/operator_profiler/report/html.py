@@ -577,7 +577,7 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
 
     est = {}
     if replays:
-        from ..ncu.replay import replay_estimate
+        from ..ncu.plan import replay_estimate
 
         est = {r["class"]: r for r in replay_estimate(replays)["classes"]}
     # K: the instances an ncu replay runs per class. Without ncu replays (CPU runs, ncu off, imported traces)

@@ -198,7 +198,7 @@ def _replay_lines(replays: list[dict] | None) -> list[str]:
     """Measured ncu replay time per layer class against replaying every layer instance (N/K per class)."""
     if not replays:
         return []
-    from ..ncu.replay import replay_estimate
+    from ..ncu.plan import replay_estimate
 
     est = replay_estimate(replays)
     lines = [f"ncu replay time (Nsight Compute {ncu_versions(replays)}; wall seconds of the ncu runs, harness "
