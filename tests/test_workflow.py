@@ -292,7 +292,8 @@ def test_iteration_count_edit_recaptures_but_does_not_recompile(finished_run, tm
 @pytest.mark.workflow
 def test_touching_library_code_reruns_nothing_and_editing_a_custom_model_recaptures_it(finished_run, tmp_path):
     work, config = finished_run
-    for module in ("harness.py", "stages.py", "attribution/merge.py"):
+    for module in ("capture/harness.py", "stages.py", "attribution/merge.py"):
+        assert (ROOT / "src" / "operator_profiler" / module).is_file(), module  # touch() would create it
         (ROOT / "src" / "operator_profiler" / module).touch()
     result = snakemake(work, config, "-n", env=custom_env(work))
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-2000:]
@@ -301,12 +302,12 @@ def test_touching_library_code_reruns_nothing_and_editing_a_custom_model_recaptu
     # rules running operator_profiler.gpu_jobs, a checksummed input (a script: rule would re-run: its
     # code trigger is the script's mtime).
     future = time.time() + 3600
-    for module in ("gpu_jobs.py", "capture.py", "clocks.py", "workloads.py", "files.py"):
+    for module in ("gpu_jobs.py", "capture/jobs.py", "capture/clocks.py", "capture/workloads.py", "files.py"):
         os.utime(ROOT / "src" / "operator_profiler" / module, (future, future))
     result = snakemake(work, config, "-n", env=custom_env(work))
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-2000:]
     now = time.time()
-    for module in ("gpu_jobs.py", "capture.py", "clocks.py", "workloads.py", "files.py"):
+    for module in ("gpu_jobs.py", "capture/jobs.py", "capture/clocks.py", "capture/workloads.py", "files.py"):
         os.utime(ROOT / "src" / "operator_profiler" / module, (now, now))
 
     model = work / "wf_models.py"
@@ -434,8 +435,9 @@ def _session_processes(session: int):
 
 def interrupt_job(workdir: Path, config: Path, rule: str, ctrl_c: bool, *args: str) -> subprocess.CompletedProcess:
     """Run Snakemake and, once the job of ``rule`` is running this project's code (it has loaded pandas, which
-    every job imports after installing its interrupt handling), send SIGINT: to the whole process group as a
-    terminal's Ctrl-C does (``ctrl_c``), else to the job's process only (``kill -INT``)."""
+    every script job imports after installing its interrupt handling, or torch, which a GPU-rule job imports after
+    it and which loads no pandas), send SIGINT: to the whole process group as a terminal's Ctrl-C does
+    (``ctrl_c``), else to the job's process only (``kill -INT``)."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
            "--configfile", str(config), "--cores", "1", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -446,7 +448,7 @@ def interrupt_job(workdir: Path, config: Path, rule: str, ctrl_c: bool, *args: s
     while job is None and time.time() < deadline and proc.poll() is None:
         job = next((pid for pid, cmd, maps in _session_processes(proc.pid)
                     if cmd.split(" ", 1)[0].endswith(("python", "python3")) and any(m in cmd for m in marks)
-                    and "pandas/_libs" in maps), None)
+                    and ("pandas/_libs" in maps or "libtorch" in maps)), None)
         time.sleep(0.05)
     assert job is not None, f"the {rule} job never ran"
     if ctrl_c:
