@@ -228,6 +228,10 @@ def test_a_split_made_by_whole_model_fusion_says_so():
     assert f"only here: {fused} x1" in classes["B"]["split_detail"]
     assert {c["split_reason"] for c in split("aten::bmm", {fused}).values()} == {"kernels_differ"}
     assert {c["split_reason"] for c in split(fused, {fused}, L.Counter()).values()} == {"kernels_differ"}
+    # SDPA (default config): blocks.0 runs one more generated kernel (its LayerNorm on the model's input), though
+    # cross-layer kernels touch both blocks alike
+    alike = L.Counter({"h.0": 2, "h.1": 2, "h.2": 2, "h.3": 2})
+    assert {c["split_reason"] for c in split(fused, {fused}, alike).values()} == {"compiled_boundary_differs"}
     assert "compiled_boundary_differs" in L.SPLIT_REASONS
 
 

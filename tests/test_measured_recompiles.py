@@ -32,6 +32,9 @@ def counting():
 
 def stable():
     return Stable(), (torch.randn(2, 4),)
+
+def bare_sequential():  # torch's own module as the model: model.compile() traces nothing
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)), (torch.randn(2, 4),)
 """
 SETTINGS = {"seed": 0, "warmup": 2, "warmup_max": 2, "iterations": 2}
 
@@ -56,3 +59,21 @@ def test_a_stable_compiled_model_is_not_refused(models, tmp_path):
     run = harness.run_capture(workload, SETTINGS, "cpu", None, None, tmp_path / "run.json", profiler="none",
                               workload_name="mine")
     assert run["compiled"] is True and (tmp_path / "run.json").exists()
+
+
+def test_a_compile_that_compiles_nothing_is_refused(models, tmp_path):
+    """QA: the documented example (a bare nn.Sequential, compile: true) ran eager while run.json said compiled (Dynamo
+    does not trace torch's own module forward as the compiled frame); only compile_artifacts failed, as an internal
+    error. Now the capture refuses it in one line that says what to do."""
+    import torch
+
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    workload = {"kind": "custom", "factory": "recompile_models:bare_sequential", "compile": True}
+    with pytest.raises(WorkloadError, match=r"workload 'mine': the model is torch's own Sequential, whose forward torch.compile does not "
+                                            r"trace.*wrap it in a module of your own"):
+        harness.run_capture(workload, SETTINGS, "cpu", None, None, tmp_path / "run.json", profiler="none",
+                            workload_name="mine")
+    assert counters["stats"]["unique_graphs"] == graphs and not (tmp_path / "run.json").exists()
+    assert torch.compile  # the refusal is about the model, not about torch.compile being unavailable

@@ -451,9 +451,9 @@ def explain_splits(classes: dict[str, dict], layers: list[dict], phases: dict[st
 
     The reason comes from the capture's probe of each layer call (``layers.json`` ``calls``:
     ``input_requires_grad``, ``input_shapes``; :func:`operator_profiler.capture.workloads.probe_layer_inputs`), checked in
-    that order; then ``compiled_boundary_differs`` when the instances of the two classes are touched by different
-    numbers of cross-layer kernels (``boundary``: instance -> cross-layer kernels of the first measured iteration
-    whose ``layers_spanned`` list it) and every kernel name that differs is a generated one (``generated``:
+    that order; then ``compiled_boundary_differs`` when cross-layer kernels touch the instances of the two classes
+    (``boundary``: instance -> cross-layer kernels of the first measured iteration whose ``layers_spanned`` list
+    it) and every kernel name that differs is a generated one (``generated``:
     :func:`generated_kernel_names`);
     else ``kernels_differ``. ``phases``: instance -> its kernels per train-step phase in the first measured
     iteration. Classes are not merged: counters are broadcast by kernel position, which needs identical kernel
@@ -513,11 +513,11 @@ def generated_kernel_names(fusion_map: pd.DataFrame | None) -> frozenset[str]:
 
 
 def _boundary_differs(a: dict, b: dict, boundary: Counter, generated: set[str] | frozenset) -> bool:
-    """Whether two classes of one module class differ as a whole-model compile makes them differ: their instances
-    are touched by different numbers of cross-layer kernels, and each kernel name one has more often than the
-    other is a kernel Inductor generated (a library kernel that differs has another cause)."""
-    touched = [{boundary[lab] for lab in e["instances"]} for e in (a, b)]
-    if not boundary or touched[0] == touched[1]:
+    """Whether two classes of one module class differ as a whole-model compile makes them differ: cross-layer kernels
+    touch their instances (Inductor fused across their boundaries), and each kernel name one has more often than
+    the other is a kernel Inductor generated (a library kernel that differs has another cause). The first instance
+    of a stack differs even where every instance is touched alike: only its input comes from outside the layers."""
+    if not any(boundary[lab] for e in (a, b) for lab in e["instances"]):
         return False
     na, nb = Counter(k[0] for k in a["signature"]), Counter(k[0] for k in b["signature"])
     differing = set((na - nb) + (nb - na))

@@ -238,6 +238,14 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
             module.forward = torch.compile(module.forward, **_copy(kwargs))
     else:
         scope = "model"
+        from torch._dynamo import trace_rules
+
+        if trace_rules.check(model.forward):  # Dynamo skips this frame: model.compile() would compile nothing
+            raise workloads.WorkloadError(
+                f"the model is torch's own {type(model).__name__}, whose forward torch.compile does not trace when it "
+                "is the compiled frame (model.compile() would compile nothing and the profile would be of the eager "
+                "model); wrap it in a module of your own (class Net(nn.Module) whose forward calls it), use "
+                "compile_scope: layers, or set compile: false")
         model.compile(**_copy(kwargs))  # torch.compile(model._call_impl, ...): the graph of torch.compile(model)
         if emitter is not None:
             compiled_call = model._compiled_call_impl  # what Module.__call__ runs once compiled
@@ -490,8 +498,11 @@ def run_capture(
     layer_ranges = not compiled or (workload.get("compile_scope", "model") == "layers" and bool(layers))
     if layer_ranges:  # never inside a whole-model compiled region (module docstring)
         _install_layer_ranges(model, layers, emitter)
-    compile_record = _compile(model, layers, workload, emitter) if compiled else {
-        "compile_scope": None, "compile_mode": None, "compile_options": None}
+    try:
+        compile_record = _compile(model, layers, workload, emitter) if compiled else {
+            "compile_scope": None, "compile_mode": None, "compile_options": None}
+    except workloads.WorkloadError as exc:  # name the workload: several fail in one run with -k
+        raise workloads.WorkloadError(f"workload {label}: {exc}") from None
     if train:
         trainer = training.TrainStep(model, model, inputs, workload, emitter)
 
