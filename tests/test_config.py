@@ -260,3 +260,8 @@ def test_unknown_compile_options_fail_when_the_config_is_checked(in_process):
     assert "epilogue_fusion" in torch._inductor.list_options()
     config["workloads"]["g"]["compile_options"] = {"epilogue_fusion": False}
     check_callables(config, import_modules=in_process)
+    # QA: a value of the wrong type passed the check and failed the capture as an internal error, unnamed
+    config["workloads"]["g"]["compile_options"] = {"epilogue_fusion": "yes", "triton.cudagraphs": 3}
+    with pytest.raises(ConfigError, match=r"workloads\.g\.compile_options: 'epilogue_fusion': Unexpected type of attr "
+                                          r"epilogue_fusion, got str should be bool.*'triton\.cudagraphs'.*got int"):
+        check_callables(config, import_modules=in_process)

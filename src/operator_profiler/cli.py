@@ -251,8 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate-config", help="validate a config file and print it with defaults")
     s.add_argument("config", type=Path, help="the workflow config (YAML), e.g. config/config.yaml")
     s.add_argument("--no-imports", action="store_true",
-                   help="do not import the custom workloads' factory and loss_fn modules (by default each is "
-                        "imported, its function looked up, not called; the module must be on PYTHONPATH)")
+                   help="do not import anything: skip the checks of the custom workloads' factory and loss_fn "
+                        "modules (by default each is imported, its function looked up, not called; the module must "
+                        "be on PYTHONPATH) and of compile_options (names and value types, checked with torch)")
     s.set_defaults(func=_cmd_validate_config)
 
     s = sub.add_parser("capture", help="run one workload of a config under torch.profiler")

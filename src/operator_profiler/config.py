@@ -310,25 +310,57 @@ def _check_callable(spec: str, what: str, import_module: bool) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=2)
-def inductor_options(in_process: bool = True) -> frozenset[str] | None:
-    """The option names ``torch.compile(options=...)`` accepts (``torch._inductor.list_options()``); None when torch
-    cannot say. ``in_process`` False (the DAG build, which imports no torch) asks a child Python instead."""
-    if in_process:
-        import torch._inductor
+def inductor_option_problems(options: dict) -> dict[str, str]:
+    """Why torch.compile would refuse each bad key of ``options`` (``torch.compile(options=...)``): ``"unknown"``
+    for a name not in ``torch._inductor.list_options()``, else torch's own message for a value of the wrong type
+    (the check torch.compile runs, ``_TorchCompileInductorWrapper.apply_options``). Imports torch."""
+    import torch
+    import torch._inductor
 
-        return frozenset(torch._inductor.list_options())
+    known = set(torch._inductor.list_options())
+    problems = {}
+    for key, value in options.items():
+        if key.replace("-", "_") not in known:
+            problems[key] = "unknown"
+            continue
+        try:
+            torch._TorchCompileInductorWrapper("default", {key: value}, False)
+        except Exception as exc:  # torch's RuntimeError for a value of the wrong type
+            problems[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return problems
+
+
+@functools.lru_cache(maxsize=1)
+def _inductor_option_names() -> tuple[str, ...]:
+    import torch._inductor
+
+    return tuple(sorted(torch._inductor.list_options()))
+
+
+def _compile_option_problems(options: dict, in_process: bool) -> tuple[dict[str, str], tuple[str, ...]] | None:
+    """:func:`inductor_option_problems` and the known names, here or (``in_process`` False: the DAG build, which
+    imports no torch) in a child Python; None when torch cannot say."""
+    if in_process:
+        return inductor_option_problems(options), _inductor_option_names()
+    import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-c", "import torch._inductor as i; print('\\n'.join(i.list_options()))"],
-                          capture_output=True, text=True, check=False)
-    return frozenset(proc.stdout.split()) if proc.returncode == 0 and proc.stdout.strip() else None
+    code = ("import json, sys, torch._inductor; from operator_profiler.config import inductor_option_problems; "
+            "print(json.dumps([inductor_option_problems(json.loads(sys.argv[1])), torch._inductor.list_options()]))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(options)], capture_output=True, text=True,
+                          check=False)
+    try:
+        problems, names = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return problems, tuple(names)
 
 
 def check_callables(config: dict, source: str = "config", import_modules: bool = True) -> None:
     """Check that every custom workload's ``factory`` and every ``loss_fn`` of a validated config names a
     callable of a module on the Python path, without calling it, and that every ``compile_options`` key of a
-    compiled workload is an option of the installed torch._inductor (:func:`inductor_options`).
+    compiled workload is an option of the installed torch._inductor with a value of its type
+    (:func:`inductor_option_problems`).
 
     ``import_modules`` (``opprof validate-config``): import each module (its top-level code runs, so a missing
     dependency shows). Off (the DAG build, ``workflow/common.smk``: no user code, and no torch import, in the
@@ -348,14 +380,14 @@ def check_callables(config: dict, source: str = "config", import_modules: bool =
                 if why:
                     problems.append(f"workloads.{name}.{key}: {why}")
         options = w.get("compile_options") or {}
-        if options and w.get("compile"):
-            known = inductor_options(in_process=import_modules)
-            unknown = sorted(k for k in options if known is not None and k not in known)
-            if unknown:
-                close = [difflib.get_close_matches(k, sorted(known), n=1) for k in unknown]
-                hint = "; ".join(f"did you mean {c[0]!r} for {k!r}?" for k, c in zip(unknown, close) if c)
-                problems.append(f"workloads.{name}.compile_options: {', '.join(map(repr, unknown))} "
-                                f"{'is' if len(unknown) == 1 else 'are'} not an option of the installed "
-                                f"torch._inductor (torch._inductor.list_options()){'; ' + hint if hint else ''}")
+        found = _compile_option_problems(options, in_process=import_modules) if options and w.get("compile") else None
+        for key, why in sorted((found or ({}, ()))[0].items()):
+            if why == "unknown":
+                close = difflib.get_close_matches(key, found[1], n=1)
+                problems.append(f"workloads.{name}.compile_options: {key!r} is not an option of the installed "
+                                "torch._inductor (torch._inductor.list_options())"
+                                + (f"; did you mean {close[0]!r}?" if close else ""))
+            else:
+                problems.append(f"workloads.{name}.compile_options: {key!r}: {why}")
     if problems:
         raise ConfigError(f"in {source}: {'; '.join(problems)}")
