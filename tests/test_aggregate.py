@@ -269,3 +269,17 @@ def test_report_lists_counters_per_layer_class_and_the_verify_check():
     text = render_markdown("w", ReportInputs(coverage, operators, modules, pd.DataFrame(), matching=matching), 5)
     assert "| Block-1 | 6 | 4 | 2 | 0 | 20.0% (sm__throughput) |" in text
     assert "| rest | 2 | 2 | 0 | 0 | not verified |" in text
+
+
+def test_layers_found_but_none_placed_is_said_not_called_no_layers():
+    """QA: a whole-model compile with a graph break in each of 3 identical blocks placed every kernel in `rest`
+    (their FX nodes' modules unknown), and the report said "No repeated submodules (layers) were found" while
+    capture/layers.json listed the 3 blocks."""
+    from operator_profiler.report.markdown import layer_summary
+
+    only_rest = pd.DataFrame({"layer_class": ["rest"], "instances": [1]})
+    said = layer_summary(only_rest, {"layers": 3})
+    assert said.startswith("The capture found 3 layers (capture/layers.json), but no kernel could be placed in one")
+    assert "compile_scope: layers" in said and "No repeated submodules" not in said
+    assert layer_summary(only_rest, {"layers": 0}).startswith("No repeated submodules")
+    assert layer_summary(only_rest, None).startswith("No repeated submodules")

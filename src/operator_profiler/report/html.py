@@ -572,7 +572,7 @@ def _refused_counters(coverage: dict) -> str:
 
 
 def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[dict] | None,
-                    no_ranges: bool = False, coverage: dict | None = None) -> str:
+                    no_ranges: bool = False, coverage: dict | None = None, run: dict | None = None) -> str:
     import plotly.graph_objects as go
 
     est = {}
@@ -615,7 +615,7 @@ def _layers_section(layer_classes: pd.DataFrame, iterations: int, replays: list[
         names.append(r["layer_class"])
         n_values.append(int(r["instances"]))
         k_values.append(k)
-    summary = f"<p>{inline(report_md.layer_summary(layer_classes))}</p>"
+    summary = f"<p>{inline(report_md.layer_summary(layer_classes, run))}</p>"
     splits = report_md.split_lines(layer_classes)
     if splits:
         summary += f'<p id="layer-splits">{inline(splits[0])}</p>' + _bullets(splits[2:])
@@ -755,7 +755,7 @@ def render_html(workload: str, inputs: ReportInputs, top_operators: int = TOP_BA
         _sol_section(operators, coverage, latency_threshold()),
         _coverage_section(coverage, diagnostics),
         _phases_section(coverage, phases, top_operators),
-        _layers_section(layer_classes, iterations, replays, no_ranges, coverage),
+        _layers_section(layer_classes, iterations, replays, no_ranges, coverage, run),
         _modules_section(modules, top_operators, no_ranges),
     ]
     nav = [("measurement", "Measurement"), ("operators", "Operators"), ("sol", "Speed of light"),

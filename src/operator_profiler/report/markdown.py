@@ -573,10 +573,19 @@ def modules_lines(modules: pd.DataFrame) -> list[str]:
             _table(table[["module", "kernels", label, "total_ms", "share"]]), ""]
 
 
-def layer_summary(layer_classes: pd.DataFrame) -> str:
-    """One sentence: N layer instances form K classes (the ncu replay saving), or that the model has no layers."""
+def layer_summary(layer_classes: pd.DataFrame, run: dict | None = None) -> str:
+    """One sentence: N layer instances form K classes (the ncu replay saving), that the capture found layers but no
+    kernel was placed in one (``run``'s ``layers``: a whole-model compile whose FX nodes' modules are unknown),
+    or that the model has no layers."""
     if not len(layer_classes):
         return "No kernels, so no layers or layer classes."
+    found = (run or {}).get("layers") or 0
+    if found and not len(layer_classes[layer_classes["layer_class"] != "rest"]):
+        return (f"The capture found {_plural(int(found), 'layer')} (capture/layers.json), but no kernel could be "
+                "placed in one, so every kernel is in the class `rest` and ncu replays the whole iteration. In a "
+                "whole-model compile a kernel's layer comes from the modules of its FX nodes; here they are "
+                "unknown (see the kernels of unknown layer below), e.g. because a graph break splits the model "
+                "into frames compiled once for every layer: set `compile_scope: layers`, or remove the graph break.")
     layered = layer_classes[layer_classes["layer_class"] != "rest"]
     if len(layered):
         n, k = int(layered["instances"].sum()), len(layered)
@@ -711,7 +720,7 @@ def render_markdown(workload: str, inputs: ReportInputs, top_operators: int) -> 
         lc = lc[["layer_class", "module_class", "instances (layer calls)", "kernels_per_instance", per_call_label,
                  "total_ms", "representative"]]
         lines += [_table(lc), ""]
-    lines += [layer_summary(layer_classes), *layer_membership_lines(coverage, layer_classes=layer_classes), ""]
+    lines += [layer_summary(layer_classes, run), *layer_membership_lines(coverage, layer_classes=layer_classes), ""]
     lines += split_lines(layer_classes)
     lines += _dedup_lines(matching)
     lines += refused_counters_lines(coverage)
