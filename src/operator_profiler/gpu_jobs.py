@@ -50,7 +50,7 @@ def _compile_artifacts(j):
 
     return capture.compile_artifacts, (
         json.loads(j.params.workload), json.loads(j.params.harness), j.params.device, j.output.debug,
-        j.input.clocks, j.output.clocks)
+        j.input.clocks, j.output.clocks, j.wildcards.workload)
 
 
 def _replay_ncu(j):

@@ -224,7 +224,8 @@ def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device
 
 
 def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: Path,
-                      clocks_target: Path | dict | None = None, out_clocks: Path | None = None) -> None:
+                      clocks_target: Path | dict | None = None, out_clocks: Path | None = None,
+                      workload_name: str | None = None) -> None:
     """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
     (``output_code.py``, FX graphs, provenance JSON: ``trace.provenance_tracking_level = 1``,
     docs/formats.md#inductor-switches) under ``out_dir``, each with the module path of every FX node
@@ -251,7 +252,7 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
 
         with recording():  # each graph dir gets the module paths of its FX nodes (opprof_module_paths.json)
             harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
-                                inductor_dir=tmp, profiler="none")
+                                inductor_dir=tmp, profiler="none", workload_name=workload_name)
 
     if device == "cuda" and clocks_target is not None:
         with locked_clocks(_read_target(clocks_target), Path(out_clocks or out_dir.parent / "clocks_applied.json"),
