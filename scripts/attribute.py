@@ -4,6 +4,7 @@ from operator_profiler.interrupts import watch_snakemake_job
 
 watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a traceback
 
+import json
 from pathlib import Path
 
 from operator_profiler import stages
@@ -14,4 +15,4 @@ fusion = snakemake.input.fusion_map or None
 kineto = Path(snakemake.input.kineto).parent if snakemake.input.kineto else None
 run_rule(snakemake.log[0], stages.attribute_files, Path(snakemake.input.kernels).parent,
          snakemake.input.kernel_layers, fusion, snakemake.output.kernels, NvtxOptions.from_config(snakemake.params.nvtx),
-         kineto, list(snakemake.input.runs))
+         kineto, list(snakemake.input.runs), json.loads(snakemake.params.workload))

@@ -584,3 +584,23 @@ def test_stale_results_are_left_alone_while_another_snakemake_holds_the_folder(f
     assert result.returncode != 0
     assert "not removed: another Snakemake holds this folder" in result.stderr, result.stderr[-2000:]
     assert all((tmp_path / "results" / "lstm" / name).exists() for name in REPORTS)
+
+
+@pytest.mark.workflow
+def test_a_capture_of_another_workload_copied_in_is_refused(finished_run, tmp_path):
+    """QA: sdpa_attention's capture copied into results/lstm/capture/ (as captures are copied back from a GPU
+    node) gave exit 0 and a report titled lstm, eager, listing sdpa's operators. The capture's run.json records
+    the workload it captured; the attribute stage now refuses a capture of another workload than the config's."""
+    work, _ = finished_run
+    config = copy_finished_run(work, tmp_path, ("lstm", "sdpa_attention"))
+    lstm, sdpa = tmp_path / "results" / "lstm" / "capture", tmp_path / "results" / "sdpa_attention" / "capture"
+    for name in ("timeline.kineto.json.gz", "run.json", "layers.json"):
+        shutil.copy(sdpa / name, lstm / name)  # as cp does: a new modification time
+    result = snakemake(tmp_path, config, env=custom_env(tmp_path))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in out
+    failed = [line for line in result.stderr.splitlines() if line.startswith("FAILED: ")]
+    assert len(failed) == 1 and failed[0].startswith(
+        "FAILED: results/lstm/capture/run.json is a capture of another workload than the config's"), failed
+    assert "kind" in failed[0] and "'sdpa_attention'" in failed[0] and "'lstm'" in failed[0]
+    assert not (tmp_path / "results" / "lstm" / "report.md").exists()

@@ -23,5 +23,6 @@ rule attribute:
         "../envs/analysis.yaml"
     params:
         nvtx=config["nvtx"],
+        workload=workload_params,
     script:
         "../scripts/attribute.py"

@@ -251,13 +251,24 @@ def check_kernel_counts(counts: dict[str, int | None]) -> None:
                          "and re-run the captures")
 
 
-def _check_run_counts(runs: list[Path], kernels: pd.DataFrame) -> dict[str, int | None]:
+def _check_run_counts(runs: list[Path], kernels: pd.DataFrame, workload: dict | None = None) -> dict[str, int | None]:
     """Kernel counts of the workload's runs: each run.json's ``measured_kernels`` (the harness's count, null
     under nsys), and for the first run (the one this timeline comes from) the timeline reader's count too.
-    CPU runs are skipped (their "kernels" are compute calls, not launches)."""
+    CPU runs are skipped (their "kernels" are compute calls, not launches). With ``workload`` (the config's), each
+    run must have captured that workload: a capture copied in from another workload or config is refused."""
     counts: dict[str, int | None] = {}
     for i, path in enumerate(runs):
         run = results.read(results.RUN, Path(path), hint="run the capture rules")
+        captured = run.get("workload")
+        if workload is not None and captured is not None and captured != workload:
+            differ = sorted((k for k in set(captured) | set(workload) if captured.get(k) != workload.get(k)),
+                            key=lambda k: (k not in ("kind", "factory"), k))  # what the model is, first
+            raise InputError(
+                f"{path} is a capture of another workload than the config's ({', '.join(differ[:5])} differ: "
+                f"captured {', '.join(f'{k}={captured.get(k)!r}' for k in differ[:3])}; config "
+                f"{', '.join(f'{k}={workload.get(k)!r}' for k in differ[:3])}): the profile would not be of the "
+                f"configured workload; capture it again (delete {Path(path).parent}, or snakemake --forcerun "
+                "capture_timeline)")
         device = (run.get("versions") or {}).get("device") or run.get("device")
         if device == "cpu":
             continue
@@ -270,7 +281,8 @@ def _check_run_counts(runs: list[Path], kernels: pd.DataFrame) -> dict[str, int 
 
 def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: Path | pd.DataFrame | None,
                     out: Path, nvtx_options: nvtx.NvtxOptions | None = None,
-                    kineto_timeline: Path | None = None, runs: list[Path] | None = None) -> pd.DataFrame:
+                    kineto_timeline: Path | None = None, runs: list[Path] | None = None,
+                    workload: dict | None = None) -> pd.DataFrame:
     """Attribution of every kernel of a timeline -> ``attribution/kernels.parquet``.
 
     A Kineto timeline runs paths (a) correlation and (c) the fusion map; an nsys timeline runs path
@@ -281,7 +293,8 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
 
     ``runs``: the run.json of every capture of the workload, this timeline's first (``capture/run.json``,
     then ``capture/kineto_run.json``): their kernel counts of the measured window must agree
-    (:func:`check_kernel_counts`; the nsys count is the timeline reader's), else nothing is attributed.
+    (:func:`check_kernel_counts`; the nsys count is the timeline reader's), else nothing is attributed; with
+    ``workload`` (the config's) each must be a capture of that workload.
 
     Raises:
         InputError: unreadable inputs, tables from different timelines, a ``kineto_timeline``
@@ -292,7 +305,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     stage_done(f"read {len(kernels):,} kernels and {len(ranges):,} ranges", start)
     start = time.perf_counter()
     if runs:
-        _check_run_counts([Path(r) for r in runs], kernels)
+        _check_run_counts([Path(r) for r in runs], kernels, workload)
     kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers)
     fusion = _read_fusion_map(fusion_map)
     if is_nsys(kernels):
