@@ -260,15 +260,17 @@ def _check_run_counts(runs: list[Path], kernels: pd.DataFrame, workload: dict | 
     for i, path in enumerate(runs):
         run = results.read(results.RUN, Path(path), hint="run the capture rules")
         captured = run.get("workload")
-        if workload is not None and captured is not None and captured != workload:
-            differ = sorted((k for k in set(captured) | set(workload) if captured.get(k) != workload.get(k)),
+        if isinstance(workload, dict) and isinstance(captured, dict):
+            # keys both record (a capture of an older version lacks keys added since: not a difference)
+            differ = sorted((k for k in set(captured) & set(workload) if captured[k] != workload[k]),
                             key=lambda k: (k not in ("kind", "factory"), k))  # what the model is, first
-            raise InputError(
-                f"{path} is a capture of another workload than the config's ({', '.join(differ[:5])} differ: "
-                f"captured {', '.join(f'{k}={captured.get(k)!r}' for k in differ[:3])}; config "
-                f"{', '.join(f'{k}={workload.get(k)!r}' for k in differ[:3])}): the profile would not be of the "
-                f"configured workload; capture it again (delete {Path(path).parent}, or snakemake --forcerun "
-                "capture_timeline)")
+            if differ:
+                raise InputError(
+                    f"{path} is a capture of another workload than the config's ({', '.join(differ[:5])} differ: "
+                    f"captured {', '.join(f'{k}={captured[k]!r}' for k in differ[:3])}; config "
+                    f"{', '.join(f'{k}={workload[k]!r}' for k in differ[:3])}): the profile would not be of the "
+                    f"configured workload; capture it again (delete {Path(path).parent}, or snakemake --forcerun "
+                    "capture_timeline)")
         device = (run.get("versions") or {}).get("device") or run.get("device")
         if device == "cpu":
             continue
