@@ -4,7 +4,7 @@ of a report as one typed object (:class:`ReportPaths` -> :class:`ReportInputs`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -190,9 +190,6 @@ class ReportInputs:
                    replays=read_replay_records(paths.replays) if paths.replays else None,
                    clocks=read_optional(CLOCKS, paths.clocks), phases=read_optional(PHASES, paths.phases),
                    counters_time=share)
-
-    def as_kwargs(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def counters_time_share(attribution_path: Path, counters_path: Path) -> float:

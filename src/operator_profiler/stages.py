@@ -73,8 +73,8 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
     timeline_dir = Path(timeline_dir)
     hint = f"write the timeline first: opprof timeline (--kineto TRACE | --nsys REPORT) --out {timeline_dir}"
-    kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint, columns=tuple(tables.KERNELS.names))
-    ranges = results.read(results.RANGES, timeline_dir / "ranges.parquet", hint=hint, columns=tuple(tables.RANGES.names))
+    kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint)
+    ranges = results.read(results.RANGES, timeline_dir / "ranges.parquet", hint=hint)
     return kernels, ranges
 
 
@@ -364,7 +364,7 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
                        kernel_layers: Path | None) -> pd.DataFrame:
     if kernel_layers is None:
         return layer_classes.classify_layers(kernels, ranges, [])[0]
-    kl = results.read(results.KERNEL_LAYERS, kernel_layers, hint="write it with: opprof classify --timeline DIR --layers LAYERS.json --out DIR", columns=("kernel_id", "layer", "layer_class", "position"))
+    kl = results.read(results.KERNEL_LAYERS, kernel_layers)
     if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
             kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
         raise InputError(f"{kernel_layers} lists {len(kl)} kernels, the timeline {timeline_dir} {len(kernels)}: they "
@@ -381,8 +381,8 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     operator and module, and with ``matching_path`` (``matched/diagnostics.json``) the kernels whose
     counters the matching refused, per reason and key (``coverage.json`` ``counters``)."""
     hint = "write it with opprof attribute / opprof classify (see opprof --help)"
-    attribution = results.read(results.ATTRIBUTION, attribution_path, hint=hint, columns=tuple(tables.ATTRIBUTION.names) + ("duration_ns", "operator_range_id"))
-    instances = results.read(results.INSTANCES, instances_path, hint=hint, columns=("layer", "layer_class", "iteration", "time_ns"))
+    attribution = results.read(results.ATTRIBUTION, attribution_path, hint=hint)
+    instances = results.read(results.INSTANCES, instances_path, hint=hint)
     classes = results.read(results.CLASSES, classes_path, hint=hint)
     _check_same_timeline(attribution, attribution_path, instances, instances_path)
     matching = results.read(results.MATCHING, Path(matching_path), hint="write it with: opprof match ...") if matching_path is not None else None
@@ -394,7 +394,7 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     if counters_path is not None:
         from .ncu.catalog import load_catalog
 
-        counters = results.read(results.COUNTERS, counters_path, hint="write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR", columns=("kernel_id", "ncu_id", "counters_from"))
+        counters = results.read(results.COUNTERS, counters_path)
         results.check_matched_on(counters.attrs.get("timeline"), attribution, counters_path, attribution_path)
         catalog = load_catalog()
         operators = agg.with_counters(operators, attribution, counters, "operator", catalog)
@@ -497,7 +497,7 @@ def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_
     launches = results.read(results.LAUNCHES, launches_path, hint="write the timeline with opprof "
                                  f"timeline --out {timeline_dir}", columns=tuple(tables.LAUNCHES.names)) if launches_path.is_file() else None
     attribution = results.read(results.ATTRIBUTION, attribution_path, hint=f"write it with: opprof attribute --timeline {timeline_dir} --out FILE", columns=tuple(tables.ATTRIBUTION.names))
-    counters = results.read(results.COUNTERS, counters_path, hint="write it with: opprof match --timeline DIR --ncu NCU.parquet --out DIR", columns=("kernel_id", "ncu_id", "counters_from")) if counters_path is not None else None
+    counters = results.read(results.COUNTERS, counters_path) if counters_path is not None else None
     if counters is not None:
         results.check_matched_on(counters.attrs.get("timeline"), kernels, counters_path, Path(timeline_dir))
     activities_path = timeline_dir / "gpu_activities.parquet"
