@@ -64,9 +64,39 @@ def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
 
 
 def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
+    """The fusion map of ``debug_dir`` with each generated kernel's work (``work_*`` columns) -> ``out``."""
+    from .work.fused_kernels import with_fused_work
+
     fusion = load_fusion_map_checked(debug_dir)
+    fusion = with_fused_work(fusion, inductor.find_graph_dirs(Path(debug_dir)))
     write_parquet_atomic(fusion, out)
     return fusion
+
+
+def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map_path: Path | None = None,
+               kineto_dir: Path | None = None) -> pd.DataFrame:
+    """Analytic work (FLOPs, ideal bytes) of every attributed kernel -> ``out`` (work/kernels.parquet).
+
+    Reads the timeline's ranges (their recorded input shapes), the attribution (which call or fused call site
+    each kernel belongs to) and, for compiled workloads, the fusion map's ``work_*`` columns; with an nsys
+    timeline, ``kineto_dir`` is the torch.profiler run's timeline (the op ranges with shapes)."""
+    from .work.assign import kernel_work
+
+    t0 = time.perf_counter()
+    kernels, ranges = read_timeline(timeline_dir)
+    attribution = results.read(results.ATTRIBUTION, attribution_path)
+    if len(attribution) != len(kernels) or not attribution["kernel_id"].isin(kernels["kernel_id"]).all():
+        raise InputError(f"{attribution_path} does not describe the timeline in {timeline_dir}: {len(attribution):,} "
+                         f"attributed kernels, {len(kernels):,} in the timeline; pass the attribution written for it")
+    merged = attribution[["kernel_id", "operator_range_id", "evidence", "duration_ns"]].merge(
+        kernels[["kernel_id", "range_id"]], on="kernel_id", how="left")
+    fusion = _read_fusion_map(fusion_map_path) if fusion_map_path else None
+    kineto_ranges = read_timeline(kineto_dir)[1] if kineto_dir else None
+    work = kernel_work(merged, ranges, fusion, kineto_ranges)
+    write_parquet_atomic(work, out)
+    known = work["flops"].notna()
+    stage_done(f"work: {int(known.sum()):,} of {len(work):,} kernels with known FLOPs", t0)
+    return work
 
 
 def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

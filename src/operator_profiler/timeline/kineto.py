@@ -4,6 +4,7 @@ Details: docs/modules.md#timeline-kineto."""
 
 from __future__ import annotations
 
+import json
 import re
 from array import array
 from collections import Counter
@@ -313,6 +314,7 @@ def read_kineto(path: Path) -> Timeline:
     r_pid, r_tid, r_start, r_end, r_seq, r_fwd, r_order, r_ext = (array("q") for _ in range(8))
     r_name: list[str] = []
     r_kind: list[str] = []
+    r_shapes: list[str | None] = []  # record_shapes args of op events, as compact JSON (shared when repeated)
     l_pid, l_tid, l_start, l_end, l_corr, l_ext = (array("q") for _ in range(6))
     l_api: list[str] = []
     k_pid, k_device, k_stream, k_start, k_end, k_corr, k_graph, k_node, k_ext = (array("q") for _ in range(9))
@@ -326,6 +328,7 @@ def read_kineto(path: Path) -> Timeline:
     categories: Counter = Counter()
     shared: dict[str, str] = {}
     to_ns, int_or_null = _to_ns, _int_or_null
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
     null = NULL_INT
     ticker = Ticker(f"reading {path.name}")
     for first, events in trace.chunks():
@@ -387,10 +390,17 @@ def read_kineto(path: Path) -> Timeline:
                     r_fwd.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
                     v = args.get("External id")
                     r_ext.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v if v is not None else args.get("external id")))
+                    dims = args.get("Input Dims")
+                    if dims is None:
+                        r_shapes.append(None)
+                    else:
+                        shapes = dumps([dims, args.get("Input type"), args.get("Concrete Inputs"), args.get("Input Strides")])
+                        r_shapes.append(shared.setdefault(shapes, shapes))
                 else:
                     r_seq.append(null)
                     r_fwd.append(null)
                     r_ext.append(null)
+                    r_shapes.append(None)
                 r_order.append(index)
             elif is_launch:
                 v = ev.get("pid")
@@ -429,9 +439,9 @@ def read_kineto(path: Path) -> Timeline:
         "pid": _ints(r_pid), "tid": _ints(r_tid), "start_ns": _ints(r_start), "end_ns": _ints(r_end),
         "name": pd.array(r_name, dtype="str"), "kind": pd.array(r_kind, dtype="str"),
         "seq": _nullable(r_seq), "fwd_thread_id": _nullable(r_fwd), "order": _ints(r_order),
-        "external_id": _nullable(r_ext),
+        "external_id": _nullable(r_ext), "input_shapes": pd.array(r_shapes, dtype="str"),
     })
-    del r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext
+    del r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext, r_shapes
     ranges = _nest(ranges)
     ranges["end_tid"] = pd.array([None] * len(ranges), dtype="Int64")
     ranges["domain"] = "torch.profiler"

@@ -1,0 +1,292 @@
+"""Analytic work of TorchInductor's generated kernels (C++ and Triton), from the debug directory.
+
+* FLOPs: the sum over the kernel's post-grad FX nodes (the fusion map's ``post_grad_nodes``, else those of
+  its ``source_nodes`` that are post-grad nodes) of each node's count: PyTorch's FLOP formula for a
+  matrix product (a GEMM template), else the per-element rule of :mod:`.flop_rules` on the node's output
+  (or, for a reduction, its input) shape, read from the ``name: "f32[2, 32, 64]" = torch.ops.aten...``
+  annotations of ``fx_graph_transformed.py`` (else ``fx_graph_readable.py``).
+* Bytes: the kernel's own buffer arguments at its call site in ``output_code.py``: each argument passed to
+  an ``in_ptr`` parameter is read, ``out_ptr`` written, ``in_out_ptr`` both; its size is the buffer's
+  (``empty_strided_*``, ``reinterpret_tensor`` views, ``assert_size_stride`` graph inputs) and its dtype
+  the buffer's or the FX placeholder's.
+
+Extern and fallback calls (``extern_kernels.addmm``) are ATen ops in the timeline with recorded shapes:
+their work comes from :mod:`.op_calls`, not from here.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from ..attribution import inductor
+from . import flop_rules
+
+WORK_COLUMNS = ["graph", "call_index", "flops", "flops_formula", "bytes_read", "bytes_written", "flops_rule", "dtype",
+                "note"]
+#: The columns :func:`with_fused_work` adds to a fusion map (``work_`` + the work column).
+FUSION_MAP_WORK_COLUMNS = [f"work_{c}" for c in WORK_COLUMNS[2:]]
+
+_FX_DTYPES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
+              "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "b8": "bool",
+              "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "c64": "complex64"}
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+             "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8}
+# `name: "f32[2, 32, 64]" = torch.ops.aten.add.Tensor(a, b)`; multi-output nodes have no annotation.
+_NODE_RE = re.compile(r'^\s*(\w+)(?:\s*:\s*"([a-z0-9]+)\[([^\]]*)\]")?\s*=\s*torch\.ops\.(\w+)\.(\w+)\.\w+\((.*)$',
+                      re.M)
+_PLACEHOLDER_RE = re.compile(r'(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"')
+_BUFFER_RE = re.compile(r"^(\w+)\s*=\s*empty_strided_\w+\((.*)\)\s*$")
+_ALIAS_RE = re.compile(r"^(\w+)\s*=\s*(\w+);\s*del\s+\w+\s*#\s*reuse")
+_VIEW_RE = re.compile(r"^(\w+)\s*=\s*reinterpret_tensor\((.*)\);\s*del\s+\w+\s*#\s*reuse")
+_ASSERT_RE = re.compile(r"^assert_size_stride\((\w+),\s*(\(.*?\)),")
+_CPP_SIGNATURE_RE = re.compile(r'extern\s+"C"\s+void\s+kernel\(([^)]*)\)', re.S)
+_TRITON_SIGNATURE_RE = re.compile(r"def\s+(triton_\w*)\(([^)]*)\)")
+_PTR_RE = re.compile(r"\b((?:in_out|in|out)_ptr\d+)\b")
+
+
+def fused_kernel_work(graph_dir: Path, fusion_map: pd.DataFrame) -> pd.DataFrame:
+    """Work of the generated (``cpp``/``triton``) kernels of one graph's fusion-map rows.
+
+    Returns one row per such row: :data:`WORK_COLUMNS` (FLOPs, bytes; ``flops``/``bytes_*`` null with a
+    ``note`` when the debug files do not tell). Raises :class:`~..attribution.inductor.InductorArtifactError`
+    for a missing or malformed ``output_code.py`` (as the fusion map does).
+    """
+    graph_dir = Path(graph_dir)
+    code_path = graph_dir / inductor.OUTPUT_CODE
+    text = code_path.read_text(encoding="utf-8")
+    nodes, placeholders = _fx_nodes(graph_dir)
+    sites = _call_sites(text, code_path)
+    params = _kernel_params(text)
+    buffers: dict[str, tuple[tuple, str | None]] = {n: (shape, dtype) for n, (dtype, shape) in placeholders.items()}
+    rows = []
+    rows_of_graph = fusion_map[fusion_map["graph"] == graph_dir.name]
+    by_index = {int(r["call_index"]): r for r in rows_of_graph.to_dict("records")}
+    for call_index, (line, kernel, kdef) in enumerate(_walk(sites, buffers)):
+        row = by_index.get(call_index)
+        if row is None or kdef.kind not in ("cpp", "triton"):
+            continue
+        flops, dtype, note = _node_flops(row, nodes, placeholders)
+        read, written, byte_note = _argument_bytes(line, kernel, params.get(kernel), buffers)
+        if dtype is None:  # a kernel that only moves data: the dtype of what it moves
+            dtype = next((d for _, d in params.get(kernel) or [] if d and d.startswith(("float", "bfloat"))), None)
+        rows.append({"graph": graph_dir.name, "call_index": call_index, "flops": flops,
+                     "flops_formula": None if flops is None else 0.0, "bytes_read": read,
+                     "bytes_written": written, "flops_rule": None if flops is None else "fused_nodes",
+                     "dtype": dtype, "note": "; ".join(n for n in (note, byte_note) if n) or None})
+    return pd.DataFrame(rows, columns=WORK_COLUMNS)
+
+
+def _call_sites(text: str, code_path: Path) -> list[tuple[str, str | None, object]]:
+    """Every line of ``call()`` in order, with the kernel it calls (as the fusion map numbers call sites)."""
+    kernels = inductor._kernel_defs(text)
+    out = []
+    for raw in inductor._call_body(text, code_path):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        call = inductor._match_call(line, kernels)
+        out.append((line, *(call if call is not None else (None, None))))
+    return out
+
+
+def _walk(sites, buffers):
+    """Yield the kernel calls in order, keeping ``buffers`` (name -> (shape, dtype)) current up to each."""
+    for line, kernel, kdef in sites:
+        if kernel is None:
+            _track_buffer(line, buffers)
+            continue
+        yield line, kernel, kdef
+
+
+def _track_buffer(line: str, buffers: dict) -> None:
+    if m := _BUFFER_RE.match(line):
+        try:
+            call = ast.parse(f"f({m.group(2)})", mode="eval").body
+            shape = ast.literal_eval(call.args[0])
+            dtype_node = call.args[2] if len(call.args) > 2 else None
+            dtype = dtype_node.attr if isinstance(dtype_node, ast.Attribute) else None
+            buffers[m.group(1)] = (tuple(shape), dtype)
+        except (SyntaxError, ValueError, IndexError):
+            buffers.pop(m.group(1), None)
+    elif m := _ALIAS_RE.match(line):
+        if m.group(2) in buffers:
+            buffers[m.group(1)] = buffers[m.group(2)]
+    elif m := _VIEW_RE.match(line):
+        resolved = _resolve(ast.parse(f"reinterpret_tensor({m.group(2)})", mode="eval").body, buffers)
+        if resolved is not None:
+            buffers[m.group(1)] = resolved
+    elif m := _ASSERT_RE.match(line):
+        try:
+            shape = tuple(ast.literal_eval(m.group(2)))
+        except (SyntaxError, ValueError):
+            return
+        buffers[m.group(1)] = (shape, (buffers.get(m.group(1)) or ((), None))[1])
+
+
+def _resolve(node, buffers) -> tuple[tuple, str | None] | None:
+    """(shape, dtype) of a call-site argument: a buffer name or ``reinterpret_tensor(buf, size, stride, off)``."""
+    if isinstance(node, ast.Name):
+        return buffers.get(node.id)
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "reinterpret_tensor" and node.args:
+        base = _resolve(node.args[0], buffers)
+        try:
+            shape = tuple(ast.literal_eval(node.args[1]))
+        except (ValueError, IndexError, SyntaxError):
+            return None
+        return (shape, base[1] if base else None)
+    return None
+
+
+_C_TYPES = {"float": "float32", "double": "float64", "bfloat16": "bfloat16", "at::BFloat16": "bfloat16",
+            "c10::BFloat16": "bfloat16", "half": "float16", "at::Half": "float16", "c10::Half": "float16",
+            "int64_t": "int64", "int32_t": "int32", "int16_t": "int16", "int8_t": "int8", "uint8_t": "uint8",
+            "bool": "bool"}
+_TRITON_TYPES = {"*fp32": "float32", "*fp64": "float64", "*bf16": "bfloat16", "*fp16": "float16", "*i64": "int64",
+                 "*i32": "int32", "*i16": "int16", "*i8": "int8", "*u8": "uint8", "*i1": "bool",
+                 "*fp8e4nv": "float8_e4m3fn", "*fp8e5": "float8_e5m2"}
+_TRITON_META_RE = re.compile(r"triton_meta=\{'signature':\s*(\{[^}]*\})")
+
+
+def _kernel_params(text: str) -> dict[str, list[tuple[str, str | None]]]:
+    """Kernel name -> its parameters as (name, element dtype of a pointer parameter or None), from its source:
+    the C++ signature's pointer types, or Triton's ``triton_meta['signature']`` (keyed by position or name)."""
+    starts = list(inductor._KERNEL_DEF_RE.finditer(text))
+    out = {}
+    for i, m in enumerate(starts):
+        seg = text[m.start(): starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        if m.group(2).startswith("cpp"):
+            sig = _CPP_SIGNATURE_RE.search(seg)
+            if sig is None:
+                continue
+            params = []
+            for p in sig.group(1).split(","):
+                words = p.replace("*", " * ").split()
+                if not words:
+                    continue
+                ctype = [w for w in words[:-1] if w not in ("const", "*", "__restrict__")]
+                params.append((words[-1], _C_TYPES.get(ctype[-1]) if ctype and "*" in words else None))
+            out[m.group(1)] = params
+        elif m.group(2) == "triton":
+            sig = _TRITON_SIGNATURE_RE.search(seg)
+            meta = _TRITON_META_RE.search(seg)
+            if sig is None:
+                continue
+            names = [p.split(":")[0].strip() for p in sig.group(2).split(",") if p.strip()]
+            try:
+                types = ast.literal_eval(meta.group(1)) if meta else {}
+            except (ValueError, SyntaxError):
+                types = {}
+            out[m.group(1)] = [(n, _TRITON_TYPES.get(types.get(n, types.get(j)))) for j, n in enumerate(names)]
+    return out
+
+
+def _argument_bytes(line: str, kernel: str, params: list[tuple[str, str | None]] | None,
+                    buffers) -> tuple[float | None, float | None, str | None]:
+    if params is None:
+        return None, None, f"no signature found for {kernel}"
+    try:
+        call = ast.parse(line, mode="eval").body
+    except SyntaxError:
+        return None, None, f"call of {kernel} not parsable"
+    read = written = 0.0
+    for (name, elem_dtype), arg in zip(params, call.args):
+        if not _PTR_RE.fullmatch(name):
+            continue
+        resolved = _resolve(arg, buffers)
+        dtype = elem_dtype or (resolved[1] if resolved else None)
+        if resolved is None or dtype not in _ITEMSIZE:
+            return None, None, f"size or dtype of {ast.unparse(arg)} (argument {name} of {kernel}) not found"
+        size = math.prod(resolved[0]) * _ITEMSIZE[dtype]
+        if name.startswith("in_out_ptr"):
+            read += size
+            written += size
+        elif name.startswith("in_ptr"):
+            read += size
+        else:
+            written += size
+    return read, written, None
+
+
+def _fx_nodes(graph_dir: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """Post-grad node name -> (dtype, shape, op, first argument name); placeholders -> (dtype, shape)."""
+    nodes: dict[str, tuple] = {}
+    placeholders: dict[str, tuple] = {}
+    for fname in inductor.FX_GRAPH_FILES:  # readable first; transformed (post-grad passes) overrides
+        p = graph_dir / fname
+        if not p.is_file():
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        sig = re.search(r"def forward\(self,?(.*?)\):", text, re.S)
+        if sig:
+            for m in _PLACEHOLDER_RE.finditer(sig.group(1)):
+                placeholders[m.group(1)] = (_FX_DTYPES.get(m.group(2)), _shape(m.group(3)))
+        for m in _NODE_RE.finditer(text):
+            first = re.match(r"\s*(\w+)", m.group(6))
+            nodes[m.group(1)] = (_FX_DTYPES.get(m.group(2)) if m.group(2) else None,
+                                 _shape(m.group(3)) if m.group(2) else None,
+                                 f"{m.group(4)}::{m.group(5)}", first.group(1) if first else None)
+    return nodes, {k: (d, s) for k, (d, s) in placeholders.items()}
+
+
+def _shape(text: str) -> tuple | None:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        return None  # symbolic sizes (s0): not countable
+
+
+def _shape_of(name: str | None, nodes: dict, placeholders: dict) -> tuple | None:
+    if name in nodes:
+        return nodes[name][1]
+    if name in placeholders:
+        return placeholders[name][1]
+    return None
+
+
+def _node_flops(row: dict, nodes: dict, placeholders: dict) -> tuple[float | None, str | None, str | None]:
+    post_grad = row.get("post_grad_nodes")
+    source = row.get("source_nodes")
+    listed = list(post_grad) if post_grad is not None and len(post_grad) else (list(source) if source is not None else [])
+    wanted = [n for n in listed if n in nodes]
+    if not wanted:
+        return None, None, "none of the kernel's FX nodes is in the post-grad graph"
+    total, dtype, unknown = 0.0, None, []
+    for name in wanted:
+        ndtype, shape, op, first = nodes[name]
+        rule = flop_rules.rule_for(op)
+        if rule is None:
+            unknown.append(op)
+            continue
+        if rule.per_element == 0:
+            continue
+        basis = shape if rule.basis == "output" else _shape_of(first, nodes, placeholders)
+        if basis is None:
+            unknown.append(f"{op} (shape of {name if rule.basis == 'output' else first} unknown)")
+            continue
+        total += rule.per_element * math.prod(basis)
+        if dtype is None and ndtype and ndtype.startswith(("float", "bfloat")):
+            dtype = ndtype
+    if unknown:
+        return None, dtype, f"no FLOP rule for {', '.join(sorted(set(unknown)))}"
+    return total, dtype, None
+
+
+def with_fused_work(fusion_map: pd.DataFrame, graph_dirs: list[Path]) -> pd.DataFrame:
+    """``fusion_map`` with :data:`FUSION_MAP_WORK_COLUMNS` (null for extern/fallback rows, whose work the
+    timeline's recorded shapes give)."""
+    parts = [fused_kernel_work(d, fusion_map) for d in graph_dirs]
+    work = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else \
+        pd.DataFrame(columns=WORK_COLUMNS)
+    work = work.rename(columns={c: f"work_{c}" for c in WORK_COLUMNS[2:]})
+    work["call_index"] = work["call_index"].astype("int64")
+    out = fusion_map.merge(work, on=["graph", "call_index"], how="left")
+    for c in ("work_flops", "work_flops_formula", "work_bytes_read", "work_bytes_written"):
+        out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+    for c in ("work_flops_rule", "work_dtype", "work_note"):
+        out[c] = out[c].astype(object).where(out[c].notna(), None)
+    return out

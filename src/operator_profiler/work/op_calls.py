@@ -1,0 +1,364 @@
+"""Analytic work of one operator call from its recorded input shapes: FLOPs and ideal bytes.
+
+The call is re-run on PyTorch's ``meta`` device (shapes and dtypes only, no data, no arithmetic) with the
+inputs torch.profiler's ``record_shapes`` wrote ("Input Dims", "Input type", "Concrete Inputs", "Input
+Strides", in schema order), under a dispatch mode that counts the FLOPs of every ATen op the call dispatches:
+
+* an op in ``torch.utils.flop_counter``'s registry (mm, addmm, bmm, baddbmm, convolution and its backward,
+  scaled-dot-product attention and its backward ...) counts what PyTorch's own formula says
+  (``flops_rule`` ``pytorch_formula``); CPU flash attention, which the registry lacks, uses the registry's
+  SDPA formula (:data:`EXTRA_FORMULAS`);
+* other ops count by :mod:`.flop_rules` (one documented count per element), or 0 for data movement and
+  views; an op with no rule leaves the call's FLOPs unknown, named in ``note``.
+
+Ideal bytes are the bytes of the call's inputs and outputs: distinct elements of each tensor argument
+(a broadcast, stride-0 dimension read once), an ``out=`` argument written and not read, an in-place
+argument read and written, a view returned 0 bytes. Results are cached per (op, recorded inputs): a
+model repeats the same calls every layer and iteration.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import math
+from dataclasses import dataclass
+
+from . import flop_rules
+
+#: Kineto "Input type" of a tensor argument -> torch dtype name (c10 TypeMeta names, as torch.profiler writes them).
+KINETO_DTYPES = {
+    "float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+    "long int": "int64", "long": "int64", "int": "int32", "short int": "int16", "short": "int16",
+    "signed char": "int8", "unsigned char": "uint8", "bool": "bool",
+    "c10::complex<float>": "complex64", "c10::complex<double>": "complex128", "c10::complex<c10::Half>": "complex32",
+    "c10::Float8_e4m3fn": "float8_e4m3fn", "c10::Float8_e5m2": "float8_e5m2",
+    "c10::Float8_e4m3fnuz": "float8_e4m3fnuz", "c10::Float8_e5m2fnuz": "float8_e5m2fnuz",
+}
+NON_TENSOR_TYPES = frozenset({"Scalar", "ScalarList", "", "GenericList", "String", "Device", "Layout"})
+
+
+@dataclass(frozen=True)
+class CallWork:
+    """Work of one call. ``flops``/``bytes_*`` are None when unknown (``note`` says why); ``flops_formula``
+    is the part counted by PyTorch's own formulas; ``dtype``: the dtype of the call's first floating-point
+    tensor input (what its compute ceiling is), else of its first tensor."""
+
+    flops: float | None
+    flops_formula: float | None
+    bytes_read: float | None
+    bytes_written: float | None
+    flops_rule: str | None  # pytorch_formula | per_element | movement | none
+    dtype: str | None
+    note: str | None = None
+
+    @property
+    def bytes(self) -> float | None:
+        if self.bytes_read is None or self.bytes_written is None:
+            return None
+        return self.bytes_read + self.bytes_written
+
+
+class NotReplayable(Exception):
+    """The recorded inputs do not make a call of any overload of the op."""
+
+
+def _torch():
+    import torch  # here: importing this module must not import torch (the DAG process and light tools)
+
+    return torch
+
+
+def call_work(name: str, input_shapes: str | None) -> CallWork:
+    """Work of a call of ``name`` (``aten::addmm``) with its ``input_shapes`` (the ranges column)."""
+    if not input_shapes:
+        return CallWork(None, None, None, None, None, None, "no input shapes recorded (record_shapes off)")
+    return _call_work(name, input_shapes)
+
+
+@functools.lru_cache(maxsize=65536)
+def _call_work(name: str, input_shapes: str) -> CallWork:
+    try:
+        dims, types, concrete, strides = json.loads(input_shapes)
+    except (ValueError, TypeError):
+        return CallWork(None, None, None, None, None, None, "input shapes are not [dims, types, concrete, strides]")
+    n = len(dims)
+    types = list(types or [""] * n)
+    concrete = list(concrete or [""] * n)
+    strides = list(strides or [None] * n)
+    if not (len(types) == len(concrete) == len(strides) == n):
+        return CallWork(None, None, None, None, None, None, "input shapes lists differ in length")
+    dtype = _call_dtype(types)
+    if name in flop_rules.NO_WORK_OPS:
+        return CallWork(0.0, 0.0, 0.0, 0.0, "movement", dtype)
+    try:
+        overload, args, kwargs, read_bytes, _out_args = _rebuild(name, dims, types, concrete, strides, dtype)
+    except NotReplayable as exc:
+        return CallWork(None, None, None, None, None, dtype, f"not replayable on the meta device: {exc}")
+    counter = _FlopCounter()
+    try:
+        with counter:
+            result = overload(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any failure of a meta kernel means: work unknown, said so
+        return CallWork(None, None, None, None, None, dtype,
+                        f"not replayable on the meta device: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    written = _written_bytes(overload, result, [*args, *kwargs.values()])
+    if not written and not counter.total and not counter.unknown:
+        read_bytes = 0.0  # it wrote nothing (a view, or contiguous() of a contiguous tensor): nothing moved
+    flops = None if counter.unknown else counter.total
+    rule = None if counter.unknown else ("pytorch_formula" if counter.formula else
+                                         ("per_element" if counter.total else "movement"))
+    note = f"no FLOP rule for {', '.join(sorted(counter.unknown))}" if counter.unknown else None
+    return CallWork(flops, float(counter.formula), read_bytes, written, rule, dtype, note)
+
+
+def _call_dtype(types: list) -> str | None:
+    tensor = [KINETO_DTYPES[t] for t in types if isinstance(t, str) and t in KINETO_DTYPES]
+    floating = [t for t in tensor if t.startswith(("float", "bfloat", "complex"))]
+    return (floating or tensor or [None])[0]
+
+
+def _distinct_elements(size: list, stride: list | None) -> int:
+    """Elements a tensor of ``size``/``stride`` really holds: a stride-0 (broadcast) dimension counts once."""
+    if any(s == 0 for s in size):
+        return 0
+    if not stride or len(stride) != len(size):
+        return math.prod(size)
+    return math.prod(s for s, st in zip(size, stride) if st != 0)
+
+
+def _parse_scalar(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _rebuild(name: str, dims, types, concrete, strides, call_dtype):
+    """The overload of ``name`` whose schema the recorded inputs fit, its meta arguments, the bytes the
+    call reads, and the indices of its ``out=`` arguments."""
+    torch = _torch()
+    ns, _, op = name.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+    except (AttributeError, RuntimeError):
+        raise NotReplayable(f"{name} is not a registered operator here") from None
+    tried = []
+    for overload_name in packet.overloads():
+        overload = getattr(packet, overload_name)
+        schema = overload._schema
+        if len(schema.arguments) != len(dims):
+            continue
+        try:
+            return (overload, *_arguments(schema, dims, types, concrete, strides, call_dtype))
+        except NotReplayable as exc:
+            tried.append(f"{overload_name}: {exc}")
+    raise NotReplayable(f"no overload of {name} takes {len(dims)} arguments of types {types}"
+                        + (f" ({'; '.join(tried[:3])})" if tried else ""))
+
+
+def _arguments(schema, dims, types, concrete, strides, call_dtype):
+    torch = _torch()
+    overwrites = schema.name in flop_rules.OVERWRITING_OPS
+    args, kwargs, read_bytes, out_args = [], {}, 0.0, []
+    for index, (arg, d, t, c, st) in enumerate(zip(schema.arguments, dims, types, concrete, strides)):
+        kind = _kind(arg.type)
+        written = arg.alias_info is not None and arg.alias_info.is_write
+        if t in KINETO_DTYPES:
+            if kind not in ("tensor", "optional_tensor"):
+                raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded a tensor")
+            value = _meta(d, st, KINETO_DTYPES[t])
+            elements = _distinct_elements(d, st)
+            if written and (arg.kwarg_only or (index == 0 and overwrites)):  # out= (or copy_'s self): not read
+                out_args.append(index)
+            else:
+                read_bytes += elements * value.element_size()
+        elif t == "TensorList":
+            if kind != "tensor_list":
+                raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded a TensorList")
+            # Kineto records no dtype for list elements: the call's own tensor dtype (an LSTM's states and
+            # weights, a cat's inputs must share it); without one the bytes would be a guess.
+            if call_dtype is None:
+                raise NotReplayable("a TensorList whose element dtype is not recorded")
+            st = st if isinstance(st, list) and len(st) == len(d) else [None] * len(d)
+            value = [_meta(x, s, call_dtype) for x, s in zip(d, st)]
+            read_bytes += sum(_distinct_elements(x, s) * v.element_size() for x, s, v in zip(d, st, value))
+        else:
+            if kind in ("tensor", "tensor_list"):
+                raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded {t or 'None'}")
+            value = _non_tensor(arg, c, torch)
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    return args, kwargs, read_bytes, out_args
+
+
+def _kind(t) -> str:
+    torch = _torch()
+    if isinstance(t, torch.TensorType):
+        return "tensor"
+    if isinstance(t, torch.OptionalType) and isinstance(t.getElementType(), torch.TensorType):
+        return "optional_tensor"
+    if isinstance(t, torch.ListType):
+        e = t.getElementType()
+        if isinstance(e, torch.OptionalType):
+            e = e.getElementType()
+        if isinstance(e, torch.TensorType):
+            return "tensor_list"
+    return "other"
+
+
+def _meta(size, stride, dtype_name: str):
+    torch = _torch()
+    dtype = getattr(torch, dtype_name)
+    if not isinstance(size, list) or not all(isinstance(s, int) for s in size):
+        raise NotReplayable(f"tensor dims {size!r} are not a list of ints")
+    if isinstance(stride, list) and len(stride) == len(size) and all(isinstance(s, int) for s in stride):
+        return torch.empty_strided(size, stride, dtype=dtype, device="meta")
+    return torch.empty(size, dtype=dtype, device="meta")
+
+
+def _non_tensor(arg, text, torch):
+    """A non-tensor argument from its "Concrete Inputs" text, typed by the schema; devices become meta."""
+    type_text = str(arg.type)
+    if text == "" or text is None:
+        if "Device" in type_text:
+            return torch.device("meta")
+        if type_text.startswith("Optional") or arg.has_default_value():
+            return None if type_text.startswith("Optional") else arg.default_value
+        raise NotReplayable(f"argument {arg.name} ({type_text}) was not recorded")
+    value = _parse_scalar(text) if isinstance(text, str) else text
+    if "ScalarType" in type_text and isinstance(value, int):
+        return _SCALAR_TYPES()[value]
+    if "Device" in type_text:
+        return torch.device("meta")
+    if "Layout" in type_text:
+        return torch.strided
+    if "MemoryFormat" in type_text and isinstance(value, int):
+        return [torch.contiguous_format, torch.preserve_format, torch.channels_last, torch.channels_last_3d][value]
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def _SCALAR_TYPES():  # noqa: N802 - a constant table, built on first use (needs torch)
+    torch = _torch()
+    # c10::ScalarType codes, in their enum order (c10/core/ScalarType.h)
+    names = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex32",
+             "complex64", "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16"]
+    return {i: getattr(torch, n) for i, n in enumerate(names)}
+
+
+def _written_bytes(overload, result, inputs: list) -> float:
+    """Bytes of the call's outputs: each returned tensor that is not a view of an input (an in-place or
+    ``out=`` result is written; a may-alias result such as ``contiguous``'s or ``reshape``'s is written
+    only when the call made a new tensor)."""
+    torch = _torch()
+    returns = overload._schema.returns
+    values = result if isinstance(result, (tuple, list)) else (result,)
+    given = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
+    total = 0.0
+    for i, value in enumerate(values):
+        ret = returns[i] if i < len(returns) else None
+        alias = ret.alias_info if ret is not None else None
+        tensors = value if isinstance(value, (tuple, list)) else (value,)
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            if alias is not None and not alias.is_write and (id(t) in given or t._is_view()):
+                continue  # a view of an input: nothing written
+            total += _distinct_elements(list(t.shape), list(t.stride())) * t.element_size()
+    return total
+
+
+@functools.lru_cache(maxsize=1)
+def _counter_class():
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    registry = dict(flop_registry)
+    for packet_name, formula in EXTRA_FORMULAS.items():
+        ns, _, op = packet_name.partition("::")
+        registry[getattr(getattr(torch.ops, ns), op)] = formula()
+
+    class FlopCounter(TorchDispatchMode):
+        """Counts FLOPs of every ATen op dispatched on meta tensors (see the module docstring)."""
+
+        def __init__(self):
+            super().__init__()
+            self.total = 0.0
+            self.formula = 0.0
+            self.unknown: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            packet = func._overloadpacket
+            formula = registry.get(packet)
+            if formula is not None:
+                flops = float(formula(*args, **kwargs, out_val=out))
+                self.total += flops
+                self.formula += flops
+                return out
+            op = f"{packet._qualified_op_name}" if hasattr(packet, "_qualified_op_name") else str(packet)
+            op = op.replace(".", "::", 1) if "::" not in op else op
+            rule = flop_rules.rule_for(op)
+            if rule is None:
+                self.unknown.add(op)
+            elif rule.per_element:
+                basis = out if rule.basis == "output" else (args[0] if args else out)
+                tensors = [t for t in (basis if isinstance(basis, (tuple, list)) else (basis,))
+                           if isinstance(t, torch.Tensor)]
+                if tensors:  # a foreach op: every tensor of its list; otherwise the first (values, not indices)
+                    counted = tensors if flop_rules.base_op(op)[1] else tensors[:1]
+                    self.total += rule.per_element * float(sum(t.numel() for t in counted))
+            return out
+
+    return FlopCounter
+
+
+def _FlopCounter():  # noqa: N802 - the class is built on first use (it needs torch)
+    return _counter_class()()
+
+
+def _shape(x):
+    """A tensor's shape; a shape as is (FlopCounterMode's custom mappings receive shapes)."""
+    return tuple(getattr(x, "shape", x))
+
+
+#: Formulas the registry lacks, built from the registry's own: CPU flash attention has the same work as
+#: the CUDA flash attention PyTorch counts (q @ k^T and attention @ v).
+def _sdpa_cpu():
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    def formula(query, key, value, *args, out_val=None, **kwargs):
+        return sdpa_flop_count(_shape(query), _shape(key), _shape(value))
+
+    return formula
+
+
+def _sdpa_cpu_backward():
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    def formula(grad_out, query, key, value, *args, out_val=None, **kwargs):
+        return sdpa_backward_flop_count(_shape(grad_out), _shape(query), _shape(key), _shape(value))
+
+    return formula
+
+
+EXTRA_FORMULAS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward,
+}
