@@ -11,4 +11,5 @@ from operator_profiler.rule_runner import run_rule
 i, o = snakemake.input, snakemake.output
 run_rule(snakemake.log[0], stages.aggregate_files, i.attribution, i.instances, i.classes,
          json.loads(snakemake.params.options), o.operators, o.operators_csv, o.modules, o.layer_classes,
-         o.coverage, counters_path=i.counters or None, matching_path=i.matching or None, out_phases=o.phases)
+         o.coverage, counters_path=i.counters or None, matching_path=i.matching or None, out_phases=o.phases,
+         work_path=i.work, ceilings_path=i.ceilings)

@@ -5,6 +5,8 @@ rule aggregate:
         classes="results/{workload}/layers/classes.json",
         counters=counters_input,
         matching=matching_input,
+        work="results/{workload}/work/kernels.parquet",
+        ceilings=f"results/ceilings/{DEVICE}.json",
         lib=lib_inputs("aggregate"),
     output:
         operators="results/{workload}/operators.parquet",

@@ -67,6 +67,10 @@ REPLAY = Artifact("ncu/{cls}.replay.json", "an ncu replay record", "run the repl
 COUNTERS = Artifact("matched/kernel_metrics.parquet", "matched kernel counters (matched/kernel_metrics.parquet)",
                     _MATCH, ("kernel_id", "ncu_id", "counters_from"))
 MATCHING = Artifact("matched/diagnostics.json", "matched/diagnostics.json", _MATCH, expect=dict)
+WORK = Artifact("work/kernels.parquet", "a work table (work/kernels.parquet)", "write it with the compute_work rule",
+               ("kernel_id", "flops", "bytes", "work_rule", "dtype", "work_note"))
+CEILINGS = Artifact("ceilings.json", "a ceilings.json", "write it with the measure_ceilings rule (or opprof ceilings)",
+                    expect=dict)
 OPERATORS = Artifact("operators.parquet", "an operators table", _AGGREGATE, ("operator", "time_ns"))
 MODULES = Artifact("modules.parquet", "a modules table", _AGGREGATE, ("module", "time_ns"))
 LAYER_CLASSES = Artifact("layer_classes.parquet", "a layer classes table", _AGGREGATE, ("layer_class", "instances"))

@@ -88,7 +88,7 @@ def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map
     if len(attribution) != len(kernels) or not attribution["kernel_id"].isin(kernels["kernel_id"]).all():
         raise InputError(f"{attribution_path} does not describe the timeline in {timeline_dir}: {len(attribution):,} "
                          f"attributed kernels, {len(kernels):,} in the timeline; pass the attribution written for it")
-    merged = attribution[["kernel_id", "operator_range_id", "evidence", "duration_ns"]].merge(
+    merged = attribution[["kernel_id", "operator", "operator_range_id", "evidence", "duration_ns"]].merge(
         kernels[["kernel_id", "range_id"]], on="kernel_id", how="left")
     fusion = _read_fusion_map(fusion_map_path) if fusion_map_path else None
     kineto_ranges = read_timeline(kineto_dir)[1] if kineto_dir else None
@@ -404,12 +404,15 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
 
 def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: Path, options: dict, out_operators_parquet: Path, out_operators_csv: Path, out_modules: Path,
                     out_layer_classes: Path, out_coverage: Path, counters_path: Path | None = None,
-                    matching_path: Path | None = None, out_phases: Path | None = None) -> None:
+                    matching_path: Path | None = None, out_phases: Path | None = None,
+                    work_path: Path | None = None, ceilings_path: Path | None = None) -> None:
     """Operators, modules, layer classes and coverage (and, with ``out_phases``, the operators per train-step
     phase: :func:`operator_profiler.aggregate.phases_table`, empty for inference); with ``counters_path``
     (``matched/kernel_metrics.parquet``) the catalog's hardware metrics and a bottleneck label per
     operator and module, and with ``matching_path`` (``matched/diagnostics.json``) the kernels whose
-    counters the matching refused, per reason and key (``coverage.json`` ``counters``)."""
+    counters the matching refused, per reason and key (``coverage.json`` ``counters``); with ``work_path``
+    (``work/kernels.parquet``) the work columns per operator, and with ``ceilings_path`` (``ceilings.json``) their
+    roofline (:mod:`operator_profiler.roofline`; ``coverage.json`` ``work``)."""
     hint = "write it with opprof attribute / opprof classify (see opprof --help)"
     attribution = results.read(results.ATTRIBUTION, attribution_path, hint=hint)
     instances = results.read(results.INSTANCES, instances_path, hint=hint)
@@ -433,6 +436,16 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
                                         attribution, counters, "layer_class", catalog)
     else:
         layer_table = agg.layer_classes_table(instances, classes, options["per_iteration"])
+    work = ceilings = None
+    if work_path is not None:
+        from . import roofline
+
+        work = results.read(results.WORK, work_path)
+        if len(work) != len(attribution) or not work["kernel_id"].isin(attribution["kernel_id"]).all():
+            raise InputError(f"{work_path} does not describe the kernels of {attribution_path} ({len(work):,} vs "
+                             f"{len(attribution):,} kernels); run opprof work for this attribution")
+        ceilings = results.read(results.CEILINGS, ceilings_path) if ceilings_path is not None else None
+        operators = roofline.with_roofline(roofline.with_work(operators, attribution, work), ceilings)
     write_parquet_atomic(operators, out_operators_parquet)
     if out_phases is not None:
         write_parquet_atomic(agg.phases_table(attribution), out_phases)
@@ -442,6 +455,9 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     summary = agg.coverage(attribution, counters_collected=counters is not None, device=options.get("device"),
                            counters=counters, matching=matching)
     summary["timeline"] = results.timeline_digest(attribution)  # the report checks a matching's against it
+    if work is not None:
+        summary["work"] = roofline.work_summary(attribution, work, ceilings,
+                                                str(ceilings_path) if ceilings_path is not None else None)
     write_json(out_coverage, summary)
 
 

@@ -5,7 +5,8 @@
 * Any other kernel belongs to the *outermost* dispatcher op (``aten::linear``, not its ``aten::addmm``)
   around it: on a CPU trace the kernel's own op range and its ancestors, on a GPU trace the op enclosing its
   launch (``operator_range_id``) and its ancestors. That call's work (:mod:`.op_calls`, from its recorded
-  shapes) is counted once, on the call's longest kernel; the call's other kernels carry 0 with
+  shapes) is counted once, on the call's longest kernel whose operator computes (not a copy or view, when
+  the call has such a kernel); the call's other kernels carry 0 with
   ``work_rule`` ``in_call`` (``work_kernels`` says how many kernels share the call). Counting at the
   outermost op never counts a nested op twice and keeps the ideal bytes those of what the user called.
 """
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..timeline.model import DISPATCHER_OP
+from . import flop_rules
 from .op_calls import call_work
 
 WORK_KERNEL_COLUMNS = ["kernel_id", "flops", "flops_formula", "bytes_read", "bytes_written", "bytes", "work_rule",
@@ -86,7 +88,9 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
     out["kernel_id"] = kernels["kernel_id"].to_numpy()
     out["work_kernels"] = [1] * n
     duration = kernels["duration_ns"].to_numpy(dtype=np.int64)
-    # calls: the longest kernel carries the call's work
+    operators = kernels["operator"].to_numpy(dtype=object) if "operator" in kernels else np.full(n, None)
+    # calls: the longest kernel that computes (not a copy or view: aten::addmm, not the copy_ of its bias)
+    # carries the call's work
     carriers: dict[tuple, int] = {}
     members: dict[tuple, int] = {}
     for i in range(n):
@@ -95,7 +99,8 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
             continue
         members[c] = members.get(c, 0) + 1
         j = carriers.get(c)
-        if j is None or duration[i] > duration[j]:
+        rank = (operators[i] not in flop_rules.DATA_ONLY_OPS, duration[i])
+        if j is None or rank > (operators[j] not in flop_rules.DATA_ONLY_OPS, duration[j]):
             carriers[c] = i
     for i in range(n):
         f = fused[i]

@@ -92,6 +92,9 @@ MOVEMENT = _ops("""
 OVERWRITING_OPS = frozenset({"aten::copy_", "aten::zero_", "aten::fill_", "aten::normal_", "aten::uniform_",
                              "aten::random_", "aten::bernoulli_", "aten::exponential_", "aten::set_"})
 
+#: Ops that only move or describe data: never the kernel that carries a call's work (.assign).
+DATA_ONLY_OPS = VIEWS | MOVEMENT
+
 #: Ops whose call is a view or a description: skipped by :mod:`.op_calls` without a meta replay.
 NO_WORK_OPS = VIEWS
 
