@@ -151,6 +151,42 @@ def test_compiled_gpt2_kernels_are_inductor_cpp_kernels_and_extern_ops(finished_
 
 
 @pytest.mark.workflow
+@pytest.mark.parametrize("workload", ["gpt2", "sdpa_attention"])
+def test_flops_per_iteration_agree_with_flop_counter_mode_and_every_operator_has_work(finished_run, workload):
+    """Compiled GPT-2 (per layer) and whole-model-compiled SDPA: the FLOPs the work stage read from the trace's
+    shapes and the fusion map, against PyTorch's FlopCounterMode running the same model (CPU flash attention
+    mapped to the registry's SDPA formula)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from operator_profiler.capture.workloads import build_workload
+    from operator_profiler.config import validate_config
+    from operator_profiler.work.op_calls import EXTRA_FORMULAS
+
+    work, config = finished_run
+    folder = work / "results" / workload
+    summary = json.loads((folder / "coverage.json").read_text())["work"]
+    cfg = validate_config(yaml.safe_load(config.read_text()), str(config))
+    torch.manual_seed(0)
+    model, inputs = build_workload(cfg["workloads"][workload], "cpu")
+    mapping = {getattr(torch.ops.aten, k.split("::")[1]): f() for k, f in EXTRA_FORMULAS.items()}
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        model(*inputs)
+    expected = counter.get_total_flops()
+    assert expected > 0
+    assert abs(summary["flops_by_pytorch_formulas_per_iteration"] - expected) / expected < 0.01
+    assert summary["known_time_share"] == 1.0 and summary["kernels_without_work"] == 0
+    operators = pd.read_parquet(folder / "operators.parquet")
+    assert operators["work_known"].all()
+    with_work = operators[(operators["flops"] > 0) | (operators["bytes"] > 0)]
+    assert with_work["bound"].isin(["compute", "memory"]).all()
+    assert with_work["roofline"].str.contains("% of ").all()
+    ceilings = json.loads((work / "results" / "ceilings" / "cpu.json").read_text())
+    gemm = operators[operators["operator"].isin(["aten::addmm", "aten::mm", "aten::bmm"])]
+    assert (gemm["ceiling_flops_per_s"] == ceilings["compute_flops_per_s"]["float32"]).all()
+
+
+@pytest.mark.workflow
 def test_trace_json_holds_every_kernel_with_its_operator(finished_run):
     work, _ = finished_run
     out = work / "results" / "gpt2"

@@ -1,0 +1,195 @@
+"""Analytic work (FLOPs, ideal bytes) of operator calls and kernels: operator_profiler.work.
+
+Every trace here is recorded by the real torch.profiler (record_shapes) in the test, read by the real Kineto
+reader and attributed by the real pipeline stages; expected figures are computed independently (by hand from
+the shapes, or by PyTorch's FlopCounterMode running the same model).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.profiler import profile, record_function
+from torch.utils.flop_counter import FlopCounterMode
+
+from operator_profiler import stages
+from operator_profiler.naming import ITERATION_PREFIX
+from operator_profiler.roofline import with_roofline
+from operator_profiler.timeline.kineto import read_kineto
+from operator_profiler.work import flop_rules
+from operator_profiler.work.op_calls import EXTRA_FORMULAS, call_work
+
+ITERATIONS = 2
+
+
+def _record(fn, path, iterations=ITERATIONS):
+    """A real Kineto trace of ``iterations`` calls of ``fn``, each in an iteration range."""
+    with torch.no_grad():
+        fn()  # warm-up: first-call allocations and lazy inits outside the trace
+        with profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            for i in range(iterations):
+                with record_function(f"{ITERATION_PREFIX}{i}"):
+                    fn()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def _analyse(fn, tmp_path):
+    """timeline -> attribution -> work for a traced ``fn``; returns (attribution, work, ranges)."""
+    trace = _record(fn, tmp_path / "trace.json")
+    stages.export_timeline(trace, tmp_path / "timeline")
+    attribution = stages.attribute_files(tmp_path / "timeline", None, None, tmp_path / "attribution.parquet")
+    work = stages.work_files(tmp_path / "timeline", tmp_path / "attribution.parquet", tmp_path / "work.parquet")
+    ranges = pd.read_parquet(tmp_path / "timeline" / "ranges.parquet")
+    return attribution, work, ranges
+
+
+def _calls(tmp_path, fn, name):
+    """(Input shapes JSON of the first recorded call of op ``name``, the timeline's ranges)."""
+    trace = _record(fn, tmp_path / f"{name.replace(':', '_')}.json", iterations=1)
+    ranges = read_kineto(trace).ranges
+    rows = ranges[ranges["name"] == name]
+    assert len(rows), f"{name} not in the trace"
+    return rows["input_shapes"].iloc[0]
+
+
+def _flop_counter_total(fn) -> int:
+    """PyTorch's own count for one call of ``fn``, with CPU flash attention mapped to the registry's SDPA formula."""
+    mapping = {getattr(torch.ops.aten, k.split("::")[1]): f() for k, f in EXTRA_FORMULAS.items()}
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+# ------------------------------------------------------------------------------------------ one call
+
+
+def test_addmm_with_out_counts_2mnk_reads_its_inputs_and_writes_out(tmp_path):
+    m, k, n = 48, 32, 24
+    bias, a, b, out = torch.randn(n), torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    shapes = _calls(tmp_path, lambda: torch.addmm(bias, a, b, out=out), "aten::addmm")
+    work = call_work("aten::addmm", shapes)
+    assert work.flops == work.flops_formula == 2 * m * n * k
+    assert work.flops_rule == "pytorch_formula"
+    assert work.bytes_read == 4 * (n + m * k + k * n)  # out= is written, not read
+    assert work.bytes_written == 4 * m * n
+    assert work.dtype == "float32"
+
+
+def test_bf16_linear_bytes_use_two_bytes_per_element(tmp_path):
+    x, w = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16)
+    work = call_work("aten::linear", _calls(tmp_path, lambda: F.linear(x, w), "aten::linear"))
+    assert work.flops == 2 * 8 * 4 * 16
+    assert work.bytes_read == 2 * (8 * 16 + 4 * 16) and work.bytes_written == 2 * 8 * 4
+    assert work.dtype == "bfloat16"
+
+
+def test_convolution_matches_flop_counter_mode(tmp_path):
+    conv, x = nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.randn(2, 3, 17, 17)
+    work = call_work("aten::conv2d", _calls(tmp_path, lambda: conv(x), "aten::conv2d"))
+    assert work.flops == _flop_counter_total(lambda: conv(x)) > 0
+    out_elements = 2 * 8 * 9 * 9
+    assert work.bytes_written == 4 * out_elements
+
+
+def test_pointwise_reduction_softmax_and_layer_norm_follow_the_documented_counts(tmp_path):
+    x = torch.randn(6, 10)
+    assert call_work("aten::gelu", _calls(tmp_path, lambda: F.gelu(x), "aten::gelu")).flops == 60
+    assert call_work("aten::sum", _calls(tmp_path, lambda: x.sum(1), "aten::sum")).flops == 60
+    assert call_work("aten::_softmax", _calls(tmp_path, lambda: x.softmax(1), "aten::_softmax")).flops == 5 * 60
+    ln = nn.LayerNorm(10)
+    work = call_work("aten::layer_norm", _calls(tmp_path, lambda: ln(x), "aten::layer_norm"))
+    assert work.flops == 5 * 60 and work.flops_rule == "per_element"
+
+
+def test_copy_contiguous_and_views_move_only_what_they_must(tmp_path):
+    src, dst = torch.randn(4, 8).t(), torch.empty(8, 4)
+    copy = call_work("aten::copy_", _calls(tmp_path, lambda: dst.copy_(src), "aten::copy_"))
+    assert (copy.flops, copy.bytes_read, copy.bytes_written) == (0, 4 * 32, 4 * 32)  # the destination is not read
+    contiguous = torch.randn(4, 8)
+    strided = torch.randn(8, 4).t()
+    made = call_work("aten::contiguous", _calls(tmp_path, lambda: strided.contiguous(), "aten::contiguous"))
+    assert made.bytes_read == made.bytes_written == 4 * 32
+    view = call_work("aten::view", _calls(tmp_path, lambda: contiguous.view(32), "aten::view"))
+    assert (view.flops, view.bytes) == (0, 0)
+    bias = torch.randn(8)
+    expanded = call_work("aten::add", _calls(tmp_path, lambda: contiguous + bias, "aten::add"))
+    assert expanded.bytes_read == 4 * (32 + 8)  # a broadcast input is read once, not per row
+
+
+def test_unknown_work_is_said_not_guessed(tmp_path):
+    lists = call_work("aten::cat", _calls(tmp_path, lambda: torch.cat([torch.ones(2), torch.ones(3)]), "aten::cat"))
+    assert lists.flops is None and "TensorList" in lists.note  # Kineto records no dtype for list elements
+    assert call_work("aten::mm", None).note.startswith("no input shapes")
+    assert "not a registered operator" in call_work("myns::nothing", json.dumps([[[2]], ["float"], [""], [[1]]])).note
+    assert flop_rules.rule_for("aten::mkldnn_rnn_layer") is None  # a library RNN: no per-element count exists
+
+
+# ---------------------------------------------------------------------------------- whole programs
+
+
+class _ConvBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("model_kind", ["mlp_attention", "conv"])
+def test_per_iteration_flops_agree_with_flop_counter_mode(model_kind, tmp_path):
+    torch.manual_seed(0)
+    if model_kind == "conv":
+        model, x = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), *[_ConvBlock(16) for _ in range(3)]).eval(), \
+            torch.randn(2, 3, 24, 24)
+        fn = lambda: model(x)  # noqa: E731
+    else:
+        q = torch.randn(2, 4, 32, 16)
+        lin = nn.Linear(64, 64)
+        h = torch.randn(2, 32, 64)
+
+        def fn():
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True).sum() + lin(h).sum()
+
+    attribution, work, _ = _analyse(fn, tmp_path)
+    expected = _flop_counter_total(fn)
+    measured = work["flops_formula"].sum() / ITERATIONS
+    assert expected > 0 and abs(measured - expected) / expected < 0.01
+    assert work["flops"].notna().all(), work.loc[work["flops"].isna(), "work_note"].unique()
+    # every call is counted once: the in-call rows carry nothing of their own
+    assert (work.loc[work["work_rule"] == "in_call", ["flops", "bytes"]] == 0).all().all()
+
+
+def test_a_call_is_counted_once_on_its_computing_kernel(tmp_path):
+    lin, x = nn.Linear(16, 8), torch.randn(4, 16)
+    attribution, work, ranges = _analyse(lambda: lin(x), tmp_path)
+    joined = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+    per_call = joined.groupby("work_call")
+    assert (per_call["flops"].apply(lambda s: (s > 0).sum()) == 1).all()  # one carrier per call
+    carriers = joined[joined["flops"] > 0]
+    assert set(carriers["operator"]) <= {"aten::addmm", "aten::mm"}  # never aten::linear's overhead or a copy
+    assert carriers["flops"].sum() == ITERATIONS * 2 * 4 * 8 * 16
+
+
+def test_roofline_bound_and_fraction_from_the_ceilings():
+    table = pd.DataFrame({
+        "operator": ["gemm", "stream", "copy", "view", "unknown"], "time_ns": [1e6, 1e6, 1e6, 1e6, 1e6],
+        "flops": [8e7, 1e6, 0.0, 0.0, None], "bytes": [1e6, 4e6, 5e6, 0.0, None],
+        "achieved_flops_per_s": [8e10, 1e9, 0.0, 0.0, None], "achieved_bytes_per_s": [1e9, 4e9, 5e9, 0.0, None],
+        "intensity": [80.0, 0.25, 0.0, None, None], "work_dtype": ["float32"] * 5,
+        "work_known": [True, True, True, True, False], "work_note": [None, None, None, None, "no FLOP rule for x"]})
+    ceilings = {"compute_flops_per_s": {"float32": 1e11}, "memory_bytes_per_s": {"copy": 1e10, "best": 1e10}}
+    out = with_roofline(table, ceilings).set_index("operator")
+    assert out.loc["gemm", "bound"] == "compute" and out.loc["gemm", "ceiling_fraction"] == pytest.approx(0.8)
+    assert out.loc["gemm", "roofline"] == "gemm: 80% of fp32 GEMM peak, compute-bound"
+    assert out.loc["stream", "bound"] == "memory" and out.loc["stream", "ceiling_fraction"] == pytest.approx(0.4)
+    assert out.loc["copy", "bound"] == "memory" and "moves data only" in out.loc["copy", "roofline"]
+    assert pd.isna(out.loc["view", "bound"]) and "no work of its own" in out.loc["view", "roofline"]
+    assert pd.isna(out.loc["unknown", "bound"]) and "no FLOP rule for x" in out.loc["unknown", "roofline"]
+    assert out.loc["gemm", "ridge_intensity"] == pytest.approx(10.0)
