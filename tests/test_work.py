@@ -193,3 +193,30 @@ def test_roofline_bound_and_fraction_from_the_ceilings():
     assert pd.isna(out.loc["view", "bound"]) and "no work of its own" in out.loc["view", "roofline"]
     assert pd.isna(out.loc["unknown", "bound"]) and "no FLOP rule for x" in out.loc["unknown", "roofline"]
     assert out.loc["gemm", "ridge_intensity"] == pytest.approx(10.0)
+
+
+def test_measured_vs_analytic_compares_only_complete_calls_and_flags_far_ratios():
+    """Fixture (no GPU here): four kernels of three calls with ncu-named counters; the expected ratios are the
+    sums written out below."""
+    from operator_profiler.ncu.catalog import load_catalog
+    from operator_profiler.roofline import measured_vs_analytic
+
+    attribution = pd.DataFrame({"kernel_id": [0, 1, 2, 3], "operator": ["aten::copy_", "aten::addmm", "aten::addmm",
+                                                                        "aten::gelu"]})
+    work = pd.DataFrame({"kernel_id": [0, 1, 2, 3], "flops": [0.0, 2e6, 0.0, 1e3], "bytes": [1e3, 3e4, 0.0, 8e3],
+                         "work_call": ["call:0", "call:1", "call:1", "call:2"]})
+    counters = pd.DataFrame({
+        "kernel_id": [0, 1, 2, 3],
+        "dram__bytes.sum": [2.5e3, 2e4, 1e4, 8e3],
+        "sm__sass_thread_inst_executed_op_ffma_pred_on.sum": [0.0, 1e5, None, 500.0],
+        "sm__sass_thread_inst_executed_op_fadd_pred_on.sum": [0.0, 0.0, 0.0, 0.0],
+        "sm__inst_executed_pipe_tensor.sum": [0.0, 4e3, 0.0, 0.0],
+    })
+    out = measured_vs_analytic(attribution, work, counters, load_catalog()).set_index("operator")
+    assert out.loc["aten::copy_", "bytes_ratio"] == pytest.approx(2.5e3 / 1e3)
+    assert "extra traffic" in out.loc["aten::copy_", "work_check"]
+    # addmm: both kernels of its call have DRAM bytes -> compared; its FMA count lacks kernel 2 -> no FLOP ratio
+    assert out.loc["aten::addmm", "bytes_ratio"] == pytest.approx((2e4 + 1e4) / 3e4)
+    assert pd.isna(out.loc["aten::addmm", "flops_ratio"])
+    assert out.loc["aten::gelu", "flops_ratio"] == pytest.approx(2 * 500 / 1e3)
+    assert pd.isna(out.loc["aten::gelu", "work_check"])  # ratio 1: nothing to flag

@@ -137,3 +137,80 @@ def work_summary(attribution: pd.DataFrame, work: pd.DataFrame, ceilings: dict |
         "ceilings": ceilings_source,
         "ceilings_threads": (ceilings or {}).get("threads"),
     }
+
+
+MEASURED_COLUMNS = ["measured_dram_bytes", "analytic_bytes_measured", "bytes_ratio", "measured_fp_flops",
+                    "analytic_flops_measured", "flops_ratio", "work_check"]
+#: measured / analytic outside [LOW, HIGH] is flagged
+LOW, HIGH = 0.5, 1.5
+_FP_FLOPS = {"fp32_add": 1, "fp32_mul": 1, "fp32_fma": 2, "fp16_add": 1, "fp16_mul": 1, "fp16_fma": 2}
+
+
+def measured_vs_analytic(attribution: pd.DataFrame, work: pd.DataFrame, counters: pd.DataFrame, catalog,
+                         key: str = "operator") -> pd.DataFrame:
+    """Per ``key``: measured DRAM bytes and FP FLOPs (ncu, :data:`MEASURED_COLUMNS`) against the analytic work of
+    the same kernels, and a ``work_check`` reading when the ratio is far from 1.
+
+    Only calls whose every kernel has the counter are compared (a call's analytic work sits on one of its
+    kernels), so a partial replay never makes a ratio of different kernel sets. Measured FLOPs are the FP32/FP16
+    add, multiply and FMA (x2) thread instructions: tensor-core work is not in them, which the reading says
+    where the tensor pipe ran."""
+    resolved = catalog.resolve(counters.columns)
+    df = attribution[["kernel_id", key]].assign(**{key: attribution[key].fillna("(unattributed)")}).merge(
+        work[["kernel_id", "flops", "bytes", "work_call"]], on="kernel_id", how="left").merge(
+        counters, on="kernel_id", how="left")
+    df["work_call"] = df["work_call"].fillna("k" + df["kernel_id"].astype(str))
+
+    def value(name):
+        col = resolved.get(name)
+        return pd.to_numeric(df[col], errors="coerce").astype("float64") if col else None
+
+    dram = value("dram_bytes")
+    if dram is None and value("dram_bytes_read") is not None and value("dram_bytes_write") is not None:
+        dram = value("dram_bytes_read") + value("dram_bytes_write")
+    parts = {n: value(n) for n in _FP_FLOPS}
+    present = {n: v for n, v in parts.items() if v is not None}
+    fp = sum(v * _FP_FLOPS[n] for n, v in present.items()) if present else None
+    tensor = value("tensor_inst")
+    rows = []
+    for name, g in df.groupby(key, sort=False):
+        row = {key: name}
+        for measured, analytic, label in ((dram, "bytes", "bytes"), (fp, "flops", "flops")):
+            m = measured.loc[g.index] if measured is not None else None
+            if m is None:
+                continue
+            complete = (m.notna() & g[analytic].notna()).groupby(g["work_call"]).transform("all")
+            if not complete.any():
+                continue
+            measured_sum, analytic_sum = float(m[complete].sum()), float(g.loc[complete, analytic].sum())
+            row["measured_dram_bytes" if label == "bytes" else "measured_fp_flops"] = measured_sum
+            row[f"analytic_{label}_measured"] = analytic_sum
+            row[f"{label}_ratio"] = measured_sum / analytic_sum if analytic_sum > 0 else None
+        used_tensor = tensor is not None and float(tensor.loc[g.index].fillna(0).sum()) > 0
+        row["work_check"] = _check_reading(row, used_tensor)
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=[key, *MEASURED_COLUMNS])
+    for c in MEASURED_COLUMNS[:-1]:
+        out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+    return out
+
+
+def _check_reading(row: dict, used_tensor: bool) -> str | None:
+    notes = []
+    b = row.get("bytes_ratio")
+    if b is not None and not pd.isna(b):
+        if b > HIGH:
+            notes.append(f"DRAM bytes {b:.2f}x the ideal: extra traffic (layout copies, spills, rematerialization "
+                         "or padding)")
+        elif b < LOW:
+            notes.append(f"DRAM bytes {b:.2f}x the ideal: data reused from L2 or already cached")
+    f = row.get("flops_ratio")
+    if f is not None and not pd.isna(f):
+        if used_tensor and f < LOW:
+            notes.append(f"FP instructions {f:.2f}x the analytic FLOPs: the rest ran on tensor cores "
+                         "(not in these counters)")
+        elif f > HIGH:
+            notes.append(f"FP FLOPs {f:.2f}x the analytic: recomputation or padding")
+        elif f < LOW:
+            notes.append(f"FP FLOPs {f:.2f}x the analytic: fewer than counted (integer or special-function work)")
+    return "; ".join(notes) or None

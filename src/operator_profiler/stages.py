@@ -446,6 +446,9 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
                              f"{len(attribution):,} kernels); run opprof work for this attribution")
         ceilings = results.read(results.CEILINGS, ceilings_path) if ceilings_path is not None else None
         operators = roofline.with_roofline(roofline.with_work(operators, attribution, work), ceilings)
+        if counters is not None:  # analytic vs measured (ncu): DRAM bytes and FP FLOPs per operator
+            operators = operators.merge(roofline.measured_vs_analytic(attribution, work, counters, catalog),
+                                        on="operator", how="left")
     write_parquet_atomic(operators, out_operators_parquet)
     if out_phases is not None:
         write_parquet_atomic(agg.phases_table(attribution), out_phases)
