@@ -10,4 +10,5 @@ from operator_profiler.rule_runner import run_rule
 
 i = snakemake.input
 run_rule(snakemake.log[0], stages.work_files, Path(i.kernels).parent, i.attribution, snakemake.output[0],
-         fusion_map_path=i.fusion_map or None, kineto_dir=Path(i.kineto).parent if i.kineto else None)
+         fusion_map_path=i.fusion_map or None, kineto_dir=Path(i.kineto).parent if i.kineto else None,
+         shapes_trace=i.shapes or None)

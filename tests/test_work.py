@@ -220,3 +220,91 @@ def test_measured_vs_analytic_compares_only_complete_calls_and_flags_far_ratios(
     assert pd.isna(out.loc["aten::addmm", "flops_ratio"])
     assert out.loc["aten::gelu", "flops_ratio"] == pytest.approx(2 * 500 / 1e3)
     assert pd.isna(out.loc["aten::gelu", "work_check"])  # ratio 1: nothing to flag
+
+
+# ------------------------------------------------------------------ the capture's shapes iteration
+
+HARNESS_MODELS = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+                                    for _ in range(2))
+        self.head = nn.Linear(8 * 12 * 12, 10)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x.flatten(1))
+
+class Alternating(nn.Module):
+    """Runs other ops on every second call: its iterations are not alike."""
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = nn.Linear(16, 16), 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.lin(x)
+        return F.relu(y) if self.calls % 2 else torch.tanh(y).mul(2)
+
+def stack():
+    torch.manual_seed(0)
+    return Stack().eval(), (torch.randn(2, 8, 12, 12),)
+
+def alternating():
+    return Alternating().eval(), (torch.randn(4, 16),)
+'''
+
+
+@pytest.fixture(scope="module")
+def harness_capture(tmp_path_factory):
+    from conftest import importable_module
+
+    from operator_profiler.capture import harness
+
+    root = tmp_path_factory.mktemp("work_models")
+
+    def run(factory, iterations=ITERATIONS):
+        out = tmp_path_factory.mktemp(factory)
+        run = harness.run_capture({"kind": "custom", "factory": f"work_models:{factory}"},
+                                  {"seed": 0, "warmup": 1, "iterations": iterations}, "cpu", out / "trace.json.gz",
+                                  out / "layers.json", out / "run.json", shapes_path=out / "shapes.json.gz")
+        stages.export_timeline(out / "trace.json.gz", out / "timeline")
+        stages.attribute_files(out / "timeline", None, None, out / "attribution.parquet")
+        work = stages.work_files(out / "timeline", out / "attribution.parquet", out / "work.parquet",
+                                 shapes_trace=out / "shapes.json.gz")
+        return out, run, work
+
+    with importable_module(root, "work_models", HARNESS_MODELS):
+        yield run
+
+
+def test_the_measured_window_has_no_shapes_and_the_shapes_iteration_gives_them(harness_capture):
+    import gzip
+
+    out, run, work = harness_capture("stack")
+    measured = json.loads(gzip.open(out / "trace.json.gz").read())["traceEvents"]
+    assert not any("Input Dims" in (e.get("args") or {}) for e in measured)  # nothing recorded per op in the window
+    assert run["shapes"].startswith("one iteration after the measured window")
+    shapes = json.loads(gzip.open(out / "shapes.json.gz").read())["traceEvents"]
+    assert any(e.get("name") == f"{ITERATION_PREFIX}shapes" for e in shapes)
+    assert work["flops"].notna().all(), work.loc[work["flops"].isna(), "work_note"].unique()
+    sys_path_model = __import__("work_models")
+    model, inputs = sys_path_model.stack()
+    expected = _flop_counter_total(lambda: model(*inputs))
+    assert abs(work["flops_formula"].sum() / ITERATIONS - expected) / expected < 0.01
+
+
+def test_iterations_that_run_other_ops_than_the_shapes_iteration_are_not_paired(harness_capture):
+    out, _, work = harness_capture("alternating", iterations=3)
+    unknown = work[work["flops"].isna()]
+    assert len(unknown) and unknown["work_note"].str.contains("ran other ops than the shapes iteration").all()
+    attribution = pd.read_parquet(out / "attribution.parquet")
+    # the iterations that ran what the shapes iteration ran (the same branch) are paired and complete
+    known_iterations = set(attribution.loc[attribution["kernel_id"].isin(work.loc[work["flops"].notna(), "kernel_id"]),
+                                           "iteration"].dropna())
+    unknown_iterations = set(attribution.loc[attribution["kernel_id"].isin(unknown["kernel_id"]), "iteration"].dropna())
+    assert known_iterations and unknown_iterations and not known_iterations & unknown_iterations

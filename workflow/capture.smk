@@ -2,12 +2,20 @@
 # (lib_inputs), never because a parser it does not import changed.
 
 
+# With torch.profiler, the input shapes of one more iteration (recorded apart: recording them in the measured
+# window would slow it); an nsys timeline takes them from the Kineto run (capture_kineto).
+CAPTURE_OUTPUTS = {}
+if TIMELINE != "nsys":
+    CAPTURE_OUTPUTS["shapes"] = "results/{workload}/capture/shapes.kineto.json.gz"
+
+
 rule capture_timeline:
     input:
         clocks="results/{workload}/clocks/target.json",
         lib=lib_inputs("capture_timeline"),
         model=custom_model_source,
     output:
+        **CAPTURE_OUTPUTS,
         trace=f"results/{{workload}}/capture/timeline.{TRACE_EXT}",
         run="results/{workload}/capture/run.json",
         layers="results/{workload}/capture/layers.json",

@@ -1,5 +1,12 @@
 # Analytic work (FLOPs, ideal bytes) of every kernel, from the capture's recorded shapes (record_shapes)
 # and, for compiled workloads, the fusion map's generated kernels.
+def shapes_input(wildcards):
+    """The capture's shapes iteration (torch.profiler timelines; nsys ones use the Kineto run's shapes)."""
+    if TIMELINE == "nsys":
+        return []
+    return f"results/{wildcards.workload}/capture/shapes.kineto.json.gz"
+
+
 rule compute_work:
     input:
         kernels="results/{workload}/timeline/kernels.parquet",
@@ -7,6 +14,7 @@ rule compute_work:
         attribution="results/{workload}/attribution/kernels.parquet",
         fusion_map=fusion_map_input,
         kineto=kineto_input,
+        shapes=shapes_input,
         lib=lib_inputs("compute_work"),
     output:
         "results/{workload}/work/kernels.parquet",

@@ -33,7 +33,8 @@ def _capture_timeline(j):
     o = j.output
     return capture.capture_timeline, (
         j.wildcards.workload, json.loads(j.params.workload), json.loads(j.params.harness), j.params.device,
-        j.params.timeline, o.trace, o.run, o.layers, o.clocks, j.input.clocks, j.params.timeline_requested)
+        j.params.timeline, o.trace, o.run, o.layers, o.clocks, j.input.clocks, j.params.timeline_requested,
+        getattr(o, "shapes", None))
 
 
 def _capture_kineto(j):

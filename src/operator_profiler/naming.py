@@ -13,6 +13,9 @@ import re
 
 NVTX_DOMAIN = "opprof"
 ITERATION_PREFIX = "opprof.iteration:"
+# The iteration the capture runs after the measured window to record input shapes (ITERATION_PREFIX + this; not
+# a number, so never taken for a measured iteration).
+SHAPES_ITERATION = "shapes"
 LAYER_PREFIX = "opprof.layer:"
 PHASE_PREFIX = "opprof.phase:"
 #: The parts of a train step, in order: model forward + loss, ``loss.backward()``, optimizer

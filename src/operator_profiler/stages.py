@@ -74,12 +74,13 @@ def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
 
 
 def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map_path: Path | None = None,
-               kineto_dir: Path | None = None) -> pd.DataFrame:
+               kineto_dir: Path | None = None, shapes_trace: Path | None = None) -> pd.DataFrame:
     """Analytic work (FLOPs, ideal bytes) of every attributed kernel -> ``out`` (work/kernels.parquet).
 
     Reads the timeline's ranges (their recorded input shapes), the attribution (which call or fused call site
     each kernel belongs to) and, for compiled workloads, the fusion map's ``work_*`` columns; with an nsys
-    timeline, ``kineto_dir`` is the torch.profiler run's timeline (the op ranges with shapes)."""
+    timeline, ``kineto_dir`` is the torch.profiler run's timeline (the op ranges with shapes); ``shapes_trace``:
+    the capture's shapes iteration (``capture/shapes.kineto.json.gz``) for a timeline recorded without shapes."""
     from .work.assign import kernel_work
 
     t0 = time.perf_counter()
@@ -92,7 +93,8 @@ def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map
         kernels[["kernel_id", "range_id"]], on="kernel_id", how="left")
     fusion = _read_fusion_map(fusion_map_path) if fusion_map_path else None
     kineto_ranges = read_timeline(kineto_dir)[1] if kineto_dir else None
-    work = kernel_work(merged, ranges, fusion, kineto_ranges)
+    shapes_ranges = kineto.read_kineto(Path(shapes_trace)).ranges if shapes_trace else None
+    work = kernel_work(merged, ranges, fusion, kineto_ranges, shapes_ranges)
     write_parquet_atomic(work, out)
     known = work["flops"].notna()
     stage_done(f"work: {int(known.sum()):,} of {len(work):,} kernels with known FLOPs", t0)

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import DeviceUnavailable, from_user_exception
-from ..naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN
+from ..naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN, SHAPES_ITERATION
 from . import fx_module_paths, training, workloads
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
@@ -405,6 +405,8 @@ def run_capture(
     profiler: str = "torch",
     workload_name: str | None = None,
     record: dict | None = None,
+    shapes_path: Path | None = None,
+    window_shapes: bool = False,
 ) -> dict:
     """Build the workload and run warm-up + measured iterations, recording what was run.
 
@@ -432,6 +434,13 @@ def run_capture(
             in-process: the timeline reader counts them (``measured_kernels`` null).
             ``none``: no profiler (a compile-only run).
         record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
+        shapes_path: ``profiler == "torch"``: after the measured window, one more iteration under its own
+            torch.profiler session with ``record_shapes=True`` (CPU activity only, in an iteration range
+            ``opprof.iteration:shapes``), written here (gzipped): every op's input shapes for the work per operator,
+            which recording them inside the measured window would slow (about 1-2 µs per op call,
+            benchmarks/bench_record_shapes.py). ``run.json`` ``shapes`` says where they were recorded.
+        window_shapes: record shapes inside the measured window itself (the Kineto run beside an nsys timeline,
+            whose times are not the measured ones).
 
     Returns:
         The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
@@ -546,10 +555,15 @@ def run_capture(
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities, record_shapes=True) as prof:
+        with profile(activities=activities, record_shapes=window_shapes) as prof:
             measured_iterations()
         assert trace_path is not None
         kernel_records = _export_gzipped_trace(prof, trace_path)
+        if shapes_path is not None:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as shapes_prof:
+                with emitter.range(f"{ITERATION_PREFIX}{SHAPES_ITERATION}"):
+                    run_step("shapes iteration")
+            _export_gzipped_trace(shapes_prof, Path(shapes_path))
         if device == "cuda":
             measured_kernels, kernels_source = kernel_records, "torch.profiler kernel records (cat kernel)"
     elif profiler == "cuda_profiler_api":
@@ -591,6 +605,9 @@ def run_capture(
         "settings": _settings(),
         "measured_kernels": measured_kernels,
         "measured_kernels_source": kernels_source,
+        "shapes": ("measured window" if window_shapes else
+                   f"one iteration after the measured window ({Path(shapes_path).name})" if shapes_path is not None
+                   and profiler == "torch" else None),
         **(record or {}),
     }
     run_path.parent.mkdir(parents=True, exist_ok=True)

@@ -147,9 +147,11 @@ def _run_nsys(workload_name: str, workload: dict, harness_cfg: dict, out_trace: 
 
 def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, device: str, timeline_tool: str,
                      out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path,
-                     clocks_target: Path | dict | None = None, timeline_requested: str | None = None) -> None:
+                     clocks_target: Path | dict | None = None, timeline_requested: str | None = None,
+                     out_shapes: Path | None = None) -> None:
     """Run the harness once under the timeline tool, writing the trace, ``run.json``, ``layers.json`` and
-    ``clocks_applied.json``.
+    ``clocks_applied.json``; with torch.profiler also ``out_shapes``, the input shapes of one more iteration
+    (``harness.run_capture`` ``shapes_path``).
 
     - CPU (always ``torch``): torch.profiler in this process; no clocks to lock.
     - CUDA, ``torch``: torch.profiler in this process, inside
@@ -175,10 +177,18 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
     record = {"timeline": timeline_tool, "timeline_requested": timeline_requested or timeline_tool}
     out_trace = Path(out_trace)
     tmp_trace = Path(str(out_trace) + ".partial.gz")
-    if device == "cpu":
+    tmp_shapes = Path(str(out_shapes) + ".partial.gz") if out_shapes is not None else None
+
+    def torch_capture():
         run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
-                                  workload_name=workload_name, record=record)
+                                  workload_name=workload_name, record=record, shapes_path=tmp_shapes)
+        if tmp_shapes is not None:
+            os.replace(tmp_shapes, out_shapes)
         os.replace(tmp_trace, out_trace)
+        return run
+
+    if device == "cpu":
+        run = torch_capture()
         write_json(out_clocks, {"locked": False, "device": device, "reason": "CPU run: no GPU clocks",
                                 "workload": workload_name, "measured_s": run["measured_s"]})
         return
@@ -189,9 +199,7 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
         if timeline_tool == "nsys":
             run = _run_nsys(workload_name, workload, harness_cfg, out_trace, Path(out_run), Path(out_layers), record)
         else:
-            run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
-                                      workload_name=workload_name, record=record)
-            os.replace(tmp_trace, out_trace)
+            run = torch_capture()
         applied["measured_s"] = run["measured_s"]
 
 
@@ -218,7 +226,7 @@ def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device
         applied["workload"] = workload_name
         applied["tool"] = "torch.profiler (capture_kineto)"
         run = harness.run_capture(workload, harness_cfg, device, tmp_trace, None, out_run,
-                                  workload_name=workload_name, record=record)
+                                  workload_name=workload_name, record=record, window_shapes=True)
         os.replace(tmp_trace, out_trace)
         applied["measured_s"] = run["measured_s"]
 

@@ -213,3 +213,16 @@ def write_timeline(timeline: Timeline, out_dir: Path) -> None:
     tables.write_table(timeline.ranges, tables.RANGES, out_dir / "ranges.parquet")
     activities = timeline.activities if timeline.activities is not None else pd.DataFrame(columns=ACTIVITY_COLUMNS)
     write_parquet_atomic(activities, out_dir / "gpu_activities.parquet")
+
+
+def top_level_ops(ranges: pd.DataFrame) -> np.ndarray:
+    """For each range (by position = range_id), the range id of its outermost enclosing dispatcher op
+    (itself included), -1 when none. Ranges come parents first (the readers' pre-order)."""
+    n = len(ranges)
+    is_op = ((ranges["kind"] == "cpu_op") & ranges["name"].str.match(DISPATCHER_OP)).to_numpy(dtype=bool)
+    parent = pd.array(ranges["parent_id"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
+    top = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        p = parent[i]
+        top[i] = top[p] if 0 <= p < i and top[p] >= 0 else (i if is_op[i] else -1)
+    return top

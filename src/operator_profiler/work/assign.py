@@ -18,7 +18,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from ..timeline.model import DISPATCHER_OP
+from ..timeline.model import top_level_ops
 from . import flop_rules
 from .op_calls import call_work
 
@@ -26,30 +26,24 @@ WORK_KERNEL_COLUMNS = ["kernel_id", "flops", "flops_formula", "bytes_read", "byt
                        "dtype", "work_call", "work_kernels", "work_note"]
 
 
-def top_level_ops(ranges: pd.DataFrame) -> np.ndarray:
-    """For each range (by position = range_id), the range id of its outermost enclosing dispatcher op
-    (itself included), -1 when none. Ranges come parents first (the readers' pre-order)."""
-    n = len(ranges)
-    is_op = ((ranges["kind"] == "cpu_op") & ranges["name"].str.match(DISPATCHER_OP)).to_numpy(dtype=bool)
-    parent = pd.array(ranges["parent_id"], dtype="Int64").fillna(-1).to_numpy(dtype=np.int64)
-    top = np.full(n, -1, dtype=np.int64)
-    for i in range(n):
-        p = parent[i]
-        top[i] = top[p] if 0 <= p < i and top[p] >= 0 else (i if is_op[i] else -1)
-    return top
-
-
 class _Calls:
     """The op ranges of one timeline: outermost dispatcher op of each range, names, recorded shapes."""
 
-    def __init__(self, ranges: pd.DataFrame, prefix: str):
+    def __init__(self, ranges: pd.DataFrame, prefix: str, shapes_ranges: pd.DataFrame | None = None):
         ranges = ranges.sort_values("range_id").reset_index(drop=True)
         if len(ranges) and not (ranges["range_id"].to_numpy() == np.arange(len(ranges))).all():
             raise ValueError("ranges.parquet range_id is not 0..n-1: not a timeline reader's table")
         self.top = top_level_ops(ranges)
         self.names = ranges["name"].to_numpy(dtype=object)
-        self.shapes = (ranges["input_shapes"].to_numpy(dtype=object) if "input_shapes" in ranges
-                       else np.full(len(ranges), None, dtype=object))
+        self.notes: dict[int, str] = {}
+        if shapes_ranges is not None:
+            from .shapes_iteration import shapes_for_measured_calls
+
+            shapes, self.notes = shapes_for_measured_calls(ranges, shapes_ranges)
+            self.shapes = shapes.to_numpy(dtype=object)
+        else:
+            self.shapes = (ranges["input_shapes"].to_numpy(dtype=object) if "input_shapes" in ranges
+                           else np.full(len(ranges), None, dtype=object))
         self.prefix = prefix
 
     def top_of(self, range_id: int) -> int:
@@ -57,16 +51,18 @@ class _Calls:
 
 
 def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.DataFrame | None,
-                kineto_ranges: pd.DataFrame | None = None) -> pd.DataFrame:
+                kineto_ranges: pd.DataFrame | None = None, shapes_ranges: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per kernel of ``kernels`` (attribution rows with ``duration_ns``, ``operator_range_id``,
     ``evidence``, plus the timeline's ``range_id`` on CPU traces): :data:`WORK_KERNEL_COLUMNS`.
     ``fusion_map``: with the ``work_*`` columns of :func:`.fused_kernels.with_fused_work`.
     ``kineto_ranges``: with an nsys timeline, the separate torch.profiler run's ranges, which a negative
     ``operator_range_id`` (``-(kineto range id + 1)``, set by the attribution) points into.
+    ``shapes_ranges``: the ranges of the capture's shapes iteration, for calls recorded without shapes
+    (:mod:`.shapes_iteration`).
 
     FLOPs and bytes are per kernel execution (one row of the timeline), null where unknown (``work_note``
     says why)."""
-    sides = {"": _Calls(ranges, "")}
+    sides = {"": _Calls(ranges, "", shapes_ranges)}
     if kineto_ranges is not None:
         sides["k"] = _Calls(kineto_ranges, "k")
     n = len(kernels)
@@ -113,7 +109,7 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
             continue
         calls = sides[c[0]]
         name = calls.names[c[1]]
-        work = call_work(name, calls.shapes[c[1]])
+        work = call_work(name, calls.shapes[c[1]], calls.notes.get(c[1]))
         record = {"flops": work.flops, "flops_formula": work.flops_formula, "bytes_read": work.bytes_read,
                   "bytes_written": work.bytes_written, "dtype": work.dtype,
                   "note": f"{name}: {work.note}" if work.note else None}

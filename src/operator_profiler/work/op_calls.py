@@ -70,10 +70,12 @@ def _torch():
     return torch
 
 
-def call_work(name: str, input_shapes: str | None) -> CallWork:
-    """Work of a call of ``name`` (``aten::addmm``) with its ``input_shapes`` (the ranges column)."""
-    if not input_shapes:
-        return CallWork(None, None, None, None, None, None, "no input shapes recorded (record_shapes off)")
+def call_work(name: str, input_shapes: str | None, missing: str | None = None) -> CallWork:
+    """Work of a call of ``name`` (``aten::addmm``) with its ``input_shapes`` (the ranges column); ``missing``:
+    why a call has none, when known."""
+    if not input_shapes or (isinstance(input_shapes, float) and input_shapes != input_shapes):
+        return CallWork(None, None, None, None, None, None,
+                        missing or "no input shapes recorded (the trace was recorded without record_shapes)")
     return _call_work(name, input_shapes)
 
 
