@@ -155,6 +155,8 @@ class _CaseStudies(nn.Module):
         return tuple(m(x) for m, x in zip(self.models, inputs))
 
 
+# Inductor's own code calls torch.jit.script_method while it compiles (torch's warning, not the models').
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_case_study_kinds_compile_whole_and_agree_with_eager():
     """torch.compile (Inductor) of each case-study model traces as one graph (fullgraph: a graph break raises) and
     its forward matches eager's within float32 rounding."""
