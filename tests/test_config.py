@@ -265,3 +265,80 @@ def test_unknown_compile_options_fail_when_the_config_is_checked(in_process):
     with pytest.raises(ConfigError, match=r"workloads\.g\.compile_options: 'epilogue_fusion': Unexpected type of attr "
                                           r"epilogue_fusion, got str should be bool.*'triton\.cudagraphs'.*got int"):
         check_callables(config, import_modules=in_process)
+
+
+# ---------------------------------------------------------------------------- case-study kinds
+
+CASE_STUDY_KINDS = ("conv_block", "embedding_projection", "mlp", "depthwise_separable")
+BUILT_IN_KINDS = ("gpt2", "sdpa_attention", "lstm", *CASE_STUDY_KINDS)
+
+
+@pytest.mark.parametrize("kind", CASE_STUDY_KINDS)
+def test_case_study_kind_gets_the_schema_defaults(schema, kind):
+    cfg = validate_config({"workloads": {"w": {"kind": kind}}})
+    want = {"kind": kind, "mode": "inference", **COMPILE_DEFAULTS, **_branch_defaults(schema, kind)}
+    assert cfg["workloads"]["w"] == want
+    assert want["compile"] is True and want["n_block"] >= 2  # compiled by default; its blocks form a layer class
+
+
+@pytest.mark.parametrize("kind", CASE_STUDY_KINDS)
+def test_case_study_kind_documents_every_size_key_with_its_default(schema, kind):
+    """docs/config.md's row of the kind names each size key with the schema's default, as '`key` (default)'."""
+    from conftest import ROOT
+
+    rows = [line for line in (ROOT / "docs" / "config.md").read_text().splitlines() if line.startswith(f"| `{kind}` |")]
+    assert len(rows) == 1, kind
+    sizes = {k: v for k, v in _branch_defaults(schema, kind).items() if k != "compile"}
+    for key, default in sizes.items():
+        assert f"`{key}` ({default})" in rows[0], (kind, key)
+
+
+@pytest.mark.parametrize("kind, key", [(k, key) for k in CASE_STUDY_KINDS for key in
+                                       {"conv_block": ("in_channels", "channels", "n_block", "image_size", "batch_size"),
+                                        "embedding_projection": ("vocab_size", "d_model", "n_block", "out_features",
+                                                                 "batch_size", "seq_len"),
+                                        "mlp": ("width", "expansion", "n_block", "batch_size", "seq_len"),
+                                        "depthwise_separable": ("channels", "n_block", "image_size", "batch_size")}[k]])
+@pytest.mark.parametrize("bad, says", [(0, "0 is less than the minimum of 1"),
+                                       ("sixteen", "'sixteen' is not of type 'integer'"),
+                                       (2.5, "2.5 is not of type 'integer'")])
+def test_bad_size_of_a_case_study_kind_is_refused_naming_the_key(kind, key, bad, says):
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"w": {"kind": kind, key: bad}}})
+    headline = str(err.value).split(". Also:")[0]
+    assert f"at 'workloads.w.{key}': {says}" in headline
+
+
+def test_size_key_of_another_case_study_kind_is_unknown():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"workloads": {"m": {"kind": "mlp", "channels": 8}}})
+    assert "at 'workloads.m': unknown key 'channels'" in str(err.value)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base`` as Snakemake merges a --configfile over the Snakefile's configfile
+    (snakemake.utils.update_config: nested dicts merge key by key, other values are replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_case_studies_config_profiles_the_seven_built_in_kinds():
+    """config/case_studies.yaml validates, names each built-in kind once, mixes eager and compiled, and means the
+    same merged over config/config.yaml (as `snakemake --configfile` runs it) as alone: it sets every key the
+    default config sets for a workload of the same name."""
+    from conftest import ROOT
+
+    raw = yaml.safe_load((ROOT / "config" / "case_studies.yaml").read_text())
+    alone = load_config(ROOT / "config" / "case_studies.yaml")
+    kinds = [w["kind"] for w in alone["workloads"].values()]
+    assert sorted(kinds) == sorted(BUILT_IN_KINDS)
+    assert {w["compile"] for w in alone["workloads"].values()} == {True, False}
+    assert alone["workloads"]["lstm"]["compile"] is False
+    default = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    merged = validate_config(_merged(default, raw))
+    assert merged["workloads"] == alone["workloads"]
+    # the default config keeps its three workloads
+    assert sorted(w["kind"] for w in load_config(ROOT / "config" / "config.yaml")["workloads"].values()) == \
+        ["gpt2", "lstm", "sdpa_attention"]

@@ -69,6 +69,111 @@ def test_lstm_has_no_layers():
     assert tuple(model(x).shape) == (1, 3, 4)
 
 
+# ---------------------------------------------------------------------------- case-study kinds
+# Tiny sizes, all different from each other, so a size read from the wrong key shows in the shapes.
+
+CONV_TINY = {"kind": "conv_block", "in_channels": 3, "channels": 5, "n_block": 3, "image_size": 7, "batch_size": 2}
+EMBED_TINY = {"kind": "embedding_projection", "vocab_size": 23, "d_model": 6, "n_block": 2, "out_features": 5,
+              "batch_size": 2, "seq_len": 4}
+MLP_TINY = {"kind": "mlp", "width": 6, "expansion": 3, "n_block": 3, "batch_size": 2, "seq_len": 4}
+DW_TINY = {"kind": "depthwise_separable", "channels": 5, "n_block": 2, "image_size": 7, "batch_size": 3}
+CASE_STUDY_TINY = (CONV_TINY, EMBED_TINY, MLP_TINY, DW_TINY)
+
+
+def _case_study_expectations(cfg: dict) -> tuple[dict, int, tuple, tuple]:
+    """(one block's parameter shapes, total parameter count, input shape, output shape) of a case-study kind,
+    from nn.Conv2d/BatchNorm2d/Linear/Embedding semantics: Conv2d weight [out, in / groups, k, k] (no bias: the
+    BatchNorm's shift replaces it), BatchNorm2d weight and bias [C], Linear weight [out, in] and bias [out]."""
+    b = cfg.get("batch_size")
+    if cfg["kind"] == "conv_block":
+        cin, c, n, s = cfg["in_channels"], cfg["channels"], cfg["n_block"], cfg["image_size"]
+        block = {"conv.weight": [c, c, 3, 3], "bn.weight": [c], "bn.bias": [c]}
+        stem = cin * c * 9 + 2 * c
+        return block, stem + n * (c * c * 9 + 2 * c), (b, cin, s, s), (b, c, s, s)
+    if cfg["kind"] == "embedding_projection":
+        v, d, n, o, t = cfg["vocab_size"], cfg["d_model"], cfg["n_block"], cfg["out_features"], cfg["seq_len"]
+        block = {"linear.weight": [d, d], "linear.bias": [d]}
+        return block, v * d + n * (d * d + d) + d * o + o, (b, t), (b, t, o)
+    if cfg["kind"] == "mlp":
+        w, h, n, t = cfg["width"], cfg["expansion"] * cfg["width"], cfg["n_block"], cfg["seq_len"]
+        block = {"fc1.weight": [h, w], "fc1.bias": [h], "fc2.weight": [w, h], "fc2.bias": [w]}
+        return block, n * (w * h + h + h * w + w), (b, t, w), (b, t, w)
+    if cfg["kind"] == "depthwise_separable":
+        c, n, s = cfg["channels"], cfg["n_block"], cfg["image_size"]
+        block = {"depthwise.weight": [c, 1, 3, 3], "bn1.weight": [c], "bn1.bias": [c],
+                 "pointwise.weight": [c, c, 1, 1], "bn2.weight": [c], "bn2.bias": [c]}
+        return block, n * (c * 9 + 2 * c + c * c + 2 * c), (b, c, s, s), (b, c, s, s)
+    raise AssertionError(cfg["kind"])
+
+
+@pytest.mark.parametrize("cfg", CASE_STUDY_TINY, ids=lambda c: c["kind"])
+def test_case_study_kind_builds_the_configured_sizes(cfg):
+    model, inputs = build_workload(cfg, CPU)
+    block, n_params, in_shape, out_shape = _case_study_expectations(cfg)
+    assert sum(p.numel() for p in model.parameters()) == n_params
+    assert len(inputs) == 1 and tuple(inputs[0].shape) == in_shape
+    if cfg["kind"] == "embedding_projection":  # token ids in [0, vocab_size)
+        assert inputs[0].dtype == torch.long and 0 <= int(inputs[0].min()) and int(inputs[0].max()) < cfg["vocab_size"]
+    else:
+        assert inputs[0].dtype == torch.float32
+    # The n_block blocks are the layers, one class (same module class, same parameter shapes); a conv_block's
+    # stem (in_channels -> channels) is outside the list, so it is no layer even when in_channels == channels.
+    layers = find_layers(model)
+    assert [l.path for l in layers] == [f"blocks.{i}" for i in range(cfg["n_block"])]
+    assert len({l.cls for l in layers}) == 1 and all(l.param_shapes == block for l in layers)
+    model.eval()
+    with torch.no_grad():
+        out = model(*inputs)
+    assert tuple(out.shape) == out_shape and bool(torch.isfinite(out).all())
+
+
+def test_conv_block_stem_is_no_layer_even_with_equal_channels():
+    model, _ = build_workload(dict(CONV_TINY, in_channels=5), CPU)
+    assert [l.path for l in find_layers(model)] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+@pytest.mark.parametrize("cfg", CASE_STUDY_TINY, ids=lambda c: c["kind"])
+def test_case_study_kind_trains(cfg):
+    """mode: train's step on each kind: the default loss of its output reaches every parameter."""
+    from operator_profiler.capture.training import default_loss
+
+    model, inputs = build_workload(cfg, CPU)
+    model.train()
+    default_loss(model(*inputs)).backward()
+    assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+
+
+class _CaseStudies(nn.Module):
+    """The four case-study models side by side: one torch.compile (one Inductor C++ build) checks them all (a
+    compile costs seconds on 2 cores, mostly the C++ compiler)."""
+
+    def __init__(self, models):
+        super().__init__()
+        self.models = nn.ModuleList(models)
+
+    def forward(self, *inputs):
+        return tuple(m(x) for m, x in zip(self.models, inputs))
+
+
+# Inductor's own code calls torch.jit.script_method while it compiles (torch's warning, not the models').
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_case_study_kinds_compile_whole_and_agree_with_eager():
+    """torch.compile (Inductor) of each case-study model traces as one graph (fullgraph: a graph break raises) and
+    its forward matches eager's within float32 rounding."""
+    torch.manual_seed(0)
+    built = [build_workload(cfg, CPU) for cfg in CASE_STUDY_TINY]
+    model = _CaseStudies([m.eval() for m, _ in built])
+    inputs = tuple(x for _, (x,) in built)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(*inputs)
+        compiled = torch.compile(model, fullgraph=True)(*inputs)
+    torch._dynamo.reset()
+    for cfg, e, c in zip(CASE_STUDY_TINY, eager, compiled):
+        assert e.shape == c.shape, cfg["kind"]
+        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-5, msg=lambda m, k=cfg["kind"]: f"{k}: {m}")
+
+
 def test_find_layers_rules():
     class Net(nn.Module):
         def __init__(self):

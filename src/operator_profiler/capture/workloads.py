@@ -179,6 +179,150 @@ def build_lstm(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
     return model.to(device), (x,)
 
 
+# ------------------------------------------------------------------------------- conv blocks
+
+
+class ConvBNReLU(nn.Module):
+    """Conv2d (k x k, stride 1, same padding, no bias: BatchNorm's shift replaces it) -> BatchNorm2d -> ReLU."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False)
+        self.bn = nn.BatchNorm2d(out_channels)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.bn(self.conv(x)))
+
+
+class ConvStack(nn.Module):
+    """A stem ConvBNReLU (in_channels -> channels), then n_block identical ConvBNReLU (channels -> channels)."""
+
+    def __init__(self, in_channels: int, channels: int, n_block: int):
+        super().__init__()
+        self.stem = ConvBNReLU(in_channels, channels)
+        self.blocks = nn.ModuleList([ConvBNReLU(channels, channels) for _ in range(n_block)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def build_conv_block(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
+    model = ConvStack(cfg["in_channels"], cfg["channels"], cfg["n_block"])
+    x = torch.randn(cfg["batch_size"], cfg["in_channels"], cfg["image_size"], cfg["image_size"], device=device)
+    return model.to(device), (x,)
+
+
+# ---------------------------------------------------------------------- embedding + projection
+
+
+class ProjectionBlock(nn.Module):
+    """Linear (d_model -> d_model) -> ReLU."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.linear = nn.Linear(d_model, d_model)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.linear(x))
+
+
+class EmbeddingProjection(nn.Module):
+    """Embedding lookup (vocab_size x d_model), n_block ProjectionBlocks, output projection d_model -> out_features."""
+
+    def __init__(self, vocab_size: int, d_model: int, n_block: int, out_features: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList([ProjectionBlock(d_model) for _ in range(n_block)])
+        self.out = nn.Linear(d_model, out_features)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def build_embedding_projection(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
+    model = EmbeddingProjection(cfg["vocab_size"], cfg["d_model"], cfg["n_block"], cfg["out_features"])
+    idx = torch.randint(0, cfg["vocab_size"], (cfg["batch_size"], cfg["seq_len"]), device=device)
+    return model.to(device), (idx,)
+
+
+# -------------------------------------------------------------------------------------- MLP
+
+
+class MLPBlock(nn.Module):
+    """Linear (width -> expansion * width) -> GELU (exact, erf) -> Linear (back to width)."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class MLPStack(nn.Module):
+    def __init__(self, width: int, expansion: int, n_block: int):
+        super().__init__()
+        self.blocks = nn.ModuleList([MLPBlock(width, expansion * width) for _ in range(n_block)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def build_mlp(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
+    model = MLPStack(cfg["width"], cfg["expansion"], cfg["n_block"])
+    x = torch.randn(cfg["batch_size"], cfg["seq_len"], cfg["width"], device=device)
+    return model.to(device), (x,)
+
+
+# ------------------------------------------------------------------ depthwise-separable convs
+
+
+class DepthwiseSeparableBlock(nn.Module):
+    """MobileNet's block: depthwise 3x3 conv (groups = channels) -> BN -> ReLU, pointwise 1x1 conv -> BN -> ReLU
+    (convs without bias: BatchNorm's shift replaces it)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.pointwise = nn.Conv2d(channels, channels, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.depthwise(x)))
+        return self.relu(self.bn2(self.pointwise(x)))
+
+
+class DepthwiseSeparableStack(nn.Module):
+    def __init__(self, channels: int, n_block: int):
+        super().__init__()
+        self.blocks = nn.ModuleList([DepthwiseSeparableBlock(channels) for _ in range(n_block)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def build_depthwise_separable(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
+    model = DepthwiseSeparableStack(cfg["channels"], cfg["n_block"])
+    x = torch.randn(cfg["batch_size"], cfg["channels"], cfg["image_size"], cfg["image_size"], device=device)
+    return model.to(device), (x,)
+
+
 # ----------------------------------------------------------------------------------- custom
 
 
@@ -234,6 +378,10 @@ BUILDERS: dict[str, Callable[[dict, torch.device], tuple[nn.Module, tuple]]] = {
     "gpt2": build_gpt2,
     "sdpa_attention": build_sdpa_attention,
     "lstm": build_lstm,
+    "conv_block": build_conv_block,
+    "embedding_projection": build_embedding_projection,
+    "mlp": build_mlp,
+    "depthwise_separable": build_depthwise_separable,
     "custom": build_custom,
 }
 
