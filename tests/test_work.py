@@ -308,3 +308,26 @@ def test_iterations_that_run_other_ops_than_the_shapes_iteration_are_not_paired(
                                            "iteration"].dropna())
     unknown_iterations = set(attribution.loc[attribution["kernel_id"].isin(unknown["kernel_id"]), "iteration"].dropna())
     assert known_iterations and unknown_iterations and not known_iterations & unknown_iterations
+
+
+def test_the_conv_block_workload_flops_agree_with_flop_counter_mode(tmp_path):
+    """The built-in conv_block kind (eager) through the real harness: the shapes iteration, the timeline, the
+    attribution and the work stage, against FlopCounterMode on the same model."""
+    from operator_profiler.capture import harness
+    from operator_profiler.capture.workloads import build_workload
+    from operator_profiler.config import validate_config
+
+    workload = validate_config({"device": "cpu", "workloads": {"c": {
+        "kind": "conv_block", "compile": False, "in_channels": 3, "channels": 8, "n_block": 2, "image_size": 12,
+        "batch_size": 2}}}, "test")["workloads"]["c"]
+    harness.run_capture(workload, {"seed": 0, "warmup": 1, "iterations": ITERATIONS}, "cpu", tmp_path / "t.json.gz",
+                        tmp_path / "layers.json", tmp_path / "run.json", shapes_path=tmp_path / "s.json.gz")
+    stages.export_timeline(tmp_path / "t.json.gz", tmp_path / "timeline")
+    stages.attribute_files(tmp_path / "timeline", None, None, tmp_path / "attribution.parquet")
+    work = stages.work_files(tmp_path / "timeline", tmp_path / "attribution.parquet", tmp_path / "work.parquet",
+                             shapes_trace=tmp_path / "s.json.gz")
+    torch.manual_seed(0)
+    model, inputs = build_workload(workload, "cpu")
+    expected = _flop_counter_total(lambda: model.eval()(*inputs))
+    assert work["flops"].notna().all()
+    assert abs(work["flops_formula"].sum() / ITERATIONS - expected) / expected < 0.01
