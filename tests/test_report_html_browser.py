@@ -138,8 +138,9 @@ def roofline_marks(page) -> int:
 
 
 def known_work_count(operators: pd.DataFrame) -> int:
-    """Operators with known, non-zero work: one roofline point each."""
-    return int((operators["work_known"] & ((operators["flops"] > 0) | (operators["bytes"] > 0))).sum())
+    """Operators with known work that moves bytes, in measured time: one roofline point each (a point at its
+    intensity, or a triangle at the left edge for 0 FLOPs)."""
+    return int((operators["work_known"] & (operators["bytes"] > 0) & (operators["time_ns"] > 0)).sum())
 
 
 @pytest.mark.workflow
@@ -170,14 +171,10 @@ def test_report_page_renders_sorts_and_is_self_contained(browser, default_run, w
                              names)
         figures = assert_figures_drawn(page)
         layered = (pd.read_parquet(folder / "layer_classes.parquet")["layer_class"] != "rest").any()
-        work = "flops" in operators  # the work columns (results of an older version lack them)
-        # time share, [roofline], [layer classes], modules; no counters on CPU
-        assert figures == (3 if layered else 2) + work
-        if work:
-            assert roofline_marks(page) == known_work_count(operators)
-            assert page.locator("#sol-note").count() == 0
-        else:
-            assert page.locator("#sol-note").is_visible() and page.locator("#roofline-note").is_visible()
+        # time share, roofline, [layer classes], modules; no ncu counters on CPU: the roofline replaces the SOL note
+        assert figures == (4 if layered else 3)
+        assert roofline_marks(page) == known_work_count(operators) > 0
+        assert page.locator("#sol-note").count() == 0 and page.locator("#roofline").is_visible()
         assert problems == []
     finally:
         page.close()
