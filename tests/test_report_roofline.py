@@ -169,13 +169,16 @@ def test_operator_table_has_the_roofline_columns(folder, text):
         "aten::custom_scan"] == "work unknown"
     bound = dict(zip(names, column(table, "bound")))
     assert bound["aten::addmm"] == "compute" and bound["aten::copy_"] == "memory"
+    # a view: no work of its own, not a slow operator: no rate shown, said so
+    assert dict(zip(names, column(table, "GB/s", "text")))["aten::view"] == "–"
+    assert dict(zip(names, column(table, "bound", "text")))["aten::view"] == "none of its own"
     fraction = dict(zip(names, column(table, "% of ceiling")))
     assert float(fraction["aten::addmm"]) == pytest.approx(expected("aten::addmm")["flops_per_s"] / 5e10)
     assert float(fraction["aten::copy_"]) == pytest.approx(expected("aten::copy_")["bytes_per_s"] / 1.2e10)
     assert float(fraction["aten::copy_"]) > 1  # cache-resident: above the measured bandwidth
     # sorted as numbers, like the other numeric columns
     for label in ("GFLOP/s", "GB/s", "FLOP/byte", "% of ceiling"):
-        assert f'<th data-type="num" class="num">{label}<span class="metric">' in text
+        assert f'<th data-type="num" class="num">{label}<span class="metric words">' in text
 
 
 def test_markdown_section_quotes_the_work_the_ceilings_and_the_readings(folder):
@@ -195,8 +198,10 @@ def test_markdown_section_quotes_the_work_the_ceilings_and_the_readings(folder):
     assert ("ceilings: fp32 GEMM peak 50 GFLOP/s, bf16 GEMM peak 80 GFLOP/s, memory bandwidth 12 GB/s, measured "
             "with 1 thread(s) from `results/ceilings/cpu.json`") in section
     fraction = expected("aten::addmm")["flops_per_s"] / 5e10
-    assert f"| `aten::addmm` |" in section and f"{fraction:.0%} of fp32 GEMM peak, compute-bound |" in section
+    assert "| `aten::addmm` |" in section and f"{fraction:.0%} of fp32 GEMM peak, compute-bound |" in section
     assert "- `aten::custom_scan`: work unknown for 2 of 2 kernels: no FLOP rule for aten::custom_scan" in section
+    assert "| `aten::view` | " in section and "| – | – | – | no work of its own" in section
+    assert "| `aten::custom_scan` | " in section and "|  |  |  | work unknown |" in section
     assert "**Analytic**" in section and "**Measured**" in section and "Nsight Compute" not in section
 
 

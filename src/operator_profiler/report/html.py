@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import markdown as report_md
-from . import roofline_view
+from . import markdown as report_md, roofline_view
 from ..errors import InputError
 from ..results import ReportInputs
 
@@ -110,6 +109,7 @@ th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 2
 .scroll tbody tr:hover td:first-child { background: #eff6ff; }
 th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
              font-weight: 400; white-space: normal; word-break: break-all; }
+th .metric.words { font-family: inherit; word-break: normal; min-width: 70px; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:nth-child(even) { background: #fafafa; }
 tbody tr:hover { background: #eff6ff; }
@@ -388,9 +388,10 @@ IQR_HEADER = "p25 – p75 / iteration (ms)"
 
 
 # the operator table's roofline columns: label, what the figure is, sort kind
-WORK_HEADERS = (("GFLOP/s", "analytic FLOPs / kernel time", "num"), ("GB/s", "ideal bytes / kernel time", "num"),
-                ("FLOP/byte", "arithmetic intensity", "num"), ("bound", "intensity vs ridge point", "text"),
-                ("% of ceiling", "of the bound's measured ceiling", "num"))
+WORK_HEADERS = (("GFLOP/s", "analytic FLOPs / time", "num"), ("GB/s", "ideal bytes / time", "num"),
+                ("FLOP/byte", "intensity", "num"), ("bound", "intensity vs ridge", "text"),
+                ("% of ceiling", "measured ceiling", "num"))
+NO_OWN_WORK = "no work of its own: a view, or its call's work is counted on another operator's kernel"
 
 
 def _work_cells(r: dict) -> list[str]:
@@ -400,6 +401,10 @@ def _work_cells(r: dict) -> list[str]:
         note = esc(r.get("work_note") or "work unknown")
         return ['<td class="num" data-v=""></td>'] * 3 + [f'<td data-v="" title="{note}">work unknown</td>',
                                                           '<td class="num" data-v=""></td>']
+    if not r.get("flops") and not r.get("bytes"):  # 0 and 0: not a slow operator, one whose work is elsewhere
+        return [f'<td class="num" data-v="0.0" title="{esc(NO_OWN_WORK)}">–</td>'] * 2 + [
+            '<td class="num" data-v=""></td>', f'<td data-v="" title="{esc(NO_OWN_WORK)}">none of its own</td>',
+            '<td class="num" data-v=""></td>']
     bound = r.get("bound")
     bound = "" if _missing(bound) else str(bound)
     fraction = r.get("ceiling_fraction")
@@ -433,7 +438,7 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     headers += [("share", "num"), ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
     # the roofline figures (analytic work over kernel time), when operators.parquet has the work columns
     work = roofline_view.has_work(operators)
-    headers += [(f'{label}<span class="metric">{source}</span>', kind) for label, source, kind in WORK_HEADERS] \
+    headers += [(f'{label}<span class="metric words">{source}</span>', kind) for label, source, kind in WORK_HEADERS] \
         if work else []
     headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
                 for m, label, _ in counters]
@@ -503,7 +508,9 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
             f"<h3>{_operators_title(operators['operator'])}</h3>"
             f'<p class="muted">Click a column header to sort. {times}. Counters '
             "are combined over each operator's kernels weighted by their timeline durations (the header names the "
-            "ncu metric).</p>"
+            "ncu metric)."
+            + (" GFLOP/s and GB/s: the operator's analytic work over its kernel time; bound and % of ceiling: "
+               'against the measured ceilings (see <a href="#roofline">Roofline</a>).' if work else "") + "</p>"
             f'{_table(headers, rows, "operator-table", scroll=True)}</section>')
 
 
@@ -576,8 +583,8 @@ def _roofline_hover(r: dict, iterations: int, ceilings: roofline_view.Ceilings, 
     """A roofline point's hover: the operator, its time per iteration, its rates and intensity (a data-movement
     operator: its bytes/s and their share of the bandwidth), its place against the ceiling."""
     share = r["total_share"] if "total_share" in r and not _missing(r.get("total_share")) else r["time_share"]
-    lines = [r["operator"], f"time {r['time_ns'] / iterations / 1e6:.3f} ms / iteration (mean), "
-                            f"{share * 100:.1f}% of kernel time"]
+    lines = [r["operator"], (f"time {r['time_ns'] / iterations / 1e6:.3f} ms / iteration (mean), "
+                             f"{share * 100:.1f}% of kernel time")]
     if moves_only:
         bytes_s = r["achieved_bytes_per_s"]
         if ceilings.bandwidth:

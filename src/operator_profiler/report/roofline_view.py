@@ -30,8 +30,8 @@ def has_work(operators: pd.DataFrame) -> bool:
 
 def analytic_and_measured(cuda: bool) -> str:
     """One paragraph (Markdown inline markup): which figures are analytic and which are measured."""
-    parts = ["kernel **time** (the timeline's durations)", "the **ceilings** (`ceilings.json`: timed GEMM and "
-             "STREAM-like copy/triad microbenchmarks on this machine)"]
+    parts = ["kernel **time** (the timeline's durations)",
+             "the **ceilings** (`ceilings.json`: timed GEMM and STREAM-like copy/triad microbenchmarks on this machine)"]
     if cuda:
         parts.append("the **Nsight Compute counters** (SOL %, DRAM bytes, occupancy)")
     measured = ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -146,8 +146,7 @@ def reading(row: dict) -> str:
     text = row.get("roofline")
     if not isinstance(text, str):
         return ""
-    prefix = f"{row['operator']}: "
-    return text[len(prefix):] if text.startswith(prefix) else text
+    return text.removeprefix(f"{row['operator']}: ")
 
 
 def thread_mismatch(ceilings: Ceilings, run: dict | None) -> str:
@@ -200,8 +199,10 @@ def markdown_lines(operators: pd.DataFrame, coverage: dict, run: dict | None, it
               "| operator | share | GFLOP/s | GB/s | FLOP/byte | roofline |", "|---|---|---|---|---|---|"]
     for r in shown.to_dict("records"):
         flops_s, bytes_s, intensity = (r.get(c) for c in ("achieved_flops_per_s", "achieved_bytes_per_s", "intensity"))
-        lines.append(f"| `{cut[r['operator']]}` | {r['time_share'] * 100:.2f}% | {_fixed(flops_s, 1e9)} | "
-                     f"{_fixed(bytes_s, 1e9)} | {_fixed(intensity, 1)} | "
+        rates = f"{_fixed(flops_s, 1e9)} | {_fixed(bytes_s, 1e9)} | {_fixed(intensity, 1)}"
+        if r.get("work_known") and not r.get("flops") and not r.get("bytes"):
+            rates = "– | – | –"  # its work is counted elsewhere: 0 GB/s would read as a slow operator
+        lines.append(f"| `{cut[r['operator']]}` | {r['time_share'] * 100:.2f}% | {rates} | "
                      f"{reading(r) if r.get('work_known') else 'work unknown'} |")
     if len(rows.unknown):
         lines += ["", "Work **unknown** (no roofline figures; never a figure from part of an operator's kernels):", ""]
