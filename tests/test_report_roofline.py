@@ -32,7 +32,7 @@ WORK = {"aten::addmm": (1.6e9, 8.0e7, "float32"),        # 20 FLOP/byte: above t
         "aten::copy_": (0.0, 6.0e8, "float32"),          # moves data only: 150 GB/s, above the bandwidth
         "aten::custom_scan": (None, None, "float32", "no FLOP rule for aten::custom_scan"),
         "aten::view": (0.0, 0.0, "float32"),             # a view: no work of its own
-        TEMPLATE: (1.0e6, 4.0e6, "float32"),
+        TEMPLATE: (1.0e6, 4.0e6, "float16"),              # no measured fp16 ceiling: no bound
         "(unattributed)": (None, None, None, "work unknown for 2 of 2 kernels: no enclosing operator")}
 ITERATIONS = 2
 
@@ -107,6 +107,8 @@ def test_roofline_has_one_point_per_operator_with_known_work_at_its_intensity(fo
     # bound by intensity against the ridge of the operator's dtype: 20 >= 50/12 (fp32); 2 < 80/12 (bf16)
     assert drawn["aten::addmm"]["trace"] == "compute-bound"
     assert drawn["aten::mm"]["trace"] == drawn["aten::gelu"]["trace"] == "memory-bound"
+    assert drawn[TEMPLATE]["trace"] == "bound unknown (no ceiling for its dtype)"
+    assert "no measured compute ceiling for float16" in drawn[TEMPLATE]["hover"]
     share = 1.6e9 / (40e6 / 1e9) / 5e10  # achieved FLOP/s over the fp32 peak
     assert f"{share * 100:.0f}% of fp32 GEMM peak (compute-bound)" in drawn["aten::addmm"]["hover"]
     assert f"time {40e6 / ITERATIONS / 1e6:.3f} ms / iteration" in drawn["aten::addmm"]["hover"]
