@@ -66,5 +66,15 @@ def figure(text: str, div_id: str) -> list[dict]:
     return data
 
 
+def figure_layout(text: str, div_id: str) -> dict:
+    """The layout of the plotly figure in ``<div id=div_id>`` (the ``Plotly.newPlot`` call's third argument)."""
+    m = re.search(r'Plotly\.newPlot\(\s*"%s",\s*' % re.escape(div_id), text)
+    assert m, f"no figure {div_id}"
+    decoder = json.JSONDecoder()
+    _, end = decoder.raw_decode(text, m.end())
+    start = re.compile(r"\s*,\s*").match(text, end).end()
+    return decoder.raw_decode(text, start)[0]
+
+
 def figure_ids(text: str) -> list[str]:
     return re.findall(r'Plotly\.newPlot\(\s*"([\w-]+)"', text)

@@ -77,3 +77,42 @@ def write_results(folder: Path, ops: list[tuple], device: str = "cpu", kind: str
 
 CUDA_OPS = [("aten::addmm", 5_000_000, 81.5, 40.25), ("aten::softmax", 2_000_000, 12.0, 77.0),
             (TEMPLATE, 1_000_000, 3.5, 9.0), ("aten::copy_", 500_000, None, None)]
+
+
+# The ceilings of the roofline tests (a ceilings.json's figures: FLOP/s per dtype, bytes/s).
+CEILINGS = {"schema": 1, "device": "cpu", "threads": 1,
+            "compute_flops_per_s": {"float32": 5.0e10, "bfloat16": 8.0e10},
+            "memory_bytes_per_s": {"copy": 1.0e10, "triad": 1.2e10, "best": 1.2e10}}
+
+
+def add_work(folder: Path, work: dict[str, tuple], ceilings: dict | None = CEILINGS,
+             ceilings_path: str = "results/ceilings/cpu.json") -> pd.DataFrame:
+    """Give the results folder ``folder`` (:func:`write_results`) the work and roofline columns, as the workflow's
+    aggregate does: ``work`` maps an operator to (FLOPs, bytes, dtype[, work_note]) over all measured iterations,
+    FLOPs or bytes None for unknown work (an operator not in ``work`` has none computed). Each operator's time and
+    work are split evenly over one kernel per measured iteration, and operator_profiler.roofline (with_work,
+    with_roofline, work_summary) writes the columns and coverage.json ``work``. Returns operators.parquet."""
+    from operator_profiler import roofline
+
+    operators = pd.read_parquet(folder / "operators.parquet")
+    coverage = json.loads((folder / "coverage.json").read_text())
+    iterations = len(coverage["iteration_time_ns"])
+    kernels, rows = [], []
+    for op, time_ns in zip(operators["operator"], operators["time_ns"]):
+        flops, nbytes, dtype, *note = work.get(op, (None, None, None, "no work computed"))
+        for i in range(iterations):
+            kernel_id = len(kernels)
+            share = time_ns // iterations + (time_ns % iterations if i == 0 else 0)
+            kernels.append({"kernel_id": kernel_id, "operator": op, "duration_ns": share, "iteration": i})
+            rows.append({"kernel_id": kernel_id, "flops": None if flops is None else flops / iterations,
+                         "bytes": None if nbytes is None else nbytes / iterations,
+                         "flops_formula": None if flops is None else 0.0, "dtype": dtype,
+                         "work_rule": "unknown" if flops is None or nbytes is None else "per_element",
+                         "work_note": note[0] if note else None})
+    attribution = pd.DataFrame(kernels)
+    kernel_work = pd.DataFrame(rows).astype({"flops": "float64", "bytes": "float64", "flops_formula": "float64"})
+    out = roofline.with_roofline(roofline.with_work(operators, attribution, kernel_work), ceilings)
+    out.to_parquet(folder / "operators.parquet", index=False)
+    coverage["work"] = roofline.work_summary(attribution, kernel_work, ceilings, ceilings_path if ceilings else None)
+    (folder / "coverage.json").write_text(json.dumps(coverage))
+    return out

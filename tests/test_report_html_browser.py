@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from results_folders import CUDA_OPS, write_results
+from results_folders import CUDA_OPS, add_work, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -130,6 +130,19 @@ def click_sort(page, table: str, col: int, expect: str) -> None:
     assert page.locator(f"#{table} thead th").nth(col).get_attribute("aria-sort") == expect
 
 
+def roofline_marks(page) -> int:
+    """The drawn point marks of the roofline figure (its ceiling lines have none)."""
+    return page.evaluate("""() => Array.from(document.querySelectorAll('#fig-roofline .scatterlayer path.point'))
+                             .filter(p => { const d = p.getAttribute('d') || ''; return d.length > 4 && d !== 'M0,0Z'; })
+                             .length""")
+
+
+def known_work_count(operators: pd.DataFrame) -> int:
+    """Operators with known work that moves bytes, in measured time: one roofline point each (a point at its
+    intensity, or a triangle at the left edge for 0 FLOPs)."""
+    return int((operators["work_known"] & (operators["bytes"] > 0) & (operators["time_ns"] > 0)).sum())
+
+
 @pytest.mark.workflow
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_report_page_renders_sorts_and_is_self_contained(browser, default_run, workload, tmp_path):
@@ -158,8 +171,10 @@ def test_report_page_renders_sorts_and_is_self_contained(browser, default_run, w
                              names)
         figures = assert_figures_drawn(page)
         layered = (pd.read_parquet(folder / "layer_classes.parquet")["layer_class"] != "rest").any()
-        assert figures == (3 if layered else 2)  # time share, [layer classes], modules; no counters on CPU
-        assert page.locator("#sol-note").is_visible()
+        # time share, roofline, [layer classes], modules; no ncu counters on CPU: the roofline replaces the SOL note
+        assert figures == (4 if layered else 3)
+        assert roofline_marks(page) == known_work_count(operators) > 0
+        assert page.locator("#sol-note").count() == 0 and page.locator("#roofline").is_visible()
         assert problems == []
     finally:
         page.close()
@@ -258,6 +273,46 @@ def test_cuda_operator_table_keeps_the_operator_column_readable(browser, tmp_pat
         assert edges["right"] < edges["boxRight"] and edges["hitName"] and edges["cornerIsHead"], edges
         page.screenshot(path=str(tmp_path / "cuda-scrolled.png"))
         box.screenshot(path=str(tmp_path / "cuda-table-scrolled.png"))
+    finally:
+        page.close()
+    assert_real_screenshot(shot)
+
+
+def test_roofline_renders_its_points_and_hover(browser, tmp_path):
+    """A CPU page with the work columns: the roofline replaces the empty speed-of-light note, draws one mark per
+    operator with known work (the data-movement one a triangle at the left edge) and its ceiling lines, and the
+    triangle's hover says its share of the bandwidth."""
+    ops = [("aten::addmm", 4_000_000), ("aten::gelu", 1_000_000), ("aten::copy_", 500_000), ("aten::view", 100_000),
+           ("aten::custom_scan", 50_000)]
+    write_results(tmp_path / "gpt2", ops)
+    operators = add_work(tmp_path / "gpt2", {"aten::addmm": (1.6e8, 8e6, "float32"),
+                                             "aten::gelu": (2e6, 1.6e7, "float32"),
+                                             "aten::copy_": (0.0, 6e6, "float32"), "aten::view": (0.0, 0.0, "float32"),
+                                             "aten::custom_scan": (None, None, "float32", "no FLOP rule")})
+    out = tmp_path / "report.html"
+    result = subprocess.run([sys.executable, "-m", "operator_profiler.cli", "report-html", "--results",
+                             str(tmp_path / "gpt2"), "-o", str(out)], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    shot = tmp_path / "roofline.png"
+    page, problems = open_page(browser, out, shot)
+    try:
+        assert known_work_count(operators) == 3
+        assert roofline_marks(page) == 3
+        assert page.locator("#sol-note").count() == 0 and page.locator("#work-unknown-table tbody tr").count() == 1
+        lines = page.evaluate("() => document.querySelectorAll('#fig-roofline .scatterlayer .trace path.js-line')"
+                              ".length")
+        assert lines == 2  # memory roof and the fp32 GEMM peak
+        triangle = page.locator("#fig-roofline .scatterlayer .trace:last-child path.point")  # data movement
+        page.locator("#fig-roofline").scroll_into_view_if_needed()
+        box = triangle.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_selector("#fig-roofline .hoverlayer .hovertext")
+        hover = page.locator("#fig-roofline .hoverlayer .hovertext").text_content()
+        bytes_s = 6e6 / (500_000 / 1e9)
+        assert f"data movement only: {bytes_s / 1e9:.3g} GB/s = {bytes_s / 1.2e10 * 100:.0f} % of bandwidth" in hover
+        assert problems == []
+        page.locator("#roofline").screenshot(path=str(tmp_path / "roofline-section.png"))
     finally:
         page.close()
     assert_real_screenshot(shot)

@@ -202,7 +202,7 @@ def test_trace_json_holds_every_kernel_with_its_operator(finished_run):
 
 @pytest.mark.workflow
 def test_report_html_holds_every_operator_module_and_the_cpu_note(finished_run):
-    from html_report import column, figure_ids, tables
+    from html_report import column, figure, figure_ids, tables
 
     work, _ = finished_run
     for name in TINY["workloads"]:
@@ -219,6 +219,10 @@ def test_report_html_holds_every_operator_module_and_the_cpu_note(finished_run):
         modules = pd.read_parquet(out / "modules.parquet")
         assert [int(v) for v in column(page["module-table"], "total (ms)")] == list(modules["time_ns"])
         assert "fig-sol" not in figure_ids(text) and "not collected on CPU" in text
+        # the roofline instead: one point per operator with known work that moves bytes in measured time
+        drawn = [op for t in figure(text, "fig-roofline") if t.get("mode") == "markers" for op in t["customdata"]]
+        placed = operators["work_known"] & (operators["bytes"] > 0) & (operators["time_ns"] > 0)
+        assert sorted(drawn) == sorted(operators.loc[placed, "operator"]) and drawn
         # plotly.js once (in the head), one data script per figure, the sort script
         assert text.count("<script") == len(figure_ids(text)) + 2 and text.count("plotly.js v") <= 2
         assert "http://" not in text.split("<main>")[1] and "https://" not in text.split("<main>")[1]

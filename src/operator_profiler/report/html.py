@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import markdown as report_md
+from . import markdown as report_md, roofline_view
 from ..errors import InputError
 from ..results import ReportInputs
 
@@ -109,6 +109,7 @@ th { background: #f1f5f9; font-weight: 600; position: sticky; top: 0; z-index: 2
 .scroll tbody tr:hover td:first-child { background: #eff6ff; }
 th .metric { display: block; font: 10.5px ui-monospace, Menlo, Consolas, monospace; color: var(--muted);
              font-weight: 400; white-space: normal; word-break: break-all; }
+th .metric.words { font-family: inherit; word-break: normal; min-width: 70px; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:nth-child(even) { background: #fafafa; }
 tbody tr:hover { background: #eff6ff; }
@@ -386,6 +387,40 @@ RANGE_HEADER = "min – max / iteration (ms)"
 IQR_HEADER = "p25 – p75 / iteration (ms)"
 
 
+# the operator table's roofline columns: label, what the figure is, sort kind
+WORK_HEADERS = (("GFLOP/s", "analytic FLOPs / time", "num"), ("GB/s", "ideal bytes / time", "num"),
+                ("FLOP/byte", "intensity", "num"), ("bound", "intensity vs ridge", "text"),
+                ("% of ceiling", "measured ceiling", "num"))
+NO_OWN_WORK = "no work of its own: a view, or its call's work is counted on another operator's kernel"
+
+
+def _work_cells(r: dict) -> list[str]:
+    """An operator's roofline cells (:data:`WORK_HEADERS`): ``data-v`` holds the exact FLOP/s, bytes/s, FLOP/byte
+    and ceiling fraction (0-1); the ``% of ceiling`` cell names its ceiling on hover, an unknown work its note."""
+    if not r.get("work_known"):
+        note = esc(r.get("work_note") or "work unknown")
+        return ['<td class="num" data-v=""></td>'] * 3 + [f'<td data-v="" title="{note}">work unknown</td>',
+                                                          '<td class="num" data-v=""></td>']
+    if not r.get("flops") and not r.get("bytes"):  # 0 and 0: not a slow operator, one whose work is elsewhere
+        return [f'<td class="num" data-v="0.0" title="{esc(NO_OWN_WORK)}">–</td>'] * 2 + [
+            '<td class="num" data-v=""></td>', f'<td data-v="" title="{esc(NO_OWN_WORK)}">none of its own</td>',
+            '<td class="num" data-v=""></td>']
+    bound = r.get("bound")
+    bound = "" if _missing(bound) else str(bound)
+    fraction = r.get("ceiling_fraction")
+    giga = {c: None if _missing(r[c]) else r[c] / 1e9 for c in ("achieved_flops_per_s", "achieved_bytes_per_s")}
+    cells = [_num_cell(r["achieved_flops_per_s"], _fmt(giga["achieved_flops_per_s"], 2)),
+             _num_cell(r["achieved_bytes_per_s"], _fmt(giga["achieved_bytes_per_s"], 2)),
+             _num_cell(r["intensity"], "" if _missing(r["intensity"]) else f"{r['intensity']:.3g}"),
+             f'<td data-v="{esc(bound)}">{esc(bound)}</td>']
+    if _missing(fraction):
+        cells.append('<td class="num" data-v=""></td>')
+    else:
+        cells.append(f'<td class="num" data-v="{esc(fraction)}" title="{esc(r.get("ceiling"))}">'
+                     f"{esc(roofline_view.percent(fraction))}</td>")
+    return cells
+
+
 def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric_names: dict[str, str],
                       no_ranges: bool = False) -> str:
     counters = [(m, label, scale) for m, label, scale in COUNTER_COLUMNS if m in operators
@@ -401,6 +436,10 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
     headers += [(IQR_HEADER, "num")] if quartiles else []
     headers += [(RANGE_HEADER, "num")] if ranges else []
     headers += [("share", "num"), ("calls", "num"), ("kernels", "num"), ("mean kernel (µs)", "num")]
+    # the roofline figures (analytic work over kernel time), when operators.parquet has the work columns
+    work = roofline_view.has_work(operators)
+    headers += [(f'{label}<span class="metric words">{source}</span>', kind) for label, source, kind in WORK_HEADERS] \
+        if work else []
     headers += [(f'{esc(label)}<span class="metric">{esc(metric_names.get(m, m))}</span>', "num")
                 for m, label, _ in counters]
     if "counters_kernels" in operators:
@@ -432,6 +471,8 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
         cells += [_num_cell(r["time_share"], f"{r['time_share'] * 100:.2f}%"),
                  _num_cell(int(r["calls"])), _num_cell(int(r["kernels"])),
                  _num_cell(r["mean_kernel_ns"] / 1e3, f"{r['mean_kernel_ns'] / 1e3:.1f}")]
+        if work:
+            cells += _work_cells(r)
         cells += [_num_cell(r[m], _fmt(None if _missing(r[m]) else r[m] * scale)) for m, _, scale in counters]
         if "counters_kernels" in operators:
             cells.append(_num_cell(r["counters_kernels"]))
@@ -467,15 +508,21 @@ def _operator_section(operators: pd.DataFrame, iterations: int, top: int, metric
             f"<h3>{_operators_title(operators['operator'])}</h3>"
             f'<p class="muted">Click a column header to sort. {times}. Counters '
             "are combined over each operator's kernels weighted by their timeline durations (the header names the "
-            "ncu metric).</p>"
+            "ncu metric)."
+            + (" GFLOP/s and GB/s: the operator's analytic work over its kernel time; bound and % of ceiling: "
+               'against the measured ceilings (see <a href="#roofline">Roofline</a>).' if work else "") + "</p>"
             f'{_table(headers, rows, "operator-table", scroll=True)}</section>')
 
 
-def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> str:
+def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float, roofline_shown: bool = False) -> str:
+    """The ncu speed-of-light scatter (CUDA); without counters a note, or nothing when the roofline section
+    (``roofline_shown``) gives the profile its hardware view instead."""
     import plotly.graph_objects as go
 
     title = '<section id="sol"><h2>Speed of light: compute vs memory throughput</h2>'
     if "sm_sol" not in operators or "memory_sol" not in operators:
+        if roofline_shown:
+            return ""
         note = coverage.get("counters_note") or "hardware counters: not collected"
         return (title + f'<div class="note" id="sol-note">No speed-of-light view: {inline(note)}. It needs '
                 "Nsight Compute counters (SM and memory throughput, % of peak), which a CUDA run collects.</div>"
@@ -513,6 +560,185 @@ def _sol_section(operators: pd.DataFrame, coverage: dict, threshold: float) -> s
             + "), marker area proportional to its kernel time. Up and left: compute-bound; down and right: "
             "memory-bound; near the origin: neither unit busy (latency, launch overhead or too little work).</p>"
             f'{_figure(fig, "fig-sol")}</section>')
+
+
+BOUND_COLORS = {"compute": "#7c3aed", "memory": "#0d9488"}
+NO_BOUND_COLOR = "#6b7280"
+# marker area of the operator with the largest time share (px^2 = MARKER_PX ** 2); the smallest drawn at 5 px
+MARKER_PX = 40
+
+
+def roofline_axis(points: pd.DataFrame, ceilings: roofline_view.Ceilings) -> tuple[float, float]:
+    """The roofline plot's intensity range (FLOP/byte, whole decades): below the smallest intensity drawn (by at
+    least 2x: the data-movement operators sit at its left edge, apart from every real point) and above the largest
+    intensity or ridge point."""
+    intensities = [float(v) for v in points["intensity"] if v > 0]
+    ridges = [r for _, _, peak in ceilings.compute if (r := ceilings.ridge(peak))]
+    low = min(intensities) / 2 if intensities else min(ridges, default=1.0) / 100
+    high = max([*intensities, *ridges], default=low * 1000) * 2
+    return 10 ** math.floor(math.log10(low)), 10 ** math.ceil(math.log10(max(high, low * 100)))
+
+
+def _roofline_hover(r: dict, iterations: int, ceilings: roofline_view.Ceilings, moves_only: bool) -> str:
+    """A roofline point's hover: the operator, its time per iteration, its rates and intensity (a data-movement
+    operator: its bytes/s and their share of the bandwidth), its place against the ceiling."""
+    share = r["total_share"] if "total_share" in r and not _missing(r.get("total_share")) else r["time_share"]
+    lines = [r["operator"], (f"time {r['time_ns'] / iterations / 1e6:.3f} ms / iteration (mean), "
+                             f"{share * 100:.1f}% of kernel time")]
+    if moves_only:
+        bytes_s = r["achieved_bytes_per_s"]
+        if ceilings.bandwidth:
+            fraction = bytes_s / ceilings.bandwidth
+            lines.append(f"data movement only: {bytes_s / 1e9:.3g} GB/s = {fraction * 100:.0f} % of bandwidth"
+                         + (" (above it: served from cache)" if fraction > 1 else ""))
+        else:
+            lines.append(f"data movement only: {bytes_s / 1e9:.3g} GB/s (no measured bandwidth)")
+        return hover_text(*lines, f"{roofline_view.si(r['bytes'] / iterations, 'B')} / iteration, 0 FLOP")
+    lines.append(f"{r['achieved_flops_per_s'] / 1e9:.3g} GFLOP/s · {r['achieved_bytes_per_s'] / 1e9:.3g} GB/s · "
+                 f"{r['intensity']:.3g} FLOP/byte")
+    lines.append(f"{roofline_view.si(r['flops'] / iterations, 'FLOP')} and "
+                 f"{roofline_view.si(r['bytes'] / iterations, 'B')} / iteration")
+    if not _missing(r.get("ceiling_fraction")):
+        lines.append(f"{roofline_view.percent(r['ceiling_fraction'])} of {r['ceiling']} ({r['bound']}-bound)"
+                     + ("; above the measured bandwidth: served from cache" if r["ceiling_fraction"] > 1
+                        and r["bound"] == "memory" else ""))
+    else:
+        lines.append(roofline_view.reading(r) or "no ceiling")
+    return hover_text(*lines)
+
+
+def roofline_figure(rows: roofline_view.RooflineRows, ceilings: roofline_view.Ceilings, iterations: int):
+    """The roofline: log-log, x arithmetic intensity (FLOP/byte), y achieved FLOP/s; the memory roof (bandwidth x
+    intensity up to the highest ridge) and one horizontal line per compute ceiling (from its ridge); one point per
+    operator of ``rows.points`` coloured by ``bound`` and, at the left edge (x = the axis minimum, y = its bytes/s x
+    that intensity: its height against the memory roof is its share of the bandwidth), one triangle per operator of
+    ``rows.data_movement``. Marker area: the operator's time share."""
+    import plotly.graph_objects as go
+
+    lo, hi = roofline_axis(rows.points, ceilings)
+    fig = go.Figure()
+    top_ridge = max((ceilings.ridge(p) or 0 for _, _, p in ceilings.compute), default=0) or hi
+    if ceilings.bandwidth is not None:
+        end = min(top_ridge, hi)
+        fig.add_trace(go.Scatter(x=[lo, end], y=[ceilings.bandwidth * lo, ceilings.bandwidth * end], mode="lines",
+                                 name=f"memory bandwidth {roofline_view.si(ceilings.bandwidth, 'B/s')}",
+                                 line={"color": "#0f172a", "width": 2}, hoverinfo="name",
+                                 meta={"ceiling": "memory", "bytes_per_s": ceilings.bandwidth}))
+    for (name, dtype, peak), dash in zip(ceilings.compute, ("solid", "dash", "dot", "dashdot", "longdash") * 4):
+        start = max(ceilings.ridge(peak) or lo, lo)
+        fig.add_trace(go.Scatter(x=[start, hi], y=[peak, peak], mode="lines",
+                                 name=f"{esc(name)} {roofline_view.si(peak, 'FLOP/s')}",
+                                 line={"color": "#0f172a", "width": 2, "dash": dash}, hoverinfo="name",
+                                 meta={"ceiling": "compute", "dtype": dtype, "flops_per_s": peak}))
+        fig.add_annotation(x=math.log10(hi), y=math.log10(peak), xanchor="right", yanchor="bottom", showarrow=False,
+                           text=f"{esc(name)}: {roofline_view.si(peak, 'FLOP/s')}", font={"size": 11})
+    if ceilings.bandwidth is not None:
+        fig.add_annotation(x=math.log10(lo), y=math.log10(ceilings.bandwidth * lo), xanchor="left", yanchor="bottom",
+                           showarrow=False, text=f"memory: {roofline_view.si(ceilings.bandwidth, 'B/s')}",
+                           font={"size": 11}, textangle=0)
+    shares = pd.concat([rows.points["time_share"], rows.data_movement["time_share"]])
+    biggest = float(shares.max()) if len(shares) and shares.max() > 0 else 1.0
+    marker = {"sizemode": "area", "sizeref": 2 * biggest / MARKER_PX ** 2, "sizemin": 5, "opacity": 0.85,
+              "line": {"width": 1, "color": "#ffffff"}}
+    bounds = rows.points["bound"].where(rows.points["bound"].notna(), None) if "bound" in rows.points else \
+        pd.Series([None] * len(rows.points), index=rows.points.index)
+    for bound in ("compute", "memory", None):
+        group = rows.points[bounds.isna()] if bound is None else rows.points[bounds == bound]
+        if not len(group):
+            continue
+        label = f"{bound}-bound" if bound else ("bound unknown (no ceiling for its dtype)" if ceilings.measured
+                                                else "no ceilings measured")
+        fig.add_trace(go.Scatter(
+            x=group["intensity"].tolist(), y=group["achieved_flops_per_s"].tolist(), mode="markers", name=label,
+            marker={**marker, "size": group["time_share"].tolist(), "symbol": "circle",
+                    "color": BOUND_COLORS.get(bound, NO_BOUND_COLOR)},
+            hovertext=[_roofline_hover(r, iterations, ceilings, False) for r in group.to_dict("records")],
+            hoverinfo="text", customdata=group["operator"].tolist()))
+    moves = rows.data_movement
+    if len(moves):
+        fig.add_trace(go.Scatter(
+            x=[lo] * len(moves), y=(moves["achieved_bytes_per_s"] * lo).tolist(), mode="markers",
+            name="data movement only (0 FLOP: at the left edge, y = bytes/s × its intensity)",
+            marker={**marker, "size": moves["time_share"].tolist(), "symbol": "triangle-right",
+                    "color": BOUND_COLORS["memory"], "line": {"width": 1, "color": "#0f172a"}},
+            hovertext=[_roofline_hover(r, iterations, ceilings, True) for r in moves.to_dict("records")],
+            hoverinfo="text", customdata=moves["operator"].tolist()))
+    fig.update_layout(height=560, margin={"l": 70, "r": 20, "t": 30, "b": 60},
+                      legend={"orientation": "h", "y": -0.16, "itemsizing": "constant"},
+                      xaxis={"title": "arithmetic intensity (FLOP/byte; analytic FLOPs / ideal bytes)", "type": "log",
+                             # a little room left of the edge, so the triangles there are drawn whole
+                             "range": [math.log10(lo) - 0.08, math.log10(hi)]},
+                      yaxis={"title": "achieved FLOP/s (analytic FLOPs / kernel time)", "type": "log",
+                             "exponentformat": "SI"})
+    return fig
+
+
+def _roofline_section(operators: pd.DataFrame, coverage: dict, run: dict | None, iterations: int) -> str:
+    """The roofline of the operators' analytic work against the measured ceilings (:func:`roofline_figure`), the
+    statement of what is analytic and what is measured, and the operators that have no point, with why."""
+    cuda = run is not None and run["versions"].get("device") == "cuda"
+    title = ('<section id="roofline"><h2>Roofline: analytic work per operator against the measured ceilings</h2>'
+             f'<p id="analytic-measured">{inline(roofline_view.analytic_and_measured(cuda))}</p>')
+    if not roofline_view.has_work(operators):
+        return title + f'<div class="note" id="roofline-note">{esc(roofline_view.NO_WORK)}.</div></section>'
+    rows = roofline_view.roofline_rows(operators)
+    ceilings = roofline_view.table_ceilings(operators, coverage)
+    work = coverage.get("work") or {}
+    per_it = max(iterations, 1)
+    known = operators[operators["work_known"].fillna(False).astype(bool)]
+    kpis = _kpis([
+        ("FLOP / iteration (analytic)", roofline_view.si(work.get("flops_per_iteration",
+                                                                  float(known["flops"].sum()) / per_it), "FLOP")),
+        ("bytes / iteration (ideal)", roofline_view.si(work.get("bytes_per_iteration",
+                                                                float(known["bytes"].sum()) / per_it), "B")),
+        *([("work known for", f"{work['known_time_share'] * 100:.1f}% of kernel time")]
+          if work.get("known_time_share") is not None else []),
+    ])
+    notes = []
+    if ceilings.measured:
+        where = f" from <code>{esc(ceilings.source)}</code>" if ceilings.source else ""
+        threads = f", measured with {ceilings.threads} thread(s)" if ceilings.threads else ""
+        notes.append(f'<p id="roofline-ceilings">Ceilings: {esc(ceilings.words())}{threads}{where}.</p>')
+        mismatch = roofline_view.thread_mismatch(ceilings, run)
+        if mismatch:
+            notes.append(f'<p class="note" id="roofline-threads"><strong>Warning</strong>: {esc(mismatch)}.</p>')
+    else:
+        notes.append('<p class="note" id="roofline-no-ceilings">The machine\'s ceilings were not measured (no '
+                     "ceilings.json given to aggregate): the points show the achieved rates, without ceiling lines, "
+                     "bound or fraction of a ceiling.</p>")
+    placed = len(rows.points) + len(rows.data_movement)
+    if placed:
+        n = report_md.operator_count(operators["operator"])
+        mine = report_md.operator_count([*rows.points["operator"], *rows.data_movement["operator"]])
+        caption = (f'<p class="muted">One point per operator with known work ({mine} of {n}'
+                   + (", and one for the unattributed kernels" if mine < placed else "")
+                   + "), marker area proportional to its share of kernel time, colour by its bound. An operator on "
+                   "its roof runs at the ceiling; under the sloped memory roof it is memory-bound, under a flat "
+                   "compute ceiling compute-bound (the ridge point is where they meet). Above the memory roof "
+                   "(over 100 % of the bandwidth) its data is served from cache, which the bandwidth benchmark, "
+                   "sized beyond the caches, does not measure. Triangles at the left edge: operators that only move "
+                   "data (0 FLOP cannot sit on a log axis), drawn at y = their bytes/s × the edge's intensity, so "
+                   "their height against the memory roof is their share of the bandwidth.</p>")
+        plot = caption + _figure(roofline_figure(rows, ceilings, per_it), "fig-roofline")
+    else:
+        plot = '<p class="note" id="fig-roofline-none">No operator with known work to plot.</p>'
+    lists = []
+    if len(rows.unknown):
+        body = [_name_cell(r["operator"], cut) + f"<td>{esc(r['work_note'])}</td>"
+                for r, cut in zip(rows.unknown.to_dict("records"), report_md.short_names(rows.unknown["operator"]))]
+        lists.append("<h3>Work unknown (no point; never a figure from part of an operator's kernels)</h3>"
+                     + _table([("operator", "text"), ("why", "text")], body, "work-unknown-table", scroll=True))
+    if len(rows.not_placed):
+        body = [_name_cell(r["operator"], cut) + f"<td>{esc(r['reason'])}</td>"
+                for r, cut in zip(rows.not_placed.to_dict("records"),
+                                  report_md.short_names(rows.not_placed["operator"]))]
+        lists.append("<h3>Work known, not placed on the roofline</h3>"
+                     + _table([("operator", "text"), ("why", "text")], body, "work-not-placed-table", scroll=True))
+    if len(rows.no_work):
+        names = ", ".join(f"<code>{esc(n)}</code>" for n in report_md.short_names(rows.no_work["operator"], 60))
+        lists.append(f'<p class="muted" id="work-none">No work of their own (views, or their call\'s work is '
+                     f"counted on another operator's kernel; no point): {names}.</p>")
+    return title + kpis + "".join(notes) + plot + "".join(lists) + "</section>"
 
 
 def _coverage_section(coverage: dict, diagnostics: dict | None) -> str:
@@ -749,17 +975,20 @@ def render_html(workload: str, inputs: ReportInputs, top_operators: int = TOP_BA
         run and run["workload"]["kind"], run and run["mode"],
         run and (f"compiled, scope {run['compile_scope']}" if run["compiled"] and run.get("compile_scope")
                  else "compiled" if run["compiled"] else "eager"), device, measured) if p))
+    # on CPU (no ncu counters) the roofline is the profile's hardware view: no empty speed-of-light section
+    sol = _sol_section(operators, coverage, latency_threshold(), roofline_view.has_work(operators))
     sections = [
         _header_section(workload, run, coverage, operators, diagnostics, clocks, counters_time, replays),
         _operator_section(operators, iterations, top_operators, counter_metric_names(), no_ranges),
-        _sol_section(operators, coverage, latency_threshold()),
+        sol,
+        _roofline_section(operators, coverage, run, iterations),
         _coverage_section(coverage, diagnostics),
         _phases_section(coverage, phases, top_operators),
         _layers_section(layer_classes, iterations, replays, no_ranges, coverage, run),
         _modules_section(modules, top_operators, no_ranges),
     ]
-    nav = [("measurement", "Measurement"), ("operators", "Operators"), ("sol", "Speed of light"),
-           ("coverage", "Coverage"), *([("phases", "Train-step phases")] if coverage.get("phases") else []),
+    nav = [("measurement", "Measurement"), ("operators", "Operators"), *([("sol", "Speed of light")] if sol else []),
+           ("roofline", "Roofline"), ("coverage", "Coverage"), *([("phases", "Train-step phases")] if coverage.get("phases") else []),
            ("layers", "Layer classes"), ("modules", "Modules")]
     return _page(f"Operator profile: {workload}", subtitle, nav, "".join(sections))
 

@@ -1,5 +1,5 @@
-"""A first readable report (Markdown): what was profiled, coverage, top operators, layer classes,
-modules, and what stayed unattributed and why."""
+"""A first readable report (Markdown): what was profiled, coverage, top operators, their work and roofline,
+layer classes, modules, and what stayed unattributed and why."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..aggregate import UNATTRIBUTED
 from ..results import ReportInputs
+from . import roofline_view
 
 # The hardware metrics shown per operator (catalog name, label, scale from the catalog's base unit).
 KEY_COUNTERS = (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1), ("dram_bytes", "DRAM MB", 1e-6),
@@ -704,6 +705,8 @@ def render_markdown(workload: str, inputs: ReportInputs, top_operators: int) -> 
     if (top["bottleneck"] != "not_collected").any():  # without counters the column says nothing
         columns.append("bottleneck")
     lines += [*([_table(top[columns])] if len(top) else []), *ranking_note(operators), *_unknown_time_lines(operators), ""]
+    lines += roofline_view.markdown_lines(operators, coverage, run, iterations, top_operators,
+                                          short_names(operators["operator"]))
     lines += phase_lines(coverage, phases, top_operators)
     lines += ["## Layer classes", ""]
     if len(layer_classes):
