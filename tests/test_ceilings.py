@@ -68,6 +68,25 @@ def test_gemm_flops_are_2n3_over_the_best_run(tiny_record):
     assert measured["gemm_float32"]["float32_matmul_precision"] == "highest"
 
 
+def test_cuda_gemms_switch_tf32_for_the_block_only():
+    """What a CUDA float32/tf32 GEMM runs under (the flag exists in a CPU build of torch too; nothing runs on a GPU),
+    and torch's TF32 settings stay readable after (torch refuses reads once its two TF32 APIs were mixed)."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    before, precision = matmul.allow_tf32, torch.get_float32_matmul_precision()
+    with ceilings.MatmulPrecision(torch, "cuda", True) as tf32:
+        assert matmul.allow_tf32 is True
+    with ceilings.MatmulPrecision(torch, "cuda", False) as ieee:
+        assert matmul.allow_tf32 is False
+    assert matmul.allow_tf32 == before and torch.get_float32_matmul_precision() == precision
+    assert (tf32["tf32"], tf32["cuda_matmul_flag"]) == (True, "allow_tf32=True")
+    assert (ieee["tf32"], ieee["cuda_matmul_flag"]) == (False, "allow_tf32=False")
+    with ceilings.MatmulPrecision(torch, "cpu", True) as cpu:
+        assert matmul.allow_tf32 == before
+    assert (cpu["tf32"], cpu["cuda_matmul_flag"]) == (None, None)
+
+
 def test_a_run_repeats_the_call_until_it_lasts_min_run_s():
     record = ceilings.measure("cpu", {**TINY, "min_run_s": 0.005, "runs": 2}, threads=1)
     for m in record["measurements"]:

@@ -6,7 +6,7 @@ functions, so the workflow can import this module when the DAG is built. The fil
 key names: FLOP/s, bytes/s) is DESIGN.md's "Machine ceilings"; :func:`validate_ceilings` checks it.
 
 - GEMM: square ``torch.mm(a, b, out=c)`` of size n, 2 n^3 FLOP per call; ``float32`` and ``bfloat16``, on CUDA
-  also ``tf32`` (float32 inputs, ``torch.backends.cuda.matmul.allow_tf32`` on; ``float32`` runs with it off)
+  also ``tf32`` (float32 inputs with TF32 on: :class:`MatmulPrecision`; ``float32`` runs with it off)
   and ``float16``.
 - Memory: float32 arrays, ``copy`` ``a.copy_(b)`` (2 x 4 bytes per element) and ``triad``
   ``torch.add(b, c, alpha=s, out=a)`` (3 x 4 bytes per element): STREAM's byte counts (McCalpin, STREAM
@@ -173,40 +173,48 @@ def _rates(work_per_call: int, timing: dict, unit: str) -> dict:
 # ---------------------------------------------------------------------------------------------- benchmarks
 
 
-class _MatmulPrecision:
-    """On CUDA, ``torch.backends.cuda.matmul.allow_tf32`` set for the block (on for ``tf32``, off otherwise)
-    and put back after; on CPU nothing is changed (float32 matmuls follow ``torch.get_float32_matmul_precision``,
-    recorded)."""
+class MatmulPrecision:
+    """On CUDA, TF32 for float32 matmuls on (``tf32``) or off for the block with
+    ``torch.backends.cuda.matmul.allow_tf32``, put back after. The older flag on purpose: torch 2.9+ also has
+    ``fp32_precision``, but once it is set, ``torch.get_float32_matmul_precision()`` and ``allow_tf32`` raise for
+    the rest of the process ("mix of the legacy and new APIs"), which Inductor and user code still call. On CPU
+    nothing is changed (float32 matmuls follow ``torch.get_float32_matmul_precision()``, recorded).
+
+    ``__enter__`` returns what the measurement records: ``tf32`` (bool on CUDA, None on CPU), ``cuda_matmul_flag``
+    (``allow_tf32=True`` ...; None on CPU) and ``float32_matmul_precision``."""
 
     def __init__(self, torch, device: str, tf32: bool):
         self.torch, self.device, self.tf32 = torch, device, tf32
-        self.saved = None
+        self.saved: bool | None = None
 
     def __enter__(self) -> dict:
         matmul = self.torch.backends.cuda.matmul
+        flag = None
         if self.device == "cuda":
             self.saved = matmul.allow_tf32
             matmul.allow_tf32 = self.tf32
-        return {"allow_tf32": bool(matmul.allow_tf32) if self.device == "cuda" else None,
+            flag = f"allow_tf32={matmul.allow_tf32}"
+        return {"tf32": self.tf32 if self.device == "cuda" else None, "cuda_matmul_flag": flag,
                 "float32_matmul_precision": self.torch.get_float32_matmul_precision()}
 
     def __exit__(self, *exc) -> None:
         if self.saved is not None:
             self.torch.backends.cuda.matmul.allow_tf32 = self.saved
+            self.saved = None
 
 
 def measure_gemm(torch, device: str, dtype_name: str, n: int, runs: int, warmup: int, min_run_s: float) -> dict:
     """One GEMM ceiling: square ``torch.mm(a, b, out=c)``, n x n x n, of random normal inputs.
 
     Returns the measurement record: ``name`` (``gemm_<dtype>``), ``kind`` ``gemm``, ``dtype``, ``tensor_dtype``,
-    ``op``, ``m``/``n``/``k``, ``flop_per_call`` (2 n^3), the :func:`timed_runs` fields, ``allow_tf32``,
-    ``float32_matmul_precision``, and ``flops_per_s_best``/``flops_per_s_median`` (FLOP/s)."""
+    ``op``, ``m``/``n``/``k``, ``flop_per_call`` (2 n^3), the :func:`timed_runs` fields, the
+    :class:`MatmulPrecision` fields, and ``flops_per_s_best``/``flops_per_s_median`` (FLOP/s)."""
     dtype = torch.float32 if dtype_name in ("float32", "tf32") else getattr(torch, dtype_name)
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, dtype=dtype, device=device, generator=generator)
     b = torch.randn(n, n, dtype=dtype, device=device, generator=generator)
     c = torch.empty(n, n, dtype=dtype, device=device)
-    with _MatmulPrecision(torch, device, dtype_name == "tf32") as precision:
+    with MatmulPrecision(torch, device, dtype_name == "tf32") as precision:
         timing = timed_runs(torch, device, lambda: torch.mm(a, b, out=c), runs, warmup, min_run_s)
     del a, b, c
     flop = 2 * n**3
@@ -430,7 +438,7 @@ def _measure(torch, device: str, settings: dict | None, rerun_identity: dict | N
         own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
         others = max(0.0, (busy_after - busy_before - own) / elapsed)
         spare = max(0, (described["usable_cpus"] or threads) - threads)
-        if others > spare + 0.5:
+        if device == "cpu" and others > spare + 0.5:  # a GPU's figures do not depend on the CPUs
             warnings.append(f"other processes kept {others:.1f} CPUs busy on average during the measurement ({spare} "
                             f"spare beside its {threads} thread(s)): the figures may be low; measure again on a "
                             "quiet machine (snakemake --forcerun measure_ceilings)")
