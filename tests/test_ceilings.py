@@ -315,8 +315,8 @@ def test_opprof_ceilings_on_cuda_without_a_gpu_is_one_line(tmp_path):
     result = run_opprof("ceilings", "--out", "c.json", "--device", "cuda", cwd=tmp_path)
     assert result.returncode == 1 and not (tmp_path / "c.json").exists()
     assert result.stderr.strip().splitlines() == [
-        f"opprof ceilings: error: ceilings on 'cuda' need a CUDA GPU, and torch {torch.__version__} sees none on this "
-        "machine; measure on cpu, or run where the GPU is"]
+        (f"opprof ceilings: error: ceilings on 'cuda' need a CUDA GPU, and torch {torch.__version__} sees none on this "
+         "machine; measure on cpu, or run where the GPU is")]
 
 
 # ---------------------------------------------------------------------------------------------- the rule

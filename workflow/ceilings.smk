@@ -1,25 +1,7 @@
 # The machine's measured ceilings (GEMM peak per dtype, STREAM copy/triad bandwidth): one job per device, run
 # where the captures run and with their thread count, measured again only when the machine changes (or on
 # `--forcerun measure_ceilings`, or a `ceilings:` edit). DESIGN.md, "Machine ceilings".
-from operator_profiler.capture.machine import machine_identity
-
-
-def _capture_threads():
-    """capture_timeline's threads (1 unless --set-threads or a profile's set-threads give it more): the ceilings
-    are measured with the threads the captures run with (Snakemake sets OMP_NUM_THREADS, which torch follows)."""
-    cores = rules.capture_timeline.rule.resources["_cores"]
-    value = getattr(cores, "value", cores)
-    if isinstance(value, int):
-        return value
-    print(
-        f"warning: capture_timeline's threads ({value!r}) are not a number: measure_ceilings runs with 1 thread "
-        "(ceilings.json records the count)",
-        file=sys.stderr,
-    )
-    return 1
-
-
-CEILINGS_THREADS = _capture_threads()
+CEILINGS_THREADS = capture_threads()
 # What identifies the machine (CPU model and count, GPUs from nvidia-smi -L on CUDA, the torch version, the
 # threads), read now without importing torch: a params value, so a change re-runs the measurement.
 MACHINE = machine_identity(DEVICE, CEILINGS_THREADS)

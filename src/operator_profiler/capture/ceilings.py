@@ -24,7 +24,7 @@ import os
 import platform
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..errors import DeviceUnavailable, InputError
@@ -216,7 +216,6 @@ def measure_gemm(torch, device: str, dtype_name: str, n: int, runs: int, warmup:
     c = torch.empty(n, n, dtype=dtype, device=device)
     with MatmulPrecision(torch, device, dtype_name == "tf32") as precision:
         timing = timed_runs(torch, device, lambda: torch.mm(a, b, out=c), runs, warmup, min_run_s)
-    del a, b, c
     flop = 2 * n**3
     return {"name": f"gemm_{dtype_name}", "kind": "gemm", "dtype": dtype_name, "tensor_dtype": str(dtype),
             "op": "torch.mm(a, b, out=c)", "m": n, "n": n, "k": n, "flop_per_call": flop, **precision,
@@ -251,7 +250,6 @@ def measure_stream(torch, device: str, stream_bytes: int, cache_bytes: int | Non
                         "cache_multiple_required": cache_multiple,
                         "exceeds_cache": None if not cache_bytes else array_bytes >= cache_multiple * cache_bytes,
                         **timing, **_rates(moved, timing, "bytes")})
-    del a, b, c
     return records
 
 
@@ -322,9 +320,8 @@ def nominal_cuda(gpu: dict, smi: dict | None) -> dict:
         how["fp32_flops_per_s"] = (f"{sms} SMs x {lanes} FP32 results/clock/SM (CUDA C++ Programming Guide, compute "
                                    f"capability {cc[0]}.{cc[1]}) x 2 FLOP per FMA x {sm_mhz:g} MHz ({sm_source})")
     else:
-        missing = [what for what, have in (("an FP32 rate for compute capability "
-                                            f"{'.'.join(map(str, cc)) or '?'} in this version's table", lanes),
-                                           ("the SM count", sms), ("an SM clock", sm_mhz)) if not have]
+        rate = f"an FP32 rate for compute capability {'.'.join(map(str, cc)) or '?'} in this version's table"
+        missing = [what for what, have in ((rate, lanes), ("the SM count", sms), ("an SM clock", sm_mhz)) if not have]
         not_derived["fp32_flops_per_s"] = "no " + ", no ".join(missing)
     bus = gpu.get("memory_bus_width_bits")
     bandwidth = None
@@ -408,7 +405,7 @@ def measure(device: str = "cpu", settings: dict | None = None, threads: int | No
 
 
 def _measure(torch, device: str, settings: dict | None, rerun_identity: dict | None) -> dict:
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     described = describe_machine(torch, device)
     cache = (described["gpu"] or {}).get("l2_cache_bytes") if device == "cuda" else (
         (described["last_level_cache"] or {}).get("bytes"))
