@@ -397,7 +397,7 @@ DRY_CONFIG = {
         "lstm": {"kind": "lstm", "input_size": 8, "hidden_size": 16, "num_layers": 1, "batch_size": 1, "seq_len": 4},
     },
 }
-GPU_RULES = ("select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts")
+GPU_RULES = ("select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts", "measure_ceilings")
 
 
 def _dry_run(tmp_path: Path, path_dirs: list[Path], *config: str) -> subprocess.CompletedProcess:
@@ -417,7 +417,7 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result.stdout)
     assert {rule: counts.get(rule) for rule in GPU_RULES} == {
-        "select_clocks": 2, "capture_timeline": 2, "capture_kineto": 2, "compile_artifacts": 1}
+        "select_clocks": 2, "capture_timeline": 2, "capture_kineto": 2, "compile_artifacts": 1, "measure_ceilings": 1}
     for rule in ("export_timeline", "export_kineto_timeline", "classify_layers", "build_fusion_map"):
         assert counts.get(rule) == (1 if rule == "build_fusion_map" else 2), (rule, counts)
     jobs = dry_run_jobs(result.stdout)

@@ -34,7 +34,7 @@ from nsys_workflow import CUDA_NSYS, TARGETS, W, make_setup, snakemake
 from workflow_runs import job_counts
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_RULES = {"select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts", "replay_ncu"}
+GPU_RULES = {"select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts", "replay_ncu", "measure_ceilings"}
 
 
 def rule_blocks() -> dict[str, str]:
@@ -56,11 +56,13 @@ def test_every_rule_has_log_and_benchmark():
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = set(listed.stdout.split())
     blocks = rule_blocks()
-    assert names == set(blocks) and len(names) == 17, (names, set(blocks))  # incl. export_trace, report_html
+    assert names == set(blocks) and len(names) == 18, (names, set(blocks))  # incl. export_trace, report_html
     for name in names - {"all"}:  # `all` only collects the targets: it runs no job
         block = blocks[name]
-        assert re.search(r"^    log:\n        \"logs/%s/" % name, block, re.M), name
-        assert re.search(r"^    benchmark:\n        \"results/\{workload\}/benchmarks/%s" % name, block, re.M), name
+        assert re.search(r"^    log:\n        f?\"logs/%s/" % name, block, re.M), name
+        # per workload; the machine's ceilings are one per device
+        folder = r"results/ceilings" if name == "measure_ceilings" else r"results/\{workload\}"
+        assert re.search(r"^    benchmark:\n        f?\"%s/benchmarks/%s" % (folder, name), block, re.M), name
 
 
 def test_gpu_rules_are_shell_rules_so_a_checkout_never_reruns_them():

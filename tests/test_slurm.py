@@ -229,7 +229,7 @@ def _sbatch_call(resources: dict) -> str:
     return get_submit_command(job, params) + set_gres_string(job)
 
 
-GPU_RULES = ("select_clocks", "capture_timeline", "compile_artifacts")
+GPU_RULES = ("select_clocks", "capture_timeline", "compile_artifacts", "measure_ceilings")
 
 
 @pytest.mark.workflow

@@ -454,6 +454,7 @@ def copy_finished_run(work: Path, dest: Path, workloads: tuple[str, ...]) -> Pat
     copied with their modification times), and a config of those workloads only; returns the config."""
     for name in workloads:
         shutil.copytree(work / "results" / name, dest / "results" / name)
+    shutil.copytree(work / "results" / "ceilings", dest / "results" / "ceilings")  # the machine's, of every workload
     shutil.copytree(work / ".snakemake" / "metadata", dest / ".snakemake" / "metadata")
     shutil.copy2(work / "wf_models.py", dest / "wf_models.py")
     config = dest / "config.yaml"

@@ -19,6 +19,8 @@ ITERATIONS = 2
 TINY = {
     "device": "cpu",
     "harness": {"seed": 0, "warmup": 1, "iterations": ITERATIONS},
+    # the machine's ceilings at tiny sizes (the real sizes take ~10 s; tests/test_ceilings.py checks them)
+    "ceilings": {"gemm_n": 64, "stream_mib": 0.25, "runs": 2, "warmup": 1, "min_run_s": 0},
     "workloads": {
         # gpt2 compiled per layer (layer ranges), sdpa_attention whole (layer membership from the FX nodes)
         "gpt2": {"kind": "gpt2", "compile": True, "compile_scope": "layers", "n_layer": N_LAYER, "n_embd": 32,

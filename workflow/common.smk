@@ -10,6 +10,7 @@ from pathlib import Path
 
 from operator_profiler import stale
 from operator_profiler.capture.jobs import resolve_timeline
+from operator_profiler.capture.machine import machine_identity
 from operator_profiler.config import ConfigError, check_callables, validate_config
 from operator_profiler.workflow_inputs import rule_inputs
 
@@ -255,8 +256,25 @@ def runs_input(wildcards):
     return runs
 
 
+def capture_threads():
+    """capture_timeline's threads (1 unless --set-threads or a profile's set-threads give it more), for
+    measure_ceilings (workflow/ceilings.smk, included after capture.smk): the ceilings are measured with the threads
+    the captures run with (Snakemake sets OMP_NUM_THREADS, which torch follows)."""
+    cores = rules.capture_timeline.rule.resources["_cores"]
+    value = getattr(cores, "value", cores)
+    if isinstance(value, int):
+        return value
+    print(
+        f"warning: capture_timeline's threads ({value!r}) are not a number: measure_ceilings runs with 1 thread "
+        "(ceilings.json records the count)",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def final_outputs():
-    return [
+    # Every run has the machine's ceilings (workflow/ceilings.smk): measured once per machine and device.
+    return [f"results/ceilings/{DEVICE}.json"] + [
         f"results/{w}/{name}"
         for w in WORKLOADS
         for name in (

@@ -50,6 +50,25 @@ def _cmd_capture(args) -> None:
     print(f"wrote {out}/timeline.kineto.json.gz, run.json, layers.json")
 
 
+def _cmd_ceilings(args) -> None:
+    """Measure the machine's ceilings on this process's device and write ceilings.json (what the measure_ceilings
+    rule writes, without clock locking: ``clocks`` stays null)."""
+    from .capture import ceilings
+    from .files import write_json
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    settings = {"gemm_n": args.gemm_n, "stream_mib": args.stream_mib, "runs": args.runs, "warmup": args.warmup,
+                "min_run_s": args.min_run_s}
+    record = ceilings.measure(device, settings, threads=args.threads)
+    write_json(Path(args.out), record)
+    print("\n".join(ceilings.summary_lines(record, warnings=False)))  # the warnings went to stderr (logging)
+    print(f"-> {args.out}")
+
+
 def _json_arg(text: str, what: str) -> dict:
     """``text`` is inline JSON (starts with ``{``) or the path of a JSON file."""
     from .files import read_json_file
@@ -244,6 +263,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opprof", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -278,6 +317,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workload-name", help="the workload's name in the config (error messages)")
     s.add_argument("--record-json", help="extra keys for run.json: inline JSON or a file")
     s.set_defaults(func=_cmd_run_harness)
+
+    s = sub.add_parser("ceilings", help="measure the machine's ceilings: GEMM peak per dtype, STREAM bandwidth",
+                       description="Timed microbenchmarks on this machine's device: square torch.mm per dtype "
+                                   "(float32, bfloat16; on CUDA also tf32 and float16) and STREAM copy/triad, each the "
+                                   "best of several runs, written to a ceilings.json (the workflow's measure_ceilings "
+                                   "writes results/ceilings/<device>.json). Takes ~10-20 s on a small CPU.")
+    s.add_argument("--out", "-o", required=True, help="ceilings.json to write")
+    s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to measure (auto: cuda when torch sees a GPU, else cpu)")
+    s.add_argument("--threads", type=_positive_int,
+                   help="torch's CPU threads for the measurement (default: torch's, e.g. from OMP_NUM_THREADS); the "
+                        "workflow's captures use 1 unless set-threads gives them more")
+    s.add_argument("--gemm-n", type=_positive_int, help="size n of the square GEMMs (default: CPU 2048, CUDA 8192)")
+    s.add_argument("--stream-mib", type=_positive_float,
+                   help="MiB per STREAM array (default: 4 x the CPU's last-level cache, CUDA 8 x L2)")
+    s.add_argument("--runs", type=_positive_int, help="timed runs per ceiling (default 5)")
+    s.add_argument("--warmup", type=_positive_int, help="untimed calls before the runs (default 2)")
+    s.add_argument("--min-run-s", type=_non_negative_float, help="shortest timed run, seconds (default 0.05)")
+    s.set_defaults(func=_cmd_ceilings)
 
     s = sub.add_parser("timeline", help="trace -> kernels/launches/ranges parquet tables")
     src = s.add_mutually_exclusive_group(required=True)

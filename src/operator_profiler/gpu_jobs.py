@@ -1,10 +1,10 @@
 """Entry point of the GPU rules (``select_clocks``, ``capture_timeline``, ``capture_kineto``,
-``compile_artifacts``, ``replay_ncu``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
+``compile_artifacts``, ``replay_ncu``, ``measure_ceilings``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
 
 These rules use ``shell:`` rather than ``script:`` on purpose. Snakemake's ``code`` rerun trigger for a
 ``script:`` rule is the script file's mtime, so a ``touch`` or a ``git checkout`` of the script re-runs every
 job of the rule, here a GPU capture or an ncu replay. For a ``shell:`` rule it is the command text, which is
-the same for all five rules (``"$OPPROF_PYTHON" -m operator_profiler.gpu_jobs RULE {params.job:q} {params.files:q} {log:q}``), and
+the same for all six rules (``"$OPPROF_PYTHON" -m operator_profiler.gpu_jobs RULE {params.job:q} {params.files:q} {log:q}``), and
 this module is a declared, checksummed input of each of them: an edit re-runs them, a touch does not.
 
 ``PARAMS_JSON`` holds the rule's params (workflow/common.smk ``gpu_job``: compared by the params trigger),
@@ -62,12 +62,21 @@ def _replay_ncu(j):
                           p.device, o.csv, o.replay, o.clocks)
 
 
+def _measure_ceilings(j):
+    from .capture import ceilings
+
+    p = j.params
+    return ceilings.measure_ceilings_job, (p.device, p.ceilings, p.clocks, p.machine, j.output.ceilings,
+                                           j.output.clocks)
+
+
 RULES = {
     "select_clocks": _select_clocks,
     "capture_timeline": _capture_timeline,
     "capture_kineto": _capture_kineto,
     "compile_artifacts": _compile_artifacts,
     "replay_ncu": _replay_ncu,
+    "measure_ceilings": _measure_ceilings,
 }
 
 
