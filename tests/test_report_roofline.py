@@ -260,3 +260,18 @@ def test_cuda_page_keeps_the_sol_scatter_and_adds_the_roofline(tmp_path):
     assert sorted(points(text)) == sorted(op for op, *_ in CUDA_OPS)
     statement = text[text.index('id="analytic-measured"'):]
     assert "Nsight Compute counters" in statement[:statement.index("</p>")]
+
+
+def test_every_measured_ceiling_is_drawn_also_of_a_dtype_no_operator_ran_in():
+    """An fp32 model's page still shows the bf16 ceiling coverage.json ``work`` lists (what bf16 could reach)."""
+    import pandas as pd
+
+    from operator_profiler.report.roofline_view import table_ceilings
+
+    operators = pd.DataFrame({"operator": ["aten::mm"], "work_dtype": ["float32"], "ceiling_flops_per_s": [1e11],
+                              "ceiling_bytes_per_s": [1e10]})
+    coverage = {"work": {"compute_flops_per_s": {"float32": 1e11, "bfloat16": 3e10}, "memory_bytes_per_s": 1e10,
+                         "ceilings": "results/ceilings/cpu.json", "ceilings_threads": 1}}
+    ceilings = table_ceilings(operators, coverage)
+    assert [(dtype, value) for _, dtype, value in ceilings.compute] == [("bfloat16", 3e10), ("float32", 1e11)]
+    assert ceilings.bandwidth == 1e10

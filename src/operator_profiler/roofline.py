@@ -136,6 +136,9 @@ def work_summary(attribution: pd.DataFrame, work: pd.DataFrame, ceilings: dict |
         "rules": {str(k): int(v) for k, v in df["work_rule"].fillna("unknown").value_counts().items()},
         "ceilings": ceilings_source,
         "ceilings_threads": (ceilings or {}).get("threads"),
+        # every measured ceiling, also of dtypes no operator ran in (the report draws them all)
+        "compute_flops_per_s": dict((ceilings or {}).get("compute_flops_per_s") or {}) or None,
+        "memory_bytes_per_s": memory_ceiling(ceilings) if ceilings else None,
     }
 
 

@@ -92,7 +92,8 @@ class Ceilings:
 def table_ceilings(operators: pd.DataFrame, coverage: dict) -> Ceilings:
     """The ceilings of the operators table: one compute ceiling per ``work_dtype`` whose ``ceiling_flops_per_s``
     is set, the ``ceiling_bytes_per_s`` (one value: roofline.with_roofline holds every operator against the same
-    bandwidth), and the file and thread count coverage.json ``work`` names."""
+    bandwidth), then the other measured ceilings coverage.json ``work`` lists, and the file and thread count it
+    names."""
     work = coverage.get("work") or {}
     out = Ceilings(source=work.get("ceilings"), threads=work.get("ceilings_threads"))
     if "ceiling_flops_per_s" in operators and "work_dtype" in operators:
@@ -101,9 +102,18 @@ def table_ceilings(operators: pd.DataFrame, coverage: dict) -> Ceilings:
                                    key=lambda dv: dv[1]):
             name = roofline.compute_ceiling({"compute_flops_per_s": {dtype: value}}, dtype)[0] or f"{dtype} peak"
             out.compute.append((name, dtype, value))
+    # the other measured ceilings (dtypes no operator ran in), which coverage.json work lists
+    held = {dtype for _, dtype, _ in out.compute}
+    for dtype, value in (work.get("compute_flops_per_s") or {}).items():
+        if dtype not in held and isinstance(value, (int, float)) and value > 0:
+            name = roofline.compute_ceiling({"compute_flops_per_s": {dtype: value}}, dtype)[0]
+            out.compute.append((name, dtype, float(value)))
+    out.compute.sort(key=lambda c: c[2])
     if "ceiling_bytes_per_s" in operators:
         bandwidths = sorted({float(v) for v in operators["ceiling_bytes_per_s"].dropna()})
         out.bandwidth = bandwidths[-1] if bandwidths else None
+    if out.bandwidth is None and work.get("memory_bytes_per_s"):
+        out.bandwidth = float(work["memory_bytes_per_s"])
     return out
 
 
