@@ -275,3 +275,18 @@ def test_every_measured_ceiling_is_drawn_also_of_a_dtype_no_operator_ran_in():
     ceilings = table_ceilings(operators, coverage)
     assert [(dtype, value) for _, dtype, value in ceilings.compute] == [("bfloat16", 3e10), ("float32", 1e11)]
     assert ceilings.bandwidth == 1e10
+
+
+def test_report_md_lists_the_operators_whose_measured_work_is_far_from_the_analytic():
+    import pandas as pd
+
+    from operator_profiler.report.roofline_view import measured_lines
+
+    operators = pd.DataFrame({"operator": ["aten::copy_", "aten::gelu", "aten::mm"],
+                              "bytes_ratio": [2.5, 1.0, None], "flops_ratio": [None, 1.0, None],
+                              "work_check": ["DRAM bytes 2.50x the ideal: extra traffic (layout copies, spills, "
+                                             "rematerialization or padding)", None, None]})
+    lines = measured_lines(operators, {})
+    assert "2 operators compared, 1 far from 1" in lines[1]
+    assert lines[-1] == "- `aten::copy_`: " + operators.loc[0, "work_check"]
+    assert measured_lines(operators.drop(columns=["bytes_ratio", "flops_ratio", "work_check"]), {}) == []

@@ -220,7 +220,27 @@ def markdown_lines(operators: pd.DataFrame, coverage: dict, run: dict | None, it
     if len(rows.not_placed):
         lines += ["", "Work known but not placed on the roofline:", ""]
         lines += [f"- `{cut[r['operator']]}`: {r['reason']}" for r in rows.not_placed.to_dict("records")]
-    return lines + [""]
+    return lines + measured_lines(operators, cut) + [""]
+
+
+def measured_lines(operators: pd.DataFrame, cut: dict) -> list[str]:
+    """CUDA with counters: the operators whose measured work (ncu DRAM bytes, FP instruction FLOPs) is far from
+    the analytic (roofline.measured_vs_analytic), with the ratios; a line saying none is, when all compared."""
+    if "bytes_ratio" not in operators:
+        return []
+    compared = operators[operators["bytes_ratio"].notna() | operators["flops_ratio"].notna()]
+    if compared.empty:
+        return ["", "Analytic vs measured work: no operator had counters for all kernels of its calls."]
+    flagged = compared[compared["work_check"].notna()]
+    lines = ["", f"Analytic vs measured work (ncu: `dram__bytes.sum`, FP32/FP16 add, mul and FMA thread "
+                 f"instructions), over the calls whose every kernel had counters: {len(compared)} operators "
+                 f"compared, {len(flagged)} far from 1 (outside 0.5-1.5x):"]
+    if flagged.empty:
+        return lines[:-1] + [lines[-1].rstrip(":") + "."]
+    lines.append("")
+    for r in flagged.to_dict("records"):
+        lines.append(f"- `{cut.get(r['operator'], r['operator'])}`: {r['work_check']}")
+    return lines
 
 
 def _fixed(value, scale: float) -> str:
