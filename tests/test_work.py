@@ -331,3 +331,10 @@ def test_the_conv_block_workload_flops_agree_with_flop_counter_mode(tmp_path):
     expected = _flop_counter_total(lambda: model.eval()(*inputs))
     assert work["flops"].notna().all()
     assert abs(work["flops_formula"].sum() / ITERATIONS - expected) / expected < 0.01
+
+
+def test_reading_a_scalar_is_no_work_not_unknown(tmp_path):
+    """A train step's loss.item(): the meta device cannot read a value, and there is nothing to count."""
+    loss = torch.tensor(2.0)
+    work = call_work("aten::item", _calls(tmp_path, lambda: loss.item(), "aten::item"))
+    assert (work.flops, work.bytes) == (0, 0)

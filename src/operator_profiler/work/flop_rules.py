@@ -74,7 +74,7 @@ VIEWS = _ops("""
     select slice narrow split split_with_sizes chunk unbind detach alias lift_fresh resolve_conj resolve_neg
     view_as unfold diagonal movedim numpy_T _conj _neg_view view_as_real view_as_complex
     unsafe_split unsafe_chunk unsafe_split_with_sizes broadcast_to unflatten t_ swapaxes
-    empty empty_like empty_strided new_empty new_empty_strided set_ resize_ _local_scalar_dense
+    empty empty_like empty_strided new_empty new_empty_strided set_ resize_ _local_scalar_dense item
     is_nonzero is_same_size size stride sym_size sym_stride sym_numel sym_storage_offset storage_offset
     _has_compatible_shallow_copy_type cudnn_is_acceptable record_stream
     """)
