@@ -151,6 +151,14 @@ def place_captures(work: Path, layers: list[dict]) -> None:
         {"workload": CONFIG["workloads"][W], "harness": CONFIG["harness"], "profiler": "torch",
          "versions": {"device": "cuda"}, "measured_kernels": ITERATIONS * len(LAYERS) * len(OPS)}, indent=1))
     (out / "capture" / "kineto_clocks_applied.json").write_text(json.dumps({"locked": True, "device": "cuda"}))
+    # The GPU node's measured ceilings (rule measure_ceilings; synthetic figures, the contract's keys).
+    ceilings = work / "results" / "ceilings"
+    ceilings.mkdir(parents=True, exist_ok=True)
+    (ceilings / "cuda.json").write_text(json.dumps(
+        {"schema": 1, "device": "cuda", "threads": 1, "machine": {"gpu": "NVIDIA H100 80GB HBM3"},
+         "compute_flops_per_s": {"float32": 5.0e13, "tf32": 4.0e14, "bfloat16": 7.0e14, "float16": 7.0e14},
+         "memory_bytes_per_s": {"copy": 2.8e12, "triad": 2.9e12, "best": 2.9e12}, "nominal": None}))
+    (ceilings / "cuda.clocks_applied.json").write_text(json.dumps({"locked": True, "device": "cuda"}))
 
 
 KINETO_PID = 4242  # the torch.profiler run is another process, on another clock

@@ -907,6 +907,16 @@ def test_cli_fusion_map_errors(tmp_path: Path, capsys):
     need_real(CPU_DIRS)
     code, _ = _cli(capsys, "fusion-map", "--inductor-dir", str(CPU_DIRS), "--out", str(tmp_path / "ok.parquet"))
     written = pd.read_parquet(tmp_path / "ok.parquet")
-    assert code == 0 and list(written.columns) == FUSION_MAP_COLUMNS
+    from operator_profiler.work.fused_kernels import FUSION_MAP_WORK_COLUMNS
+
+    assert code == 0 and list(written.columns) == FUSION_MAP_COLUMNS + FUSION_MAP_WORK_COLUMNS
+    generated = written[written["kind"] == "cpp"]
+    assert len(generated) and generated["work_bytes_read"].notna().all()  # each kernel's own buffer arguments
+    assert written.loc[written["kind"] != "cpp", "work_flops"].isna().all()  # extern calls: from recorded shapes
+    # backward: `buf20 = reinterpret_tensor(buf23, (2, 16, 64), (3072, 192, 1), 0)  # alias` is what the first
+    # cpp_fused_cat_transpose_view_3 call writes (out_ptr0, float)
+    cat = written[written["kernel"] == "cpp_fused_cat_transpose_view_3"].sort_values("call_index").iloc[0]
+    assert cat["work_bytes_written"] == 2 * 16 * 64 * 4
+    assert pd.isna(cat["work_flops"]) and "forward graphs only" in cat["work_note"]
     first_fwd = written[(written["graph"] == FWD.name) & (written["call_index"] == 0)].iloc[0]
     assert list(first_fwd["module_stack"]) == [LINE_39]

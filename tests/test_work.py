@@ -338,3 +338,15 @@ def test_reading_a_scalar_is_no_work_not_unknown(tmp_path):
     loss = torch.tensor(2.0)
     work = call_work("aten::item", _calls(tmp_path, lambda: loss.item(), "aten::item"))
     assert (work.flops, work.bytes) == (0, 0)
+
+
+def test_a_convolution_call_puts_its_work_on_the_innermost_kernel_that_computes(tmp_path):
+    conv, x = nn.Conv2d(3, 8, 3), torch.randn(1, 3, 10, 10)
+    attribution, work, _ = _analyse(lambda: conv(x), tmp_path)
+    joined = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+    carriers = joined[joined["flops"] > 0]
+    kernels = pd.read_parquet(tmp_path / "timeline" / "kernels.parquet").merge(attribution[["kernel_id", "operator"]])
+    computing_children = kernels[~kernels["operator"].isin(flop_rules.DATA_ONLY_OPS)]
+    wrappers = set(computing_children["parent_kernel_id"].dropna().astype(int))  # e.g. aten::convolution
+    assert len(carriers) == ITERATIONS and not set(carriers["kernel_id"]) & wrappers
+    assert (carriers["flops"] == _flop_counter_total(lambda: conv(x))).all()

@@ -248,6 +248,13 @@ def kineto_input(wildcards):
     return []
 
 
+def shapes_input(wildcards):
+    """The capture's shapes iteration (torch.profiler timelines; nsys ones use the Kineto run's shapes)."""
+    if TIMELINE == "nsys":
+        return []
+    return f"results/{wildcards.workload}/capture/shapes.kineto.json.gz"
+
+
 def runs_input(wildcards):
     """The run.json of every capture of the workload whose kernel counts must agree (attribute checks)."""
     runs = [f"results/{wildcards.workload}/capture/run.json"]

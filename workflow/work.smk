@@ -1,12 +1,5 @@
 # Analytic work (FLOPs, ideal bytes) of every kernel, from the capture's recorded shapes (record_shapes)
 # and, for compiled workloads, the fusion map's generated kernels.
-def shapes_input(wildcards):
-    """The capture's shapes iteration (torch.profiler timelines; nsys ones use the Kineto run's shapes)."""
-    if TIMELINE == "nsys":
-        return []
-    return f"results/{wildcards.workload}/capture/shapes.kineto.json.gz"
-
-
 rule compute_work:
     input:
         kernels="results/{workload}/timeline/kernels.parquet",

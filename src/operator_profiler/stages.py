@@ -90,7 +90,7 @@ def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map
         raise InputError(f"{attribution_path} does not describe the timeline in {timeline_dir}: {len(attribution):,} "
                          f"attributed kernels, {len(kernels):,} in the timeline; pass the attribution written for it")
     merged = attribution[["kernel_id", "operator", "operator_range_id", "evidence", "duration_ns"]].merge(
-        kernels[["kernel_id", "range_id"]], on="kernel_id", how="left")
+        kernels[["kernel_id", "range_id", "parent_kernel_id"]], on="kernel_id", how="left")
     fusion = _read_fusion_map(fusion_map_path) if fusion_map_path else None
     kineto_ranges = read_timeline(kineto_dir)[1] if kineto_dir else None
     shapes_ranges = kineto.read_kineto(Path(shapes_trace)).ranges if shapes_trace else None

@@ -41,8 +41,9 @@ _NODE_RE = re.compile(r'^\s*(\w+)(?:\s*:\s*"([a-z0-9]+)\[([^\]]*)\]")?\s*=\s*tor
                       re.M)
 _PLACEHOLDER_RE = re.compile(r'(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"')
 _BUFFER_RE = re.compile(r"^(\w+)\s*=\s*empty_strided_\w+\((.*)\)\s*$")
-_ALIAS_RE = re.compile(r"^(\w+)\s*=\s*(\w+);\s*del\s+\w+\s*#\s*reuse")
-_VIEW_RE = re.compile(r"^(\w+)\s*=\s*reinterpret_tensor\((.*)\);\s*del\s+\w+\s*#\s*reuse")
+# `buf1 = buf0; del buf0  # reuse`; `buf20 = reinterpret_tensor(buf23, (2, 16, 64), (3072, 192, 1), 0)  # alias`
+_ALIAS_RE = re.compile(r"^(\w+)\s*=\s*(\w+)\s*(?:;\s*del\s+\w+\s*)?#\s*(?:reuse|alias)")
+_VIEW_RE = re.compile(r"^(\w+)\s*=\s*reinterpret_tensor\((.*)\)\s*(?:;\s*del\s+\w+\s*)?(?:#.*)?$")
 _ASSERT_RE = re.compile(r"^assert_size_stride\((\w+),\s*(\(.*?\)),")
 _CPP_SIGNATURE_RE = re.compile(r'extern\s+"C"\s+void\s+kernel\(([^)]*)\)', re.S)
 _TRITON_SIGNATURE_RE = re.compile(r"def\s+(triton_\w*)\(([^)]*)\)")
@@ -254,7 +255,8 @@ def _node_flops(row: dict, nodes: dict, placeholders: dict) -> tuple[float | Non
     listed = list(post_grad) if post_grad is not None and len(post_grad) else (list(source) if source is not None else [])
     wanted = [n for n in listed if n in nodes]
     if not wanted:
-        return None, None, "none of the kernel's FX nodes is in the post-grad graph"
+        return None, None, ("no FX nodes recorded for this call site (torch 2.13 writes Inductor's provenance for "
+                            "forward graphs only, and this kernel has no Source Nodes comment): its FLOPs are unknown")
     total, dtype, unknown = 0.0, None, []
     for name in wanted:
         ndtype, shape, op, first = nodes[name]
