@@ -350,3 +350,18 @@ def test_a_convolution_call_puts_its_work_on_the_innermost_kernel_that_computes(
     wrappers = set(computing_children["parent_kernel_id"].dropna().astype(int))  # e.g. aten::convolution
     assert len(carriers) == ITERATIONS and not set(carriers["kernel_id"]) & wrappers
     assert (carriers["flops"] == _flop_counter_total(lambda: conv(x))).all()
+
+
+def test_a_fused_kernel_does_not_count_an_op_an_extern_call_computes():
+    """Compiled conv_block: Inductor's provenance puts the convolution node on the kernel that lays out the conv's
+    input, while extern_kernels.convolution computes it (the fusion map's listed_not_computed)."""
+    from operator_profiler.work.fused_kernels import _node_flops
+
+    nodes = {"convolution": ("float32", (4, 32, 32, 32), "aten::convolution", "arg0_1"),
+             "relu": ("float32", (4, 32, 32, 32), "aten::relu", "convolution")}
+    layout = {"post_grad_nodes": ["convolution"], "listed_not_computed": ["aten::convolution"]}
+    assert _node_flops(layout, nodes, {})[0] == 0  # moves data only
+    bn_relu = {"post_grad_nodes": ["convolution", "relu"], "listed_not_computed": ["aten::convolution"]}
+    assert _node_flops(bn_relu, nodes, {})[0] == 4 * 32 * 32 * 32  # the relu, one per element
+    alone = {"post_grad_nodes": ["convolution"], "listed_not_computed": []}
+    assert "no FLOP rule for aten::convolution" in _node_flops(alone, nodes, {})[2]  # never a guess

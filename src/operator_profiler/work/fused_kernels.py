@@ -1,7 +1,8 @@
 """Analytic work of TorchInductor's generated kernels (C++ and Triton), from the debug directory.
 
 * FLOPs: the sum over the kernel's post-grad FX nodes (the fusion map's ``post_grad_nodes``, else those of
-  its ``source_nodes`` that are post-grad nodes) of each node's count: PyTorch's FLOP formula for a
+  its ``source_nodes`` that are post-grad nodes; not those of ops an extern call computes, its
+  ``listed_not_computed``) of each node's count: PyTorch's FLOP formula for a
   matrix product (a GEMM template), else the per-element rule of :mod:`.flop_rules` on the node's output
   (or, for a reduction, its input) shape, read from the ``name: "f32[2, 32, 64]" = torch.ops.aten...``
   annotations of ``fx_graph_transformed.py`` (else ``fx_graph_readable.py``).
@@ -258,8 +259,13 @@ def _node_flops(row: dict, nodes: dict, placeholders: dict) -> tuple[float | Non
         return None, None, ("no FX nodes recorded for this call site (torch 2.13 writes Inductor's provenance for "
                             "forward graphs only, and this kernel has no Source Nodes comment): its FLOPs are unknown")
     total, dtype, unknown = 0.0, None, []
+    # ops the kernel's provenance lists but an extern call of the graph computes (a conv's input-layout kernel
+    # lists the convolution): their FLOPs are that call's
+    elsewhere = set(row.get("listed_not_computed") if row.get("listed_not_computed") is not None else [])
     for name in wanted:
         ndtype, shape, op, first = nodes[name]
+        if op in elsewhere:
+            continue
         rule = flop_rules.rule_for(op)
         if rule is None:
             unknown.append(op)
