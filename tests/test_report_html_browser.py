@@ -69,7 +69,7 @@ def default_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("default run")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(work), "--configfile",
-           str(ROOT / "config" / "config.yaml"), "--cores", "1", *(f"results/{w}/report.html" for w in WORKLOADS)]
+           str(ROOT / "config" / "config.yaml"), "--cores", "2", *(f"results/{w}/report.html" for w in WORKLOADS)]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     assert result.returncode == 0, result.stderr[-4000:]
     return work

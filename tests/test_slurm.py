@@ -3,7 +3,7 @@
 The fixture sets up a throw-away SLURM cluster on this machine (tests/slurm_cluster.py: Debian
 ``slurm-wlm`` + ``munge``, installed when missing; a minimal ``/etc/slurm/slurm.conf``; slurmctld and
 slurmd started here and stopped by PID at teardown, also when a test fails). A tiny CPU config (one
-compiled workload with layer classes, one eager) then runs twice: locally with ``--cores 1``, and
+compiled workload with layer classes, one eager) then runs twice: locally with ``--cores 2``, and
 with ``--profile profiles/slurm``, every job an ``sbatch`` job on this node.
 
 What must be equal is what is deterministic: the operators with their call and kernel counts and
@@ -77,7 +77,7 @@ def runs(cluster, tmp_path_factory):
     for name in ("local", "slurm"):
         dirs[name] = tmp_path_factory.mktemp(f"wf_{name}")
         (dirs[name] / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    local = _snakemake(dirs["local"], "--cores", "1")
+    local = _snakemake(dirs["local"], "--cores", "2")  # jobs side by side, each torch still 1 thread
     assert local.returncode == 0, local.stderr[-4000:]
     # The profile as shipped, but the status polls come sooner (2 s, not 20 s, after a finished job).
     on_slurm = _snakemake(dirs["slurm"], "--profile", str(PROFILE), "--slurm-init-seconds-before-status-checks", "2",

@@ -42,7 +42,7 @@ def finished_run(tmp_path_factory):
     (work / "wf_models.py").write_text(CUSTOM_MODEL)
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump(TINY))
-    result = snakemake(work, config, env=custom_env(work))
+    result = snakemake(work, config, env=custom_env(work), cores=2)  # both cores: the suite's longest set-up
     assert result.returncode == 0, result.stderr[-4000:]
     return work, config
 

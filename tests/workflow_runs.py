@@ -49,9 +49,10 @@ def custom_env(workdir: Path) -> dict:
     return env
 
 
-def snakemake(workdir: Path, config: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, config: Path, *args: str, env: dict | None = None, cores: int = 1) -> subprocess.CompletedProcess:
+    """``cores`` > 1 runs jobs side by side (each job's torch keeps its own 1 thread: the tables are the same)."""
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(config), "--cores", "1", *args]
+           "--configfile", str(config), "--cores", str(cores), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env or os.environ.copy(), timeout=900)
 
 
