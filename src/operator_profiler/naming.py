@@ -16,6 +16,8 @@ ITERATION_PREFIX = "opprof.iteration:"
 # The iteration the capture runs after the measured window to record input shapes (ITERATION_PREFIX + this; not
 # a number, so never taken for a measured iteration).
 SHAPES_ITERATION = "shapes"
+# ... and the second one, recorded to check that the model's input shapes do not change between iterations.
+SHAPES_CHECK_SUFFIX = ".check"
 LAYER_PREFIX = "opprof.layer:"
 PHASE_PREFIX = "opprof.phase:"
 #: The parts of a train step, in order: model forward + loss, ``loss.backward()``, optimizer

@@ -18,6 +18,8 @@ WORK_COLUMNS = ["flops", "bytes", "flops_formula", "flops_per_iteration", "bytes
                 "achieved_flops_per_s", "achieved_bytes_per_s", "intensity", "work_dtype", "work_known", "work_note"]
 ROOFLINE_COLUMNS = ["ceiling", "ceiling_flops_per_s", "ceiling_bytes_per_s", "ridge_intensity", "bound",
                     "ceiling_fraction", "roofline"]
+#: A compute-bound fraction above this is flagged in the reading (measurement noise stays below it).
+ABOVE_PEAK = 1.5
 _DTYPE_LABEL = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64", "tf32": "tf32"}
 
 
@@ -76,6 +78,34 @@ def memory_ceiling(ceilings: dict) -> float | None:
     return float(best) if best else None
 
 
+def check_ceilings(ceilings: dict, source: str) -> None:
+    """The figures the roofline uses: ``compute_flops_per_s`` and ``memory_bytes_per_s``, non-empty, positive finite
+    numbers.
+
+    Raises:
+        InputError: naming ``source`` and the field."""
+    import math
+
+    from .errors import InputError
+
+    for field in ("compute_flops_per_s", "memory_bytes_per_s"):
+        values = ceilings.get(field)
+        bad = (not isinstance(values, dict) or not values or
+               any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
+                   for v in values.values()))
+        if bad:
+            raise InputError(f"{source}: {field} is {json_text(values)}, not a non-empty map of positive numbers "
+                             "(FLOP/s or bytes/s); measure again: snakemake --forcerun measure_ceilings "
+                             "(or opprof ceilings --out FILE)")
+
+
+def json_text(value) -> str:
+    import json
+
+    text = json.dumps(value, default=str)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
 def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operator") -> pd.DataFrame:
     """``table`` (with the work columns) plus :data:`ROOFLINE_COLUMNS`; all null without ``ceilings``."""
     out = table.copy()
@@ -102,6 +132,9 @@ def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operat
             fraction = r["achieved_flops_per_s"] / peak
             cols["bound"][i], cols["ceiling"][i], cols["ceiling_fraction"][i] = "compute", name, fraction
             cols["roofline"][i] = f"{r[key]}: {fraction:.0%} of {name}, compute-bound"
+            if fraction > ABOVE_PEAK:  # no kernel beats the peak: the work or the ceiling is not this operator's
+                cols["roofline"][i] += (f"; ABOVE the measured peak: part of this work ran in other operators' "
+                                        "kernels of the same calls (work_call), or the ceiling was measured low")
         elif bandwidth and (flops == 0 or (ridge is not None and intensity is not None and intensity < ridge)):
             fraction = r["achieved_bytes_per_s"] / bandwidth
             cols["bound"][i], cols["ceiling"][i], cols["ceiling_fraction"][i] = "memory", "memory bandwidth", fraction

@@ -447,6 +447,8 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
             raise InputError(f"{work_path} does not describe the kernels of {attribution_path} ({len(work):,} vs "
                              f"{len(attribution):,} kernels); run opprof work for this attribution")
         ceilings = results.read(results.CEILINGS, ceilings_path) if ceilings_path is not None else None
+        if ceilings is not None:
+            roofline.check_ceilings(ceilings, str(ceilings_path))
         operators = roofline.with_roofline(roofline.with_work(operators, attribution, work), ceilings)
         if counters is not None:  # analytic vs measured (ncu): DRAM bytes and FP FLOPs per operator
             operators = operators.merge(roofline.measured_vs_analytic(attribution, work, counters, catalog),

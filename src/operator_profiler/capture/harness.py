@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import DeviceUnavailable, from_user_exception
-from ..naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN, SHAPES_ITERATION
+from ..naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN, SHAPES_CHECK_SUFFIX, SHAPES_ITERATION
 from . import fx_module_paths, training, workloads
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
@@ -434,9 +434,9 @@ def run_capture(
             in-process: the timeline reader counts them (``measured_kernels`` null).
             ``none``: no profiler (a compile-only run).
         record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
-        shapes_path: ``profiler == "torch"``: after the measured window, one more iteration under its own
-            torch.profiler session with ``record_shapes=True`` (CPU activity only, in an iteration range
-            ``opprof.iteration:shapes``), written here (gzipped): every op's input shapes for the work per operator,
+        shapes_path: ``profiler == "torch"``: after the measured window, two more iterations under their own
+            torch.profiler session with ``record_shapes=True`` (CPU activity only, in iteration ranges
+            ``opprof.iteration:shapes`` and ``opprof.iteration:shapes.check``), written here (gzipped): every op's input shapes for the work per operator,
             which recording them inside the measured window would slow (about 1-2 µs per op call,
             benchmarks/bench_record_shapes.py). ``run.json`` ``shapes`` says where they were recorded.
         window_shapes: record shapes inside the measured window itself (the Kineto run beside an nsys timeline,
@@ -561,8 +561,10 @@ def run_capture(
         kernel_records = _export_gzipped_trace(prof, trace_path)
         if shapes_path is not None:
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as shapes_prof:
-                with emitter.range(f"{ITERATION_PREFIX}{SHAPES_ITERATION}"):
-                    run_step("shapes iteration")
+                # twice: shapes that differ between the two show a model whose shapes change between iterations
+                for suffix in ("", SHAPES_CHECK_SUFFIX):
+                    with emitter.range(f"{ITERATION_PREFIX}{SHAPES_ITERATION}{suffix}"):
+                        run_step("shapes iteration")
             _export_gzipped_trace(shapes_prof, Path(shapes_path))
         if device == "cuda":
             measured_kernels, kernels_source = kernel_records, "torch.profiler kernel records (cat kernel)"

@@ -5,9 +5,8 @@
 * Any other kernel belongs to the *outermost* dispatcher op (``aten::linear``, not its ``aten::addmm``)
   around it: on a CPU trace the kernel's own op range and its ancestors, on a GPU trace the op enclosing its
   launch (``operator_range_id``) and its ancestors. That call's work (:mod:`.op_calls`, from its recorded
-  shapes) is counted once, on one kernel of the call: one whose operator computes (not a copy or view), of
-  those one that wraps no other computing call (CPU: aten::mm, not the aten::matmul around it), of those the
-  longest; the call's other kernels carry 0 with
+  shapes) is counted once, on the call's longest kernel whose operator computes (not a copy or view) and is
+  not a composite op (aten::linear only decomposes into aten::addmm); the call's other kernels carry 0 with
   ``work_rule`` ``in_call`` (``work_kernels`` says how many kernels share the call). Counting at the
   outermost op never counts a nested op twice and keeps the ideal bytes those of what the user called.
 """
@@ -21,7 +20,7 @@ import pandas as pd
 
 from ..timeline.model import top_level_ops
 from . import flop_rules
-from .op_calls import call_work
+from .op_calls import call_work, is_composite
 
 WORK_KERNEL_COLUMNS = ["kernel_id", "flops", "flops_formula", "bytes_read", "bytes_written", "bytes", "work_rule",
                        "dtype", "work_call", "work_kernels", "work_note"]
@@ -86,15 +85,13 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
     out["work_kernels"] = [1] * n
     duration = kernels["duration_ns"].to_numpy(dtype=np.int64)
     operators = kernels["operator"].to_numpy(dtype=object) if "operator" in kernels else np.full(n, None)
-    ids = kernels["kernel_id"].to_numpy()
-    computes = np.array([op not in flop_rules.DATA_ONLY_OPS for op in operators], dtype=bool)
-    # wrappers: CPU compute calls with a computing call nested in them (aten::linear around aten::mm)
-    wrappers = (set(pd.array(kernels["parent_kernel_id"], dtype="Int64")[computes].dropna().astype(int))
-                if "parent_kernel_id" in kernels else set())
-    # calls: the kernel that computes (not a copy or view: aten::addmm, not the copy_ of its bias) and wraps no
-    # other computing call (aten::mm, not the aten::linear or aten::matmul around it, which keep only their
-    # overhead), then the longest, carries the call's work
-    rank = [(bool(computes[i]), int(ids[i]) not in wrappers, duration[i]) for i in range(n)]
+    computes = np.array([not flop_rules.is_data_only(op) for op in operators], dtype=bool)
+    # calls: the longest kernel that computes (not a copy or view: aten::addmm, not the copy_ of its bias) and is
+    # not a composite op carries the call's work. Its own (exclusive) time is where the work ran: aten::mkldnn_rnn_layer, not the
+    # aten::add of the biases nested in it (a rule preferring innermost kernels put an LSTM's work on that add).
+    # A composite op (aten::linear, aten::matmul: CompositeImplicitAutograd) only decomposes: never the carrier
+    # while a kernel of the ops it decomposes into is in the call, however short that one ran.
+    rank = [(bool(computes[i]), not is_composite(operators[i]), duration[i]) for i in range(n)]
     carriers: dict[tuple, int] = {}
     members: dict[tuple, int] = {}
     for i in range(n):

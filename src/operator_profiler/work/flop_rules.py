@@ -95,6 +95,12 @@ OVERWRITING_OPS = frozenset({"aten::copy_", "aten::zero_", "aten::fill_", "aten:
 #: Ops that only move or describe data: never the kernel that carries a call's work (.assign).
 DATA_ONLY_OPS = VIEWS | MOVEMENT
 
+def is_data_only(op) -> bool:
+    """Whether ``op`` (``aten::as_strided_``, ``aten::copy_``) only moves or describes data, in-place and foreach
+    variants included."""
+    return isinstance(op, str) and (op in DATA_ONLY_OPS or base_op(op)[0] in DATA_ONLY_OPS)
+
+
 #: Ops whose call is a view or a description: skipped by :mod:`.op_calls` without a meta replay.
 NO_WORK_OPS = VIEWS
 

@@ -60,6 +60,29 @@ class CallWork:
         return self.bytes_read + self.bytes_written
 
 
+@functools.lru_cache(maxsize=4096)
+def is_composite(name: str) -> bool:
+    """Whether ``name`` (``aten::linear``) is CompositeImplicitAutograd in its main overload (``default``, else
+    ``Tensor``, ``input``, ``self``; its ``out`` variant may not be): it only decomposes into other ops, so its own
+    (exclusive) time is overhead, never where its work ran. False for unknown ops."""
+    if not isinstance(name, str) or "::" not in name:
+        return False
+    torch = _torch()
+    ns, _, op = name.partition("::")
+    try:
+        overloads = getattr(getattr(torch.ops, ns), op).overloads()
+    except (AttributeError, RuntimeError):
+        return False
+    main = next((o for o in ("default", "Tensor", "input", "self") if o in overloads), None)
+    if main is None:
+        return False
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(
+            name if main == "default" else f"{name}.{main}", "CompositeImplicitAutograd"))
+    except RuntimeError:
+        return False
+
+
 class NotReplayable(Exception):
     """The recorded inputs do not make a call of any overload of the op."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..naming import ITERATION_PREFIX, SHAPES_ITERATION
+from ..naming import ITERATION_PREFIX, SHAPES_CHECK_SUFFIX, SHAPES_ITERATION
 from ..timeline.model import iteration_at, top_level_ops
 
 
@@ -56,10 +56,21 @@ def shapes_for_measured_calls(ranges: pd.DataFrame, shapes_ranges: pd.DataFrame)
                 notes[r] = "the shapes trace has no opprof.iteration:shapes range"
         return filled, notes
     m = marker.iloc[0]
-    recorded = _calls_by_thread(shapes_ranges, top_level_ops(shapes_ranges), None,
-                                (int(m["pid"]), int(m["start_ns"]), int(m["end_ns"])))
+    shape_tops = top_level_ops(shapes_ranges)
+    recorded = _calls_by_thread(shapes_ranges, shape_tops, None, (int(m["pid"]), int(m["start_ns"]), int(m["end_ns"])))
     shape_names = shapes_ranges["name"].to_numpy(dtype=object)
     shape_text = shapes_ranges["input_shapes"].to_numpy(dtype=object) if "input_shapes" in shapes_ranges else None
+    # The second shapes iteration: a thread whose calls got other shapes there changes shapes between iterations,
+    # so the measured iterations' shapes are not known from the first (ops alike are not shapes alike).
+    check = shapes_ranges[shapes_ranges["name"] == f"{ITERATION_PREFIX}{SHAPES_ITERATION}{SHAPES_CHECK_SUFFIX}"]
+    varying: set[tuple] = set()
+    if not check.empty and shape_text is not None:
+        c = check.iloc[0]
+        again = _calls_by_thread(shapes_ranges, shape_tops, None, (int(c["pid"]), int(c["start_ns"]), int(c["end_ns"])))
+        for key, first in recorded.items():
+            second = again.get(key, [])
+            if [(shape_names[r], shape_text[r]) for r in first] != [(shape_names[r], shape_text[r]) for r in second]:
+                varying.add(key)
     names = ranges["name"].to_numpy(dtype=object)
     for (it, pid, tid), ids in measured.items():
         if it is None:
@@ -67,7 +78,10 @@ def shapes_for_measured_calls(ranges: pd.DataFrame, shapes_ranges: pd.DataFrame)
                 notes[r] = "outside the measured iterations: no shapes recorded for it"
             continue
         other = recorded.get((None, pid, tid))
-        if other is None or shape_text is None:
+        if (None, pid, tid) in varying:
+            reason = (f"the two shapes iterations recorded other ops or input shapes on thread {tid}: the model's "
+                      "shapes change between iterations, so the measured calls' shapes are not known")
+        elif other is None or shape_text is None:
             reason = "the shapes iteration ran nothing on this thread"
         elif [names[r] for r in ids] != [shape_names[r] for r in other]:
             reason = (f"measured iteration {it} ran other ops than the shapes iteration on thread {tid} "
