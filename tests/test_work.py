@@ -393,3 +393,37 @@ def test_shapes_that_change_between_iterations_are_not_paired(harness_capture):
     out, _, work = harness_capture("alternating_rows", iterations=2)
     assert work["flops"].isna().any()
     assert work.loc[work["flops"].isna(), "work_note"].str.contains("shapes change between iterations").all()
+
+
+def test_ceilings_without_usable_figures_are_refused_naming_the_file_and_the_fix():
+    """QA: an edited ceilings.json ({} or a text figure) was taken for 'not measured' or failed as an internal error."""
+    from operator_profiler.errors import InputError
+    from operator_profiler.roofline import check_ceilings
+
+    good = {"compute_flops_per_s": {"float32": 1e11}, "memory_bytes_per_s": {"best": 1e10}}
+    check_ceilings(good, "c.json")
+    for bad in ({}, {**good, "compute_flops_per_s": {"float32": "fast"}},
+                {**good, "memory_bytes_per_s": "12 GB/s"}, {**good, "memory_bytes_per_s": {"best": -1.0}},
+                {**good, "compute_flops_per_s": {"float32": float("nan")}}):
+        with pytest.raises(InputError, match=r"^c\.json: .*--forcerun measure_ceilings"):
+            check_ceilings(bad, "c.json")
+
+
+def test_in_place_views_are_data_only_and_composite_ops_never_carry_work():
+    from operator_profiler.work.op_calls import is_composite
+
+    assert flop_rules.is_data_only("aten::as_strided_") and flop_rules.is_data_only("aten::copy_")
+    assert not flop_rules.is_data_only("aten::add_")
+    assert is_composite("aten::linear") and is_composite("aten::lstm") and not is_composite("aten::mkldnn_rnn_layer")
+
+
+def test_an_lstm_call_puts_its_work_on_the_library_rnn_kernel(tmp_path):
+    """QA: the LSTM's work sat on the bias aten::add nested in aten::mkldnn_rnn_layer (911% of the fp32 peak)."""
+    lstm, x = nn.LSTM(8, 16, 2), torch.randn(6, 2, 8)
+    attribution, work, _ = _analyse(lambda: lstm(x), tmp_path)
+    joined = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+    carriers = joined[joined["flops"] > 0]
+    assert set(carriers["operator"]) == {"aten::mkldnn_rnn_layer"}, joined.to_string()
+    # an LSTM layer step: 4 gates x 2 (multiply-add) x hidden x (input + hidden) per batch row, PyTorch's formula
+    expected = 6 * 2 * (2 * 4 * 16 * (8 + 16) + 2 * 4 * 16 * (16 + 16))
+    assert carriers["flops_formula"].sum() / ITERATIONS == expected
