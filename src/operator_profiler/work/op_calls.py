@@ -118,7 +118,7 @@ def _call_work(name: str, input_shapes: str) -> CallWork:
     if name in flop_rules.NO_WORK_OPS:
         return CallWork(0.0, 0.0, 0.0, 0.0, "movement", dtype)
     try:
-        overload, args, kwargs, read_bytes, _out_args = _rebuild(name, dims, types, concrete, strides, dtype)
+        overload, args, kwargs, read_bytes = _rebuild(name, dims, types, concrete, strides, dtype)
     except NotReplayable as exc:
         return CallWork(None, None, None, None, None, dtype, f"not replayable on the meta device: {exc}")
     counter = _FlopCounter()
@@ -171,8 +171,8 @@ def _parse_scalar(text: str):
 
 
 def _rebuild(name: str, dims, types, concrete, strides, call_dtype):
-    """The overload of ``name`` whose schema the recorded inputs fit, its meta arguments, the bytes the
-    call reads, and the indices of its ``out=`` arguments."""
+    """The overload of ``name`` whose schema the recorded inputs fit, its meta arguments and the bytes the
+    call reads."""
     torch = _torch()
     ns, _, op = name.partition("::")
     try:
@@ -196,7 +196,7 @@ def _rebuild(name: str, dims, types, concrete, strides, call_dtype):
 def _arguments(schema, dims, types, concrete, strides, call_dtype):
     torch = _torch()
     overwrites = schema.name in flop_rules.OVERWRITING_OPS
-    args, kwargs, read_bytes, out_args = [], {}, 0.0, []
+    args, kwargs, read_bytes = [], {}, 0.0
     for index, (arg, d, t, c, st) in enumerate(zip(schema.arguments, dims, types, concrete, strides)):
         kind = _kind(arg.type)
         written = arg.alias_info is not None and arg.alias_info.is_write
@@ -205,9 +205,7 @@ def _arguments(schema, dims, types, concrete, strides, call_dtype):
                 raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded a tensor")
             value = _meta(d, st, KINETO_DTYPES[t])
             elements = _distinct_elements(d, st)
-            if written and (arg.kwarg_only or (index == 0 and overwrites)):  # out= (or copy_'s self): not read
-                out_args.append(index)
-            else:
+            if not (written and (arg.kwarg_only or (index == 0 and overwrites))):  # out= (or copy_'s self): not read
                 read_bytes += elements * value.element_size()
         elif t == "TensorList":
             if kind != "tensor_list":
@@ -227,7 +225,7 @@ def _arguments(schema, dims, types, concrete, strides, call_dtype):
             kwargs[arg.name] = value
         else:
             args.append(value)
-    return args, kwargs, read_bytes, out_args
+    return args, kwargs, read_bytes
 
 
 def _kind(t) -> str:
