@@ -24,6 +24,7 @@ include: "workflow/work.smk"
 include: "workflow/aggregate.smk"
 include: "workflow/report.smk"
 include: "workflow/trace.smk"
+include: "workflow/optimize.smk"
 
 
 rule all:

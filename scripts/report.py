@@ -11,6 +11,7 @@ from operator_profiler.rule_runner import run_rule
 
 i = snakemake.input
 paths = ReportPaths(i.coverage, i.operators, i.modules, i.layer_classes, run=i.run, diagnostics=i.diagnostics or None,
-                    matching=i.matching or None, replays=list(i.replays), clocks=i.clocks, phases=i.phases)
+                    matching=i.matching or None, replays=list(i.replays), clocks=i.clocks, phases=i.phases,
+                    advice=i.advice)
 run_rule(snakemake.log[0], stages.report_files, snakemake.wildcards.workload, paths,
          json.loads(snakemake.params.options), snakemake.output[0])

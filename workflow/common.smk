@@ -81,10 +81,37 @@ if TIMELINE == "nsys":
         projection="results/{workload}/timeline/nvtx_gpu_projection.parquet",
     )
 WORKLOADS = sorted(config["workloads"])
+# A variant of a workload (the optimize workflow, workflow/optimize.smk) is named <workload>+<change>+...: the
+# workload's config with those changes added (workload_config); any workload's results folder can be one.
+from operator_profiler.config import load_schema
+from operator_profiler.optimize.variants import (
+    split_name,
+    variant_name,
+    variant_workload,
+)
+
+CHANGE_IDS = load_schema()["$defs"]["workload"]["properties"]["changes"]["items"][
+    "enum"
+]
+
+
+def workload_config(name):
+    """The config slice of workload ``name``: a workload of the config, or <workload>+<change>+... (its
+    changes added after the workload's own: operator_profiler.optimize.variants)."""
+    base, changes = split_name(name)
+    unknown = [c for c in changes if c not in CHANGE_IDS]
+    if unknown:
+        raise ValueError(f"{name}: unknown change(s) {unknown}; known: {CHANGE_IDS}")
+    return variant_workload(config["workloads"][base], changes)
 
 
 wildcard_constraints:
-    workload="|".join(WORKLOADS) or "none",
+    workload="("
+    + ("|".join(WORKLOADS) or "none")
+    + ")"
+    + "(\\+("
+    + "|".join(CHANGE_IDS)
+    + "))*",
     cls="[A-Za-z0-9_.-]+",
 
 
@@ -147,7 +174,7 @@ def gpu_files(wildcards, input, output):
 def custom_model_source(wildcards):
     """The source files of a workload's custom factory and loss_fn modules, so that editing the model or
     its loss re-runs its capture (Snakemake does not track what a script imports)."""
-    workload = config["workloads"][wildcards.workload]
+    workload = workload_config(wildcards.workload)
     sources = []
     for spec in (workload.get("factory"), workload.get("loss_fn")):
         if not spec:
@@ -175,11 +202,11 @@ def custom_model_source(wildcards):
 
 def workload_params(wildcards):
     """The workload's config slice as a deterministic string (a params change reruns the capture)."""
-    return json.dumps(config["workloads"][wildcards.workload], sort_keys=True)
+    return json.dumps(workload_config(wildcards.workload), sort_keys=True)
 
 
 def is_compiled(workload):
-    return bool(config["workloads"][workload]["compile"])
+    return bool(workload_config(workload)["compile"])
 
 
 def fusion_map_input(wildcards):
@@ -279,19 +306,46 @@ def capture_threads():
     return 1
 
 
+CATALOG = config["optimize"]["catalog"] or str(LIB / "optimize" / "catalog.yaml")
+
+
+def optimize_report_inputs(wildcards):
+    """The advised variant's profile (results/<workload>+<changes>/), named by advice.json (checkpoint advise)."""
+    with open(checkpoints.advise.get(workload=wildcards.workload).output[0]) as f:
+        advised = json.load(f)["advised_changes"]
+    own = workload_config(wildcards.workload)
+    new = [
+        c
+        for c in advised
+        if c not in own.get("changes", []) and not (c == "compile" and own["compile"])
+    ]
+    folder = f"results/{variant_name(wildcards.workload, new)}"
+    return {
+        "variant_report": f"{folder}/report.md",
+        "variant_operators": f"{folder}/operators.parquet",
+        "variant_coverage": f"{folder}/coverage.json",
+        "base_report": f"results/{wildcards.workload}/report.md",
+    }
+
+
 def final_outputs():
     # Every run has the machine's ceilings (workflow/ceilings.smk): measured once per machine and device.
-    return [f"results/ceilings/{DEVICE}.json"] + [
-        f"results/{w}/{name}"
-        for w in WORKLOADS
-        for name in (
-            "operators.csv",
-            "coverage.json",
-            "report.md",
-            "report.html",
-            "trace.json",
-        )
-    ]
+    return (
+        [f"results/ceilings/{DEVICE}.json"]
+        + [
+            f"results/{w}/{name}"
+            for w in WORKLOADS
+            for name in (
+                "operators.csv",
+                "coverage.json",
+                "report.md",
+                "report.html",
+                "trace.json",
+                "advice.json",
+            )
+        ]
+        + [f"results/{w}/optimize/report.html" for w in config["optimize"]["workloads"]]
+    )
 
 
 # ---------------------------------------------------------------- stale results

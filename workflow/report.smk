@@ -10,6 +10,7 @@ rule report:
         diagnostics=diagnostics_input,
         matching=matching_input,
         replays=replay_records,
+        advice="results/{workload}/advice.json",
         lib=lib_inputs("report"),
     output:
         report(

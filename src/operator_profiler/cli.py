@@ -211,7 +211,8 @@ def _cmd_report(args) -> None:
                         diagnostics=Path(args.timeline) / "diagnostics.json" if args.timeline else None,
                         matching=Path(args.matching) if args.matching else None,
                         clocks=clocks if clocks.is_file() else None,
-                        phases=d / "phases.parquet" if (d / "phases.parquet").is_file() else None)
+                        phases=d / "phases.parquet" if (d / "phases.parquet").is_file() else None,
+                        advice=d / "advice.json" if (d / "advice.json").is_file() else None)
     stages.report_files(args.workload or d.name, paths, {"top_operators": args.top}, Path(args.out))
     print(f"wrote {args.out}")
 
@@ -242,6 +243,20 @@ def _cmd_compare(args) -> None:
           f"within noise ({report_html.change_rule(table.attrs['ranges'], short=True)}); kernel time / iteration "
           f"(sum of the operators' {table.attrs['basis']}s): A {totals['a_ms']:.3f} ms, B {totals['b_ms']:.3f} ms"
           f"{percent} -> {args.out}")
+
+
+def _cmd_advise(args) -> None:
+    folder = Path(args.results)
+    shapes = Path(args.shapes) if args.shapes else folder / "capture" / "shapes.kineto.json.gz"
+    advice = stages.advise_files(folder, Path(args.out), Path(args.catalog) if args.catalog else None,
+                                 shapes if shapes.is_file() else None, args.workload)
+    for record in advice["advice"]:
+        print(f"advise {record['change']} (rule {record['rule']}): {record['evidence']}")
+    for record in advice["not_offered"]:
+        print(f"not offered {record['change']} (rule {record['rule']}): {record['reason']}")
+    for text in advice["diagnoses"]:
+        print(f"diagnosis: {text}")
+    print(f"advised variant: {' + '.join(advice['advised_changes']) or 'no change'} -> {args.out}")
 
 
 def _cmd_trace(args) -> None:
@@ -457,6 +472,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="compare profiles of different workloads anyway")
     s.add_argument("--top", type=_positive_int, default=20, help="largest changes drawn in the plot")
     s.set_defaults(func=_cmd_compare)
+
+    s = sub.add_parser("advise", help="advice from a profile: the rule catalog's changes, each with its evidence",
+                       description="Reads a results folder (operators.parquet, attribution/kernels.parquet, "
+                                   "capture/run.json, coverage.json) and writes advice.json: the changes the rule "
+                                   "catalog offers for this profile, the evidence each quotes, the rules whose "
+                                   "preconditions fail on this machine and why, and the advised variant.")
+    s.add_argument("--results", required=True, help="results/<workload>/ of a finished run")
+    s.add_argument("--catalog", help="a rule catalog YAML (default: the package's optimize/catalog.yaml)")
+    s.add_argument("--shapes", help="the capture's shapes iteration (default: capture/shapes.kineto.json.gz in "
+                                    "the results folder, when present)")
+    s.add_argument("--workload", help="the workload's name (default: the folder's name)")
+    s.add_argument("--out", "-o", required=True, help="advice.json to write")
+    s.set_defaults(func=_cmd_advise)
 
     s = sub.add_parser("trace", help="Chrome/Perfetto trace.json: kernels with their operator, module and counters")
     s.add_argument("--timeline", required=True, help="timeline directory (kernels, ranges, launches parquet)")

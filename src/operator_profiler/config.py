@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 from .errors import ConfigError
+from .optimize.variants import COMPILER_CHANGES
 
 
 #: Workload keys of the train step (schema: only with ``mode: train``).
@@ -172,6 +173,11 @@ def _cross_field_problems(config: dict, given: dict | None = None) -> list[str]:
             problems.append(f"at '{where}': {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
                             "with compile: false (the model runs eager); set compile: true or remove "
                             f"{'it' if len(ignored) == 1 else 'them'}")
+        compiler = [c for c in w.get("changes", []) if c in COMPILER_CHANGES]
+        if compiler and w.get("compile") is False:
+            problems.append(f"at '{where}.changes': {', '.join(compiler)} need{'s' if len(compiler) == 1 else ''} "
+                            "torch.compile, and this workload has compile: false; set compile: true or remove "
+                            f"{'it' if len(compiler) == 1 else 'them'}")
         if w.get("kind") == "gpt2":
             if w["n_embd"] % w["n_head"]:
                 problems.append(f"at '{where}': n_embd ({w['n_embd']}) must be a multiple of n_head ({w['n_head']})")
@@ -180,6 +186,11 @@ def _cross_field_problems(config: dict, given: dict | None = None) -> list[str]:
                                 "lower seq_len or raise n_positions")
         elif w.get("kind") == "sdpa_attention" and w["d_model"] % w["n_head"]:
             problems.append(f"at '{where}': d_model ({w['d_model']}) must be a multiple of n_head ({w['n_head']})")
+    known = config.get("workloads", {})
+    for index, name in enumerate(config.get("optimize", {}).get("workloads", [])):
+        if name not in known:
+            problems.append(f"at 'optimize.workloads[{index}]': {name!r} is not a workload of this config (known: "
+                            f"{', '.join(sorted(known)) or 'none'}); name one under workloads")
     h = config.get("harness", {})
     if isinstance(h.get("warmup"), int) and isinstance(h.get("warmup_max"), int) and h["warmup_max"] < h["warmup"]:
         problems.append(f"at 'harness': warmup_max ({h['warmup_max']}) is below warmup ({h['warmup']}), the least "

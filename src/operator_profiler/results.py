@@ -77,6 +77,8 @@ LAYER_CLASSES = Artifact("layer_classes.parquet", "a layer classes table", _AGGR
 PHASES = Artifact("phases.parquet", "a phases table (phases.parquet)", _AGGREGATE,
                   ("phase", "operator", "time_ns", "phase_share"))
 COVERAGE = Artifact("coverage.json", "coverage.json", _AGGREGATE, expect=dict)
+ADVICE = Artifact("advice.json", "an advice.json", "write it with: opprof advise --results FOLDER --out FILE",
+                  expect=dict)
 
 
 def read(artifact: Artifact, path: Path | str, columns: tuple[str, ...] | None = None, hint: str | None = None,
@@ -117,6 +119,7 @@ class ReportPaths:
     phases: Path | None = None
     attribution: Path | None = None
     counters: Path | None = None
+    advice: Path | None = None
 
     @classmethod
     def of_folder(cls, folder: Path | str) -> ReportPaths:
@@ -139,7 +142,8 @@ class ReportPaths:
                    layer_classes=folder / LAYER_CLASSES.path, run=optional(RUN), diagnostics=optional(DIAGNOSTICS),
                    matching=optional(MATCHING), replays=sorted((folder / "ncu").glob("*.replay.json")),
                    clocks=optional(CLOCKS), phases=optional(PHASES),
-                   attribution=optional(ATTRIBUTION) if counters else None, counters=counters)
+                   attribution=optional(ATTRIBUTION) if counters else None, counters=counters,
+                   advice=optional(ADVICE))
 
 
 @dataclass
@@ -160,6 +164,7 @@ class ReportInputs:
     clocks: dict | None = None
     phases: object = None
     counters_time: float | None = None
+    advice: dict | None = None
 
     @classmethod
     def read(cls, paths: ReportPaths, counters_time: bool = False) -> ReportInputs:
@@ -193,7 +198,7 @@ class ReportInputs:
                    diagnostics=diagnostics, matching=matching,
                    replays=read_replay_records(paths.replays) if paths.replays else None,
                    clocks=read_optional(CLOCKS, paths.clocks), phases=read_optional(PHASES, paths.phases),
-                   counters_time=share)
+                   counters_time=share, advice=read_optional(ADVICE, paths.advice))
 
 
 def counters_time_share(attribution_path: Path, counters_path: Path) -> float:

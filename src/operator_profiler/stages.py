@@ -535,6 +535,27 @@ def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False
                                      b["operators"], report_md.measured_iterations(b["run"], b["coverage"]))
 
 
+def advise_files(folder: Path, out: Path, catalog: Path | None = None, shapes_trace: Path | None = None,
+                 workload: str | None = None) -> dict:
+    """``advice.json`` for the profile in results folder ``folder`` (operators.parquet, attribution/kernels.parquet,
+    capture/run.json, coverage.json; ``shapes_trace``: the capture's shapes iteration, for the convolutions' input
+    layouts) by the rule catalog ``catalog`` (default: the package's optimize/catalog.yaml). Written atomically;
+    returns its content. Raises ConfigError for a bad catalog, InputError for a missing or wrong profile file."""
+    from .optimize import advisor
+    from .optimize.changes import machine_features
+
+    t0 = time.perf_counter()
+    catalog = Path(catalog) if catalog else advisor.CATALOG
+    rules = advisor.load_catalog(catalog)
+    profile = advisor.load_profile(Path(folder), shapes_trace)
+    advice = advisor.advise(profile, rules, machine_features(profile.device), workload or Path(folder).resolve().name,
+                            catalog)
+    write_json(out, advice)
+    stage_done(f"advice: {len(advice['advice'])} offered, {len(advice['not_offered'])} not offered; advised "
+               f"{' + '.join(advice['advised_changes']) or 'no change'}", t0)
+    return advice
+
+
 def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_path: Path | None = None) -> dict:
     """``trace.json``: the timeline as a Chrome/Perfetto trace with each kernel's attribution (and
     matched counters) in its ``args`` (``trace_export.build_trace``); written atomically.

@@ -216,7 +216,7 @@ def _unwrap_precompiled(model: torch.nn.Module, workload: dict, name: str) -> tu
 
 
 def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], workload: dict,
-             emitter: _RangeEmitter | None = None) -> dict:
+             emitter: _RangeEmitter | None = None, backend=None) -> dict:
     """Compile per the workload's ``compile_scope`` (module docstring), with ``emitter``'s model range around
     each call of a whole-model compiled model; returns the ``run.json`` entries
     ``compile_scope`` (the scope used: ``model`` also for ``layers`` when the model has no layers),
@@ -227,6 +227,8 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
         workloads.WorkloadError: see :func:`compile_kwargs`.
     """
     kwargs = compile_kwargs(workload)
+    if backend is not None:  # the workload's changes (optimize.changes.rewrite_backend: options, FX rewrites)
+        kwargs = {"backend": backend}
     scope = workload.get("compile_scope", "model")
     if scope not in COMPILE_SCOPES:
         raise workloads.WorkloadError(f"compile_scope {scope!r} is not one of {', '.join(COMPILE_SCOPES)}")
@@ -255,6 +257,9 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
                     return compiled_call(*args, **kwargs)
 
             model._compiled_call_impl = call_in_model_range
+    if backend is not None:
+        return {"compile_scope": scope, "compile_mode": None, "compile_options": dict(backend.options) or None,
+                "compile_backend": f"optimize.changes.RewriteBackend(inner={backend.inner!r})"}
     return {"compile_scope": scope, "compile_mode": kwargs.get("mode"), "compile_options": kwargs.get("options")}
 
 
@@ -394,6 +399,74 @@ def _versions(device: str) -> dict:
     return info
 
 
+class _Changes:
+    """A workload's ``changes`` (optimize/changes.py) as the harness applies them: preconditions checked first, the
+    process settings, the model's preparation, the compile backend (FX rewrites, Inductor options, freezing), the
+    forward context, and after warm-up the checks that they really happened (freezing prepacked the weights)."""
+
+    def __init__(self, workload: dict, device: str, train: bool, label: str):
+        self.ids = list(workload.get("changes") or [])
+        self.device, self.train, self.label = device, train, label
+        self._backend = None
+        self._prepared: list = []
+        if not self.ids:
+            return
+        from ..optimize import changes as vocabulary
+
+        self.vocabulary = vocabulary
+        mode = "train" if train else "infer"
+        problems = vocabulary.precondition_problems(self.ids, device, mode, vocabulary.machine_features(device))
+        if problems:
+            raise workloads.WorkloadError(f"workload {label}: its changes cannot apply here: " + "; ".join(problems))
+        if workload.get("compile_mode", "default") not in (None, "default"):
+            raise workloads.WorkloadError(
+                f"workload {label}: changes compile through their own backend, which takes Inductor options, not "
+                f"compile_mode {workload['compile_mode']!r}; use compile_options (or the max_autotune change)")
+        self.settings = vocabulary.compile_settings(self.ids)
+        vocabulary.apply_process_settings(self.ids, device)
+        if self.settings["allow_rnn"] is not None:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.allow_rnn = self.settings["allow_rnn"]
+        if self.settings["freezing"]:
+            # Inductor reads the global setting when it compiles (the first call), not torch.compile's options.
+            import torch._inductor.config as inductor_config
+
+            inductor_config.freezing = True
+        self.options = {**(workload.get("compile_options") or {}), **self.settings["options"]}
+
+    def prepare(self, model, inputs):
+        if not self.ids:
+            return model, inputs
+        model, inputs = self.vocabulary.prepare(model, tuple(inputs), self.ids, self.device)
+        self._prepared = self.vocabulary.prepared_rewrites(model)
+        return model, inputs
+
+    def backend(self, compiled: bool):
+        """The torch.compile backend (None: the workload's own torch.compile settings, or eager)."""
+        if not self.ids or not (compiled or self.settings["rewrites"]):
+            return None
+        if self._backend is None:
+            self._backend = self.vocabulary.rewrite_backend(
+                self.ids, inner="inductor" if compiled else "eager", options=self.options)
+        return self._backend
+
+    def forward_context(self):
+        return self.vocabulary.forward_context(self.ids, self.device) if self.ids else contextlib.nullcontext()
+
+    def check(self, model) -> dict:
+        """After warm-up: that freezing froze (raises FreezingNotApplied, a WorkloadError, naming the change)."""
+        if not self.ids or not self.settings["freezing"]:
+            return {}
+        try:
+            return {"freezing": self.vocabulary.freezing_applied(self._backend, model, self.device)}
+        except workloads.WorkloadError as exc:
+            raise workloads.WorkloadError(f"workload {self.label}: {exc}") from None
+
+    def rewrites(self) -> list[dict]:
+        return self._prepared + (list(self._backend.rewrites) if self._backend is not None else [])
+
+
 def run_capture(
     workload: dict,
     harness: dict,
@@ -481,8 +554,10 @@ def run_capture(
     model, compile_notes = _unwrap_precompiled(model, workload, workload_name or workload.get("kind"))
     train = workload.get("mode", "inference") == "train"
     model.train(train)
-    layers = workloads.find_layers(model)
     label = repr(workload_name or workload.get("kind"))
+    changes = _Changes(workload, device, train, label)
+    model, inputs = changes.prepare(model, inputs)
+    layers = workloads.find_layers(model)
     trainer: training.TrainStep | None = None
 
     def user_code(what: str, call: Callable[[], None]) -> None:
@@ -505,22 +580,28 @@ def run_capture(
 
     emitter = _RangeEmitter(use_nvtx=device == "cuda")
     layer_ranges = not compiled or (workload.get("compile_scope", "model") == "layers" and bool(layers))
+    if not compiled and changes.backend(False) is not None:
+        layer_ranges = False  # FX rewrites trace the whole eager model (Dynamo, eager inner backend): no hooks in it
     if layer_ranges:  # never inside a whole-model compiled region (module docstring)
         _install_layer_ranges(model, layers, emitter)
     try:
-        compile_record = _compile(model, layers, workload, emitter) if compiled else {
+        compile_record = _compile(model, layers, workload, emitter, changes.backend(compiled)) if compiled else {
             "compile_scope": None, "compile_mode": None, "compile_options": None}
+        if not compiled and changes.backend(False) is not None:  # FX rewrites on the eager model
+            compile_record = {**_compile(model, layers, {**workload, "compile_options": {}, "compile_mode": None},
+                                         emitter, changes.backend(False)), "compile_scope": None}
     except workloads.WorkloadError as exc:  # name the workload: several fail in one run with -k
         raise workloads.WorkloadError(f"workload {label}: {exc}") from None
     if train:
         trainer = training.TrainStep(model, model, inputs, workload, emitter)
 
     def step() -> None:
-        if trainer is not None:
-            trainer()
-        else:
-            with torch.no_grad():
-                model(*inputs)
+        with changes.forward_context():
+            if trainer is not None:
+                trainer()
+            else:
+                with torch.no_grad():
+                    model(*inputs)
         if device == "cuda":
             torch.cuda.synchronize()
 
@@ -538,7 +619,8 @@ def run_capture(
     warmup = warm_up_until_steady(timed_warmup_step, harness["warmup"], harness["warmup_max"],
                                   harness["steady_window"], harness["steady_tolerance"])
     warmup_s = time.perf_counter() - t0
-    if not compiled:
+    change_checks = changes.check(model)
+    if not compiled and changes.backend(False) is None:
         _refuse_new_graphs(_dynamo_graphs() - graphs_before, workload_name or workload.get("kind"), "uncompiled")
 
     graphs_warm = _dynamo_graphs()
@@ -595,6 +677,9 @@ def run_capture(
         "compiled": compiled,
         **compile_record,
         "compile_notes": compile_notes,
+        "changes": changes.ids,
+        "change_checks": change_checks,
+        "rewrites": changes.rewrites(),
         "layer_ranges": layer_ranges and bool(layers),
         "mode": "train" if train else "inference",
         "train_step": trainer.describe() if trainer is not None else None,

@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..aggregate import UNATTRIBUTED
 from ..results import ReportInputs
-from . import roofline_view
+from . import advice_view, roofline_view
 
 # The hardware metrics shown per operator (catalog name, label, scale from the catalog's base unit).
 KEY_COUNTERS = (("sm_sol", "SM SOL %", 1), ("memory_sol", "memory SOL %", 1), ("dram_bytes", "DRAM MB", 1e-6),
@@ -708,6 +708,7 @@ def render_markdown(workload: str, inputs: ReportInputs, top_operators: int) -> 
     lines += roofline_view.markdown_lines(operators, coverage, run, iterations, top_operators,
                                           short_names(operators["operator"]))
     lines += phase_lines(coverage, phases, top_operators)
+    lines += advice_view.markdown_lines(inputs.advice)
     lines += ["## Layer classes", ""]
     if len(layer_classes):
         per_call = "instance_iteration_median_ns" in layer_classes

@@ -1,0 +1,1 @@
+"""Profile-guided optimization: the advisor (rule catalog over a profile), the changes it advises, their verification."""

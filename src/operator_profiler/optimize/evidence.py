@@ -1,0 +1,292 @@
+"""The evidence the advisor reads: named measures over one attributed profile (a results folder).
+
+Each measure is a number with the operators that make it up, quoted as they will appear in the advice
+("aten::addmm 49.9% of kernel time, fp32, 25% of fp32 GEMM peak"). A share is a fraction of the attributed
+kernel time (``operators.parquet`` ``time_share``); a measure that cannot be computed from this profile is
+``None`` with a note saying why (the rule reading it then does not fire, visibly). Operator sets below name
+ATen ops as the profiler spells them; a fused Inductor kernel's operator ("aten::add+aten::mm") counts as a
+member when one of its ops is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pandas as pd
+
+#: GEMM-like work: matrix multiplies, convolutions, fused attention and library RNN layers (their inner loops
+#: are GEMMs). What bf16/TF32, freezing (weight prepacking) and autotuning act on.
+GEMM_OPS = frozenset({
+    "aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm", "aten::addbmm",
+    "aten::_addmm_activation", "aten::einsum", "aten::addmv", "aten::mv",
+    "aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d",
+    "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::conv_transpose1d", "aten::conv_transpose2d",
+    "aten::conv_transpose3d", "aten::_convolution_pointwise", "mkldnn::_convolution_pointwise",
+    "mkldnn::_linear_pointwise", "mkl::_mkl_linear",
+    "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math",
+    "aten::mkldnn_rnn_layer", "aten::_cudnn_rnn",
+})
+CONV_OPS = frozenset(op for op in GEMM_OPS if "conv" in op)
+#: Library RNN layers: one call runs a whole layer's recurrence (oneDNN on CPU, cuDNN on CUDA).
+RNN_OPS = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::mkldnn_rnn_layer",
+                     "aten::_cudnn_rnn"})
+BATCH_NORM_OPS = frozenset({"aten::batch_norm", "aten::_batch_norm_impl_index", "aten::native_batch_norm",
+                            "aten::_native_batch_norm_legit_no_training", "aten::cudnn_batch_norm",
+                            "aten::miopen_batch_norm"})
+SOFTMAX_OPS = frozenset({"aten::softmax", "aten::_softmax", "aten::_safe_softmax"})
+ATTENTION_MATMUL_OPS = frozenset({"aten::bmm", "aten::matmul", "aten::baddbmm"})
+SDPA_OPS = frozenset(op for op in GEMM_OPS if "scaled_dot_product" in op)
+CAST_OPS = frozenset({"aten::_to_copy", "aten::to", "prims::convert_element_type",
+                      "aten::_autocast_to_reduced_precision", "aten::_autocast_to_full_precision"})
+#: A non-GEMM operator whose calls average under this is "short" (eager launch/dispatch overhead dominates
+#: a chain of them; Inductor fuses such chains). ns.
+SHORT_CALL_NS = 50_000
+#: A GEMM below this fraction of its ceiling is "far below" it (autotuning may find a better kernel).
+FAR_BELOW_CEILING = 0.5
+QUOTED_ITEMS = 4
+
+
+@dataclass
+class Profile:
+    """What one results folder says, as the measures need it."""
+
+    operators: pd.DataFrame            # operators.parquet
+    kernels: pd.DataFrame              # attribution/kernels.parquet (operator, module, duration_ns, ...)
+    run: dict                          # capture/run.json
+    coverage: dict                     # coverage.json
+    conv_layouts: dict[str, int] = field(default_factory=dict)   # layout -> calls ("nchw"/"channels_last"), shapes
+    shapes_note: str | None = None     # why conv_layouts is empty when it is
+
+    @property
+    def device(self) -> str:
+        return (self.run.get("versions") or {}).get("device") or "cpu"
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.run.get("compiled"))
+
+    @property
+    def mode(self) -> str:
+        return self.run.get("mode") or "inference"
+
+
+@dataclass
+class Measure:
+    """A measure's value (None: not computable here, ``note`` says why), what it is, and its quoted items."""
+
+    name: str
+    value: float | None
+    unit: str
+    items: list[dict] = field(default_factory=list)
+    note: str | None = None
+
+    def quote(self) -> str:
+        """The evidence in words: the value and the operators that make it up."""
+        if self.value is None:
+            return f"{self.name}: unknown ({self.note})"
+        head = f"{self.name} = {_fmt(self.value, self.unit)}"
+        parts = [item["text"] for item in self.items[:QUOTED_ITEMS]]
+        more = f" (+{len(self.items) - QUOTED_ITEMS} more)" if len(self.items) > QUOTED_ITEMS else ""
+        return head + (": " + "; ".join(parts) + more if parts else "") + (f" [{self.note}]" if self.note else "")
+
+    def to_json(self) -> dict:
+        return {"value": self.value, "unit": self.unit, "items": self.items, "note": self.note,
+                "text": self.quote()}
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value:.1%} of kernel time" if unit == "share" else f"{value:.3g} {unit}"
+
+
+def _components(operator: str) -> set[str]:
+    return set(str(operator).split("+"))
+
+
+def _member(operator: str, ops: frozenset) -> bool:
+    return bool(_components(operator) & ops)
+
+
+def _item(row: pd.Series, extra: str = "") -> dict:
+    share = float(row["time_share"])
+    text = f"{row['operator']} {share:.1%}"
+    dtype = row.get("work_dtype")
+    if isinstance(dtype, str):
+        text += f" ({dtype})"
+    if extra:
+        text += f", {extra}"
+    return {"operator": row["operator"], "share": share, "mean_call_ns": _num(row.get("mean_kernel_ns")),
+            "dtype": dtype if isinstance(dtype, str) else None, "text": text}
+
+
+def _num(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _ceiling_text(row: pd.Series) -> str:
+    fraction, ceiling = _num(row.get("ceiling_fraction")), row.get("ceiling")
+    return f"{fraction:.0%} of {ceiling}" if fraction is not None and isinstance(ceiling, str) else ""
+
+
+def _share_of(profile: Profile, mask: pd.Series, name: str, extra: Callable[[pd.Series], str] | None = None,
+              note: str | None = None) -> Measure:
+    rows = profile.operators[mask].sort_values("time_share", ascending=False)
+    items = [_item(r, extra(r) if extra else "") for _, r in rows.iterrows()]
+    return Measure(name, float(rows["time_share"].sum()), "share", items, note)
+
+
+def _ops(profile: Profile, ops: frozenset) -> pd.Series:
+    return profile.operators["operator"].map(lambda op: _member(op, ops))
+
+
+def fp32_gemm_share(profile: Profile) -> Measure:
+    """GEMM-like operators computing in float32 (dtype from the recorded shapes: ``work_dtype``)."""
+    ops = profile.operators
+    gemm = _ops(profile, GEMM_OPS)
+    dtype = ops.get("work_dtype", pd.Series(None, index=ops.index))
+    unknown = gemm & dtype.isna()
+    note = (f"{int(unknown.sum())} GEMM operator(s) of unknown dtype not counted" if unknown.any() else None)
+    return _share_of(profile, gemm & (dtype == "float32"), "fp32_gemm_share", _ceiling_text, note)
+
+
+def weight_gemm_share(profile: Profile) -> Measure:
+    """GEMM-like operators (any dtype) of an inference run: their weights are what freezing prepacks; the
+    per-iteration casts of weights (``aten::_to_copy``) are quoted too."""
+    measure = _share_of(profile, _ops(profile, GEMM_OPS), "weight_gemm_share", _ceiling_text)
+    casts = profile.operators[_ops(profile, CAST_OPS)]
+    if len(casts):
+        measure.note = f"casts per iteration: {casts['time_share'].sum():.1%} of kernel time"
+    return measure
+
+
+def eager_small_op_share(profile: Profile) -> Measure:
+    """Non-GEMM operators whose calls average under SHORT_CALL_NS: what fusion removes (eager runs only)."""
+    ops = profile.operators
+    short = ~_ops(profile, GEMM_OPS) & ~_ops(profile, RNN_OPS) & (ops["mean_kernel_ns"] < SHORT_CALL_NS)
+    per_iter = None
+    iterations = len(profile.coverage.get("iteration_time_ns") or {}) or None
+    if iterations:
+        per_iter = int(ops.loc[short, "kernels"].sum() / iterations)
+    m = _share_of(profile, short, "eager_small_op_share",
+                  lambda r: f"{_num(r['mean_kernel_ns']) / 1e3:.1f} us per call")
+    if per_iter is not None:
+        m.note = f"{per_iter} such calls per iteration"
+    return m
+
+
+def rnn_share(profile: Profile) -> Measure:
+    """Library RNN layers (aten::lstm and the oneDNN/cuDNN layer op it runs)."""
+    return _share_of(profile, _ops(profile, RNN_OPS), "rnn_share", _ceiling_text)
+
+
+def nchw_conv_share(profile: Profile) -> Measure:
+    """Convolutions whose input activations are NCHW (contiguous), from the recorded input strides."""
+    conv = _ops(profile, CONV_OPS)
+    if not conv.any():
+        return Measure("nchw_conv_share", 0.0, "share", [], "no convolutions")
+    if not profile.conv_layouts:
+        return Measure("nchw_conv_share", None, "share", [],
+                       profile.shapes_note or "the convolutions' input layouts were not recorded")
+    nchw = profile.conv_layouts.get("nchw", 0)
+    total = sum(profile.conv_layouts.values())
+    m = _share_of(profile, conv, "nchw_conv_share")
+    m.value *= nchw / total
+    m.note = f"{nchw} of {total} convolution calls read NCHW activations"
+    return m
+
+
+def conv_bn_share(profile: Profile) -> Measure:
+    """Convolutions and BatchNorms of a profile that has both (each BatchNorm a candidate for folding)."""
+    conv, bn = _ops(profile, CONV_OPS), _ops(profile, BATCH_NORM_OPS)
+    if not conv.any() or not bn.any():
+        return Measure("conv_bn_share", 0.0, "share", [], "no convolution followed by BatchNorm")
+    return _share_of(profile, conv | bn, "conv_bn_share")
+
+
+def explicit_attention_share(profile: Profile) -> Measure:
+    """Attention computed op by op: softmax and batched matmuls in the same modules (kernel attribution), with no
+    fused attention kernel there."""
+    k = profile.kernels
+    ops = k["operator"].astype(str)
+    module = k["module"].astype(object).where(k["module"].notna(), "(no module)")
+    softmax = ops.map(lambda op: _member(op, SOFTMAX_OPS))
+    sdpa = ops.map(lambda op: _member(op, SDPA_OPS))
+    modules = set(module[softmax]) - set(module[sdpa])
+    if not modules:
+        return Measure("explicit_attention_share", 0.0, "share", [], "no softmax outside fused attention")
+    in_modules = module.isin(modules)
+    chosen = in_modules & (softmax | ops.map(lambda op: _member(op, ATTENTION_MATMUL_OPS)))
+    total = float(k["duration_ns"].sum()) or 1.0
+    by_op = k[chosen].groupby(ops[chosen])["duration_ns"].sum().sort_values(ascending=False)
+    items = [{"operator": op, "share": float(ns) / total, "text": f"{op} {float(ns) / total:.1%}"}
+             for op, ns in by_op.items()]
+    return Measure("explicit_attention_share", float(by_op.sum()) / total, "share", items,
+                   f"in {len(modules)} module(s): {', '.join(sorted(map(str, modules))[:3])}"
+                   + (" ..." if len(modules) > 3 else ""))
+
+
+def cast_share(profile: Profile) -> Measure:
+    """Dtype casts."""
+    return _share_of(profile, _ops(profile, CAST_OPS), "cast_share")
+
+
+def gemm_far_below_ceiling_share(profile: Profile) -> Measure:
+    """GEMM-like operators below FAR_BELOW_CEILING of their roofline ceiling (operators without a ceiling fraction
+    are not counted and named in the note)."""
+    ops = profile.operators
+    gemm = _ops(profile, GEMM_OPS)
+    fraction = ops.get("ceiling_fraction", pd.Series(float("nan"), index=ops.index))
+    unknown = gemm & fraction.isna()
+    note = f"{int(unknown.sum())} GEMM operator(s) without a ceiling fraction" if unknown.any() else None
+    if "ceiling_fraction" not in ops:
+        return Measure("gemm_far_below_ceiling_share", None, "share", [], "no roofline columns (no work or ceilings)")
+    return _share_of(profile, gemm & (fraction < FAR_BELOW_CEILING), "gemm_far_below_ceiling_share",
+                     _ceiling_text, note)
+
+
+def launch_bound(profile: Profile) -> Measure:
+    """The fraction of the iteration the device is idle between kernels (1 - kernel time / iteration time)."""
+    iterations = profile.coverage.get("iteration_time_ns") or {}
+    if profile.device != "cuda":
+        return Measure("launch_bound", None, "fraction idle", [], "CPU kernels have no launch gaps to measure")
+    if not iterations:
+        return Measure("launch_bound", None, "fraction idle", [], "no iteration times in coverage.json")
+    wall = float(sum(iterations.values()))
+    busy = float(profile.kernels["duration_ns"].sum())
+    per_iter = len(profile.kernels) / len(iterations)
+    median = float(profile.kernels["duration_ns"].median())
+    return Measure("launch_bound", max(0.0, 1.0 - busy / wall) if wall else None, "fraction idle", [
+        {"text": f"{per_iter:.0f} kernels per iteration, median {median / 1e3:.1f} us"}])
+
+
+MEASURES: dict[str, Callable[[Profile], Measure]] = {
+    f.__name__: f for f in (fp32_gemm_share, weight_gemm_share, eager_small_op_share, rnn_share, nchw_conv_share,
+                            conv_bn_share, explicit_attention_share, cast_share, gemm_far_below_ceiling_share,
+                            launch_bound)
+}
+
+
+def conv_layouts(shapes_ranges: pd.DataFrame) -> dict[str, int]:
+    """Layouts of the 4-D inputs of convolution calls in a shapes iteration's ranges (``input_shapes`` JSON:
+    [dims, types, concrete, strides]): ``{"nchw": n, "channels_last": m, "other": k}``."""
+    import json
+
+    counts: dict[str, int] = {}
+    if shapes_ranges is None or "input_shapes" not in shapes_ranges:
+        return counts
+    conv = shapes_ranges[shapes_ranges["name"].isin(CONV_OPS) & shapes_ranges["input_shapes"].notna()]
+    for text in conv["input_shapes"]:
+        try:
+            dims, _types, _concrete, strides = json.loads(text)[:4]
+            shape, stride = dims[0], strides[0]
+        except (ValueError, TypeError, IndexError):
+            continue
+        if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == 4 == len(stride)):
+            continue
+        n, c, h, w = shape
+        layout = ("nchw" if stride == [c * h * w, h * w, w, 1] else
+                  "channels_last" if stride == [h * w * c, 1, w * c, c] else "other")
+        counts[layout] = counts.get(layout, 0) + 1
+    return counts

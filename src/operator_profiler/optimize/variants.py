@@ -1,0 +1,33 @@
+"""Variant workloads, without torch (the workflow builds its DAG with this): a variant of a workload is named
+``<workload>+<change>+...`` and its config slice is the workload's with the changes added."""
+
+from __future__ import annotations
+
+#: Changes that only exist inside torch.compile with Inductor: a variant with one of them compiles
+#: (optimize/changes.py: each has "compile" among its needs).
+COMPILER_CHANGES = ("compile", "max_autotune", "cuda_graphs", "freezing", "keep_rnn_library")
+SEPARATOR = "+"
+
+
+def variant_name(workload: str, changes: list[str]) -> str:
+    """``gpt2`` + [compile, freezing] -> ``gpt2+compile+freezing`` (the changes the workload does not have yet)."""
+    return SEPARATOR.join([workload, *changes])
+
+
+def variant_workload(workload: dict, changes: list[str]) -> dict:
+    """The config slice of ``workload`` with ``changes`` added after its own (each once); ``compile`` becomes true
+    when a change needs torch.compile."""
+    result = dict(workload)
+    own = list(result.get("changes", []))
+    result["changes"] = own + [c for c in changes if c not in own]
+    if any(c in COMPILER_CHANGES for c in result["changes"]):
+        result["compile"] = True
+    if not result["changes"]:
+        del result["changes"]
+    return result
+
+
+def split_name(name: str) -> tuple[str, list[str]]:
+    """``gpt2+compile+freezing`` -> (``gpt2``, [compile, freezing])."""
+    base, *changes = name.split(SEPARATOR)
+    return base, changes

@@ -1,0 +1,165 @@
+"""The advisor: the rule catalog over profiles built here (operators and attribution tables with known shares), the
+catalog's checks, and the measures' values computed independently from the tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from operator_profiler.errors import ConfigError
+from operator_profiler.optimize import advisor, evidence
+
+NO_BF16 = {"device": "cpu", "native_bf16": False, "flags": ["avx512f", "avx512_vnni"]}
+WITH_BF16 = {"device": "cpu", "native_bf16": True, "flags": ["avx512f", "avx512_bf16"]}
+
+
+def _operators(rows: list[dict]) -> pd.DataFrame:
+    ops = pd.DataFrame(rows)
+    total = ops["time_ns"].sum()
+    ops["time_share"] = ops["time_ns"] / total
+    ops["kernels"] = ops.get("kernels", pd.Series(30, index=ops.index))
+    ops["mean_kernel_ns"] = ops["time_ns"] / ops["kernels"]
+    for column in ("work_dtype", "ceiling_fraction", "ceiling", "bound"):
+        if column not in ops:
+            ops[column] = None
+    return ops.sort_values("time_ns", ascending=False).reset_index(drop=True)
+
+
+def _kernels(rows: list[tuple[str, str, int]]) -> pd.DataFrame:
+    return pd.DataFrame([{"kernel_id": i, "operator": op, "module": module, "duration_ns": ns}
+                         for i, (op, module, ns) in enumerate(rows)])
+
+
+def _profile(operators: pd.DataFrame, kernels: pd.DataFrame | None = None, compiled: bool = True,
+             mode: str = "inference", device: str = "cpu", iterations: int = 10) -> evidence.Profile:
+    if kernels is None:
+        kernels = _kernels([(r["operator"], "h.0", int(r["time_ns"])) for r in operators.to_dict("records")])
+    run = {"compiled": compiled, "mode": mode, "versions": {"device": device}}
+    coverage = {"iteration_time_ns": {str(i): 1_000_000 for i in range(iterations)}}
+    return evidence.Profile(operators, kernels, run, coverage)
+
+
+GPT2_LIKE = [
+    {"operator": "aten::addmm", "time_ns": 5_000_000, "work_dtype": "float32", "ceiling_fraction": 0.25,
+     "ceiling": "fp32 GEMM peak", "bound": "compute"},
+    {"operator": "aten::gelu", "time_ns": 1_300_000, "work_dtype": "float32", "bound": "memory"},
+    {"operator": "aten::_softmax+aten::masked_fill+aten::mul", "time_ns": 900_000, "work_dtype": "float32"},
+    {"operator": "aten::bmm", "time_ns": 800_000, "work_dtype": "float32", "ceiling_fraction": 0.23,
+     "ceiling": "fp32 GEMM peak", "bound": "memory"},
+    {"operator": "aten::copy_", "time_ns": 1_000_000},
+]
+
+
+def test_compiled_gpt2_like_profile_gets_freezing_autotune_and_the_sdpa_rewrite():
+    rules = advisor.load_catalog()
+    profile = _profile(_operators(GPT2_LIKE))
+    advice = advisor.advise(profile, rules, NO_BF16, "gpt2")
+    offered = {r["change"]: r for r in advice["advice"]}
+    assert set(offered) == {"freezing", "max_autotune", "sdpa_rewrite"}
+    # GEMM share, computed from the rows: addmm + bmm of 9 ms in all
+    assert offered["freezing"]["value"] == pytest.approx((5.0 + 0.8) / 9.0)
+    assert "aten::addmm 55.6% (float32), 25% of fp32 GEMM peak" in offered["freezing"]["evidence"]
+    # both GEMMs are below half their ceiling
+    assert offered["max_autotune"]["value"] == pytest.approx((5.0 + 0.8) / 9.0)
+    # softmax chain + bmm in the same module, no fused attention there
+    assert offered["sdpa_rewrite"]["value"] == pytest.approx((0.9 + 0.8) / 9.0)
+    # bf16: the evidence holds (fp32 GEMMs), the machine has no native bf16: not offered, with the reason
+    (bf16,) = [r for r in advice["not_offered"] if r["change"] == "bf16_autocast"]
+    assert "bf16" in bf16["reason"]
+    # the workload's own compile comes first; the rest in catalog order
+    assert advice["advised_changes"] == ["compile", "freezing", "sdpa_rewrite", "max_autotune"]
+    assert advice["sources"]["compile"].startswith("the workload's own setting")
+    # eager-only rules did not fire on a compiled run, and say why
+    compile_rule = [r for r in advice["not_triggered"] if r["rule"] == "compile_short_ops"]
+    assert "compiled" in compile_rule[0]["reason"]
+
+
+def test_bf16_is_offered_where_the_machine_computes_it_natively():
+    advice = advisor.advise(_profile(_operators(GPT2_LIKE)), advisor.load_catalog(), WITH_BF16, "gpt2")
+    assert "bf16_autocast" in advice["advised_changes"]
+    assert advice["advised_changes"].index("bf16_autocast") < advice["advised_changes"].index("freezing")
+
+
+def test_eager_profile_of_short_ops_gets_compile_and_freezing_needs_it():
+    rows = [{"operator": "aten::addmm", "time_ns": 4_000_000, "kernels": 40, "work_dtype": "float32"},
+            {"operator": "aten::add", "time_ns": 2_000_000, "kernels": 400},
+            {"operator": "aten::mul", "time_ns": 1_500_000, "kernels": 300},
+            {"operator": "aten::native_layer_norm", "time_ns": 500_000, "kernels": 20}]
+    profile = _profile(_operators(rows), compiled=False)
+    advice = advisor.advise(profile, advisor.load_catalog(), NO_BF16, "mlp")
+    offered = {r["change"]: r for r in advice["advice"]}
+    # add (5 us/call) and mul (5 us/call) are short; layer_norm averages 25 us: short too; addmm is a GEMM
+    assert offered["compile"]["value"] == pytest.approx(4.0 / 8.0)
+    assert "700 such calls per iteration" not in offered["compile"]["evidence"]  # 720 / 10 iterations = 72
+    assert "72 such calls per iteration" in offered["compile"]["evidence"]
+    assert advice["advised_changes"][:2] == ["compile", "freezing"]
+    assert advice["sources"]["compile"] == "rule compile_short_ops"
+
+
+def test_train_mode_gets_no_freezing():
+    advice = advisor.advise(_profile(_operators(GPT2_LIKE), mode="train"), advisor.load_catalog(), NO_BF16, "gpt2")
+    assert "freezing" not in advice["advised_changes"]
+    (rule,) = [r for r in advice["not_triggered"] if r["rule"] == "freeze_weights"]
+    assert "mode" in rule["reason"]
+
+
+def test_lstm_profile_gets_the_library_rnn_diagnosis():
+    rows = [{"operator": "aten::mkldnn_rnn_layer", "time_ns": 7_700_000, "work_dtype": "float32",
+             "ceiling_fraction": 0.11, "ceiling": "fp32 GEMM peak"},
+            {"operator": "aten::lstm", "time_ns": 750_000},
+            {"operator": "aten::mm", "time_ns": 270_000, "work_dtype": "float32"},
+            {"operator": "aten::clone", "time_ns": 200_000}]
+    advice = advisor.advise(_profile(_operators(rows), compiled=False), advisor.load_catalog(), NO_BF16, "lstm")
+    offered = {r["change"]: r for r in advice["advice"]}
+    share = (7.7 + 0.75) / 8.92
+    assert offered["keep_rnn_library"]["value"] == pytest.approx(share)
+    (diagnosis,) = advice["diagnoses"]
+    assert "aten::mkldnn_rnn_layer" in diagnosis and "oneDNN" in diagnosis and f"{share:.0%}" in diagnosis
+    assert "keep_rnn_library" in diagnosis
+
+
+def test_catalog_edit_changes_the_advice(tmp_path):
+    text = advisor.CATALOG.read_text().replace("measure: weight_gemm_share\n  min: 0.2",
+                                               "measure: weight_gemm_share\n  min: 0.9")
+    edited = tmp_path / "catalog.yaml"
+    edited.write_text(text)
+    advice = advisor.advise(_profile(_operators(GPT2_LIKE)), advisor.load_catalog(edited), NO_BF16, "gpt2", edited)
+    assert "freezing" not in advice["advised_changes"]
+    (rule,) = [r for r in advice["not_triggered"] if r["rule"] == "freeze_weights"]
+    assert ">= 0.9" in rule["reason"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("swap_gelu:\n  change: relu_instead_of_gelu\n  measure: cast_share\n  order: 1\n",
+     "change 'relu_instead_of_gelu' is not a known change"),
+    ("r:\n  change: compile\n  measure: nothing\n  order: 1\n", "measure 'nothing' is not known"),
+    ("r:\n  change: compile\n  measure: cast_share\n  order: 1\n  mni: 0.1\n", "unknown key(s) ['mni']"),
+    ("r:\n  change: compile\n  measure: cast_share\n  order: 1\n  min: high\n", "'min' must be a number"),
+    ("r:\n  change: compile\n  measure: cast_share\n", "'order' is required"),
+    ("r:\n  change: compile\n  measure: cast_share\n  order: 1\n  when: {compiled: yes please}\n", "when.compiled"),
+    ("r: [1, 2\n", "not valid YAML"),
+])
+def test_bad_catalog_is_refused_naming_file_rule_and_key(tmp_path, body, message):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as info:
+        advisor.load_catalog(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_fused_attention_is_not_explicit_attention():
+    kernels = _kernels([("aten::_scaled_dot_product_flash_attention_for_cpu", "blocks.0", 500),
+                        ("aten::addmm", "blocks.0", 500)])
+    profile = _profile(_operators([{"operator": "aten::addmm", "time_ns": 500}]), kernels)
+    assert evidence.explicit_attention_share(profile).value == 0.0
+
+
+def test_conv_layouts_read_from_recorded_strides():
+    nchw = json.dumps([[[2, 3, 8, 8], [4, 3, 3, 3]], ["float", "float"], ["", ""], [[192, 64, 8, 1], [27, 9, 3, 1]]])
+    nhwc = json.dumps([[[2, 3, 8, 8]], ["float"], [""], [[192, 1, 24, 3]]])
+    ranges = pd.DataFrame({"name": ["aten::convolution", "aten::convolution", "aten::add"],
+                           "input_shapes": [nchw, nhwc, nchw]})
+    assert evidence.conv_layouts(ranges) == {"nchw": 1, "channels_last": 1}
