@@ -1,0 +1,1 @@
+"""Profile-guided optimization: the change vocabulary (:mod:`.changes`), FX passes (:mod:`.passes`), numerics (:mod:`.numerics`)."""
