@@ -1,0 +1,427 @@
+"""The optimizer's change vocabulary: what each change is, its preconditions, and how it is applied to a model.
+
+A change is a setting (autocast, TF32, memory format), a compiler option (torch.compile, Inductor options,
+freezing, Dynamo's RNN handling) or an FX rewrite (:mod:`.passes`). Changes apply in the canonical order of
+:data:`CHANGES` whatever order they are given in. The pieces are separate for the profiling harness
+(:func:`compile_settings`, :func:`prepare`, :func:`forward_context`, :func:`apply_process_settings`,
+:func:`rewrite_backend`, :func:`freezing_applied`); :func:`build_variant` composes them for the speed measurement.
+Details and the freezing pitfall: docs/optimize.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+from ..errors import WorkloadError
+from . import passes
+
+__all__ = [
+    "CHANGES", "Change", "FreezingNotApplied", "RewriteBackend", "Variant", "apply_process_settings",
+    "build_variant", "canonical", "compile_settings", "forward_context", "freezing_applied", "machine_features",
+    "precondition_problems", "prepare", "rewrite_backend",
+]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change: ``id``; ``summary`` (one line); ``kind``: "setting" | "compiler" | "rewrite"; ``devices``: where
+    it applies ({"cpu", "cuda"}); ``needs``: preconditions among "inference" (not mode train), "compile" (the
+    variant also has the ``compile`` change), "cuda", "native_bf16" (CPU avx512_bf16 or amx_bf16; CUDA
+    capability >= 8.0), "static_shapes"."""
+
+    id: str
+    summary: str
+    kind: str
+    devices: frozenset[str]
+    needs: frozenset[str] = frozenset()
+
+
+def _change(id: str, summary: str, kind: str, devices: Iterable[str] = ("cpu", "cuda"),
+            needs: Iterable[str] = ()) -> Change:
+    return Change(id, summary, kind, frozenset(devices), frozenset(needs))
+
+
+#: Every change, in the canonical order of application.
+CHANGES: dict[str, Change] = {c.id: c for c in [
+    _change("compile", "torch.compile with Inductor, default mode", "compiler"),
+    _change("max_autotune", "Inductor max_autotune: benchmark GEMM/conv choices (no CUDA graphs)", "compiler",
+            needs=["compile"]),
+    _change("cuda_graphs", "Inductor triton.cudagraphs: replay the compiled graph as one CUDA graph", "compiler",
+            devices=["cuda"], needs=["cuda", "compile", "static_shapes"]),
+    _change("freezing", "Inductor freezing: weights become constants, constant folding, conv-BN folding, "
+            "weight prepacking for oneDNN/MKL", "compiler", needs=["inference", "compile"]),
+    _change("bf16_autocast", "torch.autocast(device, torch.bfloat16) around the forward", "setting",
+            needs=["native_bf16"]),
+    _change("tf32", "TF32 for float32 matmul and cuDNN convolutions (allow_tf32)", "setting", devices=["cuda"],
+            needs=["cuda"]),
+    _change("channels_last", "model and 4-D inputs in torch.channels_last memory format", "setting"),
+    _change("sdpa_rewrite", "FX rewrite of explicit attention into F.scaled_dot_product_attention", "rewrite"),
+    _change("conv_bn_fold", "FX fold of Conv2d + BatchNorm2d (eval mode) into one Conv2d", "rewrite",
+            needs=["inference"]),
+    _change("cast_pair_cancel", "FX removal of exact cast round trips (widen then back, e.g. fp32->fp64->fp32)",
+            "rewrite"),
+    _change("keep_rnn_library", "keep nn.LSTM/GRU/RNN as the library kernel (cuDNN / oneDNN) when compiling: "
+            "torch._dynamo.config.allow_rnn False, Dynamo breaks the graph there instead of unrolling",
+            "compiler", needs=["compile"]),
+]}
+
+#: FX rewrites run inside the torch.compile backend on Dynamo's graph (conv_bn_fold runs in :func:`prepare`:
+#: Dynamo's graph holds parameters as inputs, so a fold needs the module graph of a symbolic trace).
+_BACKEND_PASSES: dict[str, Callable[[torch.fx.GraphModule], list[dict]]] = {
+    "sdpa_rewrite": passes.attention_to_sdpa,
+    "cast_pair_cancel": passes.cancel_cast_pairs,
+}
+_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+class FreezingNotApplied(WorkloadError):
+    """A variant asked for Inductor freezing and the compiled graphs were not frozen (the message says why)."""
+
+
+def canonical(changes: Iterable[str]) -> tuple[str, ...]:
+    """The changes, deduplicated, in the canonical order of :data:`CHANGES`. Raises WorkloadError for an
+    unknown id, naming the known ones."""
+    given = list(changes)
+    unknown = [c for c in given if c not in CHANGES]
+    if unknown:
+        raise WorkloadError(f"unknown change(s) {', '.join(map(repr, unknown))}; known: {', '.join(CHANGES)}")
+    return tuple(c for c in CHANGES if c in set(given))
+
+
+# --------------------------------------------------------------------------------------------- preconditions
+
+
+def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """What the preconditions need to know of this machine for ``device`` ("cpu" or "cuda"):
+    ``native_bf16`` (bool), ``native_bf16_source`` (the flags or capability it was read from), ``cuda`` (a CUDA
+    device is usable), and on CPU ``cpu_flags`` (from ``cpuinfo``, None when unreadable), on CUDA
+    ``capability`` ((major, minor) of device 0)."""
+    features: dict[str, Any] = {"device": device}
+    if device == "cpu":
+        flags = _cpu_flags(cpuinfo)
+        found = sorted(set(flags or ()) & set(_CPU_BF16_FLAGS))
+        features.update(cpu_flags=flags, native_bf16=bool(found),
+                        native_bf16_source=(f"{cpuinfo} flags: {', '.join(found)}" if found else
+                                            f"{cpuinfo} has neither {' nor '.join(_CPU_BF16_FLAGS)}"
+                                            if flags is not None else f"{cpuinfo} unreadable"))
+        features["cuda"] = False
+        return features
+    available = torch.cuda.is_available()
+    features["cuda"] = available
+    capability = torch.cuda.get_device_capability() if available else None
+    features["capability"] = capability
+    features["native_bf16"] = bool(capability and capability >= (8, 0))
+    features["native_bf16_source"] = (f"CUDA capability {capability[0]}.{capability[1]} (bf16 needs >= 8.0)"
+                                      if capability else "no CUDA device")
+    return features
+
+
+def precondition_problems(changes: Iterable[str], device: str, mode: str, features: dict,
+                          static_shapes: bool = True) -> list[str]:
+    """One sentence per unmet precondition, naming the change and why; [] when every change can apply.
+    ``mode``: "infer" or "train"; ``features``: :func:`machine_features`; ``static_shapes``: the workload's
+    input shapes are fixed (the harness runs fixed example inputs)."""
+    given = list(changes)
+    unknown = [c for c in given if c not in CHANGES]
+    problems = [f"unknown change {c!r}; known: {', '.join(CHANGES)}" for c in unknown]
+    chosen = set(given) - set(unknown)
+    for change_id in [c for c in CHANGES if c in chosen]:
+        change = CHANGES[change_id]
+        if device not in change.devices:
+            problems.append(f"{change_id} applies only on {' or '.join(sorted(change.devices))}, not on {device}")
+        for need in sorted(change.needs):
+            if need == "inference" and mode == "train":
+                problems.append(f"{change_id} needs inference (mode infer): in mode train it would change what "
+                                "is trained")
+            elif need == "compile" and "compile" not in chosen:
+                problems.append(f"{change_id} needs torch.compile: add the change 'compile'")
+            elif need == "cuda" and (device != "cuda" or not features.get("cuda")):
+                if device in change.devices:
+                    problems.append(f"{change_id} needs a usable CUDA device")
+            elif need == "native_bf16" and not features.get("native_bf16"):
+                problems.append(f"{change_id} needs native bf16 on {device} "
+                                f"({features.get('native_bf16_source', 'machine features unknown')}): "
+                                "bf16 would be emulated and slower than fp32")
+            elif need == "static_shapes" and not static_shapes:
+                problems.append(f"{change_id} needs static input shapes (a CUDA graph replays fixed shapes)")
+    return problems
+
+
+def _check_preconditions(changes: Iterable[str], device: str, mode: str, features: dict | None) -> None:
+    problems = precondition_problems(changes, device, mode, features or machine_features(device))
+    if problems:
+        raise WorkloadError("cannot apply the changes: " + "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------ pieces to apply
+
+
+def compile_settings(changes: Iterable[str]) -> dict:
+    """How to compile: ``compile`` (torch.compile with Inductor), ``options`` (Inductor options for
+    ``torch.compile(options=...)`` / ``compile_fx(config_patches=...)``), ``freezing`` (Inductor freezing: set
+    ``torch._inductor.config.freezing`` while compilation happens, see :func:`freezing_applied`), ``allow_rnn``
+    (``torch._dynamo.config.allow_rnn`` to set while Dynamo traces; None: leave as is), ``rewrites`` (the FX
+    rewrites the backend runs), ``needs_backend`` (torch.compile is needed: compile or a backend rewrite; without
+    compile the backend's inner compiler is eager)."""
+    chosen = set(canonical(changes))
+    options: dict[str, Any] = {}
+    if "max_autotune" in chosen:
+        options["max_autotune"] = True
+    if "cuda_graphs" in chosen:
+        options["triton.cudagraphs"] = True
+    rewrites = [c for c in CHANGES if c in chosen and c in _BACKEND_PASSES]
+    return {
+        "compile": "compile" in chosen,
+        "options": options,
+        "freezing": "freezing" in chosen,
+        "allow_rnn": False if "keep_rnn_library" in chosen else None,
+        "rewrites": rewrites,
+        "needs_backend": "compile" in chosen or bool(rewrites),
+    }
+
+
+def apply_process_settings(changes: Iterable[str], device: str) -> dict:
+    """Process-wide settings: ``tf32`` sets ``torch.backends.cuda.matmul.allow_tf32`` and
+    ``torch.backends.cudnn.allow_tf32``. Returns the settings as they were before (for :func:`restore_process_settings`)."""
+    before = {"cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+              "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32}
+    if "tf32" in set(changes) and device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return before
+
+
+def restore_process_settings(before: dict) -> None:
+    """Undo :func:`apply_process_settings` (its return value)."""
+    torch.backends.cuda.matmul.allow_tf32 = before["cuda.matmul.allow_tf32"]
+    torch.backends.cudnn.allow_tf32 = before["cudnn.allow_tf32"]
+
+
+def forward_context(changes: Iterable[str], device: str) -> contextlib.AbstractContextManager:
+    """The context of each forward: ``torch.autocast(device, torch.bfloat16)`` with bf16_autocast, else none."""
+    if "bf16_autocast" in set(changes):
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _to_channels_last(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+        return value.contiguous(memory_format=torch.channels_last)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_channels_last(v) for v in value)
+    return value
+
+
+def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str) -> tuple[nn.Module, tuple]:
+    """Rewrites that act on the module, before compilation: conv_bn_fold (a ``torch.fx.symbolic_trace`` of the
+    model, :func:`passes.fold_conv_bn`; the model must be in eval mode; its records are in
+    :func:`prepared_rewrites`), then channels_last (model and 4-D floating inputs). The model is changed in place
+    or replaced (the traced GraphModule keeps the submodules' qualified names); deep-copy it first to keep it.
+    Raises WorkloadError when the model cannot be traced or is in training mode."""
+    chosen = set(canonical(changes))
+    records: list[dict] = []
+    if "conv_bn_fold" in chosen:
+        if model.training:
+            raise WorkloadError("conv_bn_fold needs the model in eval mode (BatchNorm's running statistics)")
+        try:
+            traced = torch.fx.symbolic_trace(model)
+        except Exception as exc:  # noqa: BLE001 - any tracing failure means the fold cannot apply
+            raise WorkloadError(f"conv_bn_fold: the model cannot be FX-traced ({type(exc).__name__}: {exc}); "
+                                "drop the change (freezing folds conv-BN inside Inductor)") from exc
+        traced.eval()
+        records = passes.fold_conv_bn(traced)
+        model = traced
+    if "channels_last" in chosen:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = _to_channels_last(tuple(inputs))
+    try:
+        model._opprof_rewrites = records  # type: ignore[attr-defined]
+    except AttributeError:  # pragma: no cover - a module refusing attributes
+        pass
+    return model, tuple(inputs)
+
+
+def prepared_rewrites(model: nn.Module) -> list[dict]:
+    """The rewrite records :func:`prepare` made on ``model``."""
+    return list(getattr(model, "_opprof_rewrites", []))
+
+
+# ------------------------------------------------------------------------------------------ the backend
+
+
+def _prepack_counters() -> int:
+    """Inductor's count of weight-prepacking pattern matches (``mkldnn_*_weight_pack_matcher_count`` in
+    ``torch._dynamo.utils.counters["inductor"]``): they run only on a frozen graph (weights as constants)."""
+    from torch._dynamo.utils import counters
+
+    return sum(v for k, v in counters["inductor"].items() if "weight_pack" in k and k.endswith("_count"))
+
+
+class RewriteBackend:
+    """A torch.compile backend: runs the requested FX passes on Dynamo's graph, then hands it to ``inner``
+    ("inductor": ``compile_fx`` with ``options``; "eager": the graph's own forward). With ``freezing`` it sets
+    ``torch._inductor.config.freezing`` around ``compile_fx`` (``options={"freezing": True}`` does not freeze:
+    Inductor reads the global setting when it picks the inference compiler) and records, per compiled graph,
+    whether Inductor's freezing condition held (the setting on and grad mode off) and how many weight-prepack
+    matches ran. ``rewrites``: the pass records of every graph; ``graphs``: one dict per compiled graph."""
+
+    def __init__(self, changes: Iterable[str], inner: str = "inductor", options: dict | None = None,
+                 freezing: bool = False):
+        if inner not in ("inductor", "eager"):
+            raise ValueError(f"inner backend {inner!r}: 'inductor' or 'eager'")
+        chosen = set(canonical(changes))
+        self.passes = [(c, _BACKEND_PASSES[c]) for c in CHANGES if c in chosen and c in _BACKEND_PASSES]
+        self.inner = inner
+        self.options = dict(options or {})
+        self.freezing = freezing
+        self.rewrites: list[dict] = []
+        self.graphs: list[dict] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        graph_index = len(self.graphs)
+        for change_id, fx_pass in self.passes:
+            for record in fx_pass(gm):
+                self.rewrites.append({**record, "change": change_id, "graph": graph_index})
+        info: dict[str, Any] = {"graph": graph_index, "inner": self.inner}
+        self.graphs.append(info)
+        if self.inner == "eager":
+            return gm.forward
+        from torch._inductor import config as inductor_config
+        from torch._inductor.compile_fx import compile_fx
+
+        patch = inductor_config.patch(freezing=True) if self.freezing else contextlib.nullcontext()
+        before = _prepack_counters()
+        with patch:
+            info["freezing_on"] = bool(inductor_config.freezing) and not torch.is_grad_enabled()
+            compiled = compile_fx(gm, example_inputs, config_patches=self.options or None)
+        info["prepacked"] = _prepack_counters() - before
+        return compiled
+
+
+def rewrite_backend(changes: Iterable[str], inner: str = "inductor", options: dict | None = None,
+                    freezing: bool | None = None) -> RewriteBackend:
+    """The torch.compile backend for ``changes`` (:class:`RewriteBackend`); ``options`` and ``freezing`` default
+    to :func:`compile_settings`'s."""
+    settings = compile_settings(changes)
+    return RewriteBackend(changes, inner, settings["options"] if options is None else options,
+                          settings["freezing"] if freezing is None else freezing)
+
+
+def _has_prepackable(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) for m in model.modules())
+
+
+def freezing_applied(backend: RewriteBackend, model: nn.Module | None = None, device: str = "cpu") -> dict:
+    """Check that Inductor froze every graph ``backend`` compiled; returns ``{"graphs": N, "frozen": N,
+    "prepacked": M}``. Raises :class:`FreezingNotApplied` naming the change when no graph was compiled yet, when a
+    graph was compiled without freezing (the setting off, or grad mode on: Inductor freezes only inference
+    graphs), or, on CPU, when ``model`` has Linear/Conv layers and no weight was prepacked (frozen weights are
+    constants, which the oneDNN/MKL prepack passes need)."""
+    compiled = [g for g in backend.graphs if g.get("inner") == "inductor"]
+    if not compiled:
+        raise FreezingNotApplied("freezing: no graph was compiled by Inductor (run the variant once first)")
+    unfrozen = [g["graph"] for g in compiled if not g.get("freezing_on")]
+    if unfrozen:
+        raise FreezingNotApplied(
+            f"freezing: graph(s) {unfrozen} compiled without Inductor freezing (torch._inductor.config.freezing "
+            "must be on and grad mode off when compilation happens, i.e. at the first call under torch.no_grad)")
+    prepacked = sum(g.get("prepacked", 0) for g in compiled)
+    if device == "cpu" and model is not None and _has_prepackable(model) and prepacked == 0:
+        raise FreezingNotApplied("freezing: the model has Linear/Conv layers but Inductor prepacked no weight "
+                                 "(mkldnn weight-pack passes did not run: the weights were not frozen)")
+    return {"graphs": len(compiled), "frozen": len(compiled), "prepacked": prepacked}
+
+
+# ------------------------------------------------------------------------------------------------ variants
+
+
+@dataclass
+class Variant:
+    """A model with changes applied, ready to time. ``name``: "+".join(changes) or "fp32_eager"; ``run()``: one
+    forward (under torch.no_grad in mode infer, in the forward context), returns the output; ``checks``: what was
+    verified (``{"freezing": {...}}``), filled at the first run; ``rewrites``: the FX pass records."""
+
+    name: str
+    changes: tuple[str, ...]
+    device: str
+    mode: str
+    model: nn.Module
+    inputs: tuple
+    settings: dict
+    backend: RewriteBackend | None = None
+    checks: dict = field(default_factory=dict)
+    prepare_rewrites: list = field(default_factory=list)
+    _runner: Callable | None = None
+    _calls: int = 0
+
+    @property
+    def rewrites(self) -> list[dict]:
+        return self.prepare_rewrites + (self.backend.rewrites if self.backend else [])
+
+    def _contexts(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.mode != "train":
+            stack.enter_context(torch.no_grad())
+        if self.settings["allow_rnn"] is not None:
+            from torch._dynamo import config as dynamo_config
+
+            stack.enter_context(dynamo_config.patch(allow_rnn=self.settings["allow_rnn"]))
+        if self.settings["freezing"]:
+            from torch._inductor import config as inductor_config
+
+            stack.enter_context(inductor_config.patch(freezing=True))
+        stack.enter_context(forward_context(self.changes, self.device))
+        return stack
+
+    def run(self) -> Any:
+        with self._contexts():
+            out = self._runner(*self.inputs)
+        self._calls += 1
+        if self._calls == 1 and self.settings["freezing"]:
+            self.checks["freezing"] = freezing_applied(self.backend, self.model, self.device)
+        return out
+
+    def warm_up(self, n: int = 3) -> None:
+        for _ in range(n):
+            self.run()
+
+
+def build_variant(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str, mode: str = "infer",
+                  features: dict | None = None) -> Variant:
+    """Apply ``changes`` (any order; applied canonically) to a deep copy of ``model``: process settings,
+    :func:`prepare`, torch.compile with :func:`rewrite_backend` (Inductor inner backend with compile, eager
+    otherwise), the forward context. Raises WorkloadError for unknown changes or unmet preconditions
+    (:func:`precondition_problems` on ``features``, default this machine's), FreezingNotApplied at the first
+    run when freezing did not happen."""
+    order = canonical(changes)
+    _check_preconditions(order, device, mode, features)
+    settings = compile_settings(order)
+    model = copy.deepcopy(model)
+    model.train(mode == "train")
+    apply_process_settings(order, device)
+    model, inputs = prepare(model, tuple(inputs), order, device)
+    backend = None
+    runner: Callable = model
+    if settings["needs_backend"]:
+        backend = rewrite_backend(order, inner="inductor" if settings["compile"] else "eager")
+        runner = torch.compile(model, backend=backend)
+    return Variant(name="+".join(order) or "fp32_eager", changes=order, device=device, mode=mode, model=model,
+                   inputs=tuple(inputs), settings=settings, backend=backend,
+                   prepare_rewrites=prepared_rewrites(model), _runner=runner)

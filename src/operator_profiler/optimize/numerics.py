@@ -1,0 +1,118 @@
+"""Numerics of a variant against the FP32 eager reference on the same fixed inputs: max abs error, max error
+relative to the reference's largest magnitude, cosine similarity, judged by a tolerance per dtype.
+
+Tolerances (:data:`DEFAULT_TOLERANCES`, overridable in the config): FP32 rewrites and compilation only reassociate
+sums (errors of a few ulp of the largest value, ~1e-6 relative), so ``max_rel <= 1e-4`` and ``cosine >= 0.9999``
+leave headroom yet catch a wrong rewrite (a wrong mask or scale moves values by O(1)). TF32 rounds GEMM inputs to
+a 10-bit mantissa (2^-11 ~ 5e-4 per product): ``max_rel <= 1e-2``. FP16 (10-bit mantissa, computed in fp16 with
+fp32 accumulation): ``max_rel <= 1e-2``, ``cosine >= 0.9995``. BF16 autocast rounds to an 8-bit mantissa
+(2^-9 ~ 2e-3 per element, growing with depth): ``max_rel <= 5e-2``, ``cosine >= 0.999``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import torch
+
+__all__ = ["DEFAULT_TOLERANCES", "NumericsResult", "compare_outputs", "variant_dtype"]
+
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "float32": {"max_rel": 1e-4, "min_cosine": 0.9999},
+    "tf32": {"max_rel": 1e-2, "min_cosine": 0.9999},
+    "float16": {"max_rel": 1e-2, "min_cosine": 0.9995},
+    "bfloat16": {"max_rel": 5e-2, "min_cosine": 0.999},
+}
+
+
+@dataclass(frozen=True)
+class NumericsResult:
+    """``max_abs``: largest |candidate - reference| (output units); ``max_rel``: ``max_abs`` divided by the
+    largest |reference| over all outputs (not element-wise: near-zero reference elements would make any rounding
+    look huge); ``cosine``: cosine similarity of the flattened outputs (1.0 when both are all zero); ``ok``: within
+    the dtype's tolerance; ``reason``: why not (None when ok)."""
+
+    max_abs: float
+    max_rel: float
+    cosine: float
+    ok: bool
+    reason: str | None
+    dtype: str
+
+    def as_dict(self) -> dict:
+        return {"max_abs": self.max_abs, "max_rel": self.max_rel, "cosine": self.cosine, "ok": self.ok,
+                "reason": self.reason, "dtype": self.dtype}
+
+
+def variant_dtype(changes: Iterable[str]) -> str:
+    """The dtype a variant is judged at: bfloat16 with bf16_autocast, tf32 with tf32, else float32."""
+    changes = set(changes)
+    if "bf16_autocast" in changes:
+        return "bfloat16"
+    if "tf32" in changes:
+        return "tf32"
+    return "float32"
+
+
+def _flatten(value: Any, where: str = "output") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        return [(where, value)]
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in _flatten(v, f"{where}[{i}]")]
+    if isinstance(value, Mapping):
+        return [item for k in sorted(value, key=str) for item in _flatten(value[k], f"{where}[{k!r}]")]
+    if hasattr(value, "to_tuple"):  # ModelOutput-like containers
+        return _flatten(value.to_tuple(), where)
+    raise TypeError(f"{where}: cannot compare a {type(value).__name__} (tensors, tuples, lists or dicts of them)")
+
+
+def _result(max_abs: float, max_rel: float, cosine: float, reason: str | None, dtype: str) -> NumericsResult:
+    return NumericsResult(max_abs, max_rel, cosine, reason is None, reason, dtype)
+
+
+def compare_outputs(reference: Any, candidate: Any, dtype: str,
+                    tolerances: Mapping[str, Mapping[str, float]] = DEFAULT_TOLERANCES) -> NumericsResult:
+    """Compare a variant's output with the reference (tensors or nested tuples/lists/dicts, flattened in order),
+    in float64. Not ok, with the reason: a different structure or shape, NaN/Inf in the candidate where the
+    reference is finite (or any in the reference: it cannot be judged), max_rel or cosine outside the
+    tolerance of ``dtype``. Raises KeyError naming the known dtypes for a dtype without a tolerance."""
+    if dtype not in tolerances:
+        raise KeyError(f"no numerics tolerance for dtype {dtype!r}; known: {', '.join(sorted(tolerances))}")
+    limits = tolerances[dtype]
+    nan = float("nan")
+    try:
+        ref_parts, cand_parts = _flatten(reference), _flatten(candidate)
+    except TypeError as exc:
+        return _result(nan, nan, nan, str(exc), dtype)
+    if len(ref_parts) != len(cand_parts):
+        return _result(nan, nan, nan, f"the candidate has {len(cand_parts)} output tensors, the reference "
+                                      f"{len(ref_parts)}", dtype)
+    refs, cands = [], []
+    for (where, ref), (_, cand) in zip(ref_parts, cand_parts):
+        if tuple(ref.shape) != tuple(cand.shape):
+            return _result(nan, nan, nan, f"{where}: shape {tuple(cand.shape)} differs from the reference's "
+                                          f"{tuple(ref.shape)}", dtype)
+        ref64 = ref.detach().to("cpu", torch.float64).reshape(-1)
+        cand64 = cand.detach().to("cpu", torch.float64).reshape(-1)
+        if not bool(torch.isfinite(ref64).all()):
+            return _result(nan, nan, nan, f"{where}: the reference has NaN/Inf; the check cannot judge it", dtype)
+        bad = int((~torch.isfinite(cand64)).sum())
+        if bad:
+            return _result(nan, nan, nan, f"{where}: {bad} NaN/Inf value(s) in the candidate", dtype)
+        refs.append(ref64)
+        cands.append(cand64)
+    ref_all = torch.cat(refs) if refs else torch.zeros(0, dtype=torch.float64)
+    cand_all = torch.cat(cands) if cands else torch.zeros(0, dtype=torch.float64)
+    max_abs = float((cand_all - ref_all).abs().max()) if ref_all.numel() else 0.0
+    scale = float(ref_all.abs().max()) if ref_all.numel() else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+    norms = float(ref_all.norm()) * float(cand_all.norm())
+    cosine = float(ref_all @ cand_all) / norms if norms > 0 else (1.0 if max_abs == 0 else 0.0)
+    reason = None
+    if max_rel > limits["max_rel"]:
+        reason = f"max_rel {max_rel:.3g} exceeds the {dtype} tolerance {limits['max_rel']:g}"
+    elif cosine < limits["min_cosine"]:
+        reason = f"cosine {cosine:.6f} below the {dtype} tolerance {limits['min_cosine']:g}"
+    return _result(max_abs, max_rel, cosine, reason, dtype)

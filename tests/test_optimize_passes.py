@@ -1,0 +1,232 @@
+"""The optimizer's FX passes on tiny models: numerics equal to the unrewritten model (fp32), the graph really
+changed (node targets counted), the records name what was replaced; unsafe candidates are left alone with a
+``skipped`` record. Dynamo's graph is captured with an eager backend (no Inductor compile: fast)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from operator_profiler.capture.workloads import GPT2, ConvStack
+from operator_profiler.optimize import passes
+from operator_profiler.optimize.numerics import DEFAULT_TOLERANCES, compare_outputs
+
+
+def _dynamo_rewrite(model: nn.Module, inputs: tuple, fx_pass) -> tuple[list[dict], list[fx.GraphModule], object]:
+    """Run ``fx_pass`` on Dynamo's graph(s) of ``model`` (eager backend); returns records, graphs, output."""
+    records, graphs = [], []
+
+    def backend(gm, example_inputs):
+        records.extend(fx_pass(gm))
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(*inputs)
+    return records, graphs, out
+
+
+def _count(graphs: list[fx.GraphModule], target) -> int:
+    return sum(1 for gm in graphs for n in gm.graph.nodes if n.target is target or n.target == target)
+
+
+def _assert_fp32_equal(reference, candidate):
+    result = compare_outputs(reference, candidate, "float32")
+    assert result.ok, result.reason
+    # independent check: torch's own fp32 closeness
+    torch.testing.assert_close(candidate, reference, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ attention
+
+
+@pytest.fixture(scope="module")
+def gpt2_rewritten():
+    torch.manual_seed(0)
+    n_layer = 3
+    model = GPT2(vocab_size=64, n_positions=16, n_embd=32, n_layer=n_layer, n_head=4).eval()
+    idx = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        reference = model(idx)
+    records, graphs, out = _dynamo_rewrite(model, (idx,), passes.attention_to_sdpa)
+    return n_layer, reference, records, graphs, out
+
+
+def test_gpt2_attention_becomes_one_causal_sdpa_per_layer(gpt2_rewritten):
+    n_layer, reference, records, graphs, out = gpt2_rewritten
+    done = [r for r in records if "new_node" in r]
+    assert len(done) == n_layer and len(records) == n_layer
+    assert _count(graphs, F.scaled_dot_product_attention) == n_layer
+    assert _count(graphs, torch.Tensor.softmax) + _count(graphs, "softmax") == 0
+    assert _count(graphs, "masked_fill") == 0 and _count(graphs, torch.ones) == 0
+    for layer, record in enumerate(done):
+        assert record["replaced_ops"] == ["aten::matmul", "aten::mul", "aten::masked_fill", "aten::softmax",
+                                          "aten::matmul"]
+        assert record["new_op"] == "aten::scaled_dot_product_attention"
+        assert record["is_causal"] is True and record["attn_mask"] is None
+        assert record["scale"] == pytest.approx(1 / math.sqrt(32 // 4))
+        assert record["module_path"] == f"transformer.h.{layer}.attn"
+    sdpa_nodes = [n for gm in graphs for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention]
+    assert all(n.meta.get("nn_module_stack") and n.meta.get("stack_trace") for n in sdpa_nodes)
+    _assert_fp32_equal(reference, out)
+
+
+class _Attention(nn.Module):
+    """Explicit attention with a configurable mask, dropout and reuse of the scores (for the pass's limits)."""
+
+    def __init__(self, mask: str = "causal", dropout: float = 0.0, reuse: bool = False, divide: bool = False,
+                 fill: float = float("-inf")):
+        super().__init__()
+        self.mask, self.reuse, self.divide, self.fill = mask, reuse, divide, fill
+        self.drop = nn.Dropout(dropout) if dropout else None
+
+    def forward(self, q, k, v, extra):
+        scores = q @ k.transpose(-2, -1)
+        scores = scores / math.sqrt(q.shape[-1]) if self.divide else scores * 0.125
+        seq = q.shape[-2]
+        if self.mask == "causal":
+            scores = scores.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), self.fill)
+        elif self.mask == "bool":
+            scores = scores.masked_fill(extra, self.fill)
+        elif self.mask == "additive":
+            scores = scores + extra
+        probs = F.softmax(scores, dim=-1)
+        if self.drop is not None:
+            probs = self.drop(probs)
+        out = probs @ v
+        return (out, probs.sum()) if self.reuse else out
+
+
+def _qkv(seq: int = 6):
+    torch.manual_seed(1)
+    return [torch.randn(2, 3, seq, 8) for _ in range(3)]
+
+
+@pytest.mark.parametrize("mask", ["causal", "bool", "additive", "none"])
+def test_each_mask_form_rewrites_to_an_equal_sdpa(mask):
+    q, k, v = _qkv()
+    if mask == "bool":
+        extra = torch.rand(6, 6) > 0.6
+        extra.fill_diagonal_(False)  # no fully masked row (eager gives NaN there)
+    else:
+        extra = torch.randn(6, 6)
+    model = _Attention(mask=mask, divide=(mask == "none"))
+    with torch.no_grad():
+        reference = model(q, k, v, extra)
+    records, graphs, out = _dynamo_rewrite(model, (q, k, v, extra), passes.attention_to_sdpa)
+    assert [r.get("skipped") for r in records] == [None]
+    assert _count(graphs, F.scaled_dot_product_attention) == 1
+    record = records[0]
+    assert record["is_causal"] is (mask == "causal")
+    assert (record["attn_mask"] is not None) is (mask in ("bool", "additive"))
+    assert record["scale"] == pytest.approx(0.125 if mask != "none" else 1 / math.sqrt(8))
+    _assert_fp32_equal(reference, out)
+
+
+@pytest.mark.parametrize("case, reason_part", [
+    (dict(dropout=0.1), "dropout"),
+    (dict(reuse=True), "also used"),
+    (dict(fill=-1e4), "not -inf"),
+])
+def test_unsafe_attention_is_not_rewritten_and_says_why(case, reason_part):
+    q, k, v = _qkv()
+    model = _Attention(**case).eval()
+    with torch.no_grad():
+        reference = model(q, k, v, torch.zeros(1))
+    records, graphs, out = _dynamo_rewrite(model, (q, k, v, torch.zeros(1)), passes.attention_to_sdpa)
+    assert len(records) == 1 and reason_part in records[0]["skipped"]
+    assert "new_node" not in records[0]
+    assert _count(graphs, F.scaled_dot_product_attention) == 0
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------- conv-BN
+
+
+def test_conv_bn_fold_removes_every_batchnorm_and_keeps_the_output():
+    torch.manual_seed(2)
+    model = ConvStack(in_channels=3, channels=8, n_block=2)
+    with torch.no_grad():  # non-trivial running statistics, so the fold has something to fold
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
+    model.eval()
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        reference = model(x)
+    gm = fx.symbolic_trace(model)
+    records = passes.fold_conv_bn(gm)
+    assert [r["module_path"] for r in records] == ["stem.conv", "blocks.0.conv", "blocks.1.conv"]
+    assert all(r["replaced_ops"] == ["aten::conv2d", "aten::batch_norm"] for r in records)
+    assert not [m for m in gm.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert sum(1 for n in gm.graph.nodes if n.op == "call_module") == 6  # 3 conv + 3 relu, was 9
+    with torch.no_grad():
+        _assert_fp32_equal(reference, gm(x))
+
+
+def test_conv_bn_fold_refuses_training_mode_and_a_shared_conv_output():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y
+
+    gm = fx.symbolic_trace(Shared().eval())
+    records = passes.fold_conv_bn(gm)
+    assert len(records) == 1 and "also used" in records[0]["skipped"]
+    gm_train = fx.symbolic_trace(ConvStack(3, 4, 0).train())
+    records = passes.fold_conv_bn(gm_train)
+    assert len(records) == 1 and "training" in records[0]["skipped"]
+    assert [m for m in gm_train.modules() if isinstance(m, nn.BatchNorm2d)]
+
+
+# ----------------------------------------------------------------------------------------------- cast pairs
+
+
+class _Casts(nn.Module):
+    def __init__(self, wide: torch.dtype):
+        super().__init__()
+        self.wide = wide
+
+    def forward(self, x):
+        return (x.to(self.wide).to(x.dtype) * 3).sum(-1)
+
+
+@pytest.mark.parametrize("source, wide", [(torch.float32, torch.float64), (torch.bfloat16, torch.float32)])
+def test_an_exact_round_trip_is_cancelled(source, wide):
+    x = torch.randn(4, 5).to(source)
+    model = _Casts(wide)
+    reference = model(x)
+    records, graphs, out = _dynamo_rewrite(model, (x,), passes.cancel_cast_pairs)
+    assert len(records) == 1 and "skipped" not in records[0]
+    assert records[0]["dtypes"] == [str(source), str(wide)]
+    assert _count(graphs, "to") == 0
+    assert out.dtype == source
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+
+
+def test_a_narrowing_round_trip_is_never_cancelled():
+    x = torch.randn(4, 5) * 1.001  # values bf16 cannot hold exactly
+    model = _Casts(torch.bfloat16)
+    reference = model(x)
+    assert not torch.equal(x.to(torch.bfloat16).to(torch.float32), x)  # the round trip really rounds
+    records, graphs, out = _dynamo_rewrite(model, (x,), passes.cancel_cast_pairs)
+    assert len(records) == 1 and "changes values" in records[0]["skipped"]
+    assert _count(graphs, "to") == 2
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+
+
+def test_numerics_tolerances_cover_each_dtype():
+    assert set(DEFAULT_TOLERANCES) == {"float32", "bfloat16", "float16", "tf32"}
