@@ -60,7 +60,8 @@ rule optimize_report:
         verification="results/{workload}/optimize/verification.json",
         lib=lib_inputs("optimize_report"),
     output:
-        "results/{workload}/optimize/report.html",
+        report="results/{workload}/optimize/report.html",
+        compare="results/{workload}/optimize/compare.html",
     log:
         "logs/optimize_report/{workload}.log",
     benchmark:

@@ -1,5 +1,5 @@
 """Entry point of the GPU rules (``select_clocks``, ``capture_timeline``, ``capture_kineto``,
-``compile_artifacts``, ``replay_ncu``, ``measure_ceilings``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
+``compile_artifacts``, ``replay_ncu``, ``measure_ceilings``, ``verify_variants``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
 
 These rules use ``shell:`` rather than ``script:`` on purpose. Snakemake's ``code`` rerun trigger for a
 ``script:`` rule is the script file's mtime, so a ``touch`` or a ``git checkout`` of the script re-runs every
@@ -70,6 +70,13 @@ def _measure_ceilings(j):
                                            j.output.clocks)
 
 
+def _verify_variants(j):
+    from .optimize.verify import verify_variants_job
+
+    return verify_variants_job, (j.wildcards.workload, j.params.workload, j.params.optimize, j.params.device,
+                                 j.input.advice, j.output.verification)
+
+
 RULES = {
     "select_clocks": _select_clocks,
     "capture_timeline": _capture_timeline,
@@ -77,6 +84,7 @@ RULES = {
     "compile_artifacts": _compile_artifacts,
     "replay_ncu": _replay_ncu,
     "measure_ceilings": _measure_ceilings,
+    "verify_variants": _verify_variants,
 }
 
 

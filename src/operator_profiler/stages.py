@@ -23,6 +23,7 @@ from .attribution.merge import attribute, fusion_map_warning, merge_fusion_by_na
 from .attribution.transfer import pairing_warnings
 from .files import (
     InputError,
+    read_json_file,
     write_json,
     write_parquet_atomic,
     write_text_atomic,
@@ -554,6 +555,32 @@ def advise_files(folder: Path, out: Path, catalog: Path | None = None, shapes_tr
     stage_done(f"advice: {len(advice['advice'])} offered, {len(advice['not_offered'])} not offered; advised "
                f"{' + '.join(advice['advised_changes']) or 'no change'}", t0)
     return advice
+
+
+def optimize_report_files(workload: str, base_folder: Path, variant_folder: Path, advice_path: Path,
+                          verification_path: Path, out: Path) -> None:
+    """``optimize/report.html`` (report/optimize_page.py) and ``optimize/compare.html`` beside it (the base profile
+    against the advised variant's, :func:`compare_files`). Raises InputError for a missing or wrong input."""
+    from .report import optimize_page
+
+    out = Path(out)
+    advice = read_json_file(Path(advice_path), "advice.json", "run the advise rule first", expect=dict)
+    verification = read_json_file(Path(verification_path), "verification.json", "run the verify_variants rule first",
+                                  expect=dict)
+    compare = compare_files(Path(base_folder), Path(variant_folder), out.with_name("compare.html"), force=True)
+    variant = ReportPaths.of_folder(variant_folder)
+    variant_inputs = ReportInputs.read(ReportPaths(variant.coverage, variant.operators, variant.modules,
+                                                   variant.layer_classes, run=variant.run))
+    base = ReportPaths.of_folder(base_folder)
+    base_inputs = ReportInputs.read(ReportPaths(base.coverage, base.operators, base.modules, base.layer_classes,
+                                                run=base.run))
+    kernels = results.read(results.ATTRIBUTION, Path(base_folder) / results.ATTRIBUTION.path)
+    pairs = optimize_page.rewrite_pairs(
+        (variant_inputs.run or {}).get("rewrites") or [], kernels,
+        report_md.measured_iterations(base_inputs.run, base_inputs.coverage), variant_inputs.operators,
+        report_md.measured_iterations(variant_inputs.run, variant_inputs.coverage))
+    write_text_atomic(out, optimize_page.render_optimize(workload, advice, verification, compare, pairs,
+                                                         Path(variant_folder).name, variant_inputs.coverage))
 
 
 def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_path: Path | None = None) -> dict:

@@ -23,6 +23,8 @@ from . import evidence
 CATALOG = Path(__file__).with_name("catalog.yaml")
 RULE_KEYS = {"change", "measure", "min", "max", "when", "order", "expect", "enabled"}
 WHEN_KEYS = {"compiled": bool, "device": str, "mode": str}
+#: run.json's mode -> the changes' mode names (optimize/changes.py)
+_MODES = {"inference": "infer", "train": "train"}
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,9 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
             continue
         record.update(evidence=m.quote(), items=m.items[:evidence.QUOTED_ITEMS], expect=rule.expect,
                       operators=[i["operator"] for i in m.items if "operator" in i])
-        problems = precondition_problems([rule.change], profile.device, profile.mode, features)
+        # a change that needs torch.compile brings it along (the advised variant adds it)
+        needed = [rule.change] + (["compile"] if "compile" in CHANGES[rule.change].needs else [])
+        problems = precondition_problems(needed, profile.device, _MODES.get(profile.mode, profile.mode), features)
         if problems:
             not_offered.append({**record, "reason": "; ".join(problems)})
         else:
@@ -189,7 +193,9 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
         "workload": workload,
         "device": profile.device, "mode": profile.mode, "compiled": profile.compiled,
         "catalog": str(catalog), "catalog_sha256": hashlib.sha256(Path(catalog).read_bytes()).hexdigest(),
-        "machine_features": features,
+        # what the preconditions read (the full CPU flag list is /proc/cpuinfo's)
+        "machine_features": {k: (sorted(v) if isinstance(v, (set, frozenset)) else v)
+                             for k, v in features.items() if k != "cpu_flags"},
         "measures": {name: m.to_json() for name, m in measures.items()},
         "advice": offered, "not_offered": not_offered, "not_triggered": not_triggered,
         "advised_changes": advised, "sources": sources,

@@ -30,6 +30,11 @@ GEMM_OPS = frozenset({
     "aten::mkldnn_rnn_layer", "aten::_cudnn_rnn",
 })
 CONV_OPS = frozenset(op for op in GEMM_OPS if "conv" in op)
+#: GEMMs with a weight operand (a parameter): what freezing constant-folds and prepacks.
+WEIGHT_GEMM_OPS = frozenset({"aten::addmm", "aten::mm", "aten::matmul", "aten::linear", "aten::_addmm_activation",
+                             "aten::addmv", "aten::mv", "mkldnn::_linear_pointwise", "mkl::_mkl_linear"}) | CONV_OPS
+#: GEMMs Inductor's max-autotune chooses implementations for (mm, bmm, addmm and convolution templates).
+AUTOTUNED_OPS = WEIGHT_GEMM_OPS | {"aten::bmm", "aten::baddbmm"}
 #: Library RNN layers: one call runs a whole layer's recurrence (oneDNN on CPU, cuDNN on CUDA).
 RNN_OPS = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::mkldnn_rnn_layer",
                      "aten::_cudnn_rnn"})
@@ -152,9 +157,9 @@ def fp32_gemm_share(profile: Profile) -> Measure:
 
 
 def weight_gemm_share(profile: Profile) -> Measure:
-    """GEMM-like operators (any dtype) of an inference run: their weights are what freezing prepacks; the
+    """GEMMs with a weight operand (WEIGHT_GEMM_OPS, any dtype): their weights are what freezing prepacks; the
     per-iteration casts of weights (``aten::_to_copy``) are quoted too."""
-    measure = _share_of(profile, _ops(profile, GEMM_OPS), "weight_gemm_share", _ceiling_text)
+    measure = _share_of(profile, _ops(profile, WEIGHT_GEMM_OPS), "weight_gemm_share", _ceiling_text)
     casts = profile.operators[_ops(profile, CAST_OPS)]
     if len(casts):
         measure.note = f"casts per iteration: {casts['time_share'].sum():.1%} of kernel time"
@@ -233,10 +238,10 @@ def cast_share(profile: Profile) -> Measure:
 
 
 def gemm_far_below_ceiling_share(profile: Profile) -> Measure:
-    """GEMM-like operators below FAR_BELOW_CEILING of their roofline ceiling (operators without a ceiling fraction
-    are not counted and named in the note)."""
+    """GEMMs Inductor autotunes (AUTOTUNED_OPS) below FAR_BELOW_CEILING of their roofline ceiling (operators
+    without a ceiling fraction are not counted and named in the note)."""
     ops = profile.operators
-    gemm = _ops(profile, GEMM_OPS)
+    gemm = _ops(profile, AUTOTUNED_OPS)
     fraction = ops.get("ceiling_fraction", pd.Series(float("nan"), index=ops.index))
     unknown = gemm & fraction.isna()
     note = f"{int(unknown.sum())} GEMM operator(s) without a ceiling fraction" if unknown.any() else None

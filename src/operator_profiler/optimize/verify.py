@@ -1,0 +1,84 @@
+"""The verify_variants job: the advised variant's ablation measured on the device (optimize.timing: interleaved
+wall time, >= 20 repetitions over >= 2 processes, page faults, numerics against FP32 eager), decided
+(optimize.ablation) and written to ``optimize/verification.json`` (fields: docs/optimize.md, "Verification")."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..files import read_json_file, write_json
+from . import ablation, timing
+
+_MODES = {"inference": "infer", "train": "train"}
+
+
+def tolerances(configured: dict | None) -> dict:
+    """The numerics tolerances per dtype: the defaults (optimize.numerics) with the config's keys over them."""
+    from .numerics import DEFAULT_TOLERANCES
+
+    merged = {dtype: dict(values) for dtype, values in DEFAULT_TOLERANCES.items()}
+    for dtype, values in (configured or {}).items():
+        merged.setdefault(dtype, {}).update(values)
+    return merged
+
+
+def verify(workload_name: str, workload: dict, optimize: dict, device: str, advice: dict, work_dir: Path,
+           threads: int | None = None, features: dict | None = None) -> dict:
+    """Measure the ablation of ``advice``'s advised changes against the baselines; returns the verification
+    record (optimize.ablation.verification) with the advice's evidence per change beside it.
+
+    ``workload``: the workload's config slice (its own compile setting and changes are what the variants
+    replace: every variant is built from the eager FP32 model with its own change list). When the recommended
+    variant (the kept changes) is not one of the measured change sets, it is measured in a second round with
+    FP32 eager and the strong baseline, so its figures are never quoted unmeasured."""
+    from .changes import machine_features
+
+    features = features or machine_features(device)
+    mode = _MODES.get(workload.get("mode", "inference"), "infer")
+    advised = list(advice["advised_changes"])
+    base = {k: v for k, v in workload.items() if k not in ("changes",)}
+    base["compile"] = False
+    spec = {"workload": base, "workload_name": workload_name, "device": device, "mode": mode, "threads": threads,
+            "repetitions": optimize["repetitions"], "processes": optimize["processes"],
+            "tolerances": tolerances(optimize.get("tolerances"))}
+    baselines = ablation.default_baselines(bool(features.get("native_bf16")), mode)
+    variants = ablation.plan(advised, baselines)
+    result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1")
+    record = ablation.verification(result, advised)
+    recommended = record["ablation"]["recommended"]
+    if not recommended["measured"] and recommended["changes"]:
+        again = {"fp32_eager": [], recommended["name"]: recommended["changes"],
+                 "strong_generic": baselines["strong_generic"]}
+        second = timing.measure({**spec, "variants": again}, work_dir=work_dir / "round2")
+        entry = second["variants"][recommended["name"]]
+        recommended.update(measured=not entry.get("rejected"), round=2, variant=recommended["name"],
+                           median_ms=entry.get("median_ms"), ci_ms=entry.get("ci_ms"), speedup=entry.get("speedup"),
+                           rejected=entry.get("rejected"))
+        record["round2"] = {name: {k: v.get(k) for k in ("changes", "rejected", "median_ms", "ci_ms", "speedup",
+                                                         "faults_per_iteration", "numerics")}
+                            for name, v in second["variants"].items()}
+        record["warnings"] = [w for w in record["warnings"] if "was not measured as a whole" not in w]
+        record["warnings"] += second.get("warnings", [])
+    record["advice"] = {r["change"]: {"rule": r["rule"], "evidence": r["evidence"], "expect": r["expect"]}
+                        for r in advice.get("advice", [])}
+    record["sources"] = advice.get("sources", {})
+    record["baselines"] = baselines
+    record["machine_features"] = {k: v for k, v in features.items() if k != "cpu_flags"}
+    return record
+
+
+def verify_variants_job(workload_name: str, workload_json: str, optimize_json: str, device: str, advice_path: str,
+                        out_path: str) -> None:
+    """The rule's work: read advice.json, measure, write verification.json (atomically; the processes' specs and
+    logs go beside it in ``timing/``)."""
+    from ..capture.harness import resolve_device
+
+    device = resolve_device(device)
+    advice = read_json_file(Path(advice_path), "advice.json", "run the advise rule first")
+    out = Path(out_path)
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or None
+    record = verify(workload_name, json.loads(workload_json), json.loads(optimize_json), device, advice,
+                    out.parent / "timing", threads)
+    write_json(out, record)

@@ -1,0 +1,207 @@
+"""``results/<workload>/optimize/report.html``: the advice with its evidence, the variants against the baselines
+(wall time medians with 95 % intervals, page faults, numerics), the ablation with each change's own credit, the
+rewrites paired with the operators they replace, before/after per operator, and the optimized profile's coverage.
+Self-contained (the report.html page style; no figure, so no plotly.js)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from . import html as page
+from .html import esc
+
+
+def _interval(value, ci, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.{digits}f}{unit}"
+    if ci and None not in ci:
+        text += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    return text
+
+
+def _advice_section(advice: dict) -> str:
+    rows = [f"<tr><td><strong>{esc(r['change'])}</strong></td><td>{esc(r['rule'])}</td><td>{esc(r['evidence'])}"
+            f"</td><td>{esc(r['expect'])}</td></tr>" for r in advice.get("advice", [])]
+    offered = ("<table><thead><tr><th>change</th><th>rule</th><th>evidence (the profile)</th><th>expected effect"
+               "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>") if rows else \
+        "<p>No rule of the catalog fired on this profile.</p>"
+    sources = advice.get("sources") or {}
+    implied = [f"<li><strong>{esc(c)}</strong>: {esc(s)}</li>" for c, s in sources.items()
+               if not s.startswith("rule ")]
+    refused = [f"<li><strong>{esc(r['change'])}</strong> (rule {esc(r['rule'])}): {esc(r['reason'])}. Evidence: "
+               f"{esc(r['evidence'])}</li>" for r in advice.get("not_offered", [])]
+    diagnoses = [f"<p class=\"diagnosis\"><strong>Diagnosis.</strong> {esc(d)}</p>" for d in advice.get("diagnoses", [])]
+    advised = " + ".join(advice.get("advised_changes") or []) or "no change"
+    return (f'<section id="advice"><h2>Advice</h2><p>Advised variant: <strong>{esc(advised)}</strong> (catalog '
+            f"<code>{esc(advice.get('catalog'))}</code>).</p>{offered}"
+            + (f"<p>Also in the variant:</p><ul>{''.join(implied)}</ul>" if implied else "")
+            + (f"<p>Not offered (the evidence holds, a precondition does not):</p><ul>{''.join(refused)}</ul>"
+               if refused else "")
+            + "".join(diagnoses) + "</section>")
+
+
+def _variant_rows(variants: dict, recommended: str | None) -> list[str]:
+    rows = []
+    for name, v in variants.items():
+        faults = (v.get("faults_per_iteration") or {}).get("total")
+        numerics = v.get("numerics") or {}
+        speedup = v.get("speedup") or {}
+        status = ("rejected: " + v["rejected"]) if v.get("rejected") else (
+            "ok" if numerics.get("ok", True) else f"numerics: {numerics.get('reason')}")
+        label = name + (" (recommended)" if name == recommended else "")
+        rows.append(
+            f"<td>{esc(label)}</td><td>{esc(' + '.join(v.get('changes') or []) or '(none)')}</td>"
+            + page._num_cell(v.get("median_ms"), _interval(v.get("median_ms"), v.get("ci_ms"), digits=2))
+            + page._num_cell(speedup.get("value"), _interval(speedup.get("value"), speedup.get("ci"), "x"))
+            + page._num_cell(faults, "" if faults is None else f"{faults:,.0f}")
+            + page._num_cell(numerics.get("max_rel"), "" if numerics.get("max_rel") is None
+                             else f"{numerics['max_rel']:.2e}")
+            + page._num_cell(numerics.get("cosine"), "" if numerics.get("cosine") is None
+                             else f"{numerics['cosine']:.6f}")
+            + f"<td>{esc(status)}</td>")
+    return rows
+
+
+def _variants_section(verification: dict) -> str:
+    recommended = verification["ablation"]["recommended"]
+    headers = [("variant", "text"), ("changes", "text"), ("ms / iteration: median [95% CI]", "num"),
+               ("speedup vs fp32_eager [95% CI]", "num"), ("page faults / iteration", "num"),
+               ("max rel. error", "num"), ("cosine", "num"), ("status", "text")]
+    table = page._table(headers, _variant_rows(verification["variants"], recommended.get("variant")), "variants")
+    round2 = verification.get("round2")
+    extra = ""
+    if round2:
+        extra = ("<p>The recommended variant was not among the ablation's change sets: measured in a second round "
+                 "with FP32 eager and the strong baseline:</p>"
+                 + page._table(headers, _variant_rows(round2, recommended.get("variant")), "variants_round2"))
+    threads = verification.get("threads")
+    return ('<section id="variants"><h2>Variants and baselines</h2>'
+            f"<p>Wall time per iteration, the variants interleaved, {verification.get('repetitions')} repetitions "
+            f"over {verification.get('processes')} processes (each builds and warms every variant), "
+            f"{'torch default threads' if not threads else f'{threads} thread(s)'}, device "
+            f"{esc(verification.get('device'))}. Baselines: {esc(_baselines_text(verification))}. Numerics against "
+            "the FP32 eager reference on fixed inputs.</p>" + table + extra + "</section>")
+
+
+def _baselines_text(verification: dict) -> str:
+    return "; ".join(f"{name} = {' + '.join(changes) or 'no change'}"
+                     for name, changes in (verification.get("baselines") or {}).items())
+
+
+def _ablation_section(verification: dict) -> str:
+    ablation = verification["ablation"]
+    rows = []
+    for step in ablation["steps"]:
+        speedup = step.get("speedup") or {}
+        rows.append(f"<td>{esc(step['change'])}</td><td>{esc(' + '.join(step['context']) or 'fp32 eager')}</td>"
+                    + page._num_cell(speedup.get("value"), _interval(speedup.get("value"), speedup.get("ci"), "x"))
+                    + f"<td>{esc(step['decision'])}</td><td>{esc(step.get('reason'))}</td>")
+    table = page._table([("change (advised order)", "text"), ("on top of", "text"),
+                         ("its own step: speedup [95% CI]", "num"), ("decision", "text"), ("why", "text")],
+                        rows, "ablation", sortable=False)
+    rec = ablation["recommended"]
+    strong = rec.get("vs_strong_generic") or {}
+    verdict = (f"<p>Recommended: <strong>{esc(' + '.join(rec['changes']) or 'no change')}</strong>"
+               + (f", {_interval((rec.get('speedup') or {}).get('value'), (rec.get('speedup') or {}).get('ci'), 'x')}"
+                  " over FP32 eager" if rec.get("speedup") else "")
+               + (f"; against strong_generic {_interval(strong.get('value'), strong.get('ci'), 'x')}"
+                  if strong else "") + ".</p>")
+    alone = [(name, v) for name, v in verification["variants"].items()
+             if len(v.get("changes") or []) and name not in ("compile_default", "strong_generic")]
+    return ('<section id="ablation"><h2>Ablation</h2><p>Each advised change is credited only with its own step: '
+            "the cumulative variant with it against the one without it, in the advised order. A step whose "
+            "interval does not lie above 1 drops the change and earns it nothing.</p>" + table + verdict
+            + f"<p>{len(alone)} variants with changes measured (each change alone, and cumulative).</p></section>")
+
+
+def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, iterations: int,
+                  variant_operators: pd.DataFrame, variant_iterations: int) -> pd.DataFrame:
+    """One row per (pass, new operator): the base profile's time in the operators the rewrite replaced, in the
+    modules it rewrote (attribution kernels whose module is the record's module path or inside it), and the
+    variant's time in the new operator (ms per iteration)."""
+    rows = []
+    groups: dict[tuple, dict] = {}
+    for r in rewrites or []:
+        if r.get("skipped") or not r.get("new_op"):
+            continue
+        key = (r["pass"], r["new_op"])
+        g = groups.setdefault(key, {"replaced": set(), "modules": set(), "count": 0})
+        g["replaced"].update(r.get("replaced_ops") or [])
+        if r.get("module_path"):
+            g["modules"].add(str(r["module_path"]))
+        g["count"] += 1
+    for (name, new_op), g in groups.items():
+        before = None
+        if base_kernels is not None and len(base_kernels):
+            ops = base_kernels["operator"].astype(str).map(lambda o: bool(set(o.split("+")) & g["replaced"]))
+            module = base_kernels["module"].astype(object).fillna("").astype(str)
+            inside = module.map(lambda m: any(m == p or m.startswith(p + ".") or p.startswith(m + ".")
+                                              for p in g["modules"])) if g["modules"] else True
+            before = float(base_kernels.loc[ops & inside, "duration_ns"].sum()) / iterations / 1e6
+        short = new_op.split("::")[-1]
+        after_rows = variant_operators[variant_operators["operator"].astype(str).str.contains(short, regex=False)]
+        after = float(after_rows["time_ns"].sum()) / variant_iterations / 1e6 if len(after_rows) else None
+        rows.append({"pass": name, "new_op": new_op, "rewrites": g["count"], "replaced_ops": sorted(g["replaced"]),
+                     "modules": sorted(g["modules"]), "before_ms": before, "after_ms": after,
+                     "after_operators": sorted(after_rows["operator"].astype(str))})
+    return pd.DataFrame(rows)
+
+
+def _operators_section(compare: pd.DataFrame, pairs: pd.DataFrame, base_name: str, variant_name: str) -> str:
+    rows = [f"{page._name_cell(r['operator'], r['operator'][:80])}<td>{esc(r['side'])}</td>"
+            + page._num_cell(r["a_ms"], page._fmt(r["a_ms"], 3)) + page._num_cell(r["b_ms"], page._fmt(r["b_ms"], 3))
+            + page._num_cell(r["delta_ms"], page._fmt(r["delta_ms"], 3)) + f"<td>{esc(r['change'])}</td>"
+            for r in compare.to_dict("records")]
+    table = page._table([("operator", "text"), ("in", "text"), ("before ms / it.", "num"), ("after ms / it.", "num"),
+                         ("delta ms", "num"), ("change", "text")], rows, "operators", scroll=True)
+    pair_html = ""
+    if len(pairs):
+        prow = [f"<td>{esc(p['pass'])}</td><td>{esc(p['new_op'])} ({p['rewrites']}x)</td>"
+                f"<td>{esc(', '.join(p['replaced_ops']))} in {esc(', '.join(p['modules'][:4]))}"
+                + (" ..." if len(p["modules"]) > 4 else "") + "</td>"
+                + page._num_cell(p["before_ms"], page._fmt(p["before_ms"], 3))
+                + page._num_cell(p["after_ms"], page._fmt(p["after_ms"], 3))
+                + f"<td>{esc(', '.join(p['after_operators']) or 'not found in the profile')}</td>"
+                for p in pairs.to_dict("records")]
+        pair_html = ("<h3>Rewrites: each new operator and the operators it replaces (FX node provenance)</h3>"
+                     + page._table([("pass", "text"), ("new operator", "text"), ("replaces", "text"),
+                                    ("before ms / it.", "num"), ("after ms / it.", "num"),
+                                    ("after: profiled as", "text")], prow, "rewrites", sortable=False))
+    return (f'<section id="operators"><h2>Before and after, per operator</h2><p>Kernel time per measured iteration '
+            f"of each operator in the profile of <code>{esc(base_name)}</code> (before) and of "
+            f"<code>{esc(variant_name)}</code> (after); <a href=\"compare.html\">compare.html</a> has the full "
+            "comparison page.</p>" + pair_html + table + "</section>")
+
+
+def _coverage_section(coverage: dict, variant_name: str) -> str:
+    share = coverage.get("coverage_time")
+    paths = ", ".join(f"{p} {s:.1%}" for p, s in sorted((coverage.get("by_path") or {}).items()))
+    flag = "" if share is None or share >= 0.95 else (
+        ' <strong class="warn">below 0.95: kernels of the optimized model went unattributed</strong>')
+    return (f'<section id="coverage"><h2>Coverage of the optimized profile</h2><p><code>{esc(variant_name)}</code>: '
+            f"{coverage.get('attributed_count')} of {coverage.get('kernel_count')} kernels attributed, "
+            f"{'' if share is None else f'{share:.2%}'} of kernel time{flag}; by path: {esc(paths)}.</p></section>")
+
+
+def render_optimize(workload: str, advice: dict, verification: dict, compare: pd.DataFrame, pairs: pd.DataFrame,
+                    variant_name: str, variant_coverage: dict) -> str:
+    """The page (module docstring)."""
+    warnings = verification.get("warnings") or []
+    rec = verification["ablation"]["recommended"]
+    speedup = rec.get("speedup") or {}
+    kpis = page._kpis([
+        ("advised", " + ".join(advice.get("advised_changes") or []) or "no change"),
+        ("recommended", " + ".join(rec.get("changes") or []) or "no change"),
+        ("speedup (wall, vs FP32 eager)", _interval(speedup.get("value"), speedup.get("ci"), "x") or "n/a"),
+        ("optimized coverage", "" if variant_coverage.get("coverage_time") is None
+         else f"{variant_coverage['coverage_time']:.1%}"),
+    ])
+    warn_html = ("<section id=\"warnings\"><h2>Warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in warnings)
+                 + "</ul></section>") if warnings else ""
+    body = (kpis + _advice_section(advice) + _variants_section(verification) + _ablation_section(verification)
+            + _operators_section(compare, pairs, workload, variant_name) + _coverage_section(variant_coverage,
+                                                                                             variant_name) + warn_html)
+    nav = [("advice", "Advice"), ("variants", "Variants"), ("ablation", "Ablation"), ("operators", "Operators"),
+           ("coverage", "Coverage")] + ([("warnings", "Warnings")] if warnings else [])
+    return page._page(f"Optimization: {workload}", esc(f"device {verification.get('device')}"), nav, body)
