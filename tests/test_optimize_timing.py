@@ -188,7 +188,8 @@ def _spec(variants: dict, repetitions: int = 20) -> dict:
 
 
 def test_two_processes_measure_interleaved_variants_with_faults_numerics_and_rejections(doubles_on_path, tmp_path):
-    result = timing.measure(_spec({"fp32_eager": [], "x4": ["x4"], "unmet": ["unmet"], "noisy": ["noisy"]}),
+    result = timing.measure(_spec({"fp32_eager": [], "x4": ["x4"], "unmet": ["unmet"], "noisy": ["noisy"],
+                                   "leaky": ["leaky"]}),
                             build="timing_doubles:build", numerics="timing_doubles", work_dir=tmp_path)
     eager, x4 = result["variants"]["fp32_eager"], result["variants"]["x4"]
     assert eager["repetitions"] == x4["repetitions"] == 20
@@ -215,6 +216,10 @@ def test_two_processes_measure_interleaved_variants_with_faults_numerics_and_rej
     assert noisy["numerics"]["ok"] is False and noisy["numerics"]["max_abs"] == pytest.approx(1e-3, rel=1e-3)
     assert noisy["speedup"] is None
     assert (tmp_path / "process-1.log").exists()
+    # a build that leaves a process-wide switch set is named: the variants timed after it ran with it
+    assert result["variants"]["leaky"]["repetitions"] == 20
+    assert [w for w in result["warnings"] if w.startswith("leaky: building it changed process-wide settings")
+            and "'float32_matmul_precision': ['highest', 'medium']" in w]
 
 
 def test_a_worker_failure_names_the_variant_and_the_log(doubles_on_path, tmp_path):
@@ -235,5 +240,7 @@ def test_a_spec_without_repetitions_for_each_process_or_with_an_unknown_baseline
         timing.measure({**_spec({"fp32_eager": []}), "repetitions": 1})
     with pytest.raises(ConfigError, match="baseline 'nope'"):
         timing.measure({**_spec({"fp32_eager": []}), "baseline": "nope"})
+    with pytest.raises(ConfigError, match="cannot load the variant builder 'no_such_module:build'"):
+        timing.measure(_spec({"fp32_eager": []}), build="no_such_module:build")
     with pytest.raises(ConfigError, match="cannot be imported"):
         timing.measure(_spec({"fp32_eager": []}), build=lambda *a, **k: None)

@@ -5,7 +5,8 @@ without depending on optimize.changes / optimize.numerics.
 Changes understood by :func:`build`: ``x4`` runs the forward 4 times per iteration (4x the work, same output),
 ``unmet`` raises WorkloadError (an unmet precondition: the variant is rejected), ``crash`` raises RuntimeError
 while building (a worker failure), ``noisy`` adds 1e-3 to the output (fails the numerics check), ``die`` ends the process at once without a result
-(as the kernel's out-of-memory killer would).
+(as the kernel's out-of-memory killer would), ``leaky`` sets a process-wide switch (the float32 matmul precision)
+and leaves it set.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def build(model, inputs, changes, device, mode="infer"):
         raise WorkloadError("unmet: this machine lacks the feature")
     if "die" in changes:
         os._exit(3)
+    if "leaky" in changes:
+        torch.set_float32_matmul_precision("medium")
     if "crash" in changes:
         raise RuntimeError("the build broke")
     return Repeated(model, inputs, 4 if "x4" in changes else 1, 1e-3 if "noisy" in changes else 0.0)

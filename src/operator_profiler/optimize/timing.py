@@ -68,6 +68,27 @@ def callable_path(build: str | Callable[..., Any], what: str = "build") -> str:
     return f"{module}:{name}"
 
 
+def _check_importable(build: str, numerics: str | None) -> None:
+    """Fail before any process starts when the builder or the numerics module cannot be imported.
+
+    Raises:
+        ConfigError: naming the missing module and what to pass instead.
+    """
+    import importlib
+
+    from .timing_worker import load_callable
+
+    try:
+        load_callable(build, "build")
+        if numerics:
+            importlib.import_module(numerics)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"cannot load the variant builder {build!r} or the numerics module {numerics!r} ({exc}); "
+                          "the defaults come with the optimizer (operator_profiler.optimize.changes and .numerics): "
+                          "use a checkout that has them, or pass build='package.module:function' and a numerics "
+                          "module of your own") from None
+
+
 def _settings(spec: dict) -> dict:
     """``spec`` with defaults filled and checked (module docstring of :func:`measure`)."""
     from ..config import validate_config
@@ -160,6 +181,10 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
                                  "numerics": next((r.get("numerics") for r in per_process if r.get("numerics")), None),
                                  "checks": per_process[0].get("checks"), "rewrites": per_process[0].get("rewrites")}
         variants[name] = entry
+        changed = next((r["process_settings_changed"] for r in per_process if r.get("process_settings_changed")), None)
+        if changed:
+            warnings.append(f"{name}: building it changed process-wide settings {changed} ([before, after]): the "
+                            "variants built and timed after it in the same process ran with them too")
         if rejected:
             continue
         samples = [s for r in per_process for s in r["samples_ms"]]
@@ -242,6 +267,7 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
     settings = _settings(spec)
     settings["build"] = callable_path(build)
     settings["numerics"] = numerics
+    _check_importable(settings["build"], numerics)
     work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="opprof-timing-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     outcomes: list[dict] = []

@@ -74,7 +74,22 @@ def _jsonable(value: Any) -> Any:
 
 def _numerics_record(result: Any) -> dict:
     """``NumericsResult`` -> ``{"max_abs", "max_rel", "cosine", "ok", "reason"}``."""
-    return {field: _jsonable(getattr(result, field, None)) for field in ("max_abs", "max_rel", "cosine", "ok", "reason")}
+    return {field: _jsonable(getattr(result, field, None))
+            for field in ("max_abs", "max_rel", "cosine", "ok", "reason", "dtype")}
+
+
+def _process_settings() -> dict:
+    """Process-wide switches a variant's build could leave set (they would then apply to every variant timed
+    after it in this process): TF32 for matmul and cuDNN, the float32 matmul precision, Inductor freezing."""
+    import torch
+
+    settings = {"cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+                "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        settings["inductor.freezing"] = inductor.freezing
+    return settings
 
 
 def _faults() -> tuple[int, int]:
@@ -125,6 +140,7 @@ def run(spec: dict, state: dict) -> dict:
     for name, changes in spec["variants"].items():
         state["variant"] = name
         record = records[name] = {"changes": list(changes), "rejected": None}
+        settings_before = _process_settings()
         try:
             state["phase"] = "building"
             _say(name, "building")
@@ -138,8 +154,10 @@ def run(spec: dict, state: dict) -> dict:
             record["rejected"] = f"build: {exc}"
             _say(name, f"rejected ({exc})")
             continue
-        record["checks"] = _jsonable(getattr(variant, "checks", None))
-        record["rewrites"] = _jsonable(getattr(variant, "rewrites", None))
+        changed = {k: [settings_before.get(k), v] for k, v in _process_settings().items()
+                   if settings_before.get(k, v) != v}
+        if changed:  # the parent warns: the variants timed after it in this process ran with these switches
+            record["process_settings_changed"] = changed
 
         def timed_step(variant=variant) -> float:
             sync()
@@ -166,6 +184,8 @@ def run(spec: dict, state: dict) -> dict:
                     del variant
                     gc.collect()
                     continue
+        record["checks"] = _jsonable(getattr(variant, "checks", None))  # filled by its first runs
+        record["rewrites"] = _jsonable(getattr(variant, "rewrites", None))
         times = warmup.pop("times_s")
         warmup["last_s"] = times[-1] if times else None
         record["warmup"] = warmup
