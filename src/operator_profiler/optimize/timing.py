@@ -68,7 +68,7 @@ def callable_path(build: str | Callable[..., Any], what: str = "build") -> str:
     return f"{module}:{name}"
 
 
-def _check_importable(build: str, numerics: str | None) -> None:
+def check_importable(build: str, numerics: str | None) -> None:
     """Fail before any process starts when the builder or the numerics module cannot be imported.
 
     Raises:
@@ -267,7 +267,7 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
     settings = _settings(spec)
     settings["build"] = callable_path(build)
     settings["numerics"] = numerics
-    _check_importable(settings["build"], numerics)
+    check_importable(settings["build"], numerics)
     work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="opprof-timing-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     outcomes: list[dict] = []
