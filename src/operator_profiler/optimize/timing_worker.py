@@ -1,0 +1,252 @@
+"""One timing process: ``python -m operator_profiler.optimize.timing_worker SPEC.json OUT.json``.
+
+Builds the workload, the FP32 eager reference output and every variant of the spec (each from its own copy of
+the model, so one variant's rewrites or prepacked weights never reach another), warms each up until steady,
+checks its numerics, calibrates its iterations per repetition, then runs the repetitions interleaved: every
+repetition runs each variant once, in an order shuffled per repetition with the process's seed. A repetition
+is the wall time of k consecutive iterations (``time.perf_counter``, after a device synchronize on CUDA)
+divided by k, with the minor and major page faults of those k iterations (``getrusage(RUSAGE_SELF)`` deltas)
+divided by k. The spec and OUT.json are described in :mod:`operator_profiler.optimize.timing`.
+
+A variant whose build or first warm-up call raises :class:`~operator_profiler.errors.WorkloadError` (an unmet
+precondition, freezing not applied) or whose numerics fail is recorded as rejected with the reason; any other
+exception ends the process with exit status 1 and OUT.json ``{"error", "variant", "phase", "traceback"}``.
+Progress lines ``opprof.timing: variant NAME: PHASE`` go to stderr, so a log names the variant a crash hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+PROGRESS_PREFIX = "opprof.timing: variant "
+
+
+def _say(variant: str, phase: str) -> None:
+    print(f"{PROGRESS_PREFIX}{variant}: {phase}", file=sys.stderr, flush=True)
+
+
+def load_callable(spec: str, what: str) -> Callable[..., Any]:
+    """``"package.module:function"`` -> the callable.
+
+    Raises:
+        ValueError: malformed ``spec``, or no such callable (the parent checks this before starting a process).
+        ImportError: the module cannot be imported.
+    """
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    target = importlib.import_module(module_name) if module_name and attr else None
+    for part in attr.split(".") if target is not None else ():
+        target = getattr(target, part, None)
+    if not callable(target):
+        raise ValueError(f"{what} {spec!r} is not a callable 'package.module:function'")
+    return target
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-able copy of a variant's ``checks``/``rewrites`` (dataclasses and objects by their fields)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "_asdict"):
+        return _jsonable(value._asdict())
+    return str(value)
+
+
+def _numerics_record(result: Any) -> dict:
+    """``NumericsResult`` -> ``{"max_abs", "max_rel", "cosine", "ok", "reason"}``."""
+    return {field: _jsonable(getattr(result, field, None))
+            for field in ("max_abs", "max_rel", "cosine", "ok", "reason", "dtype")}
+
+
+def _process_settings() -> dict:
+    """Process-wide switches a variant's build could leave set (they would then apply to every variant timed
+    after it in this process): TF32 for matmul and cuDNN, the float32 matmul precision, Inductor freezing."""
+    import torch
+
+    settings = {"cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+                "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        settings["inductor.freezing"] = inductor.freezing
+    return settings
+
+
+def _faults() -> tuple[int, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_majflt
+
+
+def _peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux (bytes on macOS); getrusage(2)
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def run(spec: dict, state: dict) -> dict:
+    """Measure the spec's variants in this process (module docstring); ``state`` tracks the variant and phase
+    for the error record. Returns OUT.json's content."""
+    import torch
+
+    from ..capture import harness, workloads
+    from ..errors import WorkloadError
+
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    device = harness.resolve_device(spec.get("device", "cpu"))
+    mode = spec.get("mode", "infer")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    build = load_callable(spec["build"], "build")
+    numerics = None
+    if spec.get("numerics"):
+        import importlib
+
+        numerics = importlib.import_module(spec["numerics"])
+    tolerances = spec.get("tolerances") or (getattr(numerics, "DEFAULT_TOLERANCES", None) if numerics else None)
+    warm = spec["warmup"]
+
+    state["phase"] = "building the workload"
+    random.seed(spec["seed"])
+    torch.manual_seed(spec["seed"])  # the same weights and inputs in every process
+    model, inputs = workloads.build_workload(spec["workload"], torch.device(device))
+    model.train(mode != "infer")
+    grad = contextlib.nullcontext() if mode != "infer" else torch.no_grad()
+    with grad:
+        reference = model(*inputs) if numerics is not None else None
+
+    variants: dict[str, Any] = {}
+    records: dict[str, dict] = {}
+    given_k = spec.get("iterations_per_repetition") or {}
+    for name, changes in spec["variants"].items():
+        state["variant"] = name
+        record = records[name] = {"changes": list(changes), "rejected": None}
+        settings_before = _process_settings()
+        try:
+            state["phase"] = "building"
+            _say(name, "building")
+            with grad:
+                variant = build(copy.deepcopy(model), inputs, list(changes), device, mode=mode)
+                if hasattr(variant, "warm_up"):
+                    state["phase"] = "first warm-up"
+                    _say(name, "first warm-up (compiles here)")
+                    variant.warm_up(1)
+        except WorkloadError as exc:
+            record["rejected"] = f"build: {exc}"
+            _say(name, f"rejected ({exc})")
+            continue
+        changed = {k: [settings_before.get(k), v] for k, v in _process_settings().items()
+                   if settings_before.get(k, v) != v}
+        if changed:  # the parent warns: the variants timed after it in this process ran with these switches
+            record["process_settings_changed"] = changed
+
+        def timed_step(variant=variant) -> float:
+            sync()
+            start = time.perf_counter()
+            variant.run()
+            sync()
+            return time.perf_counter() - start
+
+        state["phase"] = "warm-up"
+        _say(name, "warm-up until steady")
+        with grad:
+            warmup = harness.warm_up_until_steady(timed_step, warm["minimum"], warm["maximum"], warm["window"],
+                                                  warm["tolerance"])
+            if numerics is not None:
+                state["phase"] = "numerics"
+                output = variant.run()
+                sync()
+                check = numerics.compare_outputs(reference, output, numerics.variant_dtype(list(changes)), tolerances)
+                record["numerics"] = _numerics_record(check)
+                del output
+                if not record["numerics"]["ok"]:
+                    record["rejected"] = f"numerics: {record['numerics']['reason']}"
+                    _say(name, f"rejected ({record['rejected']})")
+                    del variant
+                    gc.collect()
+                    continue
+        record["checks"] = _jsonable(getattr(variant, "checks", None))  # filled by its first runs
+        record["rewrites"] = _jsonable(getattr(variant, "rewrites", None))
+        times = warmup.pop("times_s")
+        warmup["last_s"] = times[-1] if times else None
+        record["warmup"] = warmup
+        per_iteration = sorted(times[-warm["window"]:])[len(times[-warm["window"]:]) // 2] if times else 0.0
+        k = int(given_k.get(name) or max(1, math.ceil(spec["min_repetition_s"] / max(per_iteration, 1e-9))))
+        record.update(iterations_per_repetition=k, samples_ms=[], minor_faults=[], major_faults=[])
+        variants[name] = variant
+
+    state["phase"] = "interleaved repetitions"
+    rng = random.Random(spec["seed"] * 1009 + spec.get("process", 0))
+    order = list(variants)
+    with grad:
+        for _ in range(spec["repetitions"]):
+            rng.shuffle(order)
+            for name in order:
+                state["variant"] = name
+                variant, record = variants[name], records[name]
+                k = record["iterations_per_repetition"]
+                gc.collect()
+                gc.disable()  # a collection inside the window would be charged to whichever variant hit it
+                try:
+                    sync()
+                    minor0, major0 = _faults()
+                    start = time.perf_counter()
+                    for _ in range(k):
+                        variant.run()
+                    sync()
+                    elapsed = time.perf_counter() - start
+                    minor1, major1 = _faults()
+                finally:
+                    gc.enable()
+                record["samples_ms"].append(elapsed / k * 1e3)
+                record["minor_faults"].append((minor1 - minor0) / k)
+                record["major_faults"].append((major1 - major0) / k)
+    state["variant"] = None
+    return {"process": spec.get("process", 0), "pid": os.getpid(), "device": device,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "peak_rss_bytes": _peak_rss_bytes(),
+            "variants": records}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m operator_profiler.optimize.timing_worker SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    spec_path, out_path = Path(args[0]), Path(args[1])
+    state: dict = {"variant": None, "phase": "reading the spec"}
+    try:
+        outcome = run(json.loads(spec_path.read_text()), state)
+        status = 0
+    except Exception as exc:  # the parent reports it with the variant and this process's log
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        outcome = {"error": f"{type(exc).__name__}: {exc}", "variant": state["variant"], "phase": state["phase"],
+                   "traceback": text}
+        status = 1
+    tmp = out_path.with_name(out_path.name + ".partial")
+    tmp.write_text(json.dumps(outcome) + "\n")
+    os.replace(tmp, out_path)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

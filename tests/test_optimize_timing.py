@@ -1,0 +1,246 @@
+"""Speed verification of optimized variants (issue 17, item 3): bootstrap intervals of the median and of a
+speedup (optimize.stats), the ablation's plan and decisions (optimize.ablation), and a real interleaved
+measurement of two torch models in two worker processes (optimize.timing; the variant builder and the numerics
+check are the stand-ins of tests/timing_doubles.py, imported by the workers from PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from operator_profiler.errors import ConfigError, WorkloadError
+from operator_profiler.optimize import ablation, stats, timing
+
+TESTS = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def test_the_median_interval_covers_the_true_median_about_95_percent_of_the_time_and_narrows_with_samples():
+    rng = np.random.default_rng(7)
+    true_median = 1.0  # lognormal(mean 0): median exp(0)
+    widths = {}
+    for n in (20, 160):
+        covered, width = 0, []
+        for trial in range(200):
+            interval = stats.median_interval(rng.lognormal(0.0, 0.3, n), resamples=1000, seed=trial)
+            covered += interval["low"] <= true_median <= interval["high"]
+            width.append(interval["high"] - interval["low"])
+        assert 0.88 <= covered / 200 <= 1.0, (n, covered)
+        widths[n] = float(np.mean(width))
+    # the median's standard error falls as 1/sqrt(n): 8x the samples, about 2.8x narrower
+    assert widths[160] < 0.55 * widths[20]
+
+
+def test_the_median_interval_is_seeded_and_refuses_empty_or_non_finite_samples():
+    samples = [3.0, 1.0, 2.0, 5.0, 4.0]
+    first = stats.median_interval(samples, seed=3)
+    assert first == stats.median_interval(samples, seed=3)
+    assert first["median"] == 3.0 and first["n"] == 5 and first["low"] <= 3.0 <= first["high"]
+    with pytest.raises(ValueError, match="non-empty"):
+        stats.median_interval([])
+    with pytest.raises(ValueError, match="finite"):
+        stats.median_interval([1.0, float("nan")])
+
+
+def test_a_speedup_of_two_is_inside_its_interval_and_shows_a_gain():
+    rng = np.random.default_rng(1)
+    baseline = 2.0 * rng.lognormal(np.log(50.0), 0.05, 30)  # ms, twice the variant's times
+    variant = rng.lognormal(np.log(50.0), 0.05, 30)
+    result = stats.speedup_interval(baseline, variant)
+    assert result["speedup"] == pytest.approx(np.median(baseline) / np.median(variant))
+    assert result["low"] <= 2.0 <= result["high"]
+    assert result["low"] > 1.8 and result["high"] < 2.2
+    assert result["shows_gain"] is True
+
+
+def test_equal_sample_sets_show_no_gain():
+    samples = np.random.default_rng(2).normal(100.0, 3.0, 40)
+    result = stats.speedup_interval(samples, samples.copy())
+    assert result["speedup"] == 1.0
+    assert result["low"] < 1.0 < result["high"]
+    assert result["shows_gain"] is False
+
+
+# -------------------------------------------------------------------------------------------------- ablation
+
+FIXED_REQUIREMENTS = {"freezing": ("compile",), "max_autotune": ("compile",)}
+
+
+@pytest.fixture
+def fixed_requirements(monkeypatch):
+    """The requirements the ablation tests assume, whatever the merged catalog declares."""
+    monkeypatch.setattr(ablation, "requirements", lambda change: FIXED_REQUIREMENTS.get(change, ()))
+
+
+def test_the_baselines_follow_the_device_and_the_mode(fixed_requirements):
+    assert ablation.default_baselines(native_bf16=False, mode="infer") == {
+        "fp32_eager": [], "compile_default": ["compile"], "strong_generic": ["compile", "max_autotune", "freezing"]}
+    assert ablation.default_baselines(native_bf16=True, mode="infer")["strong_generic"] == [
+        "compile", "max_autotune", "freezing", "bf16_autocast"]
+    assert ablation.default_baselines(native_bf16=True, mode="train")["strong_generic"] == [
+        "compile", "max_autotune", "bf16_autocast"]
+
+
+def test_the_plan_has_the_baselines_each_change_alone_and_the_cumulative_prefixes_once_each(fixed_requirements):
+    baselines = ablation.default_baselines(native_bf16=False, mode="infer")
+    planned = ablation.plan(["compile", "freezing", "sdpa_rewrite"], baselines)
+    assert planned == {
+        "fp32_eager": [], "compile_default": ["compile"], "strong_generic": ["compile", "max_autotune", "freezing"],
+        # alone: compile is compile_default; freezing alone needs compile; the SDPA rewrite alone is eager
+        "compile+freezing": ["compile", "freezing"], "sdpa_rewrite": ["sdpa_rewrite"],
+        # cumulative: [compile] and [compile, freezing] are already there
+        "compile+freezing+sdpa_rewrite": ["compile", "freezing", "sdpa_rewrite"]}
+    # advised in another order: freezing first brings compile with it
+    assert list(ablation.plan(["freezing", "bf16_autocast"], {"fp32_eager": []})) == [
+        "fp32_eager", "compile+freezing", "bf16_autocast", "compile+freezing+bf16_autocast"]
+
+
+def _synthetic(means_ms: dict[str, tuple[list[str], float]], rejected: dict[str, str] | None = None) -> dict:
+    """A timing result with 30 normal samples (sd 1 ms) per variant around the given means."""
+    rng = np.random.default_rng(11)
+    variants = {}
+    for name, (changes, mean) in means_ms.items():
+        reason = (rejected or {}).get(name)
+        variants[name] = {"changes": changes, "rejected": reason}
+        if not reason:
+            samples = rng.normal(mean, 1.0, 30).tolist()
+            variants[name].update(samples_ms=samples, median_ms=float(np.median(samples)))
+    return {"variants": variants, "warnings": [], "seed": 0}
+
+
+def test_decide_keeps_steps_that_show_a_gain_and_drops_the_sdpa_rewrite_that_gains_nothing_once_compiled(
+        fixed_requirements):
+    result = _synthetic({
+        "fp32_eager": ([], 100.0), "compile_default": (["compile"], 80.0),
+        "strong_generic": (["compile", "max_autotune", "freezing"], 55.0),
+        "compile+sdpa_rewrite": (["compile", "sdpa_rewrite"], 80.0),  # the rewrite adds nothing once compiled
+        "compile+freezing+sdpa_rewrite": (["compile", "freezing", "sdpa_rewrite"], 50.0),
+        "compile+freezing": (["compile", "freezing"], 50.0)})
+    decision = ablation.decide(result, ["compile", "sdpa_rewrite", "freezing"])
+    by_change = {step["change"]: step for step in decision["steps"]}
+    assert decision["kept"] == ["compile", "freezing"]
+    assert [d["change"] for d in decision["dropped"]] == ["sdpa_rewrite"]
+    sdpa = by_change["sdpa_rewrite"]
+    assert sdpa["decision"] == "dropped" and sdpa["credit"] is None
+    assert sdpa["speedup"]["ci"][0] <= 1.0 <= sdpa["speedup"]["ci"][1]
+    assert sdpa["context"] == ["compile"] and sdpa["with"] == ["compile", "sdpa_rewrite"]
+    compile_step = by_change["compile"]["credit"]
+    assert compile_step["value"] == pytest.approx(
+        np.median(result["variants"]["fp32_eager"]["samples_ms"]) /
+        np.median(result["variants"]["compile_default"]["samples_ms"]))
+    assert 1.2 < compile_step["ci"][0] and compile_step["ci"][1] < 1.3  # 100 / 80 = 1.25
+    # freezing's credit is its own step on top of compile + sdpa_rewrite: 80 / 50 = 1.6
+    assert by_change["freezing"]["credit"]["ci"][0] > 1.5 and by_change["freezing"]["context"] == [
+        "compile", "sdpa_rewrite"]
+    recommended = decision["recommended"]
+    assert recommended["changes"] == ["compile", "freezing"] and recommended["measured"] is True
+    assert recommended["vs_strong_generic"]["value"] > 1.0
+    assert recommended["slower_than_strong_generic"] is False
+
+
+def test_decide_drops_a_rejected_step_flags_a_recommendation_slower_than_strong_generic_and_warns(fixed_requirements):
+    result = _synthetic({
+        "fp32_eager": ([], 100.0), "compile_default": (["compile"], 80.0),
+        "strong_generic": (["compile", "max_autotune", "freezing"], 40.0),
+        "compile+bf16_autocast": (["compile", "bf16_autocast"], 60.0)},
+        rejected={"compile+bf16_autocast": "numerics: max abs error 0.3 > 0.05"})
+    decision = ablation.decide(result, ["compile", "bf16_autocast"])
+    assert decision["kept"] == ["compile"]
+    assert decision["dropped"] == [{"change": "bf16_autocast", "reason": "rejected: numerics: max abs error 0.3 > 0.05",
+                                    "speedup": None}]
+    recommended = decision["recommended"]
+    assert recommended["variant"] == "compile_default"
+    assert recommended["slower_than_strong_generic"] is True and recommended["slower_significant"] is True
+    record = ablation.verification(result, ["compile", "bf16_autocast"])
+    assert any("slower than strong_generic" in w for w in record["warnings"])
+    assert "samples_ms" not in record["variants"]["fp32_eager"]
+
+
+def test_a_kept_change_brings_back_the_dropped_change_it_requires(fixed_requirements):
+    result = _synthetic({"fp32_eager": ([], 100.0), "compile_default": (["compile"], 100.0),
+                         "compile+freezing": (["compile", "freezing"], 60.0)})
+    decision = ablation.decide(result, ["compile", "freezing"])
+    assert decision["kept"] == ["freezing"] and decision["dropped"][0]["change"] == "compile"
+    assert decision["recommended"]["changes"] == ["compile", "freezing"]
+    assert decision["recommended"]["required_by"] == {"compile": ["freezing"]}
+
+
+# ------------------------------------------------------------------------------------------ real measurement
+
+TINY_MLP = {"kind": "mlp", "compile": False, "width": 64, "expansion": 4, "n_block": 2, "batch_size": 8,
+            "seq_len": 16}
+
+
+@pytest.fixture
+def doubles_on_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+
+
+def _spec(variants: dict, repetitions: int = 20) -> dict:
+    return {"workload": TINY_MLP, "workload_name": "tiny_mlp", "variants": variants, "threads": 1,
+            "repetitions": repetitions, "processes": 2, "min_repetition_s": 0.01,
+            "warmup": {"minimum": 2, "maximum": 12, "window": 3, "tolerance": 0.2}}
+
+
+def test_two_processes_measure_interleaved_variants_with_faults_numerics_and_rejections(doubles_on_path, tmp_path):
+    result = timing.measure(_spec({"fp32_eager": [], "x4": ["x4"], "unmet": ["unmet"], "noisy": ["noisy"],
+                                   "leaky": ["leaky"]}),
+                            build="timing_doubles:build", numerics="timing_doubles", work_dir=tmp_path)
+    eager, x4 = result["variants"]["fp32_eager"], result["variants"]["x4"]
+    assert eager["repetitions"] == x4["repetitions"] == 20
+    assert len(result["processes_info"]) == 2
+    assert len({p["pid"] for p in result["processes_info"]}) == 2
+    # 4x the work: clearly slower (about 4x on a quiet machine; margins for 2 cores shared with other jobs)
+    assert x4["median_ms"] > 2.0 * eager["median_ms"]
+    assert x4["speedup"]["ci"][1] < 0.6 and x4["speedup"]["shows_gain"] is False
+    assert eager["speedup"]["value"] == 1.0
+    assert eager["ci_ms"][0] <= eager["median_ms"] <= eager["ci_ms"][1]
+    assert eager["median_ms"] == pytest.approx(float(np.median(eager["samples_ms"])))
+    for entry in (eager, x4):
+        faults = entry["faults_per_iteration"]
+        assert set(faults) == {"minor", "major", "total", "per_process"} and len(faults["per_process"]) == 2
+        assert faults["minor"] >= 0 and faults["major"] >= 0
+        assert entry["numerics"]["ok"] is True and entry["numerics"]["max_abs"] == 0.0
+        assert len(entry["iterations_per_repetition"]) == 2
+        # k calibrated once (process 0) and reused by process 1; each repetition >= min_repetition_s
+        assert entry["iterations_per_repetition"][0] == entry["iterations_per_repetition"][1]
+    assert x4["iterations_per_repetition"][0] < eager["iterations_per_repetition"][0]
+    assert result["variants"]["unmet"]["rejected"] == "process 0: build: unmet: this machine lacks the feature"
+    noisy = result["variants"]["noisy"]
+    assert noisy["rejected"].startswith("process 0: numerics: max abs error")
+    assert noisy["numerics"]["ok"] is False and noisy["numerics"]["max_abs"] == pytest.approx(1e-3, rel=1e-3)
+    assert noisy["speedup"] is None
+    assert (tmp_path / "process-1.log").exists()
+    # a build that leaves a process-wide switch set is named: the variants timed after it ran with it
+    assert result["variants"]["leaky"]["repetitions"] == 20
+    assert [w for w in result["warnings"] if w.startswith("leaky: building it changed process-wide settings")
+            and "'float32_matmul_precision': ['highest', 'medium']" in w]
+
+
+def test_a_worker_failure_names_the_variant_and_the_log(doubles_on_path, tmp_path):
+    with pytest.raises(WorkloadError, match=r"failed on variant 'broken' while building: RuntimeError: the build "
+                                            r"broke; its log: .*process-0\.log"):
+        timing.measure(_spec({"fp32_eager": [], "broken": ["crash"]}, repetitions=2), build="timing_doubles:build",
+                       numerics=None, work_dir=tmp_path)
+
+
+def test_a_worker_that_dies_without_a_result_is_named_from_its_log(doubles_on_path, tmp_path):
+    with pytest.raises(WorkloadError, match=r"exited with status 3 without a result at variant 'dies'"):
+        timing.measure(_spec({"fp32_eager": [], "dies": ["die"]}, repetitions=2), build="timing_doubles:build",
+                       numerics=None, work_dir=tmp_path)
+
+
+def test_a_spec_without_repetitions_for_each_process_or_with_an_unknown_baseline_is_refused():
+    with pytest.raises(ConfigError, match="at least one repetition per process"):
+        timing.measure({**_spec({"fp32_eager": []}), "repetitions": 1})
+    with pytest.raises(ConfigError, match="baseline 'nope'"):
+        timing.measure({**_spec({"fp32_eager": []}), "baseline": "nope"})
+    with pytest.raises(ConfigError, match="cannot load the variant builder 'no_such_module:build'"):
+        timing.measure(_spec({"fp32_eager": []}), build="no_such_module:build")
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        timing.measure(_spec({"fp32_eager": []}), build=lambda *a, **k: None)
