@@ -411,6 +411,8 @@ class _Changes:
         self._prepared: list = []
         if not self.ids:
             return
+        # the workload's own compile: true is the change "compile" (what freezing or max_autotune build on)
+        self.ids += ["compile"] if workload.get("compile") and "compile" not in self.ids else []
         from ..optimize import changes as vocabulary
 
         self.vocabulary = vocabulary

@@ -38,7 +38,11 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     features = features or machine_features(device)
     mode = _MODES.get(workload.get("mode", "inference"), "infer")
     advised = list(advice["advised_changes"])
-    base = {k: v for k, v in workload.items() if k not in ("changes",)}
+    # The model as FP32 eager builds it: the variants carry their own compile settings (whole-model
+    # torch.compile through optimize.changes; a workload's compile_scope/compile_mode/compile_options are the
+    # profile's, not the measurement's).
+    base = {k: v for k, v in workload.items()
+            if k not in ("changes", "compile_scope", "compile_mode", "compile_options")}
     base["compile"] = False
     spec = {"workload": base, "workload_name": workload_name, "device": device, "mode": mode, "threads": threads,
             "repetitions": optimize["repetitions"], "processes": optimize["processes"],
