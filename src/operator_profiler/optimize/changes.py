@@ -280,7 +280,8 @@ class RewriteBackend:
     ``torch._inductor.config.freezing`` around ``compile_fx`` (``options={"freezing": True}`` does not freeze:
     Inductor reads the global setting when it picks the inference compiler) and records, per compiled graph,
     whether Inductor's freezing condition held (the setting on and grad mode off) and how many weight-prepack
-    matches ran. ``rewrites``: the pass records of every graph; ``graphs``: one dict per compiled graph."""
+    matches ran. ``rewrites``: the pass records of every graph; ``graphs``: one dict per compiled graph
+    (``targets``: the names of the functions/methods its nodes call, after the passes)."""
 
     def __init__(self, changes: Iterable[str], inner: str = "inductor", options: dict | None = None,
                  freezing: bool = False):
@@ -299,7 +300,9 @@ class RewriteBackend:
         for change_id, fx_pass in self.passes:
             for record in fx_pass(gm):
                 self.rewrites.append({**record, "change": change_id, "graph": graph_index})
-        info: dict[str, Any] = {"graph": graph_index, "inner": self.inner}
+        info: dict[str, Any] = {"graph": graph_index, "inner": self.inner, "targets": sorted({
+            n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")})}
         self.graphs.append(info)
         if self.inner == "eager":
             return gm.forward
