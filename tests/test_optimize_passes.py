@@ -146,6 +146,21 @@ def test_unsafe_attention_is_not_rewritten_and_says_why(case, reason_part):
     torch.testing.assert_close(out, reference, rtol=0, atol=0)
 
 
+def test_attention_sdpa_cannot_express_is_not_rewritten():
+    q, k, v = _qkv()
+    broadcast_k, broadcast_v = k[:, :1], v[:, :1]  # one k/v head for 3 q heads: matmul broadcasts, SDPA does not
+    model = _Attention(mask="none")
+    reference = model(q, broadcast_k, broadcast_v, None)
+    records, graphs, out = _dynamo_rewrite(model, (q, broadcast_k, broadcast_v, None), passes.attention_to_sdpa)
+    assert len(records) == 1 and "batch dimensions differ" in records[0]["skipped"]
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    bf16_mask = torch.randn(6, 6).to(torch.bfloat16)  # eager promotes scores + mask to fp32
+    model = _Attention(mask="additive")
+    records, graphs, _ = _dynamo_rewrite(model, (q, k, v, bf16_mask), passes.attention_to_sdpa)
+    assert len(records) == 1 and "eager promotes, SDPA refuses" in records[0]["skipped"]
+    assert _count(graphs, F.scaled_dot_product_attention) == 0
+
+
 # ------------------------------------------------------------------------------------------------- conv-BN
 
 

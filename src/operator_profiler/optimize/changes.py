@@ -390,6 +390,8 @@ class Variant:
             from torch._inductor import config as inductor_config
 
             stack.enter_context(inductor_config.patch(freezing=True))
+        if "tf32" in self.changes:  # a process setting, scoped to this variant's calls (variants interleave)
+            stack.callback(restore_process_settings, apply_process_settings(self.changes, self.device))
         stack.enter_context(forward_context(self.changes, self.device))
         return stack
 
@@ -408,9 +410,10 @@ class Variant:
 
 def build_variant(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str, mode: str = "infer",
                   features: dict | None = None) -> Variant:
-    """Apply ``changes`` (any order; applied canonically) to a deep copy of ``model``: process settings,
-    :func:`prepare`, torch.compile with :func:`rewrite_backend` (Inductor inner backend with compile, eager
-    otherwise), the forward context. Raises WorkloadError for unknown changes or unmet preconditions
+    """Apply ``changes`` (any order; applied canonically) to a deep copy of ``model``: :func:`prepare`,
+    torch.compile with :func:`rewrite_backend` (Inductor inner backend with compile, eager otherwise); each
+    ``run()`` then enters the forward context and the process settings (restored after the call, so variants
+    measured in one process do not leak TF32 into each other). Raises WorkloadError for unknown changes or unmet preconditions
     (:func:`precondition_problems` on ``features``, default this machine's), FreezingNotApplied at the first
     run when freezing did not happen."""
     order = canonical(changes)
@@ -418,7 +421,6 @@ def build_variant(model: nn.Module, inputs: tuple, changes: Iterable[str], devic
     settings = compile_settings(order)
     model = copy.deepcopy(model)
     model.train(mode == "train")
-    apply_process_settings(order, device)
     model, inputs = prepare(model, tuple(inputs), order, device)
     backend = None
     runner: Callable = model
