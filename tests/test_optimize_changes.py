@@ -123,6 +123,21 @@ def test_bf16_forward_context_and_tf32_process_setting():
     assert variant_dtype(["tf32"]) == "tf32" and variant_dtype(["compile"]) == "float32"
 
 
+def test_bf16_variant_is_judged_at_bf16_and_really_runs_in_bf16():
+    """bf16 is emulated on a CPU without avx512_bf16: the precondition is overridden here (features) to check
+    the variant's numerics, not its speed."""
+    model, x = _mlp(), torch.randn(6, 32)
+    with torch.no_grad():
+        reference = model(x)
+    variant = ch.build_variant(model, (x,), ["bf16_autocast"], "cpu",
+                               features={"native_bf16": True, "native_bf16_source": "test"})
+    out = variant.run()
+    assert out.dtype is torch.bfloat16 and variant.backend is None
+    judged = compare_outputs(reference, out, variant_dtype(variant.changes))
+    assert judged.dtype == "bfloat16" and judged.ok, judged
+    assert not compare_outputs(reference, out, "float32").ok  # bf16 rounding is far above fp32's tolerance
+
+
 def test_conv_variant_folds_every_bn_and_goes_channels_last():
     torch.manual_seed(4)
     model = ConvStack(in_channels=3, channels=8, n_block=2)
