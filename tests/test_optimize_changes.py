@@ -166,30 +166,43 @@ def test_conv_variant_folds_every_bn_and_goes_channels_last():
 
 
 @pytest.fixture(scope="module")
-def frozen_mlp():
+def frozen_gpt2():
+    """GPT-2 (one tiny layer) with compile + freezing + the SDPA rewrite: one Inductor compile shared."""
     torch._dynamo.reset()
-    model = _mlp()
-    x = torch.randn(5, 32)
+    torch.manual_seed(7)
+    model = GPT2(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=2).eval()
+    idx = torch.randint(0, 50, (1, 10))
     with torch.no_grad():
-        reference = model(x)
-    variant = ch.build_variant(model, (x,), ["freezing", "compile"], "cpu")
-    return model, x, reference, variant, variant.run()
+        reference = model(idx)
+    variant = ch.build_variant(model, (idx,), ["sdpa_rewrite", "freezing", "compile"], "cpu")
+    return model, reference, variant, variant.run()
 
 
-def test_compile_with_freezing_prepacks_every_linear_and_keeps_numerics(frozen_mlp):
-    model, _x, reference, variant, out = frozen_mlp
-    assert variant.name == "compile+freezing"
+def test_compile_freezing_and_sdpa_prepack_every_linear_and_keep_numerics(frozen_gpt2):
+    model, reference, variant, out = frozen_gpt2
+    assert variant.name == "compile+freezing+sdpa_rewrite" and variant.backend.inner == "inductor"
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    assert variant.checks["freezing"] == {"graphs": 1, "frozen": 1, "prepacked": n_linear}
+    assert n_linear == 5 and variant.checks["freezing"] == {"graphs": 1, "frozen": 1, "prepacked": n_linear}
+    assert [r["new_op"] for r in variant.rewrites] == ["aten::scaled_dot_product_attention"]
+    assert "scaled_dot_product_attention" in variant.backend.graphs[0]["targets"]
+    assert "softmax" not in variant.backend.graphs[0]["targets"]
     result = compare_outputs(reference, out, variant_dtype(variant.changes), DEFAULT_TOLERANCES)
     assert result.ok and result.max_rel < 1e-5, result
     variant.warm_up(2)
-    torch.testing.assert_close(variant.run(), reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(variant.run(), reference, rtol=1e-5, atol=1e-5)
 
 
-def test_freezing_as_a_compile_option_silently_does_nothing_and_the_check_says_so(frozen_mlp):
+@pytest.fixture(scope="module")
+def mlp_and_input():
+    model = _mlp()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        return model, x, model(x)
+
+
+def test_freezing_as_a_compile_option_silently_does_nothing_and_the_check_says_so(mlp_and_input):
     """The torch 2.13 pitfall: ``options={"freezing": True}`` compiles fine, but no weight is frozen."""
-    model, x, reference, _variant, _out = frozen_mlp
+    model, x, reference = mlp_and_input
     torch._dynamo.reset()
     before = ch._prepack_counters()
     with torch.no_grad():
@@ -207,8 +220,8 @@ def test_freezing_as_a_compile_option_silently_does_nothing_and_the_check_says_s
         ch.freezing_applied(ch.RewriteBackend(["compile"], freezing=True), model)
 
 
-def test_freezing_with_grad_enabled_fails_loudly(frozen_mlp):
-    model, x, _reference, _variant, _out = frozen_mlp
+def test_freezing_with_grad_enabled_fails_loudly(mlp_and_input):
+    model, x, _reference = mlp_and_input
     torch._dynamo.reset()
     backend = ch.RewriteBackend(["compile", "freezing"], freezing=True)
     torch.compile(model, backend=backend)(x)  # grad mode on: Inductor compiles without freezing
@@ -254,3 +267,16 @@ def test_keep_rnn_library_leaves_the_lstm_out_of_the_compiled_graph():
         torch.compile(model, backend=backend)(x)
     assert "lstm" in backend.graphs[0]["targets"]
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_a_variant_whose_weights_were_not_prepacked_fails_at_its_first_run(mlp_and_input, monkeypatch):
+    """Simulates Inductor compiling with the setting on but prepacking nothing (what an unfrozen graph gives):
+    the variant must not be timed as if frozen."""
+    model, x, _reference = mlp_and_input
+    monkeypatch.setattr(ch, "_prepack_counters", lambda: 0)
+    torch._dynamo.reset()
+    variant = ch.build_variant(model, (x,), ["compile", "freezing"], "cpu")
+    with pytest.raises(ch.FreezingNotApplied, match="^freezing: the model has Linear/Conv layers but Inductor "
+                                                    "prepacked no weight"):
+        variant.run()
+    assert "freezing" not in variant.checks
