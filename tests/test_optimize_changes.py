@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 from operator_profiler.capture.workloads import GPT2, ConvStack, LSTMEncoder
 from operator_profiler.errors import WorkloadError
 from operator_profiler.optimize import changes as ch
-from operator_profiler.optimize.numerics import DEFAULT_TOLERANCES, compare_outputs, variant_dtype
+from operator_profiler.optimize.numerics import (
+    DEFAULT_TOLERANCES,
+    compare_outputs,
+    variant_dtype,
+)
 
 IDS = ["compile", "max_autotune", "cuda_graphs", "freezing", "bf16_autocast", "tf32", "channels_last",
        "sdpa_rewrite", "conv_bn_fold", "cast_pair_cancel", "keep_rnn_library"]

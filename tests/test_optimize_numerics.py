@@ -9,7 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from operator_profiler.optimize.numerics import DEFAULT_TOLERANCES, compare_outputs, variant_dtype
+from operator_profiler.optimize.numerics import (
+    DEFAULT_TOLERANCES,
+    compare_outputs,
+    variant_dtype,
+)
 
 
 def test_identical_outputs():

@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import fx, nn
 
 from operator_profiler.capture.workloads import GPT2, ConvStack
 from operator_profiler.optimize import passes
@@ -130,9 +129,9 @@ def test_each_mask_form_rewrites_to_an_equal_sdpa(mask):
 
 
 @pytest.mark.parametrize("case, reason_part", [
-    (dict(dropout=0.1), "dropout"),
-    (dict(reuse=True), "also used"),
-    (dict(fill=-1e4), "not -inf"),
+    ({"dropout": 0.1}, "dropout"),
+    ({"reuse": True}, "also used"),
+    ({"fill": -1e4}, "not -inf"),
 ])
 def test_unsafe_attention_is_not_rewritten_and_says_why(case, reason_part):
     q, k, v = _qkv()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from ..errors import WorkloadError
 from . import passes
@@ -242,7 +243,7 @@ def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str
             raise WorkloadError("conv_bn_fold needs the model in eval mode (BatchNorm's running statistics)")
         try:
             traced = torch.fx.symbolic_trace(model)
-        except Exception as exc:  # noqa: BLE001 - any tracing failure means the fold cannot apply
+        except Exception as exc:  # any tracing failure (control flow on values...) means the fold cannot apply
             raise WorkloadError(f"conv_bn_fold: the model cannot be FX-traced ({type(exc).__name__}: {exc}); "
                                 "drop the change (freezing folds conv-BN inside Inductor)") from exc
         traced.eval()

@@ -20,11 +20,10 @@ import operator
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import fx, nn
 
-__all__ = ["attention_to_sdpa", "cancel_cast_pairs", "fold_conv_bn", "node_shape", "node_dtype"]
+__all__ = ["attention_to_sdpa", "cancel_cast_pairs", "fold_conv_bn", "node_dtype", "node_shape"]
 
 # ------------------------------------------------------------------------------------------- node matching
 
@@ -193,7 +192,7 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
                 x = x.args[0]
             else:
                 x = _scores_operand(x)
-        scale, scale_op = 1.0, None
+        scale = 1.0
         if _is(x, _MUL) or _is(x, _DIV):
             operands = list(x.args[:2])
             tensor = [a for a in operands if isinstance(a, fx.Node)]
@@ -201,7 +200,6 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
             if len(tensor) == 1 and len(numbers) == 1 and (_is(x, _MUL) or operands[1] is numbers[0]) \
                     and not x.kwargs:
                 scale = float(numbers[0]) if _is(x, _MUL) else 1.0 / float(numbers[0])
-                scale_op = x
                 chain.insert(0, x)
                 x = tensor[0]
         if not _is(x, _MATMUL) or not _is_k_transpose(x.args[1]):
@@ -229,11 +227,11 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
             continue
         chain.append(pv)
         v = pv.args[1]
-        causal, tril = (False, None)
+        causal, _tril = (False, None)
         attn_mask = None
         if mask_op is not None:
             if _is(mask_op, _MASKED_FILL):
-                causal, tril = _causal_mask(mask_op.args[1], qk)
+                causal, _tril = _causal_mask(mask_op.args[1], qk)
                 if not causal:
                     fill_mask = mask_op.args[1]
                     if _is(fill_mask, _INVERT):
