@@ -186,7 +186,8 @@ def test_compile_freezing_and_sdpa_prepack_every_linear_and_keep_numerics(frozen
     model, reference, variant, out = frozen_gpt2
     assert variant.name == "compile+freezing+sdpa_rewrite" and variant.backend.inner == "inductor"
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    assert n_linear == 5 and variant.checks["freezing"] == {"graphs": 1, "frozen": 1, "prepacked": n_linear}
+    assert n_linear == 5 and variant.checks["freezing"] == {
+        "graphs": 1, "frozen": 1, "param_constants": len(list(model.parameters())), "prepacked": n_linear}
     assert [r["new_op"] for r in variant.rewrites] == ["aten::scaled_dot_product_attention"]
     assert "scaled_dot_product_attention" in variant.backend.graphs[0]["targets"]
     assert "softmax" not in variant.backend.graphs[0]["targets"]
@@ -284,3 +285,24 @@ def test_a_variant_whose_weights_were_not_prepacked_fails_at_its_first_run(mlp_a
                                                     "prepacked no weight"):
         variant.run()
     assert "freezing" not in variant.checks
+
+
+def test_freezing_set_only_around_inductors_compile_freezes_nothing_and_the_check_says_so(mlp_and_input):
+    """Set after Dynamo traced (around compile_fx only), the setting comes too late: the parameters are already
+    graph inputs, nothing is prepacked."""
+    model, x, reference = mlp_and_input
+    from torch._inductor import config as inductor_config
+
+    class LateFreezing(ch.RewriteBackend):
+        def __call__(self, gm, example_inputs):
+            with inductor_config.patch(freezing=True):
+                return super().__call__(gm, example_inputs)
+
+    torch._dynamo.reset()
+    backend = LateFreezing(["compile", "freezing"], freezing=True)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(x)
+    assert backend.graphs[0]["param_inputs"] == len(list(model.parameters())) and backend.graphs[0]["prepacked"] == 0
+    with pytest.raises(ch.FreezingNotApplied, match="still take parameters as inputs: not frozen"):
+        ch.freezing_applied(backend, model)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
