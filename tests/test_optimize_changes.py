@@ -100,6 +100,12 @@ def test_preconditions_on_this_machine():
         problems = ch.precondition_problems(["compile", change], "cpu", "infer", features)
         assert problems and all(p.startswith(change) for p in problems)
         assert any("only on cuda, not on cpu" in p for p in problems)
+    if not torch.cuda.is_available():  # this machine: a CPU build of torch
+        on_cuda = ch.machine_features("cuda")
+        assert on_cuda["cuda"] is False and on_cuda["native_bf16"] is False
+        assert ch.precondition_problems(["tf32", "bf16_autocast"], "cuda", "infer", on_cuda) == [
+            "bf16_autocast needs native bf16 on cuda (no CUDA device): bf16 would be emulated and slower than fp32",
+            "tf32 needs a usable CUDA device"]
     train = ch.precondition_problems(["compile", "freezing"], "cpu", "train", features)
     assert train == ["freezing needs inference (mode infer): in mode train it would change what is trained"]
     assert ch.precondition_problems(["max_autotune"], "cpu", "infer", features) == [
