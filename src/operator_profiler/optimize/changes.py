@@ -284,9 +284,9 @@ class RewriteBackend:
     parameters graph constants), ``param_inputs`` / ``param_constants`` (parameters left as graph inputs /
     made ``get_attr`` constants by Dynamo), ``prepacked`` (weight-prepack matches Inductor ran). The backend sets
     no freezing setting itself: set around compile_fx only, it freezes nothing (parameters are already graph
-    inputs), and the evidence would lie. ``rewrites``: the pass records of every graph; ``graphs``: one dict per
-    compiled graph
-    (``targets``: the names of the functions/methods its nodes call, after the passes)."""
+    inputs), and the evidence would lie; ``freezing`` only says it was asked for. ``rewrites``: the pass records
+    of every graph; ``graphs``: one dict per compiled graph (``targets``: the names of the functions/methods its
+    nodes call, after the passes)."""
 
     def __init__(self, changes: Iterable[str], inner: str = "inductor", options: dict | None = None,
                  freezing: bool = False):
