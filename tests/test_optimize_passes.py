@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import fx, nn
 
 from operator_profiler.capture.workloads import GPT2, ConvStack
 from operator_profiler.optimize import passes
@@ -130,9 +129,9 @@ def test_each_mask_form_rewrites_to_an_equal_sdpa(mask):
 
 
 @pytest.mark.parametrize("case, reason_part", [
-    (dict(dropout=0.1), "dropout"),
-    (dict(reuse=True), "also used"),
-    (dict(fill=-1e4), "not -inf"),
+    ({"dropout": 0.1}, "dropout"),
+    ({"reuse": True}, "also used"),
+    ({"fill": -1e4}, "not -inf"),
 ])
 def test_unsafe_attention_is_not_rewritten_and_says_why(case, reason_part):
     q, k, v = _qkv()
@@ -144,6 +143,21 @@ def test_unsafe_attention_is_not_rewritten_and_says_why(case, reason_part):
     assert "new_node" not in records[0]
     assert _count(graphs, F.scaled_dot_product_attention) == 0
     torch.testing.assert_close(out, reference, rtol=0, atol=0)
+
+
+def test_attention_sdpa_cannot_express_is_not_rewritten():
+    q, k, v = _qkv()
+    broadcast_k, broadcast_v = k[:, :1], v[:, :1]  # one k/v head for 3 q heads: matmul broadcasts, SDPA does not
+    model = _Attention(mask="none")
+    reference = model(q, broadcast_k, broadcast_v, None)
+    records, graphs, out = _dynamo_rewrite(model, (q, broadcast_k, broadcast_v, None), passes.attention_to_sdpa)
+    assert len(records) == 1 and "batch dimensions differ" in records[0]["skipped"]
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    bf16_mask = torch.randn(6, 6).to(torch.bfloat16)  # eager promotes scores + mask to fp32
+    model = _Attention(mask="additive")
+    records, graphs, _ = _dynamo_rewrite(model, (q, k, v, bf16_mask), passes.attention_to_sdpa)
+    assert len(records) == 1 and "eager promotes, SDPA refuses" in records[0]["skipped"]
+    assert _count(graphs, F.scaled_dot_product_attention) == 0
 
 
 # ------------------------------------------------------------------------------------------------- conv-BN

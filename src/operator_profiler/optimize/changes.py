@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from ..errors import WorkloadError
 from . import passes
@@ -176,7 +177,8 @@ def _check_preconditions(changes: Iterable[str], device: str, mode: str, feature
 def compile_settings(changes: Iterable[str]) -> dict:
     """How to compile: ``compile`` (torch.compile with Inductor), ``options`` (Inductor options for
     ``torch.compile(options=...)`` / ``compile_fx(config_patches=...)``), ``freezing`` (Inductor freezing: set
-    ``torch._inductor.config.freezing`` while compilation happens, see :func:`freezing_applied`), ``allow_rnn``
+    ``torch._inductor.config.freezing`` around the first call, under torch.no_grad, where Dynamo traces and
+    Inductor compiles; check with :func:`freezing_applied`), ``allow_rnn``
     (``torch._dynamo.config.allow_rnn`` to set while Dynamo traces; None: leave as is), ``rewrites`` (the FX
     rewrites the backend runs), ``needs_backend`` (torch.compile is needed: compile or a backend rewrite; without
     compile the backend's inner compiler is eager)."""
@@ -242,7 +244,7 @@ def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str
             raise WorkloadError("conv_bn_fold needs the model in eval mode (BatchNorm's running statistics)")
         try:
             traced = torch.fx.symbolic_trace(model)
-        except Exception as exc:  # noqa: BLE001 - any tracing failure means the fold cannot apply
+        except Exception as exc:  # any tracing failure (control flow on values...) means the fold cannot apply
             raise WorkloadError(f"conv_bn_fold: the model cannot be FX-traced ({type(exc).__name__}: {exc}); "
                                 "drop the change (freezing folds conv-BN inside Inductor)") from exc
         traced.eval()
@@ -276,11 +278,15 @@ def _prepack_counters() -> int:
 
 class RewriteBackend:
     """A torch.compile backend: runs the requested FX passes on Dynamo's graph, then hands it to ``inner``
-    ("inductor": ``compile_fx`` with ``options``; "eager": the graph's own forward). With ``freezing`` it sets
-    ``torch._inductor.config.freezing`` around ``compile_fx`` (``options={"freezing": True}`` does not freeze:
-    Inductor reads the global setting when it picks the inference compiler) and records, per compiled graph,
-    whether Inductor's freezing condition held (the setting on and grad mode off) and how many weight-prepack
-    matches ran. ``rewrites``: the pass records of every graph; ``graphs``: one dict per compiled graph."""
+    ("inductor": ``compile_fx`` with ``options``; "eager": the graph's own forward), recording per graph the
+    evidence :func:`freezing_applied` reads: ``freezing_on`` (Inductor's freezing condition, the setting on and
+    grad mode off, when the backend is called: the same call in which Dynamo traced, and Dynamo reads it to make
+    parameters graph constants), ``param_inputs`` / ``param_constants`` (parameters left as graph inputs /
+    made ``get_attr`` constants by Dynamo), ``prepacked`` (weight-prepack matches Inductor ran). The backend sets
+    no freezing setting itself: set around compile_fx only, it freezes nothing (parameters are already graph
+    inputs), and the evidence would lie; ``freezing`` only says it was asked for. ``rewrites``: the pass records
+    of every graph; ``graphs``: one dict per compiled graph (``targets``: the names of the functions/methods its
+    nodes call, after the passes)."""
 
     def __init__(self, changes: Iterable[str], inner: str = "inductor", options: dict | None = None,
                  freezing: bool = False):
@@ -299,18 +305,21 @@ class RewriteBackend:
         for change_id, fx_pass in self.passes:
             for record in fx_pass(gm):
                 self.rewrites.append({**record, "change": change_id, "graph": graph_index})
-        info: dict[str, Any] = {"graph": graph_index, "inner": self.inner}
+        info: dict[str, Any] = {"graph": graph_index, "inner": self.inner, "targets": sorted({
+            n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")})}
         self.graphs.append(info)
         if self.inner == "eager":
             return gm.forward
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
-        patch = inductor_config.patch(freezing=True) if self.freezing else contextlib.nullcontext()
+        info["freezing_on"] = bool(inductor_config.freezing) and not torch.is_grad_enabled()
+        # Dynamo names a parameter input after its source, L['self']..._parameters['weight'] -> "..._parameters_..."
+        info["param_inputs"] = sum(1 for n in gm.graph.nodes if n.op == "placeholder" and "_parameters_" in n.name)
+        info["param_constants"] = sum(1 for n in gm.graph.nodes if n.op == "get_attr")
         before = _prepack_counters()
-        with patch:
-            info["freezing_on"] = bool(inductor_config.freezing) and not torch.is_grad_enabled()
-            compiled = compile_fx(gm, example_inputs, config_patches=self.options or None)
+        compiled = compile_fx(gm, example_inputs, config_patches=self.options or None)
         info["prepacked"] = _prepack_counters() - before
         return compiled
 
@@ -330,10 +339,11 @@ def _has_prepackable(model: nn.Module) -> bool:
 
 def freezing_applied(backend: RewriteBackend, model: nn.Module | None = None, device: str = "cpu") -> dict:
     """Check that Inductor froze every graph ``backend`` compiled; returns ``{"graphs": N, "frozen": N,
-    "prepacked": M}``. Raises :class:`FreezingNotApplied` naming the change when no graph was compiled yet, when a
-    graph was compiled without freezing (the setting off, or grad mode on: Inductor freezes only inference
-    graphs), or, on CPU, when ``model`` has Linear/Conv layers and no weight was prepacked (frozen weights are
-    constants, which the oneDNN/MKL prepack passes need)."""
+    "param_constants": P, "prepacked": M}``. Raises :class:`FreezingNotApplied` naming the change when no graph
+    was compiled yet; when a graph was traced and compiled without freezing (``torch._inductor.config.freezing``
+    off or grad mode on at the first call; ``options={"freezing": True}`` alone leaves it off); when a graph still
+    takes parameters as inputs; or, on CPU, when ``model`` has Linear/Conv layers and no weight was prepacked
+    (the oneDNN/MKL prepack passes run only on frozen weights)."""
     compiled = [g for g in backend.graphs if g.get("inner") == "inductor"]
     if not compiled:
         raise FreezingNotApplied("freezing: no graph was compiled by Inductor (run the variant once first)")
@@ -341,12 +351,17 @@ def freezing_applied(backend: RewriteBackend, model: nn.Module | None = None, de
     if unfrozen:
         raise FreezingNotApplied(
             f"freezing: graph(s) {unfrozen} compiled without Inductor freezing (torch._inductor.config.freezing "
-            "must be on and grad mode off when compilation happens, i.e. at the first call under torch.no_grad)")
+            "must be on and grad mode off when Dynamo traces, i.e. around the first call under torch.no_grad; "
+            "torch.compile(options={'freezing': True}) does not do it)")
+    inputs = [g["graph"] for g in compiled if g.get("param_inputs")]
+    if inputs:
+        raise FreezingNotApplied(f"freezing: graph(s) {inputs} still take parameters as inputs: not frozen")
     prepacked = sum(g.get("prepacked", 0) for g in compiled)
     if device == "cpu" and model is not None and _has_prepackable(model) and prepacked == 0:
         raise FreezingNotApplied("freezing: the model has Linear/Conv layers but Inductor prepacked no weight "
                                  "(mkldnn weight-pack passes did not run: the weights were not frozen)")
-    return {"graphs": len(compiled), "frozen": len(compiled), "prepacked": prepacked}
+    return {"graphs": len(compiled), "frozen": len(compiled),
+            "param_constants": sum(g.get("param_constants", 0) for g in compiled), "prepacked": prepacked}
 
 
 # ------------------------------------------------------------------------------------------------ variants
@@ -356,7 +371,8 @@ def freezing_applied(backend: RewriteBackend, model: nn.Module | None = None, de
 class Variant:
     """A model with changes applied, ready to time. ``name``: "+".join(changes) or "fp32_eager"; ``run()``: one
     forward (under torch.no_grad in mode infer, in the forward context), returns the output; ``checks``: what was
-    verified (``{"freezing": {...}}``), filled at the first run; ``rewrites``: the FX pass records."""
+    verified (``{"freezing": {...}}``), filled at the first run and after any recompile; ``rewrites``: the FX
+    pass records."""
 
     name: str
     changes: tuple[str, ...]
@@ -370,6 +386,7 @@ class Variant:
     prepare_rewrites: list = field(default_factory=list)
     _runner: Callable | None = None
     _calls: int = 0
+    _checked_graphs: int = 0
 
     @property
     def rewrites(self) -> list[dict]:
@@ -379,14 +396,21 @@ class Variant:
         stack = contextlib.ExitStack()
         if self.mode != "train":
             stack.enter_context(torch.no_grad())
-        if self.settings["allow_rnn"] is not None:
+        # Dynamo reads allow_rnn and Inductor's freezing setting when it traces (the first call, a recompile). A
+        # config patch costs ~60-100 us a call, so allow_rnn is patched only when the process setting differs,
+        # and freezing only at the first call: a later recompile without it is caught by the check in run().
+        wanted = self.settings["allow_rnn"]
+        if wanted is not None:
             from torch._dynamo import config as dynamo_config
 
-            stack.enter_context(dynamo_config.patch(allow_rnn=self.settings["allow_rnn"]))
-        if self.settings["freezing"]:
+            if dynamo_config.allow_rnn != wanted:
+                stack.enter_context(dynamo_config.patch(allow_rnn=wanted))
+        if self.settings["freezing"] and self._calls == 0:
             from torch._inductor import config as inductor_config
 
             stack.enter_context(inductor_config.patch(freezing=True))
+        if "tf32" in self.changes:  # a process setting, scoped to this variant's calls (variants interleave)
+            stack.callback(restore_process_settings, apply_process_settings(self.changes, self.device))
         stack.enter_context(forward_context(self.changes, self.device))
         return stack
 
@@ -394,8 +418,9 @@ class Variant:
         with self._contexts():
             out = self._runner(*self.inputs)
         self._calls += 1
-        if self._calls == 1 and self.settings["freezing"]:
+        if self.settings["freezing"] and len(self.backend.graphs) != self._checked_graphs:
             self.checks["freezing"] = freezing_applied(self.backend, self.model, self.device)
+            self._checked_graphs = len(self.backend.graphs)
         return out
 
     def warm_up(self, n: int = 3) -> None:
@@ -405,9 +430,10 @@ class Variant:
 
 def build_variant(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str, mode: str = "infer",
                   features: dict | None = None) -> Variant:
-    """Apply ``changes`` (any order; applied canonically) to a deep copy of ``model``: process settings,
-    :func:`prepare`, torch.compile with :func:`rewrite_backend` (Inductor inner backend with compile, eager
-    otherwise), the forward context. Raises WorkloadError for unknown changes or unmet preconditions
+    """Apply ``changes`` (any order; applied canonically) to a deep copy of ``model``: :func:`prepare`,
+    torch.compile with :func:`rewrite_backend` (Inductor inner backend with compile, eager otherwise); each
+    ``run()`` then enters the forward context and the process settings (restored after the call, so variants
+    measured in one process do not leak TF32 into each other). Raises WorkloadError for unknown changes or unmet preconditions
     (:func:`precondition_problems` on ``features``, default this machine's), FreezingNotApplied at the first
     run when freezing did not happen."""
     order = canonical(changes)
@@ -415,7 +441,6 @@ def build_variant(model: nn.Module, inputs: tuple, changes: Iterable[str], devic
     settings = compile_settings(order)
     model = copy.deepcopy(model)
     model.train(mode == "train")
-    apply_process_settings(order, device)
     model, inputs = prepare(model, tuple(inputs), order, device)
     backend = None
     runner: Callable = model

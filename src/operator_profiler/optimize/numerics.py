@@ -12,8 +12,9 @@ fp32 accumulation): ``max_rel <= 1e-2``, ``cosine >= 0.9995``. BF16 autocast rou
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 

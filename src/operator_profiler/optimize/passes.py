@@ -20,11 +20,10 @@ import operator
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import fx, nn
 
-__all__ = ["attention_to_sdpa", "cancel_cast_pairs", "fold_conv_bn", "node_shape", "node_dtype"]
+__all__ = ["attention_to_sdpa", "cancel_cast_pairs", "fold_conv_bn", "node_dtype", "node_shape"]
 
 # ------------------------------------------------------------------------------------------- node matching
 
@@ -193,7 +192,7 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
                 x = x.args[0]
             else:
                 x = _scores_operand(x)
-        scale, scale_op = 1.0, None
+        scale = 1.0
         if _is(x, _MUL) or _is(x, _DIV):
             operands = list(x.args[:2])
             tensor = [a for a in operands if isinstance(a, fx.Node)]
@@ -201,7 +200,6 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
             if len(tensor) == 1 and len(numbers) == 1 and (_is(x, _MUL) or operands[1] is numbers[0]) \
                     and not x.kwargs:
                 scale = float(numbers[0]) if _is(x, _MUL) else 1.0 / float(numbers[0])
-                scale_op = x
                 chain.insert(0, x)
                 x = tensor[0]
         if not _is(x, _MATMUL) or not _is_k_transpose(x.args[1]):
@@ -212,6 +210,8 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
         skip = _attention_skip_reason(chain, mask_op, mask_value, dim, dtype, q)
         users = list(softmax.users)
         pv = users[0] if len(users) == 1 and _is(users[0], _MATMUL) and users[0].args[0] is softmax else None
+        if skip is None and pv is not None:
+            skip = _operand_skip_reason(q, k, pv.args[1], mask_op)
         if skip is None and pv is None:
             if any(_is(u, _DROPOUT) or (u.op == "call_module" and isinstance(_submodule(gm, u), nn.Dropout))
                    for u in users):
@@ -227,11 +227,11 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
             continue
         chain.append(pv)
         v = pv.args[1]
-        causal, tril = (False, None)
+        causal, _tril = (False, None)
         attn_mask = None
         if mask_op is not None:
             if _is(mask_op, _MASKED_FILL):
-                causal, tril = _causal_mask(mask_op.args[1], qk)
+                causal, _tril = _causal_mask(mask_op.args[1], qk)
                 if not causal:
                     fill_mask = mask_op.args[1]
                     if _is(fill_mask, _INVERT):
@@ -440,3 +440,23 @@ def cancel_cast_pairs(gm: fx.GraphModule) -> list[dict]:
                         "module_path": _module_path([first, second]), "dtypes": [str(orig), str(wide)]})
     gm.recompile()
     return records
+
+
+def _operand_skip_reason(q: Any, k: Any, v: Any, mask_op: fx.Node | None) -> str | None:
+    """Why q, k, v (and an additive mask) do not meet SDPA's contract as the matmuls used them (None: they do):
+    matmul broadcasts batch dimensions, SDPA needs them equal; SDPA takes a float mask only in q's dtype (eager's
+    ``scores + mask`` would promote instead)."""
+    shapes = [node_shape(n) for n in (q, k, v)]
+    if any(s is None for s in shapes):
+        return "no shape metadata on q, k or v: equality not provable"
+    if len({len(s) for s in shapes}) != 1 or len({tuple(s[:-2]) for s in shapes}) != 1:
+        return f"q, k, v batch dimensions differ ({', '.join(str(tuple(s)) for s in shapes)}): matmul broadcasts"
+    dtypes = {node_dtype(n) for n in (q, k, v)}
+    if len(dtypes) != 1:
+        return f"q, k, v dtypes differ ({', '.join(sorted(map(str, dtypes)))})"
+    if mask_op is not None and _is(mask_op, _ADD):
+        mask_dtype = node_dtype(_other(mask_op))
+        if mask_dtype != node_dtype(q):
+            return f"additive mask of dtype {mask_dtype} with q of dtype {node_dtype(q)}: eager promotes, SDPA " \
+                   "refuses"
+    return None
