@@ -543,7 +543,7 @@ def advise_files(folder: Path, out: Path, catalog: Path | None = None, shapes_tr
     layouts) by the rule catalog ``catalog`` (default: the package's optimize/catalog.yaml). Written atomically;
     returns its content. Raises ConfigError for a bad catalog, InputError for a missing or wrong profile file."""
     from .optimize import advisor
-    from .optimize.changes import machine_features
+    from .optimize.vocabulary import machine_features
 
     t0 = time.perf_counter()
     catalog = Path(catalog) if catalog else advisor.CATALOG
@@ -575,12 +575,14 @@ def optimize_report_files(workload: str, base_folder: Path, variant_folder: Path
     base_inputs = ReportInputs.read(ReportPaths(base.coverage, base.operators, base.modules, base.layer_classes,
                                                 run=base.run))
     kernels = results.read(results.ATTRIBUTION, Path(base_folder) / results.ATTRIBUTION.path)
-    pairs = optimize_page.rewrite_pairs(
-        (variant_inputs.run or {}).get("rewrites") or [], kernels,
-        report_md.measured_iterations(base_inputs.run, base_inputs.coverage), variant_inputs.operators,
-        report_md.measured_iterations(variant_inputs.run, variant_inputs.coverage))
+    variant_kernels = results.read(results.ATTRIBUTION, Path(variant_folder) / results.ATTRIBUTION.path)
+    iterations_a = report_md.measured_iterations(base_inputs.run, base_inputs.coverage)
+    iterations_b = report_md.measured_iterations(variant_inputs.run, variant_inputs.coverage)
+    pairs = optimize_page.rewrite_pairs((variant_inputs.run or {}).get("rewrites") or [], kernels, iterations_a,
+                                        variant_inputs.operators, iterations_b)
+    nodes = optimize_page.node_groups(kernels, variant_kernels, iterations_a, iterations_b)
     write_text_atomic(out, optimize_page.render_optimize(workload, advice, verification, compare, pairs,
-                                                         Path(variant_folder).name, variant_inputs.coverage))
+                                                         Path(variant_folder).name, variant_inputs.coverage, nodes))
 
 
 def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_path: Path | None = None) -> dict:

@@ -12,31 +12,18 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from . import stats
+from .vocabulary import CHANGES
 
-#: The catalog's change ids in their canonical order (a variant's changes are listed in this order).
-CATALOG_ORDER = ("compile", "max_autotune", "cuda_graphs", "freezing", "bf16_autocast", "tf32", "channels_last",
-                 "sdpa_rewrite", "conv_bn_fold", "cast_pair_cancel", "keep_rnn_library")
-#: Changes that only make sense on top of others (Inductor options, CUDA graphs and the RNN setting of a compiled
-#: model), used when the catalog (optimize.changes.CHANGES) is not importable; otherwise a change requires the
-#: change ids among its ``needs``.
-REQUIRES: dict[str, tuple[str, ...]] = {"max_autotune": ("compile",), "freezing": ("compile",),
-                                        "cuda_graphs": ("compile",), "keep_rnn_library": ("compile",)}
+#: The change ids in their canonical order (a variant's changes are listed in this order).
+CATALOG_ORDER = tuple(CHANGES)
 BASELINE_NAMES = ("fp32_eager", "compile_default", "strong_generic")
 
 
 def requirements(change: str) -> tuple[str, ...]:
-    """The changes ``change`` needs to make sense: the change ids among its ``needs`` in the catalog
-    (optimize.changes.CHANGES; its other needs, e.g. inference or native bf16, are preconditions, not changes),
-    or :data:`REQUIRES` without the catalog."""
-    try:
-        from .changes import CHANGES  # built alongside; absent in a checkout without the optimizer
-    except ImportError:
-        return REQUIRES.get(change, ())
+    """The changes ``change`` needs to make sense: the change ids among its ``needs`` (optimize.vocabulary; its
+    other needs, e.g. inference or native bf16, are preconditions, not changes); () for an unknown id."""
     entry = CHANGES.get(change)
-    needs = getattr(entry, "needs", None) if entry is not None else None
-    if needs is None:
-        return REQUIRES.get(change, ())
-    return tuple(c for c in CHANGES if c in set(needs))
+    return () if entry is None else tuple(c for c in CHANGES if c in entry.needs)
 
 
 def closure(changes: Iterable[str]) -> list[str]:

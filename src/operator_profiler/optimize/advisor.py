@@ -42,7 +42,7 @@ class Rule:
 
 def load_catalog(path: Path = CATALOG) -> list[Rule]:
     """The catalog's rules in advised order (``order``, then id). Raises ConfigError naming the file, rule, key."""
-    from .changes import CHANGES
+    from .vocabulary import CHANGES
 
     path = Path(path)
     try:
@@ -149,7 +149,7 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
            catalog: Path = CATALOG) -> dict:
     """advice.json's content for one profile: offered, not offered and not triggered rules, the advised changes
     (ordered) with each one's source, the measures quoted, and the diagnoses."""
-    from .changes import CHANGES, precondition_problems
+    from .vocabulary import CHANGES, precondition_problems
 
     measures = {name: fn(profile) for name, fn in evidence.MEASURES.items()}
     offered, not_offered, not_triggered = [], [], []

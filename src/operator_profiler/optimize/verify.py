@@ -33,7 +33,7 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     replace: every variant is built from the eager FP32 model with its own change list). When the recommended
     variant (the kept changes) is not one of the measured change sets, it is measured in a second round with
     FP32 eager and the strong baseline, so its figures are never quoted unmeasured."""
-    from .changes import machine_features
+    from .vocabulary import machine_features
 
     features = features or machine_features(device)
     mode = _MODES.get(workload.get("mode", "inference"), "infer")
@@ -49,8 +49,19 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
             "tolerances": tolerances(optimize.get("tolerances"))}
     baselines = ablation.default_baselines(bool(features.get("native_bf16")), mode)
     variants = ablation.plan(advised, baselines)
+    load_before = os.getloadavg()[0]
     result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1")
     record = ablation.verification(result, advised)
+    record["load"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
+                      "cpus": os.cpu_count()}
+    busy = max(load_before, os.getloadavg()[0])
+    spare = (os.cpu_count() or 1) - (threads or os.cpu_count() or 1)
+    if busy > spare + (threads or 1) + 0.5:
+        record["warnings"].insert(0, (
+            f"the machine was busy while the variants were timed (1-minute load {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after, {os.cpu_count()} CPUs, {threads or 'default'} threads per variant): "
+            "other processes shared the cores, so the wall times and their intervals are not the model's; measure "
+            "again on a quiet machine before trusting a speedup"))
     recommended = record["ablation"]["recommended"]
     if not recommended["measured"] and recommended["changes"]:
         again = {"fp32_eager": [], recommended["name"]: recommended["changes"],

@@ -148,7 +148,69 @@ def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, itera
     return pd.DataFrame(rows)
 
 
-def _operators_section(compare: pd.DataFrame, pairs: pd.DataFrame, base_name: str, variant_name: str) -> str:
+def node_groups(base_kernels: pd.DataFrame, variant_kernels: pd.DataFrame, iterations_a: int,
+                iterations_b: int) -> pd.DataFrame:
+    """Before/after by FX node provenance: kernels of both profiles that carry FX source nodes (compiled graphs),
+    grouped per module into the smallest sets of nodes no kernel of either profile crosses (a fused kernel joins
+    the nodes it computes), so an operator Inductor replaced (aten::addmm -> mkl::_mkl_linear under freezing)
+    is paired with the one it replaces. Columns: module, nodes, before_ms, after_ms (per iteration),
+    before_ops, after_ops; empty when either profile has no FX nodes (an eager profile)."""
+    sides = []
+    for kernels in (base_kernels, variant_kernels):
+        if kernels is None or "source_nodes" not in kernels:
+            return pd.DataFrame()
+        rows = kernels[kernels["source_nodes"].map(lambda n: n is not None and len(n) > 0)]
+        if rows.empty:
+            return pd.DataFrame()
+        sides.append(rows)
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for rows in sides:
+        for module, nodes in zip(rows["module"].astype(object).where(rows["module"].notna(), ""), rows["source_nodes"]):
+            keys = [(module, str(n)) for n in nodes]
+            for k in keys[1:]:
+                parent[find(k)] = find(keys[0])
+    groups: dict = {}
+    for side, (rows, iterations) in enumerate(zip(sides, (iterations_a, iterations_b))):
+        for module, nodes, op, ns in zip(rows["module"].astype(object).where(rows["module"].notna(), ""),
+                                         rows["source_nodes"], rows["operator"].astype(str), rows["duration_ns"]):
+            root = find((module, str(list(nodes)[0])))
+            g = groups.setdefault(root, {"module": module, "nodes": set(), "ms": [0.0, 0.0], "ops": [set(), set()]})
+            g["nodes"].update(map(str, nodes))
+            g["ms"][side] += float(ns) / iterations / 1e6
+            g["ops"][side].add(op)
+    table = pd.DataFrame([{"module": g["module"], "nodes": sorted(g["nodes"]), "before_ms": g["ms"][0],
+                           "after_ms": g["ms"][1], "before_ops": sorted(g["ops"][0]), "after_ops": sorted(g["ops"][1])}
+                          for g in groups.values()])
+    return table.sort_values("before_ms", ascending=False).reset_index(drop=True)
+
+
+def _nodes_html(nodes: pd.DataFrame) -> str:
+    if nodes is None or nodes.empty:
+        return ""
+    changed = nodes[nodes["before_ops"].map(tuple) != nodes["after_ops"].map(tuple)]
+    rows = [f"<td>{esc(r['module'])}</td><td>{esc(', '.join(r['nodes'][:6]))}"
+            + (" ..." if len(r["nodes"]) > 6 else "") + f"</td><td>{esc(' | '.join(r['before_ops']))}</td>"
+            f"<td>{esc(' | '.join(r['after_ops']))}</td>"
+            + page._num_cell(r["before_ms"], page._fmt(r["before_ms"], 3))
+            + page._num_cell(r["after_ms"], page._fmt(r["after_ms"], 3))
+            for r in changed.to_dict("records")]
+    if not rows:
+        return "<p>Every FX node group ran the same operators before and after.</p>"
+    return ("<h3>Operators that changed, paired by FX node (compiled graphs: the nodes each kernel computes)</h3>"
+            + page._table([("module", "text"), ("FX nodes", "text"), ("before: operators", "text"),
+                           ("after: operators", "text"), ("before ms / it.", "num"), ("after ms / it.", "num")],
+                          rows, "fx_pairs", scroll=True))
+
+
+def _operators_section(compare: pd.DataFrame, pairs: pd.DataFrame, base_name: str, variant_name: str,
+                       nodes: pd.DataFrame | None = None) -> str:
     rows = [f"{page._name_cell(r['operator'], r['operator'][:80])}<td>{esc(r['side'])}</td>"
             + page._num_cell(r["a_ms"], page._fmt(r["a_ms"], 3)) + page._num_cell(r["b_ms"], page._fmt(r["b_ms"], 3))
             + page._num_cell(r["delta_ms"], page._fmt(r["delta_ms"], 3)) + f"<td>{esc(r['change'])}</td>"
@@ -171,7 +233,7 @@ def _operators_section(compare: pd.DataFrame, pairs: pd.DataFrame, base_name: st
     return (f'<section id="operators"><h2>Before and after, per operator</h2><p>Kernel time per measured iteration '
             f"of each operator in the profile of <code>{esc(base_name)}</code> (before) and of "
             f"<code>{esc(variant_name)}</code> (after); <a href=\"compare.html\">compare.html</a> has the full "
-            "comparison page.</p>" + pair_html + table + "</section>")
+            "comparison page.</p>" + pair_html + _nodes_html(nodes) + table + "</section>")
 
 
 def _coverage_section(coverage: dict, variant_name: str) -> str:
@@ -185,7 +247,7 @@ def _coverage_section(coverage: dict, variant_name: str) -> str:
 
 
 def render_optimize(workload: str, advice: dict, verification: dict, compare: pd.DataFrame, pairs: pd.DataFrame,
-                    variant_name: str, variant_coverage: dict) -> str:
+                    variant_name: str, variant_coverage: dict, nodes: pd.DataFrame | None = None) -> str:
     """The page (module docstring)."""
     warnings = verification.get("warnings") or []
     rec = verification["ablation"]["recommended"]
@@ -200,7 +262,7 @@ def render_optimize(workload: str, advice: dict, verification: dict, compare: pd
     warn_html = ("<section id=\"warnings\"><h2>Warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in warnings)
                  + "</ul></section>") if warnings else ""
     body = (kpis + _advice_section(advice) + _variants_section(verification) + _ablation_section(verification)
-            + _operators_section(compare, pairs, workload, variant_name) + _coverage_section(variant_coverage,
+            + _operators_section(compare, pairs, workload, variant_name, nodes) + _coverage_section(variant_coverage,
                                                                                              variant_name) + warn_html)
     nav = [("advice", "Advice"), ("variants", "Variants"), ("ablation", "Ablation"), ("operators", "Operators"),
            ("coverage", "Coverage")] + ([("warnings", "Warnings")] if warnings else [])

@@ -1,0 +1,134 @@
+"""The optimizer's change vocabulary without torch (the advisor and the workflow read it): each change, its
+preconditions, and what this machine offers them (:func:`machine_features`). How a change is applied:
+:mod:`.changes`; the list with each change explained: docs/optimize.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..errors import WorkloadError
+
+@dataclass(frozen=True)
+class Change:
+    """One change: ``id``; ``summary`` (one line); ``kind``: "setting" | "compiler" | "rewrite"; ``devices``: where
+    it applies ({"cpu", "cuda"}); ``needs``: preconditions among "inference" (not mode train), "compile" (the
+    variant also has the ``compile`` change), "cuda", "native_bf16" (CPU avx512_bf16 or amx_bf16; CUDA
+    capability >= 8.0), "static_shapes"."""
+
+    id: str
+    summary: str
+    kind: str
+    devices: frozenset[str]
+    needs: frozenset[str] = frozenset()
+
+
+def _change(id: str, summary: str, kind: str, devices: Iterable[str] = ("cpu", "cuda"),
+            needs: Iterable[str] = ()) -> Change:
+    return Change(id, summary, kind, frozenset(devices), frozenset(needs))
+
+
+#: Every change, in the canonical order of application.
+CHANGES: dict[str, Change] = {c.id: c for c in [
+    _change("compile", "torch.compile with Inductor, default mode", "compiler"),
+    _change("max_autotune", "Inductor max_autotune: benchmark GEMM/conv choices (no CUDA graphs)", "compiler",
+            needs=["compile"]),
+    _change("cuda_graphs", "Inductor triton.cudagraphs: replay the compiled graph as one CUDA graph", "compiler",
+            devices=["cuda"], needs=["cuda", "compile", "static_shapes"]),
+    _change("freezing", "Inductor freezing: weights become constants, constant folding, conv-BN folding, "
+            "weight prepacking for oneDNN/MKL", "compiler", needs=["inference", "compile"]),
+    _change("bf16_autocast", "torch.autocast(device, torch.bfloat16) around the forward", "setting",
+            needs=["native_bf16"]),
+    _change("tf32", "TF32 for float32 matmul and cuDNN convolutions (allow_tf32)", "setting", devices=["cuda"],
+            needs=["cuda"]),
+    _change("channels_last", "model and 4-D inputs in torch.channels_last memory format", "setting"),
+    _change("sdpa_rewrite", "FX rewrite of explicit attention into F.scaled_dot_product_attention", "rewrite"),
+    _change("conv_bn_fold", "FX fold of Conv2d + BatchNorm2d (eval mode) into one Conv2d", "rewrite",
+            needs=["inference"]),
+    _change("cast_pair_cancel", "FX removal of exact cast round trips (widen then back, e.g. fp32->fp64->fp32)",
+            "rewrite"),
+    _change("keep_rnn_library", "keep nn.LSTM/GRU/RNN as the library kernel (cuDNN / oneDNN) when compiling: "
+            "torch._dynamo.config.allow_rnn False, Dynamo breaks the graph there instead of unrolling",
+            "compiler", needs=["compile"]),
+]}
+
+_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def canonical(changes: Iterable[str]) -> tuple[str, ...]:
+    """The changes, deduplicated, in the canonical order of :data:`CHANGES`. Raises WorkloadError for an
+    unknown id, naming the known ones."""
+    given = list(changes)
+    unknown = [c for c in given if c not in CHANGES]
+    if unknown:
+        raise WorkloadError(f"unknown change(s) {', '.join(map(repr, unknown))}; known: {', '.join(CHANGES)}")
+    return tuple(c for c in CHANGES if c in set(given))
+
+
+def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str] | None:
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
+    """What the preconditions need to know of this machine for ``device`` ("cpu" or "cuda"):
+    ``native_bf16`` (bool), ``native_bf16_source`` (the flags or capability it was read from), ``cuda`` (a CUDA
+    device is usable), and on CPU ``cpu_flags`` (from ``cpuinfo``, None when unreadable), on CUDA
+    ``capability`` ((major, minor) of device 0)."""
+    features: dict[str, Any] = {"device": device}
+    if device == "cpu":
+        flags = _cpu_flags(cpuinfo)
+        found = sorted(set(flags or ()) & set(_CPU_BF16_FLAGS))
+        features.update(cpu_flags=flags, native_bf16=bool(found),
+                        native_bf16_source=(f"{cpuinfo} flags: {', '.join(found)}" if found else
+                                            f"{cpuinfo} has neither {' nor '.join(_CPU_BF16_FLAGS)}"
+                                            if flags is not None else f"{cpuinfo} unreadable"))
+        features["cuda"] = False
+        return features
+    import torch
+
+    available = torch.cuda.is_available()
+    features["cuda"] = available
+    capability = torch.cuda.get_device_capability() if available else None
+    features["capability"] = capability
+    features["native_bf16"] = bool(capability and capability >= (8, 0))
+    features["native_bf16_source"] = (f"CUDA capability {capability[0]}.{capability[1]} (bf16 needs >= 8.0)"
+                                      if capability else "no CUDA device")
+    return features
+
+
+def precondition_problems(changes: Iterable[str], device: str, mode: str, features: dict,
+                          static_shapes: bool = True) -> list[str]:
+    """One sentence per unmet precondition, naming the change and why; [] when every change can apply.
+    ``mode``: "infer" or "train"; ``features``: :func:`machine_features`; ``static_shapes``: the workload's
+    input shapes are fixed (the harness runs fixed example inputs)."""
+    given = list(changes)
+    unknown = [c for c in given if c not in CHANGES]
+    problems = [f"unknown change {c!r}; known: {', '.join(CHANGES)}" for c in unknown]
+    chosen = set(given) - set(unknown)
+    for change_id in [c for c in CHANGES if c in chosen]:
+        change = CHANGES[change_id]
+        if device not in change.devices:
+            problems.append(f"{change_id} applies only on {' or '.join(sorted(change.devices))}, not on {device}")
+        for need in sorted(change.needs):
+            if need == "inference" and mode == "train":
+                problems.append(f"{change_id} needs inference (mode infer): in mode train it would change what "
+                                "is trained")
+            elif need == "compile" and "compile" not in chosen:
+                problems.append(f"{change_id} needs torch.compile: add the change 'compile'")
+            elif need == "cuda" and (device != "cuda" or not features.get("cuda")):
+                if device in change.devices:
+                    problems.append(f"{change_id} needs a usable CUDA device")
+            elif need == "native_bf16" and not features.get("native_bf16"):
+                problems.append(f"{change_id} needs native bf16 on {device} "
+                                f"({features.get('native_bf16_source', 'machine features unknown')}): "
+                                "bf16 would be emulated and slower than fp32")
+            elif need == "static_shapes" and not static_shapes:
+                problems.append(f"{change_id} needs static input shapes (a CUDA graph replays fixed shapes)")
+    return problems
