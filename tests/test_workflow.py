@@ -269,7 +269,7 @@ def test_aggregation_option_edit_reruns_only_aggregate_and_reports(finished_run,
     assert result.returncode == 0, result.stderr[-2000:]
     counts = job_counts(result.stdout)
     assert counts.pop("all") == 1
-    assert counts == {"aggregate": 4, "report": 4, "report_html": 4}
+    assert counts == {"aggregate": 4, "advise": 4, "report": 4, "report_html": 4}
 
 
 @pytest.mark.workflow
@@ -285,7 +285,8 @@ def test_report_option_edit_reruns_only_the_reports(finished_run, tmp_path):
 
 @pytest.mark.workflow
 def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
-    """One more (uncompiled) workload plans its own 9 jobs (with export_trace, report_html) and nothing of the others."""
+    """One more (uncompiled) workload plans its own 11 jobs (with export_trace, report_html, advise) and nothing of the
+    others."""
     work, _ = finished_run
     edited = tmp_path / "edited.yaml"
     extra = {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}
@@ -294,7 +295,7 @@ def test_new_workload_runs_only_its_own_jobs(finished_run, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert job_counts(result.stdout) == {"all": 1, "select_clocks": 1, "capture_timeline": 1, "export_timeline": 1,
                                          "classify_layers": 1, "attribute": 1, "compute_work": 1, "aggregate": 1,
-                                         "report": 1, "report_html": 1, "export_trace": 1}
+                                         "advise": 1, "report": 1, "report_html": 1, "export_trace": 1}
     jobs = re.findall(r"wildcards: workload=(\w+)", result.stdout)
     assert set(jobs) == {"lstm_small"}, jobs
 

@@ -322,6 +322,7 @@ def optimize_report_inputs(wildcards):
     folder = f"results/{variant_name(wildcards.workload, new)}"
     return {
         "variant_report": f"{folder}/report.md",
+        "variant_html": f"{folder}/report.html",
         "variant_operators": f"{folder}/operators.parquet",
         "variant_coverage": f"{folder}/coverage.json",
         "base_report": f"results/{wildcards.workload}/report.md",

@@ -1,0 +1,112 @@
+"""The optimize workflow for real on a tiny eager workload: profile -> advise -> the advised variant profiled by the
+same rules -> verify_variants (real interleaved timing in two processes, numerics) -> optimize/report.html; and a
+rule catalog edit that re-runs only the advice and what follows."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+import yaml
+from workflow_runs import TINY, custom_env, job_counts, snakemake
+
+from operator_profiler.optimize import evidence
+
+NAME = "tiny_mlp"
+WORKLOAD = {"kind": "mlp", "compile": False, "width": 32, "expansion": 2, "n_block": 2, "batch_size": 2, "seq_len": 8}
+CONFIG = {**{k: v for k, v in TINY.items() if k != "workloads"}, "workloads": {NAME: WORKLOAD},
+          "optimize": {"workloads": [NAME]}}
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    work = tmp_path_factory.mktemp("opt")
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    env = custom_env(work)
+    # max_autotune (in the strong baseline) with only ATen's GEMMs: one choice, nothing to benchmark; the test is of
+    # the workflow, and a CPU GEMM template's benchmarking takes 10-20 s per process here
+    env["TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS"] = "ATEN"
+    result = snakemake(work, config, env=env, cores=2)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return work, config
+
+
+@pytest.mark.workflow
+def test_advice_quotes_the_profile_and_names_the_variant(optimized):
+    work, _ = optimized
+    advice = json.loads((work / "results" / NAME / "advice.json").read_text())
+    operators = pd.read_parquet(work / "results" / NAME / "operators.parquet")
+    offered = {r["change"]: r for r in advice["advice"]}
+    # an eager profile of short calls: compile (fusion); an inference profile of Linear layers: freezing
+    assert {"compile", "freezing"} <= set(offered)
+    short = operators[~operators["operator"].str.split("+").map(lambda ops: bool(set(ops) & evidence.GEMM_OPS))
+                      & (operators["mean_kernel_ns"] < evidence.SHORT_CALL_NS)]
+    assert offered["compile"]["value"] == pytest.approx(short["time_share"].sum())
+    weights = operators[operators["operator"].isin(evidence.WEIGHT_GEMM_OPS)]
+    assert offered["freezing"]["value"] == pytest.approx(weights["time_share"].sum())
+    assert advice["advised_changes"][:2] == ["compile", "freezing"]
+    report = (work / "results" / NAME / "report.md").read_text()
+    assert "## Advice" in report and "**compile** (rule `compile_short_ops`)" in report
+
+
+@pytest.mark.workflow
+def test_the_advised_variant_is_profiled_by_the_same_rules(optimized):
+    work, _ = optimized
+    advice = json.loads((work / "results" / NAME / "advice.json").read_text())
+    variant = work / "results" / "+".join([NAME, *advice["advised_changes"]])
+    run = json.loads((variant / "capture" / "run.json").read_text())
+    assert run["changes"] == advice["advised_changes"] and run["compiled"] is True
+    assert run["change_checks"]["freezing"]["prepacked"] >= 2 * WORKLOAD["n_block"]
+    coverage = json.loads((variant / "coverage.json").read_text())
+    assert coverage["coverage_time"] >= 0.95
+    assert (variant / "report.md").is_file() and (variant / "report.html").is_file()
+
+
+@pytest.mark.workflow
+def test_verification_measures_baselines_and_the_ablation_and_the_page_shows_them(optimized):
+    work, _ = optimized
+    advice = json.loads((work / "results" / NAME / "advice.json").read_text())
+    verification = json.loads((work / "results" / NAME / "optimize" / "verification.json").read_text())
+    assert verification["repetitions"] >= 20 and verification["processes"] >= 2
+    variants = verification["variants"]
+    assert {"fp32_eager", "compile_default", "strong_generic"} <= set(variants)
+    for name, v in variants.items():
+        assert v["rejected"] is None, (name, v["rejected"])
+        assert v["numerics"]["ok"], (name, v["numerics"])
+        assert v["repetitions"] >= 20 and v["ci_ms"][0] <= v["median_ms"] <= v["ci_ms"][1]
+        assert v["faults_per_iteration"]["total"] is not None
+    steps = verification["ablation"]["steps"]
+    assert [s["change"] for s in steps] == advice["advised_changes"]
+    for step in steps:  # credit only for a step whose interval lies above 1
+        assert (step["decision"] == "kept") == (step["credit"] is not None)
+        if step["decision"] == "kept":
+            assert step["speedup"]["ci"][0] > 1
+    recommended = verification["ablation"]["recommended"]
+    assert set(recommended["changes"]) <= set(advice["advised_changes"]) | {"compile"}
+    page = (work / "results" / NAME / "optimize" / "report.html").read_text()
+    for section in ("Advice", "Variants and baselines", "Ablation", "Before and after, per operator",
+                    "Coverage of the optimized profile"):
+        assert f">{section}</h2>" in page, section
+    assert re.search(r'id="variants".*fp32_eager.*strong_generic', page, re.S)
+    assert (work / "results" / NAME / "optimize" / "compare.html").is_file()
+
+
+@pytest.mark.workflow
+def test_a_catalog_edit_reruns_only_the_advice_and_what_follows(optimized, tmp_path):
+    work, _ = optimized
+    from operator_profiler.optimize.advisor import CATALOG
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(CATALOG.read_text().replace("measure: weight_gemm_share\n  min: 0.2",
+                                                   "measure: weight_gemm_share\n  min: 0.99"))
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump({**CONFIG, "optimize": {**CONFIG["optimize"], "catalog": str(catalog)}}))
+    result = snakemake(work, edited, "-n", env=custom_env(work))
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts = job_counts(result.stdout)
+    assert counts.pop("all") == 1
+    # the base and the variant profile's advice, their reports, the verification and the page; no capture
+    assert counts == {"advise": 2, "report": 2, "verify_variants": 1, "optimize_report": 1}, counts
