@@ -121,7 +121,38 @@ def replicate(src: Path, dst: Path, copies: int) -> None:
     tmp.rename(dst)
 
 
-def hta_python(cache: Path, given: str | None) -> str:
+ORJSON = r"""
+import gzip, json, resource, sys, time
+t0 = time.perf_counter()
+import orjson
+t1 = time.perf_counter()
+with gzip.open(sys.argv[1], "rb") as fh:
+    text = fh.read()
+t2 = time.perf_counter()
+doc = orjson.loads(text)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "parse_s": t3 - t2, "stacks_s": 0.0, "work_s": t3 - t2,
+                  "rows": len(doc["traceEvents"]), "kernels": 0, "warnings": 0, "decompressed_mb": len(text) / 1e6,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+GUNZIP = r"""
+import gzip, json, resource, sys, time
+t0 = time.perf_counter()
+n = 0
+with gzip.open(sys.argv[1], "rb") as fh:
+    while block := fh.read(8 << 20):
+        n += len(block)
+t1 = time.perf_counter()
+print(json.dumps({"import_s": 0.0, "parse_s": t1 - t0, "stacks_s": 0.0, "work_s": t1 - t0, "rows": 0,
+                  "kernels": 0, "warnings": 0, "decompressed_mb": n / 1e6,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def hta_python(cache: Path, given: str | None, install: bool) -> str | None:
+    """An interpreter that imports ``hta``: ``given``, this one, the cached venv, or (``install``) a new venv;
+    None when there is none (the HTA side is then skipped and said so)."""
     if given:
         return given
     probe = subprocess.run([sys.executable, "-c", "import hta"], capture_output=True)
@@ -130,6 +161,8 @@ def hta_python(cache: Path, given: str | None) -> str:
     env = cache / "hta-venv"
     python = env / "bin" / "python"
     if not python.exists():
+        if not install:
+            return None
         print(f"creating {env} with {HTA_REQUIREMENT} (once) ...", flush=True)
         venv.create(env, with_pip=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", HTA_REQUIREMENT], check=True)
@@ -149,47 +182,80 @@ def run(python: str, script: str, trace: Path) -> dict:
     return result
 
 
+def replica(cache: Path, trace: Path, copies: int) -> Path:
+    big = cache / f"{trace.name.removesuffix('.json.gz')}_x{copies}.json.gz"
+    if not big.exists():
+        print(f"writing {big} ...", flush=True)
+        # in a child: ru_maxrss survives fork+exec, so this (small) process must stay small
+        subprocess.run([sys.executable, __file__, "--write-replica", str(trace), str(big), str(copies)], check=True)
+    return big
+
+
+def load() -> str:
+    return "load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--write-replica"]:
         replicate(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--replicas", type=int, default=10, help="copies in the replicated trace (0: skip it)")
+    parser.add_argument("--sizes", default="1,3,10", help="replica counts to measure (1: the trace itself)")
     parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
                         / "operator_profiler" / "bench")
     parser.add_argument("--hta-python", help="interpreter with HolisticTraceAnalysis installed")
+    parser.add_argument("--install-hta", action="store_true",
+                        help=f"create <cache-dir>/hta-venv with {HTA_REQUIREMENT} when no interpreter has it (needs PyPI)")
     args = parser.parse_args()
     if not args.trace.is_file():
         raise SystemExit(f"trace not found: {args.trace}")
     args.cache_dir.mkdir(parents=True, exist_ok=True)
-    traces = [args.trace]
-    if args.replicas > 1:
-        big = args.cache_dir / f"{args.trace.name.removesuffix('.json.gz')}_x{args.replicas}.json.gz"
-        if not big.exists():
-            print(f"writing {big} ...", flush=True)
-            # in a child: ru_maxrss survives fork+exec, so this (small) process must stay small
-            subprocess.run([sys.executable, __file__, "--write-replica", str(args.trace), str(big), str(args.replicas)],
-                           check=True)
-        traces.append(big)
-    hta = hta_python(args.cache_dir, args.hta_python)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    traces = [(k, args.trace if k == 1 else replica(args.cache_dir, args.trace, k)) for k in sizes]
+    hta = hta_python(args.cache_dir, args.hta_python, args.install_hta)
+    print(f"start: {load()}")
+    if hta is None:
+        print("HTA: not importable here (no --hta-python, no cached venv; --install-hta creates one): HTA side skipped")
 
     met = True
-    print(f"\n{'trace':34s} {'side':5s} {'import s':>8s} {'parse s':>8s} {'stacks s':>8s} {'work s':>8s} "
+    peaks: dict[int, float] = {}
+    print(f"\n{'trace':30s} {'side':12s} {'import s':>8s} {'parse s':>8s} {'stacks s':>8s} {'work s':>8s} "
           f"{'process s':>9s} {'peak RSS MB':>11s} {'rows':>9s} {'kernels':>8s}")
-    for trace in traces:
-        ours, theirs = run(sys.executable, OURS, trace), run(hta, HTA, trace)
-        for side, r in (("ours", ours), ("HTA", theirs)):
-            print(f"{trace.name[:34]:34s} {side:5s} {r['import_s']:8.2f} {r['parse_s']:8.2f} {r['stacks_s']:8.2f} "
-                  f"{r['work_s']:8.2f} {r['process_s']:9.2f} {r['peak_rss_mb']:11.0f} {r['rows']:9d} {r['kernels']:8d}")
-        speed = theirs["work_s"] / ours["work_s"]
-        speed_process = theirs["process_s"] / ours["process_s"]
-        memory = ours["peak_rss_mb"] / theirs["peak_rss_mb"]
-        ok = speed >= 5 and memory <= 1 / 3
+    for k, trace in traces:
+        sides = [("ours", run(sys.executable, OURS, trace)), ("orjson.loads", run(sys.executable, ORJSON, trace)),
+                 ("gunzip", run(sys.executable, GUNZIP, trace))]
+        if hta is not None:
+            sides.append(("HTA", run(hta, HTA, trace)))
+        r = dict(sides)
+        for side, x in sides:
+            print(f"{trace.name[:30]:30s} {side:12s} {x['import_s']:8.2f} {x['parse_s']:8.2f} {x['stacks_s']:8.2f} "
+                  f"{x['work_s']:8.2f} {x['process_s']:9.2f} {x['peak_rss_mb']:11.0f} {x['rows']:9d} {x['kernels']:8d}")
+        ours = r["ours"]
+        peaks[k] = ours["peak_rss_mb"]
+        line = (f"  x{k} ({r['gunzip']['decompressed_mb']:.0f} MB JSON): ours / orjson.loads time "
+                f"{ours['work_s'] / r['orjson.loads']['work_s']:.2f} (goal < 1 at x10)")
+        ok = k != 10 or ours["work_s"] < r["orjson.loads"]["work_s"]
+        if "HTA" in r:
+            theirs = r["HTA"]
+            speed = theirs["work_s"] / ours["work_s"]
+            memory = ours["peak_rss_mb"] / theirs["peak_rss_mb"]
+            goal = 6 if k == 10 else 3 if k == 1 else 0
+            line += (f"; HTA/ours time {speed:.2f}x (whole process {theirs['process_s'] / ours['process_s']:.2f}x, goal "
+                     f">= {goal}x), ours/HTA peak RSS {memory:.2f} (goal <= 0.25)")
+            ok &= speed >= goal and memory <= 0.25
+        else:
+            line += "; HTA n/a"
         met &= ok
-        print(f"{'':34s} ratio: HTA/ours time {speed:.2f}x (whole process {speed_process:.2f}x), "
-              f"ours/HTA peak RSS {memory:.2f} -> goal (>= 5x, <= 0.33) {'MET' if ok else 'NOT MET'}")
-    print(f"\ngoal {'MET' if met else 'NOT MET'}")
+        print(line + f" -> {'MET' if ok else 'NOT MET'}")
+    if len(peaks) > 1:
+        first = min(peaks)
+        growth = ", ".join(f"x{k}: {peaks[k] / peaks[first]:.2f}" for k in sorted(peaks))
+        sub = all(peaks[k] / peaks[first] < k / first for k in peaks if k != first)
+        met &= sub
+        print(f"\nours peak RSS relative to x{first} ({growth}): {'less than linear' if sub else 'NOT less than linear'}")
+    print(f"end: {load()}")
+    print(f"\ngoals measured here {'MET' if met else 'NOT MET'}" + ("" if hta else " (HTA goals not measured)"))
 
 
 if __name__ == "__main__":

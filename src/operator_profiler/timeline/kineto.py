@@ -10,7 +10,9 @@ from array import array
 from collections import Counter
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -18,7 +20,7 @@ from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import Ticker
 from .model import (ACTIVITY_COLUMNS, DISPATCHER_OP, METADATA_OPS, Timeline, external_id_mode, finish_kernels,
                     write_timeline)
-from .trace_json import KinetoTrace, TimelineError, open_trace
+from .trace_json import EXACT_TS_LIMIT, KinetoTrace, TimelineError, open_trace
 
 __all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_timeline"]
 
@@ -282,11 +284,125 @@ KERNEL_LAUNCH_API = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunc
 MEMORY_CATEGORIES = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
 
 
+# The fields read_kineto reads, as msgspec structs: a chunk of events that fits them is decoded without
+# building the rest of each event (args of a GPU event hold a dozen more; every key is skipped in C).
+# UNSET keeps "absent" apart from JSON null where the reader tells them apart (``args.get("device", pid)``).
+# A chunk that does not fit (a float pid, an event that is not an object, ...) comes as dicts instead
+# (trace_json.KinetoTrace.chunks), read by the general loop: both give the same rows.
+_UNSET = msgspec.UNSET
+_IntField = int | str | None | msgspec.UnsetType
+_RawField = msgspec.Raw | msgspec.UnsetType
+
+
+class _Args(msgspec.Struct, gc=False):
+    seq: _IntField = msgspec.field(default=_UNSET, name="Sequence number")
+    fwd: _IntField = msgspec.field(default=_UNSET, name="Fwd thread id")
+    ext: _IntField = msgspec.field(default=_UNSET, name="External id")
+    ext_lower: _IntField = msgspec.field(default=_UNSET, name="external id")
+    correlation: _IntField = _UNSET
+    device: _IntField = _UNSET
+    stream: _IntField = _UNSET
+    grid: Any = _UNSET
+    block: Any = _UNSET
+    graph_id: _IntField = msgspec.field(default=_UNSET, name="graph id")
+    graph_node_id: _IntField = msgspec.field(default=_UNSET, name="graph node id")
+    nbytes: _IntField = msgspec.field(default=_UNSET, name="bytes")
+    # record_shapes: kept as the raw JSON text (a per-event decode + encode cost ~8 µs per op event)
+    dims: _RawField = msgspec.field(default=_UNSET, name="Input Dims")
+    types: _RawField = msgspec.field(default=_UNSET, name="Input type")
+    concrete: _RawField = msgspec.field(default=_UNSET, name="Concrete Inputs")
+    strides: _RawField = msgspec.field(default=_UNSET, name="Input Strides")
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None | msgspec.UnsetType = _UNSET
+    cat: str | None | msgspec.UnsetType = _UNSET
+    name: str | None | msgspec.UnsetType = _UNSET
+    pid: _IntField = _UNSET
+    tid: _IntField = _UNSET
+    ts: int | float | None | msgspec.UnsetType = _UNSET
+    dur: int | float | None | msgspec.UnsetType = _UNSET
+    id: Any = _UNSET
+    args: _Args | None | msgspec.UnsetType = _UNSET
+
+
+class _ExactEvent(_Event, gc=False):
+    """For a chunk holding a fractional ``ts`` of 13+ integer digits: a float may not determine its ns."""
+    ts: int | Decimal | None | msgspec.UnsetType = _UNSET
+    dur: int | Decimal | None | msgspec.UnsetType = _UNSET
+
+
+def _typed_needs_exact(events: list) -> bool:
+    """Whether a float ``ts`` is beyond trace_json.EXACT_TS_LIMIT µs (its ns then need the decimal text)."""
+    limit = EXACT_TS_LIMIT
+    for ev in events:
+        ts = ev.ts
+        if ts.__class__ is float and not -limit < ts < limit:
+            return True
+    return False
+
+
+_TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode,
+          _typed_needs_exact)
+_STRUCTS = (_Event, _ExactEvent)
+_EMPTY_ARGS = _Args()
+_NS_INT_LIMIT = (2**63 - 1) // 1000  # µs; an int ts below it has its ns in int64
+
+
+def _absent_to_none(value):
+    return None if value is _UNSET else value
+
+
+def _ns_fast(values: list) -> np.ndarray | None:
+    """µs values -> int64 ns as :func:`_to_ns` gives them, vectorised; None unless every value is an int (ns =
+    value * 1000 in int64) or every value is a float of magnitude below 2**42 µs (where ``round(value * 1000)``
+    is :func:`_to_ns`'s exact result, rounded half to even like ``np.rint``)."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    a = np.array(values)
+    if a.dtype == np.int64:
+        if -_NS_INT_LIMIT < a.min() and a.max() < _NS_INT_LIMIT:
+            return a * 1000
+    elif a.dtype == np.float64:
+        if (np.abs(a) < _FLOAT_FAST_LIMIT).all():
+            return np.rint(a * 1000.0).astype(np.int64)
+    return None
+
+
+def _int_column(values: list) -> np.ndarray:
+    """Values of an :data:`_IntField` -> int64 as :func:`_int_or_null` gives them (:data:`NULL_INT` for null)."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    a = np.array(values)
+    if a.dtype == np.int64:
+        return a
+    return np.array([_int_or_null(_absent_to_none(v)) for v in values], dtype=np.int64)
+
+
+def _shapes_text(args: _Args, cache: dict) -> str | None:
+    """record_shapes args -> the compact JSON ``[dims, types, concrete inputs, strides]`` (None without dims),
+    from their raw text; equal raw texts share one string."""
+    key = (bytes(args.dims), None if args.types is _UNSET else bytes(args.types),
+           None if args.concrete is _UNSET else bytes(args.concrete),
+           None if args.strides is _UNSET else bytes(args.strides))
+    text = cache.get(key, _UNSET)
+    if text is _UNSET:
+        if key[0] == b"null":
+            text = None
+        else:
+            text = _COMPACT_JSON([None if part is None else json.loads(part) for part in key])
+        cache[key] = text
+    return text
+
+
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _external_id(args: dict) -> int | None:
     return _int_or_none(args.get("External id", args.get("external id")))
 
 
-def read_kineto(path: Path) -> Timeline:
+def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     """Read a torch.profiler Chrome trace (GPU or CPU-only) into the timeline tables.
 
     Returns:
@@ -304,10 +420,15 @@ def read_kineto(path: Path) -> Timeline:
         TimelineError: the file is not a Kineto trace, is truncated or malformed beyond one event
             (:mod:`.trace_json`), an event lacks ``ts``/``dur`` (named with its index in
             ``traceEvents`` and its byte offset), or the trace holds neither kernels nor ops.
+
+    ``typed=False`` reads every event through the general (dict) loop: the same tables, slower; for tests
+    that check the two paths against each other.
     """
     path = Path(path)
     trace = load_trace(path)
-    base = int(trace.get("baseTimeNanoseconds") or 0)
+    # Times are read relative to baseTimeNanoseconds, which is added once at the end: Kineto writes it
+    # after traceEvents, and reading it first would cost a decompression pass of a .gz (trace_json).
+    base = 0
     # Columns are filled directly (no dict per event): the loop runs once per event of traces with
     # millions of them. Integers go to array('q') (8 bytes each, no int objects; a null is NULL_INT)
     # and repeated strings (op and API names) are shared through one dict, so the columns stay small.
@@ -331,8 +452,122 @@ def read_kineto(path: Path) -> Timeline:
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     null = NULL_INT
     ticker = Ticker(f"reading {path.name}")
-    for first, events in trace.chunks():
+    shapes_cache: dict = {}
+
+    def ns_or_error(rows: list, positions: list, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """start and end (relative ns) of typed X events, or the reader's error for the first without them."""
+        start = _ns_fast([e.ts for e in rows])
+        dur = _ns_fast([e.dur for e in rows]) if start is not None else None
+        if start is not None and dur is not None:
+            return start, start + dur
+        start, end = [], []
+        for ev, i in zip(rows, positions):
+            try:
+                start.append(to_ns(ev.ts))
+                end.append(start[-1] + to_ns(ev.dur))
+            except (TypeError, ArithmeticError, ValueError):
+                raise TimelineError(
+                    f"{path}: traceEvents[{first + i}] at byte offset {trace.offset(first + i)} "
+                    f"({_absent_to_none(ev.name)!r}, cat {ev.cat!r}) has no valid ts/dur; the trace is truncated or "
+                    "not written by torch.profiler") from None
+        return np.array(start, dtype=np.int64), np.array(end, dtype=np.int64)
+
+    def names_of(rows: list) -> list[str]:
+        names = [e.name for e in rows]
+        return [shared.setdefault(n, n) if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
+
+    def typed_chunk(events: list, first: int) -> None:
+        """The events of a chunk decoded as :class:`_Event` into the columns, a column at a time."""
+        categories.update([e.cat for e in events])
+        in_ranges, in_launches, in_kernels = [], [], []
+        for i, ev in enumerate(events):
+            ph = ev.ph
+            if ph == "X":
+                cat = ev.cat
+                if cat in RANGE_CATEGORIES:
+                    in_ranges.append(i)
+                elif cat in LAUNCH_CATEGORIES:
+                    in_launches.append(i)
+                elif cat in KERNEL_CATEGORIES:
+                    in_kernels.append(i)
+                elif cat in MEMORY_CATEGORIES:
+                    margs = ev.args or _EMPTY_ARGS
+                    corr = _int_or_none(_absent_to_none(margs.correlation))
+                    if corr is not None:
+                        memory_correlations.add(corr)
+                    as_dict = {k: v for k, v in (("ts", ev.ts), ("dur", ev.dur), ("name", ev.name), ("pid", ev.pid),
+                                                 ("tid", ev.tid)) if v is not _UNSET}
+                    args_dict = {k: v for k, v in (("device", margs.device), ("stream", margs.stream),
+                                                   ("bytes", margs.nbytes)) if v is not _UNSET}
+                    memory_rows.append(_memory_row(as_dict, cat, args_dict, corr, base))
+            elif (ph == "s" or ph == "f") and ev.cat == "fwdbwd":
+                pid, tid = _int_or_none(_absent_to_none(ev.pid)), _int_or_none(_absent_to_none(ev.tid))
+                if ev.ts is not None and ev.ts is not _UNSET and pid is not None and tid is not None:
+                    flow_rows.append((_absent_to_none(ev.id), ph, pid, tid, base + to_ns(ev.ts)))
+        if in_ranges:
+            rows = [events[i] for i in in_ranges]
+            start, end = ns_or_error(rows, in_ranges, first)
+            pid, tid = _int_column([e.pid for e in rows]), _int_column([e.tid for e in rows])
+            keep = (pid != null) & (tid != null)
+            if not keep.all():
+                rows = [e for e, k in zip(rows, keep.tolist()) if k]
+                start, end, pid, tid = start[keep], end[keep], pid[keep], tid[keep]
+                in_order = np.array(in_ranges, dtype=np.int64)[keep]
+            else:
+                in_order = np.array(in_ranges, dtype=np.int64)
+            args = [e.args or _EMPTY_ARGS for e in rows]
+            r_pid.frombytes(pid.tobytes())
+            r_tid.frombytes(tid.tobytes())
+            r_start.frombytes(start.tobytes())
+            r_end.frombytes(end.tobytes())
+            r_name.extend(names_of(rows))
+            r_kind.extend([RANGE_CATEGORIES[e.cat] for e in rows])
+            r_seq.frombytes(_int_column([a.seq for a in args]).tobytes())
+            r_fwd.frombytes(_int_column([a.fwd for a in args]).tobytes())
+            r_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower
+                                         for a in args]).tobytes())
+            r_shapes.extend([None if a.dims is _UNSET else _shapes_text(a, shapes_cache) for a in args])
+            r_order.frombytes((in_order + first).tobytes())
+        if in_launches:
+            rows = [events[i] for i in in_launches]
+            start, end = ns_or_error(rows, in_launches, first)
+            args = [e.args or _EMPTY_ARGS for e in rows]
+            l_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
+            l_tid.frombytes(_int_column([e.tid for e in rows]).tobytes())
+            l_start.frombytes(start.tobytes())
+            l_end.frombytes(end.tobytes())
+            l_api.extend(names_of(rows))
+            l_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
+            l_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower
+                                         for a in args]).tobytes())
+        if in_kernels:
+            rows = [events[i] for i in in_kernels]
+            start, end = ns_or_error(rows, in_kernels, first)
+            args = [e.args or _EMPTY_ARGS for e in rows]
+            # docs/field-cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
+            valid = (start != 0) & (end >= start)
+            k_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
+            k_device.frombytes(_int_column([e.pid if (v := a.device) is _UNSET else v
+                                            for e, a in zip(rows, args)]).tobytes())
+            k_stream.frombytes(_int_column([e.tid if (v := a.stream) is _UNSET else v
+                                            for e, a in zip(rows, args)]).tobytes())
+            k_name.extend(names_of(rows))
+            k_start.frombytes(start.tobytes())
+            k_end.frombytes(np.where(valid, end, start).tobytes())
+            k_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
+            for col, values in ((k_grid, [a.grid for a in args]), (k_block, [a.block for a in args])):
+                col.extend([None if (x := _xyz(v)) is None else shared.setdefault(x, x) for v in values])
+            k_graph.frombytes(_int_column([a.graph_id for a in args]).tobytes())
+            k_node.frombytes(_int_column([a.graph_node_id for a in args]).tobytes())
+            k_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower
+                                         for a in args]).tobytes())
+            k_valid.extend(valid.tobytes())
+
+    for first, events in trace.chunks(_TYPED if typed else None):
         ticker.tick(first, "events", trace.fraction_read())
+        if events and events[0].__class__ in _STRUCTS:
+            typed_chunk(events, first)
+            continue
         for index, ev in enumerate(events, first):  # one Python loop per chunk of events
             if ev.__class__ is not dict:
                 continue
@@ -433,7 +668,18 @@ def read_kineto(path: Path) -> Timeline:
                 v = args.get("External id")
                 k_ext.append(int_or_null(v if v is not None else args.get("external id")))
                 k_valid.append(valid)
-    del shared
+    del shared, shapes_cache
+    if _UNSET in categories:  # (a typed event without "cat", as the dict loop counts it)
+        categories[None] += categories.pop(_UNSET)
+    base = int(trace.get("baseTimeNanoseconds") or 0)
+    if base:
+        for col in (r_start, r_end, l_start, l_end, k_start, k_end):
+            shifted = _ints(col) + base
+            del col[:]
+            col.frombytes(shifted.tobytes())
+        flow_rows = [(*row[:4], row[4] + base) for row in flow_rows]
+        memory_rows = [None if row is None else (*row[:5], row[5] + base, row[6] + base, *row[7:])
+                       for row in memory_rows]
 
     ranges = pd.DataFrame({
         "pid": _ints(r_pid), "tid": _ints(r_tid), "start_ns": _ints(r_start), "end_ns": _ints(r_end),
