@@ -10,7 +10,7 @@ from array import array
 from collections import Counter
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -155,27 +155,33 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
     """
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
     ranges = _tolerate_early_children(ranges, NEST_TOLERANCE_NS)
-    depth = np.zeros(len(ranges), dtype=np.int64)
-    parent = np.full(len(ranges), -1, dtype=np.int64)
+    # One pass over Python lists (numpy scalar access would dominate the loop); the stack holds positions
+    # and, beside them, their ends.
     pids, tids = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
-    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
-    stack: list[int] = []  # positions
-    prev_thread = None
-    for i in range(len(ranges)):
-        thread = (pids[i], tids[i])
-        if thread != prev_thread:
+    new_thread = np.ones(len(ranges), dtype=bool)
+    new_thread[1:] = (pids[1:] != pids[:-1]) | (tids[1:] != tids[:-1])
+    starts, ends = ranges["start_ns"].to_numpy().tolist(), ranges["end_ns"].to_numpy().tolist()
+    depth, parent = [0] * len(ranges), [-1] * len(ranges)
+    stack: list[int] = []
+    stack_ends: list[int] = []
+    for i, (new, start, end) in enumerate(zip(new_thread.tolist(), starts, ends)):
+        if new:
             stack.clear()
-            prev_thread = thread
-        zero_length = ends[i] == starts[i]
-        while stack and (ends[stack[-1]] < starts[i] or (ends[stack[-1]] == starts[i] and not zero_length)):
+            stack_ends.clear()
+        zero_length = end == start
+        while stack_ends and (stack_ends[-1] < start or (stack_ends[-1] == start and not zero_length)):
             stack.pop()
-        depth[i] = len(stack)
-        parent[i] = stack[-1] if stack else -1
+            stack_ends.pop()
+        if stack:
+            depth[i] = len(stack)
+            parent[i] = stack[-1]
         stack.append(i)
+        stack_ends.append(end)
     ranges = ranges.reset_index(drop=True)
     ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
-    ranges["depth"] = depth
-    ranges["parent_id"] = pd.array([p if p >= 0 else None for p in parent], dtype="Int64")
+    ranges["depth"] = np.array(depth, dtype=np.int64)
+    parent = np.array(parent, dtype=np.int64)
+    ranges["parent_id"] = pd.arrays.IntegerArray(np.maximum(parent, 0), parent < 0)
     return ranges
 
 
@@ -282,6 +288,9 @@ def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFram
 # calls *without* a kernel record are worth a warning).
 KERNEL_LAUNCH_API = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
 MEMORY_CATEGORIES = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
+# X events read a column at a time from typed chunks: 1 range, 2 launch, 3 kernel
+BULK_KIND = {**dict.fromkeys(RANGE_CATEGORIES, 1), **dict.fromkeys(LAUNCH_CATEGORIES, 2),
+             **dict.fromkeys(KERNEL_CATEGORIES, 3)}
 
 
 # The fields read_kineto reads, as msgspec structs: a chunk of events that fits them is decoded without
@@ -320,7 +329,8 @@ class _Event(msgspec.Struct, gc=False):
     name: str | None | msgspec.UnsetType = _UNSET
     pid: _IntField = _UNSET
     tid: _IntField = _UNSET
-    ts: int | float | None | msgspec.UnsetType = _UNSET
+    # a float beyond EXACT_TS_LIMIT µs may not determine its ns: such a chunk is decoded as _ExactEvent
+    ts: int | Annotated[float, msgspec.Meta(gt=-EXACT_TS_LIMIT, lt=EXACT_TS_LIMIT)] | None | msgspec.UnsetType = _UNSET
     dur: int | float | None | msgspec.UnsetType = _UNSET
     id: Any = _UNSET
     args: _Args | None | msgspec.UnsetType = _UNSET
@@ -332,18 +342,7 @@ class _ExactEvent(_Event, gc=False):
     dur: int | Decimal | None | msgspec.UnsetType = _UNSET
 
 
-def _typed_needs_exact(events: list) -> bool:
-    """Whether a float ``ts`` is beyond trace_json.EXACT_TS_LIMIT µs (its ns then need the decimal text)."""
-    limit = EXACT_TS_LIMIT
-    for ev in events:
-        ts = ev.ts
-        if ts.__class__ is float and not -limit < ts < limit:
-            return True
-    return False
-
-
-_TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode,
-          _typed_needs_exact)
+_TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode)
 _STRUCTS = (_Event, _ExactEvent)
 _EMPTY_ARGS = _Args()
 _NS_INT_LIMIT = (2**63 - 1) // 1000  # µs; an int ts below it has its ns in int64
@@ -371,11 +370,18 @@ def _ns_fast(values: list) -> np.ndarray | None:
 
 def _int_column(values: list) -> np.ndarray:
     """Values of an :data:`_IntField` -> int64 as :func:`_int_or_null` gives them (:data:`NULL_INT` for null)."""
-    if not values:
+    n = len(values)
+    if not n:
         return np.zeros(0, dtype=np.int64)
     a = np.array(values)
     if a.dtype == np.int64:
         return a
+    if values[0] is _UNSET and values.count(_UNSET) == n:  # (the field absent from every event)
+        return np.full(n, NULL_INT, dtype=np.int64)
+    if values.count(_UNSET) + values.count(None) < n:
+        a = np.array([NULL_INT if v is _UNSET or v is None else v for v in values])
+        if a.dtype == np.int64:
+            return a
     return np.array([_int_or_null(_absent_to_none(v)) for v in values], dtype=np.int64)
 
 
@@ -472,6 +478,23 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     "not written by torch.profiler") from None
         return np.array(start, dtype=np.int64), np.array(end, dtype=np.int64)
 
+    xyz_cache: dict[tuple, str | None] = {}
+
+    def xyz_text(value) -> str | None:
+        """:func:`_xyz` of a grid/block value, computed once per distinct value (equal elements, such as
+        1 and 1.0, give the same text: ``str(int(v))``)."""
+        if value.__class__ is not list:
+            return _xyz(value)
+        try:
+            key = tuple(value)
+            text = xyz_cache.get(key, _UNSET)
+        except TypeError:  # an unhashable element: _xyz decides
+            return _xyz(value)
+        if text is _UNSET:
+            text = _xyz(value)
+            text = xyz_cache[key] = text if text is None else shared.setdefault(text, text)
+        return text
+
     def names_of(rows: list) -> list[str]:
         names = [e.name for e in rows]
         return [shared.setdefault(n, n) if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
@@ -479,18 +502,15 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     def typed_chunk(events: list, first: int) -> None:
         """The events of a chunk decoded as :class:`_Event` into the columns, a column at a time."""
         categories.update([e.cat for e in events])
-        in_ranges, in_launches, in_kernels = [], [], []
-        for i, ev in enumerate(events):
-            ph = ev.ph
-            if ph == "X":
-                cat = ev.cat
-                if cat in RANGE_CATEGORIES:
-                    in_ranges.append(i)
-                elif cat in LAUNCH_CATEGORIES:
-                    in_launches.append(i)
-                elif cat in KERNEL_CATEGORIES:
-                    in_kernels.append(i)
-                elif cat in MEMORY_CATEGORIES:
+        # what each event is (0: none of the bulk kinds), then the positions of each kind, in file order
+        kind_of = BULK_KIND.get
+        kinds = np.array([kind_of(e.cat, 0) if e.ph == "X" else 0 for e in events], dtype=np.int8)
+        in_ranges, in_launches, in_kernels = (np.flatnonzero(kinds == k).tolist() for k in (1, 2, 3))
+        if (kinds == 0).any():  # memcpy/memset and flow events, one at a time (few)
+            for i in np.flatnonzero(kinds == 0).tolist():
+                ev = events[i]
+                ph, cat = ev.ph, ev.cat
+                if ph == "X" and cat in MEMORY_CATEGORIES:
                     margs = ev.args or _EMPTY_ARGS
                     corr = _int_or_none(_absent_to_none(margs.correlation))
                     if corr is not None:
@@ -500,10 +520,10 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     args_dict = {k: v for k, v in (("device", margs.device), ("stream", margs.stream),
                                                    ("bytes", margs.nbytes)) if v is not _UNSET}
                     memory_rows.append(_memory_row(as_dict, cat, args_dict, corr, base))
-            elif (ph == "s" or ph == "f") and ev.cat == "fwdbwd":
-                pid, tid = _int_or_none(_absent_to_none(ev.pid)), _int_or_none(_absent_to_none(ev.tid))
-                if ev.ts is not None and ev.ts is not _UNSET and pid is not None and tid is not None:
-                    flow_rows.append((_absent_to_none(ev.id), ph, pid, tid, base + to_ns(ev.ts)))
+                elif (ph == "s" or ph == "f") and cat == "fwdbwd":
+                    pid, tid = _int_or_none(_absent_to_none(ev.pid)), _int_or_none(_absent_to_none(ev.tid))
+                    if ev.ts is not None and ev.ts is not _UNSET and pid is not None and tid is not None:
+                        flow_rows.append((_absent_to_none(ev.id), ph, pid, tid, base + to_ns(ev.ts)))
         if in_ranges:
             rows = [events[i] for i in in_ranges]
             start, end = ns_or_error(rows, in_ranges, first)
@@ -556,7 +576,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             k_end.frombytes(np.where(valid, end, start).tobytes())
             k_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
             for col, values in ((k_grid, [a.grid for a in args]), (k_block, [a.block for a in args])):
-                col.extend([None if (x := _xyz(v)) is None else shared.setdefault(x, x) for v in values])
+                col.extend([xyz_text(v) for v in values])
             k_graph.frombytes(_int_column([a.graph_id for a in args]).tobytes())
             k_node.frombytes(_int_column([a.graph_node_id for a in args]).tobytes())
             k_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower

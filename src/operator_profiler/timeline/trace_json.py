@@ -358,13 +358,12 @@ class KinetoTrace:
         """Yield ``(index of the first event, [event, ...])`` in file order: :meth:`events` without a
         generator step per event (the caller loops over each list). Fills :attr:`warnings` when done.
 
-        ``typed``: ``(decode, decode_exact, needs_exact)``, two ``msgspec.json.Decoder(list[SomeStruct]).decode``
-        (the second with ``Decimal`` in place of ``float`` for ``ts``/``dur``) and a test of decoded
-        structs: a chunk that is valid UTF-8 and fits the schema comes as a list of those structs (only
-        the fields they declare are built, the rest is skipped in C), decoded again by ``decode_exact``
-        when ``needs_exact`` finds a ``ts`` that a float may not determine to the ns (as for dicts);
-        any other chunk comes as dicts, exactly as without ``typed``, and single repaired events always
-        do, so the caller handles both."""
+        ``typed``: ``(decode, decode_exact)``, two ``msgspec.json.Decoder(list[SomeStruct]).decode``, the
+        first refusing a float ``ts`` beyond :data:`EXACT_TS_LIMIT` µs, the second taking it as ``Decimal``
+        (the exact text): a chunk that is valid UTF-8 and fits either schema comes as a list of those
+        structs (only the fields they declare are built, the rest is skipped in C); any other chunk comes
+        as dicts, exactly as without ``typed``, and single repaired events always do, so the caller
+        handles both."""
         self._index = 0
         self._typed = typed
         self._skipped, self._repaired, self.warnings = [], [], []
@@ -431,14 +430,16 @@ class KinetoTrace:
         text = b"[" + self._reader.buf[lo:hi] + b"]"
         # msgspec does not check the UTF-8 of the strings it skips; the general path repairs them and warns
         if self._typed is not None and (text.isascii() or _is_utf8(text)):
-            decode, decode_exact, needs_exact = self._typed
+            decode, decode_exact = self._typed
             try:
-                evs = decode(text)
-                if _BIG_FRACTIONAL_TS.search(text) is not None and needs_exact(evs):
-                    evs = decode_exact(text)
-                return evs
-            except msgspec.DecodeError:  # (ValidationError is one) not the schema, or not valid JSON:
-                pass  # the general path decides
+                return decode(text)
+            except msgspec.ValidationError:
+                try:  # a float ts beyond EXACT_TS_LIMIT fails the first schema, not this one
+                    return decode_exact(text)
+                except msgspec.DecodeError:
+                    pass
+            except msgspec.DecodeError:
+                pass  # not the schema, or not valid JSON: the general path decides
         if self._exact:
             return orjson.loads(_quote_ts(text))
         if _BIG_FRACTIONAL_TS.search(text) is not None:  # cheaper than looking at every parsed ts
