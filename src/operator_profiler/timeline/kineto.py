@@ -295,27 +295,29 @@ BULK_KIND = {**dict.fromkeys(RANGE_CATEGORIES, 1), **dict.fromkeys(LAUNCH_CATEGO
 
 # The fields read_kineto reads, as msgspec structs: a chunk of events that fits them is decoded without
 # building the rest of each event (args of a GPU event hold a dozen more; every key is skipped in C).
-# UNSET keeps "absent" apart from JSON null where the reader tells them apart (``args.get("device", pid)``).
-# A chunk that does not fit (a float pid, an event that is not an object, ...) comes as dicts instead
-# (trace_json.KinetoTrace.chunks), read by the general loop: both give the same rows.
+# A field is None when absent or JSON null, except where the dict loop tells them apart: UNSET marks
+# "absent" for ``name`` (absent "", null "None"), ``args.device``/``args.stream`` (absent: the event's
+# pid/tid) and the record_shapes members. A chunk that does not fit (a float pid, an event that is not an
+# object, ...) comes as dicts instead (trace_json.KinetoTrace.chunks), read by the general loop: both give
+# the same rows (tests/test_kineto_typed_reader.py).
 _UNSET = msgspec.UNSET
-_IntField = int | str | None | msgspec.UnsetType
+_IntField = int | str | None
 _RawField = msgspec.Raw | msgspec.UnsetType
 
 
 class _Args(msgspec.Struct, gc=False):
-    seq: _IntField = msgspec.field(default=_UNSET, name="Sequence number")
-    fwd: _IntField = msgspec.field(default=_UNSET, name="Fwd thread id")
-    ext: _IntField = msgspec.field(default=_UNSET, name="External id")
-    ext_lower: _IntField = msgspec.field(default=_UNSET, name="external id")
-    correlation: _IntField = _UNSET
-    device: _IntField = _UNSET
-    stream: _IntField = _UNSET
-    grid: Any = _UNSET
-    block: Any = _UNSET
-    graph_id: _IntField = msgspec.field(default=_UNSET, name="graph id")
-    graph_node_id: _IntField = msgspec.field(default=_UNSET, name="graph node id")
-    nbytes: _IntField = msgspec.field(default=_UNSET, name="bytes")
+    seq: _IntField = msgspec.field(default=None, name="Sequence number")
+    fwd: _IntField = msgspec.field(default=None, name="Fwd thread id")
+    ext: _IntField = msgspec.field(default=None, name="External id")
+    ext_lower: _IntField = msgspec.field(default=None, name="external id")
+    correlation: _IntField = None
+    device: _IntField | msgspec.UnsetType = _UNSET
+    stream: _IntField | msgspec.UnsetType = _UNSET
+    grid: Any = None
+    block: Any = None
+    graph_id: _IntField = msgspec.field(default=None, name="graph id")
+    graph_node_id: _IntField = msgspec.field(default=None, name="graph node id")
+    nbytes: _IntField = msgspec.field(default=None, name="bytes")
     # record_shapes: kept as the raw JSON text (a per-event decode + encode cost ~8 µs per op event)
     dims: _RawField = msgspec.field(default=_UNSET, name="Input Dims")
     types: _RawField = msgspec.field(default=_UNSET, name="Input type")
@@ -324,22 +326,22 @@ class _Args(msgspec.Struct, gc=False):
 
 
 class _Event(msgspec.Struct, gc=False):
-    ph: str | None | msgspec.UnsetType = _UNSET
-    cat: str | None | msgspec.UnsetType = _UNSET
+    ph: str | None = None
+    cat: str | None = None
     name: str | None | msgspec.UnsetType = _UNSET
-    pid: _IntField = _UNSET
-    tid: _IntField = _UNSET
+    pid: _IntField = None
+    tid: _IntField = None
     # a float beyond EXACT_TS_LIMIT µs may not determine its ns: such a chunk is decoded as _ExactEvent
-    ts: int | Annotated[float, msgspec.Meta(gt=-EXACT_TS_LIMIT, lt=EXACT_TS_LIMIT)] | None | msgspec.UnsetType = _UNSET
-    dur: int | float | None | msgspec.UnsetType = _UNSET
-    id: Any = _UNSET
-    args: _Args | None | msgspec.UnsetType = _UNSET
+    ts: int | Annotated[float, msgspec.Meta(gt=-EXACT_TS_LIMIT, lt=EXACT_TS_LIMIT)] | None = None
+    dur: int | float | None = None
+    id: Any = None
+    args: _Args | None = None
 
 
 class _ExactEvent(_Event, gc=False):
-    """For a chunk holding a fractional ``ts`` of 13+ integer digits: a float may not determine its ns."""
-    ts: int | Decimal | None | msgspec.UnsetType = _UNSET
-    dur: int | Decimal | None | msgspec.UnsetType = _UNSET
+    """For a chunk holding a fractional ``ts`` of 2**43 µs or more: the exact decimal text as ``Decimal``."""
+    ts: int | Decimal | None = None
+    dur: int | Decimal | None = None
 
 
 _TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode)
@@ -369,20 +371,19 @@ def _ns_fast(values: list) -> np.ndarray | None:
 
 
 def _int_column(values: list) -> np.ndarray:
-    """Values of an :data:`_IntField` -> int64 as :func:`_int_or_null` gives them (:data:`NULL_INT` for null)."""
+    """Values of an :data:`_IntField` -> int64 as :func:`_int_or_null` gives them (:data:`NULL_INT` for null):
+    ``np.fromiter`` converts as ``int()`` does and fails on None or beyond int64."""
     n = len(values)
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    a = np.array(values)
-    if a.dtype == np.int64:
-        return a
-    if values[0] is _UNSET and values.count(_UNSET) == n:  # (the field absent from every event)
+    try:
+        return np.fromiter(values, dtype=np.int64, count=n)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    if values[0] is None and values.count(None) == n:  # (the field absent from every event)
         return np.full(n, NULL_INT, dtype=np.int64)
-    if values.count(_UNSET) + values.count(None) < n:
-        a = np.array([NULL_INT if v is _UNSET or v is None else v for v in values])
-        if a.dtype == np.int64:
-            return a
-    return np.array([_int_or_null(_absent_to_none(v)) for v in values], dtype=np.int64)
+    try:
+        return np.fromiter([NULL_INT if v is None else v for v in values], dtype=np.int64, count=n)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int_or_null(v) for v in values], dtype=np.int64)
 
 
 def _shapes_text(args: _Args, cache: dict) -> str | None:
@@ -512,18 +513,18 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 ph, cat = ev.ph, ev.cat
                 if ph == "X" and cat in MEMORY_CATEGORIES:
                     margs = ev.args or _EMPTY_ARGS
-                    corr = _int_or_none(_absent_to_none(margs.correlation))
+                    corr = _int_or_none(margs.correlation)
                     if corr is not None:
                         memory_correlations.add(corr)
                     as_dict = {k: v for k, v in (("ts", ev.ts), ("dur", ev.dur), ("name", ev.name), ("pid", ev.pid),
-                                                 ("tid", ev.tid)) if v is not _UNSET}
+                                                 ("tid", ev.tid)) if v is not _UNSET and (v is not None or k == "name")}
                     args_dict = {k: v for k, v in (("device", margs.device), ("stream", margs.stream),
                                                    ("bytes", margs.nbytes)) if v is not _UNSET}
                     memory_rows.append(_memory_row(as_dict, cat, args_dict, corr, base))
                 elif (ph == "s" or ph == "f") and cat == "fwdbwd":
-                    pid, tid = _int_or_none(_absent_to_none(ev.pid)), _int_or_none(_absent_to_none(ev.tid))
-                    if ev.ts is not None and ev.ts is not _UNSET and pid is not None and tid is not None:
-                        flow_rows.append((_absent_to_none(ev.id), ph, pid, tid, base + to_ns(ev.ts)))
+                    pid, tid = _int_or_none(ev.pid), _int_or_none(ev.tid)
+                    if ev.ts is not None and pid is not None and tid is not None:
+                        flow_rows.append((ev.id, ph, pid, tid, base + to_ns(ev.ts)))
         if in_ranges:
             rows = [events[i] for i in in_ranges]
             start, end = ns_or_error(rows, in_ranges, first)
@@ -544,7 +545,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             r_kind.extend([RANGE_CATEGORIES[e.cat] for e in rows])
             r_seq.frombytes(_int_column([a.seq for a in args]).tobytes())
             r_fwd.frombytes(_int_column([a.fwd for a in args]).tobytes())
-            r_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower
+            r_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
                                          for a in args]).tobytes())
             r_shapes.extend([None if a.dims is _UNSET else _shapes_text(a, shapes_cache) for a in args])
             r_order.frombytes((in_order + first).tobytes())
@@ -558,7 +559,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             l_end.frombytes(end.tobytes())
             l_api.extend(names_of(rows))
             l_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
-            l_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower
+            l_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
                                          for a in args]).tobytes())
         if in_kernels:
             rows = [events[i] for i in in_kernels]
@@ -579,7 +580,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 col.extend([xyz_text(v) for v in values])
             k_graph.frombytes(_int_column([a.graph_id for a in args]).tobytes())
             k_node.frombytes(_int_column([a.graph_node_id for a in args]).tobytes())
-            k_ext.frombytes(_int_column([v if (v := a.ext) is not None and v is not _UNSET else a.ext_lower
+            k_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
                                          for a in args]).tobytes())
             k_valid.extend(valid.tobytes())
 
@@ -689,8 +690,6 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 k_ext.append(int_or_null(v if v is not None else args.get("external id")))
                 k_valid.append(valid)
     del shared, shapes_cache
-    if _UNSET in categories:  # (a typed event without "cat", as the dict loop counts it)
-        categories[None] += categories.pop(_UNSET)
     base = int(trace.get("baseTimeNanoseconds") or 0)
     if base:
         for col in (r_start, r_end, l_start, l_end, k_start, k_end):
