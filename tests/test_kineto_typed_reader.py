@@ -149,3 +149,20 @@ def test_invalid_utf8_in_a_field_the_reader_skips_is_still_repaired_and_reported
     t = _same_tables(path)
     assert f"1 event repaired at byte offset {data.index(bad)} " in " ".join(t.warnings)
     assert list(t.ranges["name"]) == ["aten::add", "aten::mul", "aten::add"]
+
+
+def test_the_first_event_without_ts_is_named_whatever_its_kind(tmp_path):
+    """Typed chunks are read a kind at a time (ranges, launches, kernels); the error must still name the first
+    event in file order that has no valid ts, as the dict loop does."""
+    events = [_x("cpu_op", "aten::add", 1, 5), _x("kernel", "k", None, 2, pid=0, tid=7, correlation=1),
+              _x("cpu_op", "aten::mul", None, 5), _x("cpu_op", "aten::sub", 20, 5)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert _chunk_kinds(path)[0] == "_Event"
+    messages = []
+    for typed in (True, False):
+        with pytest.raises(kineto.TimelineError) as err:
+            read_kineto(path, typed=typed)
+        messages.append(str(err.value))
+    assert "traceEvents[1] at byte offset" in messages[0] and "('k', cat 'kernel')" in messages[0]
+    assert messages[0] == messages[1]

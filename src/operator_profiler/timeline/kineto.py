@@ -461,23 +461,28 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     ticker = Ticker(f"reading {path.name}")
     shapes_cache: dict = {}
 
-    def ns_or_error(rows: list, positions: list, first: int) -> tuple[np.ndarray, np.ndarray]:
-        """start and end (relative ns) of typed X events, or the reader's error for the first without them."""
+    def ns_or_error(rows: list, events: list, kinds: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """start and end (relative ns) of typed X events ``rows`` (of the chunk ``events``), or the reader's
+        error for the chunk's first X event (of any kind in ``kinds``, as the dict loop meets them) without."""
         start = _ns_fast([e.ts for e in rows])
         dur = _ns_fast([e.dur for e in rows]) if start is not None else None
         if start is not None and dur is not None:
             return start, start + dur
-        start, end = [], []
-        for ev, i in zip(rows, positions):
+        try:
+            start = np.array([to_ns(e.ts) for e in rows], dtype=np.int64)
+            return start, start + np.array([to_ns(e.dur) for e in rows], dtype=np.int64)
+        except (TypeError, ArithmeticError, ValueError):
+            pass
+        for i in np.flatnonzero(kinds).tolist():
+            ev = events[i]
             try:
-                start.append(to_ns(ev.ts))
-                end.append(start[-1] + to_ns(ev.dur))
+                to_ns(ev.ts), to_ns(ev.dur)
             except (TypeError, ArithmeticError, ValueError):
                 raise TimelineError(
                     f"{path}: traceEvents[{first + i}] at byte offset {trace.offset(first + i)} "
                     f"({_absent_to_none(ev.name)!r}, cat {ev.cat!r}) has no valid ts/dur; the trace is truncated or "
                     "not written by torch.profiler") from None
-        return np.array(start, dtype=np.int64), np.array(end, dtype=np.int64)
+        raise AssertionError("unreachable: a conversion failed above")
 
     xyz_cache: dict[tuple, str | None] = {}
 
@@ -527,7 +532,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                         flow_rows.append((ev.id, ph, pid, tid, base + to_ns(ev.ts)))
         if in_ranges:
             rows = [events[i] for i in in_ranges]
-            start, end = ns_or_error(rows, in_ranges, first)
+            start, end = ns_or_error(rows, events, kinds, first)
             pid, tid = _int_column([e.pid for e in rows]), _int_column([e.tid for e in rows])
             keep = (pid != null) & (tid != null)
             if not keep.all():
@@ -551,7 +556,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             r_order.frombytes((in_order + first).tobytes())
         if in_launches:
             rows = [events[i] for i in in_launches]
-            start, end = ns_or_error(rows, in_launches, first)
+            start, end = ns_or_error(rows, events, kinds, first)
             args = [e.args or _EMPTY_ARGS for e in rows]
             l_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
             l_tid.frombytes(_int_column([e.tid for e in rows]).tobytes())
@@ -563,7 +568,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                                          for a in args]).tobytes())
         if in_kernels:
             rows = [events[i] for i in in_kernels]
-            start, end = ns_or_error(rows, in_kernels, first)
+            start, end = ns_or_error(rows, events, kinds, first)
             args = [e.args or _EMPTY_ARGS for e in rows]
             # docs/field-cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
             valid = (start != 0) & (end >= start)
