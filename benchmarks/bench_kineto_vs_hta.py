@@ -17,8 +17,8 @@ HolisticTraceAnalysis 0.5.0 (PyPI) runs with pandas 3 (checked), but it brings J
 more, so it is not installed into the project's environment: ``--hta-python`` names an interpreter that
 has it, or ``--install-hta`` creates a venv under ``<cache-dir>/hta-venv`` (once; needs PyPI).
 
-Also timed, each in its own subprocess: ``orjson.loads`` of the whole decompressed document (the floor set
-by issue 18: the reader must beat one parse of the JSON into Python objects; garbage collector as Python
+Also timed, each in its own subprocess: ``orjson.loads`` of the whole decompressed document (the floor
+set for the reader: it must beat one parse of the JSON into Python objects; garbage collector as Python
 leaves it) and gzip decompression alone (8 MB reads).
 
 Traces: the largest real Kineto trace (``../shared/data/real/kineto/hta_df_index_resolver.json.gz``,
@@ -26,7 +26,7 @@ Traces: the largest real Kineto trace (``../shared/data/real/kineto/hta_df_index
 the trace's span, with fresh correlation / ``External id`` / flow ids, so launches still join their kernels),
 written once into the cache dir. Time = the work in the child after its imports (``import`` time is reported
 separately), wall and CPU (user + system: the machine is shared, so CPU time is the steadier figure); the
-load average is printed at the start and the end. Goals (issue 18): on the x10 trace ours >= 6x faster than
+load average is printed at the start and the end. Goals: on the x10 trace ours >= 6x faster than
 HTA and faster than ``orjson.loads``, peak RSS <= 1/4 of HTA's and growing less than linearly with the trace;
 on the real trace >= 3x faster than HTA. HTA is not installed here by default: without ``--hta-python`` or
 ``--install-hta`` (or ``hta`` importable by this interpreter) its side is skipped and said so.

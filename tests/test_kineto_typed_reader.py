@@ -1,4 +1,4 @@
-"""The Kineto reader's two ways through a chunk of events (operator_profiler.timeline.kineto, issue 18): chunks
+"""The Kineto reader's two ways through a chunk of events (operator_profiler.timeline.kineto): chunks
 that fit the msgspec schema of the fields it reads are decoded as structs and read a column at a time; any other
 chunk is read event by event from dicts (orjson, the C18 repairs). Both must give the same tables, and the typed
 way must keep every distinction the dict loop makes (absent vs null, record_shapes text, exact ns, repairs).
