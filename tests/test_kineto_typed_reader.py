@@ -166,3 +166,18 @@ def test_the_first_event_without_ts_is_named_whatever_its_kind(tmp_path):
         messages.append(str(err.value))
     assert "traceEvents[1] at byte offset" in messages[0] and "('k', cat 'kernel')" in messages[0]
     assert messages[0] == messages[1]
+
+
+def test_times_beyond_int64_ns_are_an_error_not_a_wrap(tmp_path):
+    """ns are int64 columns: a baseTimeNanoseconds plus ts past 2**63 ns (year 2262) must be refused, not wrap
+    around to a negative time (numpy adds silently)."""
+    base = 9_000_000_000_000_000_000
+    events = [_x("cpu_op", "aten::add", 300_000_000_000_000, 5)]  # + 3e17 ns: 9.3e18 > 2**63 - 1
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": base}))
+    for typed in (True, False):
+        with pytest.raises(kineto.TimelineError, match="beyond the int64 ns range"):
+            read_kineto(path, typed=typed)
+    events[0]["ts"] = 100_000_000_000_000  # + 1e17 ns: fits
+    path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": base}))
+    assert int(read_kineto(path).ranges["start_ns"].iloc[0]) == base + 100_000_000_000_000 * 1000

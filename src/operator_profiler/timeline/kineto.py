@@ -347,7 +347,7 @@ class _ExactEvent(_Event, gc=False):
 _TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode)
 _STRUCTS = (_Event, _ExactEvent)
 _EMPTY_ARGS = _Args()
-_NS_INT_LIMIT = (2**63 - 1) // 1000  # µs; an int ts below it has its ns in int64
+_NS_INT_LIMIT = 2**62 // 1000  # µs; int ts and dur below it: ts + dur in ns fits int64
 
 
 def _absent_to_none(value):
@@ -698,7 +698,12 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     base = int(trace.get("baseTimeNanoseconds") or 0)
     if base:
         for col in (r_start, r_end, l_start, l_end, k_start, k_end):
-            shifted = _ints(col) + base
+            shifted = _ints(col)
+            if len(shifted) and not (-_I64 < int(shifted.min()) + base and int(shifted.max()) + base < _I64):
+                raise TimelineError(
+                    f"{path}: baseTimeNanoseconds {base} + the events' ts is beyond the int64 ns range (year 2262); "
+                    "not a torch.profiler trace: ts must be µs relative to baseTimeNanoseconds")
+            shifted += base
             del col[:]
             col.frombytes(shifted.tobytes())
         flow_rows = [(*row[:4], row[4] + base) for row in flow_rows]
