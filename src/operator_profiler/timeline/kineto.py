@@ -10,7 +10,9 @@ from array import array
 from collections import Counter
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -18,7 +20,7 @@ from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import Ticker
 from .model import (ACTIVITY_COLUMNS, DISPATCHER_OP, METADATA_OPS, Timeline, external_id_mode, finish_kernels,
                     write_timeline)
-from .trace_json import KinetoTrace, TimelineError, open_trace
+from .trace_json import EXACT_TS_LIMIT, KinetoTrace, TimelineError, open_trace
 
 __all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_timeline"]
 
@@ -153,27 +155,33 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
     """
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
     ranges = _tolerate_early_children(ranges, NEST_TOLERANCE_NS)
-    depth = np.zeros(len(ranges), dtype=np.int64)
-    parent = np.full(len(ranges), -1, dtype=np.int64)
+    # One pass over Python lists (numpy scalar access would dominate the loop); the stack holds positions
+    # and, beside them, their ends.
     pids, tids = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
-    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
-    stack: list[int] = []  # positions
-    prev_thread = None
-    for i in range(len(ranges)):
-        thread = (pids[i], tids[i])
-        if thread != prev_thread:
+    new_thread = np.ones(len(ranges), dtype=bool)
+    new_thread[1:] = (pids[1:] != pids[:-1]) | (tids[1:] != tids[:-1])
+    starts, ends = ranges["start_ns"].to_numpy().tolist(), ranges["end_ns"].to_numpy().tolist()
+    depth, parent = [0] * len(ranges), [-1] * len(ranges)
+    stack: list[int] = []
+    stack_ends: list[int] = []
+    for i, (new, start, end) in enumerate(zip(new_thread.tolist(), starts, ends)):
+        if new:
             stack.clear()
-            prev_thread = thread
-        zero_length = ends[i] == starts[i]
-        while stack and (ends[stack[-1]] < starts[i] or (ends[stack[-1]] == starts[i] and not zero_length)):
+            stack_ends.clear()
+        zero_length = end == start
+        while stack_ends and (stack_ends[-1] < start or (stack_ends[-1] == start and not zero_length)):
             stack.pop()
-        depth[i] = len(stack)
-        parent[i] = stack[-1] if stack else -1
+            stack_ends.pop()
+        if stack:
+            depth[i] = len(stack)
+            parent[i] = stack[-1]
         stack.append(i)
+        stack_ends.append(end)
     ranges = ranges.reset_index(drop=True)
     ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
-    ranges["depth"] = depth
-    ranges["parent_id"] = pd.array([p if p >= 0 else None for p in parent], dtype="Int64")
+    ranges["depth"] = np.array(depth, dtype=np.int64)
+    parent = np.array(parent, dtype=np.int64)
+    ranges["parent_id"] = pd.arrays.IntegerArray(np.maximum(parent, 0), parent < 0)
     return ranges
 
 
@@ -280,13 +288,128 @@ def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFram
 # calls *without* a kernel record are worth a warning).
 KERNEL_LAUNCH_API = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
 MEMORY_CATEGORIES = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
+# X events read a column at a time from typed chunks: 1 range, 2 launch, 3 kernel
+BULK_KIND = {**dict.fromkeys(RANGE_CATEGORIES, 1), **dict.fromkeys(LAUNCH_CATEGORIES, 2),
+             **dict.fromkeys(KERNEL_CATEGORIES, 3)}
+
+
+# The fields read_kineto reads, as msgspec structs: a chunk of events that fits them is decoded without
+# building the rest of each event (args of a GPU event hold a dozen more; every key is skipped in C).
+# A field is None when absent or JSON null, except where the dict loop tells them apart: UNSET marks
+# "absent" for ``name`` (absent "", null "None"), ``args.device``/``args.stream`` (absent: the event's
+# pid/tid) and the record_shapes members. A chunk that does not fit (a float pid, an event that is not an
+# object, ...) comes as dicts instead (trace_json.KinetoTrace.chunks), read by the general loop: both give
+# the same rows (tests/test_kineto_typed_reader.py).
+_UNSET = msgspec.UNSET
+_IntField = int | str | None
+_RawField = msgspec.Raw | msgspec.UnsetType
+
+
+class _Args(msgspec.Struct, gc=False):
+    seq: _IntField = msgspec.field(default=None, name="Sequence number")
+    fwd: _IntField = msgspec.field(default=None, name="Fwd thread id")
+    ext: _IntField = msgspec.field(default=None, name="External id")
+    ext_lower: _IntField = msgspec.field(default=None, name="external id")
+    correlation: _IntField = None
+    device: _IntField | msgspec.UnsetType = _UNSET
+    stream: _IntField | msgspec.UnsetType = _UNSET
+    grid: Any = None
+    block: Any = None
+    graph_id: _IntField = msgspec.field(default=None, name="graph id")
+    graph_node_id: _IntField = msgspec.field(default=None, name="graph node id")
+    nbytes: _IntField = msgspec.field(default=None, name="bytes")
+    # record_shapes: kept as the raw JSON text (a per-event decode + encode cost ~8 µs per op event)
+    dims: _RawField = msgspec.field(default=_UNSET, name="Input Dims")
+    types: _RawField = msgspec.field(default=_UNSET, name="Input type")
+    concrete: _RawField = msgspec.field(default=_UNSET, name="Concrete Inputs")
+    strides: _RawField = msgspec.field(default=_UNSET, name="Input Strides")
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None | msgspec.UnsetType = _UNSET
+    pid: _IntField = None
+    tid: _IntField = None
+    # a float beyond EXACT_TS_LIMIT µs may not determine its ns: such a chunk is decoded as _ExactEvent
+    ts: int | Annotated[float, msgspec.Meta(gt=-EXACT_TS_LIMIT, lt=EXACT_TS_LIMIT)] | None = None
+    dur: int | float | None = None
+    id: Any = None
+    args: _Args | None = None
+
+
+class _ExactEvent(_Event, gc=False):
+    """For a chunk holding a fractional ``ts`` of 2**43 µs or more: the exact decimal text as ``Decimal``."""
+    ts: int | Decimal | None = None
+    dur: int | Decimal | None = None
+
+
+_TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode)
+_STRUCTS = (_Event, _ExactEvent)
+_EMPTY_ARGS = _Args()
+_NS_INT_LIMIT = 2**62 // 1000  # µs; int ts and dur below it: ts + dur in ns fits int64
+
+
+def _absent_to_none(value):
+    return None if value is _UNSET else value
+
+
+def _ns_fast(values: list) -> np.ndarray | None:
+    """µs values -> int64 ns as :func:`_to_ns` gives them, vectorised; None unless every value is an int (ns =
+    value * 1000 in int64) or every value is a float of magnitude below 2**42 µs (where ``round(value * 1000)``
+    is :func:`_to_ns`'s exact result, rounded half to even like ``np.rint``)."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    a = np.array(values)
+    if a.dtype == np.int64:
+        if -_NS_INT_LIMIT < a.min() and a.max() < _NS_INT_LIMIT:
+            return a * 1000
+    elif a.dtype == np.float64:
+        if (np.abs(a) < _FLOAT_FAST_LIMIT).all():
+            return np.rint(a * 1000.0).astype(np.int64)
+    return None
+
+
+def _int_column(values: list) -> np.ndarray:
+    """Values of an :data:`_IntField` -> int64 as :func:`_int_or_null` gives them (:data:`NULL_INT` for null):
+    ``np.fromiter`` converts as ``int()`` does and fails on None or beyond int64."""
+    n = len(values)
+    try:
+        return np.fromiter(values, dtype=np.int64, count=n)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    if values[0] is None and values.count(None) == n:  # (the field absent from every event)
+        return np.full(n, NULL_INT, dtype=np.int64)
+    try:
+        return np.fromiter([NULL_INT if v is None else v for v in values], dtype=np.int64, count=n)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int_or_null(v) for v in values], dtype=np.int64)
+
+
+def _shapes_text(args: _Args, cache: dict) -> str | None:
+    """record_shapes args -> the compact JSON ``[dims, types, concrete inputs, strides]`` (None without dims),
+    from their raw text; equal raw texts share one string."""
+    key = (bytes(args.dims), None if args.types is _UNSET else bytes(args.types),
+           None if args.concrete is _UNSET else bytes(args.concrete),
+           None if args.strides is _UNSET else bytes(args.strides))
+    text = cache.get(key, _UNSET)
+    if text is _UNSET:
+        if key[0] == b"null":
+            text = None
+        else:
+            text = _COMPACT_JSON([None if part is None else json.loads(part) for part in key])
+        cache[key] = text
+    return text
+
+
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _external_id(args: dict) -> int | None:
     return _int_or_none(args.get("External id", args.get("external id")))
 
 
-def read_kineto(path: Path) -> Timeline:
+def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     """Read a torch.profiler Chrome trace (GPU or CPU-only) into the timeline tables.
 
     Returns:
@@ -304,10 +427,15 @@ def read_kineto(path: Path) -> Timeline:
         TimelineError: the file is not a Kineto trace, is truncated or malformed beyond one event
             (:mod:`.trace_json`), an event lacks ``ts``/``dur`` (named with its index in
             ``traceEvents`` and its byte offset), or the trace holds neither kernels nor ops.
+
+    ``typed=False`` reads every event through the general (dict) loop: the same tables, slower; for tests
+    that check the two paths against each other.
     """
     path = Path(path)
     trace = load_trace(path)
-    base = int(trace.get("baseTimeNanoseconds") or 0)
+    # Times are read relative to baseTimeNanoseconds, which is added once at the end: Kineto writes it
+    # after traceEvents, and reading it first would cost a decompression pass of a .gz (trace_json).
+    base = 0
     # Columns are filled directly (no dict per event): the loop runs once per event of traces with
     # millions of them. Integers go to array('q') (8 bytes each, no int objects; a null is NULL_INT)
     # and repeated strings (op and API names) are shared through one dict, so the columns stay small.
@@ -331,8 +459,141 @@ def read_kineto(path: Path) -> Timeline:
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     null = NULL_INT
     ticker = Ticker(f"reading {path.name}")
-    for first, events in trace.chunks():
+    shapes_cache: dict = {}
+
+    def ns_or_error(rows: list, events: list, kinds: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
+        """start and end (relative ns) of typed X events ``rows`` (of the chunk ``events``), or the reader's
+        error for the chunk's first X event (of any kind in ``kinds``, as the dict loop meets them) without."""
+        start = _ns_fast([e.ts for e in rows])
+        dur = _ns_fast([e.dur for e in rows]) if start is not None else None
+        if start is not None and dur is not None:
+            return start, start + dur
+        try:
+            start = np.array([to_ns(e.ts) for e in rows], dtype=np.int64)
+            return start, start + np.array([to_ns(e.dur) for e in rows], dtype=np.int64)
+        except (TypeError, ArithmeticError, ValueError):
+            pass
+        for i in np.flatnonzero(kinds).tolist():
+            ev = events[i]
+            try:
+                to_ns(ev.ts), to_ns(ev.dur)
+            except (TypeError, ArithmeticError, ValueError):
+                raise TimelineError(
+                    f"{path}: traceEvents[{first + i}] at byte offset {trace.offset(first + i)} "
+                    f"({_absent_to_none(ev.name)!r}, cat {ev.cat!r}) has no valid ts/dur; the trace is truncated or "
+                    "not written by torch.profiler") from None
+        raise AssertionError("unreachable: a conversion failed above")
+
+    xyz_cache: dict[tuple, str | None] = {}
+
+    def xyz_text(value) -> str | None:
+        """:func:`_xyz` of a grid/block value, computed once per distinct value (equal elements, such as
+        1 and 1.0, give the same text: ``str(int(v))``)."""
+        if value.__class__ is not list:
+            return _xyz(value)
+        try:
+            key = tuple(value)
+            text = xyz_cache.get(key, _UNSET)
+        except TypeError:  # an unhashable element: _xyz decides
+            return _xyz(value)
+        if text is _UNSET:
+            text = _xyz(value)
+            text = xyz_cache[key] = text if text is None else shared.setdefault(text, text)
+        return text
+
+    def names_of(rows: list) -> list[str]:
+        names = [e.name for e in rows]
+        return [shared.setdefault(n, n) if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
+
+    def typed_chunk(events: list, first: int) -> None:
+        """The events of a chunk decoded as :class:`_Event` into the columns, a column at a time."""
+        categories.update([e.cat for e in events])
+        # what each event is (0: none of the bulk kinds), then the positions of each kind, in file order
+        kind_of = BULK_KIND.get
+        kinds = np.array([kind_of(e.cat, 0) if e.ph == "X" else 0 for e in events], dtype=np.int8)
+        in_ranges, in_launches, in_kernels = (np.flatnonzero(kinds == k).tolist() for k in (1, 2, 3))
+        if (kinds == 0).any():  # memcpy/memset and flow events, one at a time (few)
+            for i in np.flatnonzero(kinds == 0).tolist():
+                ev = events[i]
+                ph, cat = ev.ph, ev.cat
+                if ph == "X" and cat in MEMORY_CATEGORIES:
+                    margs = ev.args or _EMPTY_ARGS
+                    corr = _int_or_none(margs.correlation)
+                    if corr is not None:
+                        memory_correlations.add(corr)
+                    as_dict = {k: v for k, v in (("ts", ev.ts), ("dur", ev.dur), ("name", ev.name), ("pid", ev.pid),
+                                                 ("tid", ev.tid)) if v is not _UNSET and (v is not None or k == "name")}
+                    args_dict = {k: v for k, v in (("device", margs.device), ("stream", margs.stream),
+                                                   ("bytes", margs.nbytes)) if v is not _UNSET}
+                    memory_rows.append(_memory_row(as_dict, cat, args_dict, corr, base))
+                elif (ph == "s" or ph == "f") and cat == "fwdbwd":
+                    pid, tid = _int_or_none(ev.pid), _int_or_none(ev.tid)
+                    if ev.ts is not None and pid is not None and tid is not None:
+                        flow_rows.append((ev.id, ph, pid, tid, base + to_ns(ev.ts)))
+        if in_ranges:
+            rows = [events[i] for i in in_ranges]
+            start, end = ns_or_error(rows, events, kinds, first)
+            pid, tid = _int_column([e.pid for e in rows]), _int_column([e.tid for e in rows])
+            keep = (pid != null) & (tid != null)
+            if not keep.all():
+                rows = [e for e, k in zip(rows, keep.tolist()) if k]
+                start, end, pid, tid = start[keep], end[keep], pid[keep], tid[keep]
+                in_order = np.array(in_ranges, dtype=np.int64)[keep]
+            else:
+                in_order = np.array(in_ranges, dtype=np.int64)
+            args = [e.args or _EMPTY_ARGS for e in rows]
+            r_pid.frombytes(pid.tobytes())
+            r_tid.frombytes(tid.tobytes())
+            r_start.frombytes(start.tobytes())
+            r_end.frombytes(end.tobytes())
+            r_name.extend(names_of(rows))
+            r_kind.extend([RANGE_CATEGORIES[e.cat] for e in rows])
+            r_seq.frombytes(_int_column([a.seq for a in args]).tobytes())
+            r_fwd.frombytes(_int_column([a.fwd for a in args]).tobytes())
+            r_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
+                                         for a in args]).tobytes())
+            r_shapes.extend([None if a.dims is _UNSET else _shapes_text(a, shapes_cache) for a in args])
+            r_order.frombytes((in_order + first).tobytes())
+        if in_launches:
+            rows = [events[i] for i in in_launches]
+            start, end = ns_or_error(rows, events, kinds, first)
+            args = [e.args or _EMPTY_ARGS for e in rows]
+            l_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
+            l_tid.frombytes(_int_column([e.tid for e in rows]).tobytes())
+            l_start.frombytes(start.tobytes())
+            l_end.frombytes(end.tobytes())
+            l_api.extend(names_of(rows))
+            l_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
+            l_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
+                                         for a in args]).tobytes())
+        if in_kernels:
+            rows = [events[i] for i in in_kernels]
+            start, end = ns_or_error(rows, events, kinds, first)
+            args = [e.args or _EMPTY_ARGS for e in rows]
+            # docs/field-cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
+            valid = (start != 0) & (end >= start)
+            k_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
+            k_device.frombytes(_int_column([e.pid if (v := a.device) is _UNSET else v
+                                            for e, a in zip(rows, args)]).tobytes())
+            k_stream.frombytes(_int_column([e.tid if (v := a.stream) is _UNSET else v
+                                            for e, a in zip(rows, args)]).tobytes())
+            k_name.extend(names_of(rows))
+            k_start.frombytes(start.tobytes())
+            k_end.frombytes(np.where(valid, end, start).tobytes())
+            k_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
+            for col, values in ((k_grid, [a.grid for a in args]), (k_block, [a.block for a in args])):
+                col.extend([xyz_text(v) for v in values])
+            k_graph.frombytes(_int_column([a.graph_id for a in args]).tobytes())
+            k_node.frombytes(_int_column([a.graph_node_id for a in args]).tobytes())
+            k_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
+                                         for a in args]).tobytes())
+            k_valid.extend(valid.tobytes())
+
+    for first, events in trace.chunks(_TYPED if typed else None):
         ticker.tick(first, "events", trace.fraction_read())
+        if events and events[0].__class__ in _STRUCTS:
+            typed_chunk(events, first)
+            continue
         for index, ev in enumerate(events, first):  # one Python loop per chunk of events
             if ev.__class__ is not dict:
                 continue
@@ -433,7 +694,21 @@ def read_kineto(path: Path) -> Timeline:
                 v = args.get("External id")
                 k_ext.append(int_or_null(v if v is not None else args.get("external id")))
                 k_valid.append(valid)
-    del shared
+    del shared, shapes_cache
+    base = int(trace.get("baseTimeNanoseconds") or 0)
+    if base:
+        for col in (r_start, r_end, l_start, l_end, k_start, k_end):
+            shifted = _ints(col)
+            if len(shifted) and not (-_I64 < int(shifted.min()) + base and int(shifted.max()) + base < _I64):
+                raise TimelineError(
+                    f"{path}: baseTimeNanoseconds {base} + the events' ts is beyond the int64 ns range (year 2262); "
+                    "not a torch.profiler trace: ts must be µs relative to baseTimeNanoseconds")
+            shifted += base
+            del col[:]
+            col.frombytes(shifted.tobytes())
+        flow_rows = [(*row[:4], row[4] + base) for row in flow_rows]
+        memory_rows = [None if row is None else (*row[:5], row[5] + base, row[6] + base, *row[7:])
+                       for row in memory_rows]
 
     ranges = pd.DataFrame({
         "pid": _ints(r_pid), "tid": _ints(r_tid), "start_ns": _ints(r_start), "end_ns": _ints(r_end),

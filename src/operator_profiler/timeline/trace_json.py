@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import orjson
 from ..errors import TimelineError
 
@@ -57,6 +58,14 @@ def _loads(text: bytes):
         return orjson.loads(text), False
     except orjson.JSONDecodeError:
         return _lenient(text), True
+
+
+def _is_utf8(text: bytes) -> bool:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _needs_exact(events: list) -> bool:
@@ -147,6 +156,7 @@ class KinetoTrace:
         self._tail_prescanned: dict | None = None
         self._segments: list[tuple[int, int, int, int]] = []  # (first index, count, abs lo, abs hi)
         self._exact = False
+        self._typed = None
         self._bare = False
         self._reader: _Reader | None = None
         reader = _Reader(self.path)
@@ -344,10 +354,18 @@ class KinetoTrace:
         """While :meth:`chunks` runs: the share of the file read so far (0..1), None when unknown."""
         return self._reader.fraction_read() if self._reader is not None else None
 
-    def chunks(self) -> Iterator[tuple[int, list]]:
+    def chunks(self, typed: tuple | None = None) -> Iterator[tuple[int, list]]:
         """Yield ``(index of the first event, [event, ...])`` in file order: :meth:`events` without a
-        generator step per event (the caller loops over each list). Fills :attr:`warnings` when done."""
+        generator step per event (the caller loops over each list). Fills :attr:`warnings` when done.
+
+        ``typed``: ``(decode, decode_exact)``, two ``msgspec.json.Decoder(list[SomeStruct]).decode``, the
+        first refusing a float ``ts`` beyond :data:`EXACT_TS_LIMIT` µs, the second taking it as ``Decimal``
+        (the exact text): a chunk that is valid UTF-8 and fits either schema comes as a list of those
+        structs (only the fields they declare are built, the rest is skipped in C); any other chunk comes
+        as dicts, exactly as without ``typed``, and single repaired events always do, so the caller
+        handles both."""
         self._index = 0
+        self._typed = typed
         self._skipped, self._repaired, self.warnings = [], [], []
         self._reader = _Reader(self.path)
         # The cyclic GC off while events stream: the caller typically keeps millions of acyclic rows,
@@ -410,6 +428,18 @@ class KinetoTrace:
 
     def _bulk(self, lo: int, hi: int) -> list:
         text = b"[" + self._reader.buf[lo:hi] + b"]"
+        # msgspec does not check the UTF-8 of the strings it skips; the general path repairs them and warns
+        if self._typed is not None and (text.isascii() or _is_utf8(text)):
+            decode, decode_exact = self._typed
+            try:
+                return decode(text)
+            except msgspec.ValidationError:
+                try:  # a float ts beyond EXACT_TS_LIMIT fails the first schema, not this one
+                    return decode_exact(text)
+                except msgspec.DecodeError:
+                    pass
+            except msgspec.DecodeError:
+                pass  # not the schema, or not valid JSON: the general path decides
         if self._exact:
             return orjson.loads(_quote_ts(text))
         if _BIG_FRACTIONAL_TS.search(text) is not None:  # cheaper than looking at every parsed ts
