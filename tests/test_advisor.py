@@ -163,3 +163,27 @@ def test_conv_layouts_read_from_recorded_strides():
     ranges = pd.DataFrame({"name": ["aten::convolution", "aten::convolution", "aten::add"],
                            "input_shapes": [nchw, nhwc, nchw]})
     assert evidence.conv_layouts(ranges) == {"nchw": 1, "channels_last": 1}
+
+
+def test_cuda_profile_with_idle_tensor_pipes_gets_tf32_first_and_counters_quoted():
+    rows = [{"operator": "aten::addmm", "time_ns": 6_000_000, "work_dtype": "float32", "tensor_pipe_active": 0.0,
+             "local_load_bytes": 0.0},
+            {"operator": "aten::bmm", "time_ns": 2_000_000, "work_dtype": "float32", "tensor_pipe_active": 42.0,
+             "local_load_bytes": 4096.0},
+            {"operator": "aten::add", "time_ns": 2_000_000, "tensor_pipe_active": 0.0, "local_load_bytes": 0.0}]
+    profile = _profile(_operators(rows), device="cuda")
+    features = {"device": "cuda", "cuda": True, "capability": (8, 0), "native_bf16": True}
+    advice = advisor.advise(profile, advisor.load_catalog(), features, "gpt2")
+    offered = {r["change"]: r for r in advice["advice"]}
+    # only addmm leaves its tensor pipes idle (bmm runs on them; add is no GEMM)
+    assert offered["tf32"]["value"] == pytest.approx(0.6)
+    assert "tensor pipes 0.0% active" in offered["tf32"]["evidence"]
+    assert advice["advised_changes"].index("tf32") < advice["advised_changes"].index("bf16_autocast")
+    # bmm's spills: 20% of the time, a diagnosis
+    assert any("spill" in d and "aten::bmm 20.0%" in d for d in advice["diagnoses"])
+    # without counters the measure is unknown, and the rule says so
+    plain = _profile(_operators([{k: v for k, v in r.items() if k not in ("tensor_pipe_active", "local_load_bytes")}
+                                 for r in rows]), device="cuda")
+    advice = advisor.advise(plain, advisor.load_catalog(), features, "gpt2")
+    (rule,) = [r for r in advice["not_triggered"] if r["rule"] == "tf32_gemms"]
+    assert "no tensor pipe counters" in rule["reason"]

@@ -142,6 +142,11 @@ def diagnoses(profile: evidence.Profile, measures: dict[str, evidence.Measure]) 
             "way: compile the rest of the model but not the RNN (keep_rnn_library; an unrolled recurrence is "
             "sequence_length x layers small kernels), and make each step's GEMM cheaper (TF32/bf16 where the "
             "hardware computes them natively); a larger batch would amortise the steps but changes the workload.")
+    spills = measures.get("spill_share")
+    if spills is not None and spills.value and spills.value >= 0.1:
+        found.append(f"{spills.value:.0%} of kernel time is in operators whose kernels spill registers to local "
+                     f"memory ({spills.items[0]['text']}): a compiler or library choice, not a model change; "
+                     "max_autotune may pick a kernel that does not spill.")
     return found
 
 

@@ -156,6 +156,33 @@ def fp32_gemm_share(profile: Profile) -> Measure:
     return _share_of(profile, gemm & (dtype == "float32"), "fp32_gemm_share", _ceiling_text, note)
 
 
+#: A GEMM whose tensor pipes are active under this % of peak (ncu ``tensor_pipe_active``) leaves them idle.
+TENSOR_IDLE_PCT = 5.0
+
+
+def tensor_idle_gemm_share(profile: Profile) -> Measure:
+    """CUDA, with ncu counters: GEMM-like operators whose tensor pipes are active under TENSOR_IDLE_PCT % of peak
+    (fp32 GEMMs run on the FMA pipes; TF32/bf16 move them to the tensor cores). None without the counters."""
+    ops = profile.operators
+    if "tensor_pipe_active" not in ops:
+        return Measure("tensor_idle_gemm_share", None, "share", [],
+                       "no tensor pipe counters (ncu's sm__pipe_tensor_cycles_active; CUDA runs with counters only)")
+    idle = _ops(profile, GEMM_OPS) & (ops["tensor_pipe_active"] < TENSOR_IDLE_PCT)
+    return _share_of(profile, idle, "tensor_idle_gemm_share",
+                     lambda r: f"tensor pipes {_num(r['tensor_pipe_active']):.1f}% active")
+
+
+def spill_share(profile: Profile) -> Measure:
+    """CUDA, with ncu counters: operators whose kernels load or store local memory (register spills)."""
+    ops = profile.operators
+    if "local_load_bytes" not in ops:
+        return Measure("spill_share", None, "share", [], "no local-memory counters (ncu; CUDA runs only)")
+    stores = ops["local_store_bytes"] if "local_store_bytes" in ops else pd.Series(0.0, index=ops.index)
+    spilled = (ops["local_load_bytes"].fillna(0) + stores.fillna(0)) > 0
+    return _share_of(profile, spilled, "spill_share",
+                     lambda r: f"{_num(r['local_load_bytes']) or 0:,.0f} local bytes loaded")
+
+
 def weight_gemm_share(profile: Profile) -> Measure:
     """GEMMs with a weight operand (WEIGHT_GEMM_OPS, any dtype): their weights are what freezing prepacks; the
     per-iteration casts of weights (``aten::_to_copy``) are quoted too."""
@@ -267,7 +294,7 @@ def launch_bound(profile: Profile) -> Measure:
 
 
 MEASURES: dict[str, Callable[[Profile], Measure]] = {
-    f.__name__: f for f in (fp32_gemm_share, weight_gemm_share, eager_small_op_share, rnn_share, nchw_conv_share,
+    f.__name__: f for f in (fp32_gemm_share, tensor_idle_gemm_share, spill_share, weight_gemm_share, eager_small_op_share, rnn_share, nchw_conv_share,
                             conv_bn_share, explicit_attention_share, cast_share, gemm_far_below_ceiling_share,
                             launch_bound)
 }
