@@ -1,4 +1,4 @@
-"""The profile-guided optimization benchmark (issue 17): wall time per iteration of each case-study workload under
+"""The profile-guided optimization benchmark: wall time per iteration of each case-study workload under
 the baselines, the advised variant and the best combination of the catalog's settings found by exhaustive
 search, with medians, speedups over FP32 eager and their 95 % bootstrap intervals, page faults per iteration
 and numerics against the FP32 eager reference.
@@ -221,7 +221,8 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
             print(f"  advised / best of search: {ratio:.3f} ({'within' if ratio >= 0.95 else 'NOT within'} 5 %; "
                   "speedups against each group's own fp32_eager)")
     for index, result in enumerate(results[1:], 1):
-        print(f"  search group {index}: fp32_eager {result['variants']['fp32_eager'].get('median_ms', float('nan')):.3f} ms")
+        eager = result["variants"]["fp32_eager"]
+        print(f"  search group {index}: fp32_eager {eager.get('median_ms', float('nan')):.3f} ms")
         for key, entry in result["variants"].items():
             if key != "fp32_eager":
                 print(row("", entry))

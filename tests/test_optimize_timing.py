@@ -1,4 +1,4 @@
-"""Speed verification of optimized variants (issue 17, item 3): bootstrap intervals of the median and of a
+"""Speed verification of optimized variants: bootstrap intervals of the median and of a
 speedup (optimize.stats), the ablation's plan and decisions (optimize.ablation), and a real interleaved
 measurement of two torch models in two worker processes (optimize.timing; the variant builder and the numerics
 check are the stand-ins of tests/timing_doubles.py, imported by the workers from PYTHONPATH)."""

@@ -1,6 +1,6 @@
 """Wall time per iteration of the variants of one workload, measured fairly: interleaved, in several processes
 one after another, with page faults per iteration, numerics against the FP32 eager reference, and the median's
-bootstrap interval and speedups (docs/optimize.md, "Verification").
+bootstrap interval and speedups (docs/optimize.md#verification).
 
 :func:`measure` writes one spec per process and runs ``python -m operator_profiler.optimize.timing_worker
 SPEC.json OUT.json`` (:mod:`operator_profiler.optimize.timing_worker`) for each, never two at once (they would
@@ -28,7 +28,8 @@ from .timing_worker import PROGRESS_PREFIX
 DEFAULT_BUILD = "operator_profiler.optimize.changes:build_variant"
 #: Module with ``compare_outputs``, ``variant_dtype`` and ``DEFAULT_TOLERANCES`` used by default.
 DEFAULT_NUMERICS = "operator_profiler.optimize.numerics"
-#: What issue 17 asks of a speed comparison: at least this many repetitions over at least this many processes.
+#: What a fair speed comparison needs (docs/optimize.md#verification): at least this many repetitions over at
+#: least this many processes.
 MIN_REPETITIONS, MIN_PROCESSES = 20, 2
 #: Minor + major page faults per iteration by which a variant may differ from the baseline (or its own processes
 #: from each other) before the result warns (100 faults of 4 KiB pages = 400 KiB touched for the first time per
@@ -102,7 +103,8 @@ def _settings(spec: dict) -> dict:
     merged["workload"] = validate_config({"workloads": {name: merged["workload"]}},
                                          f"timing spec for {name!r}")["workloads"][name]
     merged["variants"] = {str(v): list(changes) for v, changes in merged["variants"].items()}
-    merged.setdefault("baseline", "fp32_eager" if "fp32_eager" in merged["variants"] else next(iter(merged["variants"])))
+    first = "fp32_eager" if "fp32_eager" in merged["variants"] else next(iter(merged["variants"]))
+    merged.setdefault("baseline", first)
     if merged["baseline"] not in merged["variants"]:
         raise ConfigError(f"timing spec: baseline {merged['baseline']!r} is not one of the variants "
                           f"{sorted(merged['variants'])}")
@@ -286,7 +288,7 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
     warnings = merged["warnings"]
     if settings["repetitions"] < MIN_REPETITIONS or settings["processes"] < MIN_PROCESSES:
         warnings.insert(0, f"{settings['repetitions']} repetitions over {settings['processes']} process(es): below "
-                           f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a comparison needs (issue 17); an indication only")
+                           f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a fair comparison needs; an indication only")
     return {"workload": settings["workload_name"], "device": outcomes[0]["device"], "mode": settings["mode"],
             "threads": outcomes[0]["threads"], "repetitions": settings["repetitions"],
             "processes": settings["processes"], "seed": settings["seed"], "baseline": settings["baseline"],
