@@ -183,7 +183,7 @@ def verification(result: dict, advised: list[str]) -> dict:
     """The JSON-able ``verification`` record of one workload: the timing result per variant (without the raw
     samples), the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
     fields = ("changes", "rejected", "median_ms", "ci_ms", "speedup", "faults_per_iteration", "numerics",
-              "repetitions", "iterations_per_repetition", "checks", "rewrites")
+              "repetitions", "iterations_per_repetition", "rss_after_warmup_bytes", "checks", "rewrites")
     ablation = decide(result, advised)
     warnings = list(result.get("warnings", []))
     recommended = ablation["recommended"]

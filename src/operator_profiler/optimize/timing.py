@@ -202,7 +202,8 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
                 "total": _median(faults),
                 "per_process": [_median([mi + ma for mi, ma in zip(r["minor_faults"], r["major_faults"])])
                                 for r in per_process]},
-            warmup=[r["warmup"] for r in per_process])
+            warmup=[r["warmup"] for r in per_process],
+            rss_after_warmup_bytes=[r.get("rss_after_warmup_bytes") for r in per_process])
         spread = max(entry["faults_per_iteration"]["per_process"]) - min(entry["faults_per_iteration"]["per_process"])
         if spread > threshold:
             warnings.append(f"{name}: page faults per iteration differ by {spread:.0f} between processes "
@@ -254,12 +255,15 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
 
     Returns:
         ``{"workload", "device", "mode", "threads", "repetitions", "processes", "seed", "baseline",
-        "min_repetition_s", "fault_threshold", "processes_info", "variants", "warnings", "work_dir"}``; per variant
+        "min_repetition_s", "fault_threshold", "confidence", "resamples", "processes_info", "variants", "warnings",
+        "work_dir"}``; ``processes_info`` per process ``process``, ``pid``, ``peak_rss_bytes`` (its resident set's
+        high-water mark, ``getrusage`` ru_maxrss) and ``torch``; per variant
         ``changes``, ``rejected`` (null or the reason), ``numerics``, ``checks``, ``rewrites`` and, unless rejected,
         ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``iterations_per_repetition``
         (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
         (``minor``, ``major``, ``total`` medians over repetitions, ``per_process`` medians of the total),
-        ``warmup`` (per process) and ``speedup`` (``vs``, ``value`` = median(baseline)/median(variant), ``ci``,
+        ``warmup`` (per process), ``rss_after_warmup_bytes`` (per process: the resident set after this variant's
+        warm-up, with every variant built before it) and ``speedup`` (``vs``, ``value`` = median(baseline)/median(variant), ``ci``,
         ``shows_gain`` = ci low > 1; null when either is rejected).
 
     Raises:

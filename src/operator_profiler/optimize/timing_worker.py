@@ -103,6 +103,14 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
 
 
+def _rss_bytes() -> int | None:
+    """The resident set size now (``/proc/self/statm`` field 2, in pages; proc(5)); None where unreadable."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run(spec: dict, state: dict) -> dict:
     """Measure the spec's variants in this process (module docstring); ``state`` tracks the variant and phase
     for the error record. Returns OUT.json's content."""
@@ -189,6 +197,8 @@ def run(spec: dict, state: dict) -> dict:
         times = warmup.pop("times_s")
         warmup["last_s"] = times[-1] if times else None
         record["warmup"] = warmup
+        record["rss_after_warmup_bytes"] = _rss_bytes()  # every variant built so far is resident too
+        record["peak_rss_after_warmup_bytes"] = _peak_rss_bytes()
         per_iteration = sorted(times[-warm["window"]:])[len(times[-warm["window"]:]) // 2] if times else 0.0
         k = int(given_k.get(name) or max(1, math.ceil(spec["min_repetition_s"] / max(per_iteration, 1e-9))))
         record.update(iterations_per_repetition=k, samples_ms=[], minor_faults=[], major_faults=[])
