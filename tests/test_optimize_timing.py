@@ -244,3 +244,30 @@ def test_a_spec_without_repetitions_for_each_process_or_with_an_unknown_baseline
         timing.measure(_spec({"fp32_eager": []}), build="no_such_module:build")
     with pytest.raises(ConfigError, match="cannot be imported"):
         timing.measure(_spec({"fp32_eager": []}), build=lambda *a, **k: None)
+
+
+def _outcome(process: int, variants: dict[str, tuple[float, float]]) -> dict:
+    """A worker's OUT.json: per variant 10 repetitions at (ms per iteration, minor faults per iteration)."""
+    return {"process": process, "pid": 100 + process, "device": "cpu", "threads": 1, "torch": "x", "peak_rss_bytes": 1,
+            "variants": {name: {"changes": [], "rejected": None, "numerics": None, "iterations_per_repetition": 3,
+                                "samples_ms": [ms + 0.01 * i for i in range(10)], "minor_faults": [faults] * 10,
+                                "major_faults": [0.0] * 10, "warmup": {"steady": True}}
+                         for name, (ms, faults) in variants.items()}}
+
+
+def test_page_faults_that_differ_from_the_baseline_or_between_processes_are_warned_about():
+    settings = {**timing.DEFAULTS, "variants": {"fp32_eager": [], "bf16": ["bf16_autocast"], "same": ["compile"]},
+                "baseline": "fp32_eager"}
+    outcomes = [_outcome(0, {"fp32_eager": (100.0, 5.0), "bf16": (60.0, 19000.0), "same": (90.0, 190.0)}),
+                _outcome(1, {"fp32_eager": (100.0, 400.0), "bf16": (60.0, 19000.0), "same": (90.0, 210.0)})]
+    merged = timing._merge(settings, outcomes)
+    bf16 = merged["variants"]["bf16"]["faults_per_iteration"]
+    assert bf16 == {"minor": 19000.0, "major": 0.0, "total": 19000.0, "per_process": [19000.0, 19000.0]}
+    # the baseline: 5 and 400 faults per iteration in its two processes, 202.5 over all 20 repetitions
+    assert merged["variants"]["fp32_eager"]["faults_per_iteration"]["per_process"] == [5.0, 400.0]
+    warned = {w.split(":")[0] for w in merged["warnings"]}
+    assert merged["variants"]["fp32_eager"]["faults_per_iteration"]["total"] == 202.5
+    assert warned == {"fp32_eager", "bf16"}  # "same" (200 per iteration) is within 100 of it, and of itself
+    assert any(w.startswith("bf16: 19000 page faults per iteration against the baseline fp32_eager's")
+               for w in merged["warnings"])
+    assert merged["variants"]["bf16"]["speedup"]["value"] == pytest.approx(100.045 / 60.045)
