@@ -143,8 +143,9 @@ def eager_iteration_s(workload: dict, threads: int | None, device: str) -> float
 
 def estimate_s(groups: list[dict], iteration_s: float, args) -> float:
     """Seconds one workload's measurements take: per process and variant its build, compilation
-    (``--compile-estimate-s`` when it compiles, plus ``--autotune-estimate-s`` with max_autotune) and a warm-up of about 15 iterations; per repetition and variant
-    max(``min_repetition_s``, one iteration); per process the worker's start (torch import, about 5 s).
+    (``--compile-estimate-s`` when it compiles, plus ``--autotune-estimate-s`` with max_autotune) and a warm-up of
+    about 15 iterations; per repetition and variant max(``min_repetition_s``, one iteration); per process the
+    worker's start (torch import, about 5 s).
     Compiled variants are taken as fast as eager (an upper bound where they are faster)."""
     total = 0.0
     for group in groups:
