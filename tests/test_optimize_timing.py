@@ -272,3 +272,14 @@ def test_page_faults_that_differ_from_the_baseline_or_between_processes_are_warn
     assert any(w.startswith("bf16: 19000 page faults per iteration against the baseline fp32_eager's")
                for w in merged["warnings"])
     assert merged["variants"]["bf16"]["speedup"]["value"] == pytest.approx(100.045 / 60.045)
+
+
+def test_a_process_that_shared_its_cpus_with_other_processes_is_warned_about():
+    quiet = {"process": 0, "threads": 1, "usable_cpus": 2, "other_cpu_load": 1.2}  # 1 spare CPU: 1.2 <= 1.5
+    busy = {"process": 1, "threads": 2, "usable_cpus": 2, "other_cpu_load": 1.8}  # no spare CPU: 1.8 > 0.5
+    unknown = {"process": 2, "threads": 2, "usable_cpus": 2, "other_cpu_load": None}
+    warnings = timing.busy_machine_warnings([quiet, busy, unknown])
+    assert warnings == [
+        "process 1: other processes kept 1.8 CPUs busy on average during the repetitions (0 spare beside its 2 "
+        "thread(s)): the times are inflated and noisy (an OpenMP team waits for its descheduled thread at every "
+        "operator); measure on a quiet machine or with fewer threads"]

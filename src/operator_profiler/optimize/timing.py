@@ -233,6 +233,21 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
     return {"variants": variants, "warnings": warnings}
 
 
+def busy_machine_warnings(outcomes: list[dict]) -> list[str]:
+    """One warning per process during whose repetitions other processes kept more CPUs busy (``other_cpu_load``)
+    than the spare ones beside its threads plus 0.5."""
+    warnings = []
+    for outcome in outcomes:
+        others, threads = outcome.get("other_cpu_load"), outcome["threads"]
+        spare = max(0, (outcome.get("usable_cpus") or threads) - threads)
+        if others is not None and others > spare + 0.5:
+            warnings.append(f"process {outcome['process']}: other processes kept {others:.1f} CPUs busy on average "
+                            f"during the repetitions ({spare} spare beside its {threads} thread(s)): the times are "
+                            "inflated and noisy (an OpenMP team waits for its descheduled thread at every operator); "
+                            "measure on a quiet machine or with fewer threads")
+    return warnings
+
+
 def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numerics: str | None = DEFAULT_NUMERICS,
             work_dir: Path | None = None, python: str = sys.executable, timeout_s: float | None = None,
             progress: Callable[[str], None] | None = None) -> dict:
@@ -291,15 +306,7 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
                       if not r["rejected"]} if not calibrated else calibrated
         outcomes.append(outcome)
     merged = _merge(settings, outcomes)
-    warnings = merged["warnings"]
-    for outcome in outcomes:
-        others, threads = outcome.get("other_cpu_load"), outcome["threads"]
-        spare = max(0, (outcome.get("usable_cpus") or threads) - threads)
-        if others is not None and others > spare + 0.5:
-            warnings.append(f"process {outcome['process']}: other processes kept {others:.1f} CPUs busy on average "
-                            f"during the repetitions ({spare} spare beside its {threads} thread(s)): the times are "
-                            "inflated and noisy (an OpenMP team waits for its descheduled thread at every operator); "
-                            "measure on a quiet machine or with fewer threads")
+    warnings = merged["warnings"] + busy_machine_warnings(outcomes)
     if settings["repetitions"] < MIN_REPETITIONS or settings["processes"] < MIN_PROCESSES:
         warnings.insert(0, f"{settings['repetitions']} repetitions over {settings['processes']} process(es): below "
                            f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a fair comparison needs; an indication only")
