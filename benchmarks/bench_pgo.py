@@ -1,11 +1,12 @@
-"""The profile-guided optimization benchmark (issue 17): wall time per iteration of each case-study workload under
+"""The profile-guided optimization benchmark: wall time per iteration of each case-study workload under
 the baselines, the advised variant and the best combination of the catalog's settings found by exhaustive
 search, with medians, speedups over FP32 eager and their 95 % bootstrap intervals, page faults per iteration
 and numerics against the FP32 eager reference.
 
     python benchmarks/bench_pgo.py --advised compile,freezing [--workloads gpt2,sdpa_attention]
         [--advice 'results/{workload}/advice.json'] [--repetitions 20] [--processes 2] [--threads N]
-        [--group-size 5] [--no-search] [--quick] [--out bench_pgo.json] [--build module:function]
+        [--group-size 5] [--no-search] [--quick] [--device cpu|cuda|auto] [--out bench_pgo.json]
+        [--build module:function]
 
 Goal sizes: GPT-2 small (12 layers, width 768, 12 heads, vocab 50257, n_positions 1024, batch 1, sequence 128,
 explicit attention: the ``gpt2`` kind) and the 4-block SDPA stack (width 512, 8 heads, batch 4, sequence 256:
@@ -114,7 +115,7 @@ def groups_of(planned: dict[str, list[str]], combinations: list[list[str]], size
     return groups
 
 
-def eager_iteration_s(workload: dict, threads: int | None) -> float:
+def eager_iteration_s(workload: dict, threads: int | None, device: str) -> float:
     """The FP32 eager iteration time of ``workload`` here (median of 3 after one warm-up), for the estimate."""
     import torch
 
@@ -125,13 +126,15 @@ def eager_iteration_s(workload: dict, threads: int | None) -> float:
         torch.set_num_threads(threads)
     cfg = validate_config({"workloads": {"w": workload}}, "bench_pgo")["workloads"]["w"]
     torch.manual_seed(0)
-    model, inputs = build_workload(cfg, torch.device("cpu"))
+    model, inputs = build_workload(cfg, torch.device(device))
     model.eval()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times = []
     with torch.no_grad():
         for _ in range(4):
             start = time.perf_counter()
             model(*inputs)
+            sync()
             times.append(time.perf_counter() - start)
     del model, inputs
     gc.collect()
@@ -140,12 +143,14 @@ def eager_iteration_s(workload: dict, threads: int | None) -> float:
 
 def estimate_s(groups: list[dict], iteration_s: float, args) -> float:
     """Seconds one workload's measurements take: per process and variant its build, compilation
-    (``--compile-estimate-s`` when it compiles) and a warm-up of about 15 iterations; per repetition and variant
-    max(``min_repetition_s``, one iteration); per process the worker's start (torch import, about 5 s).
+    (``--compile-estimate-s`` when it compiles, plus ``--autotune-estimate-s`` with max_autotune) and a warm-up of
+    about 15 iterations; per repetition and variant max(``min_repetition_s``, one iteration); per process the
+    worker's start (torch import, about 5 s).
     Compiled variants are taken as fast as eager (an upper bound where they are faster)."""
     total = 0.0
     for group in groups:
         per_process = 5.0 + sum(2.0 + 15 * iteration_s + (args.compile_estimate_s if changes else 0.0)
+                                + (args.autotune_estimate_s if "max_autotune" in changes else 0.0)
                                 for changes in group.values())
         total += args.processes * per_process + args.repetitions * len(group) * max(args.min_repetition_s,
                                                                                     iteration_s)
@@ -221,7 +226,8 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
             print(f"  advised / best of search: {ratio:.3f} ({'within' if ratio >= 0.95 else 'NOT within'} 5 %; "
                   "speedups against each group's own fp32_eager)")
     for index, result in enumerate(results[1:], 1):
-        print(f"  search group {index}: fp32_eager {result['variants']['fp32_eager'].get('median_ms', float('nan')):.3f} ms")
+        eager = result["variants"]["fp32_eager"]
+        print(f"  search group {index}: fp32_eager {eager.get('median_ms', float('nan')):.3f} ms")
         for key, entry in result["variants"].items():
             if key != "fp32_eager":
                 print(row("", entry))
@@ -240,27 +246,35 @@ def main() -> int:
     parser.add_argument("--advice", help="advice.json path; {workload} is replaced by the workload's name")
     parser.add_argument("--repetitions", type=int, default=timing.MIN_REPETITIONS)
     parser.add_argument("--processes", type=int, default=timing.MIN_PROCESSES)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in each worker")
     parser.add_argument("--min-repetition-s", type=float, default=0.1)
     parser.add_argument("--group-size", type=int, default=5, help="search variants per measurement (+ fp32_eager)")
     parser.add_argument("--no-search", action="store_true", help="skip the exhaustive search")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--compile-estimate-s", type=float, default=None,
-                        help="assumed compile time per compiled variant and process (default 120 s, --quick 15 s)")
+                        help="assumed compile time per compiled variant and process (default 120 s, --quick 45 s)")
+    parser.add_argument("--autotune-estimate-s", type=float, default=None,
+                        help="assumed extra time of max_autotune per variant and process (default 240 s, --quick 60 s)")
     parser.add_argument("--build", default=timing.DEFAULT_BUILD, help="variant builder, package.module:function")
     parser.add_argument("--numerics", default=timing.DEFAULT_NUMERICS, help="numerics module")
     parser.add_argument("--work-dir", default="results/bench_pgo", help="specs, worker logs and results")
     parser.add_argument("--out", help="write every result and verification record here (JSON)")
     args = parser.parse_args()
     if args.compile_estimate_s is None:
-        args.compile_estimate_s = 15.0 if args.quick else 120.0
+        args.compile_estimate_s = 45.0 if args.quick else 120.0
+    if args.autotune_estimate_s is None:  # it benchmarks each GEMM shape's choices (about 9 s per shape, 2 cores)
+        args.autotune_estimate_s = 60.0 if args.quick else 240.0
     sizes = QUICK if args.quick else GOAL
     names = [n for n in args.workloads.split(",") if n]
     unknown = [n for n in names if n not in sizes]
     if unknown:
         sys.exit(f"bench_pgo: unknown workload(s) {unknown}; choose among {sorted(sizes)}")
-    device, mode = "cpu", "infer"
+    mode = "infer"
     try:
+        from operator_profiler.capture.harness import resolve_device
+
+        device = resolve_device(args.device)
         timing.check_importable(args.build, args.numerics)
     except UserError as exc:
         sys.exit(f"bench_pgo: {exc}")
@@ -275,7 +289,7 @@ def main() -> int:
         planned = ablation.plan(advised, baselines)
         valid, skipped = search_space(problems, mode) if not args.no_search else ([], [])
         groups = groups_of(planned, valid, args.group_size)
-        iteration_s = eager_iteration_s(sizes[name], args.threads)
+        iteration_s = eager_iteration_s(sizes[name], args.threads, device)
         seconds = estimate_s(groups, iteration_s, args)
         total += seconds
         plans[name] = (advised, groups, skipped)
@@ -283,7 +297,8 @@ def main() -> int:
               f"{sum(len(g) for g in groups)} variant builds per process; eager iteration {iteration_s * 1e3:.1f} ms; "
               f"estimated {seconds / 60:.1f} min")
     print(f"estimated run time: {total / 60:.1f} min (assuming {args.compile_estimate_s:.0f} s of compilation per "
-          "compiled variant and process)", flush=True)
+          f"compiled variant and process, {args.autotune_estimate_s:.0f} s more with max_autotune; "
+          "--compile-estimate-s, --autotune-estimate-s)", flush=True)
     started = time.perf_counter()
     out: dict = {}
     try:

@@ -4,9 +4,9 @@ without depending on optimize.changes / optimize.numerics.
 
 Changes understood by :func:`build`: ``x4`` runs the forward 4 times per iteration (4x the work, same output),
 ``unmet`` raises WorkloadError (an unmet precondition: the variant is rejected), ``crash`` raises RuntimeError
-while building (a worker failure), ``noisy`` adds 1e-3 to the output (fails the numerics check), ``die`` ends the process at once without a result
-(as the kernel's out-of-memory killer would), ``leaky`` sets a process-wide switch (the float32 matmul precision)
-and leaves it set.
+while building (a worker failure), ``noisy`` adds 1e-3 to the output (fails the numerics check), ``die`` ends the
+process at once without a result (as the kernel's out-of-memory killer would), ``leaky`` sets a process-wide
+switch (the float32 matmul precision) and leaves it set.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def compare_outputs(reference, candidate, dtype, tolerances) -> NumericsResult:
     max_rel = float((diff / reference.abs().clamp_min(1e-12)).max())
     cosine = float(torch.nn.functional.cosine_similarity(candidate.flatten(), reference.flatten(), dim=0))
     ok = bool(torch.allclose(candidate, reference, atol=limits["atol"], rtol=limits["rtol"]))
-    return NumericsResult(max_abs, max_rel, cosine, ok, None if ok else f"max abs error {max_abs:.3g} > {limits['atol']}")
+    reason = None if ok else f"max abs error {max_abs:.3g} > {limits['atol']}"
+    return NumericsResult(max_abs, max_rel, cosine, ok, reason)
 
 
 class Repeated:

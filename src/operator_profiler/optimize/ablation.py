@@ -1,6 +1,6 @@
 """The ablation of an advised change list: which variants to measure (:func:`plan`), which changes earn their
 place (:func:`decide`) and the ``verification`` record that joins both with the timing result
-(:func:`verification`; fields in docs/optimize.md, "Verification").
+(:func:`verification`; fields in docs/optimize.md#verification).
 
 A change gets credit only for its own measured effect in the context it is applied: the step from the
 cumulative prefix without it to the prefix with it (advised order). A step whose speedup interval does not
@@ -46,7 +46,7 @@ def variant_name(changes: Iterable[str]) -> str:
 
 
 def default_baselines(native_bf16: bool, mode: str = "infer") -> dict[str, list[str]]:
-    """The baselines named in every result (issue 17): FP32 eager, ``torch.compile`` default, and the strong
+    """The baselines named in every result: FP32 eager, ``torch.compile`` default, and the strong
     generic one: compile + max-autotune + freezing (inference only) + bf16 autocast (only where the device
     computes bf16 natively: avx512_bf16/AMX on a CPU, capability >= 8.0 on a GPU)."""
     strong = ["compile", "max_autotune"] + (["freezing"] if mode == "infer" else []) + (
@@ -105,7 +105,7 @@ def decide(result: dict, advised: list[str]) -> dict:
     and whether it is slower than ``strong_generic`` (point estimate below 1; ``significant`` when the whole
     interval is).
 
-    Returns ``{"advised", "steps", "kept", "dropped", "recommended"}`` (docs/optimize.md, "Verification").
+    Returns ``{"advised", "steps", "kept", "dropped", "recommended"}`` (docs/optimize.md#verification).
     """
     steps: list[dict] = []
     context = _find(result, [])
@@ -168,9 +168,9 @@ def decide(result: dict, advised: list[str]) -> dict:
 
 def verification(result: dict, advised: list[str]) -> dict:
     """The JSON-able ``verification`` record of one workload: the timing result per variant (without the raw
-    samples), the ablation (:func:`decide`) and every warning (docs/optimize.md, "Verification")."""
+    samples), the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
     fields = ("changes", "rejected", "median_ms", "ci_ms", "speedup", "faults_per_iteration", "numerics",
-              "repetitions", "iterations_per_repetition", "checks", "rewrites")
+              "repetitions", "iterations_per_repetition", "rss_after_warmup_bytes", "checks", "rewrites")
     ablation = decide(result, advised)
     warnings = list(result.get("warnings", []))
     recommended = ablation["recommended"]

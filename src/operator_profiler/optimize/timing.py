@@ -1,6 +1,6 @@
 """Wall time per iteration of the variants of one workload, measured fairly: interleaved, in several processes
 one after another, with page faults per iteration, numerics against the FP32 eager reference, and the median's
-bootstrap interval and speedups (docs/optimize.md, "Verification").
+bootstrap interval and speedups (docs/optimize.md#verification).
 
 :func:`measure` writes one spec per process and runs ``python -m operator_profiler.optimize.timing_worker
 SPEC.json OUT.json`` (:mod:`operator_profiler.optimize.timing_worker`) for each, never two at once (they would
@@ -28,7 +28,8 @@ from .timing_worker import PROGRESS_PREFIX
 DEFAULT_BUILD = "operator_profiler.optimize.changes:build_variant"
 #: Module with ``compare_outputs``, ``variant_dtype`` and ``DEFAULT_TOLERANCES`` used by default.
 DEFAULT_NUMERICS = "operator_profiler.optimize.numerics"
-#: What issue 17 asks of a speed comparison: at least this many repetitions over at least this many processes.
+#: What a fair speed comparison needs (docs/optimize.md#verification): at least this many repetitions over at
+#: least this many processes.
 MIN_REPETITIONS, MIN_PROCESSES = 20, 2
 #: Minor + major page faults per iteration by which a variant may differ from the baseline (or its own processes
 #: from each other) before the result warns (100 faults of 4 KiB pages = 400 KiB touched for the first time per
@@ -102,7 +103,8 @@ def _settings(spec: dict) -> dict:
     merged["workload"] = validate_config({"workloads": {name: merged["workload"]}},
                                          f"timing spec for {name!r}")["workloads"][name]
     merged["variants"] = {str(v): list(changes) for v, changes in merged["variants"].items()}
-    merged.setdefault("baseline", "fp32_eager" if "fp32_eager" in merged["variants"] else next(iter(merged["variants"])))
+    first = "fp32_eager" if "fp32_eager" in merged["variants"] else next(iter(merged["variants"]))
+    merged.setdefault("baseline", first)
     if merged["baseline"] not in merged["variants"]:
         raise ConfigError(f"timing spec: baseline {merged['baseline']!r} is not one of the variants "
                           f"{sorted(merged['variants'])}")
@@ -200,7 +202,8 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
                 "total": _median(faults),
                 "per_process": [_median([mi + ma for mi, ma in zip(r["minor_faults"], r["major_faults"])])
                                 for r in per_process]},
-            warmup=[r["warmup"] for r in per_process])
+            warmup=[r["warmup"] for r in per_process],
+            rss_after_warmup_bytes=[r.get("rss_after_warmup_bytes") for r in per_process])
         spread = max(entry["faults_per_iteration"]["per_process"]) - min(entry["faults_per_iteration"]["per_process"])
         if spread > threshold:
             warnings.append(f"{name}: page faults per iteration differ by {spread:.0f} between processes "
@@ -230,6 +233,21 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
     return {"variants": variants, "warnings": warnings}
 
 
+def busy_machine_warnings(outcomes: list[dict]) -> list[str]:
+    """One warning per process during whose repetitions other processes kept more CPUs busy (``other_cpu_load``)
+    than the spare ones beside its threads plus 0.5."""
+    warnings = []
+    for outcome in outcomes:
+        others, threads = outcome.get("other_cpu_load"), outcome["threads"]
+        spare = max(0, (outcome.get("usable_cpus") or threads) - threads)
+        if others is not None and others > spare + 0.5:
+            warnings.append(f"process {outcome['process']}: other processes kept {others:.1f} CPUs busy on average "
+                            f"during the repetitions ({spare} spare beside its {threads} thread(s)): the times are "
+                            "inflated and noisy (an OpenMP team waits for its descheduled thread at every operator); "
+                            "measure on a quiet machine or with fewer threads")
+    return warnings
+
+
 def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numerics: str | None = DEFAULT_NUMERICS,
             work_dir: Path | None = None, python: str = sys.executable, timeout_s: float | None = None,
             progress: Callable[[str], None] | None = None) -> dict:
@@ -252,12 +270,17 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
 
     Returns:
         ``{"workload", "device", "mode", "threads", "repetitions", "processes", "seed", "baseline",
-        "min_repetition_s", "fault_threshold", "processes_info", "variants", "warnings", "work_dir"}``; per variant
+        "min_repetition_s", "fault_threshold", "confidence", "resamples", "processes_info", "variants", "warnings",
+        "work_dir"}``; ``processes_info`` per process ``process``, ``pid``, ``peak_rss_bytes`` (its resident set's
+        high-water mark, ``getrusage`` ru_maxrss), ``torch``, ``other_cpu_load`` (CPUs other processes kept busy
+        on average during its repetitions, from /proc/stat; null when unreadable or under 1 s) and ``usable_cpus``;
+        per variant
         ``changes``, ``rejected`` (null or the reason), ``numerics``, ``checks``, ``rewrites`` and, unless rejected,
         ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``iterations_per_repetition``
         (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
         (``minor``, ``major``, ``total`` medians over repetitions, ``per_process`` medians of the total),
-        ``warmup`` (per process) and ``speedup`` (``vs``, ``value`` = median(baseline)/median(variant), ``ci``,
+        ``warmup`` (per process), ``rss_after_warmup_bytes`` (per process: the resident set after this variant's
+        warm-up, with every variant built before it) and ``speedup`` (``vs``, ``value`` = median(baseline)/median(variant), ``ci``,
         ``shows_gain`` = ci low > 1; null when either is rejected).
 
     Raises:
@@ -283,14 +306,15 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
                       if not r["rejected"]} if not calibrated else calibrated
         outcomes.append(outcome)
     merged = _merge(settings, outcomes)
-    warnings = merged["warnings"]
+    warnings = merged["warnings"] + busy_machine_warnings(outcomes)
     if settings["repetitions"] < MIN_REPETITIONS or settings["processes"] < MIN_PROCESSES:
         warnings.insert(0, f"{settings['repetitions']} repetitions over {settings['processes']} process(es): below "
-                           f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a comparison needs (issue 17); an indication only")
+                           f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a fair comparison needs; an indication only")
     return {"workload": settings["workload_name"], "device": outcomes[0]["device"], "mode": settings["mode"],
             "threads": outcomes[0]["threads"], "repetitions": settings["repetitions"],
             "processes": settings["processes"], "seed": settings["seed"], "baseline": settings["baseline"],
             "min_repetition_s": settings["min_repetition_s"], "fault_threshold": settings["fault_threshold"],
             "confidence": settings["confidence"], "resamples": settings["resamples"],
-            "processes_info": [{k: o[k] for k in ("process", "pid", "peak_rss_bytes", "torch")} for o in outcomes],
+            "processes_info": [{k: o.get(k) for k in ("process", "pid", "peak_rss_bytes", "torch", "other_cpu_load",
+                                                      "usable_cpus")} for o in outcomes],
             "variants": merged["variants"], "warnings": warnings, "work_dir": str(work_dir)}

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 PROGRESS_PREFIX = "opprof.timing: variant "
+#: Shorter windows make the other processes' load too coarse to judge (/proc/stat counts clock ticks of 10 ms).
+MIN_LOAD_WINDOW_S = 1.0
 
 
 def _say(variant: str, phase: str) -> None:
@@ -101,6 +103,14 @@ def _peak_rss_bytes() -> int:
     # ru_maxrss is in KiB on Linux (bytes on macOS); getrusage(2)
     scale = 1 if sys.platform == "darwin" else 1024
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def _rss_bytes() -> int | None:
+    """The resident set size now (``/proc/self/statm`` field 2, in pages; proc(5)); None where unreadable."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def run(spec: dict, state: dict) -> dict:
@@ -189,12 +199,17 @@ def run(spec: dict, state: dict) -> dict:
         times = warmup.pop("times_s")
         warmup["last_s"] = times[-1] if times else None
         record["warmup"] = warmup
+        record["rss_after_warmup_bytes"] = _rss_bytes()  # every variant built so far is resident too
+        record["peak_rss_after_warmup_bytes"] = _peak_rss_bytes()
         per_iteration = sorted(times[-warm["window"]:])[len(times[-warm["window"]:]) // 2] if times else 0.0
         k = int(given_k.get(name) or max(1, math.ceil(spec["min_repetition_s"] / max(per_iteration, 1e-9))))
         record.update(iterations_per_repetition=k, samples_ms=[], minor_faults=[], major_faults=[])
         variants[name] = variant
 
     state["phase"] = "interleaved repetitions"
+    from ..capture import machine
+
+    busy_before, own_before, wall_before = machine.cpu_busy_seconds(), os.times(), time.perf_counter()
     rng = random.Random(spec["seed"] * 1009 + spec.get("process", 0))
     order = list(variants)
     with grad:
@@ -221,7 +236,14 @@ def run(spec: dict, state: dict) -> dict:
                 record["minor_faults"].append((minor1 - minor0) / k)
                 record["major_faults"].append((major1 - major0) / k)
     state["variant"] = None
+    elapsed = time.perf_counter() - wall_before
+    busy_after, own_after = machine.cpu_busy_seconds(), os.times()
+    others = None  # CPUs other processes kept busy on average during the repetitions (/proc/stat minus our own)
+    if busy_before is not None and busy_after is not None and elapsed >= MIN_LOAD_WINDOW_S:
+        own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
+        others = round(max(0.0, (busy_after - busy_before - own) / elapsed), 3)
     return {"process": spec.get("process", 0), "pid": os.getpid(), "device": device,
+            "other_cpu_load": others, "usable_cpus": machine.usable_cpus(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "peak_rss_bytes": _peak_rss_bytes(),
             "variants": records}
 
