@@ -117,6 +117,21 @@ def test_emit_nvtx_texts_parse():
     assert [None if pd.isna(v) else v for v in parsed["sizes"]] == ["[[64, 128], [128, 256]]", None, None, None, "[[2], [3]]", None, None]
 
 
+def test_operator_names_cut_where_the_decoration_regex_cuts():
+    # The reader cuts names with substring splits (issue 18: fast); the definition is the regex
+    # _DECORATIONS, whose ".*$" does not cross a newline: both must agree, edge cases included.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    texts = ["x, y, seq = 1", "seq = 5", "a, seq = 1, b, seq = 2", "q, seq = 1\nmore", "q, op_id = 1, seq = 2\n",
+             "aa, sizes = [], input_op_ids = []", "é, op_id = 1", "a, b = c", "", None, "n, stashed seq = 3, op_id = 4",
+             "m, input_op_ids = [(1, 0)]\n, seq = 3", "r,seq = 1", "u , seq = 1"]
+    arr = pa.array(texts, type=pa.string())
+    by_regex = pc.replace_substring_regex(arr, nsys._DECORATIONS, "", max_replacements=1)
+    assert nsys._undecorated(arr).to_pylist() == by_regex.to_pylist()
+    assert parse_range_texts(texts)["name"].tolist()[:3] == ["x, y", "seq = 5", "a"]
+
+
 # Robustness found by a fresh user (a QA pass) ------------------------------------------------------
 
 import sqlite3  # noqa: E402
