@@ -109,7 +109,7 @@ class _Ranges:
         self.stashed = stashed.to_numpy(dtype=float, na_value=np.nan)
         self.backward_node = pc.fill_null(pc.match_substring_regex(self.names, BACKWARD_NODE.pattern), False).to_numpy(
             zero_copy_only=False) if n else np.zeros(0, dtype=bool)
-        present = np.unique(self.domain_code[self.push_pop]) if n else []
+        present = np.sort(pd.unique(self.domain_code[self.push_pop])) if n else []
         self.domains = sorted(str(self.domain_labels[c]) for c in present)
         # (pid, tid, domain) -> (starts sorted, rows in that order); one integer key per stack.
         self.groups: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
@@ -287,7 +287,7 @@ def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> 
     candidates = candidates[order]
     keys = pd.MultiIndex.from_arrays([index.pid[candidates], index.seq[candidates].astype(np.int64)])
     first = pd.Series(np.arange(len(candidates)), index=keys).groupby(level=[0, 1]).agg(["min", "max"])
-    unique_rows, inverse = np.unique(rows, return_inverse=True)  # one lookup per backward range
+    inverse, unique_rows = pd.factorize(rows)  # one lookup per backward range (hash: numpy's unique is slow)
     unique_seq = np.where(~np.isnan(index.stashed[unique_rows]), index.stashed[unique_rows], index.seq[unique_rows])
     bounds = first.reindex(pd.MultiIndex.from_arrays([index.pid[unique_rows], unique_seq.astype(np.int64)]))
     starts = index.start[candidates]
@@ -380,7 +380,7 @@ def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, 
     rows = np.flatnonzero(eligible)
     if not len(rows) or not m:
         return found
-    for p in np.unique(pid[pid >= 0]):
+    for p in np.sort(pd.unique(pid[pid >= 0])):
         mine = rows[index.pid[rows] == p]
         if not len(mine):
             continue
@@ -423,7 +423,7 @@ def _stack_json(index: _Ranges, rows: np.ndarray) -> tuple[pa.Array, np.ndarray,
     same positions).
     """
     needed = np.zeros(index.n, dtype=bool)
-    up = np.unique(rows[rows >= 0])
+    up = pd.unique(rows[rows >= 0])  # (numpy's hash unique takes seconds on millions)
     while len(up):
         up = up[~needed[up]]
         needed[up] = True

@@ -479,7 +479,7 @@ def _gpu_ids(export: _Export, pid: np.ndarray, device: np.ndarray) -> np.ndarray
     if export.has("TARGET_INFO_GPU") and {"id", "cuDevice"} <= set(export.columns["TARGET_INFO_GPU"]):
         by_ordinal = {int(c): int(i) for i, c in export.rows("SELECT id, cuDevice FROM TARGET_INFO_GPU")
                       if c is not None and i is not None}
-        mapping.update({(int(p), c): i for p in np.unique(pid) for c, i in by_ordinal.items()})
+        mapping.update({(int(p), c): i for p in pd.unique(pid) for c, i in by_ordinal.items()})
     if export.has("TARGET_INFO_CUDA_DEVICE") and {"gpuId", "cudaId", "pid"} <= set(export.columns["TARGET_INFO_CUDA_DEVICE"]):
         mapping.update({(int(p), int(c)): int(g) for g, c, p in
                         export.rows("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE")
@@ -956,7 +956,7 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
     api_calls = diagnostics.pop("cuda_api_calls_per_pid", {})
     pid_arrays = [np.asarray(t["pid"], dtype=np.int64) for t in (kernels, launches, ranges) if len(t)]
     pid_arrays.append(np.asarray(list(api_calls), dtype=np.int64))
-    pids = np.unique(np.concatenate(pid_arrays)) if pid_arrays else []
+    pids = np.sort(pd.unique(np.concatenate(pid_arrays))) if pid_arrays else []
     kernel_counts = kernels["pid"].value_counts() if len(kernels) else pd.Series(dtype="int64")
     launch_counts = launches["pid"].value_counts() if len(launches) else pd.Series(dtype="int64")
     range_counts = ranges["pid"].value_counts() if len(ranges) else pd.Series(dtype="int64")
