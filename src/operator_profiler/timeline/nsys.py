@@ -352,11 +352,15 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
                 if export.has(t) and "correlationId" in export.columns[t]]
     conditions.append(f"correlationId IN ({' UNION '.join(launched)})" if launched else "0")
     where = "WHERE " + " AND ".join(conditions)
+    # One scan of the table (often the export's largest) for the calls per process and its last end
+    # (for the capture end: _capture_end).
+    counted = f"coalesce(sum(eventClass IN {RUNTIME_EVENT_CLASSES}), 0)" if has_class else "count(*)"
     per_pid = export.rows(
-        f"SELECT (globalTid >> 24) & 16777215, count(*) FROM {RUNTIME_TABLE}"
-        + (f" WHERE eventClass IN {RUNTIME_EVENT_CLASSES}" if has_class else "") + " GROUP BY 1"
+        f'SELECT (globalTid >> 24) & 16777215, {counted}, max("end") FROM {RUNTIME_TABLE} GROUP BY 1'
     )
-    diagnostics["cuda_api_calls_per_pid"] = {int(pid): int(n) for pid, n in per_pid if pid is not None}
+    ends = [e for *_, e in per_pid if isinstance(e, (int, float))]
+    diagnostics["runtime_end_ns"] = max(ends) if ends else None
+    diagnostics["cuda_api_calls_per_pid"] = {int(pid): int(n) for pid, n, _ in per_pid if pid is not None and n}
     diagnostics["cuda_api_calls"] = sum(diagnostics["cuda_api_calls_per_pid"].values())
     df = export.query(
         f'SELECT start, "end", globalTid, correlationId, nameId, '
@@ -798,13 +802,15 @@ def _from_codes(codes: np.ndarray, labels: list[str]) -> pd.Categorical:
 # The whole export
 
 
-def _capture_end(export: _Export, nvtx_table: str | None) -> int:
-    """The last timestamp of the capture (where unclosed NVTX ranges end)."""
-    ends = []
+def _capture_end(export: _Export, nvtx_table: str | None, known: dict | None = None) -> int:
+    """The last timestamp of the capture (where unclosed NVTX ranges end). ``known``: table -> its
+    ``max("end")`` already read (None: the table has no end), not scanned again."""
+    known = known or {}
+    ends = list(known.values())
     if export.has("ANALYSIS_DETAILS") and "stopTime" in export.columns["ANALYSIS_DETAILS"]:
         ends += [r[0] for r in export.rows("SELECT max(stopTime) FROM ANALYSIS_DETAILS")]
     for table in (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE):
-        if export.has(table) and "end" in export.columns[table]:
+        if table not in known and export.has(table) and "end" in export.columns[table]:
             ends += [r[0] for r in export.rows(f'SELECT max("end") FROM {table}')]
     if nvtx_table:
         ends += list(export.rows(f'SELECT max(start), max("end") FROM "{nvtx_table}"')[0])
@@ -856,9 +862,11 @@ def _read(export: _Export) -> NsysTimeline:
                              (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE)}
     start = time.perf_counter()
     strings = _strings(export)
-    capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}))
-    diagnostics["capture_end_ns"] = capture_end
     launches = _read_launches(export, strings, diagnostics)
+    runtime_end = diagnostics.pop("runtime_end_ns", None)
+    capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}),
+                               {RUNTIME_TABLE: runtime_end} if export.has(RUNTIME_TABLE) else {})
+    diagnostics["capture_end_ns"] = capture_end
     launch_index = _launch_index(launches, diagnostics)
     stage_done(f"{export.path.name}: read {len(strings):,} strings and {len(launches):,} launch calls", start)
 
