@@ -54,7 +54,7 @@ class NvtxOptions:
     ignore_ranges: tuple[str, ...] = ()
 
     def __post_init__(self):
-        from ..config import ConfigError
+        from ..errors import ConfigError  # not ..config: jsonschema and yaml are not needed here
 
         for domain in self.operator_domains:
             if not isinstance(domain, str) or not domain:
