@@ -14,6 +14,14 @@ imported there, e.g. torch). "outside" is the benchmark's wall time less the thr
 around the process. A job whose log has no such line (a failed job, or a run before the line existed) counts
 in "jobs" and "wall" only. ``--time-imports`` also times, each in a fresh interpreter, the import of every
 package some job imported during its work, so a lazy import's share of "work" can be read off.
+
+    python benchmarks/bench_workflow_jobs.py --script-imports [--src DIR ...] [--repeat 5]
+
+times instead, for every ``scripts/*.py``, its module-level imports (the job's import phase) in a fresh
+interpreter with ``PYTHONPATH=DIR`` (the package to measure; several ``--src`` are measured alternately, e.g. a
+checkout of the previous commit's ``src`` beside this one), and prints the least wall and CPU seconds of
+``--repeat`` runs (CPU time is less sensitive to other processes on the cores), with the heavy packages the
+imports pulled in.
 """
 
 from __future__ import annotations
@@ -77,6 +85,48 @@ def import_seconds(package: str) -> float | None:
         return None
 
 
+HEAVY = ("torch", "sympy", "plotly", "jsonschema", "yaml", "scipy", "matplotlib", "jinja2", "pandas", "pyarrow")
+PROBE = """
+import resource, sys, time
+t = time.perf_counter()
+{imports}
+wall = time.perf_counter() - t
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(wall, usage.ru_utime + usage.ru_stime, ",".join(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+def script_imports(script: Path) -> str:
+    """The module-level import statements of a rule script (the job's import phase), as source."""
+    import ast
+
+    tree = ast.parse(script.read_text())
+    return "\n".join(ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+def time_script_imports(root: Path, sources: list[Path], repeat: int) -> None:
+    scripts = sorted((root / "scripts").glob("*.py"))
+    print(f"{'script':<28}" + "".join(f"{str(src)[-28:]:>30}" for src in sources) + "   (least of "
+          f"{repeat}: wall s / CPU s, including the interpreter's start)")
+    for script in scripts:
+        code = PROBE.format(imports=script_imports(script), heavy=HEAVY)
+        best = {src: (float("inf"), float("inf"), "") for src in sources}
+        for _ in range(repeat):
+            for src in sources:  # alternately, so that a change of load hits both alike
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                      check=False, cwd=root)
+                try:
+                    wall, cpu, heavy = (proc.stdout.split() + [""])[:3]
+                except ValueError:
+                    continue
+                if proc.returncode == 0:
+                    w, c = min(best[src][0], float(wall)), min(best[src][1], float(cpu))
+                    best[src] = (w, c, heavy)
+        cells = "".join(f"{best[s][0]:>13.2f} / {best[s][1]:5.2f} s{'':>7}" for s in sources)
+        print(f"{script.name:<28}{cells}   " + " | ".join(best[s][2] for s in sources))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path.cwd(), help="the workflow folder (results/, logs/)")
@@ -84,11 +134,19 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--time-imports", action="store_true",
                         help="time the import of each package imported during some job's work")
+    parser.add_argument("--script-imports", action="store_true",
+                        help="time each scripts/*.py's module-level imports instead (see above)")
+    parser.add_argument("--src", type=Path, action="append", help="with --script-imports: PYTHONPATH to measure")
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("snakemake_args", nargs="*", help="extra snakemake arguments with --run (targets, --config)")
     args = parser.parse_args()
     root = args.dir.resolve()
 
     print(f"load average at start: {os.getloadavg()}")
+    if args.script_imports:
+        time_script_imports(root, [p.resolve() for p in (args.src or [root / "src"])], args.repeat)
+        print(f"load average at end: {os.getloadavg()}")
+        return
     if args.run:
         cmd = ["snakemake", "--cores", str(args.cores), *args.snakemake_args]
         t0 = time.perf_counter()
