@@ -338,3 +338,27 @@ def test_graph_kernels_are_projected_onto_their_capture_ranges(tmp_path):
     row = projection.loc["aten::mm"]
     assert (int(row["kernel_count"]), int(row["gpu_time_ns"]), int(row["gpu_start_ns"]), int(row["gpu_end_ns"])) == \
         (2, 20, 1030, 2040)
+
+
+def test_kernels_are_ordered_by_launch_start_pid_correlation_id_and_start():
+    # finish_kernels sorts with one np.lexsort (issue 18); the order it must give is pandas' stable sort on
+    # (launch start or else start, pid, correlation id with nulls last, start), ties kept in row order.
+    from operator_profiler.timeline.model import finish_kernels
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    kernels = pd.DataFrame({
+        "pid": rng.integers(1, 3, n),
+        "launch_start_ns": pd.array(np.where(rng.random(n) < 0.1, None, rng.integers(0, 50, n)), dtype="Int64"),
+        "start_ns": rng.integers(0, 60, n), "end_ns": rng.integers(60, 90, n),
+        "correlation_id": pd.array(np.where(rng.random(n) < 0.1, None, rng.integers(1, 30, n)), dtype="Int64"),
+        "name": [f"k{i % 7}" for i in range(n)], "mangled_name": [None] * n, "row": np.arange(n)})
+    no_ranges = pd.DataFrame({"iteration": pd.array([], dtype="Int64"), "start_ns": pd.array([], dtype="int64"),
+                              "end_ns": pd.array([], dtype="Int64"), "pid": pd.array([], dtype="int64")})
+    expected = kernels.assign(
+        _launch=kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64"),
+        _corr=kernels["correlation_id"].fillna(np.iinfo(np.int64).max).astype("int64"),
+    ).sort_values(["_launch", "pid", "_corr", "start_ns"], kind="stable")["row"].tolist()
+    finished = finish_kernels(kernels, no_ranges, "nsys")
+    assert finished["row"].tolist() == expected
+    assert finished["kernel_id"].tolist() == list(range(n))
