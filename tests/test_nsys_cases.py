@@ -299,6 +299,25 @@ def test_c11_other_domains_are_tags_not_operators(tmp_path):
     assert att["operator"].tolist() == ["allreduce_hook"]
 
 
+
+def test_c11_tags_of_several_domains_per_kernel_some_none(tmp_path):
+    # The tags are joined in Arrow (issue 18); pyarrow's null-skipping join drops the rows whose pieces
+    # are all null, so each kernel's tags are checked here: both domains, one, none.
+    export = {"domains": {(10, 7): "deepspeed", (10, 8): "nccl"},
+              "nvtx": [Nvtx("aten::linear", 59, "10:1", 100, 900), Nvtx("hook", 59, "10:1", 150, 350, domain=7),
+                       Nvtx("ring", 59, "10:1", 180, 650, domain=8)],
+              "runtime": [Runtime("cudaLaunchKernel_v7000", "10:1", t, t + 5, c) for c, t in
+                          ((1, 200), (2, 500), (3, 800))],
+              "kernels": [Kernel(name, 10, 7, t + 10, t + 50, c) for c, t, name in
+                          ((1, 200, "both"), (2, 500, "nccl_only"), (3, 800, "untagged"))]}
+    _, att = run(tmp_path, **export)
+    k = by_name(att)
+    assert len(att) == 3
+    assert evidence(k["both"])["tags"] == {"deepspeed": "hook", "nccl": "ring"}
+    assert evidence(k["nccl_only"])["tags"] == {"nccl": "ring"}
+    assert "tags" not in evidence(k["untagged"])
+    assert [k[n]["operator"] for n in ("both", "nccl_only", "untagged")] == ["aten::linear"] * 3
+
 # C12 --------------------------------------------------------------------------------------------
 
 

@@ -117,6 +117,21 @@ def test_emit_nvtx_texts_parse():
     assert [None if pd.isna(v) else v for v in parsed["sizes"]] == ["[[64, 128], [128, 256]]", None, None, None, "[[2], [3]]", None, None]
 
 
+def test_operator_names_cut_where_the_decoration_regex_cuts():
+    # The reader cuts names with substring splits (issue 18: fast); the definition is the regex
+    # _DECORATIONS, whose ".*$" does not cross a newline: both must agree, edge cases included.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    texts = ["x, y, seq = 1", "seq = 5", "a, seq = 1, b, seq = 2", "q, seq = 1\nmore", "q, op_id = 1, seq = 2\n",
+             "aa, sizes = [], input_op_ids = []", "é, op_id = 1", "a, b = c", "", None, "n, stashed seq = 3, op_id = 4",
+             "m, input_op_ids = [(1, 0)]\n, seq = 3", "r,seq = 1", "u , seq = 1"]
+    arr = pa.array(texts, type=pa.string())
+    by_regex = pc.replace_substring_regex(arr, nsys._DECORATIONS, "", max_replacements=1)
+    assert nsys._undecorated(arr).to_pylist() == by_regex.to_pylist()
+    assert parse_range_texts(texts)["name"].tolist()[:3] == ["x, y", "seq = 5", "a"]
+
+
 # Robustness found by a fresh user (a QA pass) ------------------------------------------------------
 
 import sqlite3  # noqa: E402
@@ -323,3 +338,27 @@ def test_graph_kernels_are_projected_onto_their_capture_ranges(tmp_path):
     row = projection.loc["aten::mm"]
     assert (int(row["kernel_count"]), int(row["gpu_time_ns"]), int(row["gpu_start_ns"]), int(row["gpu_end_ns"])) == \
         (2, 20, 1030, 2040)
+
+
+def test_kernels_are_ordered_by_launch_start_pid_correlation_id_and_start():
+    # finish_kernels sorts with one np.lexsort (issue 18); the order it must give is pandas' stable sort on
+    # (launch start or else start, pid, correlation id with nulls last, start), ties kept in row order.
+    from operator_profiler.timeline.model import finish_kernels
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    kernels = pd.DataFrame({
+        "pid": rng.integers(1, 3, n),
+        "launch_start_ns": pd.array(np.where(rng.random(n) < 0.1, None, rng.integers(0, 50, n)), dtype="Int64"),
+        "start_ns": rng.integers(0, 60, n), "end_ns": rng.integers(60, 90, n),
+        "correlation_id": pd.array(np.where(rng.random(n) < 0.1, None, rng.integers(1, 30, n)), dtype="Int64"),
+        "name": [f"k{i % 7}" for i in range(n)], "mangled_name": [None] * n, "row": np.arange(n)})
+    no_ranges = pd.DataFrame({"iteration": pd.array([], dtype="Int64"), "start_ns": pd.array([], dtype="int64"),
+                              "end_ns": pd.array([], dtype="Int64"), "pid": pd.array([], dtype="int64")})
+    expected = kernels.assign(
+        _launch=kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64"),
+        _corr=kernels["correlation_id"].fillna(np.iinfo(np.int64).max).astype("int64"),
+    ).sort_values(["_launch", "pid", "_corr", "start_ns"], kind="stable")["row"].tolist()
+    finished = finish_kernels(kernels, no_ranges, "nsys")
+    assert finished["row"].tolist() == expected
+    assert finished["kernel_id"].tolist() == list(range(n))

@@ -21,6 +21,8 @@ import threading
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from .job_phases import script_started
+
 _job: dict | None = None  # this process's job: label, outputs, log path
 # The last signal received (a KeyboardInterrupt raised by code counts as SIGINT), and whether one came: a
 # library's bare ``except:`` may swallow the KeyboardInterrupt, and the job must not then end as if complete.
@@ -33,6 +35,7 @@ def watch_job(rule: str, wildcards: Mapping[str, str], outputs: Iterable[str], l
     ``outputs`` (files or directories) are removed on an interrupt; ``log_path`` gets the line too.
     """
     global _job
+    script_started()  # the job's start-up ends here (job_phases: where a job's wall time goes)
     label = " ".join([rule, "/".join(str(v) for v in dict(wildcards).values())]).strip()
     _job = {"label": label, "outputs": [str(o) for o in outputs], "log": log_path}
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -67,6 +67,7 @@ MEMBERSHIPS = {
     "is) whose FX nodes' modules are unknown (not placed on a fusion-map call site with module paths, e.g. eager "
     "code between compiled graphs): no instance (class rest)",
 }
+NO_SPANS: list[str] = []  # shared, never mutated
 OUTSIDE_LAYERS = "(outside layers)"  # in layers_spanned: FX nodes outside every layer
 
 
@@ -221,7 +222,7 @@ def kernel_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict
                     module_col[i] = path_of[rid]
     membership = np.where(pd.notna(layer_col), "layer_range", None).astype(object)
     spanned = np.empty(n, dtype=object)
-    spanned[:] = [[] for _ in range(n)]
+    spanned.fill(NO_SPANS)  # one shared empty list (a million fresh ones took a second); entries are replaced, never mutated
     if fx_answers is None and fusion_map is not None and n and not nsys:
         fx_answers = fx_membership(kernels, ranges, fusion_map, layer_paths, ops)
     if fx_answers is not None and len(fx_answers):

@@ -10,6 +10,7 @@ from typing import Callable
 
 from .errors import USER_ERRORS, ClocksInterrupted
 from .interrupts import interrupted, was_interrupted
+from .job_phases import phases_line, work_started
 
 
 def _fail(log, log_path: str, line: str) -> None:
@@ -35,8 +36,12 @@ def run_rule(log_path: str, func: Callable, *args, user_error_hint: str | None =
     with open(log_path, "w", buffering=1) as log:
         sys.stderr = log
         logging.basicConfig(stream=log, level=logging.INFO, format="%(asctime)s %(message)s", force=True)
+        work_started()
         try:
             func(*args, **kwargs)
+            phases = phases_line()
+            if phases:  # read by benchmarks/bench_workflow_jobs.py
+                print(phases, file=log)
             if was_interrupted():  # the KeyboardInterrupt was swallowed: the outputs may be incomplete
                 raise KeyboardInterrupt
         except KeyboardInterrupt:

@@ -54,7 +54,7 @@ class NvtxOptions:
     ignore_ranges: tuple[str, ...] = ()
 
     def __post_init__(self):
-        from ..config import ConfigError
+        from ..errors import ConfigError  # not ..config: jsonschema and yaml are not needed here
 
         for domain in self.operator_domains:
             if not isinstance(domain, str) or not domain:
@@ -109,7 +109,7 @@ class _Ranges:
         self.stashed = stashed.to_numpy(dtype=float, na_value=np.nan)
         self.backward_node = pc.fill_null(pc.match_substring_regex(self.names, BACKWARD_NODE.pattern), False).to_numpy(
             zero_copy_only=False) if n else np.zeros(0, dtype=bool)
-        present = np.unique(self.domain_code[self.push_pop]) if n else []
+        present = np.sort(pd.unique(self.domain_code[self.push_pop])) if n else []
         self.domains = sorted(str(self.domain_labels[c]) for c in present)
         # (pid, tid, domain) -> (starts sorted, rows in that order); one integer key per stack.
         self.groups: dict[tuple[int, int, str], tuple[np.ndarray, np.ndarray]] = {}
@@ -287,7 +287,7 @@ def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> 
     candidates = candidates[order]
     keys = pd.MultiIndex.from_arrays([index.pid[candidates], index.seq[candidates].astype(np.int64)])
     first = pd.Series(np.arange(len(candidates)), index=keys).groupby(level=[0, 1]).agg(["min", "max"])
-    unique_rows, inverse = np.unique(rows, return_inverse=True)  # one lookup per backward range
+    inverse, unique_rows = pd.factorize(rows)  # one lookup per backward range (hash: numpy's unique is slow)
     unique_seq = np.where(~np.isnan(index.stashed[unique_rows]), index.stashed[unique_rows], index.seq[unique_rows])
     bounds = first.reindex(pd.MultiIndex.from_arrays([index.pid[unique_rows], unique_seq.astype(np.int64)]))
     starts = index.start[candidates]
@@ -380,7 +380,7 @@ def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, 
     rows = np.flatnonzero(eligible)
     if not len(rows) or not m:
         return found
-    for p in np.unique(pid[pid >= 0]):
+    for p in np.sort(pd.unique(pid[pid >= 0])):
         mine = rows[index.pid[rows] == p]
         if not len(mine):
             continue
@@ -423,7 +423,7 @@ def _stack_json(index: _Ranges, rows: np.ndarray) -> tuple[pa.Array, np.ndarray,
     same positions).
     """
     needed = np.zeros(index.n, dtype=bool)
-    up = np.unique(rows[rows >= 0])
+    up = pd.unique(rows[rows >= 0])  # (numpy's hash unique takes seconds on millions)
     while len(up):
         up = up[~needed[up]]
         needed[up] = True
@@ -477,7 +477,6 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         op_part = pa.array(["null"] * m, type=pa.string())
     head = np.full(m, "", dtype=object)  # keys before "operator"
     middle = np.full(m, "", dtype=object)  # keys between "operator" and "stack"
-    tail = np.full(m, "", dtype=object)  # keys after "stack"
     for k in np.flatnonzero(~np.isnan(seq_used) | found.replay):
         parts = []
         if not np.isnan(seq_used[k]):
@@ -497,14 +496,22 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         if regions[k]:
             parts.append(f'"regions": {json.dumps(regions[k])}')
         middle[k] = "".join(", " + p for p in parts)
+    # Tags, built in Arrow: one '"domain": "name"' piece per tag domain (null where untagged), joined
+    # pairwise where both are present (a Python string per kernel and domain took seconds on a million
+    # kernels). Not null_handling="skip": pyarrow drops the rows where every piece is null.
+    joined = None
     for domain in tag_domains:
         rows = found.innermost[domain]
-        tagged = np.flatnonzero(rows >= 0)
-        prefix = f", {json.dumps(domain)}: "
-        tail[tagged] = tail[tagged] + prefix + _json_strings(index.name_of(rows[tagged]))
-    tagged = tail != ""
-    tail[tagged] = ', "tags": {' + np.array([t[2:] for t in tail[tagged]], dtype=object) + "}"
-    head, middle, tail = (pa.array(piece, type=pa.string()) for piece in (head, middle, tail))
+        if index.n and (rows >= 0).any():
+            names = _json_literals(index.names.take(pa.array(np.maximum(rows, 0), mask=rows < 0)))
+            piece = pc.binary_join_element_wise(f"{json.dumps(domain)}: ", names, "")
+            joined = piece if joined is None else pc.coalesce(pc.binary_join_element_wise(joined, piece, ", "),
+                                                              joined, piece)
+    if joined is not None:
+        tail = pc.fill_null(pc.binary_join_element_wise(', "tags": {', joined, "}", ""), "")
+    else:
+        tail = pa.array(np.full(m, "", dtype=object), type=pa.string())
+    head, middle = (pa.array(piece, type=pa.string()) for piece in (head, middle))
     joined = pc.binary_join_element_wise('{"nvtx": {', head, '"operator": ', op_part, middle, ', "stack": ',
                                          stack_part, tail, "}}", "")
     return joined.to_pandas().array

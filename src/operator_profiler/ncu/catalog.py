@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import jsonschema
 import pandas as pd
-import yaml
 
-from ..config import ConfigError
+# Not ..config: it imports jsonschema and yaml, which only loading a catalog needs (imported there:
+# every analysis job imports this module, few load a catalog; issue 18, the fixed per-job cost).
+from ..errors import ConfigError
 
 ARCHS = ("ampere", "hopper", "blackwell")
 RULES = ("sum", "duration_weighted_mean", "max", "ratio")
@@ -228,6 +228,8 @@ def validate_catalog(raw, source: str = "metrics.yaml") -> Catalog:
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid metric catalog {source}: the top level must be a mapping with "
                           "'metrics' and 'bottleneck'")
+    import jsonschema
+
     validator = jsonschema.Draft202012Validator(SCHEMA)
     errors = sorted(validator.iter_errors(raw), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     problems = [_describe(e, raw) for e in errors] if errors else _cross_checks(raw)
@@ -244,6 +246,8 @@ def validate_catalog(raw, source: str = "metrics.yaml") -> Catalog:
 
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """Load and validate a catalog (default: the packaged ``metrics.yaml``)."""
+    import yaml
+
     try:
         if path is None:
             source, text = "metrics.yaml (packaged)", resources.files(__package__).joinpath("metrics.yaml").read_text()

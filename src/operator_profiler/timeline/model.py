@@ -69,10 +69,18 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     order_key = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64")
     corr = (pd.array(kernels["correlation_id"], dtype="Int64").fillna(np.iinfo(np.int64).max)
             if "correlation_id" in kernels.columns else np.zeros(len(kernels), dtype=np.int64))
-    kernels = kernels.assign(_order=order_key, _corr=np.asarray(corr, dtype=np.int64))
-    kernels = kernels.sort_values(["_order", "pid", "_corr", "start_ns"] if "pid" in kernels.columns
-                                  else ["_order", "_corr", "start_ns"], kind="stable")
-    kernels = kernels.drop(columns=["_order", "_corr"]).reset_index(drop=True)
+    start = kernels["start_ns"]
+    if start.dtype.kind == "i":
+        # One stable np.lexsort of int64 keys and one take (issue 18: assign + sort_values + drop copied
+        # the table three times and factorized each key).
+        keys = [order_key.to_numpy(), *([kernels["pid"].to_numpy(dtype=np.int64)] if "pid" in kernels.columns else []),
+                np.asarray(corr, dtype=np.int64), start.to_numpy()]
+        kernels = kernels.take(np.lexsort(keys[::-1])).reset_index(drop=True)
+    else:  # a start column with nulls (never from our readers): pandas sorts them last
+        kernels = kernels.assign(_order=order_key, _corr=np.asarray(corr, dtype=np.int64))
+        kernels = kernels.sort_values(["_order", "pid", "_corr", "start_ns"] if "pid" in kernels.columns
+                                      else ["_order", "_corr", "start_ns"], kind="stable")
+        kernels = kernels.drop(columns=["_order", "_corr"]).reset_index(drop=True)
     kernels["kernel_id"] = np.arange(len(kernels), dtype=np.int64)
     if "duration_ns" not in kernels:  # GPU kernels: the execution interval
         kernels["duration_ns"] = (kernels["end_ns"] - kernels["start_ns"]).astype("int64")

@@ -1,0 +1,72 @@
+"""Where a workflow job's wall time goes (issue 18): the ``job phases:`` line every job's log ends with,
+and ``benchmarks/bench_workflow_jobs.py``, which sums those lines and Snakemake's benchmark files per rule."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from operator_profiler import job_phases
+from operator_profiler.rule_runner import run_rule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_workflow_jobs", ROOT / "benchmarks" / "bench_workflow_jobs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_phases_line_names_what_the_work_imported(tmp_path):
+    # A fresh interpreter: yaml is imported after the work started, so the line must name it (and
+    # not json, a standard-library module), with the times the bench tool parses.
+    code = ("from operator_profiler import job_phases as j; j.script_started(); import numpy; j.work_started(); "
+            "import json, yaml; print(j.phases_line())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    parsed = _bench().PHASES.match(out)
+    assert parsed, out
+    assert parsed["late"] == "yaml"
+    assert float(parsed["imports"]) > 0  # numpy was imported between the two marks
+    if Path("/proc/self/stat").exists():
+        assert 0 < float(parsed["startup"]) < 60
+
+
+def test_run_rule_ends_the_log_with_the_phases_line_only_in_a_job(tmp_path):
+    log = tmp_path / "job.log"
+    run_rule(str(log), lambda: None)  # a rule function run in a test's process: no marks, no line
+    assert job_phases.PHASES_PREFIX not in log.read_text()
+    job_phases.script_started()
+    try:
+        run_rule(str(log), lambda: None)
+    finally:
+        job_phases._marks.clear()
+    assert log.read_text().splitlines()[-1].startswith(job_phases.PHASES_PREFIX)
+
+
+def test_the_bench_tool_sums_benchmarks_and_phases_per_rule(tmp_path):
+    def job(rule: str, workload: str, wall: float, phases: str | None, cls: str | None = None):
+        tsv = tmp_path / "results" / workload / "benchmarks" / (f"{rule}/{cls}.tsv" if cls else f"{rule}.tsv")
+        tsv.parent.mkdir(parents=True, exist_ok=True)
+        tsv.write_text(f"s\th:m:s\tmax_rss\n{wall}\t0:00:0{int(wall)}\t100\n")
+        log = tmp_path / "logs" / rule / (f"{workload}/{cls}.log" if cls else f"{workload}.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("INFO something\n" + (phases + "\n" if phases else ""))
+
+    job("attribute", "gpt2", 2.5, "job phases: start-up 0.50 s, imports 1.00 s, work 0.50 s")
+    job("attribute", "lstm", 3.5, "job phases: start-up 0.50 s, imports 1.00 s, work 1.50 s; imported during the work: torch")
+    job("parse_ncu", "gpt2", 4.0, "job phases: start-up 0.25 s, imports 0.75 s, work 2.00 s", cls="Block-1")
+    job("report", "gpt2", 1.0, None)  # a run before the line existed: counted, not split
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_workflow_jobs.py"), "--dir", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in
+            ("attribute", "parse_ncu", "report", "total")}
+    # attribute: 2 jobs, 6.0 s wall = start-up 1.0 + imports 2.0 + work 2.0 + outside 1.0
+    assert rows["attribute"][1:7] == ["2", "6.0", "1.0", "2.0", "2.0", "1.0"]
+    assert "torch (1)" in " ".join(rows["attribute"][7:])
+    assert rows["parse_ncu"][1:7] == ["1", "4.0", "0.2", "0.8", "2.0", "1.0"]  # logs/parse_ncu/gpt2/Block-1.log
+    assert rows["report"][1:3] == ["1", "1.0"] and rows["report"][3] == "?"
+    assert rows["total"][1:3] == ["4", "11.0"]
