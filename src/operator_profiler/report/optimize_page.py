@@ -115,6 +115,10 @@ def _ablation_section(verification: dict) -> str:
             + f"<p>{len(alone)} variants with changes measured (each change alone, and cumulative).</p></section>")
 
 
+#: What names the profiled operators of a rewrite's new op contain.
+_PROFILED_AS = {"aten::scaled_dot_product_attention": "scaled_dot_product", "aten::conv2d": "conv"}
+
+
 def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, iterations: int,
                   variant_operators: pd.DataFrame, variant_iterations: int) -> pd.DataFrame:
     """One row per (pass, new operator): the base profile's time in the operators the rewrite replaced, in the
@@ -139,7 +143,9 @@ def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, itera
             inside = module.map(lambda m: any(m == p or m.startswith(p + ".") or p.startswith(m + ".")
                                               for p in g["modules"])) if g["modules"] else True
             before = float(base_kernels.loc[ops & inside, "duration_ns"].sum()) / iterations / 1e6
-        short = new_op.split("::")[-1]
+        # the op a rewrite inserts dispatches to the kernel-level op the profile names (on CPU
+        # aten::scaled_dot_product_attention runs aten::_scaled_dot_product_flash_attention_for_cpu)
+        short = _PROFILED_AS.get(new_op, new_op.split("::")[-1])
         after_rows = variant_operators[variant_operators["operator"].astype(str).str.contains(short, regex=False)]
         after = float(after_rows["time_ns"].sum()) / variant_iterations / 1e6 if len(after_rows) else None
         rows.append({"pass": name, "new_op": new_op, "rewrites": g["count"], "replaced_ops": sorted(g["replaced"]),

@@ -1,0 +1,59 @@
+"""The optimize page's pairings: operators paired by the FX nodes their kernels compute (an operator Inductor
+replaced under freezing) and by the FX rewrites' records (new operator <- the operators it replaces)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from operator_profiler.report import optimize_page
+
+
+def _kernels(rows):
+    return pd.DataFrame([{"operator": op, "module": module, "source_nodes": nodes, "duration_ns": ns}
+                         for op, module, nodes, ns in rows])
+
+
+def test_node_groups_pair_a_replaced_operator_and_join_what_a_fused_kernel_computes():
+    before = _kernels([("aten::addmm", "blocks.0", ["linear"], 4_000_000),
+                       ("aten::gelu", "blocks.0", ["gelu"], 1_000_000),
+                       ("aten::addmm", "blocks.0", ["linear_1"], 3_000_000),
+                       ("aten::addmm", "blocks.1", ["linear"], 4_000_000)])
+    after = _kernels([("mkl::_mkl_linear", "blocks.0", ["linear"], 2_000_000),
+                      ("aten::addmm+aten::gelu", "blocks.0", ["gelu", "linear_1"], 2_500_000),
+                      ("mkl::_mkl_linear", "blocks.1", ["linear"], 2_000_000)])
+    groups = optimize_page.node_groups(before, after, iterations_a=2, iterations_b=1)
+    by_nodes = {(g["module"], tuple(g["nodes"])): g for g in groups.to_dict("records")}
+    # the fused kernel joins gelu and linear_1 of blocks.0 into one group
+    fused = by_nodes[("blocks.0", ("gelu", "linear_1"))]
+    assert fused["before_ms"] == pytest.approx((1.0 + 3.0) / 2) and fused["after_ms"] == pytest.approx(2.5)
+    assert fused["before_ops"] == ["aten::addmm", "aten::gelu"] and fused["after_ops"] == ["aten::addmm+aten::gelu"]
+    # linear of each block: addmm -> mkl linear, modules kept apart
+    for module in ("blocks.0", "blocks.1"):
+        g = by_nodes[(module, ("linear",))]
+        assert g["before_ops"] == ["aten::addmm"] and g["after_ops"] == ["mkl::_mkl_linear"]
+        assert g["before_ms"] == pytest.approx(2.0) and g["after_ms"] == pytest.approx(2.0)
+    assert len(groups) == 3
+    # an eager profile has no FX nodes: nothing to pair by them
+    eager = before.assign(source_nodes=[[]] * len(before))
+    assert optimize_page.node_groups(eager, after, 2, 1).empty
+
+
+def test_rewrite_pairs_sum_the_replaced_operators_in_the_rewritten_modules():
+    rewrites = [{"pass": "attention_to_sdpa", "new_op": "aten::scaled_dot_product_attention",
+                 "replaced_ops": ["aten::matmul", "aten::mul", "aten::masked_fill", "aten::softmax"],
+                 "module_path": f"transformer.h.{i}.attn"} for i in range(2)]
+    rewrites.append({"pass": "attention_to_sdpa", "skipped": "dropout", "new_op": None})
+    base = pd.DataFrame([
+        {"operator": "aten::matmul", "module": "transformer.h.0.attn", "duration_ns": 3_000_000},
+        {"operator": "aten::softmax", "module": "transformer.h.1.attn", "duration_ns": 1_000_000},
+        {"operator": "aten::matmul", "module": "transformer.h.0.mlp", "duration_ns": 9_000_000},   # not rewritten
+        {"operator": "aten::addmm", "module": "transformer.h.0.attn", "duration_ns": 5_000_000},   # not replaced
+    ])
+    variant = pd.DataFrame({"operator": ["aten::scaled_dot_product_attention",
+                                         "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::addmm"],
+                            "time_ns": [1_000_000, 2_000_000, 5_000_000]})
+    (pair,) = optimize_page.rewrite_pairs(rewrites, base, 2, variant, 2).to_dict("records")
+    assert pair["rewrites"] == 2 and pair["before_ms"] == pytest.approx((3.0 + 1.0) / 2)
+    assert pair["after_ms"] == pytest.approx(3.0 / 2)
+    assert pair["modules"] == ["transformer.h.0.attn", "transformer.h.1.attn"]
