@@ -191,6 +191,8 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
     print(f"\n== {name}: {json.dumps({k: v for k, v in workload.items() if k != 'compile'})}")
     print(f"   device {plan_result['device']}, {plan_result['threads']} thread(s), {plan_result['repetitions']} "
           f"repetitions over {plan_result['processes']} processes per group; {checked}")
+    loads = [p.get("other_cpu_load") for result in results for p in result["processes_info"]]
+    print(f"   CPUs kept busy by other processes during the repetitions, per process: {loads}")
     print(f"  {'':<18} {'changes':<42} {'median ms [95% CI]':>28}  {'speedup vs fp32_eager':<24} "
           f"{'minflt/it':>8} {'majflt/it':>5}  numerics")
     variants = plan_result["variants"]
