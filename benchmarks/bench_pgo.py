@@ -185,7 +185,7 @@ def row(label: str, entry: dict | None) -> str:
 
 
 def report(name: str, workload: dict, advised: list[str], results: list[dict], record: dict, skipped: list[dict],
-           checked: str) -> dict:
+           checked: str, searched: bool) -> dict:
     """Print one workload's table; return its summary (advised, best, their ratio)."""
     plan_result = results[0]
     print(f"\n== {name}: {json.dumps({k: v for k, v in workload.items() if k != 'compile'})}")
@@ -208,7 +208,6 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
                   for key, entry in result["variants"].items()
                   if not entry.get("rejected") and entry.get("speedup") and set(entry["changes"]) <= set(SEARCH)]
     best = max(candidates, key=lambda c: c[0]) if candidates else None
-    searched = len(results) > 1 or bool(skipped)
     label = "best of search" if searched else "best measured"
     if best:
         print(row(label, best[3]) + f"   (group {best[1]})")
@@ -318,7 +317,7 @@ def main() -> int:
                                               progress=lambda line: print(f"  [{time.strftime('%H:%M:%S')}] {line}",
                                                                           flush=True)))
             record = ablation.verification(results[0], advised)
-            summary = report(name, sizes[name], advised, results, record, skipped, checked)
+            summary = report(name, sizes[name], advised, results, record, skipped, checked, not args.no_search)
             out[name] = {"verification": record, "search": results[1:], "skipped": skipped, "summary": summary}
     except UserError as exc:
         print(f"bench_pgo: {exc}", file=sys.stderr)
