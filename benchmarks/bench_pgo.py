@@ -185,12 +185,14 @@ def row(label: str, entry: dict | None) -> str:
 
 
 def report(name: str, workload: dict, advised: list[str], results: list[dict], record: dict, skipped: list[dict],
-           checked: str) -> dict:
+           checked: str, searched: bool) -> dict:
     """Print one workload's table; return its summary (advised, best, their ratio)."""
     plan_result = results[0]
     print(f"\n== {name}: {json.dumps({k: v for k, v in workload.items() if k != 'compile'})}")
     print(f"   device {plan_result['device']}, {plan_result['threads']} thread(s), {plan_result['repetitions']} "
           f"repetitions over {plan_result['processes']} processes per group; {checked}")
+    loads = [p.get("other_cpu_load") for result in results for p in result["processes_info"]]
+    print(f"   CPUs kept busy by other processes during the repetitions, per process: {loads}")
     print(f"  {'':<18} {'changes':<42} {'median ms [95% CI]':>28}  {'speedup vs fp32_eager':<24} "
           f"{'minflt/it':>8} {'majflt/it':>5}  numerics")
     variants = plan_result["variants"]
@@ -206,8 +208,9 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
                   for key, entry in result["variants"].items()
                   if not entry.get("rejected") and entry.get("speedup") and set(entry["changes"]) <= set(SEARCH)]
     best = max(candidates, key=lambda c: c[0]) if candidates else None
+    label = "best of search" if searched else "best measured"
     if best:
-        print(row("best of search", best[3]) + f"   (group {best[1]})")
+        print(row(label, best[3]) + f"   (group {best[1]})")
     print("  ablation (cumulative, advised order):")
     for step in record["ablation"]["steps"]:
         print(f"    {step['change']:<16} {'+'.join(step['context']) or 'fp32_eager':>34} -> +{step['change']:<16} "
@@ -223,8 +226,8 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
         if advised_entry and advised_entry[1].get("speedup"):
             ratio = advised_entry[1]["speedup"]["value"] / best[0]
             summary["advised_vs_best"] = ratio
-            print(f"  advised / best of search: {ratio:.3f} ({'within' if ratio >= 0.95 else 'NOT within'} 5 %; "
-                  "speedups against each group's own fp32_eager)")
+            print(f"  advised / {label}: {ratio:.3f} ({'within' if ratio >= 0.95 else 'NOT within'} 5 %; "
+                  "speedups against each group's own fp32_eager)" + ("" if searched else " (--no-search)"))
     for index, result in enumerate(results[1:], 1):
         eager = result["variants"]["fp32_eager"]
         print(f"  search group {index}: fp32_eager {eager.get('median_ms', float('nan')):.3f} ms")
@@ -314,7 +317,7 @@ def main() -> int:
                                               progress=lambda line: print(f"  [{time.strftime('%H:%M:%S')}] {line}",
                                                                           flush=True)))
             record = ablation.verification(results[0], advised)
-            summary = report(name, sizes[name], advised, results, record, skipped, checked)
+            summary = report(name, sizes[name], advised, results, record, skipped, checked, not args.no_search)
             out[name] = {"verification": record, "search": results[1:], "skipped": skipped, "summary": summary}
     except UserError as exc:
         print(f"bench_pgo: {exc}", file=sys.stderr)
