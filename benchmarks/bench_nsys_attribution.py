@@ -35,7 +35,7 @@ Baseline, in the parent on the same (page-cached) file: SQLite running the docs/
 (kernel -> launch, names from StringIds) with ``fetchall``; printed as the ratio reader / baseline.
 Goals, judged on read_nsys + classify_layers + attribute_nvtx and the child's peak RSS by the end of
 attribute_nvtx (the line also prints the peak of the whole measured part): 1M kernels loaded and
-attributed in <= 20 s with peak RSS <= 2 GB; and (issue 18) in <= 2x the time of the SQLite Q1 baseline
+attributed in <= 20 s with peak RSS <= 2 GB; and in <= 2x the time of the SQLite Q1 baseline
 of the same run, peak RSS <= 1.5 GB. The machine's load average is printed at the start and the end
 (other processes on the cores inflate both sides of the ratio, not always alike). ``--profile``
 inflates the times.
@@ -71,7 +71,7 @@ OPS = ("aten::mm", "aten::addmm", "aten::add", "aten::copy_", "aten::mul", "aten
 MARGIN_NS = 50  # synthetic op range = launch call widened by this much on both sides
 CHUNK_ROWS = 200_000
 GOAL_S, GOAL_MB, GOAL_KERNELS = 20.0, 2048.0, 1_000_000
-GOAL_RATIO, GOAL_RATIO_MB = 2.0, 1536.0  # issue 18: <= 2x SQLite's own Q1 join, peak RSS <= 1.5 GB
+GOAL_RATIO, GOAL_RATIO_MB = 2.0, 1536.0  # the goal: <= 2x SQLite's own Q1 join, peak RSS <= 1.5 GB
 
 Q1 = """
 SELECT k.start AS k_start, k."end" AS k_end, k.deviceId, k.streamId, k.correlationId, k.globalPid,
@@ -480,7 +480,7 @@ def main() -> None:
     else:
         verdict = f"NOT JUDGED at {n:,} kernels"
     total_cpu = sum(res["cpu"][k] for k in ("read_nsys", "classify_layers", "attribute_nvtx"))
-    print(f"goal (issue 18): timeline + attribution <= {GOAL_RATIO:.0f}x SQLite Q1, peak RSS <= 1.5 GB: {verdict} "
+    print(f"goal: timeline + attribution <= {GOAL_RATIO:.0f}x SQLite Q1, peak RSS <= 1.5 GB: {verdict} "
           f"({ratio:.2f}x: {total:.1f} s / {base_s:.1f} s; {rss_attr:,.0f} MB){note}; in CPU time (less "
           f"sensitive to other processes on the cores): {total_cpu / base_cpu:.2f}x ({total_cpu:.1f} s / {base_cpu:.1f} s)")
     trees = res["trees"]

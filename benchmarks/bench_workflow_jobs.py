@@ -1,4 +1,4 @@
-"""Where a workflow run's wall time goes, per rule: start-up, imports, work (issue 18).
+"""Where a workflow run's wall time goes, per rule: start-up, imports, work.
 
     python benchmarks/bench_workflow_jobs.py                    # read the finished run in the current folder
     python benchmarks/bench_workflow_jobs.py --run --cores 2    # run `snakemake --cores 2` first (timed), then read

@@ -1,4 +1,4 @@
-"""Where a workflow job's wall time goes (issue 18): the ``job phases:`` line every job's log ends with,
+"""Where a workflow job's wall time goes: the ``job phases:`` line every job's log ends with,
 and ``benchmarks/bench_workflow_jobs.py``, which sums those lines and Snakemake's benchmark files per rule."""
 
 from __future__ import annotations

@@ -362,7 +362,7 @@ def test_workflow_metric_catalog_edit_reruns_replay_and_what_follows_never_the_c
         dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)
         assert dry.returncode == 0, dry.stderr[-3000:]
         assert job_counts(dry.stdout) == {"replay_ncu": 1, "parse_ncu": 1, "match_invocations": 1,
-                                             "aggregate": 1, "report": 1}, dry.stdout[-3000:]
+                                             "aggregate": 1, "advise": 1, "report": 1}, dry.stdout[-3000:]
     finally:
         catalog.write_bytes(original)
     # The same bytes again (newer mtime, same checksum): nothing to do.
@@ -387,7 +387,7 @@ def test_workflow_recapture_with_identical_classes_reruns_no_replay(replay_run):
     assert dry.returncode == 0, dry.stderr[-3000:]
     # Planned before the checkpoint re-runs: the CPU stages that read the timeline, no capture, no replay.
     assert job_counts(dry.stdout) == {"export_timeline": 1, "classify_layers": 1, "attribute": 1, "compute_work": 1,
-                                         "match_invocations": 1, "aggregate": 1, "report": 1}, dry.stdout[-3000:]
+                                         "match_invocations": 1, "aggregate": 1, "advise": 1, "report": 1}, dry.stdout[-3000:]
 
     # The checkpoint decides the classes: run the CPU stages up to it, then plan the rest.
     step = wf.snakemake(setup, f"results/{wf.W}/layers/classes.json", *wf.CUDA_NSYS)

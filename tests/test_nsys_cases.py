@@ -301,7 +301,7 @@ def test_c11_other_domains_are_tags_not_operators(tmp_path):
 
 
 def test_c11_tags_of_several_domains_per_kernel_some_none(tmp_path):
-    # The tags are joined in Arrow (issue 18); pyarrow's null-skipping join drops the rows whose pieces
+    # The tags are joined in Arrow; pyarrow's null-skipping join drops the rows whose pieces
     # are all null, so each kernel's tags are checked here: both domains, one, none.
     export = {"domains": {(10, 7): "deepspeed", (10, 8): "nccl"},
               "nvtx": [Nvtx("aten::linear", 59, "10:1", 100, 900), Nvtx("hook", 59, "10:1", 150, 350, domain=7),

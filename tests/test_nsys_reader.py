@@ -118,7 +118,7 @@ def test_emit_nvtx_texts_parse():
 
 
 def test_operator_names_cut_where_the_decoration_regex_cuts():
-    # The reader cuts names with substring splits (issue 18: fast); the definition is the regex
+    # The reader cuts names with substring splits (fast); the definition is the regex
     # _DECORATIONS, whose ".*$" does not cross a newline: both must agree, edge cases included.
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -341,7 +341,7 @@ def test_graph_kernels_are_projected_onto_their_capture_ranges(tmp_path):
 
 
 def test_kernels_are_ordered_by_launch_start_pid_correlation_id_and_start():
-    # finish_kernels sorts with one np.lexsort (issue 18); the order it must give is pandas' stable sort on
+    # finish_kernels sorts with one np.lexsort; the order it must give is pandas' stable sort on
     # (launch start or else start, pid, correlation id with nulls last, start), ties kept in row order.
     from operator_profiler.timeline.model import finish_kernels
 

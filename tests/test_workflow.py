@@ -568,7 +568,7 @@ def test_ctrl_c_in_a_capture_or_a_script_job_is_one_line_and_the_next_run_redoes
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert job_counts(plan.stdout) == {"capture_timeline": 1, "export_timeline": 1, "classify_layers": 1,
                                        "attribute": 1, "compute_work": 1, "aggregate": 1, "export_trace": 1,
-                                       "report": 1, "report_html": 1, "all": 1}
+                                       "advise": 1, "report": 1, "report_html": 1, "all": 1}
 
     # Ctrl-C (SIGINT to Snakemake and its job) in aggregate (a script: rule)
     aggregate_dir = tmp_path / "aggregate"
@@ -587,8 +587,8 @@ def test_ctrl_c_in_a_capture_or_a_script_job_is_one_line_and_the_next_run_redoes
     (incomplete / base64.urlsafe_b64encode(b"results/lstm/trace.json").decode()).write_text('{"external_jobid": null}')
     again = snakemake(aggregate_dir, config, env=custom_env(aggregate_dir))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert job_counts(again.stdout + again.stderr) == {"aggregate": 1, "report": 1, "report_html": 1, "export_trace": 1,
-                                                       "all": 1}
+    assert job_counts(again.stdout + again.stderr) == {"aggregate": 1, "advise": 1, "report": 1, "report_html": 1,
+                                                       "export_trace": 1, "all": 1}
     # The reports are newer than every table they were made from.
     made_from = [results / p for p in ("attribution/kernels.parquet", "layers/instances.parquet", "operators.parquet",
                                        "modules.parquet", "layer_classes.parquet", "coverage.json")]

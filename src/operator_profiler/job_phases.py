@@ -1,4 +1,4 @@
-"""Where one workflow job's wall time goes: interpreter start-up, imports, work (issue 18).
+"""Where one workflow job's wall time goes: interpreter start-up, imports, work.
 
 :func:`script_started` (called by ``interrupts.watch_job``, the first line of every job) notes the time and
 how long the process had lived by then (start-up: the interpreter and Snakemake's script preamble);

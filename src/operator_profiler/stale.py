@@ -113,7 +113,7 @@ def remove(paths: Iterable[str]) -> None:
             os.unlink(path)
 
 
-def describe(stale: Mapping[str, Stale], action: str, shown: int = 8) -> str:
+def describe(stale: Mapping[str, Stale], action: str, shown: int = 12) -> str:
     """One line: how many outputs are stale, why (the missing and the changed results they were made from),
     which (``shown`` of them, the shallowest paths first: the reports before the intermediate tables), and
     ``action``: what was or will be done, e.g. "removed them; this run rebuilds them"."""

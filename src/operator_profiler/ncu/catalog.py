@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 # Not ..config: it imports jsonschema and yaml, which only loading a catalog needs (imported there:
-# every analysis job imports this module, few load a catalog; issue 18, the fixed per-job cost).
+# every analysis job imports this module, few load a catalog; the fixed per-job cost).
 from ..errors import ConfigError
 
 ARCHS = ("ampere", "hopper", "blackwell")

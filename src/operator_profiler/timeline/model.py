@@ -71,7 +71,7 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
             if "correlation_id" in kernels.columns else np.zeros(len(kernels), dtype=np.int64))
     start = kernels["start_ns"]
     if start.dtype.kind == "i":
-        # One stable np.lexsort of int64 keys and one take (issue 18: assign + sort_values + drop copied
+        # One stable np.lexsort of int64 keys and one take (assign + sort_values + drop copied
         # the table three times and factorized each key).
         keys = [order_key.to_numpy(), *([kernels["pid"].to_numpy(dtype=np.int64)] if "pid" in kernels.columns else []),
                 np.asarray(corr, dtype=np.int64), start.to_numpy()]

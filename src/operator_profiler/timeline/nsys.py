@@ -399,7 +399,7 @@ def _launch_index(launches: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
 def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame) -> pd.DataFrame:
     """Add launch_tid/launch_start_ns/launch_end_ns/launch_api by (pid, correlation id); ids <= 0 never join.
 
-    One int64 key per (pid, correlation id) looked up in a hash index of the launches (issue 18: a
+    One int64 key per (pid, correlation id) looked up in a hash index of the launches (a
     merge copied the whole kernel table and took seconds on a million kernels); ids beyond 32 bits
     (never written by CUPTI) take the merge, whose keys are exact."""
     corr = [pd.array(t["correlation_id"], dtype="Int64") for t in (frame, launch_index)]
@@ -432,7 +432,7 @@ def _process_keys(pid, correlation_id) -> np.ndarray:
 
 
 def _isin(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """``np.isin`` through pandas' hash table: 10x faster than numpy's on a million int64 keys (issue 18)."""
+    """``np.isin`` through pandas' hash table: 10x faster than numpy's on a million int64 keys."""
     return pd.Series(values, copy=False).isin(wanted).to_numpy(dtype=bool)
 
 

@@ -86,12 +86,22 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
     duration = kernels["duration_ns"].to_numpy(dtype=np.int64)
     operators = kernels["operator"].to_numpy(dtype=object) if "operator" in kernels else np.full(n, None)
     computes = np.array([not flop_rules.is_data_only(op) for op in operators], dtype=bool)
-    # calls: the longest kernel that computes (not a copy or view: aten::addmm, not the copy_ of its bias) and is
+    # calls: the longest kernel (see below) that computes (not a copy or view: aten::addmm, not the copy_ of its bias) and is
     # not a composite op carries the call's work. Its own (exclusive) time is where the work ran: aten::mkldnn_rnn_layer, not the
     # aten::add of the biases nested in it (a rule preferring innermost kernels put an LSTM's work on that add).
     # A composite op (aten::linear, aten::matmul: CompositeImplicitAutograd) only decomposes: never the carrier
     # while a kernel of the ops it decomposes into is in the call, however short that one ran.
-    rank = [(bool(computes[i]), not is_composite(operators[i]), duration[i]) for i in range(n)]
+    # "Longest" is the operator's time summed over every call of the same op (all iterations), not this call's
+    # alone: one call's self time can swell with a preemption (a wrapper's would then carry that call's work), and
+    # every call of one op should put its work on the same operator.
+    call_names = [sides[c[0]].names[c[1]] if c is not None else None for c in call_of]
+    total: dict[tuple, int] = {}
+    for i in range(n):
+        if call_of[i] is not None:
+            key = (call_names[i], operators[i])
+            total[key] = total.get(key, 0) + int(duration[i])
+    rank = [(bool(computes[i]), not is_composite(operators[i]), total.get((call_names[i], operators[i]), 0),
+             duration[i]) for i in range(n)]
     carriers: dict[tuple, int] = {}
     members: dict[tuple, int] = {}
     for i in range(n):
