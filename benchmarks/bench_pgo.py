@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from operator_profiler.errors import UserError
-from operator_profiler.optimize import ablation, timing
+from operator_profiler.optimize import ablation, timing, verify
 
 GOAL = {
     "gpt2": {"kind": "gpt2", "compile": False, "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257,
@@ -316,7 +316,13 @@ def main() -> int:
                                               work_dir=Path(args.work_dir) / name / f"group-{index}",
                                               progress=lambda line: print(f"  [{time.strftime('%H:%M:%S')}] {line}",
                                                                           flush=True)))
+            first = {**spec, "variants": groups[0]}
+            refined = verify.refine_borderline(first, results[0], advised, Path(args.work_dir) / name / "group-0",
+                                               build=args.build, numerics=args.numerics,
+                                               progress=lambda line: print(f"  [{time.strftime('%H:%M:%S')}] {line}",
+                                                                           flush=True))
             record = ablation.verification(results[0], advised)
+            record["refined"] = refined
             summary = report(name, sizes[name], advised, results, record, skipped, checked, not args.no_search)
             out[name] = {"verification": record, "search": results[1:], "skipped": skipped, "summary": summary}
     except UserError as exc:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from ..files import read_json_file, write_json
-from . import ablation, timing
+from . import ablation, stats, timing
 
 _MODES = {"inference": "infer", "train": "train"}
 
@@ -22,6 +22,71 @@ def tolerances(configured: dict | None) -> dict:
     for dtype, values in (configured or {}).items():
         merged.setdefault(dtype, {}).update(values)
     return merged
+
+
+#: A dropped step is borderline when its point estimate shows a gain and its interval still reaches 1: such steps
+#: are measured again (more repetitions, new processes) this many times at most before the decision stands.
+REFINE_ROUNDS = 2
+
+
+def _refresh(result: dict, name: str, samples: list[float]) -> None:
+    """Pool ``samples`` into variant ``name`` of a timing result: its median, interval and speedup again."""
+    entry = result["variants"][name]
+    entry["samples_ms"] = list(entry["samples_ms"]) + list(samples)
+    entry["repetitions"] = len(entry["samples_ms"])
+    interval = stats.median_interval(entry["samples_ms"], result.get("confidence", stats.CONFIDENCE),
+                                     result.get("resamples", stats.RESAMPLES), result.get("seed", 0))
+    entry["median_ms"], entry["ci_ms"] = interval["median"], [interval["low"], interval["high"]]
+
+
+def _speedups(result: dict) -> None:
+    base = result["variants"].get(result.get("baseline") or "fp32_eager")
+    if base is None or base.get("rejected"):
+        return
+    for entry in result["variants"].values():
+        if entry.get("rejected"):
+            continue
+        ratio = stats.speedup_interval(base["samples_ms"], entry["samples_ms"],
+                                       result.get("confidence", stats.CONFIDENCE),
+                                       result.get("resamples", stats.RESAMPLES), result.get("seed", 0))
+        entry["speedup"] = {**(entry.get("speedup") or {}), "value": ratio["speedup"],
+                            "ci": [ratio["low"], ratio["high"]], "shows_gain": ratio["shows_gain"]}
+
+
+def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Path, rounds: int = REFINE_ROUNDS,
+                      progress=None, **measure_kwargs) -> list[dict]:
+    """Measure the borderline steps of the ablation again until they decide (their interval leaves 1) or
+    ``rounds`` are spent: each round times the two variants of every borderline step (and FP32 eager) interleaved
+    in ``spec``'s processes, and pools the new repetitions into ``result``. A step that stays borderline is
+    dropped (the rule stands: a change is kept only on an interval above 1). ``measure_kwargs`` go to
+    :func:`timing.measure` (build, numerics). Returns one record per round."""
+    done = []
+    for index in range(rounds):
+        record = ablation.verification(result, advised)
+        names = set()
+        for step in record["ablation"]["steps"]:
+            speedup = step.get("speedup") or {}
+            if step["decision"] != "dropped" or not speedup or speedup["value"] <= 1 or speedup["ci"][0] > 1:
+                continue
+            for changes in (step["context"], step["with"]):
+                found = ablation._find(result, changes)
+                if found is not None:
+                    names.add(found[0])
+        if not names:
+            break
+        names.add(result.get("baseline") or "fp32_eager")
+        variants = {name: result["variants"][name]["changes"] for name in sorted(names)}
+        if progress:
+            progress(f"borderline steps: measuring {', '.join(sorted(names))} again (round {index + 1})")
+        extra = timing.measure({**spec, "variants": variants}, work_dir=Path(work_dir) / f"refine{index + 1}",
+                               **measure_kwargs)
+        for name, entry in extra["variants"].items():
+            if not entry.get("rejected"):
+                _refresh(result, name, entry["samples_ms"])
+        _speedups(result)
+        result["warnings"] = list(result.get("warnings", [])) + list(extra.get("warnings", []))
+        done.append({"round": index + 1, "variants": sorted(names)})
+    return done
 
 
 def verify(workload_name: str, workload: dict, optimize: dict, device: str, advice: dict, work_dir: Path,
@@ -51,7 +116,9 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     variants = ablation.plan(advised, baselines)
     load_before = os.getloadavg()[0]
     result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1")
+    refined = refine_borderline(spec, result, advised, work_dir)
     record = ablation.verification(result, advised)
+    record["refined"] = refined
     record["load"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
                       "cpus": os.cpu_count()}
     busy = max(load_before, os.getloadavg()[0])
