@@ -62,8 +62,8 @@ def test_compiled_gpt2_like_profile_gets_freezing_autotune_and_the_sdpa_rewrite(
     # GEMMs with a weight operand, computed from the rows: addmm of 9 ms in all (bmm multiplies activations)
     assert offered["freezing"]["value"] == pytest.approx(5.0 / 9.0)
     assert "aten::addmm 55.6% (float32), 25% of fp32 GEMM peak" in offered["freezing"]["evidence"]
-    # both GEMMs (bmm too: Inductor autotunes bmm) are below half their ceiling
-    assert offered["max_autotune"]["value"] == pytest.approx((5.0 + 0.8) / 9.0)
+    # both GEMMs are below half their ceiling, but bmm's calls (27 us) are too short for a kernel choice to matter
+    assert offered["max_autotune"]["value"] == pytest.approx(5.0 / 9.0)
     # softmax chain + bmm in the same module, no fused attention there
     assert offered["sdpa_rewrite"]["value"] == pytest.approx((0.9 + 0.8) / 9.0)
     # bf16: the evidence holds (fp32 GEMMs), the machine has no native bf16: not offered, with the reason
