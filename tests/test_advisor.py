@@ -112,10 +112,13 @@ def test_lstm_profile_gets_the_library_rnn_diagnosis():
             {"operator": "aten::lstm", "time_ns": 750_000},
             {"operator": "aten::mm", "time_ns": 270_000, "work_dtype": "float32"},
             {"operator": "aten::clone", "time_ns": 200_000}]
-    advice = advisor.advise(_profile(_operators(rows), compiled=False), advisor.load_catalog(), NO_BF16, "lstm")
-    offered = {r["change"]: r for r in advice["advice"]}
     share = (7.7 + 0.75) / 8.92
+    # compiled: keep the library RNN when compiling (QA: advised for an eager LSTM, its "compile" compiled nothing)
+    compiled = advisor.advise(_profile(_operators(rows), compiled=True), advisor.load_catalog(), NO_BF16, "lstm")
+    offered = {r["change"]: r for r in compiled["advice"]}
     assert offered["keep_rnn_library"]["value"] == pytest.approx(share)
+    advice = advisor.advise(_profile(_operators(rows), compiled=False), advisor.load_catalog(), NO_BF16, "lstm")
+    assert "keep_rnn_library" not in advice["advised_changes"]
     (diagnosis,) = advice["diagnoses"]
     assert "aten::mkldnn_rnn_layer" in diagnosis and "oneDNN" in diagnosis and f"{share:.0%}" in diagnosis
     assert "keep_rnn_library" in diagnosis
@@ -141,6 +144,8 @@ def test_catalog_edit_changes_the_advice(tmp_path):
     ("r:\n  change: compile\n  measure: cast_share\n", "'order' is required"),
     ("r:\n  change: compile\n  measure: cast_share\n  order: 1\n  when: {compiled: yes please}\n", "when.compiled"),
     ("r: [1, 2\n", "not valid YAML"),
+    ("r:\n  change: compile\n  measure: cast_share\n  order: 1\n  when: {mode: infer}\n", "'infer' is not one of"),
+    ("r:\n  change: compile\n  measure: cast_share\n  order: 1\n  min: 0.9\n  max: 0.1\n", "leave no value"),
 ])
 def test_bad_catalog_is_refused_naming_file_rule_and_key(tmp_path, body, message):
     path = tmp_path / "catalog.yaml"

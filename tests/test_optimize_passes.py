@@ -244,3 +244,34 @@ def test_a_narrowing_round_trip_is_never_cancelled():
 
 def test_numerics_tolerances_cover_each_dtype():
     assert set(DEFAULT_TOLERANCES) == {"float32", "bfloat16", "float16", "tf32"}
+
+
+def test_a_float_padding_mask_inverted_by_logical_not_stays_inverted():
+    """QA: ``masked_fill(logical_not(pad.float()), -inf)``: SDPA takes a float mask as an additive bias, so the
+    inversion must stay (attend where logical_not(...) is False), never be stripped to the float tensor."""
+    import torch
+    import torch.nn.functional as F
+
+    from operator_profiler.optimize import passes
+
+    class PadAttention(torch.nn.Module):
+        def forward(self, q, k, v, pad):
+            s = (q @ k.transpose(-2, -1)) * 0.5
+            s = s.masked_fill(torch.logical_not(pad.float()[:, None, None, :]), float("-inf"))
+            return s.softmax(dim=-1) @ v
+
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    pad = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    model = PadAttention()
+    reference = model(q, k, v, pad)
+    records = []
+
+    def backend(gm, example_inputs):
+        records.extend(passes.attention_to_sdpa(gm))
+        return gm.forward
+
+    out = torch.compile(model, backend=backend, fullgraph=True)(q, k, v, pad)
+    assert any(not r.get("skipped") for r in records)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+    assert F.scaled_dot_product_attention  # the op the rewrite inserts

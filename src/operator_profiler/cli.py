@@ -247,6 +247,9 @@ def _cmd_compare(args) -> None:
 
 def _cmd_advise(args) -> None:
     folder = Path(args.results)
+    if args.shapes and not Path(args.shapes).is_file():
+        raise InputError(f"--shapes {args.shapes}: no such file; pass the capture's shapes iteration "
+                         "(capture/shapes.kineto.json.gz) or leave --shapes out")
     shapes = Path(args.shapes) if args.shapes else folder / "capture" / "shapes.kineto.json.gz"
     advice = stages.advise_files(folder, Path(args.out), Path(args.catalog) if args.catalog else None,
                                  shapes if shapes.is_file() else None, args.workload)

@@ -23,6 +23,7 @@ from . import evidence
 CATALOG = Path(__file__).with_name("catalog.yaml")
 RULE_KEYS = {"change", "measure", "min", "max", "when", "order", "expect", "enabled"}
 WHEN_KEYS = {"compiled": bool, "device": str, "mode": str}
+WHEN_VALUES = {"device": ("cpu", "cuda"), "mode": ("inference", "train")}
 #: run.json's mode -> the changes' mode names (optimize/changes.py)
 _MODES = {"inference": "infer", "train": "train"}
 
@@ -82,6 +83,13 @@ def load_catalog(path: Path = CATALOG) -> list[Rule]:
             if key not in WHEN_KEYS or not isinstance(value, WHEN_KEYS[key]):
                 raise ConfigError(f"{where}: when.{key}: expected one of {sorted(WHEN_KEYS)} with a "
                                   f"{'boolean' if WHEN_KEYS.get(key) is bool else 'string'} value, got {value!r}")
+            if key in WHEN_VALUES and value not in WHEN_VALUES[key]:
+                raise ConfigError(f"{where}: when.{key}: {value!r} is not one of {', '.join(WHEN_VALUES[key])} (a rule "
+                                  "whose condition no run has never fires)")
+        low, high = spec.get("min"), spec.get("max")
+        if any(isinstance(v, float) and v != v for v in (low, high)) or (
+                low is not None and high is not None and low > high):
+            raise ConfigError(f"{where}: min {low!r} and max {high!r} leave no value: the rule could never fire")
         enabled = spec.get("enabled", True)
         if not isinstance(enabled, bool):
             raise ConfigError(f"{where}: 'enabled' must be true or false, got {enabled!r}")

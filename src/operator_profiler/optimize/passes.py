@@ -234,8 +234,10 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
                 causal, _tril = _causal_mask(mask_op.args[1], qk)
                 if not causal:
                     fill_mask = mask_op.args[1]
-                    if _is(fill_mask, _INVERT):
-                        attn_mask = fill_mask.args[0]  # ~m filled with -inf: attend where m
+                    if _is(fill_mask, _INVERT) and node_dtype(fill_mask.args[0]) is torch.bool:
+                        # ~m filled with -inf: attend where m (only a bool m: SDPA adds a float mask as a bias, so
+                        # logical_not of a 0/1 float tensor is not m)
+                        attn_mask = fill_mask.args[0]
                     else:
                         with graph.inserting_before(pv):
                             attn_mask = graph.call_function(torch.logical_not, (fill_mask,))
