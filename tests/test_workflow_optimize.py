@@ -40,16 +40,23 @@ def test_advice_quotes_the_profile_and_names_the_variant(optimized):
     advice = json.loads((work / "results" / NAME / "advice.json").read_text())
     operators = pd.read_parquet(work / "results" / NAME / "operators.parquet")
     offered = {r["change"]: r for r in advice["advice"]}
-    # an eager profile of short calls: compile (fusion); an inference profile of Linear layers: freezing
-    assert {"compile", "freezing"} <= set(offered)
-    short = operators[~operators["operator"].str.split("+").map(lambda ops: bool(set(ops) & evidence.GEMM_OPS))
-                      & (operators["mean_kernel_ns"] < evidence.SHORT_CALL_NS)]
-    assert offered["compile"]["value"] == pytest.approx(short["time_share"].sum())
+    # an inference profile of Linear layers: freezing (and the compile it needs)
     weights = operators[operators["operator"].isin(evidence.WEIGHT_GEMM_OPS)]
     assert offered["freezing"]["value"] == pytest.approx(weights["time_share"].sum())
     assert advice["advised_changes"][:2] == ["compile", "freezing"]
+    # compile's own rule (short eager calls) fires or not by the measured share, computed here independently
+    short = operators[~operators["operator"].str.split("+").map(lambda ops: bool(set(ops) & evidence.GEMM_OPS))
+                      & ~operators["operator"].isin(evidence.RNN_OPS)
+                      & (operators["mean_kernel_ns"] < evidence.SHORT_CALL_NS)]
+    share = short["time_share"].sum()
+    if share >= 0.15:
+        assert offered["compile"]["value"] == pytest.approx(share)
+    else:
+        (rule,) = [r for r in advice["not_triggered"] if r["rule"] == "compile_short_ops"]
+        assert rule["value"] == pytest.approx(share)
+        assert advice["sources"]["compile"] == "needed by freezing (rule freeze_weights)"
     report = (work / "results" / NAME / "report.md").read_text()
-    assert "## Advice" in report and "**compile** (rule `compile_short_ops`)" in report
+    assert "## Advice" in report and "**freezing** (rule `freeze_weights`)" in report
 
 
 @pytest.mark.workflow
