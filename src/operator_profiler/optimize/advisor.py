@@ -24,8 +24,6 @@ CATALOG = Path(__file__).with_name("catalog.yaml")
 RULE_KEYS = {"change", "measure", "min", "max", "when", "order", "expect", "enabled"}
 WHEN_KEYS = {"compiled": bool, "device": str, "mode": str}
 WHEN_VALUES = {"device": ("cpu", "cuda"), "mode": ("inference", "train")}
-#: run.json's mode -> the changes' mode names (optimize/changes.py)
-_MODES = {"inference": "infer", "train": "train"}
 
 
 @dataclass(frozen=True)
@@ -162,7 +160,7 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
            catalog: Path = CATALOG) -> dict:
     """advice.json's content for one profile: offered, not offered and not triggered rules, the advised changes
     (ordered) with each one's source, the measures quoted, and the diagnoses."""
-    from .vocabulary import CHANGES, precondition_problems
+    from .vocabulary import CHANGES, MODES, precondition_problems
 
     measures = {name: fn(profile) for name, fn in evidence.MEASURES.items()}
     offered, not_offered, not_triggered = [], [], []
@@ -185,7 +183,7 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
                       operators=[i["operator"] for i in m.items if "operator" in i])
         # a change that needs torch.compile brings it along (the advised variant adds it)
         needed = [rule.change] + (["compile"] if "compile" in CHANGES[rule.change].needs else [])
-        problems = precondition_problems(needed, profile.device, _MODES.get(profile.mode, profile.mode), features)
+        problems = precondition_problems(needed, profile.device, MODES.get(profile.mode, profile.mode), features)
         if problems:
             not_offered.append({**record, "reason": "; ".join(problems)})
         else:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..files import read_json_file, write_json
 from . import ablation, stats, timing
+from .vocabulary import MODES
 
-_MODES = {"inference": "infer", "train": "train"}
 
 
 def tolerances(configured: dict | None) -> dict:
@@ -101,7 +101,7 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     from .vocabulary import machine_features
 
     features = features or machine_features(device)
-    mode = _MODES.get(workload.get("mode", "inference"), "infer")
+    mode = MODES.get(workload.get("mode", "inference"), "infer")
     advised = list(advice["advised_changes"])
     # The model as FP32 eager builds it: the variants carry their own compile settings (whole-model
     # torch.compile through optimize.changes; a workload's compile_scope/compile_mode/compile_options are the

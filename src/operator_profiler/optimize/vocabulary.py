@@ -52,6 +52,8 @@ CHANGES: dict[str, Change] = {c.id: c for c in [
             "compiler", needs=["compile"]),
 ]}
 
+#: run.json's ``mode`` (the workload's) -> the mode the preconditions name ("infer": inference).
+MODES = {"inference": "infer", "train": "train"}
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
