@@ -109,14 +109,52 @@ class _ThreadRanges:
         return stack[::-1]
 
 
-def _forward_ops_by_seq(ranges: pd.DataFrame) -> dict[tuple[int, int], int]:
-    """(pid, seq) -> range id of the innermost forward op carrying that sequence number."""
+def _forward_ops_by_seq(ranges: pd.DataFrame) -> pd.DataFrame:
+    """``pid, seq, range_id``: per (pid, seq), the innermost forward op carrying that sequence number."""
     fwd = ranges[ranges["seq"].notna() & (ranges["fwd_thread_id"].fillna(0) == 0)]
     fwd = fwd[~fwd["name"].str.contains("Backward", regex=False)]
     fwd = fwd.sort_values(["depth"], kind="stable")
-    # Last write wins: the deepest op with the seq (the one that created the autograd node,
-    # as fwdbwd flows mark it).
-    return {(int(p), int(s)): int(r) for p, s, r in zip(fwd["pid"], fwd["seq"], fwd["range_id"])}
+    # The deepest op with the seq (the one that created the autograd node, as fwdbwd flows mark it);
+    # among equally deep ones the last in the table.
+    out = pd.DataFrame({"pid": fwd["pid"].astype("int64").to_numpy(), "seq": fwd["seq"].astype("int64").to_numpy(),
+                        "range_id": fwd["range_id"].astype("int64").to_numpy()})
+    return out.drop_duplicates(["pid", "seq"], keep="last")
+
+
+def _name_paths(parent: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
+    """For every range (by position), an id of the list of names from its outermost ancestor down to it
+    (equal lists, equal ids), and each id's list as JSON text (``json.dumps`` of the list).
+
+    Built level by level: a range's list is its parent's plus its own name, so each distinct list is
+    written once however many op instances share it. ``parent``: parent positions (-1: a root).
+    """
+    m = len(parent)
+    name_code, distinct = pd.factorize(np.asarray(names, dtype=object))
+    literals = [json.dumps(name) for name in distinct]
+    depth = np.zeros(m, dtype=np.int64)
+    up = parent.copy()
+    for _ in range(m + 1):
+        live = np.flatnonzero(up >= 0)
+        if not live.size:
+            break
+        depth[live] += 1
+        up[live] = parent[up[live]]
+    else:
+        raise ValueError("range parents form a cycle")
+    path = np.full(m, -1, dtype=np.int64)
+    texts: list[str] = []
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if m else 1))
+    for level in range(len(bounds) - 1):
+        rows = order[bounds[level]:bounds[level + 1]]
+        key = name_code[rows] if level == 0 else path[parent[rows]] * len(distinct) + name_code[rows]
+        codes, _ = pd.factorize(key)
+        first = rows[np.unique(codes, return_index=True)[1]]  # one range per new list, in code order
+        path[rows] = codes + len(texts)
+        for r in first.tolist():
+            prefix = "[" if level == 0 else texts[path[parent[r]]][:-1] + ", "
+            texts.append(prefix + literals[name_code[r]] + "]")
+    return path, texts
 
 
 @dataclass
@@ -147,6 +185,7 @@ class OpTable:
     t0: np.ndarray
     t1: np.ndarray
     threads: "_ThreadRanges"
+    parent: np.ndarray  # parent position of each range (-1: a root)
 
     def stack(self, i: int) -> list[int]:
         """Range ids enclosing kernel row ``i``'s launch, outermost first."""
@@ -165,6 +204,20 @@ class OpTable:
                 text = cache[inner] = json.dumps([self.names[self._pos(r)] for r in self.stack(i)])
             return text
         return json.dumps([self.names[self._pos(r)] for r in self.stack(i)])
+
+    def stack_json_column(self) -> tuple[np.ndarray, list[str]]:
+        """:meth:`stack_json` of every kernel row at once: an index into the returned list of JSON texts
+        (one per distinct list of names), or -1 for a row whose stack is not its innermost range's whole
+        ancestry (not ``exact``: :meth:`stack_json` of that row)."""
+        texts = ["[]"]
+        at = np.zeros(len(self.innermost), dtype=np.int64)
+        inside = self.innermost >= 0
+        if inside.any():
+            path, named = _name_paths(self.parent, self.names)
+            texts += named
+            at[inside] = path[self.innermost[inside]] + 1
+        at[inside & ~self.exact] = -1
+        return at, texts
 
     def _pos(self, range_id: int) -> int:
         return int(self.threads.position[range_id])
@@ -310,8 +363,10 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
         by_flow = flow_fwd[node]
         forward_by_seq = _forward_ops_by_seq(ranges.reset_index(drop=True))
         node_seq = seq.fillna(-1).astype("int64").to_numpy()[node]
-        by_seq = np.array([position.get(forward_by_seq.get((int(p), int(s))), -1) if s >= 0 else -1
-                           for p, s in zip(pids[has_node], node_seq)], dtype=np.int64)
+        wanted = pd.DataFrame({"pid": pids[has_node], "seq": node_seq})
+        found = wanted.merge(forward_by_seq, on=["pid", "seq"], how="left")["range_id"]
+        by_seq = position.reindex(found.fillna(-1).astype("int64")).fillna(-1).to_numpy(dtype=np.int64, copy=True)
+        by_seq[node_seq < 0] = -1
         forward[has_node] = np.where(by_flow >= 0, by_flow, by_seq)
 
     reason = np.full(n, None, dtype=object)
@@ -340,7 +395,7 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
                    operator=operator, operator_kind=kind, compiled_region=region, forward=forward, layer=layer,
                    exact=exact, external_id_check=external_check, external_id=disagreeing_id,
                    external_id_op=disagreeing_op, annotation=annotation, reason=reason, range_ids=range_ids,
-                   names=names, t0=t0, t1=t1, threads=threads)
+                   names=names, t0=t0, t1=t1, threads=threads, parent=r_parent)
 
 
 class _LazyStacks(Mapping):

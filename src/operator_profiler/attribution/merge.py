@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pandas as pd
 
 from . import compiled_graphs, inductor
@@ -72,6 +73,16 @@ def _keep_fused_rows_apart(operator: np.ndarray, path: np.ndarray, fused_ops: np
     for i in np.flatnonzero(path == "inductor"):
         if operator[i] in called and not (extern_calls is not None and extern_calls[i]):
             operator[i] = "+".join(sorted(set(fused_ops[i])))
+
+
+def _group_codes(columns: list[np.ndarray]) -> np.ndarray:
+    """One code per row, equal where the rows agree on every column (None is a value), numbered 0..k-1
+    in order of first appearance."""
+    key = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    for column in columns:
+        codes, distinct = pd.factorize(column, use_na_sentinel=True)
+        key, _ = pd.factorize(key * (len(distinct) + 1) + codes + 1)
+    return key
 
 
 def _user_annotation_fallback(ops, path: np.ndarray) -> np.ndarray:
@@ -173,9 +184,10 @@ def attribute(
 
     # Evidence JSON, keys sorted as json.dumps(sort_keys=True) writes them.
     corr = kernels["correlation_id"].astype("Int64").fillna(0).astype("int64").to_numpy()
+    stack_at, stack_texts = ops.stack_json_column()
     stack_cache: dict = {}
-    evidence = np.empty(n, dtype=object)
-    for i in range(n):
+
+    def evidence_of(i: int) -> str:
         parts = []
         if ops.reason[i] == "no_launch_record":
             parts.append(f'"correlation_id": {corr[i]}')
@@ -190,7 +202,8 @@ def attribute(
             parts.append(f'"operator_kind": "{ops.operator_kind[i]}"')
         if ops.reason[i] is not None:
             parts.append(f'"reason": "{ops.reason[i]}"')
-        parts.append(f'"stack": {ops.stack_json(i, stack_cache)}')
+        stack = stack_texts[stack_at[i]] if stack_at[i] >= 0 else ops.stack_json(i, stack_cache)
+        parts.append(f'"stack": {stack}')
         text = '{"correlation": {' + ", ".join(parts) + "}"
         site = site_rows.get(i)
         if site is not None:
@@ -201,7 +214,26 @@ def attribute(
         if by_annotation[i]:
             text += ', "user_annotation": ' + json.dumps({
                 "operator": annotation_name[i], "range_id": int(ops.range_ids[ops.annotation[i]])}, sort_keys=True)
-        evidence[i] = text + "}"
+        return text + "}"
+
+    # A row with nothing of its own (no correlation or External id in its text, no fusion-map site or
+    # refusal, no annotation, a whole-ancestry stack) has the text of every such row with the same
+    # operator, kind, reason, check and stack: each distinct text is written once (the op instances of
+    # a trace share a few thousand).
+    own_text = (ops.reason == "no_launch_record") | (ops.external_id >= 0) | by_annotation | (stack_at < 0)
+    own_text[list(site_rows)] = True
+    own_text[list(refusal_rows)] = True
+    shared = np.flatnonzero(~own_text)
+    codes = _group_codes([fallback_name[shared], ops.operator_kind[shared], ops.reason[shared],
+                          ops.external_id_check[shared], stack_at[shared]])
+    texts = [evidence_of(i) for i in shared[np.unique(codes, return_index=True)[1]].tolist()]
+    text_of = np.empty(n, dtype=np.int64)
+    text_of[shared] = codes
+    own_rows = np.flatnonzero(own_text)
+    text_of[own_rows] = np.arange(len(texts), len(texts) + len(own_rows))
+    texts += [evidence_of(i) for i in own_rows.tolist()]
+    # Each distinct text is encoded once; the column is their Arrow take (a ``str`` column).
+    evidence = pa.array(texts, type=pa.large_string()).take(pa.array(text_of)).to_pandas().array
 
     layers = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
     module_column = "module" if "module" in kernel_layers else "layer"
