@@ -1,0 +1,81 @@
+"""The Kineto loader's read-ahead thread (trace_json._Reader(prefetch=True)) inflates a .gz with zlib
+directly: it must hand out exactly the bytes gzip gives, and refuse what gzip refuses (as a TimelineError
+naming the file)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import pandas as pd
+import pytest
+from conftest import REAL_DATA
+
+from operator_profiler.errors import TimelineError
+from operator_profiler.timeline import trace_json
+from operator_profiler.timeline.kineto import read_kineto
+
+DATA = os.urandom(2000).hex().encode() * 3000  # 12 MB: more than one block
+
+
+def _read_all(path, prefetch: bool) -> bytes:
+    reader = trace_json._Reader(path, prefetch=prefetch)
+    try:
+        while not reader.eof:
+            reader.fill(len(reader.buf) + trace_json.BLOCK)
+        return reader.buf
+    finally:
+        reader.close()
+
+
+GOOD = {
+    "one_member": gzip.compress(DATA),
+    "two_members": gzip.compress(DATA[:5_000_000]) + gzip.compress(DATA[5_000_000:]),
+    "zero_padding": gzip.compress(DATA) + b"\0" * 512,
+}
+BAD = {
+    "truncated": gzip.compress(DATA)[:-4000],
+    "garbage_after_member": gzip.compress(DATA) + b"PK\x03\x04",
+    "not_gzip": b"{\"traceEvents\": []}" * 10,
+    "bad_crc": gzip.compress(DATA)[:-8] + b"\0\0\0\0" + gzip.compress(DATA)[-4:],
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOOD))
+def test_prefetch_gives_the_bytes_gzip_gives(tmp_path, case):
+    path = tmp_path / f"{case}.json.gz"
+    path.write_bytes(GOOD[case])
+    assert _read_all(path, prefetch=True) == gzip.decompress(GOOD[case]) == _read_all(path, prefetch=False)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_prefetch_refuses_what_gzip_refuses(tmp_path, case):
+    path = tmp_path / f"{case}.json.gz"
+    path.write_bytes(BAD[case])
+    with pytest.raises((OSError, EOFError, gzip.zlib.error)):
+        gzip.decompress(BAD[case])
+    for prefetch in (False, True):
+        with pytest.raises(TimelineError, match=f"{case}.json.gz: the file cannot be read past byte offset "
+                                                r"\d+ .*truncated or corrupt"):
+            _read_all(path, prefetch=prefetch)
+
+
+def test_prefetch_stops_when_the_reader_is_closed_early(tmp_path):
+    path = tmp_path / "big.json.gz"
+    path.write_bytes(gzip.compress(DATA * 4))
+    reader = trace_json._Reader(path, prefetch=True)
+    reader.fill(10)
+    reader.close()  # must not hang on the full queue
+    assert reader._thread is None
+
+
+def test_a_multi_member_gzip_trace_reads_as_its_single_member_copy(tmp_path):
+    data = gzip.decompress((REAL_DATA / "kineto" / "hta_df_index_resolver.json.gz").read_bytes())
+    one, two = tmp_path / "one.json.gz", tmp_path / "two.json.gz"
+    one.write_bytes(gzip.compress(data))
+    half = len(data) // 2
+    two.write_bytes(gzip.compress(data[:half]) + gzip.compress(data[half:]))
+    a, b = read_kineto(one), read_kineto(two)
+    assert len(a.kernels) == 19370
+    pd.testing.assert_frame_equal(a.kernels, b.kernels)
+    pd.testing.assert_frame_equal(a.ranges, b.ranges)
