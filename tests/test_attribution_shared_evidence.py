@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from conftest import REAL_DATA
 
-from operator_profiler.attribution.correlation import _name_paths, find_ops
+from operator_profiler.attribution.correlation import RangeNames, _name_paths, find_ops
 from operator_profiler.attribution.merge import _group_codes, attribute
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.kineto import read_kineto
@@ -89,13 +89,19 @@ def test_name_paths_share_equal_lists_and_spell_them_as_json():
     # two roots "a"; children "b" under both, "é" under the second; a grandchild "b" under "a/b"
     parent = np.array([-1, 0, -1, 2, 2, 1])
     names = ["a", "b", "a", "b", "é", "b"]
-    path, texts = _name_paths(parent, names)
+    path, texts = _name_paths(parent, RangeNames(pd.Series(names, dtype="str")))
     assert path[0] == path[2] and path[1] == path[3] and path[4] != path[3]
     assert [texts[p] for p in path] == [json.dumps(["a"]), json.dumps(["a", "b"]), json.dumps(["a"]),
                                         json.dumps(["a", "b"]), json.dumps(["a", "é"]), json.dumps(["a", "b", "b"])]
     assert len(texts) == 4
     with pytest.raises(ValueError, match="cycle"):
-        _name_paths(np.array([1, 0]), ["x", "y"])
+        _name_paths(np.array([1, 0]), RangeNames(pd.Series(["x", "y"], dtype="str")))
+
+
+def test_range_names_index_and_take_like_the_list_of_names():
+    names = RangeNames(pd.Series(["b", "a", "b", "c"], dtype="str"))
+    assert [names[i] for i in range(len(names))] == ["b", "a", "b", "c"] and names[1:3] == ["a", "b"]
+    assert names.take(np.array([2, -1, 3])).tolist() == ["b", None, "c"]
 
 
 def test_group_codes_treat_none_as_a_value_and_number_by_first_appearance():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +51,34 @@ class OpStack:
     reason: str | None = None
 
 
+class RangeNames(Sequence):
+    """The ranges' names by position, held as int32 codes into the distinct names: a list of one str object
+    per range would cost ~75 bytes a range (hundreds of MB for millions of ops). ``names[i]`` is the name;
+    :meth:`take` many at once."""
+
+    def __init__(self, names: pd.Series):
+        codes, distinct = pd.factorize(names, use_na_sentinel=False)
+        self.codes = codes.astype(np.int32)
+        self.distinct = list(distinct)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.distinct[c] for c in self.codes[i].tolist()]
+        return self.distinct[self.codes[i]]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        """Object array of the names at ``positions`` (None where a position is -1)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.full(len(positions), None, dtype=object)
+        found = positions >= 0
+        if found.any():
+            out[found] = np.array(self.distinct, dtype=object)[self.codes[positions[found]]]
+        return out
+
+
 class _ThreadRanges:
     """The ranges of each (pid, tid) in pre-order, for "which ranges enclose [t0, t1]" queries.
 
@@ -61,29 +89,34 @@ class _ThreadRanges:
     """
 
     def __init__(self, ranges: pd.DataFrame):
-        closed = ranges[ranges["end_ns"].notna()]
         # Arrays indexed by range id (ids are row numbers 0..n-1 in our timelines): dicts of a few
-        # million ints would cost hundreds of MB.
+        # million ints would cost hundreds of MB. Only these columns are read (no copy of the table).
         ids = ranges["range_id"].astype("int64").to_numpy()
+        starts = ranges["start_ns"].astype("int64").to_numpy()
+        ends = ranges["end_ns"].astype("Int64").fillna(-1).astype("int64").to_numpy()
         size = int(ids.max()) + 1 if len(ids) else 0
         self.start = np.zeros(size, dtype=np.int64)
         self.end = np.full(size, -1, dtype=np.int64)  # unclosed or unknown: encloses nothing
         self.parent = np.full(size, -1, dtype=np.int64)
         self.position = np.full(size, -1, dtype=np.int64)
-        self.start[ids] = ranges["start_ns"].astype("int64").to_numpy()
-        self.end[ids] = ranges["end_ns"].astype("Int64").fillna(-1).astype("int64").to_numpy()
+        self.start[ids] = starts
+        self.end[ids] = ends
         self.parent[ids] = ranges["parent_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
         self.position[ids] = np.arange(len(ids), dtype=np.int64)
         self.threads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # Pre-order (the timeline reader numbers ranges parents-first). A child recorded as starting
         # slightly before its parent (clock skew, docs/field-cases.md C17) is searched at its parent's start:
         # the running maximum keeps the search keys sorted and the child after its parent.
-        ordered = closed.sort_values(["pid", "tid", "range_id"], kind="stable")
-        for (pid, tid), group in ordered.groupby(["pid", "tid"], sort=False):
-            self.threads[(int(pid), int(tid))] = (
-                np.maximum.accumulate(group["start_ns"].to_numpy(dtype=np.int64)),
-                group["range_id"].to_numpy(dtype=np.int64),
-            )
+        closed = np.flatnonzero(ranges["end_ns"].notna().to_numpy())
+        pids = ranges["pid"].astype("int64").to_numpy()[closed]
+        tids = ranges["tid"].astype("int64").to_numpy()[closed]
+        order = np.lexsort((ids[closed], tids, pids))
+        pids, tids, rows = pids[order], tids[order], closed[order]
+        cuts = np.flatnonzero((pids[1:] != pids[:-1]) | (tids[1:] != tids[:-1])) + 1
+        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(rows)].tolist()):
+            if lo < hi:
+                group = rows[lo:hi]
+                self.threads[(int(pids[lo]), int(tids[lo]))] = (np.maximum.accumulate(starts[group]), ids[group])
 
     def enclosing(self, pid: int, tid: int, t0: int, t1: int) -> list[int]:
         """Range ids enclosing [t0, t1] on the thread, outermost first."""
@@ -121,7 +154,7 @@ def _forward_ops_by_seq(ranges: pd.DataFrame) -> pd.DataFrame:
     return out.drop_duplicates(["pid", "seq"], keep="last")
 
 
-def _name_paths(parent: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[str]]:
+def _name_paths(parent: np.ndarray, names: RangeNames) -> tuple[np.ndarray, list[str]]:
     """For every range (by position), an id of the list of names from its outermost ancestor down to it
     (equal lists, equal ids), and each id's list as JSON text (``json.dumps`` of the list).
 
@@ -129,7 +162,7 @@ def _name_paths(parent: np.ndarray, names: list[str]) -> tuple[np.ndarray, list[
     written once however many op instances share it. ``parent``: parent positions (-1: a root).
     """
     m = len(parent)
-    name_code, distinct = pd.factorize(np.asarray(names, dtype=object))
+    name_code, distinct = names.codes, names.distinct
     literals = [json.dumps(name) for name in distinct]
     depth = np.zeros(m, dtype=np.int64)
     up = parent.copy()
@@ -181,7 +214,7 @@ class OpTable:
     annotation: np.ndarray  # innermost user_annotation that may name the operator (NOT_AN_OPERATOR_ANNOTATION)
     reason: np.ndarray
     range_ids: np.ndarray
-    names: list
+    names: RangeNames
     t0: np.ndarray
     t1: np.ndarray
     threads: "_ThreadRanges"
@@ -260,7 +293,7 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     r_end = ranges["end_ns"].astype("Int64").fillna(-1).astype("int64").to_numpy()  # never closed: encloses nothing
     parent_ids = ranges["parent_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
     r_parent = np.where(parent_ids >= 0, position.reindex(parent_ids).fillna(-1).to_numpy(dtype=np.int64), -1)
-    names = ranges["name"].astype(str).tolist()
+    names = RangeNames(ranges["name"].astype(str))
     name_s = ranges["name"].astype(str)
     is_cpu_op = (ranges["kind"].astype(str) == "cpu_op").to_numpy()
     is_dispatcher = is_cpu_op & name_s.str.match(DISPATCHER_OP).to_numpy(dtype=bool)
@@ -386,7 +419,8 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
         if len(rows):
             disagreeing_id[rows] = k_ext[rows]
             # The op carrying that id in the launch's process (ids are per process); the first if several.
-            carriers = pd.DataFrame({"pid": ranges["pid"].astype("int64").to_numpy(), "ext": r_ext, "name": names})
+            carriers = pd.DataFrame({"pid": ranges["pid"].astype("int64").to_numpy(), "ext": r_ext,
+                                     "name": names.take(np.arange(m))})
             carriers = carriers[carriers["ext"] >= 0].drop_duplicates(["pid", "ext"])
             wanted = pd.DataFrame({"pid": pids[rows], "ext": k_ext[rows]})
             found = wanted.merge(carriers, on=["pid", "ext"], how="left")["name"]

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pandas as pd
 
+from ..heap import release_free_memory
 from . import compiled_graphs, inductor
 from .inductor import VIEW_OPS
 from .correlation import find_ops
@@ -113,7 +114,9 @@ def attribute(
         ``path == "unattributed"``, ``operator`` null and a machine-readable ``reason``.
     """
     fusion_map = fusion_map if fusion_map is not None else pd.DataFrame()
+    release_free_memory()  # what the stages before left free (the peak of a big trace is reached below)
     ops = find_ops(kernels, ranges)
+    release_free_memory()  # find_ops' per-range temporaries
     n = len(kernels)
     kernel_ids = ops.kernel_id
     fusion = compiled_graphs.resolve(kernels, ranges, ops, fusion_map)
@@ -122,8 +125,8 @@ def attribute(
     op_pos = ops.operator
     dispatcher = ops.operator_kind == "dispatcher_op"
     has_op = op_pos >= 0
-    operator = np.where(dispatcher, np.array([names[p] if p >= 0 else None for p in op_pos], dtype=object), None)
-    fallback_name = np.array([names[p] if p >= 0 else None for p in op_pos], dtype=object)
+    fallback_name = names.take(op_pos)
+    operator = np.where(dispatcher, fallback_name, None)
     path = np.where(dispatcher, "correlation", "unattributed").astype(object)
     reason = np.where(dispatcher, None, ops.reason).astype(object)
     fused_col = np.empty(n, dtype=object)
@@ -176,7 +179,7 @@ def attribute(
     # Named by its kernel name, not by ATen ops: a partial answer too.
     reason[without_ops & (path == "inductor")] = "fusion_map_without_ops"
     by_annotation = _user_annotation_fallback(ops, path) & ~refused
-    annotation_name = np.array([names[p] if p >= 0 else None for p in ops.annotation], dtype=object)
+    annotation_name = names.take(ops.annotation)
     operator[by_annotation] = annotation_name[by_annotation]
     path[by_annotation] = "user_annotation"
     reason[by_annotation] = None
@@ -242,7 +245,7 @@ def attribute(
         values = layers[column].reindex(kernel_ids)
         return np.where(values.isna(), None, values.astype(object)).astype(object)
 
-    forward = np.array([names[p] if p >= 0 else None for p in ops.forward], dtype=object)
+    forward = names.take(ops.forward)
     out = pd.DataFrame({
         "kernel_id": kernel_ids,
         "operator": operator,

@@ -15,7 +15,9 @@ from typing import Annotated, Any
 import msgspec
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from ..heap import release_free_memory
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import Ticker
 from .model import (ACTIVITY_COLUMNS, DISPATCHER_OP, METADATA_OPS, Timeline, external_id_mode, finish_kernels,
@@ -91,12 +93,39 @@ def _int_or_null(value) -> int:
     return value if -(2**63) < value < 2**63 else NULL_INT
 
 
-def _ints(values: array) -> np.ndarray:
-    return np.frombuffer(values, dtype=np.int64).copy() if len(values) else np.zeros(0, dtype=np.int64)
+class _IntColumn:
+    """An int64 column (:data:`NULL_INT` for null) collected chunk by chunk: one value at a time (``append``,
+    the dict loop) or a chunk's array (``add``, the typed path), joined once by :meth:`values`. No buffer grows
+    by reallocation: a realloc'd array of hundreds of MB leaves that much of the heap unusable afterwards."""
+
+    def __init__(self):
+        self.parts: list[np.ndarray] = []
+        self.pending = array("q")
+        self.append = self.pending.append
+
+    def add(self, values: np.ndarray) -> None:
+        self.flush()
+        self.parts.append(values.astype(np.int64, copy=False))
+
+    def flush(self) -> None:
+        if len(self.pending):
+            self.parts.append(np.frombuffer(self.pending, dtype=np.int64).copy())
+            self.pending = array("q")
+            self.append = self.pending.append
+
+    def values(self) -> np.ndarray:
+        self.flush()
+        joined = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.int64)
+        self.parts = [joined]
+        return joined
 
 
-def _nullable(values: array) -> pd.arrays.IntegerArray:
-    data = _ints(values)
+def _ints(values: _IntColumn) -> np.ndarray:
+    return values.values()
+
+
+def _nullable(values: _IntColumn) -> pd.arrays.IntegerArray:
+    data = values.values()
     return pd.arrays.IntegerArray(data, data == NULL_INT)
 
 
@@ -259,20 +288,23 @@ def _join_launches(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFram
     of the launch call carrying their correlation id, and ``pid`` the launch's process."""
     # Ids <= 0 mean "no correlation" (communication kernels, docs/field-cases.md C05): never a join key; an id
     # that two launches carry (merged processes) is ambiguous: no join either.
-    keyed = launches[launches["correlation_id"].fillna(0).astype("int64") > 0]
-    by_corr = keyed.drop_duplicates("correlation_id", keep=False)
-    index = pd.Index(by_corr["correlation_id"].astype("int64"))
+    # Only the columns used are read (no copy of the launch table: it has millions of rows).
+    launch_corr = launches["correlation_id"].astype("Int64").fillna(0).to_numpy(dtype=np.int64)
+    keyed = np.flatnonzero(launch_corr > 0)
+    keyed = keyed[~pd.Series(launch_corr[keyed]).duplicated(keep=False).to_numpy()]
+    index = pd.Index(launch_corr[keyed])
     corr = kernels["correlation_id"].astype("Int64")
     rows = index.get_indexer(corr.fillna(0).astype("int64")) if len(index) else np.full(len(kernels), -1)
     hit = rows >= 0
-    take = np.maximum(rows, 0)
+    source = np.where(hit, keyed[np.maximum(rows, 0)] if len(index) else 0, 0)  # a launch row
     for col, src in (("launch_pid", "pid"), ("launch_tid", "tid"), ("launch_start_ns", "start_ns"),
                      ("launch_end_ns", "end_ns")):
-        values = by_corr[src].astype("Int64").to_numpy(dtype=np.int64, na_value=0)[take] if len(index) else take
-        kernels[col] = pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64),
-                                              ~hit | (by_corr[src].isna().to_numpy()[take] if len(index) else True))
-    apis = by_corr["api"].astype(object).to_numpy()[take] if len(index) else np.full(len(kernels), None)
-    kernels["launch_api"] = np.where(hit, apis, None)
+        values = launches[src].astype("Int64")
+        data = values.to_numpy(dtype=np.int64, na_value=0)[source] if len(launches) else source
+        missing = values.isna().to_numpy()[source] if len(launches) else True
+        kernels[col] = pd.arrays.IntegerArray(np.asarray(data, dtype=np.int64), ~hit | missing)
+    kernels["launch_api"] = launches["api"].array.take(np.where(hit, source, -1), allow_fill=True) \
+        if len(launches) else pd.array([None] * len(kernels), dtype="str")
     # Kineto writes the device index as a GPU event's pid; the process is the launch's. A record without its
     # launch (an orphan: launched before the profiler started) belongs to the trace's process when the trace
     # has one (torch.profiler writes one file per process), so it is never taken for a process of its own.
@@ -348,6 +380,44 @@ _TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_
 _STRUCTS = (_Event, _ExactEvent)
 _EMPTY_ARGS = _Args()
 _NS_INT_LIMIT = 2**62 // 1000  # µs; int ts and dur below it: ts + dur in ns fits int64
+
+
+class _StringColumn:
+    """A string column read chunk by chunk as int32 codes into its distinct values (-1: null): each
+    distinct string (an operator name repeats millions of times) is encoded to Arrow once, and the
+    table's rows can be reordered as codes before the strings are built.
+
+    ``extend``/``append`` collect a chunk's values (str or None); ``flush`` codes them (a hash
+    factorization per chunk, in C); ``strings(codes)`` builds the ``str`` column of the codes given.
+    """
+
+    def __init__(self):
+        self.pending: list = []
+        self.parts: list[np.ndarray] = []
+        self.code_of: dict[str, int] = {}
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        codes, distinct = pd.factorize(np.array(self.pending, dtype=object))
+        self.pending = []
+        if not len(distinct):
+            self.parts.append(np.full(len(codes), -1, dtype=np.int32))
+            return
+        code_of = self.code_of
+        known = np.array([code_of.setdefault(v, len(code_of)) for v in distinct.tolist()], dtype=np.int32)
+        self.parts.append(np.where(codes >= 0, known[codes], -1).astype(np.int32))
+
+    def codes(self) -> np.ndarray:
+        self.flush()
+        codes = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.int32)
+        self.parts = [codes]
+        return codes
+
+    def strings(self, codes: np.ndarray):
+        """The ``str`` column (Arrow ``large_string``, as pandas builds it) of ``codes``."""
+        values = pa.array(list(self.code_of), type=pa.large_string())
+        return values.take(pa.array(np.maximum(codes, 0), mask=codes < 0)).to_pandas().array
 
 
 def _absent_to_none(value):
@@ -439,16 +509,16 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     # Columns are filled directly (no dict per event): the loop runs once per event of traces with
     # millions of them. Integers go to array('q') (8 bytes each, no int objects; a null is NULL_INT)
     # and repeated strings (op and API names) are shared through one dict, so the columns stay small.
-    r_pid, r_tid, r_start, r_end, r_seq, r_fwd, r_order, r_ext = (array("q") for _ in range(8))
-    r_name: list[str] = []
-    r_kind: list[str] = []
-    r_shapes: list[str | None] = []  # record_shapes args of op events, as compact JSON (shared when repeated)
-    l_pid, l_tid, l_start, l_end, l_corr, l_ext = (array("q") for _ in range(6))
-    l_api: list[str] = []
-    k_pid, k_device, k_stream, k_start, k_end, k_corr, k_graph, k_node, k_ext = (array("q") for _ in range(9))
-    k_name: list[str] = []
-    k_grid: list[str | None] = []
-    k_block: list[str | None] = []
+    r_pid, r_tid, r_start, r_end, r_seq, r_fwd, r_order, r_ext = (_IntColumn() for _ in range(8))
+    r_name, r_kind, r_shapes = _StringColumn(), _StringColumn(), _StringColumn()  # shapes: record_shapes JSON
+    l_pid, l_tid, l_start, l_end, l_corr, l_ext = (_IntColumn() for _ in range(6))
+    l_api = _StringColumn()
+    k_pid, k_device, k_stream, k_start, k_end, k_corr, k_graph, k_node, k_ext = (_IntColumn() for _ in range(9))
+    k_name, k_grid, k_block = _StringColumn(), _StringColumn(), _StringColumn()
+    # flushed after each chunk (the per-chunk buffers of the dict loop)
+    columns = (r_name, r_kind, r_shapes, l_api, k_name, k_grid, k_block, r_pid, r_tid, r_start, r_end, r_seq,
+               r_fwd, r_order, r_ext, l_pid, l_tid, l_start, l_end, l_corr, l_ext, k_pid, k_device, k_stream,
+               k_start, k_end, k_corr, k_graph, k_node, k_ext)
     k_valid = bytearray()
     flow_rows: list[tuple] = []
     memory_correlations: set[int] = set()
@@ -503,7 +573,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
 
     def names_of(rows: list) -> list[str]:
         names = [e.name for e in rows]
-        return [shared.setdefault(n, n) if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
+        return [n if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
 
     def typed_chunk(events: list, first: int) -> None:
         """The events of a chunk decoded as :class:`_Event` into the columns, a column at a time."""
@@ -542,57 +612,59 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             else:
                 in_order = np.array(in_ranges, dtype=np.int64)
             args = [e.args or _EMPTY_ARGS for e in rows]
-            r_pid.frombytes(pid.tobytes())
-            r_tid.frombytes(tid.tobytes())
-            r_start.frombytes(start.tobytes())
-            r_end.frombytes(end.tobytes())
-            r_name.extend(names_of(rows))
-            r_kind.extend([RANGE_CATEGORIES[e.cat] for e in rows])
-            r_seq.frombytes(_int_column([a.seq for a in args]).tobytes())
-            r_fwd.frombytes(_int_column([a.fwd for a in args]).tobytes())
-            r_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
-                                         for a in args]).tobytes())
-            r_shapes.extend([None if a.dims is _UNSET else _shapes_text(a, shapes_cache) for a in args])
-            r_order.frombytes((in_order + first).tobytes())
+            r_pid.add(pid)
+            r_tid.add(tid)
+            r_start.add(start)
+            r_end.add(end)
+            r_name.pending.extend(names_of(rows))
+            r_kind.pending.extend([RANGE_CATEGORIES[e.cat] for e in rows])
+            r_seq.add(_int_column([a.seq for a in args]))
+            r_fwd.add(_int_column([a.fwd for a in args]))
+            r_ext.add(_int_column([a.ext if a.ext is not None else a.ext_lower
+                                         for a in args]))
+            r_shapes.pending.extend([None if a.dims is _UNSET else _shapes_text(a, shapes_cache) for a in args])
+            r_order.add((in_order + first))
         if in_launches:
             rows = [events[i] for i in in_launches]
             start, end = ns_or_error(rows, events, kinds, first)
             args = [e.args or _EMPTY_ARGS for e in rows]
-            l_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
-            l_tid.frombytes(_int_column([e.tid for e in rows]).tobytes())
-            l_start.frombytes(start.tobytes())
-            l_end.frombytes(end.tobytes())
-            l_api.extend(names_of(rows))
-            l_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
-            l_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
-                                         for a in args]).tobytes())
+            l_pid.add(_int_column([e.pid for e in rows]))
+            l_tid.add(_int_column([e.tid for e in rows]))
+            l_start.add(start)
+            l_end.add(end)
+            l_api.pending.extend(names_of(rows))
+            l_corr.add(_int_column([a.correlation for a in args]))
+            l_ext.add(_int_column([a.ext if a.ext is not None else a.ext_lower
+                                         for a in args]))
         if in_kernels:
             rows = [events[i] for i in in_kernels]
             start, end = ns_or_error(rows, events, kinds, first)
             args = [e.args or _EMPTY_ARGS for e in rows]
             # docs/field-cases.md C04: dropped-timestamp records come as ts 0 (dur 0) or with a negative dur.
             valid = (start != 0) & (end >= start)
-            k_pid.frombytes(_int_column([e.pid for e in rows]).tobytes())
-            k_device.frombytes(_int_column([e.pid if (v := a.device) is _UNSET else v
-                                            for e, a in zip(rows, args)]).tobytes())
-            k_stream.frombytes(_int_column([e.tid if (v := a.stream) is _UNSET else v
-                                            for e, a in zip(rows, args)]).tobytes())
-            k_name.extend(names_of(rows))
-            k_start.frombytes(start.tobytes())
-            k_end.frombytes(np.where(valid, end, start).tobytes())
-            k_corr.frombytes(_int_column([a.correlation for a in args]).tobytes())
+            k_pid.add(_int_column([e.pid for e in rows]))
+            k_device.add(_int_column([e.pid if (v := a.device) is _UNSET else v
+                                            for e, a in zip(rows, args)]))
+            k_stream.add(_int_column([e.tid if (v := a.stream) is _UNSET else v
+                                            for e, a in zip(rows, args)]))
+            k_name.pending.extend(names_of(rows))
+            k_start.add(start)
+            k_end.add(np.where(valid, end, start))
+            k_corr.add(_int_column([a.correlation for a in args]))
             for col, values in ((k_grid, [a.grid for a in args]), (k_block, [a.block for a in args])):
-                col.extend([xyz_text(v) for v in values])
-            k_graph.frombytes(_int_column([a.graph_id for a in args]).tobytes())
-            k_node.frombytes(_int_column([a.graph_node_id for a in args]).tobytes())
-            k_ext.frombytes(_int_column([a.ext if a.ext is not None else a.ext_lower
-                                         for a in args]).tobytes())
+                col.pending.extend([xyz_text(v) for v in values])
+            k_graph.add(_int_column([a.graph_id for a in args]))
+            k_node.add(_int_column([a.graph_node_id for a in args]))
+            k_ext.add(_int_column([a.ext if a.ext is not None else a.ext_lower
+                                         for a in args]))
             k_valid.extend(valid.tobytes())
 
     for first, events in trace.chunks(_TYPED if typed else None):
         ticker.tick(first, "events", trace.fraction_read())
         if events and events[0].__class__ in _STRUCTS:
             typed_chunk(events, first)
+            for column in columns:
+                column.flush()
             continue
         for index, ev in enumerate(events, first):  # one Python loop per chunk of events
             if ev.__class__ is not dict:
@@ -642,8 +714,8 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 r_tid.append(tid)
                 r_start.append(start)
                 r_end.append(end)
-                r_name.append(name)
-                r_kind.append(kind)
+                r_name.pending.append(name)
+                r_kind.pending.append(kind)
                 if args:
                     v = args.get("Sequence number")
                     r_seq.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
@@ -653,15 +725,15 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     r_ext.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v if v is not None else args.get("external id")))
                     dims = args.get("Input Dims")
                     if dims is None:
-                        r_shapes.append(None)
+                        r_shapes.pending.append(None)
                     else:
                         shapes = dumps([dims, args.get("Input type"), args.get("Concrete Inputs"), args.get("Input Strides")])
-                        r_shapes.append(shared.setdefault(shapes, shapes))
+                        r_shapes.pending.append(shared.setdefault(shapes, shapes))
                 else:
                     r_seq.append(null)
                     r_fwd.append(null)
                     r_ext.append(null)
-                    r_shapes.append(None)
+                    r_shapes.pending.append(None)
                 r_order.append(index)
             elif is_launch:
                 v = ev.get("pid")
@@ -670,7 +742,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 l_tid.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
                 l_start.append(start)
                 l_end.append(end)
-                l_api.append(name)
+                l_api.pending.append(name)
                 v = args.get("correlation")
                 l_corr.append(v if v.__class__ is int and -_I64 < v < _I64 else int_or_null(v))
                 v = args.get("External id")
@@ -682,19 +754,22 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 k_pid.append(int_or_null(ev.get("pid")))
                 k_device.append(int_or_null(args.get("device", ev.get("pid"))))
                 k_stream.append(int_or_null(args.get("stream", ev.get("tid"))))
-                k_name.append(name)
+                k_name.pending.append(name)
                 k_start.append(start)
                 k_end.append(end if valid else start)
                 k_corr.append(int_or_null(args.get("correlation")))
                 grid, block = _xyz(args.get("grid")), _xyz(args.get("block"))
-                k_grid.append(grid if grid is None else shared.setdefault(grid, grid))
-                k_block.append(block if block is None else shared.setdefault(block, block))
+                k_grid.pending.append(grid if grid is None else shared.setdefault(grid, grid))
+                k_block.pending.append(block if block is None else shared.setdefault(block, block))
                 k_graph.append(int_or_null(args.get("graph id")))
                 k_node.append(int_or_null(args.get("graph node id")))
                 v = args.get("External id")
                 k_ext.append(int_or_null(v if v is not None else args.get("external id")))
                 k_valid.append(valid)
-    del shared, shapes_cache
+        for column in columns:
+            column.flush()
+    del shared, shapes_cache, columns  # (each column is dropped once its table is built)
+    release_free_memory()  # the chunks' decoded events
     base = int(trace.get("baseTimeNanoseconds") or 0)
     if base:
         for col in (r_start, r_end, l_start, l_end, k_start, k_end):
@@ -704,42 +779,54 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     f"{path}: baseTimeNanoseconds {base} + the events' ts is beyond the int64 ns range (year 2262); "
                     "not a torch.profiler trace: ts must be µs relative to baseTimeNanoseconds")
             shifted += base
-            del col[:]
-            col.frombytes(shifted.tobytes())
+            col.parts = [shifted]
         flow_rows = [(*row[:4], row[4] + base) for row in flow_rows]
         memory_rows = [None if row is None else (*row[:5], row[5] + base, row[6] + base, *row[7:])
                        for row in memory_rows]
 
     ranges = pd.DataFrame({
         "pid": _ints(r_pid), "tid": _ints(r_tid), "start_ns": _ints(r_start), "end_ns": _ints(r_end),
-        "name": pd.array(r_name, dtype="str"), "kind": pd.array(r_kind, dtype="str"),
+        "name": r_name.codes(), "kind": r_kind.codes(),  # as codes while _nest orders the rows
         "seq": _nullable(r_seq), "fwd_thread_id": _nullable(r_fwd), "order": _ints(r_order),
-        "external_id": _nullable(r_ext), "input_shapes": pd.array(r_shapes, dtype="str"),
+        "external_id": _nullable(r_ext), "input_shapes": r_shapes.codes(),
     })
-    del r_pid, r_tid, r_start, r_end, r_name, r_kind, r_seq, r_fwd, r_order, r_ext, r_shapes
+    del r_pid, r_tid, r_start, r_end, r_seq, r_fwd, r_order, r_ext
     ranges = _nest(ranges)
+    name_codes = ranges["name"].to_numpy()
+    for column, values in (("name", r_name), ("kind", r_kind), ("input_shapes", r_shapes)):
+        ranges[column] = values.strings(ranges[column].to_numpy())
     ranges["end_tid"] = pd.array([None] * len(ranges), dtype="Int64")
     ranges["domain"] = "torch.profiler"
-    layer = ranges["name"].str.removeprefix(LAYER_PREFIX)
-    ranges["layer"] = layer.where(ranges["name"].str.startswith(LAYER_PREFIX), None)
-    iteration = ranges["name"].str.removeprefix(ITERATION_PREFIX)
-    is_iteration = ranges["name"].str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
-    ranges["iteration"] = pd.to_numeric(iteration.where(is_iteration), errors="coerce").astype("Int64")
+    # layer and iteration of each distinct name, then of each range by its name's code
+    distinct = pd.Series(list(r_name.code_of), dtype="str")
+    layer = distinct.str.removeprefix(LAYER_PREFIX).where(distinct.str.startswith(LAYER_PREFIX), None)
+    iteration = distinct.str.removeprefix(ITERATION_PREFIX)
+    is_iteration = distinct.str.startswith(ITERATION_PREFIX) & iteration.str.isdigit()
+    iteration = pd.to_numeric(iteration.where(is_iteration), errors="coerce").astype("Int64")
+    named = name_codes >= 0
+    at = np.maximum(name_codes, 0)
+    ranges["layer"] = layer.array.take(np.where(named, at, -1), allow_fill=True) if len(distinct) else \
+        pd.array([None] * len(ranges), dtype="str")
+    ranges["iteration"] = iteration.array.take(np.where(named, at, -1), allow_fill=True) if len(distinct) else \
+        pd.array([None] * len(ranges), dtype="Int64")
+    del r_name, r_kind, r_shapes, name_codes, distinct, layer, iteration, is_iteration
     ranges["forward_range_id"] = _bind_fwdbwd_flows(ranges, flow_rows)
 
     launches = pd.DataFrame({
         "pid": _nullable(l_pid), "tid": _nullable(l_tid), "start_ns": _ints(l_start), "end_ns": _ints(l_end),
-        "api": pd.array(l_api, dtype="str"), "correlation_id": _nullable(l_corr), "external_id": _nullable(l_ext),
+        "api": l_api.codes(), "correlation_id": _nullable(l_corr), "external_id": _nullable(l_ext),
     })
-    del l_pid, l_tid, l_start, l_end, l_api, l_corr, l_ext
+    del l_pid, l_tid, l_start, l_end, l_corr, l_ext
     launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    launches["api"] = l_api.strings(launches["api"].to_numpy())
+    del l_api
     launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
 
     gpu_kernels = pd.DataFrame({
         "pid": _nullable(k_pid), "device": _nullable(k_device), "stream": _nullable(k_stream),
-        "name": pd.array(k_name, dtype="str"), "mangled_name": pd.array([None] * len(k_name), dtype="str"),
+        "name": k_name.strings(k_name.codes()), "mangled_name": pd.array([None] * len(k_name.codes()), dtype="str"),
         "start_ns": _ints(k_start), "end_ns": _ints(k_end), "correlation_id": _nullable(k_corr),
-        "grid": pd.array(k_grid, dtype="str"), "block": pd.array(k_block, dtype="str"),
+        "grid": k_grid.strings(k_grid.codes()), "block": k_block.strings(k_block.codes()),
         "graph_id": _nullable(k_graph), "graph_node_id": _nullable(k_node), "external_id": _nullable(k_ext),
         "valid_time": np.frombuffer(bytes(k_valid), dtype=bool).copy(),
     })
@@ -751,16 +838,20 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         kernels = _gpu_kernels(gpu_kernels, launches)
     else:
         kernels = _cpu_kernels(ranges)
+    del gpu_kernels  # (finish_kernels builds the ordered copy)
     if not gpu_trace and not len(kernels) and not len(ranges):
         raise TimelineError(
             f"{path}: no kernel events and no operator events (categories: "
             f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}); record the trace with "
             "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) around the model's "
             "iterations")
+    release_free_memory()
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
     diagnostics["warnings"] = list(trace.warnings) + diagnostics["warnings"]
-    return Timeline(kernels=kernels, launches=launches, ranges=ranges.drop(columns="order"), diagnostics=diagnostics,
+    ranges = ranges.drop(columns="order")
+    release_free_memory()
+    return Timeline(kernels=kernels, launches=launches, ranges=ranges, diagnostics=diagnostics,
                     activities=_activities(memory_rows, launches))
 
 

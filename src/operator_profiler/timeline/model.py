@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import tables
 from ..files import write_parquet_atomic
+from ..heap import release_free_memory
 from ..naming import PHASE_PREFIX, PHASES
 
 
@@ -221,6 +222,7 @@ def write_timeline(timeline: Timeline, out_dir: Path) -> None:
     tables.write_table(timeline.ranges, tables.RANGES, out_dir / "ranges.parquet")
     activities = timeline.activities if timeline.activities is not None else pd.DataFrame(columns=ACTIVITY_COLUMNS)
     write_parquet_atomic(activities, out_dir / "gpu_activities.parquet")
+    release_free_memory()  # the writers' buffers
 
 
 def top_level_ops(ranges: pd.DataFrame) -> np.ndarray:
