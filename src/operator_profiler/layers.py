@@ -252,8 +252,10 @@ def _in_model(kernels: pd.DataFrame, ranges: pd.DataFrame, rows: np.ndarray, ops
     from .attribution.correlation import find_ops
     from .naming import MODEL_RANGE
 
-    names = ranges["name"].astype(str).to_numpy() if len(ranges) else np.array([], dtype=object)
-    if not (names == MODEL_RANGE).any() or (kernels["source"] == "nsys").all():
+    # a boolean per range (an object array of every range's name would hold one str object per range)
+    is_model = (ranges["name"].astype(str) == MODEL_RANGE).to_numpy(dtype=bool) if len(ranges) else \
+        np.zeros(0, dtype=bool)
+    if not is_model.any() or (kernels["source"] == "nsys").all():
         return np.ones(len(rows), dtype=bool)
     ops = ops if ops is not None else find_ops(kernels, ranges)
     position = {int(r): i for i, r in enumerate(ranges["range_id"].astype("int64"))}
@@ -268,13 +270,13 @@ def _in_model(kernels: pd.DataFrame, ranges: pd.DataFrame, rows: np.ndarray, ops
             pos = position.get(int(parent), -1) if not pd.isna(parent) else -1
         found = under.get(pos, False) if pos >= 0 else False
         for p in reversed(chain):
-            found = found or names[p] == MODEL_RANGE
+            found = found or bool(is_model[p])
             under[p] = found
         return under[chain[0]] if chain else found
 
     out = np.zeros(len(rows), dtype=bool)
     for j, i in enumerate(rows):
-        if any(names[position[r]] == MODEL_RANGE for r in ops.stack(int(i)) if r in position):
+        if any(is_model[position[r]] for r in ops.stack(int(i)) if r in position):
             out[j] = True
         elif ops.forward[i] >= 0:
             out[j] = under_model(int(ops.forward[i]))

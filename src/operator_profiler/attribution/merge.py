@@ -246,6 +246,12 @@ def attribute(
         return np.where(values.isna(), None, values.astype(object)).astype(object)
 
     forward = names.take(ops.forward)
+    op_range_id = pd.arrays.IntegerArray(
+        np.where(op_range_pos >= 0, ops.range_ids[np.maximum(op_range_pos, 0)] if len(ops.range_ids) else 0,
+                 0).astype(np.int64), op_range_pos < 0)
+    # Path (a)'s per-range arrays are done with: the table below is the peak of a big trace's attribution.
+    del ops, names, fusion, texts, text_of, evidence_of, site_rows, refusal_rows
+    release_free_memory()
     out = pd.DataFrame({
         "kernel_id": kernel_ids,
         "operator": operator,
@@ -259,9 +265,7 @@ def attribute(
         "listed_not_computed": lnc_col,
         "reason": reason,
         "evidence": evidence,
-        "operator_range_id": pd.arrays.IntegerArray(
-            np.where(op_range_pos >= 0, ops.range_ids[np.maximum(op_range_pos, 0)] if len(ops.range_ids) else 0,
-                     0).astype(np.int64), op_range_pos < 0),
+        "operator_range_id": op_range_id,
         "duration_ns": kernels["duration_ns"].astype("int64").to_numpy(),
         "iteration": pd.array(kernels["iteration"], dtype="Int64"),
         "name": kernels["name"].astype(str).array,  # shares the timeline's strings

@@ -420,6 +420,14 @@ class _StringColumn:
         return values.take(pa.array(np.maximum(codes, 0), mask=codes < 0)).to_pandas().array
 
 
+def _beyond_int64(path: Path, index: int, offset, name, cat, ts) -> TimelineError:
+    ts = ts if ts.__class__ is int else float(ts)  # (the typed path holds such a ts as Decimal)
+    return TimelineError(
+        f"{path}: traceEvents[{index}] at byte offset {offset} ({name!r}, cat {cat!r}) has a ts/dur beyond the "
+        f"int64 ns range (ts {ts!r} µs: after the year 2262); not a torch.profiler trace: ts is µs on the "
+        "profiler's clock")
+
+
 def _absent_to_none(value):
     return None if value is _UNSET else value
 
@@ -546,12 +554,15 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         for i in np.flatnonzero(kinds).tolist():
             ev = events[i]
             try:
-                to_ns(ev.ts), to_ns(ev.dur)
+                start = to_ns(ev.ts)
+                end = start + to_ns(ev.dur)
             except (TypeError, ArithmeticError, ValueError):
                 raise TimelineError(
                     f"{path}: traceEvents[{first + i}] at byte offset {trace.offset(first + i)} "
                     f"({_absent_to_none(ev.name)!r}, cat {ev.cat!r}) has no valid ts/dur; the trace is truncated or "
                     "not written by torch.profiler") from None
+            if not (-_I64 < start < _I64 and -_I64 < end < _I64):
+                raise _beyond_int64(path, first + i, trace.offset(first + i), _absent_to_none(ev.name), ev.cat, ev.ts)
         raise AssertionError("unreachable: a conversion failed above")
 
     xyz_cache: dict[tuple, str | None] = {}
@@ -599,7 +610,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 elif (ph == "s" or ph == "f") and cat == "fwdbwd":
                     pid, tid = _int_or_none(ev.pid), _int_or_none(ev.tid)
                     if ev.ts is not None and pid is not None and tid is not None:
-                        flow_rows.append((ev.id, ph, pid, tid, base + to_ns(ev.ts)))
+                        _add_flow(flow_rows, (ev.id, ph, pid, tid), ev.ts)
         if in_ranges:
             rows = [events[i] for i in in_ranges]
             start, end = ns_or_error(rows, events, kinds, first)
@@ -677,7 +688,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     ts = ev.get("ts")
                     pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
                     if ts is not None and pid is not None and tid is not None:
-                        flow_rows.append((ev.get("id"), ph, pid, tid, base + to_ns(ts)))
+                        _add_flow(flow_rows, (ev.get("id"), ph, pid, tid), ts)
                 continue
             kind = RANGE_CATEGORIES.get(cat)
             is_launch = kind is None and cat in LAUNCH_CATEGORIES
@@ -699,6 +710,8 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     f"{path}: traceEvents[{index}] at byte offset {trace.offset(index)} ({ev.get('name')!r}, cat {cat!r}) "
                     "has no valid ts/dur; the trace is truncated or not written by torch.profiler"
                 ) from None
+            if not (-_I64 < start < _I64 and -_I64 < end < _I64):
+                raise _beyond_int64(path, index, trace.offset(index), ev.get("name"), cat, raw_ts)
             args = ev.get("args") or _NO_ARGS
             name = ev.get("name", "")
             if name.__class__ is not str:
@@ -784,6 +797,24 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         memory_rows = [None if row is None else (*row[:5], row[5] + base, row[6] + base, *row[7:])
                        for row in memory_rows]
 
+    reader_warnings = []
+    # An op/annotation or launch with a negative dur (a dropped timestamp, docs/field-cases.md C04) is read as
+    # zero-length at its ts, and said: it would otherwise enclose nothing and sort before its own start.
+    negative = r_end.values() < r_start.values()
+    if negative.any():
+        first_bad = int(np.flatnonzero(negative)[0])
+        code = int(r_name.codes()[first_bad])
+        reader_warnings.append(
+            f"{int(negative.sum())} op/annotation events have a negative dur (first: traceEvents"
+            f"[{int(r_order.values()[first_bad])}] {list(r_name.code_of)[code] if code >= 0 else None!r}): read as "
+            "zero-length at their ts")
+        r_end.parts = [np.where(negative, r_start.values(), r_end.values())]
+    negative = l_end.values() < l_start.values()
+    if negative.any():
+        reader_warnings.append(f"{int(negative.sum())} launch calls have a negative dur: read as zero-length at their ts")
+        l_end.parts = [np.where(negative, l_start.values(), l_end.values())]
+    del negative
+
     ranges = pd.DataFrame({
         "pid": _ints(r_pid), "tid": _ints(r_tid), "start_ns": _ints(r_start), "end_ns": _ints(r_end),
         "name": r_name.codes(), "kind": r_kind.codes(),  # as codes while _nest orders the rows
@@ -848,7 +879,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     release_free_memory()
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
-    diagnostics["warnings"] = list(trace.warnings) + diagnostics["warnings"]
+    diagnostics["warnings"] = list(trace.warnings) + reader_warnings + diagnostics["warnings"]
     ranges = ranges.drop(columns="order")
     release_free_memory()
     return Timeline(kernels=kernels, launches=launches, ranges=ranges, diagnostics=diagnostics,
@@ -856,6 +887,17 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
 
 
 _COPY_KIND = re.compile(r"^Memcpy (\w+)")
+
+
+def _add_flow(rows: list, key: tuple, ts) -> None:
+    """A ``fwdbwd`` flow event's row ``(id, ph, pid, tid, ts ns)``; one with an unreadable ts or a ts beyond the int64
+    ns range binds nothing and is left out."""
+    try:
+        at = _to_ns(ts)
+    except (TypeError, ArithmeticError, ValueError):
+        return
+    if -_I64 < at < _I64:
+        rows.append((*key, at))
 
 
 def _memory_row(ev: dict, cat: str, args: dict, corr: int | None, base: int) -> tuple | None:
@@ -869,6 +911,8 @@ def _memory_row(ev: dict, cat: str, args: dict, corr: int | None, base: int) -> 
     except (KeyError, TypeError, ArithmeticError, ValueError):
         return None
     if start == base or end < start:  # ts 0 or a negative dur, compared in exact ns (ts may be text)
+        return None
+    if not (-_I64 < start < _I64 and -_I64 < end < _I64):
         return None
     name = str(ev.get("name", ""))
     kind = "memset" if "memset" in cat.lower() else "memcpy"

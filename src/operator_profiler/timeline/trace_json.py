@@ -515,7 +515,7 @@ class KinetoTrace:
         yield self._index - 1, [ev]
 
     def _bulk(self, lo: int, hi: int) -> list:
-        text = b"[" + self._reader.buf[lo:hi] + b"]"
+        text = b"".join((b"[", memoryview(self._reader.buf)[lo:hi], b"]"))  # one copy, not two
         # msgspec does not check the UTF-8 of the strings it skips; the general path repairs them and warns
         if self._typed is not None and (text.isascii() or _is_utf8(text)):
             decode, decode_exact = self._typed
@@ -670,11 +670,35 @@ class KinetoTrace:
                 self._index += 1
             self._finish_meta(meta, m.end())
             return
+        self._refuse_non_objects(pos)
         raise TimelineError(
             f"{self.path}: the 'traceEvents' array is not closed: the file ends at byte offset {r.base + len(r.buf)} "
             f"inside the element starting at byte offset {r.base + pos} (traceEvents[{self._index}]); the trace is "
             "truncated (profiler killed, or a partial copy): re-export it with prof.export_chrome_trace(...)"
         )
+
+    def _refuse_non_objects(self, pos: int) -> None:
+        """Where the rest of the array is complete JSON whose elements are not all objects (``[1, 2, 3]``),
+        say so instead of calling the file truncated. Only on that error path (a parse per closing ``]``)."""
+        r = self._reader
+        for k, m in enumerate(re.finditer(rb"\]", r.buf[pos:])):
+            if k >= 64:
+                return
+            try:
+                rest = orjson.loads(b"[" + r.buf[pos:pos + m.end()])
+            except orjson.JSONDecodeError:
+                continue
+            if self._parse_tail(r.buf[pos + m.end():]) is None:
+                continue
+            for j, element in enumerate(rest):
+                if not isinstance(element, dict):
+                    kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+                        type(element), "a number")
+                    raise TimelineError(
+                        f"{self.path}: traceEvents[{self._index + j}] is {kind}, not an event object (from byte "
+                        f"offset {r.base + pos}); not a torch.profiler (Kineto) trace: pass the file written by "
+                        "prof.export_chrome_trace(...)")
+            return
 
     def _finish_meta(self, meta: dict | None, after: int) -> None:
         if meta is None:
