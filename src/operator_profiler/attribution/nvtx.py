@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..heap import release_free_memory
 from ..naming import NVTX_DOMAIN, PHASE_PREFIX
 from ..timeline.nesting import stack_keys, unpack_stack_key
 
@@ -559,6 +560,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         one of :data:`REASONS` (``unclosed_range`` also on attributed kernels: low confidence);
         ``evidence`` is JSON ``{"nvtx": {"stack", "operator", "tags", "regions", ...}}``.
     """
+    release_free_memory()  # what the stages before left free (this is the peak of a big capture)
     index = _Ranges(ranges)
     m = len(kernels)
     found = enclose(kernels, index)
@@ -610,23 +612,31 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         values = by_kernel[column].reindex(kernel_ids)
         return values.array if values.dtype != object else np.where(values.isna(), None, values.to_numpy())
 
+    module, layer, layer_class = pick("module" if "module" in kernel_layers else "layer"), pick("layer"), \
+        pick("layer_class")
+    operator_range_id = pd.arrays.IntegerArray(
+        index.range_id[np.maximum(op_rows, 0)] if index.n else np.zeros(m, dtype=np.int64), ~attributed)
+    path = np.full(m, "unattributed", dtype=object)  # (np.where would make a 48-byte fixed-width string per row)
+    path[attributed] = "nvtx"
+    # The range index and enclosure results are done with: the table below is a big capture's peak.
+    del index, found, by_kernel, shown, op_rows, forward, other_thread
+    release_free_memory()
     out = pd.DataFrame(
         {
             "kernel_id": kernel_ids,
             "operator": operator,
             "forward_operator": fwd_name,
-            "module": pick("module" if "module" in kernel_layers else "layer"),
-            "layer": pick("layer"),
-            "layer_class": pick("layer_class"),
-            "path": np.where(attributed, "nvtx", "unattributed"),
+            "module": module,
+            "layer": layer,
+            "layer_class": layer_class,
+            "path": path,
             # One shared empty list: path (b) names no fused ops (a million separate lists cost 100 MB).
             "fused_ops": [NO_ITEMS] * m,
             "source_nodes": [NO_ITEMS] * m,
             "listed_not_computed": [NO_ITEMS] * m,
             "reason": reason,
             "evidence": evidence,
-            "operator_range_id": pd.arrays.IntegerArray(
-                index.range_id[np.maximum(op_rows, 0)] if index.n else np.zeros(m, dtype=np.int64), ~attributed),
+            "operator_range_id": operator_range_id,
             "duration_ns": kernels["duration_ns"].to_numpy(dtype=np.int64),
             "iteration": pd.array(kernels["iteration"], dtype="Int64"),
             "name": kernels["name"].astype("str").array,

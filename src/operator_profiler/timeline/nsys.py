@@ -24,6 +24,7 @@ from .. import tables
 from ..files import write_json
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
+from ..heap import release_free_memory
 from ..errors import NsysExportError
 from .model import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations
 from .nesting import nest_push_pop
@@ -736,6 +737,7 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     ranges["end_tid"] = pd.array(end_tid, dtype="Int64")
     ranges.loc[end_gtid.isna().to_numpy(), "end_tid"] = pd.NA
     del df, parsed, end_gtid  # the query's columns are copied into ranges: free them before nesting
+    release_free_memory()
     # Domain ids are per process (formats.md#nsys-nvtx-event-types): name each (pid, domain id) pair once.
     pair_key = ranges["pid"].to_numpy(dtype=np.int64) << 32 | ranges["domain_id"].to_numpy(dtype=np.int64)
     pairs, pair_of_row = np.unique(pair_key, return_inverse=True)
@@ -868,6 +870,7 @@ def _read(export: _Export) -> NsysTimeline:
                                {RUNTIME_TABLE: runtime_end} if export.has(RUNTIME_TABLE) else {})
     diagnostics["capture_end_ns"] = capture_end
     launch_index = _launch_index(launches, diagnostics)
+    release_free_memory()  # each table's SQLite fetch and joins leave hundreds of MB free but resident (heap.py)
     stage_done(f"{export.path.name}: read {len(strings):,} strings and {len(launches):,} launch calls", start)
 
     parts = []
@@ -920,8 +923,10 @@ def _read(export: _Export) -> NsysTimeline:
     for column in ("activity", "source", "launch_api", "grid", "block"):
         kernels[column] = kernels[column].astype("category")
     launches["api"] = launches["api"].astype("category")
+    release_free_memory()
     stage_done(f"{export.path.name}: read {len(kernels):,} kernels", start)
     ranges = _read_ranges(export, strings, capture_end, diagnostics)
+    release_free_memory()
     if len(ranges):
         kernels["iteration"] = kernel_iterations(kernels, ranges)
     inverted = (kernels["duration_ns"] < 0).to_numpy()
@@ -935,7 +940,7 @@ def _read(export: _Export) -> NsysTimeline:
     activities = _read_activities(export, launch_index)
     launches = _own_process_launches(launches, kernels, activities, diagnostics)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
-    pa.default_memory_pool().release_unused()  # Arrow keeps freed blocks; hand them back
+    release_free_memory()  # (and Arrow's pool: it keeps freed blocks)
     log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"] or "unknown",
              diagnostics["schema_version"] or "unknown (no export metadata table)")
     return NsysTimeline(kernels=kernels, launches=launches, ranges=ranges, activities=activities,
