@@ -558,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
             print(user_traceback.rstrip(), file=sys.stderr)
         print(f"opprof {args.command}: error: {exc}{USER_TRACEBACK_ABOVE if user_traceback else ''}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (the command removed what it had written)
+        print(f"opprof {args.command}: interrupted", file=sys.stderr)
+        return 130
     except OSError as exc:  # an output folder that is a file, not writable, full ...
         where = f": {exc.filename}" if exc.filename else ""
         print(f"opprof {args.command}: error: {exc.strerror or exc}{where}; choose another --out (a writable folder "

@@ -117,7 +117,35 @@ NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
 NSYS_ONLY_OUTPUTS = ("nvtx_gpu_projection.parquet",)
 
 
+TIMELINE_OUTPUTS = ("kernels.parquet", "launches.parquet", "ranges.parquet", "gpu_activities.parquet",
+                    "diagnostics.json", *NSYS_ONLY_OUTPUTS)
+
+
 def export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_gpu: bool = False) -> timeline_model.Timeline:
+    """:func:`_export_timeline` (its docstring says what is written), all or nothing: the timeline files an
+    earlier run left in ``out_dir`` are removed first (a failed run must not leave another trace's tables
+    looking current), and the ones written before an error or an interrupt are removed (with ``out_dir``
+    itself when this call created it and it is left empty)."""
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+
+    def clear() -> None:
+        for name in TIMELINE_OUTPUTS:
+            (out_dir / name).unlink(missing_ok=True)
+
+    if not created and out_dir.is_dir():
+        clear()
+    try:
+        return _export_timeline(trace, out_dir, kind, expect_gpu)
+    except BaseException:
+        if out_dir.is_dir():
+            clear()
+            if created and not any(out_dir.iterdir()):
+                out_dir.rmdir()
+        raise
+
+
+def _export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect_gpu: bool = False) -> timeline_model.Timeline:
     """A trace -> ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` in ``out_dir``.
 
     A Kineto trace (``.json``/``.json.gz``) or an Nsight Systems report (``.sqlite`` export, or

@@ -420,12 +420,12 @@ class _StringColumn:
         return values.take(pa.array(np.maximum(codes, 0), mask=codes < 0)).to_pandas().array
 
 
-def _beyond_int64(path: Path, index: int, offset, name, cat, ts) -> TimelineError:
-    ts = ts if ts.__class__ is int else float(ts)  # (the typed path holds such a ts as Decimal)
+def _beyond_int64(path: Path, index: int, offset, name, cat, ts, dur) -> TimelineError:
+    ts, dur = (v if v.__class__ is int else float(v) for v in (ts, dur))  # (the typed path holds them as Decimal)
     return TimelineError(
         f"{path}: traceEvents[{index}] at byte offset {offset} ({name!r}, cat {cat!r}) has a ts/dur beyond the "
-        f"int64 ns range (ts {ts!r} µs: after the year 2262); not a torch.profiler trace: ts is µs on the "
-        "profiler's clock")
+        f"int64 ns range (ts {ts!r} µs, dur {dur!r} µs: more than 292 years from the clock's origin); not a "
+        "torch.profiler trace: ts and dur are µs on the profiler's clock")
 
 
 def _absent_to_none(value):
@@ -532,6 +532,13 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     memory_correlations: set[int] = set()
     memory_rows: list[tuple | None] = []
     categories: Counter = Counter()
+    # what the reader repaired or left out, by kind: [count, index of the first event] (warned at the end)
+    anomalies: dict[str, list] = {}
+
+    def anomaly(kind: str, count: int, index: int) -> None:
+        seen = anomalies.setdefault(kind, [0, index])
+        seen[0] += count
+
     shared: dict[str, str] = {}
     to_ns, int_or_null = _to_ns, _int_or_null
     dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -562,7 +569,8 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     f"({_absent_to_none(ev.name)!r}, cat {ev.cat!r}) has no valid ts/dur; the trace is truncated or "
                     "not written by torch.profiler") from None
             if not (-_I64 < start < _I64 and -_I64 < end < _I64):
-                raise _beyond_int64(path, first + i, trace.offset(first + i), _absent_to_none(ev.name), ev.cat, ev.ts)
+                raise _beyond_int64(path, first + i, trace.offset(first + i), _absent_to_none(ev.name), ev.cat, ev.ts,
+                                    ev.dur)
         raise AssertionError("unreachable: a conversion failed above")
 
     xyz_cache: dict[tuple, str | None] = {}
@@ -582,8 +590,11 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             text = xyz_cache[key] = text if text is None else shared.setdefault(text, text)
         return text
 
-    def names_of(rows: list) -> list[str]:
+    def names_of(rows: list, first: int = 0) -> list[str]:
         names = [e.name for e in rows]
+        odd = [i for i, n in enumerate(names) if n.__class__ is not str and n is not _UNSET]
+        if odd:
+            anomaly("name", len(odd), first)
         return [n if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
 
     def typed_chunk(events: list, first: int) -> None:
@@ -617,6 +628,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             pid, tid = _int_column([e.pid for e in rows]), _int_column([e.tid for e in rows])
             keep = (pid != null) & (tid != null)
             if not keep.all():
+                anomaly("thread", int((~keep).sum()), first + in_ranges[int(np.flatnonzero(~keep)[0])])
                 rows = [e for e, k in zip(rows, keep.tolist()) if k]
                 start, end, pid, tid = start[keep], end[keep], pid[keep], tid[keep]
                 in_order = np.array(in_ranges, dtype=np.int64)[keep]
@@ -627,7 +639,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             r_tid.add(tid)
             r_start.add(start)
             r_end.add(end)
-            r_name.pending.extend(names_of(rows))
+            r_name.pending.extend(names_of(rows, first + in_ranges[0]))
             r_kind.pending.extend([RANGE_CATEGORIES[e.cat] for e in rows])
             r_seq.add(_int_column([a.seq for a in args]))
             r_fwd.add(_int_column([a.fwd for a in args]))
@@ -643,7 +655,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             l_tid.add(_int_column([e.tid for e in rows]))
             l_start.add(start)
             l_end.add(end)
-            l_api.pending.extend(names_of(rows))
+            l_api.pending.extend(names_of(rows, first + in_launches[0]))
             l_corr.add(_int_column([a.correlation for a in args]))
             l_ext.add(_int_column([a.ext if a.ext is not None else a.ext_lower
                                          for a in args]))
@@ -658,7 +670,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                                             for e, a in zip(rows, args)]))
             k_stream.add(_int_column([e.tid if (v := a.stream) is _UNSET else v
                                             for e, a in zip(rows, args)]))
-            k_name.pending.extend(names_of(rows))
+            k_name.pending.extend(names_of(rows, first + in_kernels[0]))
             k_start.add(start)
             k_end.add(np.where(valid, end, start))
             k_corr.add(_int_column([a.correlation for a in args]))
@@ -679,6 +691,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             continue
         for index, ev in enumerate(events, first):  # one Python loop per chunk of events
             if ev.__class__ is not dict:
+                anomaly("element", 1, index)
                 continue
             cat = ev.get("cat")
             ph = ev.get("ph")
@@ -705,16 +718,20 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 # int µs (pre-2024 traces) inline; floats and exact decimal text through _to_ns
                 start = base + (raw_ts * 1000 if raw_ts.__class__ is int else to_ns(raw_ts))
                 end = start + (raw_dur * 1000 if raw_dur.__class__ is int else to_ns(raw_dur))
-            except (KeyError, TypeError, ArithmeticError):
+            except (KeyError, TypeError, ArithmeticError, ValueError):  # ValueError: NaN
                 raise TimelineError(
                     f"{path}: traceEvents[{index}] at byte offset {trace.offset(index)} ({ev.get('name')!r}, cat {cat!r}) "
                     "has no valid ts/dur; the trace is truncated or not written by torch.profiler"
                 ) from None
             if not (-_I64 < start < _I64 and -_I64 < end < _I64):
-                raise _beyond_int64(path, index, trace.offset(index), ev.get("name"), cat, raw_ts)
+                raise _beyond_int64(path, index, trace.offset(index), ev.get("name"), cat, raw_ts, raw_dur)
             args = ev.get("args") or _NO_ARGS
+            if args.__class__ is not dict:
+                anomaly("args", 1, index)
+                args = _NO_ARGS
             name = ev.get("name", "")
             if name.__class__ is not str:
+                anomaly("name", 1, index)
                 name = str(name)
             name = shared.setdefault(name, name)
             if kind is not None:
@@ -722,6 +739,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                 if pid.__class__ is not int or tid.__class__ is not int or not -_I64 < pid < _I64 or not -_I64 < tid < _I64:
                     pid, tid = int_or_null(pid), int_or_null(tid)
                     if pid == null or tid == null:
+                        anomaly("thread", 1, index)
                         continue
                 r_pid.append(pid)
                 r_tid.append(tid)
@@ -798,6 +816,18 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                        for row in memory_rows]
 
     reader_warnings = []
+    said = {
+        "element": "array elements that are not event objects were skipped",
+        "args": "events whose 'args' is not an object were read without their args",
+        "name": "events whose name is not a string (null, a number, a list) were named by its text",
+        "thread": "op/annotation events without an integer pid and tid were left out (they nest on no thread)",
+    }
+    for kind, (count, index) in anomalies.items():
+        reader_warnings.append(f"{count} {said[kind]} (first: traceEvents[{index}])")
+    dropped = sum(1 for row in memory_rows if row is None)
+    if dropped:
+        reader_warnings.append(f"{dropped} memcpy/memset events without a valid ts/dur were left out of "
+                               "gpu_activities (docs/field-cases.md C04)")
     # An op/annotation or launch with a negative dur (a dropped timestamp, docs/field-cases.md C04) is read as
     # zero-length at its ts, and said: it would otherwise enclose nothing and sort before its own start.
     negative = r_end.values() < r_start.values()
@@ -870,7 +900,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     else:
         kernels = _cpu_kernels(ranges)
     del gpu_kernels  # (finish_kernels builds the ordered copy)
-    if not gpu_trace and not len(kernels) and not len(ranges):
+    if not len(kernels) and not len(ranges):
         raise TimelineError(
             f"{path}: no kernel events and no operator events (categories: "
             f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}); record the trace with "
@@ -979,11 +1009,31 @@ def _diagnostics(path: Path, trace: dict, categories: Counter, kernels: pd.DataF
                "(profiler_metrics=...), which replaces kernel records by counter ranges"
                if ranges_n else "the GPU activity records are missing (profiled without ProfilerActivity.CUDA, "
                                 "or all dropped by the tracer)")
-        warnings.append(f"no kernel events: {path.name} has GPU launch calls but no 'kernel' records; {why}. "
+        holds = "GPU launch calls" if len(kernel_launch) else "CUDA device properties"
+        warnings.append(f"no kernel events: {path.name} has {holds} but no 'kernel' records; {why}. "
                         "Record the trace again with activities=[CPU, CUDA] and no profiler_metrics; counters "
                         "come from ncu")
     keyed = launches["correlation_id"].dropna()
     ambiguous = int(keyed[keyed > 0].duplicated(keep=False).sum()) if len(launches) else 0
+    if len(gpu):
+        # One kernel launch call starts one kernel (a graph launch many): kernels sharing a plain launch's
+        # correlation id all take its op, which only one of them ran.
+        joined = gpu[gpu["launch_api"].notna() & (gpu["correlation_id"].fillna(0) > 0)]
+        plain = joined[~joined["launch_api"].astype(str).str.contains("GraphLaunch")]
+        shared_ids = plain[plain.duplicated(["pid", "correlation_id"], keep=False)]
+        if len(shared_ids):
+            warnings.append(
+                f"{len(shared_ids)} kernel records share the correlation id of one kernel launch call with another "
+                f"kernel (first: {shared_ids['name'].iloc[0]!r}, correlation id {int(shared_ids['correlation_id'].iloc[0])}): "
+                "each is attributed to that call's op although it launched one kernel; the trace may be merged "
+                "from several runs or corrupt")
+        valid = gpu["valid_time"].astype(bool) if "valid_time" in gpu else pd.Series(True, index=gpu.index)
+        early = gpu[valid & gpu["launch_start_ns"].notna()
+                    & (gpu["start_ns"] < gpu["launch_start_ns"].fillna(0).astype("int64"))]
+        if len(early):
+            warnings.append(f"{len(early)} kernels start before their launch call (first: {early['name'].iloc[0]!r}): "
+                            "their timestamps are inconsistent (clock skew or an edited trace); durations kept as "
+                            "recorded")
     if orphans:
         warnings.append(f"{orphans} kernel(s) have no launch record in the trace window (launched before the "
                         "profiler started, or a null/dangling correlation id): left unattributed")

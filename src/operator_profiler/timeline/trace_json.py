@@ -209,7 +209,7 @@ class _Reader:
     def close(self) -> None:
         if self._thread is not None:
             self._stop.set()
-            self._thread.join()
+            self._thread.join(timeout=5)  # (a read blocked on a pipe never returns: the daemon thread ends with us)
             self._thread = None
         self.fh.close()
 
@@ -624,6 +624,7 @@ class KinetoTrace:
             except ValueError:
                 pass
             if self._valid_after(m.end() - 1):
+                self._refuse_second_document(bad, m.end() - 1)
                 self._skipped.append(r.base + bad)
                 self._segments.append((self._index, 1, r.base + bad, r.base + end))
                 self._index += 1
@@ -658,6 +659,9 @@ class KinetoTrace:
         for m in _ARRAY_END.finditer(r.buf, pos):
             meta = self._parse_tail(r.buf[m.end():])
             if meta is None:
+                if self._whole_event(r.buf[pos:m.start() + 1]):  # the array ends here: what follows is wrong
+                    raise self._error(r.base + m.end(), "invalid JSON after the 'traceEvents' array (extra data "
+                                                        "after the document, or two documents in one file?)")
                 continue
             text = r.buf[pos:m.start() + 1]
             try:
@@ -666,6 +670,7 @@ class KinetoTrace:
                     self._repaired.append(r.base + pos)
                 yield from self._emit_one(ev, pos, m.start() + 1)
             except ValueError:
+                self._refuse_second_document(pos, m.start() + 1)
                 self._skipped.append(r.base + pos)
                 self._index += 1
             self._finish_meta(meta, m.end())
@@ -676,6 +681,22 @@ class KinetoTrace:
             f"inside the element starting at byte offset {r.base + pos} (traceEvents[{self._index}]); the trace is "
             "truncated (profiler killed, or a partial copy): re-export it with prof.export_chrome_trace(...)"
         )
+
+    def _refuse_second_document(self, lo: int, hi: int) -> None:
+        """A region about to be skipped as a malformed event that closes the array and opens another
+        ``traceEvents`` is two traces in one file (concatenated): refused, never merged."""
+        region = self._reader.buf[lo:hi]
+        if _ARRAY_END.search(region) and b'"traceEvents"' in region:
+            raise self._error(self._reader.base + lo, "a second 'traceEvents' array after the first one's end "
+                                                      "(two traces concatenated into one file?)")
+
+    @staticmethod
+    def _whole_event(text: bytes) -> bool:
+        """``text`` is exactly one JSON object (strictly parsed)."""
+        try:
+            return isinstance(orjson.loads(text), dict)
+        except orjson.JSONDecodeError:
+            return False
 
     def _refuse_non_objects(self, pos: int) -> None:
         """Where the rest of the array is complete JSON whose elements are not all objects (``[1, 2, 3]``),
@@ -718,7 +739,8 @@ class KinetoTrace:
 
         for found, what, why in (
             (self._skipped, "malformed event{s} skipped", "not valid JSON even leniently, e.g. unescaped quotes in a name"),
-            (self._repaired, "event{s} repaired", "invalid UTF-8 replaced by U+FFFD, raw control characters kept"),
+            (self._repaired, "event{s} repaired", "not strict JSON: invalid UTF-8 replaced by U+FFFD, raw control "
+                                                  "characters kept, NaN or Infinity read as numbers"),
         ):
             if found:
                 s = "s" if len(found) > 1 else ""
