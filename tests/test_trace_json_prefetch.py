@@ -36,7 +36,6 @@ GOOD = {
 BAD = {
     "truncated": gzip.compress(DATA)[:-4000],
     "garbage_after_member": gzip.compress(DATA) + b"PK\x03\x04",
-    "not_gzip": b"{\"traceEvents\": []}" * 10,
     "bad_crc": gzip.compress(DATA)[:-8] + b"\0\0\0\0" + gzip.compress(DATA)[-4:],
 }
 
@@ -79,3 +78,26 @@ def test_a_multi_member_gzip_trace_reads_as_its_single_member_copy(tmp_path):
     assert len(a.kernels) == 19370
     pd.testing.assert_frame_equal(a.kernels, b.kernels)
     pd.testing.assert_frame_equal(a.ranges, b.ranges)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_content_decides_gzip_not_the_name(tmp_path, prefetch):
+    plain = b'{"traceEvents": []}' * 10
+    named_gz = tmp_path / "plain.json.gz"
+    named_gz.write_bytes(plain)
+    assert _read_all(named_gz, prefetch) == plain
+    named_json = tmp_path / "packed.json"
+    named_json.write_bytes(gzip.compress(DATA))
+    assert _read_all(named_json, prefetch) == DATA
+
+
+def test_a_real_trace_reads_the_same_whatever_its_name(tmp_path):
+    packed = (REAL_DATA / "kineto" / "hta_critical_path_alexnet__trace.json.gz").read_bytes()
+    misnamed = tmp_path / "alexnet.json"
+    misnamed.write_bytes(packed)
+    plain_gz = tmp_path / "alexnet_plain.json.gz"
+    plain_gz.write_bytes(gzip.decompress(packed))
+    a = read_kineto(REAL_DATA / "kineto" / "hta_critical_path_alexnet__trace.json.gz")
+    for other in (read_kineto(misnamed), read_kineto(plain_gz)):
+        pd.testing.assert_frame_equal(a.kernels, other.kernels)
+        pd.testing.assert_frame_equal(a.ranges, other.ranges)

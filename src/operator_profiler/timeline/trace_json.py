@@ -79,6 +79,18 @@ def _needs_exact(events: list) -> bool:
     return False
 
 
+def _is_gzip(path: Path) -> bool:
+    """Whether the file is gzip-compressed, from its first two bytes (RFC 1952 magic 1f 8b), whatever its name says
+    (a gzip file named .json, a plain one named .gz); from the suffix where the file cannot be peeked (a pipe)."""
+    try:
+        if path.is_file():
+            with open(path, "rb") as fh:
+                return fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        pass
+    return path.suffix == ".gz"
+
+
 class _Reader:
     """Decompressed bytes of the file in a growing buffer; ``base`` is the offset of ``buf[0]``.
 
@@ -92,7 +104,8 @@ class _Reader:
     def __init__(self, path: Path, prefetch: bool = False):
         self.path = path
         try:
-            self.fh = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+            self.gzipped = _is_gzip(path)
+            self.fh = gzip.open(path, "rb") if self.gzipped else open(path, "rb")
         except OSError as exc:
             raise TimelineError(f"{path}: cannot open the trace ({exc})") from None
         self.buf = b""
@@ -112,7 +125,7 @@ class _Reader:
     def _read_ahead(self) -> None:
         """The prefetch thread: ``(block, raw offset)`` items, then ``(b"", offset)`` at the end, or
         ``(exception, offset)`` where a read fails."""
-        blocks = self._inflated_blocks() if self.path.suffix == ".gz" else iter(lambda: self.fh.read(BLOCK), b"")
+        blocks = self._inflated_blocks() if self.gzipped else iter(lambda: self.fh.read(BLOCK), b"")
         while not self._stop.is_set():
             try:
                 block = next(blocks, b"")
@@ -192,7 +205,7 @@ class _Reader:
             except (OSError, EOFError, zlib.error) as exc:
                 raise TimelineError(
                     f"{self.path}: the file cannot be read past byte offset {self.base + len(self.buf)} of its "
-                    f"{'decompressed ' if self.path.suffix == '.gz' else ''}content ({exc}); the trace is "
+                    f"{'decompressed ' if self.gzipped else ''}content ({exc}); the trace is "
                     "truncated or corrupt: re-export it with prof.export_chrome_trace(...)"
                 ) from None
             if not block:
@@ -362,7 +375,7 @@ class KinetoTrace:
 
     def _prescan_tail(self) -> dict:
         """Metadata after traceEvents from the last TAIL_WINDOW bytes of the file (see class doc)."""
-        if self.path.suffix == ".gz":
+        if _is_gzip(self.path):
             window = b""
             try:
                 with gzip.open(self.path, "rb") as fh:
