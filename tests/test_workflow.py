@@ -513,7 +513,8 @@ def test_a_corrupt_capture_and_a_model_that_starts_raising_never_leave_reports_a
     # Without hooks (as a run killed before its end): the failures leave mine's reports behind.
     first = snakemake(tmp_path, config, "--keep-going", "--no-hooks", env=env)
     assert first.returncode != 0
-    assert "FAILED: results/lstm/capture/timeline.kineto.json.gz: the file cannot be read" in first.stderr
+    assert "FAILED: results/lstm/capture/timeline.kineto.json.gz: neither a JSON object with a 'traceEvents' list " \
+           "nor a bare event array at byte offset 0 (named .gz, it is not gzip-compressed)" in first.stderr
     # the fix in the workflow's terms, not only the file's (re-exporting a trace by hand is not how a run fixes it)
     assert ("In this workflow: delete results/lstm/capture/timeline.kineto.json.gz (or run snakemake with "
             "--forcerun capture_timeline) to capture it again") in first.stderr

@@ -268,8 +268,11 @@ class KinetoTrace:
 
     # -- metadata -------------------------------------------------------------------------------
     def _error(self, offset: int, what: str) -> TimelineError:
-        return TimelineError(f"{self.path}: {what} at byte offset {offset}; not a readable torch.profiler (Kineto) "
-                             "trace: pass the file written by prof.export_chrome_trace(...), optionally gzipped")
+        # read as it is (its first bytes decide), but a .gz that is not gzip is worth saying
+        misnamed = " (named .gz, it is not gzip-compressed)" if self.path.suffix == ".gz" and not _is_gzip(self.path) \
+            else ""
+        return TimelineError(f"{self.path}: {what} at byte offset {offset}{misnamed}; not a readable torch.profiler "
+                             "(Kineto) trace: pass the file written by prof.export_chrome_trace(...), optionally gzipped")
 
     def _scan_header(self, r: _Reader) -> int:
         """Parse the members before ``traceEvents``; return the offset just after its ``[``."""
