@@ -387,8 +387,9 @@ class _StringColumn:
     distinct string (an operator name repeats millions of times) is encoded to Arrow once, and the
     table's rows can be reordered as codes before the strings are built.
 
-    ``extend``/``append`` collect a chunk's values (str or None); ``flush`` codes them (a hash
-    factorization per chunk, in C); ``strings(codes)`` builds the ``str`` column of the codes given.
+    ``pending`` collects a chunk's values (str or None); ``flush`` codes them (a hash factorization per
+    chunk, in C); ``codes()`` joins every chunk's codes; ``strings(codes)`` builds the ``str`` column of the
+    codes given.
     """
 
     def __init__(self):
