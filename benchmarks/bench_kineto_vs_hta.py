@@ -7,7 +7,7 @@ Sides, each in its own subprocess (so that each peak RSS, ``ru_maxrss`` of that 
 Linux keeps ``ru_maxrss`` across fork+exec, so the parent never loads a trace itself):
 
 * **ours** — what ``opprof timeline --kineto`` does (``read_kineto`` + ``write_timeline`` to a temporary
-  folder) followed by attribution path (a): ``classify_layers(kernels, ranges, [])`` and
+  folder) followed by attribution path (a): ``kernel_layer_classes(kernels, ranges, [])`` and
   ``attribute(kernels, ranges, kernel_layers, None)``, in one process, holding for the attribution what
   ``opprof attribute`` loads (the kernels and ranges tables; the launch calls and memcpy rows are dropped
   after writing). Run as the two commands, the second would re-read the tables from parquet instead, whose
@@ -55,7 +55,7 @@ OURS = r"""
 import json, resource, sys, tempfile, time
 t0 = time.perf_counter()
 from operator_profiler.attribution.merge import attribute
-from operator_profiler.layers import classify_layers
+from operator_profiler.layers import kernel_layer_classes
 from operator_profiler.timeline.kineto import read_kineto
 from operator_profiler.timeline.model import write_timeline
 t1 = time.perf_counter()
@@ -68,7 +68,7 @@ rows, warnings = len(timeline.kernels) + len(timeline.launches) + len(timeline.r
 kernels, ranges = timeline.kernels, timeline.ranges
 del timeline
 t2 = time.perf_counter()
-kernel_layers = classify_layers(kernels, ranges, [])[0]
+kernel_layers = kernel_layer_classes(kernels, ranges, [])
 attributed = attribute(kernels, ranges, kernel_layers, None)
 t3 = time.perf_counter()
 c3 = resource.getrusage(resource.RUSAGE_SELF)

@@ -28,12 +28,12 @@ Generation (executemany in chunks, one transaction, journal off) is timed but no
 figures; with ``--out`` an existing file with the expected row counts is reused.
 
 Measured, in a spawned child process (its peak RSS read with getrusage(RUSAGE_CHILDREN)):
-``read_nsys``; ``classify_layers(kernels, ranges, [])`` + ``attribute_nvtx`` (what
+``read_nsys``; ``kernel_layer_classes(kernels, ranges, [])`` + ``attribute_nvtx`` (what
 ``stages.attribute_files`` does without a layers file); ``gpu_projection``; and, for reference,
 writing the parquet tables (``write_nsys_timeline`` + the attribution with ``tables.ATTRIBUTION``).
 Baseline, in the parent on the same (page-cached) file: SQLite running the docs/formats.md#nsys-queries Q1 join
 (kernel -> launch, names from StringIds) with ``fetchall``; printed as the ratio reader / baseline.
-Goals, judged on read_nsys + classify_layers + attribute_nvtx and the child's peak RSS by the end of
+Goals, judged on read_nsys + kernel_layer_classes + attribute_nvtx and the child's peak RSS by the end of
 attribute_nvtx (the line also prints the peak of the whole measured part): 1M kernels loaded and
 attributed in <= 20 s with peak RSS <= 2 GB; and in <= 2x the time of the SQLite Q1 baseline
 of the same run, peak RSS <= 1.5 GB. The machine's load average is printed at the start and the end
@@ -270,7 +270,7 @@ def measured(conn) -> None:
 
         from operator_profiler import tables
         from operator_profiler.attribution.nvtx import attribute_nvtx, gpu_projection
-        from operator_profiler.layers import classify_layers
+        from operator_profiler.layers import kernel_layer_classes
         from operator_profiler.timeline.nsys import read_nsys, write_nsys_timeline
 
         profiler = cProfile.Profile() if profile else None
@@ -291,7 +291,7 @@ def measured(conn) -> None:
         res["rss_after"]["imports"] = _maxrss_mb(resource.RUSAGE_SELF)
         timeline = phase("read_nsys", read_nsys, Path(path))
         kernels, ranges = timeline.kernels, timeline.ranges
-        kernel_layers, _, _ = phase("classify_layers", classify_layers, kernels, ranges, [])
+        kernel_layers = phase("kernel_layer_classes", kernel_layer_classes, kernels, ranges, [])
         attribution = phase("attribute_nvtx", attribute_nvtx, kernels, ranges, kernel_layers)
         phase("gpu_projection", gpu_projection, kernels, ranges)
         with tempfile.TemporaryDirectory(prefix="bench-nsys-") as out:
@@ -453,7 +453,7 @@ def main() -> None:
         print(f"  {label:<20} {seconds:7.2f} s ({res['cpu'][label]:6.2f} s CPU)   peak RSS so far "
               f"{res['rss_after'][label]:8,.0f} MB")
     print(f"  (after imports: {res['rss_after']['imports']:,.0f} MB)")
-    attribute_s = t["classify_layers"] + t["attribute_nvtx"]
+    attribute_s = t["kernel_layer_classes"] + t["attribute_nvtx"]
     total = t["read_nsys"] + attribute_s
     rss_attr = res["rss_after"]["attribute_nvtx"]
     n = res["kernels"]
@@ -479,7 +479,7 @@ def main() -> None:
         verdict = "MET" if ratio <= GOAL_RATIO and rss_attr <= GOAL_RATIO_MB else "NOT MET"
     else:
         verdict = f"NOT JUDGED at {n:,} kernels"
-    total_cpu = sum(res["cpu"][k] for k in ("read_nsys", "classify_layers", "attribute_nvtx"))
+    total_cpu = sum(res["cpu"][k] for k in ("read_nsys", "kernel_layer_classes", "attribute_nvtx"))
     print(f"goal: timeline + attribution <= {GOAL_RATIO:.0f}x SQLite Q1, peak RSS <= 1.5 GB: {verdict} "
           f"({ratio:.2f}x: {total:.1f} s / {base_s:.1f} s; {rss_attr:,.0f} MB){note}; in CPU time (less "
           f"sensitive to other processes on the cores): {total_cpu / base_cpu:.2f}x ({total_cpu:.1f} s / {base_cpu:.1f} s)")

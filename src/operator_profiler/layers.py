@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from .naming import REST_CLASS
 from .timeline.model import iteration_at, kernel_phases
@@ -313,36 +314,70 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     """
     module_class = {l["path"]: l["class"] for l in layers}
     assigned = kernel_layers(kernels, ranges, layers, fusion_map, fx_answers)
-    kl = pd.DataFrame({"kernel_id": kernels["kernel_id"], "layer": assigned["layer"], "module": assigned["module"]})
-    kl["iteration"] = kernels["iteration"].fillna(-1).astype("int64").to_numpy()
-    # .array keeps Arrow-backed strings as they are (to_numpy would make one Python str per kernel).
-    kl["match_key"] = kernels["match_key"].array
-    kl["grid"] = kernels["grid"].astype("str").fillna("").array
-    kl["block"] = kernels["block"].astype("str").fillna("").array
-    kl["duration_ns"] = kernels["duration_ns"].to_numpy()
-    kl["phase"] = kernel_phases(kernels, ranges)
-    kl["instance"] = kl["layer"].fillna(REST_CLASS)
-    kl["position"] = kl.groupby(["instance", "iteration"]).cumcount().astype("int64")
-    # -1 marks kernels outside every iteration range; they never define a signature when a
-    # measured iteration exists (otherwise one stray call would hide every layer).
-    measured = kl.loc[kl["iteration"] >= 0, "iteration"]
-    first_iteration = int(measured.min()) if len(measured) else -1
+    kl, codes, labels, first_iteration = _instance_table(kernels, assigned)
+    first_rows = np.flatnonzero(kl["iteration"].to_numpy() == first_iteration)
+    signatures = _signatures(kernels, first_rows, codes, labels)
+    classes, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class)
+    kl["layer_class"] = pa.array(class_of, type=pa.string()).take(pa.array(codes)).to_pandas().array
+    for entry in classes.values():
+        # What ncu replays: the representative; with ``verify`` also a second instance, whose
+        # counters are compared with the representative's (dedup.verify).
+        entry["replay_instances"] = entry["instances"][: 2 if verify else 1]
+    phases = pd.Series(kernel_phases(kernels, ranges)[first_rows], dtype=object)
+    first_codes = pd.Series(codes[first_rows])
+    first_phases = {labels[c]: Counter(p for p in phase if p is not None)
+                    for c, phase in phases.groupby(first_codes, sort=False)} if len(first_rows) else {}
+    spanned_first = assigned["layers_spanned"].to_numpy()[first_rows]
+    crossing = np.fromiter(map(len, spanned_first), dtype=np.int64, count=len(spanned_first)) > 0
+    boundary = Counter(lab for spans in spanned_first[crossing] for lab in spans)  # instance -> cross-layer kernels
+    explain_splits(classes, layers, first_phases, boundary, generated_kernel_names(fusion_map))
 
-    # Signatures of the first measured iteration.
-    signatures: dict[str, list] = {}
-    first = kl[kl["iteration"] == first_iteration]
-    # Entries reference one Python string per distinct value (a trace without iteration ranges puts
-    # every kernel in the rest signature: a million kernels, a few hundred names).
-    parts = [pd.factorize(first[c]) for c in ("match_key", "grid", "block")]
-    coded = pd.DataFrame({"instance": first["instance"].to_numpy(), "a": parts[0][0], "b": parts[1][0], "c": parts[2][0]})
-    labels = [np.array(list(uniques), dtype=object) for _, uniques in parts]
-    for instance, group in coded.groupby("instance", sort=False):
-        columns = (labels[i][group[c].to_numpy()].tolist() for i, c in enumerate("abc"))
-        signatures[instance] = list(map(list, zip(*columns)))
+    instance = np.asarray(labels, dtype=object)[codes] if len(codes) else np.empty(0, dtype=object)
+    instances = (
+        pd.DataFrame({"layer": instance, "iteration": kl["iteration"].to_numpy(),
+                      "kernel_id": kl["kernel_id"].to_numpy(), "duration_ns": kernels["duration_ns"].to_numpy(),
+                      "layer_class": kl["layer_class"].to_numpy()})
+        .groupby(["layer", "iteration"], sort=False)
+        .agg(kernel_count=("kernel_id", "size"), time_ns=("duration_ns", "sum"), layer_class=("layer_class", "first"))
+        .reset_index()
+    )
+    module_of = _module_of_instance(labels, codes, kl["module"].to_numpy(dtype=object))
+    instances["module"] = instances["layer"].map(module_of).where(instances["layer"] != REST_CLASS, None)
+    instances["module_class"] = instances["module"].map(module_class)
+    representatives = {c["representative"] for c in classes.values()}
+    instances["representative"] = instances["layer"].map(lambda p: p in representatives)
+    instances["time_ns"] = instances["time_ns"].astype("int64")
+    return _kernel_table(kl, assigned), instances, classes
 
+
+def kernel_layer_classes(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict],
+                         fusion_map: pd.DataFrame | None = None, fx_answers: pd.DataFrame | None = None
+                         ) -> pd.DataFrame:
+    """The ``kernel_layers`` table of :func:`classify_layers` alone (what attribution reads), without
+    what only the classify stage writes: the class files, the instances table, why classes split, and
+    the signature of ``rest`` (on a trace without layer ranges, a list of every kernel of the first
+    iteration). The same table, row for row."""
+    module_class = {l["path"]: l["class"] for l in layers}
+    assigned = kernel_layers(kernels, ranges, layers, fusion_map, fx_answers)
+    kl, codes, labels, first_iteration = _instance_table(kernels, assigned)
+    first_rows = np.flatnonzero((kl["iteration"].to_numpy() == first_iteration) & (kl["layer"].notna().to_numpy()))
+    signatures = _signatures(kernels, first_rows, codes, labels)
+    if REST_CLASS in labels:
+        signatures[REST_CLASS] = []  # its class name is fixed: no signature needed
+    _, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class)
+    kl["layer_class"] = pa.array(class_of, type=pa.string()).take(pa.array(codes)).to_pandas().array
+    return _kernel_table(kl, assigned)
+
+
+def _classes(signatures: dict[str, list], labels: list, codes: np.ndarray, modules: np.ndarray,
+             module_class: dict[str, str]) -> tuple[dict[str, dict], np.ndarray]:
+    """Instances with identical signatures -> one class each; ``rest`` its own class. Returns the classes
+    (class name -> canonical dict, without ``replay_instances``) and the class of each instance code
+    (object array indexed by code; None for an instance without a signature: no kernel in the first
+    measured iteration)."""
     classes: dict[str, dict] = {}
     instance_class: dict[str, str] = {}
-    module_of = dict(zip(kl["instance"], kl["module"]))
+    module_of = _module_of_instance(labels, codes, modules)
     # In execution order (signatures were filled in kernel order): the representative of a class is
     # its first instance to run.
     for label in (p for p in signatures if p != REST_CLASS):
@@ -361,33 +396,86 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
             "instances": [REST_CLASS], "representative": REST_CLASS, "kernel_count": len(signatures[REST_CLASS]),
         }
         instance_class[REST_CLASS] = REST_CLASS
-    kl["layer_class"] = kl["instance"].map(instance_class)
-    for entry in classes.values():
-        # What ncu replays: the representative; with ``verify`` also a second instance, whose
-        # counters are compared with the representative's (dedup.verify).
-        entry["replay_instances"] = entry["instances"][: 2 if verify else 1]
-    first_phases = {label: Counter(p for p in phase if p is not None)
-                    for label, phase in first.groupby("instance", sort=False)["phase"]}
-    spanned_first = assigned["layers_spanned"].to_numpy()[(kl["iteration"] == first_iteration).to_numpy()]
-    boundary = Counter(lab for spans in spanned_first for lab in spans)  # instance -> cross-layer kernels touching it
-    explain_splits(classes, layers, first_phases, boundary, generated_kernel_names(fusion_map))
+    return classes, np.asarray([instance_class.get(label) for label in labels] + [None], dtype=object)[:len(labels)]
 
-    instances = (
-        kl.groupby(["instance", "iteration"], sort=False)
-        .agg(kernel_count=("kernel_id", "size"), time_ns=("duration_ns", "sum"), layer_class=("layer_class", "first"))
-        .reset_index()
-        .rename(columns={"instance": "layer"})
-    )
-    instances["module"] = instances["layer"].map(module_of).where(instances["layer"] != REST_CLASS, None)
-    instances["module_class"] = instances["module"].map(module_class)
-    instances["representative"] = instances["layer"].map(
-        lambda p: p in {c["representative"] for c in classes.values()}
-    )
-    instances["time_ns"] = instances["time_ns"].astype("int64")
+
+def _module_of_instance(labels: list, codes: np.ndarray, modules: np.ndarray) -> dict:
+    """instance label -> the module path of its last kernel (as ``dict(zip(instance, module))`` gave)."""
+    if not len(codes):
+        return {}
+    last = len(codes) - 1 - np.unique(codes[::-1], return_index=True)[1]
+    return {labels[c]: modules[i] for c, i in zip(np.unique(codes), last)}
+
+
+def _kernel_table(kl: pd.DataFrame, assigned: pd.DataFrame) -> pd.DataFrame:
     kl["membership"] = assigned["membership"].to_numpy()
     kl["layers_spanned"] = assigned["layers_spanned"].to_numpy()
-    kernel_table = kl[["kernel_id", "layer", "module", "layer_class", "position", "membership", "layers_spanned"]]
-    return kernel_table, instances, classes
+    return kl[["kernel_id", "layer", "module", "layer_class", "position", "membership", "layers_spanned"]]
+
+
+def _instance_table(kernels: pd.DataFrame, assigned: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, list, int]:
+    """Each kernel's instance (its layer label, or ``rest``) as an integer code, its iteration (-1 outside
+    every iteration range) and its position within (instance, iteration), in kernel order.
+
+    Returns ``(kl, codes, labels, first_iteration)``: ``kl`` has kernel_id, layer, module, iteration,
+    position; ``labels[codes[i]]`` is kernel i's instance, labels in order of first appearance."""
+    kl = pd.DataFrame({"kernel_id": kernels["kernel_id"], "layer": assigned["layer"], "module": assigned["module"]})
+    codes, uniques = pd.factorize(assigned["layer"].to_numpy(dtype=object), use_na_sentinel=True)
+    labels = [str(u) for u in uniques]
+    rest = codes < 0
+    if rest.any():
+        codes = np.where(rest, len(labels), codes)
+        labels.append(REST_CLASS)
+    iteration = kernels["iteration"].fillna(-1).astype("int64").to_numpy()
+    kl["iteration"] = iteration
+    kl["position"] = _positions(codes, iteration)
+    measured = iteration[iteration >= 0]
+    # -1 marks kernels outside every iteration range; they never define a signature when a
+    # measured iteration exists (otherwise one stray call would hide every layer).
+    first_iteration = int(measured.min()) if len(measured) else -1
+    return kl, codes, labels, first_iteration
+
+
+def _positions(codes: np.ndarray, iteration: np.ndarray) -> np.ndarray:
+    """The index of each kernel within its (instance code, iteration) group, in kernel order (int64)."""
+    n = len(codes)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    _, iteration_codes = np.unique(iteration, return_inverse=True)
+    key = codes.astype(np.int64) * (int(iteration_codes.max()) + 1) + iteration_codes
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    group_start = np.repeat(starts, np.diff(np.r_[starts, n]))
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n, dtype=np.int64) - group_start
+    return position
+
+
+def _signatures(kernels: pd.DataFrame, rows: np.ndarray, codes: np.ndarray, labels: list) -> dict[str, list]:
+    """instance -> its ordered ``[match_key, grid, block]`` entries over kernel ``rows`` (in kernel order),
+    instances in order of their first kernel among ``rows``. Entries reference one Python string per
+    distinct value (a trace without iteration ranges puts every kernel in the rest signature: a
+    million kernels, a few hundred names)."""
+    columns = []
+    for column in ("match_key", "grid", "block"):
+        value_codes, uniques = pd.factorize(kernels[column].iloc[rows], use_na_sentinel=False)
+        values = list(uniques)
+        if column != "match_key":  # grid and block as text, "" when unknown
+            values = ["" if pd.isna(value) else str(value) for value in values]
+        distinct = np.empty(len(values), dtype=object)
+        distinct[:] = values
+        columns.append(distinct[value_codes])
+    entries = np.column_stack(columns) if len(rows) else np.empty((0, 3), dtype=object)
+    row_codes = codes[rows]
+    order = np.argsort(row_codes, kind="stable")
+    instance_codes, first = np.unique(row_codes, return_index=True)
+    bounds = np.searchsorted(row_codes[order], instance_codes)
+    ends = np.r_[bounds[1:], len(rows)]
+    signatures = {}
+    for k in np.argsort(first, kind="stable"):
+        signatures[labels[instance_codes[k]]] = entries[order[bounds[k]:ends[k]]].tolist()
+    return signatures
 
 
 #: Why one module class (same class and parameter shapes) fell into several layer classes (``split_reason``).

@@ -378,7 +378,7 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
             if is_nsys(k_kernels):
                 raise InputError(f"{kineto_timeline} is an nsys timeline; --kineto-timeline takes the timeline "
                                  "folder of a torch.profiler run (opprof timeline --kineto TRACE --out DIR)")
-            k_layers, _, _ = layer_classes.classify_layers(k_kernels, k_ranges, [])
+            k_layers = layer_classes.kernel_layer_classes(k_kernels, k_ranges, [])
             kineto_result = attribute(k_kernels, k_ranges, k_layers, fusion)
             result, summary = merge_kineto_run(result, kernels, kineto_result, k_kernels)
             for warning in pairing_warnings(summary, kineto_timeline):
@@ -424,7 +424,7 @@ def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
 def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir: Path,
                        kernel_layers: Path | None) -> pd.DataFrame:
     if kernel_layers is None:
-        return layer_classes.classify_layers(kernels, ranges, [])[0]
+        return layer_classes.kernel_layer_classes(kernels, ranges, [])
     kl = results.read(results.KERNEL_LAYERS, kernel_layers)
     if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(
             kernels["kernel_id"].astype("int64").sort_values().reset_index(drop=True)):
