@@ -1,4 +1,4 @@
-"""Path (a)'s evidence is written once per distinct text (``stack_json_column``, ``_group_codes``): on every
+"""Path (a)'s evidence is written once per distinct text (``stack_json_column``, ``group_codes``): on every
 real Kineto trace of ../shared/data/real/kineto/ the column equals the per-kernel construction (each
 kernel's stack from its own ancestors, ``json.dumps`` of their names), and the backward ops' forward op
 found by a join equals the per-kernel lookup it replaced.
@@ -14,7 +14,8 @@ import pytest
 from conftest import REAL_DATA
 
 from operator_profiler.attribution.correlation import RangeNames, _name_paths, find_ops
-from operator_profiler.attribution.merge import _group_codes, attribute
+from operator_profiler.attribution.merge import attribute
+from operator_profiler.attribution.row_groups import group_codes
 from operator_profiler.layers import classify_layers
 from operator_profiler.timeline.kineto import read_kineto
 
@@ -108,5 +109,5 @@ def test_group_codes_treat_none_as_a_value_and_number_by_first_appearance():
     ops = np.array(["mm", None, "mm", None, "add"], dtype=object)
     kinds = np.array(["d", "c", "d", "c", "d"], dtype=object)
     stacks = np.array([1, 1, 1, 2, 1])
-    assert _group_codes([ops, kinds, stacks]).tolist() == [0, 1, 0, 2, 3]
-    assert pd.Series(_group_codes([])).empty
+    assert group_codes([ops, kinds, stacks]).tolist() == [0, 1, 0, 2, 3]
+    assert pd.Series(group_codes([])).empty

@@ -243,3 +243,41 @@ def test_generated_kernel_names_come_from_non_extern_call_sites():
                            "gpu_symbol": [None, None, "triton_poi_fused_1"]})
     assert L.generated_kernel_names(fusion) == {"cpp_fused_0", "graph_0_cpp_fused_0", "t_1", "triton_poi_fused_1"}
     assert L.generated_kernel_names(None) == frozenset()
+
+
+def test_positions_count_within_instance_and_iteration_in_kernel_order():
+    import numpy as np
+
+    codes = np.array([0, 1, 0, 0, 1, 2, 0])
+    iteration = np.array([0, 0, 0, 1, 1, -1, 0])
+    # (0,0): rows 0,2,6 -> 0,1,2; (1,0): row 1 -> 0; (0,1): row 3 -> 0; (1,1): row 4 -> 0; (2,-1): row 5 -> 0
+    assert L._positions(codes, iteration).tolist() == [0, 0, 1, 0, 0, 0, 2]
+    assert L._positions(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).tolist() == []
+
+
+def test_kernel_layer_classes_is_the_kernel_table_of_classify_layers(tmp_path):
+    """Attribution's shortcut gives classify_layers' kernel table row for row: equal layers, a split class,
+    kernels outside every iteration, and a trace without layer ranges (all rest)."""
+    import pandas as pd
+
+    cases = {
+        "equal": ({f"h.{i}": BLOCK for i in range(3)}, {}),
+        "split": ({"h.0": BLOCK, "h.1": BLOCK + ["aten::relu"], "h.2": BLOCK}, {}),
+        "stray": ({f"h.{i}": BLOCK for i in range(3)}, {"stray": True}),
+        "rest only": ({}, {}),
+    }
+    for label, (sequences, kw) in cases.items():
+        folder = tmp_path / label.replace(" ", "_")
+        folder.mkdir()
+        timeline = read_kineto(_trace(folder, sequences, **kw))
+        full = L.classify_layers(timeline.kernels, timeline.ranges, LAYERS_JSON)[0]
+        short = L.kernel_layer_classes(timeline.kernels, timeline.ranges, LAYERS_JSON)
+        pd.testing.assert_frame_equal(full, short, obj=label)
+        layered = full["layer"].notna()
+        assert (full.loc[~layered, "layer_class"] == "rest").all(), label
+        # Position: the index within (instance, iteration), counted independently here.
+        iteration = timeline.kernels["iteration"].fillna(-1).astype(int)
+        instance = full["layer"].fillna("rest")
+        expected = pd.Series(range(len(full))).groupby([instance, iteration]).cumcount()
+        assert full["position"].tolist() == expected.tolist(), label
+    assert full["layer"].isna().all()  # the last case: no layer ranges

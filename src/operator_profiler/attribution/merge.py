@@ -26,6 +26,7 @@ from ..heap import release_free_memory
 from . import compiled_graphs, inductor
 from .inductor import VIEW_OPS
 from .correlation import find_ops
+from .row_groups import group_codes
 from .transfer import align_runs
 
 
@@ -74,16 +75,6 @@ def _keep_fused_rows_apart(operator: np.ndarray, path: np.ndarray, fused_ops: np
     for i in np.flatnonzero(path == "inductor"):
         if operator[i] in called and not (extern_calls is not None and extern_calls[i]):
             operator[i] = "+".join(sorted(set(fused_ops[i])))
-
-
-def _group_codes(columns: list[np.ndarray]) -> np.ndarray:
-    """One code per row, equal where the rows agree on every column (None is a value), numbered 0..k-1
-    in order of first appearance."""
-    key = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
-    for column in columns:
-        codes, distinct = pd.factorize(column, use_na_sentinel=True)
-        key, _ = pd.factorize(key * (len(distinct) + 1) + codes + 1)
-    return key
 
 
 def _user_annotation_fallback(ops, path: np.ndarray) -> np.ndarray:
@@ -227,7 +218,7 @@ def attribute(
     own_text[list(site_rows)] = True
     own_text[list(refusal_rows)] = True
     shared = np.flatnonzero(~own_text)
-    codes = _group_codes([fallback_name[shared], ops.operator_kind[shared], ops.reason[shared],
+    codes = group_codes([fallback_name[shared], ops.operator_kind[shared], ops.reason[shared],
                           ops.external_id_check[shared], stack_at[shared]])
     texts = [evidence_of(i) for i in shared[np.unique(codes, return_index=True)[1]].tolist()]
     text_of = np.empty(n, dtype=np.int64)

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from ..heap import release_free_memory
 from ..naming import NVTX_DOMAIN, PHASE_PREFIX
 from ..timeline.nesting import stack_keys, unpack_stack_key
+from .row_groups import group_codes, path_codes
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
 NO_ITEMS: list[str] = []  # shared, never mutated
@@ -93,6 +94,7 @@ class _Ranges:
         self.end = end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
         # Names stay in Arrow (millions of ranges, few names needed): see name_of().
         self.names = pa.array(ranges["name"].astype("str"), type=pa.string()) if n else pa.array([], pa.string())
+        self._name_codes: np.ndarray | None = None
         domain_code, self.domain_labels = pd.factorize(ranges["domain"])
         self.domain_code = np.asarray(domain_code, dtype=np.int64)
         self.pid = ranges["pid"].to_numpy(dtype=np.int64)
@@ -123,6 +125,17 @@ class _Ranges:
             order = np.lexsort((-self.end[rows], self.start[rows]))
             pid, tid, code = (int(v) for v in unpack_stack_key(key))
             self.groups[(pid, tid, str(self.domain_labels[code]))] = (self.start[rows][order], rows[order])
+
+    def name_codes(self) -> np.ndarray:
+        """Each range's name as an integer code (equal names, equal codes; -1 for a null name), computed once."""
+        if self._name_codes is None:
+            self._name_codes = np.zeros(0, dtype=np.int64)
+            if self.n:
+                encoded = pc.dictionary_encode(self.names)
+                if isinstance(encoded, pa.ChunkedArray):
+                    encoded = encoded.combine_chunks()
+                self._name_codes = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
+        return self._name_codes
 
     def name_of(self, rows: np.ndarray) -> np.ndarray:
         """Range names of ``rows`` as an object array; None for -1."""
@@ -363,14 +376,17 @@ def _region_hits(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray
         yield row, hits[(t1[hits] <= index.end[row]) & (pid[hits] == index.pid[row])]
 
 
-def _regions(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> list[list[str]]:
-    """Start/end ranges of the same process enclosing each [t0, t1], in start order (docs/field-cases.md C09)."""
+def _regions(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> tuple[list[list[str]], np.ndarray]:
+    """Start/end ranges of the same process enclosing each [t0, t1], in start order (docs/field-cases.md C09),
+    and whether each has any."""
     out: list[list[str]] = [NO_ITEMS] * len(t0)  # replaced by a fresh list for kernels inside a region
+    has = np.zeros(len(t0), dtype=bool)
     for row, hits in _region_hits(index, pid, t0, t1):
         region_name = index.name_of(np.array([row]))[0]
+        has[hits] = True
         for k in hits:
             out[k] = [*out[k], region_name]
-    return out
+    return out, has
 
 
 def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, t0: np.ndarray,
@@ -460,22 +476,15 @@ def _stack_json(index: _Ranges, rows: np.ndarray) -> tuple[pa.Array, np.ndarray,
 
 
 def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found: Enclosure, tag_domains: list[str],
-                   regions: list[list[str]], seq_used: np.ndarray, forward: np.ndarray, reason: np.ndarray) -> np.ndarray:
+                   regions: list[list[str]], has_regions: np.ndarray, seq_used: np.ndarray, forward: np.ndarray,
+                   reason: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``{"nvtx": {...}}`` per kernel with sorted keys: backward_seq, cuda_graph_replay, forward_link,
-    operator, reason, regions, stack, tags. The common keys are assembled as arrays of JSON pieces;
-    only kernels with extra keys go through ``json.dumps``."""
+    operator, reason, regions, stack, tags. Kernels whose pieces agree (the same head and middle keys,
+    operator name, list of stack names and tag names) share one text: each distinct text is assembled
+    once (:func:`_evidence_texts`) and taken for its kernels (Arrow strings, no Python str per kernel)."""
     m = len(shown)
     if not m:
         return pd.array([], dtype="str")
-    if index.n:
-        stacks, position, names = _stack_json(index, np.concatenate([shown, op_rows]))
-        at = position[np.maximum(shown, 0)]
-        stack_part = pc.fill_null(stacks.take(pa.array(np.maximum(at, 0), mask=(shown < 0) | (at < 0))), "[]")
-        at = position[np.maximum(op_rows, 0)]
-        op_part = pc.fill_null(names.take(pa.array(np.maximum(at, 0), mask=(op_rows < 0) | (at < 0))), "null")
-    else:
-        stack_part = pa.array(["[]"] * m, type=pa.string())
-        op_part = pa.array(["null"] * m, type=pa.string())
     head = np.full(m, "", dtype=object)  # keys before "operator"
     middle = np.full(m, "", dtype=object)  # keys between "operator" and "stack"
     for k in np.flatnonzero(~np.isnan(seq_used) | found.replay):
@@ -488,21 +497,43 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
             note = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
             parts.append(f'"forward_link": {json.dumps(note)}')
         head[k] = "".join(p + ", " for p in parts)
-    has_reason = pd.notna(reason)
-    has_regions = np.fromiter((r is not NO_ITEMS for r in regions), dtype=bool, count=len(regions))
-    for k in np.flatnonzero(has_reason | has_regions):
+    for k in np.flatnonzero(pd.notna(reason) | has_regions):
         parts = []
         if reason[k] is not None:
             parts.append(f'"reason": {json.dumps(reason[k])}')
         if regions[k]:
             parts.append(f'"regions": {json.dumps(regions[k])}')
         middle[k] = "".join(", " + p for p in parts)
-    # Tags, built in Arrow: one '"domain": "name"' piece per tag domain (null where untagged), joined
-    # pairwise where both are present (a Python string per kernel and domain took seconds on a million
-    # kernels). Not null_handling="skip": pyarrow drops the rows where every piece is null.
+    tags = {d: found.innermost[d] for d in tag_domains}
+    if index.n:
+        names = index.name_codes()
+        named = [np.where(rows >= 0, names[np.maximum(rows, 0)], -2) for rows in (op_rows, *tags.values())]
+        group = group_codes([head, middle, path_codes(index.parent, names, shown), *named])
+    else:
+        group = group_codes([head, middle])
+    first = np.unique(group, return_index=True)[1]  # one kernel per distinct text, in code order
+    texts = _evidence_texts(index, shown[first], op_rows[first], {d: rows[first] for d, rows in tags.items()},
+                            head[first], middle[first])
+    return texts.take(pa.array(group)).to_pandas().array
+
+
+def _evidence_texts(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, tags: dict[str, np.ndarray],
+                    head: np.ndarray, middle: np.ndarray) -> pa.Array:
+    """The evidence JSON of the kernels given by their pieces, assembled in Arrow."""
+    m = len(shown)
+    if index.n:
+        stacks, position, names = _stack_json(index, np.concatenate([shown, op_rows]))
+        at = position[np.maximum(shown, 0)]
+        stack_part = pc.fill_null(stacks.take(pa.array(np.maximum(at, 0), mask=(shown < 0) | (at < 0))), "[]")
+        at = position[np.maximum(op_rows, 0)]
+        op_part = pc.fill_null(names.take(pa.array(np.maximum(at, 0), mask=(op_rows < 0) | (at < 0))), "null")
+    else:
+        stack_part = pa.array(["[]"] * m, type=pa.string())
+        op_part = pa.array(["null"] * m, type=pa.string())
+    # Tags: one '"domain": "name"' piece per tag domain (null where untagged), joined pairwise where
+    # both are present. Not null_handling="skip": pyarrow drops the rows where every piece is null.
     joined = None
-    for domain in tag_domains:
-        rows = found.innermost[domain]
+    for domain, rows in tags.items():
         if index.n and (rows >= 0).any():
             names = _json_literals(index.names.take(pa.array(np.maximum(rows, 0), mask=rows < 0)))
             piece = pc.binary_join_element_wise(f"{json.dumps(domain)}: ", names, "")
@@ -513,9 +544,8 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     else:
         tail = pa.array(np.full(m, "", dtype=object), type=pa.string())
     head, middle = (pa.array(piece, type=pa.string()) for piece in (head, middle))
-    joined = pc.binary_join_element_wise('{"nvtx": {', head, '"operator": ', op_part, middle, ', "stack": ',
-                                         stack_part, tail, "}}", "")
-    return joined.to_pandas().array
+    return pc.binary_join_element_wise('{"nvtx": {', head, '"operator": ', op_part, middle, ', "stack": ',
+                                       stack_part, tail, "}}", "")
 
 
 def _names_array(index: _Ranges, rows: np.ndarray):
@@ -569,7 +599,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     op_rows = _pick_innermost(index, [index.climb(found.innermost[d], eligible) for d in op_domains], m)
     op_rows = np.where(found.replay, -1, op_rows)
     forward, seq_used = _forward_rows(index, op_rows, eligible)
-    regions = _regions(index, found.launch_pid, found.l0, found.l1)
+    regions, has_regions = _regions(index, found.launch_pid, found.l0, found.l1)
 
     # Reasons, most specific first.
     corr = kernels["correlation_id"].astype("Int64")
@@ -605,7 +635,8 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     kernel_ids = kernels["kernel_id"].to_numpy(dtype=np.int64)
     operator = _names_array(index, np.where(attributed, op_rows, -1))
     fwd_name = _names_array(index, forward)
-    evidence = _evidence_json(index, shown, op_rows, found, tag_domains, regions, seq_used, forward, reason)
+    evidence = _evidence_json(index, shown, op_rows, found, tag_domains, regions, has_regions, seq_used, forward,
+                              reason)
     by_kernel = kernel_layers.set_index(kernel_layers["kernel_id"].astype("int64"))
 
     def pick(column: str) -> pd.api.extensions.ExtensionArray | np.ndarray:

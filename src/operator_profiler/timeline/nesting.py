@@ -10,10 +10,14 @@ import pandas as pd
 def stack_keys(pid: np.ndarray, tid: np.ndarray, domain) -> np.ndarray:
     """One unsigned integer per (pid, tid, domain) push/pop stack: pid and tid are 24-bit (§2), and a
     capture has far fewer than 65,536 domains. ``domain`` is a name array (factorized here) or
-    integer domain codes."""
+    integer domain codes, or a categorical (its codes)."""
+    if isinstance(getattr(domain, "dtype", None), pd.CategoricalDtype):
+        domain = np.asarray(domain.codes if isinstance(domain, pd.Categorical) else domain.cat.codes, dtype=np.int64)
     domain = np.asarray(domain)
     if domain.dtype.kind not in "iu":
         domain, _ = pd.factorize(domain)
+    if len(domain) and domain.min() < 0:  # a missing domain is a domain of its own, not every bit set
+        domain = np.where(domain < 0, domain.max() + 1, domain)
     return ((np.asarray(pid, dtype=np.uint64) << np.uint64(40)) | (np.asarray(tid, dtype=np.uint64) << np.uint64(16))
             | np.asarray(domain, dtype=np.uint64))
 
@@ -46,8 +50,10 @@ def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     rows = np.flatnonzero((ranges["kind"] == "nvtx_push_pop").to_numpy())
     if not len(rows):
         return depth, parent, 0
-    codes, _ = pd.factorize(stack_keys(ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows],
-                                       ranges["domain"].to_numpy(dtype=object)[rows]))
+    domain = ranges["domain"]
+    domain = domain.cat.codes.to_numpy()[rows] if isinstance(domain.dtype, pd.CategoricalDtype) else \
+        domain.to_numpy(dtype=object)[rows]
+    codes, _ = pd.factorize(stack_keys(ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows], domain))
     order = np.argsort(codes, kind="stable")  # by stack, then start order
     rows, group = rows[order], codes[order]
     start = ranges["start_ns"].to_numpy(dtype=np.int64)[rows]
