@@ -86,7 +86,7 @@ def test_nesting_of_every_real_export_equals_the_explicit_stack(real_nsys_files)
 
 def test_arrow_and_sqlite3_reads_give_the_same_timeline(real_nsys_files, monkeypatch):
     with_arrow = {p.name: nsys.read_nsys(p) for p in real_nsys_files}
-    monkeypatch.setattr(nsys._Export, "_query_arrow", lambda self, sql: None)
+    monkeypatch.setattr(nsys._Export, "_query_arrow", lambda self, sql, private=False: None)
     for path in real_nsys_files:
         plain = nsys.read_nsys(path)
         fast = with_arrow[path.name]
@@ -362,3 +362,37 @@ def test_kernels_are_ordered_by_launch_start_pid_correlation_id_and_start():
     finished = finish_kernels(kernels, no_ranges, "nsys")
     assert finished["row"].tolist() == expected
     assert finished["kernel_id"].tolist() == list(range(n))
+
+
+def test_nvtx_rows_read_on_a_second_thread_fall_back_and_fail_on_the_main_one(real_nsys_files, monkeypatch):
+    """The NVTX rows are read on a thread of their own while the kernels are read: when ADBC cannot read
+    them there, sqlite3 reads them on the main thread (same timeline); an error raised on that thread is
+    raised by read_nsys, and the thread is gone when read_nsys returns."""
+    import threading
+
+    path = next(p for p in real_nsys_files if p.name.startswith("extrap_concurrent"))
+    expected = nsys.read_nsys(path)
+    real_query = nsys._Export._query_arrow
+    private_calls = []
+
+    def no_private_arrow(self, sql, private=False):
+        if private:
+            private_calls.append(sql)
+            return None
+        return real_query(self, sql)
+
+    monkeypatch.setattr(nsys._Export, "_query_arrow", no_private_arrow)
+    fallback = nsys.read_nsys(path)
+    assert len(private_calls) == 1 and "NVTX_EVENTS" in private_calls[0]
+    for table in ("kernels", "launches", "ranges", "activities"):
+        pd.testing.assert_frame_equal(getattr(expected, table), getattr(fallback, table), obj=table)
+    assert len(fallback.ranges) == 76
+    monkeypatch.undo()
+
+    def broken(texts):
+        raise RuntimeError(f"parse failed on {threading.current_thread().name}")
+
+    monkeypatch.setattr(nsys, "parse_range_texts", broken)
+    with pytest.raises(RuntimeError, match="parse failed on nsys-nvtx-rows"):
+        nsys.read_nsys(path)
+    assert not any(t.name == "nsys-nvtx-rows" for t in threading.enumerate())

@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -180,22 +181,27 @@ class _Export:
     def has(self, table: str) -> bool:
         return table in self.columns
 
-    def _query_arrow(self, sql: str) -> pd.DataFrame | None:
+    def _query_arrow(self, sql: str, private: bool = False) -> pd.DataFrame | None:
         """Run ``sql`` through the ADBC SQLite driver (Arrow columns, no Python object per value:
         several times faster than sqlite3 on million-row tables); None when the driver cannot read
         the result (it infers each column's type from the first rows, and a later value of another
-        type is an error), so that sqlite3 reads it instead."""
+        type is an error), so that sqlite3 reads it instead. ``private``: on a connection of its own,
+        closed after (for a query run on another thread)."""
+        connection = None
         try:
-            if self._arrow is None:
-                import adbc_driver_sqlite.dbapi as adbc
+            import adbc_driver_sqlite.dbapi as adbc
 
+            if private:
+                connection = adbc.connect(self.uri)
+            elif self._arrow is None:
                 self._arrow = adbc.connect(self.uri)
-            cursor = self._arrow.cursor()
+            cursor = (connection or self._arrow).cursor()
             try:
                 cursor.execute(sql)
                 table = cursor.fetch_arrow_table()
             finally:
                 cursor.close()
+            table = table.combine_chunks()  # (one chunk per 1,024 rows: converting chunked strings is slow)
             table.validate(full=True)  # invalid UTF-8 (exports hold some): sqlite3 decodes it tolerantly
             for field in table.schema:
                 if field.name not in TEXT_COLUMNS and not (pa.types.is_integer(field.type) or pa.types.is_null(field.type)):
@@ -204,6 +210,9 @@ class _Export:
         except Exception as exc:  # noqa: BLE001  (ADBC's own errors, Arrow's, a missing driver: sqlite3 answers)
             log.debug("%s: ADBC could not read (%s); using sqlite3", self.path, exc)
             return None
+        finally:
+            if connection is not None:
+                connection.close()
 
     def query(self, sql: str, params=()) -> pd.DataFrame:
         """A query's result as a DataFrame; integer columns with nulls are ``Int64``."""
@@ -653,37 +662,86 @@ def _read_activities(export: _Export, launch_index: pd.DataFrame) -> pd.DataFram
     return acts[columns]
 
 
-def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnostics: dict) -> pd.DataFrame:
-    columns = list(tables.RANGES.names) + ["text", "op_id", "sizes", "stashed_seq", "unclosed", "effective_end_ns",
-                                           "event_type", "domain_id"]
+def _range_query(export: _Export, diagnostics: dict) -> tuple[str, dict[str, int]] | None:
+    """The query of the NVTX rows the reader uses (ranges and domain names) and the event type ids;
+    None (with a warning) when the export has no NVTX table."""
     table = _nvtx_table(export, diagnostics)
-    empty = pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
     if table is None:
         diagnostics["warnings"].append("export has no NVTX table; NVTX attribution skipped (was the capture run "
                                        "with -t nvtx, and does the program emit NVTX ranges?)")
         diagnostics["nvtx_table"] = None
-        return empty
+        return None
     diagnostics["nvtx_table"] = table
     export.require(table, REQUIRED_COLUMNS["NVTX"])
     cols = export.columns[table]
     if "text" not in cols and "textId" not in cols:
         export.require(table, ("text",))
     types = _event_types(export)
+    wanted = (types["NvtxPushPopRange"], types["NvtxtPushPopRange"], types["NvtxStartEndRange"],
+              types["NvtxtStartEndRange"], types["NvtxDomainCreate"])
+    sql = (f'SELECT start, "end", eventType, globalTid, {export.optional(table, "endGlobalTid")}, '
+           f'{export.optional_text(table, "text")}, {export.optional(table, "textId")}, '
+           f'{export.optional(table, "domainId", default="0")} FROM "{table}" '
+           f"WHERE eventType IN ({', '.join(str(t) for t in wanted)})")
+    return sql, types
+
+
+def _range_rows(export: _Export, sql: str, strings: pa.Array, private: bool = False
+                ) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame] | None:
+    """The NVTX rows of ``sql`` (query order), each row's text (:func:`_range_texts`) and the text parsed
+    (:func:`parse_range_texts`). ``private``: read on a connection of its own through ADBC only (for
+    another thread; None when ADBC cannot read the rows: the caller reads them with sqlite3)."""
+    df = export._query_arrow(sql, private=True) if private else export.query(sql)
+    if df is None:
+        return None
+    text = _range_texts(df, strings)
+    return df, text, parse_range_texts(text)
+
+
+class _RangePrefetch:
+    """:func:`_range_rows` on a second thread, while the main one reads the launch calls and kernels: the
+    SQLite scan, Arrow's compute functions and most conversions release the GIL, so the two cores share
+    the work. :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, export: _Export, sql: str, strings: pa.Array):
+        self._rows: tuple | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(export, sql, strings), name="nsys-nvtx-rows",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, export: _Export, sql: str, strings: pa.Array) -> None:
+        try:
+            self._rows = _range_rows(export, sql, strings, private=True)
+        except BaseException as exc:  # noqa: BLE001  (re-raised on the main thread by result())
+            self._error = exc
+
+    def result(self) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame] | None:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._rows
+
+    def wait(self) -> None:
+        self._thread.join()
+
+
+def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnostics: dict,
+                 query: tuple[str, dict[str, int]] | None, prefetch: _RangePrefetch | None = None) -> pd.DataFrame:
+    columns = list(tables.RANGES.names) + ["text", "op_id", "sizes", "stashed_seq", "unclosed", "effective_end_ns",
+                                           "event_type", "domain_id"]
+    if query is None:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    sql, types = query
     push_pop = (types["NvtxPushPopRange"], types["NvtxtPushPopRange"])
-    start_end = (types["NvtxStartEndRange"], types["NvtxtStartEndRange"])
-    wanted = (*push_pop, *start_end, types["NvtxDomainCreate"])
-    df = export.query(
-        f'SELECT start, "end", eventType, globalTid, {export.optional(table, "endGlobalTid")}, '
-        f'{export.optional_text(table, "text")}, {export.optional(table, "textId")}, '
-        f'{export.optional(table, "domainId", default="0")} FROM "{table}" '
-        f"WHERE eventType IN ({', '.join(str(t) for t in wanted)})"
-    )
+    rows_read = prefetch.result() if prefetch is not None else None
+    df, text_all, parsed_all = rows_read or _range_rows(export, sql, strings)
     pid, tid = decode_global_tid(df["globalTid"].fillna(0))
     df["pid"], df["tid"] = pid, tid
     df["domainId"] = df["domainId"].fillna(0).astype("int64")
     is_domain = (df["eventType"] == types["NvtxDomainCreate"]).to_numpy()
     domains = df[is_domain]
-    domain_texts = _range_texts(domains, strings)
+    domain_texts = text_all[is_domain]
     domain_names = {(int(p), int(d)): str(t) for p, d, t in zip(domains["pid"], domains["domainId"], domain_texts)
                     if not pd.isna(t)}
 
@@ -695,13 +753,15 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     bad = ~unclosed & (effective_end < start)
     keep = ~is_domain & ~bad
     if bad.any():
-        names = ", ".join(repr(t) for t in _range_texts(df[bad], strings)[:5])
+        names = ", ".join(repr(t) for t in text_all[bad][:5])
         diagnostics["warnings"].append(f"{int(bad.sum())} NVTX range(s) end before they start and were dropped: {names}")
     rows = np.flatnonzero(keep)
     rows = rows[np.lexsort((-effective_end[rows], start[rows], df["tid"].to_numpy()[rows], df["pid"].to_numpy()[rows]))]
     df = df.iloc[rows].reset_index(drop=True)
     unclosed, effective_end = unclosed[rows], effective_end[rows]
-    text = _range_texts(df, strings)
+    text = text_all.iloc[rows].reset_index(drop=True)
+    parsed = parsed_all.iloc[rows].reset_index(drop=True)
+    del text_all, parsed_all
     if unclosed.any():
         names = ", ".join(repr(t) for t in text[unclosed][:5])
         diagnostics["warnings"].append(
@@ -713,7 +773,6 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     if nameless:
         diagnostics["warnings"].append(f"{nameless} NVTX range(s) have no name (no text and no registered string); "
                                        "they are kept, but never name an operator")
-    parsed = parse_range_texts(text)
     ranges = pd.DataFrame(
         {
             "pid": df["pid"].to_numpy(), "tid": df["tid"].to_numpy(),
@@ -864,6 +923,21 @@ def _read(export: _Export) -> NsysTimeline:
                              (KERNEL_TABLE, RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE, GRAPH_TRACE_TABLE)}
     start = time.perf_counter()
     strings = _strings(export)
+    range_notes: dict = {"warnings": []}
+    query = _range_query(export, range_notes)
+    prefetch = _RangePrefetch(export, query[0], strings) if query is not None else None
+    try:
+        return _read_tables(export, diagnostics, strings, start, query, range_notes, prefetch)
+    finally:
+        if prefetch is not None:
+            prefetch.wait()  # (after an error: the thread's own connection closes when it ends)
+
+
+def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: float,
+                 query: tuple[str, dict[str, int]] | None, range_notes: dict, prefetch: _RangePrefetch | None
+                 ) -> NsysTimeline:
+    """:func:`_read` after the strings: launch calls, kernels, then the NVTX ranges (read meanwhile by
+    ``prefetch`` when given)."""
     launches = _read_launches(export, strings, diagnostics)
     runtime_end = diagnostics.pop("runtime_end_ns", None)
     capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}),
@@ -925,7 +999,9 @@ def _read(export: _Export) -> NsysTimeline:
     launches["api"] = launches["api"].astype("category")
     release_free_memory()
     stage_done(f"{export.path.name}: read {len(kernels):,} kernels", start)
-    ranges = _read_ranges(export, strings, capture_end, diagnostics)
+    diagnostics["warnings"] += range_notes["warnings"]
+    diagnostics["nvtx_table"] = range_notes.get("nvtx_table")
+    ranges = _read_ranges(export, strings, capture_end, diagnostics, query, prefetch)
     release_free_memory()
     if len(ranges):
         kernels["iteration"] = kernel_iterations(kernels, ranges)
