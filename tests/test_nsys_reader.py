@@ -365,9 +365,9 @@ def test_kernels_are_ordered_by_launch_start_pid_correlation_id_and_start():
 
 
 def test_nvtx_rows_read_on_a_second_thread_fall_back_and_fail_on_the_main_one(real_nsys_files, monkeypatch):
-    """The NVTX rows are read on a thread of their own while the kernels are read: when ADBC cannot read
+    """The NVTX ranges are read on a thread of their own while the kernels are read: when ADBC cannot read
     them there, sqlite3 reads them on the main thread (same timeline); an error raised on that thread is
-    raised by read_nsys, and the thread is gone when read_nsys returns."""
+    raised by read_nsys; an error on the main thread stops it; the thread is gone when read_nsys returns."""
     import threading
 
     path = next(p for p in real_nsys_files if p.name.startswith("extrap_concurrent"))
@@ -393,6 +393,15 @@ def test_nvtx_rows_read_on_a_second_thread_fall_back_and_fail_on_the_main_one(re
         raise RuntimeError(f"parse failed on {threading.current_thread().name}")
 
     monkeypatch.setattr(nsys, "parse_range_texts", broken)
-    with pytest.raises(RuntimeError, match="parse failed on nsys-nvtx-rows"):
+    with pytest.raises(RuntimeError, match="parse failed on nsys-nvtx-ranges"):
         nsys.read_nsys(path)
-    assert not any(t.name == "nsys-nvtx-rows" for t in threading.enumerate())
+    assert not any(t.name == "nsys-nvtx-ranges" for t in threading.enumerate())
+    monkeypatch.undo()
+
+    def launches_fail(*args):
+        raise RuntimeError("launch calls failed")
+
+    monkeypatch.setattr(nsys, "_read_launches", launches_fail)
+    with pytest.raises(RuntimeError, match="launch calls failed"):
+        nsys.read_nsys(path)  # (the thread waits for the capture end, never given: stopped, not hung)
+    assert not any(t.name == "nsys-nvtx-ranges" for t in threading.enumerate())

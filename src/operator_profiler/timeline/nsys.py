@@ -4,6 +4,7 @@ Details: docs/modules.md#timeline-nsys."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import shutil
@@ -698,43 +699,61 @@ def _range_rows(export: _Export, sql: str, strings: pa.Array, private: bool = Fa
     return df, text, parse_range_texts(text)
 
 
-class _RangePrefetch:
-    """:func:`_range_rows` on a second thread, while the main one reads the launch calls and kernels: the
-    SQLite scan, Arrow's compute functions and most conversions release the GIL, so the two cores share
-    the work. :meth:`result` waits for it and raises what it raised."""
+class _RangeReader:
+    """:func:`_read_ranges` on a second thread, while the main one reads the launch calls and kernels: the
+    SQLite scan, Arrow's compute functions and numpy release the GIL, so the two cores share the work.
 
-    def __init__(self, export: _Export, sql: str, strings: pa.Array):
-        self._rows: tuple | None = None
+    The rows are read at once; the ranges are finished when the main thread gives the capture end
+    (:meth:`give_capture_end`, known after the launch calls). Warnings go to :attr:`notes`, for the
+    main thread to add where the ranges' warnings belong. :meth:`result` waits and raises what the
+    thread raised; None when ADBC could not read the rows there (the main thread reads them with
+    sqlite3, whose connection is its own). :meth:`stop` ends the thread after an error elsewhere.
+    """
+
+    def __init__(self, export: _Export, strings: pa.Array, query: tuple[str, dict[str, int]]):
+        self.notes: dict = {"warnings": []}
+        self._capture_end: concurrent.futures.Future = concurrent.futures.Future()
+        self._ranges: pd.DataFrame | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(export, sql, strings), name="nsys-nvtx-rows",
+        self._thread = threading.Thread(target=self._run, args=(export, strings, query), name="nsys-nvtx-ranges",
                                         daemon=True)
         self._thread.start()
 
-    def _run(self, export: _Export, sql: str, strings: pa.Array) -> None:
+    def _run(self, export: _Export, strings: pa.Array, query: tuple[str, dict[str, int]]) -> None:
         try:
-            self._rows = _range_rows(export, sql, strings, private=True)
+            rows = _range_rows(export, query[0], strings, private=True)
+            if rows is not None:
+                capture_end = self._capture_end.result()
+                self._ranges = _read_ranges(export, strings, capture_end, self.notes, query, rows)
+        except concurrent.futures.CancelledError:
+            pass  # stopped: the main thread failed
         except BaseException as exc:  # noqa: BLE001  (re-raised on the main thread by result())
             self._error = exc
 
-    def result(self) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame] | None:
-        self.wait()
+    def give_capture_end(self, capture_end: int) -> None:
+        self._capture_end.set_result(capture_end)
+
+    def result(self) -> pd.DataFrame | None:
+        self._thread.join()
         if self._error is not None:
             raise self._error
-        return self._rows
+        return self._ranges
 
-    def wait(self) -> None:
+    def stop(self) -> None:
+        self._capture_end.cancel()
         self._thread.join()
 
 
 def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnostics: dict,
-                 query: tuple[str, dict[str, int]] | None, prefetch: _RangePrefetch | None = None) -> pd.DataFrame:
+                 query: tuple[str, dict[str, int]] | None, rows_read: tuple | None = None) -> pd.DataFrame:
+    """The RANGES table (plus the reader's columns) from the NVTX rows of ``query`` (:func:`_range_query`),
+    given as ``rows_read`` (:func:`_range_rows`) or read here; unclosed ranges end at ``capture_end``."""
     columns = list(tables.RANGES.names) + ["text", "op_id", "sizes", "stashed_seq", "unclosed", "effective_end_ns",
                                            "event_type", "domain_id"]
     if query is None:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
     sql, types = query
     push_pop = (types["NvtxPushPopRange"], types["NvtxtPushPopRange"])
-    rows_read = prefetch.result() if prefetch is not None else None
     df, text_all, parsed_all = rows_read or _range_rows(export, sql, strings)
     pid, tid = decode_global_tid(df["globalTid"].fillna(0))
     df["pid"], df["tid"] = pid, tid
@@ -925,24 +944,26 @@ def _read(export: _Export) -> NsysTimeline:
     strings = _strings(export)
     range_notes: dict = {"warnings": []}
     query = _range_query(export, range_notes)
-    prefetch = _RangePrefetch(export, query[0], strings) if query is not None else None
+    reader = _RangeReader(export, strings, query) if query is not None else None
     try:
-        return _read_tables(export, diagnostics, strings, start, query, range_notes, prefetch)
+        return _read_tables(export, diagnostics, strings, start, query, range_notes, reader)
     finally:
-        if prefetch is not None:
-            prefetch.wait()  # (after an error: the thread's own connection closes when it ends)
+        if reader is not None:
+            reader.stop()  # (after an error: the thread and its own connection end before the file is let go)
 
 
 def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: float,
-                 query: tuple[str, dict[str, int]] | None, range_notes: dict, prefetch: _RangePrefetch | None
+                 query: tuple[str, dict[str, int]] | None, range_notes: dict, reader: _RangeReader | None
                  ) -> NsysTimeline:
     """:func:`_read` after the strings: launch calls, kernels, then the NVTX ranges (read meanwhile by
-    ``prefetch`` when given)."""
+    ``reader`` when given)."""
     launches = _read_launches(export, strings, diagnostics)
     runtime_end = diagnostics.pop("runtime_end_ns", None)
     capture_end = _capture_end(export, _nvtx_table(export, {"warnings": []}),
                                {RUNTIME_TABLE: runtime_end} if export.has(RUNTIME_TABLE) else {})
     diagnostics["capture_end_ns"] = capture_end
+    if reader is not None:
+        reader.give_capture_end(capture_end)
     launch_index = _launch_index(launches, diagnostics)
     release_free_memory()  # each table's SQLite fetch and joins leave hundreds of MB free but resident (heap.py)
     stage_done(f"{export.path.name}: read {len(strings):,} strings and {len(launches):,} launch calls", start)
@@ -1001,7 +1022,11 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
     stage_done(f"{export.path.name}: read {len(kernels):,} kernels", start)
     diagnostics["warnings"] += range_notes["warnings"]
     diagnostics["nvtx_table"] = range_notes.get("nvtx_table")
-    ranges = _read_ranges(export, strings, capture_end, diagnostics, query, prefetch)
+    ranges = reader.result() if reader is not None else None
+    if ranges is not None:
+        diagnostics["warnings"] += reader.notes["warnings"]
+    else:
+        ranges = _read_ranges(export, strings, capture_end, diagnostics, query)
     release_free_memory()
     if len(ranges):
         kernels["iteration"] = kernel_iterations(kernels, ranges)
