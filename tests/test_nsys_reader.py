@@ -117,6 +117,20 @@ def test_emit_nvtx_texts_parse():
     assert [None if pd.isna(v) else v for v in parsed["sizes"]] == ["[[64, 128], [128, 256]]", None, None, None, "[[2], [3]]", None, None]
 
 
+def test_emit_nvtx_decorations_in_any_order_and_malformed():
+    """Only decorated texts are searched (the values are put back in place): fields in another order, a
+    stashed seq beside a seq, a marker without a number (null), a text that starts with a field (no
+    ", " before it: not a decoration, but its seq is read, as the regex ``(?:^|, )seq = `` reads it)."""
+    parsed = parse_range_texts(["plain", "seq = 5", "x, seq = abc", "z, op_id = 7, seq = 2",
+                                "w, stashed seq = 4, seq = 9", "multi\nline, seq = 3", "", "y, sizes = [1", "plain too"])
+    assert parsed["name"].tolist() == ["plain", "seq = 5", "x", "z", "w", "multi\nline", "", "y", "plain too"]
+    assert parsed["seq"].tolist() == [pd.NA, 5, pd.NA, 2, 9, 3, pd.NA, pd.NA, pd.NA]
+    assert parsed["stashed_seq"].tolist() == [pd.NA, pd.NA, pd.NA, pd.NA, 4, pd.NA, pd.NA, pd.NA, pd.NA]
+    assert parsed["op_id"].tolist() == [pd.NA, pd.NA, pd.NA, 7, pd.NA, pd.NA, pd.NA, pd.NA, pd.NA]
+    assert parsed["sizes"].isna().all()
+    assert len(parse_range_texts([])) == 0 and len(parse_range_texts(["a", "b"])) == 2
+
+
 def test_operator_names_cut_where_the_decoration_regex_cuts():
     # The reader cuts names with substring splits (fast); the definition is the regex
     # _DECORATIONS, whose ".*$" does not cross a newline: both must agree, edge cases included.

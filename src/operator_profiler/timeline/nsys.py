@@ -28,7 +28,7 @@ from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
 from ..heap import release_free_memory
 from ..errors import NsysExportError
-from .model import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations
+from .model import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations, take_rows
 from .nesting import nest_push_pop
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ TEXT_COLUMNS = frozenset({"text", "value", "name"})  # the string columns the re
 # "aten::addmm, seq = 5, op_id = 7, sizes = [[4, 8], [8]], input_op_ids = [...]"; old releases
 # wrote "stashed seq = N" on ops run by a backward node (formats.md#emit_nvtx-range-names, docs/field-cases.md C12). RE2 syntax (pyarrow).
 _DECORATIONS = r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$"
-_MARKERS = tuple(f", {key} = " for key in ("stashed seq", "seq", "op_id", "sizes", "input_op_ids"))
+_MARKER_PATTERN = ", (?:stashed seq|seq|op_id|sizes|input_op_ids) = "  # where the decorations begin
 _FIELDS = {
     "seq": ("seq = ", r"(?:^|, )seq = (?P<v>-?\d+)"),
     "stashed_seq": ("stashed seq = ", r"stashed seq = (?P<v>\d+)"),
@@ -105,41 +105,51 @@ def parse_range_texts(texts) -> pd.DataFrame:
         arr = pa.array(texts.astype("str"), type=pa.string())
     else:
         arr = pa.array(np.asarray(texts, dtype=object), type=pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    # Only the decorated texts (every marker holds " = ") are cut, searched for each marker, matched by
+    # those holding it, and the values put back in place.
     decorated = pc.fill_null(pc.match_substring(arr, " = "), False)
-    out = pd.DataFrame({"name": pc.fill_null(_undecorated(arr), "").to_pandas()})
+    decorated_rows = np.flatnonzero(decorated.to_numpy(zero_copy_only=False))
+    decorated_texts = arr.take(pa.array(decorated_rows))
+    names = pc.replace_with_mask(arr, decorated, _undecorated(decorated_texts)) if len(decorated_rows) else arr
+    out = pd.DataFrame({"name": pc.fill_null(names, "").to_pandas()})
     for column, (marker, pattern) in _FIELDS.items():
-        present = pc.fill_null(pc.and_(decorated, pc.match_substring(arr, marker)), False)
-        values = pa.nulls(len(arr), pa.string())
-        if pc.any(present).as_py():
-            values = _extract(arr, present, pattern)
+        present = pc.match_substring(decorated_texts, marker)
+        rows = decorated_rows[present.to_numpy(zero_copy_only=False)]
+        matched = pc.extract_regex(decorated_texts.filter(present), pattern) if len(rows) else None
         if column == "sizes":
+            values = pa.nulls(n, pa.string())
+            if matched is not None:
+                at = np.full(n, -1, dtype=np.int64)
+                at[rows] = np.arange(len(rows))
+                found = pc.if_else(pc.is_valid(matched), pc.struct_field(matched, "v"), pa.scalar(None, pa.string()))
+                values = found.take(pa.array(np.maximum(at, 0), mask=at < 0))
             out[column] = values.to_pandas()
-        else:
-            ints = pc.cast(values, pa.int64()).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
-            out[column] = ints.mask(ints < 0) if column == "seq" else ints
+            continue
+        ints = np.zeros(n, dtype=np.int64)
+        missing = np.ones(n, dtype=bool)
+        if matched is not None:
+            valid = pc.is_valid(matched).to_numpy(zero_copy_only=False)
+            values = pc.cast(pc.struct_field(matched, "v").filter(pa.array(valid)), pa.int64()).to_numpy()
+            ints[rows[valid]] = values
+            missing[rows[valid]] = values < 0 if column == "seq" else False
+        out[column] = pd.arrays.IntegerArray(ints, missing)
     return out
 
 
 def _undecorated(arr: pa.Array) -> pa.Array:
     """``arr`` with :data:`_DECORATIONS` removed (the text before the first ``, <field> = ``).
 
-    The same result as ``replace_substring_regex(arr, _DECORATIONS, "")`` at a tenth of the cost (issue
-    18: that regex took 5 s on 2 M ranges): each marker is a plain substring split. RE2's ``.*$`` does not
-    cross a newline, so texts holding one go through the regex, to cut exactly where it does."""
-    names = arr
-    for marker in _MARKERS:
-        names = pc.list_element(pc.split_pattern(names, marker, max_splits=1), 0)
+    The same result as ``replace_substring_regex(arr, _DECORATIONS, "")`` at a fraction of the cost
+    (that regex took 5 s on 2 M ranges): one split at the first marker. RE2's ``.*$`` does not cross a
+    newline, so texts holding one go through the regex, to cut exactly where it does."""
+    names = pc.list_element(pc.split_pattern_regex(arr, _MARKER_PATTERN, max_splits=1), 0)
     multiline = pc.fill_null(pc.match_substring(arr, "\n"), False)
     if pc.any(multiline).as_py():
         names = pc.if_else(multiline, pc.replace_substring_regex(arr, _DECORATIONS, "", max_replacements=1), names)
     return names
-
-
-def _extract(arr: pa.Array, present: pa.Array, pattern: str) -> pa.Array:
-    """The named group ``v`` of ``pattern`` where ``present``, else null."""
-    matched = pc.extract_regex(pc.if_else(present, arr, pa.scalar("", pa.string())), pattern)
-    values = pc.struct_field(matched, "v")
-    return pc.if_else(pc.and_(present, pc.is_valid(matched)), values, pa.scalar(None, pa.string()))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -696,6 +706,7 @@ def _range_rows(export: _Export, sql: str, strings: pa.Array, private: bool = Fa
     if df is None:
         return None
     text = _range_texts(df, strings)
+    df = df.drop(columns=["text", "textId"])  # (in ``text`` now)
     return df, text, parse_range_texts(text)
 
 
@@ -776,10 +787,11 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
         diagnostics["warnings"].append(f"{int(bad.sum())} NVTX range(s) end before they start and were dropped: {names}")
     rows = np.flatnonzero(keep)
     rows = rows[np.lexsort((-effective_end[rows], start[rows], df["tid"].to_numpy()[rows], df["pid"].to_numpy()[rows]))]
-    df = df.iloc[rows].reset_index(drop=True)
+    # Column by column, each source column freed once taken (2M ranges: hundreds of MB at once otherwise).
+    df = take_rows(df, rows)
     unclosed, effective_end = unclosed[rows], effective_end[rows]
-    text = text_all.iloc[rows].reset_index(drop=True)
-    parsed = parsed_all.iloc[rows].reset_index(drop=True)
+    text = pd.Series(text_all.array.take(rows))
+    parsed = take_rows(parsed_all, rows)
     del text_all, parsed_all
     if unclosed.any():
         names = ", ".join(repr(t) for t in text[unclosed][:5])
