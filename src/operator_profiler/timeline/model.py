@@ -62,6 +62,11 @@ ACTIVITY_COLUMNS = ["kind", "copy_kind", "pid", "device", "stream", "start_ns", 
                     "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]
 
 
+def all_null_ints(n: int) -> pd.arrays.IntegerArray:
+    """An ``Int64`` column of ``n`` nulls (``pd.array([None] * n)`` builds and checks a list: 0.2 s per million)."""
+    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
+
 def take_rows(frame: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
     """``frame``'s rows in ``order`` (positions), index reset, built one column at a time and emptying
     ``frame`` as it goes: each source column is freed once taken, so the copy costs one column at a
@@ -107,8 +112,8 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
         )
         kernels["range_id"] = pd.array(kernels["range_id"], dtype="Int64")
     else:
-        kernels["range_id"] = pd.array([None] * len(kernels), dtype="Int64")
-        kernels["parent_kernel_id"] = pd.array([None] * len(kernels), dtype="Int64")
+        kernels["range_id"] = all_null_ints(len(kernels))
+        kernels["parent_kernel_id"] = all_null_ints(len(kernels))
     # Without mangled names (Kineto) the key is the name itself: share its column instead of copying it.
     kernels["match_key"] = (kernels["name"] if kernels["mangled_name"].isna().all()
                             else kernels["mangled_name"].fillna(kernels["name"]))

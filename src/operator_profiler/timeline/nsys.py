@@ -28,7 +28,7 @@ from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
 from ..heap import release_free_memory
 from ..errors import NsysExportError
-from .model import ACTIVITY_COLUMNS, Timeline, finish_kernels, kernel_iterations, take_rows
+from .model import ACTIVITY_COLUMNS, Timeline, all_null_ints, finish_kernels, kernel_iterations, take_rows
 from .nesting import nest_push_pop
 
 log = logging.getLogger(__name__)
@@ -629,7 +629,7 @@ def _read_graph_trace(export: _Export, launch_index: pd.DataFrame, diagnostics: 
             "start_ns": df["start"].astype("int64"), "end_ns": df["end"].astype("int64"),
             "correlation_id": pd.array(df["correlationId"], dtype="Int64"), "grid": None, "block": None,
             "graph_id": pd.array(df["graphId"], dtype="Int64"),
-            "graph_node_id": pd.array([None] * len(df), dtype="Int64"), "activity": "graph",
+            "graph_node_id": all_null_ints(len(df)), "activity": "graph",
         }
     )
     graphs["gpu_id"] = _gpu_ids(export, graphs["pid"].to_numpy(), graphs["device"].to_numpy())
@@ -836,10 +836,10 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     ranges["domain"] = _from_codes(pair_of_row, pair_names)
     ranges["kind"] = _from_codes(ranges["event_type"].isin(push_pop).to_numpy().astype(np.int64),
                                  ["nvtx_start_end", "nvtx_push_pop"])
-    ranges["fwd_thread_id"] = _all_null(len(ranges))  # a Kineto notion; NVTX ranges have none
+    ranges["fwd_thread_id"] = all_null_ints(len(ranges))  # a Kineto notion; NVTX ranges have none
     is_layer = ranges["name"].str.startswith(LAYER_PREFIX).to_numpy(dtype=bool)
     ranges["layer"] = ranges["name"].where(is_layer).str.removeprefix(LAYER_PREFIX)
-    iteration = _all_null(len(ranges))
+    iteration = all_null_ints(len(ranges))
     marked = np.flatnonzero(ranges["name"].str.startswith(ITERATION_PREFIX).to_numpy(dtype=bool))
     if len(marked):
         values = ranges["name"].iloc[marked].str.removeprefix(ITERATION_PREFIX)
@@ -860,10 +860,6 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
         diagnostics["warnings"].append("only start/end ranges present: used as process-level regions; operator-level "
                                        "NVTX attribution unavailable")
     return ranges[columns]
-
-
-def _all_null(n: int) -> pd.arrays.IntegerArray:
-    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
 
 
 def _range_texts(df: pd.DataFrame, strings: pa.Array) -> pd.Series:
@@ -1015,7 +1011,7 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
                     "they stay unattributed (reason cuda_graph_replay)"
                 )
     for col in ("capture_pid", "capture_tid", "capture_start_ns", "capture_end_ns"):
-        raw[col] = pd.array(raw[col], dtype="Int64") if col in raw else pd.array([None] * len(raw), dtype="Int64")
+        raw[col] = pd.array(raw[col], dtype="Int64") if col in raw else all_null_ints(len(raw))
 
     unnamed = raw["name"].isna().to_numpy()
     if unnamed.any():
