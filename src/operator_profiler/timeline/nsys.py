@@ -371,7 +371,7 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
     # times more API calls (allocations, synchronizations, queries) than launches.
     launched = [f"SELECT correlationId FROM {t}" for t in (KERNEL_TABLE, GRAPH_TRACE_TABLE, MEMCPY_TABLE, MEMSET_TABLE)
                 if export.has(t) and "correlationId" in export.columns[t]]
-    conditions.append(f"correlationId IN ({' UNION '.join(launched)})" if launched else "0")
+    conditions.append(f"correlationId IN ({' UNION ALL '.join(launched)})" if launched else "0")  # (a set: no dedup pass)
     where = "WHERE " + " AND ".join(conditions)
     # One scan of the table (often the export's largest) for the calls per process and its last end
     # (for the capture end: _capture_end).
