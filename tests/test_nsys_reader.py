@@ -419,3 +419,21 @@ def test_nvtx_rows_read_on_a_second_thread_fall_back_and_fail_on_the_main_one(re
     with pytest.raises(RuntimeError, match="launch calls failed"):
         nsys.read_nsys(path)  # (the thread waits for the capture end, never given: stopped, not hung)
     assert not any(t.name == "nsys-nvtx-ranges" for t in threading.enumerate())
+
+
+def test_take_rows_reorders_every_column_and_empties_the_source():
+    from operator_profiler.timeline.model import all_null_ints, take_rows
+
+    frame = pd.DataFrame({"a": np.array([10, 11, 12]), "b": pd.array([1, None, 3], dtype="Int64"),
+                          "c": pd.Series(["x", None, "z"], dtype="str"), "d": pd.Categorical(["p", "q", "p"]),
+                          "e": np.array([[1], [], [2, 3]], dtype=object)})
+    dtypes = frame.dtypes.to_dict()
+    out = take_rows(frame, np.array([2, 0, 1]))
+    assert out["a"].tolist() == [12, 10, 11]
+    assert out["b"].tolist() == [3, 1, pd.NA]
+    assert [None if pd.isna(v) else v for v in out["c"]] == ["z", "x", None]
+    assert out["d"].tolist() == ["p", "p", "q"] and out["e"].tolist() == [[2, 3], [1], []]
+    assert out.dtypes.to_dict() == dtypes and list(out.index) == [0, 1, 2]
+    assert list(frame.columns) == []  # each column freed once taken
+    nulls = all_null_ints(3)
+    assert nulls.dtype == "Int64" and pd.isna(nulls).all() and len(all_null_ints(0)) == 0
