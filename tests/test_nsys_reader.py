@@ -437,3 +437,26 @@ def test_take_rows_reorders_every_column_and_empties_the_source():
     assert list(frame.columns) == []  # each column freed once taken
     nulls = all_null_ints(3)
     assert nulls.dtype == "Int64" and pd.isna(nulls).all() and len(all_null_ints(0)) == 0
+
+
+def test_decoration_numbers_beyond_int64_are_no_value_and_warned(tmp_path):
+    """A seq/op_id/stashed seq of 19+ digits is read exactly; one beyond int64 (torch never writes one) is
+    null and the reader says which texts: it used to stop the read with an Arrow cast traceback."""
+    from nsys_export import Nvtx, launch, rows, write_nsys_export
+
+    parsed = parse_range_texts(["v, seq = 99999999999999999999", "a, seq = 9223372036854775807",
+                                "b, op_id = 9223372036854775808", "c, stashed seq = 123456789012345678901", "e, seq = 7"])
+    assert parsed["name"].tolist() == ["v", "a", "b", "c", "e"]
+    assert parsed["seq"].tolist() == [pd.NA, 9223372036854775807, pd.NA, pd.NA, 7]
+    assert parsed["op_id"].isna().all() and parsed["stashed_seq"].isna().all()
+    assert sorted(parsed.attrs["numbers_beyond_int64"]) == ["b, op_id = 9223372036854775808",
+                                                            "c, stashed seq = 123456789012345678901",
+                                                            "v, seq = 99999999999999999999"]
+    db = write_nsys_export(tmp_path / "report.sqlite",
+                           nvtx=[Nvtx("aten::mm, seq = 99999999999999999999999, op_id = 3", 59, "10:1", 100, 400)],
+                           **rows(launch("k1", "10:1", 200, 1)))
+    timeline = nsys.read_nsys(db)
+    assert timeline.ranges["name"].tolist() == ["aten::mm"] and timeline.ranges["op_id"].tolist() == [3]
+    assert timeline.ranges["seq"].isna().all()
+    assert any("1 NVTX range text(s) hold a seq/op_id/stashed seq beyond 64 bits" in w
+               and "seq = 99999999999999999999999" in w for w in timeline.diagnostics["warnings"])

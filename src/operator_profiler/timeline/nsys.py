@@ -99,7 +99,8 @@ def parse_range_texts(texts) -> pd.DataFrame:
 
     Returns:
         DataFrame aligned with ``texts``: ``name`` (str), ``seq``, ``op_id``, ``stashed_seq`` (Int64;
-        a negative seq, which torch writes for "none", is null), ``sizes`` (str or None).
+        a negative seq, which torch writes for "none", is null; so is a number beyond int64, whose texts
+        ``attrs["numbers_beyond_int64"]`` lists), ``sizes`` (str or None).
     """
     if isinstance(texts, pd.Series):
         arr = pa.array(texts.astype("str"), type=pa.string())
@@ -115,6 +116,7 @@ def parse_range_texts(texts) -> pd.DataFrame:
     decorated_texts = arr.take(pa.array(decorated_rows))
     names = pc.replace_with_mask(arr, decorated, _undecorated(decorated_texts)) if len(decorated_rows) else arr
     out = pd.DataFrame({"name": pc.fill_null(names, "").to_pandas()})
+    too_big: list[str] = []
     for column, (marker, pattern) in _FIELDS.items():
         present = pc.match_substring(decorated_texts, marker)
         rows = decorated_rows[present.to_numpy(zero_copy_only=False)]
@@ -132,10 +134,22 @@ def parse_range_texts(texts) -> pd.DataFrame:
         missing = np.ones(n, dtype=bool)
         if matched is not None:
             valid = pc.is_valid(matched).to_numpy(zero_copy_only=False)
-            values = pc.cast(pc.struct_field(matched, "v").filter(pa.array(valid)), pa.int64()).to_numpy()
-            ints[rows[valid]] = values
-            missing[rows[valid]] = values < 0 if column == "seq" else False
+            digits = pc.struct_field(matched, "v").filter(pa.array(valid))
+            fits = pc.less_equal(pc.utf8_length(digits), 18).to_numpy(zero_copy_only=False)  # |v| < 10^18
+            if not fits.all():
+                # A number of 19 or more digits: read exactly; one beyond int64 is no value, and said.
+                exact = [int(v) for v in digits.to_pylist()]
+                fits = np.array([-(2 ** 63) <= v < 2 ** 63 for v in exact])
+                too_big += [t for t, ok in zip(decorated_texts.filter(present).filter(pa.array(valid)).to_pylist(), fits)
+                            if not ok]
+                values = np.array([v if ok else 0 for v, ok in zip(exact, fits)], dtype=np.int64)
+            else:
+                values = pc.cast(digits, pa.int64()).to_numpy()
+            at = rows[valid][fits]
+            ints[at] = values[fits]
+            missing[at] = values[fits] < 0 if column == "seq" else False
         out[column] = pd.arrays.IntegerArray(ints, missing)
+    out.attrs["numbers_beyond_int64"] = too_big  # texts whose seq/op_id/stashed seq does not fit 64 bits
     return out
 
 
@@ -766,6 +780,12 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
     sql, types = query
     push_pop = (types["NvtxPushPopRange"], types["NvtxtPushPopRange"])
     df, text_all, parsed_all = rows_read or _range_rows(export, sql, strings)
+    too_big = parsed_all.attrs.get("numbers_beyond_int64") or []
+    if too_big:
+        diagnostics["warnings"].append(
+            f"{len(too_big)} NVTX range text(s) hold a seq/op_id/stashed seq beyond 64 bits, read as no value: "
+            + ", ".join(repr(t[:120]) for t in too_big[:3]) + " (torch never writes such numbers: not an emit_nvtx "
+            "range, or a damaged export)")
     pid, tid = decode_global_tid(df["globalTid"].fillna(0))
     df["pid"], df["tid"] = pid, tid
     df["domainId"] = df["domainId"].fillna(0).astype("int64")
