@@ -396,11 +396,11 @@ def _classes(signatures: dict[str, list], labels: list, codes: np.ndarray, modul
             "instances": [REST_CLASS], "representative": REST_CLASS, "kernel_count": len(signatures[REST_CLASS]),
         }
         instance_class[REST_CLASS] = REST_CLASS
-    return classes, np.asarray([instance_class.get(label) for label in labels] + [None], dtype=object)[:len(labels)]
+    return classes, np.array([instance_class.get(label) for label in labels], dtype=object)
 
 
 def _module_of_instance(labels: list, codes: np.ndarray, modules: np.ndarray) -> dict:
-    """instance label -> the module path of its last kernel (as ``dict(zip(instance, module))`` gave)."""
+    """instance label -> the module path of its last kernel."""
     if not len(codes):
         return {}
     last = len(codes) - 1 - np.unique(codes[::-1], return_index=True)[1]
