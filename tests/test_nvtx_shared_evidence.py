@@ -105,3 +105,23 @@ def test_stack_keys_take_categorical_domains_and_keep_a_missing_one_apart():
     assert [unpack_stack_key(k)[:2] for k in keys] == [(10, 1), (10, 1), (11, 2), (12, 3)]
     assert len(set(keys.tolist())) == 4
     assert keys[0] == stack_keys(np.array([10]), np.array([1]), np.array([domain.codes[0]]))[0]
+
+
+def test_attribution_of_ranges_read_back_in_several_chunks(tmp_path):
+    """Ranges read from parquet come as one Arrow chunk per row group (131,072 rows each by default): the
+    names must be one array (concatenating stack blocks failed with "Iterable should contain Array objects")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    timeline = read_nsys(_export(tmp_path / "report.sqlite"))
+    path = tmp_path / "ranges.parquet"
+    pq.write_table(pa.Table.from_pandas(timeline.ranges, preserve_index=False), path, row_group_size=4)
+    chunked = pq.read_table(path).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    chunked["depth"] = chunked["depth"].astype("int64")
+    names = pa.array(chunked["name"].astype("str"))
+    assert isinstance(names, pa.ChunkedArray) and names.num_chunks > 1  # the case under test
+    layers = kernel_layer_classes(timeline.kernels, timeline.ranges, [])
+    expected = nvtx.attribute_nvtx(timeline.kernels, timeline.ranges, layers)
+    got = nvtx.attribute_nvtx(timeline.kernels, chunked, layers)
+    assert got["evidence"].tolist() == expected["evidence"].tolist()
+    assert got["operator"].tolist() == expected["operator"].tolist() and got["operator"].notna().sum() == 12

@@ -94,6 +94,8 @@ class _Ranges:
         self.end = end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
         # Names stay in Arrow (millions of ranges, few names needed): see name_of().
         self.names = pa.array(ranges["name"].astype("str"), type=pa.string()) if n else pa.array([], pa.string())
+        if isinstance(self.names, pa.ChunkedArray):  # (a table read from parquet: one chunk per row group)
+            self.names = self.names.combine_chunks()
         self._name_codes: np.ndarray | None = None
         domain_code, self.domain_labels = pd.factorize(ranges["domain"])
         self.domain_code = np.asarray(domain_code, dtype=np.int64)
