@@ -281,3 +281,34 @@ def test_kernel_layer_classes_is_the_kernel_table_of_classify_layers(tmp_path):
         expected = pd.Series(range(len(full))).groupby([instance, iteration]).cumcount()
         assert full["position"].tolist() == expected.tolist(), label
     assert full["layer"].isna().all()  # the last case: no layer ranges
+
+
+def test_rest_kernels_only_after_the_first_iteration_have_no_class_in_both_tables(tmp_path):
+    """Like an instance, rest has a class only when it has kernels in the first measured iteration: a rest
+    kernel of a later iteration has no layer class, in classify_layers' table and in attribution's shortcut."""
+    import pandas as pd
+
+    events, t = [], 0
+    for it in range(2):
+        start = t
+        names = ["aten::addmm"] + (["aten::mm"] if it else [])  # the rest kernel only in iteration 1
+        layer_start = t
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": t + 1, "dur": 2})
+        events.append({"ph": "X", "cat": "user_annotation", "name": "opprof.layer:h.0", "pid": 1, "tid": 1,
+                       "ts": layer_start, "dur": 4})
+        t += 5
+        for name in names[1:]:
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t, "dur": 2})
+            t += 3
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"opprof.iteration:{it}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": t - start})
+        t += 5
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    timeline = read_kineto(path)
+    full = L.classify_layers(timeline.kernels, timeline.ranges, LAYERS_JSON[:1])[0]
+    short = L.kernel_layer_classes(timeline.kernels, timeline.ranges, LAYERS_JSON[:1])
+    pd.testing.assert_frame_equal(full, short)
+    rest = full["layer"].isna()
+    assert rest.sum() == 1 and full.loc[rest, "layer_class"].isna().all()
+    assert full.loc[~rest, "layer_class"].notna().all()

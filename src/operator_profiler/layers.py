@@ -362,8 +362,11 @@ def kernel_layer_classes(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: li
     kl, codes, labels, first_iteration = _instance_table(kernels, assigned)
     first_rows = np.flatnonzero((kl["iteration"].to_numpy() == first_iteration) & (kl["layer"].notna().to_numpy()))
     signatures = _signatures(kernels, first_rows, codes, labels)
-    if REST_CLASS in labels:
-        signatures[REST_CLASS] = []  # its class name is fixed: no signature needed
+    in_first = kl["iteration"].to_numpy() == first_iteration
+    if REST_CLASS in labels and (codes[in_first] == labels.index(REST_CLASS)).any():
+        # Its class name is fixed: no signature needed. (Like an instance, rest has a class only when it
+        # has kernels in the first measured iteration.)
+        signatures[REST_CLASS] = []
     _, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class)
     kl["layer_class"] = pa.array(class_of, type=pa.string()).take(pa.array(codes)).to_pandas().array
     return _kernel_table(kl, assigned)
