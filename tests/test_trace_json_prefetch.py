@@ -101,3 +101,30 @@ def test_a_real_trace_reads_the_same_whatever_its_name(tmp_path):
     for other in (read_kineto(misnamed), read_kineto(plain_gz)):
         pd.testing.assert_frame_equal(a.kernels, other.kernels)
         pd.testing.assert_frame_equal(a.ranges, other.ranges)
+
+
+def test_close_returns_while_the_read_ahead_thread_waits_on_an_open_pipe(tmp_path):
+    """The read-ahead thread blocked on a pipe whose writer stays open holds the file's lock: close() must
+    not wait for it (Ctrl-C on `opprof timeline` fed by a pipe hung there)."""
+    import os
+    import threading
+    import time
+
+    from operator_profiler.timeline.trace_json import _Reader
+
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+    opened: dict = {}
+    thread = threading.Thread(target=lambda: opened.setdefault("reader", _Reader(fifo, prefetch=True)))
+    thread.start()
+    with open(fifo, "w") as writer:
+        writer.write('{"traceEvents": [')
+        writer.flush()
+        thread.join(timeout=10)
+        reader = opened["reader"]
+        assert reader.fill(5)  # the first bytes arrive; the thread then waits for more
+        start = time.monotonic()
+        closing = threading.Thread(target=reader.close, daemon=True)
+        closing.start()
+        closing.join(timeout=20)
+        assert not closing.is_alive() and time.monotonic() - start < 15

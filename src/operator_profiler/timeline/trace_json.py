@@ -222,7 +222,11 @@ class _Reader:
     def close(self) -> None:
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=5)  # (a read blocked on a pipe never returns: the daemon thread ends with us)
+            self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                # A read blocked on a pipe that stays open never returns, and it holds the file's lock:
+                # closing would wait for it forever. The daemon thread keeps the file and ends with us.
+                return
             self._thread = None
         self.fh.close()
 
