@@ -460,3 +460,36 @@ def test_decoration_numbers_beyond_int64_are_no_value_and_warned(tmp_path):
     assert timeline.ranges["seq"].isna().all()
     assert any("1 NVTX range text(s) hold a seq/op_id/stashed seq beyond 64 bits" in w
                and "seq = 99999999999999999999999" in w for w in timeline.diagnostics["warnings"])
+
+
+def test_ctrl_c_during_an_adbc_query_is_not_taken_for_an_unreadable_result(real_nsys_files, monkeypatch):
+    """During a query on the main thread ADBC handles SIGINT itself, tries to cancel (the SQLite driver cannot)
+    and raises that failure ``from KeyboardInterrupt``: that must stop the read, not send the query to sqlite3.
+    (A stand-in connection raises what ADBC raises: a real SIGINT cannot be timed into a query here.)"""
+    import adbc_driver_sqlite.dbapi as adbc
+
+    class Cursor:
+        def execute(self, sql):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as interrupt:
+                raise RuntimeError("NOT_IMPLEMENTED: cancel") from interrupt
+
+        def close(self):
+            pass
+
+    class Connection:
+        def cursor(self):
+            return Cursor()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(adbc, "connect", lambda uri: Connection())
+    export = nsys._Export(real_nsys_files[0])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            export.query("SELECT id, value FROM StringIds")
+    finally:
+        export.close()
+    assert not nsys._interrupted(RuntimeError("NOT_IMPLEMENTED"))

@@ -233,6 +233,8 @@ class _Export:
                     return None  # a value of another type: sqlite3 reads it and names the culprit
             return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
         except Exception as exc:  # noqa: BLE001  (ADBC's own errors, Arrow's, a missing driver: sqlite3 answers)
+            if _interrupted(exc):
+                raise KeyboardInterrupt from None
             log.debug("%s: ADBC could not read (%s); using sqlite3", self.path, exc)
             return None
         finally:
@@ -307,6 +309,19 @@ class _Export:
         self.conn.close()
         if self._arrow is not None:
             self._arrow.close()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a Ctrl-C: during a query on the main thread ADBC handles SIGINT itself,
+    tries to cancel the query (the SQLite driver cannot) and raises that failure ``from KeyboardInterrupt``,
+    which would otherwise read as "ADBC cannot read this" and the query would run again with sqlite3."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _metadata(export: _Export) -> dict:
