@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..naming import NVTX_DOMAIN
 from ..timeline.model import DISPATCHER_OP, external_id_mode
+from .row_groups import path_codes
 
 COMPILED_GRAPH_PREFIX = "## Call CompiledFxGraph"
 # user_annotation ranges that never name a kernel's operator (the user_annotation path): our harness's
@@ -161,32 +162,14 @@ def _name_paths(parent: np.ndarray, names: RangeNames) -> tuple[np.ndarray, list
     Built level by level: a range's list is its parent's plus its own name, so each distinct list is
     written once however many op instances share it. ``parent``: parent positions (-1: a root).
     """
-    m = len(parent)
-    name_code, distinct = names.codes, names.distinct
-    literals = [json.dumps(name) for name in distinct]
-    depth = np.zeros(m, dtype=np.int64)
-    up = parent.copy()
-    for _ in range(m + 1):
-        live = np.flatnonzero(up >= 0)
-        if not live.size:
-            break
-        depth[live] += 1
-        up[live] = parent[up[live]]
-    else:
-        raise ValueError("range parents form a cycle")
-    path = np.full(m, -1, dtype=np.int64)
+    name_code = names.codes
+    literals = [json.dumps(name) for name in names.distinct]
+    # Ids are numbered level by level (path_codes), so a parent's list is written before its children's.
+    path = path_codes(parent, name_code, np.arange(len(parent)))
     texts: list[str] = []
-    order = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if m else 1))
-    for level in range(len(bounds) - 1):
-        rows = order[bounds[level]:bounds[level + 1]]
-        key = name_code[rows] if level == 0 else path[parent[rows]] * len(distinct) + name_code[rows]
-        codes, _ = pd.factorize(key)
-        first = rows[np.unique(codes, return_index=True)[1]]  # one range per new list, in code order
-        path[rows] = codes + len(texts)
-        for r in first.tolist():
-            prefix = "[" if level == 0 else texts[path[parent[r]]][:-1] + ", "
-            texts.append(prefix + literals[name_code[r]] + "]")
+    for r in np.unique(path, return_index=True)[1].tolist():  # one range per list, in id order
+        prefix = "[" if parent[r] < 0 else texts[path[parent[r]]][:-1] + ", "
+        texts.append(prefix + literals[name_code[r]] + "]")
     return path, texts
 
 
