@@ -266,10 +266,13 @@ def main() -> None:
             theirs = r["HTA"]
             speed = theirs["work_s"] / ours["work_s"]
             memory = ours["peak_rss_mb"] / theirs["peak_rss_mb"]
-            goal = 6 if k == 10 else 3 if k == 1 else 0
-            line += (f"; HTA/ours time {speed:.2f}x (CPU time {theirs['cpu_s'] / ours['cpu_s']:.2f}x, whole process {theirs['process_s'] / ours['process_s']:.2f}x, goal "
-                     f">= {goal}x), ours/HTA peak RSS {memory:.2f} (goal <= 0.25)")
-            ok &= speed >= goal and memory <= 0.25
+            # the goals: >= 6x and <= 1/4 of HTA's memory on the x10 trace, >= 3x on the real (x1) trace; the
+            # memory goal is not applied at x1/x3, where both sides' fixed cost (the imports) dominates
+            goal = {10: 6, 1: 3}.get(k)
+            line += (f"; HTA/ours time {speed:.2f}x (CPU time {theirs['cpu_s'] / ours['cpu_s']:.2f}x, whole process "
+                     f"{theirs['process_s'] / ours['process_s']:.2f}x, goal {f'>= {goal}x' if goal else 'none at this size'}), "
+                     f"ours/HTA peak RSS {memory:.2f} (goal {'<= 0.25' if k == 10 else 'at x10 only'})")
+            ok &= speed >= (goal or 0) and (k != 10 or memory <= 0.25)
         else:
             line += "; HTA n/a"
         met &= ok

@@ -212,6 +212,7 @@ def counts(path: Path) -> dict[str, int] | None:
 
 def generate(plan: Template, out: Path) -> None:
     tmp = out.with_name(out.name + ".tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)  # (--out may name a folder that does not exist yet)
     tmp.unlink(missing_ok=True)
     conn = sqlite3.connect(tmp, isolation_level=None)
     conn.execute("PRAGMA journal_mode = OFF")

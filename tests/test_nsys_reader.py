@@ -70,6 +70,38 @@ def test_vectorized_nesting_equals_the_explicit_stack(seed, noise):
         assert partial == 0
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_nesting_of_threads_in_any_order_equals_the_explicit_stack(seed):
+    """Rows not grouped by thread (every thread's ranges interleaved in start order, a missing domain) take
+    the hashing path of the stack grouping instead of the run-length one: the same nesting."""
+    rng = np.random.default_rng(seed)
+    ranges = _random_ranges(rng, n_threads=4, per_thread=300, noise=True)
+    ranges = ranges.sort_values(["start_ns", "effective_end_ns"], ascending=[True, False], kind="stable")
+    ranges = ranges.reset_index(drop=True)
+    ranges.loc[rng.random(len(ranges)) < 0.1, "domain"] = None
+    ranges["domain"] = ranges["domain"].astype("category")
+    depth, parent, partial = nest_push_pop(ranges)
+    want_depth, want_parent, want_partial = _stack_reference(ranges.assign(domain=ranges["domain"].astype(object)
+                                                                           .fillna("<none>")))
+    assert np.array_equal(parent, want_parent)
+    assert np.array_equal(depth, want_depth)
+    assert partial == want_partial
+
+
+def test_nesting_of_long_sibling_runs_equals_the_explicit_stack():
+    """Thousands of top-level siblings and of children under one long parent (the runs that pointer
+    jumping walks back through): the same nesting as the explicit stack."""
+    n = 5000
+    start = np.r_[np.arange(n) * 10, 10 * n, 10 * n + 1 + np.arange(n) * 10]
+    end = np.r_[np.arange(n) * 10 + 5, 20 * n + 10, 10 * n + 6 + np.arange(n) * 10]
+    ranges = pd.DataFrame({"pid": 1, "tid": 2, "domain": "default", "kind": "nvtx_push_pop", "start_ns": start,
+                           "effective_end_ns": end})
+    depth, parent, partial = nest_push_pop(ranges)
+    want_depth, want_parent, want_partial = _stack_reference(ranges)
+    assert np.array_equal(parent, want_parent) and np.array_equal(depth, want_depth) and partial == want_partial
+    assert (parent[:n + 1] == -1).all() and (parent[n + 1:] == n).all() and depth.max() == 1
+
+
 def test_nesting_of_every_real_export_equals_the_explicit_stack(real_nsys_files):
     for path in real_nsys_files:
         ranges = nsys.read_nsys(path).ranges

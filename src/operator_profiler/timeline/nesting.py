@@ -28,6 +28,32 @@ def unpack_stack_key(key) -> tuple[int, int, int]:
     return key >> 40, (key >> 16) & 0xFFFFFF, key & 0xFFFF
 
 
+def _stacks(ranges: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The push/pop ``rows`` ordered by stack then by their order in ``ranges``, and each one's stack as a
+    dense code (0, 1, ... in that order)."""
+    domain = ranges["domain"]
+    domain = domain.cat.codes.to_numpy()[rows] if isinstance(domain.dtype, pd.CategoricalDtype) else \
+        domain.to_numpy(dtype=object)[rows]
+    pid, tid = ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows]
+    domain = np.asarray(domain)
+    if domain.dtype.kind not in "iu":
+        domain, _ = pd.factorize(domain)
+    thread = (np.asarray(pid, dtype=np.int64) << 24) | np.asarray(tid, dtype=np.int64)
+    if len(rows) > 1 and domain.min() >= 0 and (np.diff(thread) >= 0).all():
+        # The reader's order (by thread, then start): a thread is a run of rows, and a small stack code
+        # (thread number x domains + domain) sorts stably by radix in one pass.
+        thread_no = np.cumsum(np.r_[0, thread[1:] != thread[:-1]])
+        key = thread_no * (int(domain.max()) + 1) + domain
+        if key.max() < 2**16:
+            order = np.argsort(key.astype(np.uint16), kind="stable")
+            key = key[order]
+            return rows[order], np.cumsum(np.r_[0, key[1:] != key[:-1]])
+    codes, _ = pd.factorize(stack_keys(pid, tid, domain))
+    order = np.argsort(codes, kind="stable")
+    codes = codes[order]
+    return rows[order], np.cumsum(np.r_[0, codes[1:] != codes[:-1]])
+
+
 def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     """Depth and parent of each push/pop range within its (pid, tid, domain) stack.
 
@@ -39,10 +65,11 @@ def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     In a stack's start order the parent of a range is the nearest earlier range that ends no
     earlier (an earlier range ending sooner is a closed sibling's subtree). That is found for all
     ranges at once by pointer jumping: a candidate that ends too early is replaced by its own
-    candidate, which only skips ranges ending even earlier. A stack is then checked: each range's
-    depth must equal the number of earlier ranges still open when it starts; a stack that fails
-    (overlapping ranges that do not nest, or equal timestamps the count cannot order) is nested
-    again with an explicit stack, range by range.
+    candidate, which only skips ranges ending even earlier. A range's depth is the number of earlier
+    ranges of its stack still open when it starts; a stack is checked: every range's depth must be its
+    parent's plus one (by induction, the parent chain's length). A stack that fails (overlapping
+    ranges that do not nest, or equal timestamps the count cannot order) is nested again with an
+    explicit stack, range by range.
     """
     n = len(ranges)
     depth = np.zeros(n, dtype=np.int64)
@@ -50,39 +77,38 @@ def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     rows = np.flatnonzero((ranges["kind"] == "nvtx_push_pop").to_numpy())
     if not len(rows):
         return depth, parent, 0
-    domain = ranges["domain"]
-    domain = domain.cat.codes.to_numpy()[rows] if isinstance(domain.dtype, pd.CategoricalDtype) else \
-        domain.to_numpy(dtype=object)[rows]
-    codes, _ = pd.factorize(stack_keys(ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows], domain))
-    order = np.argsort(codes, kind="stable")  # by stack, then start order
-    rows, group = rows[order], codes[order]
+    rows, group = _stacks(ranges, rows)
     start = ranges["start_ns"].to_numpy(dtype=np.int64)[rows]
     end = ranges["effective_end_ns"].to_numpy(dtype=np.int64)[rows]
     m = len(rows)
     first = np.r_[True, group[1:] != group[:-1]]
-    cand = np.arange(m, dtype=np.int64) - 1
+    cand = np.arange(-1, m - 1, dtype=np.int64)
     cand[first] = -1
+    # One key per range, ordered by stack then end: (stack code, end) packed in an int64 where it fits.
+    span = int(end.max() - start.min()) + 1
+    packs = (int(group[-1]) + 1) < np.iinfo(np.int64).max // span
+    if packs:
+        offset = group * span - start.min()
+        end_keys = end + offset
+        # A range that ends after every earlier range of its stack has no parent: found at once (a thread's
+        # top-level ranges, siblings that would each walk back through all the earlier ones).
+        cand[np.r_[-1, np.maximum.accumulate(end_keys)[:-1]] < end_keys] = -1
     todo = np.flatnonzero(cand >= 0)
     while len(todo):
         todo = todo[end[cand[todo]] < end[todo]]
         cand[todo] = cand[cand[todo]]
         todo = todo[cand[todo] >= 0]
-    local_depth = np.zeros(m, dtype=np.int64)
-    up = cand.copy()
-    while (live := np.flatnonzero(up >= 0)).size:
-        local_depth[live] += 1
-        up[live] = cand[up[live]]
-    # Check: earlier ranges of the stack still open at each start (= ended after it) vs depth.
+    # Depth: earlier ranges of the stack still open at each start (= not ended by it).
     group_start = np.flatnonzero(first)
     position = np.arange(m) - np.repeat(group_start, np.diff(np.r_[group_start, m]))
-    span = int(end.max() - start.min()) + 1
     ok = np.zeros(m, dtype=bool)
-    if (int(group.max()) + 1) < np.iinfo(np.int64).max // span:
-        base = start.min()
-        end_keys = np.sort(group * span + (end - base))
-        closed = np.searchsorted(end_keys, group * span + (start - base), side="right") - np.repeat(
-            group_start, np.diff(np.r_[group_start, m]))
-        ok = position - closed == local_depth
+    local_depth = np.zeros(m, dtype=np.int64)
+    if packs:
+        end_keys.sort()
+        local_depth = position - (np.searchsorted(end_keys, start + offset, side="right") - (np.arange(m) - position))
+        del end_keys, offset
+        ok = local_depth == np.where(cand >= 0, local_depth[np.maximum(cand, 0)] + 1, 0)
+    del position
     bad_groups = np.unique(group[~ok])
     partial = 0
     if len(bad_groups):
