@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from operator_profiler.timeline import nsys
-from operator_profiler.timeline.nesting import nest_push_pop, nest_with_stack
+from operator_profiler.timeline.nesting import nest_push_pop, nest_with_stack, nesting_order
 from operator_profiler.timeline.nsys import parse_range_texts
 
 
@@ -100,6 +100,24 @@ def test_nesting_of_long_sibling_runs_equals_the_explicit_stack():
     want_depth, want_parent, want_partial = _stack_reference(ranges)
     assert np.array_equal(parent, want_parent) and np.array_equal(depth, want_depth) and partial == want_partial
     assert (parent[:n + 1] == -1).all() and (parent[n + 1:] == n).all() and depth.max() == 1
+
+
+@pytest.mark.parametrize("threads", [1, 5, 70_000])
+@pytest.mark.parametrize("presorted", [False, True])
+def test_nesting_order_is_lexsort_by_thread_start_and_longest_first(threads, presorted):
+    """The reader's row order for nesting: (pid, tid, start, end descending), ties in row order, exactly as
+    np.lexsort gives it, whether the rows come in start order or not, with many equal starts and ends, and
+    with more threads than the radix sort's 16 bits."""
+    rng = np.random.default_rng(threads)
+    n = 200_000
+    start = rng.integers(0, n // 4, n)  # many equal starts
+    end = start + rng.integers(0, 3, n)  # and equal ends
+    pid = rng.integers(0, 2**24, max(threads // 1000, 1))[rng.integers(0, max(threads // 1000, 1), n)]
+    tid = rng.integers(0, threads, n)
+    if presorted:
+        by_start = np.argsort(start, kind="stable")
+        start, end, pid, tid = start[by_start], end[by_start], pid[by_start], tid[by_start]
+    assert np.array_equal(nesting_order(pid, tid, start, end), np.lexsort((-end, start, tid, pid)))
 
 
 def test_nesting_of_every_real_export_equals_the_explicit_stack(real_nsys_files):

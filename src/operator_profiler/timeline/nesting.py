@@ -28,6 +28,29 @@ def unpack_stack_key(key) -> tuple[int, int, int]:
     return key >> 40, (key >> 16) & 0xFFFFFF, key & 0xFFFF
 
 
+def nesting_order(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The row order by (pid, tid, start, end descending), ties in row order: ``np.lexsort((-end, start, tid,
+    pid))`` (parents before the children that start with them), in a fraction of its time on rows that
+    come (nearly) in start order, as exports hold them: a stable sort by start, a sort of the equal-start
+    runs alone by end, and a stable radix sort by thread (pid and tid are below 2**24)."""
+    start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    s = start[order]
+    tie = s[1:] == s[:-1]
+    if tie.any():
+        e = end[order]
+        if (tie & (e[1:] > e[:-1])).any():  # some equal-start run not already longest first
+            runs = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
+            order[runs] = order[runs[np.lexsort((-e[runs], s[runs]))]]
+    thread = (np.asarray(pid, dtype=np.int64) << 24) | np.asarray(tid, dtype=np.int64)
+    codes, threads = pd.factorize(thread[order])
+    if len(threads) > 1:
+        rank = np.argsort(np.argsort(threads))  # the code of each thread -> its place in (pid, tid) order
+        rank = rank.astype(np.uint16) if len(threads) <= 2**16 else rank
+        order = order[np.argsort(rank[codes], kind="stable")]
+    return order
+
+
 def _stacks(ranges: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The push/pop ``rows`` ordered by stack then by their order in ``ranges``, and each one's stack as a
     dense code (0, 1, ... in that order)."""

@@ -29,7 +29,7 @@ from ..progress import stage_done
 from ..heap import release_free_memory
 from ..errors import NsysExportError
 from .model import ACTIVITY_COLUMNS, Timeline, all_null_ints, finish_kernels, kernel_iterations, take_rows
-from .nesting import nest_push_pop
+from .nesting import nest_push_pop, nesting_order
 
 log = logging.getLogger(__name__)
 
@@ -821,7 +821,7 @@ def _read_ranges(export: _Export, strings: pa.Array, capture_end: int, diagnosti
         names = ", ".join(repr(t) for t in text_all[bad][:5])
         diagnostics["warnings"].append(f"{int(bad.sum())} NVTX range(s) end before they start and were dropped: {names}")
     rows = np.flatnonzero(keep)
-    rows = rows[np.lexsort((-effective_end[rows], start[rows], df["tid"].to_numpy()[rows], df["pid"].to_numpy()[rows]))]
+    rows = rows[nesting_order(df["pid"].to_numpy()[rows], df["tid"].to_numpy()[rows], start[rows], effective_end[rows])]
     # Column by column, each source column freed once taken (2M ranges: hundreds of MB at once otherwise).
     df = take_rows(df, rows)
     unclosed, effective_end = unclosed[rows], effective_end[rows]
