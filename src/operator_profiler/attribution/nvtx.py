@@ -81,13 +81,16 @@ class _Ranges:
         n = len(ranges)
         self.n = n
         self.range_id = ranges["range_id"].to_numpy(dtype=np.int64)
-        row_of = pd.Series(np.arange(n), index=self.range_id)
         parent_ids = ranges["parent_id"]
         parent = np.full(n, -1, dtype=np.int64)
         has_parent = parent_ids.notna().to_numpy()
-        # A parent missing from the table (a filtered table) counts as no parent.
-        found = row_of.reindex(parent_ids[has_parent].astype("int64").to_numpy()).to_numpy(dtype=np.float64)
-        parent[has_parent] = np.where(np.isnan(found), -1, np.nan_to_num(found)).astype(np.int64)
+        wanted = parent_ids[has_parent].astype("int64").to_numpy()
+        if (self.range_id == np.arange(n)).all():  # (as the readers write them: a range's id is its row)
+            parent[has_parent] = np.where((wanted >= 0) & (wanted < n), wanted, -1)
+        else:
+            # A parent missing from the table (a filtered table) counts as no parent.
+            found = pd.Series(np.arange(n), index=self.range_id).reindex(wanted).to_numpy(dtype=np.float64)
+            parent[has_parent] = np.where(np.isnan(found), -1, np.nan_to_num(found)).astype(np.int64)
         self.parent = parent
         self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
         end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
@@ -97,6 +100,7 @@ class _Ranges:
         if isinstance(self.names, pa.ChunkedArray):  # (a table read from parquet: one chunk per row group)
             self.names = self.names.combine_chunks()
         self._name_codes: np.ndarray | None = None
+        self._distinct_names = pa.array([], pa.string())  # (set with the codes)
         domain_code, self.domain_labels = pd.factorize(ranges["domain"])
         self.domain_code = np.asarray(domain_code, dtype=np.int64)
         self.pid = ranges["pid"].to_numpy(dtype=np.int64)
@@ -104,16 +108,14 @@ class _Ranges:
         self.push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
         self.is_layer = ranges["layer"].notna().to_numpy()
         # Our harness's ranges (layer, iteration, train-step phase) never name an operator.
-        self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy() | (
-            pc.fill_null(pc.starts_with(self.names, PHASE_PREFIX), False).to_numpy(zero_copy_only=False)
-            if n else np.zeros(0, dtype=bool))
+        self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy() | self._by_name(
+            lambda names: pc.starts_with(names, PHASE_PREFIX))
         self.unclosed = ranges["unclosed"].fillna(False).to_numpy(dtype=bool) if "unclosed" in ranges else \
             ranges["end_ns"].isna().to_numpy()
         self.seq = ranges["seq"].to_numpy(dtype=float, na_value=np.nan)
         stashed = ranges["stashed_seq"] if "stashed_seq" in ranges else pd.Series([pd.NA] * n, dtype="Int64")
         self.stashed = stashed.to_numpy(dtype=float, na_value=np.nan)
-        self.backward_node = pc.fill_null(pc.match_substring_regex(self.names, BACKWARD_NODE.pattern), False).to_numpy(
-            zero_copy_only=False) if n else np.zeros(0, dtype=bool)
+        self.backward_node = self._by_name(lambda names: pc.match_substring_regex(names, BACKWARD_NODE.pattern))
         present = np.sort(pd.unique(self.domain_code[self.push_pop])) if n else []
         self.domains = sorted(str(self.domain_labels[c]) for c in present)
         # (pid, tid, domain) -> (starts sorted, rows in that order); one integer key per stack.
@@ -123,10 +125,23 @@ class _Ranges:
         for key, positions in pd.Series(keys).groupby(keys, sort=False).indices.items():
             rows = push_pop_rows[positions]
             # By start, longest first on ties (a parent before the child that starts with it); the
-            # table's own row order is not relied on.
-            order = np.lexsort((-self.end[rows], self.start[rows]))
+            # table's own row order is not relied on (only taken when it is that order already).
+            start, end = self.start[rows], self.end[rows]
+            step = np.diff(start)
+            if not ((step > 0) | ((step == 0) & (end[1:] <= end[:-1]))).all():
+                order = np.lexsort((-end, start))
+                start, rows = start[order], rows[order]
             pid, tid, code = (int(v) for v in unpack_stack_key(key))
-            self.groups[(pid, tid, str(self.domain_labels[code]))] = (self.start[rows][order], rows[order])
+            self.groups[(pid, tid, str(self.domain_labels[code]))] = (start, rows)
+
+    def _by_name(self, test) -> np.ndarray:
+        """``test`` (an Arrow compute call on a string array) of each range's name, evaluated once per distinct
+        name; False for a null name or a null result."""
+        if not self.n:
+            return np.zeros(0, dtype=bool)
+        codes = self.name_codes()
+        hit = pc.fill_null(test(self._distinct_names), False).to_numpy(zero_copy_only=False)
+        return np.append(hit, False)[codes]  # (code -1, a null name: the appended False)
 
     def name_codes(self) -> np.ndarray:
         """Each range's name as an integer code (equal names, equal codes; -1 for a null name), computed once."""
@@ -137,6 +152,7 @@ class _Ranges:
                 if isinstance(encoded, pa.ChunkedArray):
                     encoded = encoded.combine_chunks()
                 self._name_codes = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
+                self._distinct_names = encoded.dictionary
         return self._name_codes
 
     def name_of(self, rows: np.ndarray) -> np.ndarray:
