@@ -543,3 +543,23 @@ def test_ctrl_c_during_an_adbc_query_is_not_taken_for_an_unreadable_result(real_
     finally:
         export.close()
     assert not nsys._interrupted(RuntimeError("NOT_IMPLEMENTED"))
+
+
+@pytest.mark.parametrize("odd", [None, "null", "negative", "beyond CUDA's limits"])
+def test_grid_texts_built_per_distinct_triple_equal_the_texts_built_per_kernel(odd):
+    """``_xyz`` builds the "x,y,z" texts once per distinct triple when the dimensions pack into one int64 and
+    per kernel otherwise: the same texts either way (a null dimension: no text)."""
+    rng = np.random.default_rng(3)
+    n = 1000
+    df = pd.DataFrame({"gridX": rng.integers(1, 2**31, 4)[rng.integers(0, 4, n)], "gridY": rng.integers(1, 3, n),
+                       "gridZ": 1}).astype("Int64")
+    if odd == "null":
+        df.loc[5, "gridY"] = pd.NA
+    elif odd == "negative":
+        df.loc[5, "gridZ"] = -1
+    elif odd is not None:
+        df.loc[5, "gridY"] = 2**16
+    got = nsys._xyz(df, "grid")
+    want = [None if pd.isna(v).any() else ",".join(str(int(x)) for x in v) for v in df.to_numpy(dtype=object)]
+    assert [None if pd.isna(v) else v for v in got.tolist()] == want
+    assert want[5] is None if odd == "null" else want[5].count(",") == 2

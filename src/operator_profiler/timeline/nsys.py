@@ -10,6 +10,7 @@ import logging
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -519,8 +520,18 @@ def _xyz(df: pd.DataFrame, prefix: str) -> pd.Series:
     cols = [f"{prefix}{axis}" for axis in "XYZ"]
     if not all(c in df for c in cols):
         return pd.Series([None] * len(df), index=df.index, dtype="str")
-    parts = [pc.cast(pa.array(df[c].astype("Int64")), pa.string()) for c in cols]
-    out = pc.binary_join_element_wise(*parts, ",").to_pandas()  # null if any part is null
+    dims = [df[c].astype("Int64") for c in cols]
+    x, y, z = (d.to_numpy(dtype=np.int64, na_value=-1) for d in dims)
+    if len(x) and min(x.min(), y.min(), z.min()) >= 0 and x.max() < 2**31 and max(y.max(), z.max()) < 2**16:
+        # Within CUDA's limits (x < 2**31, y and z < 2**16) a triple packs into one int64: texts are built
+        # for the distinct triples only (a capture has a few dozen of them over millions of kernels).
+        codes, packed = pd.factorize((x << 32) | (y << 16) | z)
+        parts = [pa.array(v) for v in (packed >> 32, (packed >> 16) & 0xFFFF, packed & 0xFFFF)]
+        texts = pc.binary_join_element_wise(*(pc.cast(p, pa.string()) for p in parts), ",")
+        out = texts.take(pa.array(codes)).to_pandas()
+    else:
+        parts = [pc.cast(pa.array(d), pa.string()) for d in dims]
+        out = pc.binary_join_element_wise(*parts, ",").to_pandas()  # null if any part is null
     out.index = df.index
     return out
 
@@ -988,9 +999,14 @@ def _read(export: _Export) -> NsysTimeline:
     range_notes: dict = {"warnings": []}
     query = _range_query(export, range_notes)
     reader = _RangeReader(export, strings, query) if query is not None else None
+    # While both threads run, each hands the GIL over after 1 ms instead of 5: a thread that waits for it
+    # between two numpy or Arrow calls (which release it) would otherwise wait up to 5 ms each time.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, 0.001))
     try:
         return _read_tables(export, diagnostics, strings, start, query, range_notes, reader)
     finally:
+        sys.setswitchinterval(switch)
         if reader is not None:
             reader.stop()  # (after an error: the thread and its own connection end before the file is let go)
 
