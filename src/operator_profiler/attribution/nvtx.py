@@ -94,9 +94,11 @@ class _Ranges:
         self.parent = parent
         self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
         end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
-        self.end = end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
-        # Names stay in Arrow (millions of ranges, few names needed): see name_of().
-        self.names = pa.array(ranges["name"].astype("str"), type=pa.string()) if n else pa.array([], pa.string())
+        self.end = end.to_numpy() if end.dtype == np.int64 else \
+            end.astype("Int64").fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+        # Names stay in Arrow (millions of ranges, few names needed): see name_of(). The column's own Arrow
+        # array where it is one (pandas' str: large_string), not a copy.
+        self.names = pa.array(ranges["name"].astype("str")) if n else pa.array([], pa.string())
         if isinstance(self.names, pa.ChunkedArray):  # (a table read from parquet: one chunk per row group)
             self.names = self.names.combine_chunks()
         self._name_codes: np.ndarray | None = None
@@ -430,6 +432,7 @@ def _other_thread_ranges(index: _Ranges, eligible: np.ndarray, pid: np.ndarray, 
 def _json_literals(arr: pa.Array) -> pa.Array:
     """Each string as a JSON string literal, in Arrow (quote and backslash escaped); the rare strings
     with control characters go through ``json.dumps``."""
+    arr = arr.cast(pa.string())  # (range names may come as large_string)
     escaped = pc.replace_substring(pc.replace_substring(arr, "\\", "\\\\"), '"', '\\"')
     out = pc.binary_join_element_wise('"', escaped, '"', "")
     special = np.flatnonzero(pc.fill_null(pc.match_substring_regex(arr, r"[\x00-\x1f]"), False).to_numpy(
