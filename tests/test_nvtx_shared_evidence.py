@@ -125,3 +125,26 @@ def test_attribution_of_ranges_read_back_in_several_chunks(tmp_path):
     got = nvtx.attribute_nvtx(timeline.kernels, chunked, layers)
     assert got["evidence"].tolist() == expected["evidence"].tolist()
     assert got["operator"].tolist() == expected["operator"].tolist() and got["operator"].notna().sum() == 12
+
+
+def test_attribution_of_ranges_in_any_row_order(tmp_path, real_nsys_files):
+    """Path (b) does not rely on the reader's row order or on range ids being row numbers (its fast paths
+    take them when they are): the ranges shuffled, or renumbered, give the same kernels' operators and
+    evidence."""
+    paths = [_export(tmp_path / "shared.sqlite")] + [p for p in real_nsys_files if "mfu" in p.name or "extrap_conc" in p.name]
+    for path in paths:
+        timeline = read_nsys(path)
+        kernels, ranges = timeline.kernels, timeline.ranges
+        layers = kernel_layer_classes(kernels, ranges, [])
+        # every domain names operators here (the Extra-P capture has only its own domain)
+        options = nvtx.NvtxOptions(operator_domains=tuple(sorted({"default", *ranges["domain"].astype(str)})))
+        want = nvtx.attribute_nvtx(kernels, ranges, layers, options)
+        assert want["operator"].notna().any(), path.name
+        shuffled = ranges.sample(frac=1.0, random_state=5).reset_index(drop=True)
+        got = nvtx.attribute_nvtx(kernels, shuffled, layers, options)
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+        renumbered = ranges.assign(range_id=ranges["range_id"] + 1000, parent_id=ranges["parent_id"] + 1000)
+        got = nvtx.attribute_nvtx(kernels, renumbered, layers, options)
+        assert (got["operator_range_id"] - 1000).equals(want["operator_range_id"]), path.name
+        pd.testing.assert_frame_equal(got.drop(columns="operator_range_id"), want.drop(columns="operator_range_id"),
+                                      check_exact=True)
