@@ -403,7 +403,6 @@ def main() -> None:
     child.start()
     child_conn.close()
 
-    plan = Template(args.source, args.kernels, args.ranges, args.runtime)
     tmpdir = None
     res = None
     if args.out is None:
@@ -411,7 +410,10 @@ def main() -> None:
         path = Path(tmpdir) / "large.sqlite"
     else:
         path = args.out
-    try:
+    try:  # (from here on, the finally releases the child waiting for its work)
+        if not args.source.is_file():
+            raise SystemExit(f"source export not found: {args.source} (--source names a real nsys SQLite export)")
+        plan = Template(args.source, args.kernels, args.ranges, args.runtime)
         print(f"source: {args.source.name} ({len(plan.rows[KERNEL])} kernels, {len(plan.range_rows)} NVTX ranges, "
               f"{len(plan.rows[RUNTIME])} RUNTIME rows replicated per copy), {plan.copies:,} copies, "
               f"period {plan.period / 1e6:.1f} ms")
