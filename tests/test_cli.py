@@ -278,3 +278,45 @@ def test_tables_of_another_timeline_are_refused(tmp_path):
         assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
     assert not (tmp_path / "agg1").exists() and not (tmp_path / "agg2").exists()
     assert not (tmp_path / "a2.parquet").exists()
+
+
+@pytest.mark.parametrize("edit", ["self parent", "two-range cycle", "repeated id"])
+def test_attribute_refuses_a_ranges_table_whose_parents_never_end(tmp_path, edit):
+    """A hand-edited ranges.parquet whose parent_id chains run in a cycle (or whose range ids repeat) is refused
+    with one line naming the file and the range: the attribution walks up parents and would never stop.
+    A filtered and renumbered table whose chains all end is still attributed."""
+    need_real(COMPILED)
+    d = tmp_path / "d"
+    assert opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path).returncode == 0
+    ranges = pd.read_parquet(d / "ranges.parquet")
+    child = int(ranges.index[ranges["parent_id"].notna()][0])
+    parent = int(ranges.loc[child, "parent_id"])
+    if edit == "self parent":
+        ranges.loc[child, "parent_id"] = ranges.loc[child, "range_id"]
+    elif edit == "two-range cycle":
+        ranges.loc[ranges["range_id"] == parent, "parent_id"] = ranges.loc[child, "range_id"]
+    else:
+        ranges.loc[child, "range_id"] = parent
+    ranges.to_parquet(d / "ranges.parquet")
+    res = opprof("attribute", "--timeline", d, "--out", d / "attr.parquet", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    said = "names more than one range" if edit == "repeated id" else "never ends (the parents form a cycle)"
+    assert "ranges.parquet" in res.stderr and said in res.stderr, res.stderr
+    assert not (d / "attr.parquet").exists()
+
+
+def test_attribute_of_a_filtered_renumbered_ranges_table(tmp_path):
+    """Ranges filtered (a root dropped: its children's parent is missing) and renumbered so that parents have
+    larger ids than their children: no cycle, so attributed, every kernel present."""
+    need_real(COMPILED)
+    d = tmp_path / "d"
+    assert opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path).returncode == 0
+    ranges = pd.read_parquet(d / "ranges.parquet")
+    ranges = ranges.drop(index=ranges.index[ranges["parent_id"].isna()][:1])
+    top = int(ranges["range_id"].max()) + 1
+    ranges["range_id"] = top - ranges["range_id"]
+    ranges["parent_id"] = top - ranges["parent_id"]
+    ranges.to_parquet(d / "ranges.parquet")
+    res = opprof("attribute", "--timeline", d, "--out", d / "attr.parquet", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(pd.read_parquet(d / "attr.parquet")) == len(pd.read_parquet(d / "kernels.parquet"))

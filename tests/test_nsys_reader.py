@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from operator_profiler.timeline import nsys
-from operator_profiler.timeline.nesting import nest_push_pop, nest_with_stack, nesting_order
+from operator_profiler.timeline.nesting import nest_push_pop, nest_with_stack, nesting_order, parent_cycle
 from operator_profiler.timeline.nsys import parse_range_texts
 
 
@@ -563,3 +563,31 @@ def test_grid_texts_built_per_distinct_triple_equal_the_texts_built_per_kernel(o
     want = [None if pd.isna(v).any() else ",".join(str(int(x)) for x in v) for v in df.to_numpy(dtype=object)]
     assert [None if pd.isna(v) else v for v in got.tolist()] == want
     assert want[5] is None if odd == "null" else want[5].count(",") == 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_parent_cycle_finds_a_chain_that_never_ends(seed):
+    """``parent_cycle`` against walking each chain by hand: None on a forest (deep chains included), a row whose
+    chain runs into the cycle once one is made (a self parent, or a loop far up a long chain)."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    parent = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])  # each parent is an earlier row
+    parent[1000:1400] = np.arange(999, 1399)  # one 400-deep chain
+
+    def walks_forever(row):
+        seen = set()
+        while row >= 0:
+            if row in seen:
+                return True
+            seen.add(row)
+            row = parent[row]
+        return False
+
+    assert parent_cycle(parent) is None and parent_cycle(np.full(5, -1)) is None and parent_cycle(np.array([])) is None
+    if seed % 2:
+        parent[1200] = 1399  # 1399 -> 1398 -> ... -> 1200 -> 1399: a 200-range loop at the top of the long chain
+    else:
+        loop_at = int(rng.integers(0, n))
+        parent[loop_at] = loop_at  # a self parent
+    row = parent_cycle(parent)
+    assert row is not None and walks_forever(row)

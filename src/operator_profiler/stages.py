@@ -108,7 +108,33 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     hint = f"write the timeline first: opprof timeline (--kineto TRACE | --nsys REPORT) --out {timeline_dir}"
     kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint)
     ranges = results.read(results.RANGES, timeline_dir / "ranges.parquet", hint=hint)
+    _check_range_tree(ranges, timeline_dir / "ranges.parquet")
     return kernels, ranges
+
+
+def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
+    """Raises InputError when ``range_id`` repeats or ``parent_id`` chains run in a cycle (a hand-edited table:
+    the readers number ranges so that a parent's id is below its children's; the attribution walks up
+    parents and would never stop)."""
+    from .errors import InputError
+    from .timeline.nesting import parent_cycle
+
+    fix = "ranges.parquet is written by opprof timeline: write it again rather than editing it"
+    ids = ranges["range_id"].to_numpy(dtype=np.int64)
+    repeated = pd.Index(ids).duplicated()
+    if repeated.any():
+        raise InputError(f"{path}: range_id {int(ids[repeated][0])} names more than one range "
+                         f"({int(repeated.sum())} repeated ids); {fix}")
+    has = ranges["parent_id"].notna().to_numpy()
+    parent_ids = ranges["parent_id"][has].astype("int64").to_numpy()
+    if (parent_ids < ids[has]).all():
+        return  # every chain descends: no cycle (the readers' numbering)
+    parent = np.full(len(ids), -1, dtype=np.int64)
+    parent[has] = pd.Index(ids).get_indexer(parent_ids)  # (-1: a parent not in the table, as after a filter)
+    row = parent_cycle(parent)
+    if row is not None:
+        raise InputError(f"{path}: the parent_id chain of range_id {int(ids[row])} never ends (the parents form a "
+                         f"cycle); {fix}")
 
 
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")

@@ -28,6 +28,24 @@ def unpack_stack_key(key) -> tuple[int, int, int]:
     return key >> 40, (key >> 16) & 0xFFFFFF, key & 0xFFFF
 
 
+def parent_cycle(parent: np.ndarray) -> int | None:
+    """A row whose chain of parents (``parent``: each row's parent row, -1 for none) never ends, because it
+    runs into a cycle; None when every chain ends. By doubling: after k steps each row knows its 2**k-th
+    ancestor, and one still there once 2**k reaches the number of rows has gone round a cycle."""
+    parent = np.asarray(parent, dtype=np.int64)
+    ancestor = parent.copy()
+    live = np.flatnonzero(ancestor >= 0)
+    span = 1
+    while len(live):
+        if span >= len(parent):
+            return int(live[0])
+        further = ancestor[ancestor[live]]
+        ancestor[live] = further
+        live = live[further >= 0]
+        span *= 2
+    return None
+
+
 def nesting_order(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """The row order by (pid, tid, start, end descending), ties in row order: ``np.lexsort((-end, start, tid,
     pid))`` (parents before the children that start with them), in a fraction of its time on rows that
