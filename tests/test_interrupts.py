@@ -73,3 +73,22 @@ def test_an_interrupted_job_prints_one_line_and_leaves_no_output(tmp_path, case,
     assert stderr.strip() == line and "not reached" not in stdout
     assert list(out.iterdir()) == []  # the job's outputs, a directory output too, are removed
     assert log.read_text().strip().splitlines()[-1] == line
+
+
+def test_the_interrupted_line_is_one_write(monkeypatch):
+    """The line goes to the terminal in one write: stderr writes through, so print()'s two writes (text, then
+    newline) let Snakemake's "Terminating processes..." land on our line (seen in a workflow test)."""
+    from operator_profiler import interrupts
+
+    writes = []
+
+    class Terminal:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "__stderr__", Terminal())
+    assert interrupts.interrupted(2) == 130
+    assert writes == ["interrupted: job; re-run snakemake to redo it\n"]

@@ -87,5 +87,8 @@ def interrupted(number: int | None = None) -> int:
                 print(line, file=log)
         except OSError:
             pass  # the terminal line still says it
-    print(line, file=sys.__stderr__, flush=True)
+    # One write of the whole line: print() writes the text and the newline separately, and Snakemake's own
+    # "Terminating processes..." (the same terminal) could land between the two, on our line.
+    sys.__stderr__.write(line + "\n")
+    sys.__stderr__.flush()
     return 128 + int(_signal["number"] if number is None else number)
