@@ -591,3 +591,70 @@ def test_parent_cycle_finds_a_chain_that_never_ends(seed):
         parent[loop_at] = loop_at  # a self parent
     row = parent_cycle(parent)
     assert row is not None and walks_forever(row)
+
+
+def test_the_gil_switch_interval_is_restored_after_concurrent_reads(real_nsys_files):
+    """read_nsys shortens the process-wide GIL switch interval while its two threads run: after reads in several
+    threads at once (and after a failed read) the interval is the caller's again."""
+    import sys
+    import threading
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        for _ in range(3):
+            threads = [threading.Thread(target=nsys.read_nsys, args=(p,)) for p in real_nsys_files[:4]]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sys.getswitchinterval() == pytest.approx(0.004)
+        with pytest.raises(Exception):
+            nsys.read_nsys(real_nsys_files[0].parent / "no such export.sqlite")
+        assert sys.getswitchinterval() == pytest.approx(0.004)
+    finally:
+        sys.setswitchinterval(previous)
+
+
+@pytest.mark.parametrize("zero_length", [[], [3000], [3000, 3000], [1000], [5000]])
+def test_an_overlap_is_counted_beside_zero_length_ranges_at_its_start(zero_length):
+    """A [1000, 5000] and B [3000, 8000] overlap without nesting: counted (the reader warns) whatever
+    zero-length ranges sit at B's start, A's start or A's end (a zero-length range at B's start was counted
+    as closed before B, which hid the overlap), with the explicit stack's parents and depths."""
+    spans = [(1000, 5000), (3000, 8000)] + [(t, t) for t in zero_length]
+    ranges = pd.DataFrame({"pid": 1, "tid": 2, "domain": "default", "kind": "nvtx_push_pop",
+                           "start_ns": [s for s, _ in spans], "effective_end_ns": [e for _, e in spans]})
+    ranges = ranges.sort_values(["start_ns", "effective_end_ns"], ascending=[True, False]).reset_index(drop=True)
+    depth, parent, partial = nest_push_pop(ranges)
+    want_depth, want_parent, want_partial = _stack_reference(ranges)
+    assert np.array_equal(parent, want_parent) and np.array_equal(depth, want_depth)
+    assert partial == want_partial == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nesting_with_many_zero_length_ranges_equals_the_explicit_stack(seed):
+    """Random stacks where a third of the ranges are zero-length, on few distinct timestamps (ties everywhere)."""
+    rng = np.random.default_rng(100 + seed)
+    n = 3000
+    start = rng.integers(0, 200, n)
+    end = np.where(rng.random(n) < 0.33, start, start + rng.integers(0, 40, n))
+    ranges = pd.DataFrame({"pid": 1, "tid": rng.integers(0, 3, n), "domain": "default", "kind": "nvtx_push_pop",
+                           "start_ns": start, "effective_end_ns": end})
+    ranges = ranges.sort_values(["tid", "start_ns", "effective_end_ns"], ascending=[True, True, False],
+                                kind="stable").reset_index(drop=True)
+    depth, parent, partial = nest_push_pop(ranges)
+    want_depth, want_parent, want_partial = _stack_reference(ranges)
+    assert np.array_equal(parent, want_parent) and np.array_equal(depth, want_depth) and partial == want_partial
+
+
+def test_nesting_of_ranges_spanning_the_whole_int64_range():
+    """A range from -2**63 to 2**63 - 1 (a damaged export): the span of the times does not fit an int64, the
+    nesting still equals the explicit stack's (its span overflowed to 0 and divided by it)."""
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    ranges = pd.DataFrame({"pid": 1, "tid": 2, "domain": "default", "kind": "nvtx_push_pop",
+                           "start_ns": np.array([lo, 0, 5], dtype=np.int64),
+                           "effective_end_ns": np.array([hi, 10, 6], dtype=np.int64)})
+    depth, parent, partial = nest_push_pop(ranges)
+    want_depth, want_parent, want_partial = _stack_reference(ranges)
+    assert np.array_equal(parent, want_parent) and np.array_equal(depth, want_depth) and partial == want_partial
+    assert parent.tolist() == [-1, 0, 1]

@@ -126,8 +126,8 @@ def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
     cand = np.arange(-1, m - 1, dtype=np.int64)
     cand[first] = -1
     # One key per range, ordered by stack then end: (stack code, end) packed in an int64 where it fits.
-    span = int(end.max() - start.min()) + 1
-    packs = (int(group[-1]) + 1) < np.iinfo(np.int64).max // span
+    span = int(end.max()) - int(start.min()) + 1  # (Python ints: the int64 difference can overflow)
+    packs = (int(group[-1]) + 1) < np.iinfo(np.int64).max // max(span, 1)
     if packs:
         offset = group * span - start.min()
         end_keys = end + offset
@@ -148,6 +148,17 @@ def nest_push_pop(ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
         end_keys.sort()
         local_depth = position - (np.searchsorted(end_keys, start + offset, side="right") - (np.arange(m) - position))
         del end_keys, offset
+        # The ranges "ended by a start" include zero-length ranges at that very time placed after it (they come
+        # last among equal starts): not earlier, so not closed before it; without this a range overlapping an
+        # earlier one could pass the check and its overlap go unreported.
+        zero = start == end
+        if zero.any():
+            run_start = np.r_[True, (group[1:] != group[:-1]) | (start[1:] != start[:-1])]
+            run = np.cumsum(run_start) - 1
+            run_last = np.r_[np.flatnonzero(run_start)[1:], m] - 1
+            zeros_in_run = np.bincount(run, weights=zero, minlength=int(run[-1]) + 1).astype(np.int64)
+            later = np.where(zero, run_last[run] - np.arange(m), zeros_in_run[run])
+            local_depth += later
         ok = local_depth == np.where(cand >= 0, local_depth[np.maximum(cand, 0)] + 1, 0)
     del position
     bad_groups = np.unique(group[~ok])

@@ -5,6 +5,7 @@ Details: docs/modules.md#timeline-nsys."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import shutil
@@ -999,16 +1000,35 @@ def _read(export: _Export) -> NsysTimeline:
     range_notes: dict = {"warnings": []}
     query = _range_query(export, range_notes)
     reader = _RangeReader(export, strings, query) if query is not None else None
-    # While both threads run, each hands the GIL over after 1 ms instead of 5: a thread that waits for it
-    # between two numpy or Arrow calls (which release it) would otherwise wait up to 5 ms each time.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, 0.001))
     try:
-        return _read_tables(export, diagnostics, strings, start, query, range_notes, reader)
+        with _short_gil_switch():
+            return _read_tables(export, diagnostics, strings, start, query, range_notes, reader)
     finally:
-        sys.setswitchinterval(switch)
         if reader is not None:
             reader.stop()  # (after an error: the thread and its own connection end before the file is let go)
+
+
+_switch_lock = threading.Lock()
+_switch_users = [0, 0.0]  # reads in progress, the interval before the first of them
+
+
+@contextlib.contextmanager
+def _short_gil_switch():
+    """While the NVTX thread runs beside the main one, each hands the GIL over after 1 ms instead of 5: a thread
+    waiting for it between two numpy or Arrow calls (which release it) would otherwise wait up to 5 ms each time.
+    The setting is process-wide: the first of concurrent reads saves it, the last one puts it back."""
+    with _switch_lock:
+        if _switch_users[0] == 0:
+            _switch_users[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_users[1], 0.001))
+        _switch_users[0] += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users[0] -= 1
+            if _switch_users[0] == 0:
+                sys.setswitchinterval(_switch_users[1])
 
 
 def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: float,
