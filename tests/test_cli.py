@@ -305,18 +305,36 @@ def test_attribute_refuses_a_ranges_table_whose_parents_never_end(tmp_path, edit
     assert not (d / "attr.parquet").exists()
 
 
-def test_attribute_of_a_filtered_renumbered_ranges_table(tmp_path):
-    """Ranges filtered (a root dropped: its children's parent is missing) and renumbered so that parents have
-    larger ids than their children: no cycle, so attributed, every kernel present."""
+@pytest.mark.parametrize("edit", ["filtered", "renumbered", "renumbered 0..n-1 after a filter"])
+def test_attribute_of_an_edited_ranges_table(tmp_path, edit):
+    """A filtered ranges.parquet (a parent dropped: the ranges above it are lost to its children, whose operator
+    would silently change) or one whose ids were renumbered without their parents is refused with one line; one
+    renumbered consistently (parents with larger ids than their children) is attributed like the original."""
     need_real(COMPILED)
     d = tmp_path / "d"
     assert opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path).returncode == 0
+    assert opprof("attribute", "--timeline", d, "--out", d / "want.parquet", cwd=tmp_path).returncode == 0
     ranges = pd.read_parquet(d / "ranges.parquet")
-    ranges = ranges.drop(index=ranges.index[ranges["parent_id"].isna()][:1])
-    top = int(ranges["range_id"].max()) + 1
-    ranges["range_id"] = top - ranges["range_id"]
-    ranges["parent_id"] = top - ranges["parent_id"]
+    dropped = ranges.index[ranges["parent_id"].notna()][:1]  # a range with a parent and, below it, children
+    dropped = ranges.index[ranges["range_id"] == int(ranges.loc[dropped[0], "parent_id"])]
+    if edit == "filtered":
+        ranges = ranges.drop(index=dropped)
+    elif edit == "renumbered":  # (the CPU kernels name their op's range: renumbered with it)
+        top = int(ranges["range_id"].max()) + 1
+        ranges["range_id"], ranges["parent_id"] = top - ranges["range_id"], top - ranges["parent_id"]
+        kernels = pd.read_parquet(d / "kernels.parquet")
+        kernels["range_id"] = top - kernels["range_id"]
+        kernels.to_parquet(d / "kernels.parquet")
+    else:
+        ranges = ranges.drop(index=dropped).reset_index(drop=True)
+        ranges["range_id"] = range(len(ranges))
     ranges.to_parquet(d / "ranges.parquet")
     res = opprof("attribute", "--timeline", d, "--out", d / "attr.parquet", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert len(pd.read_parquet(d / "attr.parquet")) == len(pd.read_parquet(d / "kernels.parquet"))
+    if edit == "renumbered":
+        assert res.returncode == 0, res.stderr
+        got, want = pd.read_parquet(d / "attr.parquet"), pd.read_parquet(d / "want.parquet")
+        assert got["operator"].equals(want["operator"]) and got["path"].equals(want["path"])
+        return
+    assert res.returncode == 1 and "Traceback" not in res.stderr and not (d / "attr.parquet").exists()
+    said = ["names no range of the table"] if edit == "filtered" else ["has depth", "never ends", "names no range"]
+    assert "ranges.parquet" in res.stderr and any(s in res.stderr for s in said), res.stderr

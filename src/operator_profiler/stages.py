@@ -127,14 +127,27 @@ def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
                          f"({int(repeated.sum())} repeated ids); {fix}")
     has = ranges["parent_id"].notna().to_numpy()
     parent_ids = ranges["parent_id"][has].astype("int64").to_numpy()
-    if (parent_ids < ids[has]).all():
-        return  # every chain descends: no cycle (the readers' numbering)
     parent = np.full(len(ids), -1, dtype=np.int64)
-    parent[has] = pd.Index(ids).get_indexer(parent_ids)  # (-1: a parent not in the table, as after a filter)
-    row = parent_cycle(parent)
-    if row is not None:
-        raise InputError(f"{path}: the parent_id chain of range_id {int(ids[row])} never ends (the parents form a "
-                         f"cycle); {fix}")
+    parent[has] = pd.Index(ids).get_indexer(parent_ids)  # (-1: a parent not in the table)
+    if not (parent_ids < ids[has]).all():  # (the readers' numbering: every chain descends, no cycle possible)
+        row = parent_cycle(parent)
+        if row is not None:
+            raise InputError(f"{path}: the parent_id chain of range_id {int(ids[row])} never ends (the parents form "
+                             f"a cycle); {fix}")
+    missing = np.flatnonzero(has & (parent < 0))
+    if len(missing):
+        # The attribution climbs from a range to its parents: above a missing one it would find nothing and
+        # name no operator, or a wrong one, without a word.
+        raise InputError(f"{path}: parent_id {int(ranges['parent_id'].iloc[missing[0]])} of range_id "
+                         f"{int(ids[missing[0]])} names no range of the table ({len(missing)} range(s) with a missing "
+                         f"parent: rows were filtered out); {fix}")
+    depth = ranges["depth"].to_numpy(dtype=np.int64)
+    expected = np.where(parent >= 0, depth[np.maximum(parent, 0)] + 1, 0)
+    wrong = np.flatnonzero(depth != expected)
+    if len(wrong):
+        raise InputError(f"{path}: range_id {int(ids[wrong[0]])} has depth {int(depth[wrong[0]])} but its parent_id "
+                         f"gives {int(expected[wrong[0]])} ({len(wrong)} range(s) disagree: ids or parents were "
+                         f"edited); {fix}")
 
 
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
