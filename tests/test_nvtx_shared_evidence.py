@@ -127,11 +127,21 @@ def test_attribution_of_ranges_read_back_in_several_chunks(tmp_path):
     assert got["operator"].tolist() == expected["operator"].tolist() and got["operator"].notna().sum() == 12
 
 
+def _regions_starting_together(path):
+    """Start/end regions that start at the same time around push/pop operators: their order in the evidence
+    (by start, then by range id) must not follow the table's row order."""
+    ranges = [Nvtx(f"region{j}", 60, "10:1", 100, 9000 - j) for j in range(4)]
+    ranges += [Nvtx(f"aten::op{i}", 59, "10:1", 1000 * i + 200, 1000 * i + 800) for i in range(1, 6)]
+    launches = [launch(f"k{i}", "10:1", 1000 * i + 500, i) for i in range(1, 6)]
+    return write_nsys_export(path, nvtx=ranges, **rows(*launches))
+
+
 def test_attribution_of_ranges_in_any_row_order(tmp_path, real_nsys_files):
     """Path (b) does not rely on the reader's row order or on range ids being row numbers (its fast paths
     take them when they are): the ranges shuffled, or renumbered, give the same kernels' operators and
     evidence."""
-    paths = [_export(tmp_path / "shared.sqlite")] + [p for p in real_nsys_files if "mfu" in p.name or "extrap_conc" in p.name]
+    paths = [_export(tmp_path / "shared.sqlite"), _regions_starting_together(tmp_path / "regions.sqlite")]
+    paths += [p for p in real_nsys_files if "mfu" in p.name or "extrap_conc" in p.name]
     for path in paths:
         timeline = read_nsys(path)
         kernels, ranges = timeline.kernels, timeline.ranges

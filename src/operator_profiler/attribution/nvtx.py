@@ -390,7 +390,7 @@ def _region_hits(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray
         return
     order = np.argsort(t0, kind="stable")
     sorted_t0 = t0[order]
-    for row in se[np.argsort(index.start[se], kind="stable")]:
+    for row in se[np.lexsort((index.range_id[se], index.start[se]))]:  # (equal starts: by id, not by row order)
         lo, hi = np.searchsorted(sorted_t0, index.start[row], "left"), np.searchsorted(sorted_t0, index.end[row], "right")
         hits = order[lo:hi]
         yield row, hits[(t1[hits] <= index.end[row]) & (pid[hits] == index.pid[row])]
