@@ -113,9 +113,10 @@ def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
-    """Raises InputError when ``range_id`` repeats or ``parent_id`` chains run in a cycle (a hand-edited table:
-    the readers number ranges so that a parent's id is below its children's; the attribution walks up
-    parents and would never stop)."""
+    """Raises InputError when ``range_id`` repeats, a ``parent_id`` chain runs in a cycle (the attribution walks
+    up parents and would never stop), a ``parent_id`` names no range of the table (rows filtered out), or a
+    ``depth`` is not its parent's plus one (ids renumbered): a hand-edited table. The readers number ranges so
+    that a parent's id is below its children's, which rules out a cycle without the doubling check."""
     from .errors import InputError
     from .timeline.nesting import parent_cycle
 

@@ -87,10 +87,8 @@ class _Ranges:
         wanted = parent_ids[has_parent].astype("int64").to_numpy()
         if (self.range_id == np.arange(n)).all():  # (as the readers write them: a range's id is its row)
             parent[has_parent] = np.where((wanted >= 0) & (wanted < n), wanted, -1)
-        else:
-            # A parent missing from the table (a filtered table) counts as no parent.
-            found = pd.Series(np.arange(n), index=self.range_id).reindex(wanted).to_numpy(dtype=np.float64)
-            parent[has_parent] = np.where(np.isnan(found), -1, np.nan_to_num(found)).astype(np.int64)
+        else:  # a parent missing from the table (a filtered table) counts as no parent (-1)
+            parent[has_parent] = pd.Index(self.range_id).get_indexer(wanted)
         self.parent = parent
         self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
         end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
