@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pandas as pd
 
-from ..heap import release_free_memory
+from ..heap import release_free_memory, small_pages
 from . import compiled_graphs, inductor
 from .inductor import VIEW_OPS
 from .correlation import find_ops
@@ -84,6 +84,7 @@ def _user_annotation_fallback(ops, path: np.ndarray) -> np.ndarray:
     return (path == "unattributed") & (ops.annotation >= 0) & (ops.compiled_region < 0)
 
 
+@small_pages()
 def attribute(
     kernels: pd.DataFrame,
     ranges: pd.DataFrame,
