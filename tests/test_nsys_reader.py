@@ -4,6 +4,8 @@ name parsing."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -181,19 +183,67 @@ def test_emit_nvtx_decorations_in_any_order_and_malformed():
     assert len(parse_range_texts([])) == 0 and len(parse_range_texts(["a", "b"])) == 2
 
 
-def test_operator_names_cut_where_the_decoration_regex_cuts():
-    # The reader cuts names with substring splits (fast); the definition is the regex
-    # _DECORATIONS, whose ".*$" does not cross a newline: both must agree, edge cases included.
+def _parsed_by_regex(texts: list) -> dict[str, list]:
+    """What the definitions read, text by text: the name is the text without the _DECORATIONS regex
+    (RE2, pyarrow), each field what its _FIELDS regex extracts (a number as a Python int: none beyond
+    int64, no negative seq); only texts holding " = " are decorated."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    arr = pa.array(texts, type=pa.string())
+    cut = pc.replace_substring_regex(arr, nsys._DECORATIONS, "", max_replacements=1).to_pylist()
+    out = {"name": ["" if t is None else (c if " = " in t else t) for t, c in zip(texts, cut)]}
+    for column, (_, pattern) in nsys._FIELDS.items():
+        values = []
+        for text, match in zip(texts, pc.extract_regex(arr, pattern).to_pylist()):
+            value = None if text is None or " = " not in text or match is None else match["v"]
+            if value is not None and column != "sizes":
+                value = int(value)
+                value = None if not -(2 ** 63) <= value < 2 ** 63 or (column == "seq" and value < 0) else value
+            values.append(value)
+        out[column] = values
+    return out
+
+
+def test_operator_names_cut_where_the_decoration_regex_cuts():
+    # The reader finds decorations on the bytes (fast); the definition is the regex _DECORATIONS, whose
+    # ".*$" does not cross a newline: both must agree, edge cases included.
     texts = ["x, y, seq = 1", "seq = 5", "a, seq = 1, b, seq = 2", "q, seq = 1\nmore", "q, op_id = 1, seq = 2\n",
              "aa, sizes = [], input_op_ids = []", "é, op_id = 1", "a, b = c", "", None, "n, stashed seq = 3, op_id = 4",
              "m, input_op_ids = [(1, 0)]\n, seq = 3", "r,seq = 1", "u , seq = 1"]
-    arr = pa.array(texts, type=pa.string())
-    by_regex = pc.replace_substring_regex(arr, nsys._DECORATIONS, "", max_replacements=1)
-    assert nsys._undecorated(arr).to_pylist() == by_regex.to_pylist()
+    assert parse_range_texts(texts)["name"].tolist() == _parsed_by_regex(texts)["name"]
     assert parse_range_texts(texts)["name"].tolist()[:3] == ["x, y", "seq = 5", "a"]
+
+
+@pytest.mark.parametrize("chunk", [None, 997])
+def test_range_texts_parse_as_the_regexes_read_them_on_random_texts(chunk, monkeypatch):
+    """Random texts made of the decorations' pieces (field names with and without ", ", signs, 8- and
+    9-digit numbers, numbers beyond int64, newlines, a two-byte character): every column and the list of
+    texts whose number does not fit int64 equal the regexes' reading, parsed at once or in chunks."""
+    import random
+
+    if chunk:
+        monkeypatch.setattr(nsys, "_PARSE_CHUNK", chunk)
+
+    pieces = ["aten::mm", "x", ", ", "seq = ", ", seq = ", "stashed seq = ", ", stashed seq = ", "op_id = ", ", op_id = ",
+              ", sizes = ", "sizes = ", "[[1, 2], [3]]", "[", "]", ", input_op_ids = ", "[(1, 0)]", "-", "0", "7", "123",
+              "99999999999999999999", "9223372036854775807", "9223372036854775808", "\n", "é", " = ", "a, b = c",
+              "00012", "abc", " ", "12345678", "123456789", "1234567", "-0", "seq", "op_id", "stashed seq",
+              "input_op_ids", "sizes"]
+    rng = random.Random(7)
+    texts = [None if rng.random() < 0.02 else "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+             for _ in range(20_000)]
+    texts += ["seq = -x, seq = 3", "x, seq = , seq = 4", "xop_id = 2", "stashed seq = -1, stashed seq = 2", "a, seq = 7"]
+    parsed = parse_range_texts(texts)
+    expected = _parsed_by_regex(texts)
+    for column, values in expected.items():
+        got = [None if pd.isna(v) else v for v in parsed[column].tolist()]
+        assert got == values, column
+    assert len(parsed.attrs["numbers_beyond_int64"]) > 100  # (the pieces make many)
+    beyond = [t for t in texts if t is not None and " = " in t for column in ("seq", "stashed_seq", "op_id")
+              if (m := re.search(nsys._FIELDS[column][1].replace("(?P<v>", "("), t, re.ASCII))
+              and not -(2 ** 63) <= int(m.group(1)) < 2 ** 63]
+    assert sorted(parsed.attrs["numbers_beyond_int64"]) == sorted(beyond)
 
 
 # Robustness found by a fresh user (a QA pass) ------------------------------------------------------
