@@ -1,10 +1,11 @@
-"""heap.small_pages: numpy's huge-page advice is off while a reader or an attribution runs, and back as it
+"""heap.bulk_memory: numpy's huge-page advice is off while a reader or an attribution runs, and back as it
 was after, also after an error and when calls overlap on two threads."""
 
 from __future__ import annotations
 
 import threading
 
+import pyarrow as pa
 import pytest
 
 from operator_profiler import heap
@@ -22,13 +23,17 @@ def advice() -> bool:
     return bool(current)
 
 
+def pool() -> str:
+    return pa.default_memory_pool().backend_name
+
+
 @pytest.mark.parametrize("before", [True, False])
-def test_small_pages_turns_the_advice_off_and_restores_it(before):
+def test_bulk_memory_sets_both_and_restores_them(before):
     saved = switch(before)
     try:
-        with heap.small_pages():
+        with heap.bulk_memory():
             assert advice() is False
-            with heap.small_pages():
+            with heap.bulk_memory():
                 assert advice() is False
             assert advice() is False  # the outer call still runs
         assert advice() is before
@@ -39,28 +44,30 @@ def test_small_pages_turns_the_advice_off_and_restores_it(before):
 def test_a_reader_restores_the_advice_after_an_error(tmp_path):
     saved = switch(True)
     try:
+        pool_before = pool()
         with pytest.raises(NsysExportError):
             read_nsys(tmp_path / "missing.sqlite")
-        assert advice() is True
+        assert (advice(), pool()) == (True, pool_before)
     finally:
         switch(saved)
 
 
 def test_overlapping_calls_on_two_threads_restore_it_once_both_end():
     saved = switch(True)
+    pool_before = pa.default_memory_pool()
     first_in, second_done = threading.Event(), threading.Event()
     seen = {}
 
     def first():
-        with heap.small_pages():
+        with heap.bulk_memory():
             first_in.set()
             second_done.wait(5)
-            seen["first, after the second ended"] = advice()
+            seen["first, after the second ended"] = advice(), pool()
 
     def second():
         first_in.wait(5)
-        with heap.small_pages():
-            seen["second"] = advice()
+        with heap.bulk_memory():
+            seen["second"] = advice(), pool()
         second_done.set()
 
     try:
@@ -69,7 +76,7 @@ def test_overlapping_calls_on_two_threads_restore_it_once_both_end():
             t.start()
         for t in threads:
             t.join()
-        assert seen == {"second": False, "first, after the second ended": False}
-        assert advice() is True
+        assert seen == {"second": (False, "system"), "first, after the second ended": (False, "system")}
+        assert (advice(), pool()) == (True, pool_before.backend_name)
     finally:
         switch(saved)

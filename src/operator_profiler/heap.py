@@ -7,11 +7,12 @@ allocates. ``release_free_memory`` returns the free pages (``malloc_trim``, and 
 instead, ``mallopt(M_MMAP_THRESHOLD)``, was measured: -30 MB of peak RSS but +2 s on the 10x Kineto trace,
 every fresh mapping paying its page faults.) Does nothing without glibc.
 
-``small_pages`` stops numpy from asking for transparent huge pages while a reader or an attribution runs: numpy
-advises huge pages (``madvise``) for every array of 4 MiB or more, and where the kernel's THP defrag setting is
-``madvise`` (its default) each such fresh array may wait for the kernel to compact memory into a 2 MiB page.
-Measured on a 1M-kernel nsys export: ``read_nsys`` 9.3 -> 7.0 s of CPU, ``attribute_nvtx`` 1.9 -> 1.5 s; a
-second call on the same arrays (no fresh memory) is as fast either way.
+``bulk_memory`` sets two allocators' behaviour while a reader or an attribution runs (both measured on a 1M-kernel
+nsys export, 2 cores): numpy asks for no transparent huge pages (it advises them, ``madvise``, for every array of
+4 MiB or more, and where the kernel's THP defrag setting is ``madvise``, its default, each fresh array may wait for
+the kernel to compact memory into a 2 MiB page: ``read_nsys`` 9.3 -> 7.0 s of CPU, ``attribute_nvtx`` 1.9 ->
+1.5 s), and Arrow allocates with the system allocator rather than its default mimalloc (``read_nsys`` 7.2-7.6 ->
+6.1-6.4 s of CPU, same peak RSS; the 10x Kineto trace 5.8-6.1 -> 5.4-5.6 s).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import ctypes.util
 import functools
 import sys
 import threading
+
+
+_settings_lock = threading.Lock()
+_settings_users = [0, None]  # calls in progress, the settings before the first of them
 
 
 @functools.cache
@@ -43,10 +48,9 @@ def release_free_memory() -> None:
     arrow = sys.modules.get("pyarrow")  # (never imported for this)
     if arrow is not None:
         arrow.default_memory_pool().release_unused()
-
-
-_pages_lock = threading.Lock()
-_pages_users = [0, None]  # calls in progress, numpy's setting before the first of them
+        saved = _settings_users[1] if _settings_users[0] else None
+        if saved is not None and saved[1] is not None:  # (under bulk_memory: the pool of what came before)
+            saved[1].release_unused()
 
 
 def _numpy_huge_page_switch():
@@ -62,23 +66,31 @@ def _numpy_huge_page_switch():
     return _set_madvise_hugepage
 
 
-@contextlib.contextmanager
-def small_pages():
-    """numpy asks for no transparent huge pages while this runs (a context manager, or a decorator:
-    ``@small_pages()``). The setting is process-wide: the first of concurrent users saves it, the last
-    one puts it back. Does nothing where numpy has no such switch."""
+def _swap_settings(saved):
+    """Put ``saved`` (numpy's huge-page advice, Arrow's default pool) in place, or with None the bulk settings;
+    returns the settings replaced."""
+    import pyarrow
+
     switch = _numpy_huge_page_switch()
-    if switch is None:
-        yield
-        return
-    with _pages_lock:
-        if _pages_users[0] == 0:
-            _pages_users[1] = switch(False)
-        _pages_users[0] += 1
+    advice = switch(False if saved is None else saved[0]) if switch is not None else None
+    pool = pyarrow.default_memory_pool()
+    pyarrow.set_memory_pool(pyarrow.system_memory_pool() if saved is None else saved[1])
+    return advice, pool
+
+
+@contextlib.contextmanager
+def bulk_memory():
+    """The allocator settings for building and dropping columns of millions of rows (see the module's
+    docstring) while this runs: a context manager, or a decorator (``@bulk_memory()``). They are
+    process-wide: the first of concurrent users saves the settings, the last one puts them back."""
+    with _settings_lock:
+        if _settings_users[0] == 0:
+            _settings_users[1] = _swap_settings(None)
+        _settings_users[0] += 1
     try:
         yield
     finally:
-        with _pages_lock:
-            _pages_users[0] -= 1
-            if _pages_users[0] == 0:
-                switch(_pages_users[1])
+        with _settings_lock:
+            _settings_users[0] -= 1
+            if _settings_users[0] == 0:
+                _swap_settings(_settings_users[1])

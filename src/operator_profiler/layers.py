@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from .naming import REST_CLASS
 from .timeline.model import iteration_at, kernel_phases
-from .heap import small_pages
+from .heap import bulk_memory
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -351,7 +351,7 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     return _kernel_table(kl, assigned), instances, classes
 
 
-@small_pages()
+@bulk_memory()
 def kernel_layer_classes(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[dict],
                          fusion_map: pd.DataFrame | None = None, fx_answers: pd.DataFrame | None = None
                          ) -> pd.DataFrame:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pandas as pd
 
-from ..heap import release_free_memory, small_pages
+from ..heap import release_free_memory, bulk_memory
 from . import compiled_graphs, inductor
 from .inductor import VIEW_OPS
 from .correlation import find_ops
@@ -84,7 +84,7 @@ def _user_annotation_fallback(ops, path: np.ndarray) -> np.ndarray:
     return (path == "unattributed") & (ops.annotation >= 0) & (ops.compiled_region < 0)
 
 
-@small_pages()
+@bulk_memory()
 def attribute(
     kernels: pd.DataFrame,
     ranges: pd.DataFrame,

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..heap import release_free_memory, small_pages
+from ..heap import release_free_memory, bulk_memory
 from ..naming import NVTX_DOMAIN, PHASE_PREFIX
 from ..timeline.nesting import stack_keys, unpack_stack_key
 from .row_groups import group_codes, path_codes
@@ -594,7 +594,7 @@ def _warn_about_domains(index: _Ranges, options: NvtxOptions, found: Enclosure, 
                         ", ".join(repr(d) for d in options.operator_domains))
 
 
-@small_pages()
+@bulk_memory()
 def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
                    options: NvtxOptions = NvtxOptions()) -> pd.DataFrame:
     """Attribute every kernel of an nsys timeline by NVTX enclosure.
@@ -699,7 +699,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     return out
 
 
-@small_pages()
+@bulk_memory()
 def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (docs/formats.md#nsys-nvtx-projection).
 

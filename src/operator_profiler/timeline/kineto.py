@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..heap import release_free_memory, small_pages
+from ..heap import release_free_memory, bulk_memory
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import Ticker
 from .model import (ACTIVITY_COLUMNS, DISPATCHER_OP, METADATA_OPS, Timeline, external_id_mode, finish_kernels,
@@ -488,7 +488,7 @@ def _external_id(args: dict) -> int | None:
     return _int_or_none(args.get("External id", args.get("external id")))
 
 
-@small_pages()
+@bulk_memory()
 def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     """Read a torch.profiler Chrome trace (GPU or CPU-only) into the timeline tables.
 

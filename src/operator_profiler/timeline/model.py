@@ -14,7 +14,7 @@ import pandas as pd
 
 from .. import tables
 from ..files import write_parquet_atomic
-from ..heap import release_free_memory, small_pages
+from ..heap import release_free_memory, bulk_memory
 from ..naming import PHASE_PREFIX, PHASES
 
 
@@ -234,7 +234,7 @@ def external_id_mode(kernels: pd.DataFrame) -> str:
     return "correlation" if same > 0.5 else "op_id"
 
 
-@small_pages()
+@bulk_memory()
 def write_timeline(timeline: Timeline, out_dir: Path) -> None:
     """Write ``kernels.parquet``, ``launches.parquet``, ``ranges.parquet`` into ``out_dir``."""
     out_dir = Path(out_dir)

@@ -28,7 +28,7 @@ from .. import tables
 from ..files import write_json
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
-from ..heap import release_free_memory, small_pages
+from ..heap import release_free_memory, bulk_memory
 from ..errors import NsysExportError
 from .model import ACTIVITY_COLUMNS, Timeline, all_null_ints, finish_kernels, kernel_iterations, take_rows
 from .nesting import nest_push_pop, nesting_order
@@ -1125,7 +1125,7 @@ def _is_nsys_export(export: _Export) -> bool:
     return export.has("StringIds") and (any(export.has(t) for t in markers) or _nvtx_table(export, {"warnings": []}))
 
 
-@small_pages()
+@bulk_memory()
 def read_nsys(path: Path) -> NsysTimeline:
     """Read an nsys SQLite export into the timeline tables.
 
@@ -1415,7 +1415,7 @@ def read_report(path: Path) -> NsysTimeline:
     return read_nsys(path)
 
 
-@small_pages()
+@bulk_memory()
 def write_nsys_timeline(timeline: NsysTimeline, out_dir: Path) -> None:
     """The timeline tables (with ``gpu_activities.parquet``) and ``diagnostics.json``."""
     from .model import write_timeline
