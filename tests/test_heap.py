@@ -1,5 +1,6 @@
-"""heap.bulk_memory: numpy's huge-page advice is off while a reader or an attribution runs, and back as it
-was after, also after an error and when calls overlap on two threads."""
+"""heap.bulk_memory: numpy's huge-page advice is off (and, where asked, Arrow allocates with the system allocator)
+while a reader or an attribution runs; both are back as they were after, also after an error and when calls
+overlap on two threads."""
 
 from __future__ import annotations
 
@@ -30,21 +31,28 @@ def pool() -> str:
 @pytest.mark.parametrize("before", [True, False])
 def test_bulk_memory_sets_both_and_restores_them(before):
     saved = switch(before)
+    pool_before = pool()
     try:
-        with heap.bulk_memory():
-            assert advice() is False
+        with heap.bulk_memory(system_pool=True):
+            assert (advice(), pool()) == (False, "system")
             with heap.bulk_memory():
-                assert advice() is False
-            assert advice() is False  # the outer call still runs
-        assert advice() is before
+                assert (advice(), pool()) == (False, "system")
+            assert (advice(), pool()) == (False, "system")  # the outer call still runs
+        assert (advice(), pool()) == (before, pool_before)
+        with heap.bulk_memory():
+            assert (advice(), pool()) == (False, pool_before)  # Arrow's pool only where asked
+            with heap.bulk_memory(system_pool=True):
+                assert (advice(), pool()) == (False, "system")
+            assert (advice(), pool()) == (False, pool_before)
+        assert (advice(), pool()) == (before, pool_before)
     finally:
         switch(saved)
 
 
-def test_a_reader_restores_the_advice_after_an_error(tmp_path):
+def test_a_reader_restores_both_after_an_error(tmp_path):
     saved = switch(True)
+    pool_before = pool()
     try:
-        pool_before = pool()
         with pytest.raises(NsysExportError):
             read_nsys(tmp_path / "missing.sqlite")
         assert (advice(), pool()) == (True, pool_before)
@@ -52,21 +60,21 @@ def test_a_reader_restores_the_advice_after_an_error(tmp_path):
         switch(saved)
 
 
-def test_overlapping_calls_on_two_threads_restore_it_once_both_end():
+def test_overlapping_calls_on_two_threads_restore_both_once_both_end():
     saved = switch(True)
-    pool_before = pa.default_memory_pool()
+    pool_before = pool()
     first_in, second_done = threading.Event(), threading.Event()
     seen = {}
 
     def first():
-        with heap.bulk_memory():
+        with heap.bulk_memory(system_pool=True):
             first_in.set()
             second_done.wait(5)
             seen["first, after the second ended"] = advice(), pool()
 
     def second():
         first_in.wait(5)
-        with heap.bulk_memory():
+        with heap.bulk_memory(system_pool=True):
             seen["second"] = advice(), pool()
         second_done.set()
 
@@ -77,6 +85,6 @@ def test_overlapping_calls_on_two_threads_restore_it_once_both_end():
         for t in threads:
             t.join()
         assert seen == {"second": (False, "system"), "first, after the second ended": (False, "system")}
-        assert (advice(), pool()) == (True, pool_before.backend_name)
+        assert (advice(), pool()) == (True, pool_before)
     finally:
         switch(saved)

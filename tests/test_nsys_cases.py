@@ -540,3 +540,20 @@ def test_large_pids_and_any_row_order_of_the_ranges_table(tmp_path):
     kl = pd.DataFrame({"kernel_id": timeline.kernels["kernel_id"], "layer": None, "module": None, "layer_class": "rest"})
     reversed_table = timeline.ranges.iloc[::-1].reset_index(drop=True)
     assert attribute_nvtx(timeline.kernels, reversed_table, kl)["operator"].tolist() == ["aten::mm"]
+
+
+def test_c12_backward_links_by_exact_sequence_numbers_above_2_53(tmp_path):
+    """Sequence numbers beyond 2**53 are compared as integers: 2**53 and 2**53 + 1 are two forward ops (as
+    floats both are 2**53, and the backward range was linked to the wrong one)."""
+    big = 2**53
+    export = {
+        "nvtx": [Nvtx(f"aten::addmm, seq = {big + 1}", 59, "10:1", 100, 200),
+                 Nvtx(f"aten::mul, seq = {big}", 59, "10:1", 300, 400),
+                 Nvtx(f"AddmmBackward0, seq = {big + 1}", 59, "10:2", 1000, 1200),
+                 Nvtx("aten::mm", 59, "10:2", 1010, 1090)],
+        **rows(launch("k_fwd", "10:1", 150, 1), launch("k_mul", "10:1", 350, 2), launch("k_bwd", "10:2", 1050, 3)),
+    }
+    _, att = run(tmp_path, **export)
+    row = by_name(att)["k_bwd"]
+    assert row["forward_operator"] == "aten::addmm"
+    assert evidence(row)["backward_seq"] == big + 1

@@ -11,8 +11,10 @@ every fresh mapping paying its page faults.) Does nothing without glibc.
 nsys export, 2 cores): numpy asks for no transparent huge pages (it advises them, ``madvise``, for every array of
 4 MiB or more, and where the kernel's THP defrag setting is ``madvise``, its default, each fresh array may wait for
 the kernel to compact memory into a 2 MiB page: ``read_nsys`` 9.3 -> 7.0 s of CPU, ``attribute_nvtx`` 1.9 ->
-1.5 s), and Arrow allocates with the system allocator rather than its default mimalloc (``read_nsys`` 7.2-7.6 ->
-6.1-6.4 s of CPU, same peak RSS; the 10x Kineto trace 5.8-6.1 -> 5.4-5.6 s).
+1.5 s), and for the nsys reader and NVTX attribution Arrow allocates with the system allocator rather than its
+default mimalloc (``read_nsys`` 7.2-7.6 -> 6.1-6.4 s of CPU, ``attribute_nvtx`` 1.9 -> 1.45 s, same peak RSS).
+Not on the Kineto path: there it saved 0.2-0.4 s of 5.9 s on the 10x trace but raised the peak RSS by 65 MB
+(590 -> 655 MB).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import threading
 
 
 _settings_lock = threading.Lock()
-_settings_users = [0, None]  # calls in progress, the settings before the first of them
+_settings_users = [0, None]  # calls in progress, numpy's huge-page advice before the first of them
+_pool_users = [0, None]  # calls in progress that asked for Arrow's system pool, the pool before the first
 
 
 @functools.cache
@@ -48,9 +51,8 @@ def release_free_memory() -> None:
     arrow = sys.modules.get("pyarrow")  # (never imported for this)
     if arrow is not None:
         arrow.default_memory_pool().release_unused()
-        saved = _settings_users[1] if _settings_users[0] else None
-        if saved is not None and saved[1] is not None:  # (under bulk_memory: the pool of what came before)
-            saved[1].release_unused()
+        if _pool_users[1] is not None:  # (under bulk_memory: the pool of what came before)
+            _pool_users[1].release_unused()
 
 
 def _numpy_huge_page_switch():
@@ -66,31 +68,33 @@ def _numpy_huge_page_switch():
     return _set_madvise_hugepage
 
 
-def _swap_settings(saved):
-    """Put ``saved`` (numpy's huge-page advice, Arrow's default pool) in place, or with None the bulk settings;
-    returns the settings replaced."""
+@contextlib.contextmanager
+def bulk_memory(system_pool: bool = False):
+    """The allocator settings for building and dropping columns of millions of rows (see the module's
+    docstring) while this runs: a context manager, or a decorator (``@bulk_memory()``). ``system_pool``:
+    Arrow allocates with the system allocator too. The settings are process-wide, each counted apart: the
+    first of concurrent users of one saves it, the last one puts it back."""
     import pyarrow
 
     switch = _numpy_huge_page_switch()
-    advice = switch(False if saved is None else saved[0]) if switch is not None else None
-    pool = pyarrow.default_memory_pool()
-    pyarrow.set_memory_pool(pyarrow.system_memory_pool() if saved is None else saved[1])
-    return advice, pool
-
-
-@contextlib.contextmanager
-def bulk_memory():
-    """The allocator settings for building and dropping columns of millions of rows (see the module's
-    docstring) while this runs: a context manager, or a decorator (``@bulk_memory()``). They are
-    process-wide: the first of concurrent users saves the settings, the last one puts them back."""
     with _settings_lock:
-        if _settings_users[0] == 0:
-            _settings_users[1] = _swap_settings(None)
+        if switch is not None and _settings_users[0] == 0:
+            _settings_users[1] = switch(False)
         _settings_users[0] += 1
+        if system_pool:
+            if _pool_users[0] == 0:
+                _pool_users[1] = pyarrow.default_memory_pool()
+                pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+            _pool_users[0] += 1
     try:
         yield
     finally:
         with _settings_lock:
             _settings_users[0] -= 1
-            if _settings_users[0] == 0:
-                _swap_settings(_settings_users[1])
+            if switch is not None and _settings_users[0] == 0:
+                switch(_settings_users[1])
+            if system_pool:
+                _pool_users[0] -= 1
+                if _pool_users[0] == 0:
+                    pyarrow.set_memory_pool(_pool_users[1])
+                    _pool_users[1] = None

@@ -112,9 +112,11 @@ class _Ranges:
             lambda names: pc.starts_with(names, PHASE_PREFIX))
         self.unclosed = ranges["unclosed"].fillna(False).to_numpy(dtype=bool) if "unclosed" in ranges else \
             ranges["end_ns"].isna().to_numpy()
-        self.seq = ranges["seq"].to_numpy(dtype=float, na_value=np.nan)
-        stashed = ranges["stashed_seq"] if "stashed_seq" in ranges else pd.Series([pd.NA] * n, dtype="Int64")
-        self.stashed = stashed.to_numpy(dtype=float, na_value=np.nan)
+        # Sequence numbers as int64 with a mask (as floats, two numbers above 2**53 could compare equal).
+        seq = pd.array(ranges["seq"], dtype="Int64")
+        self.seq, self.has_seq = seq.to_numpy(dtype=np.int64, na_value=0), ~seq.isna()
+        stashed = pd.array(ranges["stashed_seq"] if "stashed_seq" in ranges else [pd.NA] * n, dtype="Int64")
+        self.stashed, self.has_stashed = stashed.to_numpy(dtype=np.int64, na_value=0), ~stashed.isna()
         self.backward_node = self._by_name(lambda names: pc.match_substring_regex(names, BACKWARD_NODE.pattern))
         present = np.sort(pd.unique(self.domain_code[self.push_pop])) if n else []
         self.domains = sorted(str(self.domain_labels[c]) for c in present)
@@ -288,8 +290,9 @@ def _layer_rows(index: _Ranges, innermost: dict[str, np.ndarray], m: int) -> np.
     return _pick_innermost(index, [index.climb(c, index.is_layer) for c in innermost.values()], m)
 
 
-def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(forward op row, backward seq used) for each operator row.
+def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray
+                  ) -> tuple[np.ndarray, pd.arrays.IntegerArray]:
+    """(forward op row, backward seq used: null where none) for each operator row.
 
     The innermost range at or above the op carrying ``stashed seq = N``, or a backward node with
     ``seq = N``, names N. The forward op is an operator range of the same process with ``seq = N``
@@ -299,29 +302,28 @@ def _forward_rows(index: _Ranges, op_rows: np.ndarray, eligible: np.ndarray) -> 
     """
     m = len(op_rows)
     forward = np.full(m, -1, dtype=np.int64)
-    seq_used = np.full(m, np.nan)
+    seq_used = pd.arrays.IntegerArray(np.zeros(m, dtype=np.int64), np.ones(m, dtype=bool))
     if not m or not index.n:
         return forward, seq_used
-    links = ~np.isnan(index.stashed) | (index.backward_node & ~np.isnan(index.seq))
+    links = index.has_stashed | (index.backward_node & index.has_seq)
     linked = index.climb(op_rows, links)
     has = np.flatnonzero(linked >= 0)
     if not len(has):
         return forward, seq_used
     rows = linked[has]
-    seq = np.where(~np.isnan(index.stashed[rows]), index.stashed[rows], index.seq[rows])
-    seq_used[has] = seq
+    seq_used[has] = np.where(index.has_stashed[rows], index.stashed[rows], index.seq[rows])
     in_backward = index.climb(np.where(index.parent >= 0, index.parent, -1), index.backward_node) >= 0
-    candidates = np.flatnonzero(eligible & ~index.backward_node & ~in_backward & ~np.isnan(index.seq))
+    candidates = np.flatnonzero(eligible & ~index.backward_node & ~in_backward & index.has_seq)
     if not len(candidates):
         return forward, seq_used
     # Candidates sorted by (pid, seq, start): the answer is the last one at or before the backward range's start.
     order = np.lexsort((index.start[candidates], index.seq[candidates], index.pid[candidates]))
     candidates = candidates[order]
-    keys = pd.MultiIndex.from_arrays([index.pid[candidates], index.seq[candidates].astype(np.int64)])
+    keys = pd.MultiIndex.from_arrays([index.pid[candidates], index.seq[candidates]])
     first = pd.Series(np.arange(len(candidates)), index=keys).groupby(level=[0, 1]).agg(["min", "max"])
     inverse, unique_rows = pd.factorize(rows)  # one lookup per backward range (hash: numpy's unique is slow)
-    unique_seq = np.where(~np.isnan(index.stashed[unique_rows]), index.stashed[unique_rows], index.seq[unique_rows])
-    bounds = first.reindex(pd.MultiIndex.from_arrays([index.pid[unique_rows], unique_seq.astype(np.int64)]))
+    unique_seq = np.where(index.has_stashed[unique_rows], index.stashed[unique_rows], index.seq[unique_rows])
+    bounds = first.reindex(pd.MultiIndex.from_arrays([index.pid[unique_rows], unique_seq]))
     starts = index.start[candidates]
     answer = np.full(len(unique_rows), -1, dtype=np.int64)
     for i, (lo, hi, t) in enumerate(zip(bounds["min"], bounds["max"], index.start[unique_rows])):
@@ -495,7 +497,7 @@ def _stack_json(index: _Ranges, rows: np.ndarray) -> tuple[pa.Array, np.ndarray,
 
 
 def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found: Enclosure, tag_domains: list[str],
-                   regions: list[list[str]], has_regions: np.ndarray, seq_used: np.ndarray, forward: np.ndarray,
+                   regions: list[list[str]], has_regions: np.ndarray, seq_used: pd.arrays.IntegerArray, forward: np.ndarray,
                    reason: np.ndarray) -> pd.api.extensions.ExtensionArray:
     """``{"nvtx": {...}}`` per kernel with sorted keys: backward_seq, cuda_graph_replay, forward_link,
     operator, reason, regions, stack, tags. Kernels whose pieces agree (the same head and middle keys,
@@ -506,13 +508,13 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         return pd.array([], dtype="str")
     head = np.full(m, "", dtype=object)  # keys before "operator"
     middle = np.full(m, "", dtype=object)  # keys between "operator" and "stack"
-    for k in np.flatnonzero(~np.isnan(seq_used) | found.replay):
+    for k in np.flatnonzero(~seq_used.isna() | found.replay):
         parts = []
-        if not np.isnan(seq_used[k]):
+        if not pd.isna(seq_used[k]):
             parts.append(f'"backward_seq": {int(seq_used[k])}')
         if found.replay[k]:
             parts.append('"cuda_graph_replay": true')
-        if not np.isnan(seq_used[k]) and forward[k] < 0:
+        if not pd.isna(seq_used[k]) and forward[k] < 0:
             note = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
             parts.append(f'"forward_link": {json.dumps(note)}')
         head[k] = "".join(p + ", " for p in parts)
@@ -594,7 +596,7 @@ def _warn_about_domains(index: _Ranges, options: NvtxOptions, found: Enclosure, 
                         ", ".join(repr(d) for d in options.operator_domains))
 
 
-@bulk_memory()
+@bulk_memory(system_pool=True)
 def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
                    options: NvtxOptions = NvtxOptions()) -> pd.DataFrame:
     """Attribute every kernel of an nsys timeline by NVTX enclosure.
@@ -699,7 +701,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     return out
 
 
-@bulk_memory()
+@bulk_memory(system_pool=True)
 def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (docs/formats.md#nsys-nvtx-projection).
 

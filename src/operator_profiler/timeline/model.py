@@ -114,8 +114,10 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
     else:
         kernels["range_id"] = all_null_ints(len(kernels))
         kernels["parent_kernel_id"] = all_null_ints(len(kernels))
-    # Without mangled names (Kineto) the key is the name itself: share its column instead of copying it.
-    kernels["match_key"] = (kernels["name"] if kernels["mangled_name"].isna().all()
+    # The mangled name, else the name: a column of its own only where both are needed (otherwise the
+    # column is shared, not copied: Kineto has no mangled names, nsys has them for every kernel).
+    missing = kernels["mangled_name"].isna()
+    kernels["match_key"] = (kernels["name"] if missing.all() else kernels["mangled_name"] if not missing.any()
                             else kernels["mangled_name"].fillna(kernels["name"]))
     # Per process: correlation ids and launch order are per process (a multi-rank capture, docs/field-cases.md C22).
     kernels["occurrence"] = kernels.groupby(["pid", "match_key"]).cumcount().astype("int64")

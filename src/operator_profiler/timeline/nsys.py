@@ -1125,7 +1125,7 @@ def _is_nsys_export(export: _Export) -> bool:
     return export.has("StringIds") and (any(export.has(t) for t in markers) or _nvtx_table(export, {"warnings": []}))
 
 
-@bulk_memory()
+@bulk_memory(system_pool=True)
 def read_nsys(path: Path) -> NsysTimeline:
     """Read an nsys SQLite export into the timeline tables.
 
@@ -1415,7 +1415,7 @@ def read_report(path: Path) -> NsysTimeline:
     return read_nsys(path)
 
 
-@bulk_memory()
+@bulk_memory(system_pool=True)
 def write_nsys_timeline(timeline: NsysTimeline, out_dir: Path) -> None:
     """The timeline tables (with ``gpu_activities.parquet``) and ``diagnostics.json``."""
     from .model import write_timeline
