@@ -502,7 +502,7 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     """``{"nvtx": {...}}`` per kernel with sorted keys: backward_seq, cuda_graph_replay, forward_link,
     operator, reason, regions, stack, tags. Kernels whose pieces agree (the same head and middle keys,
     operator name, list of stack names and tag names) share one text: each distinct text is assembled
-    once (:func:`_evidence_texts`) and taken for its kernels (Arrow strings, no Python str per kernel)."""
+    once (:func:`_evidence_texts`), and the column is a categorical of them (no string per kernel)."""
     m = len(shown)
     if not m:
         return pd.array([], dtype="str")
@@ -535,7 +535,9 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     first = np.unique(group, return_index=True)[1]  # one kernel per distinct text, in code order
     texts = _evidence_texts(index, shown[first], op_rows[first], {d: rows[first] for d, rows in tags.items()},
                             head[first], middle[first])
-    return texts.take(pa.array(group)).to_pandas().array
+    # A categorical: a million kernels share a few thousand texts (written as plain strings, the table contract).
+    text_of_group, distinct = pd.factorize(texts.to_pandas())
+    return pd.Categorical.from_codes(text_of_group[group], categories=pd.Index(distinct, dtype="str"))
 
 
 def _evidence_texts(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, tags: dict[str, np.ndarray],
@@ -610,7 +612,8 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         The ATTRIBUTION columns plus ``operator_range_id``, ``duration_ns`` (ns), ``iteration``, ``name``
         and ``regions`` (start/end range names). ``path`` is ``nvtx`` or ``unattributed``; ``reason`` is
         one of :data:`REASONS` (``unclosed_range`` also on attributed kernels: low confidence);
-        ``evidence`` is JSON ``{"nvtx": {"stack", "operator", "tags", "regions", ...}}``.
+        ``evidence`` is JSON ``{"nvtx": {"stack", "operator", "tags", "regions", ...}}`` (a categorical:
+        kernels share a few distinct texts; the parquet file holds plain strings).
     """
     release_free_memory()  # what the stages before left free (this is the peak of a big capture)
     index = _Ranges(ranges)
