@@ -111,3 +111,18 @@ def test_group_codes_treat_none_as_a_value_and_number_by_first_appearance():
     stacks = np.array([1, 1, 1, 2, 1])
     assert group_codes([ops, kinds, stacks]).tolist() == [0, 1, 0, 2, 3]
     assert pd.Series(group_codes([])).empty
+
+
+def test_group_codes_equal_a_tuple_numbering_on_random_columns():
+    """Integer columns (narrow, negative, spanning all of int64), object columns with None, and enough
+    columns for the key to be renumbered on the way: the codes number the distinct row tuples by first
+    appearance."""
+    rng = np.random.default_rng(3)
+    n = 5_000
+    columns = [rng.integers(-2, 3, n), rng.integers(0, 2**40, n) * rng.integers(0, 2, n),
+               np.where(rng.random(n) < 0.5, np.iinfo(np.int64).min, np.iinfo(np.int64).max),
+               np.array([None if v == 0 else f"t{v}" for v in rng.integers(0, 4, n)], dtype=object),
+               np.zeros(n, dtype=np.int64)] + [rng.integers(0, 7, n) for _ in range(25)]
+    seen: dict = {}
+    expected = [seen.setdefault(row, len(seen)) for row in zip(*(c.tolist() for c in columns))]
+    assert group_codes(columns).tolist() == expected

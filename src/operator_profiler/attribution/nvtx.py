@@ -506,9 +506,9 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
     m = len(shown)
     if not m:
         return pd.array([], dtype="str")
-    head = np.full(m, "", dtype=object)  # keys before "operator"
-    middle = np.full(m, "", dtype=object)  # keys between "operator" and "stack"
-    for k in np.flatnonzero(~seq_used.isna() | found.replay):
+    head_rows = np.flatnonzero(~seq_used.isna() | found.replay)
+    heads = []  # keys before "operator"
+    for k in head_rows:
         parts = []
         if not pd.isna(seq_used[k]):
             parts.append(f'"backward_seq": {int(seq_used[k])}')
@@ -517,14 +517,19 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         if not pd.isna(seq_used[k]) and forward[k] < 0:
             note = f"no forward op with seq = {int(seq_used[k])} (no stashed-seq marker)"
             parts.append(f'"forward_link": {json.dumps(note)}')
-        head[k] = "".join(p + ", " for p in parts)
-    for k in np.flatnonzero(pd.notna(reason) | has_regions):
+        heads.append("".join(p + ", " for p in parts))
+    middle_rows = np.flatnonzero(pd.notna(reason) | has_regions)
+    middles = []  # keys between "operator" and "stack"
+    for k in middle_rows:
         parts = []
         if reason[k] is not None:
             parts.append(f'"reason": {json.dumps(reason[k])}')
         if regions[k]:
             parts.append(f'"regions": {json.dumps(regions[k])}')
-        middle[k] = "".join(", " + p for p in parts)
+        middles.append("".join(", " + p for p in parts))
+    # Each as a code into its distinct texts (0: ""): hashing a million Python strings costs more.
+    head, head_texts = _text_codes(m, head_rows, heads)
+    middle, middle_texts = _text_codes(m, middle_rows, middles)
     tags = {d: found.innermost[d] for d in tag_domains}
     if index.n:
         names = index.name_codes()
@@ -534,10 +539,28 @@ def _evidence_json(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, found
         group = group_codes([head, middle])
     first = np.unique(group, return_index=True)[1]  # one kernel per distinct text, in code order
     texts = _evidence_texts(index, shown[first], op_rows[first], {d: rows[first] for d, rows in tags.items()},
-                            head[first], middle[first])
+                            head_texts[head[first]], middle_texts[middle[first]])
     # A categorical: a million kernels share a few thousand texts (written as plain strings, the table contract).
     text_of_group, distinct = pd.factorize(texts.to_pandas())
     return pd.Categorical.from_codes(text_of_group[group], categories=pd.Index(distinct, dtype="str"))
+
+
+def _filled(m: int, value) -> np.ndarray:
+    """An object array of ``m`` references to ``value`` (a list of them is converted element by element)."""
+    out = np.empty(m, dtype=object)
+    out.fill(value)
+    return out
+
+
+def _text_codes(m: int, rows: np.ndarray, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``texts`` (one per row of ``rows``, the other of ``m`` rows: "") as (a code per row, the distinct texts
+    with "" at code 0)."""
+    codes = np.zeros(m, dtype=np.int64)
+    if not len(rows):
+        return codes, np.array([""], dtype=object)
+    found, distinct = pd.factorize(np.array(texts, dtype=object))
+    codes[rows] = found + 1
+    return codes, np.concatenate([np.array([""], dtype=object), np.asarray(distinct, dtype=object)])
 
 
 def _evidence_texts(index: _Ranges, shown: np.ndarray, op_rows: np.ndarray, tags: dict[str, np.ndarray],
@@ -672,8 +695,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         pick("layer_class")
     operator_range_id = pd.arrays.IntegerArray(
         index.range_id[np.maximum(op_rows, 0)] if index.n else np.zeros(m, dtype=np.int64), ~attributed)
-    path = np.full(m, "unattributed", dtype=object)  # (np.where would make a 48-byte fixed-width string per row)
-    path[attributed] = "nvtx"
+    path = pa.array(["unattributed", "nvtx"]).take(pa.array(attributed.view(np.int8))).to_pandas().array
     # The range index and enclosure results are done with: the table below is a big capture's peak.
     del index, found, by_kernel, shown, op_rows, forward, other_thread
     release_free_memory()
@@ -687,9 +709,9 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
             "layer_class": layer_class,
             "path": path,
             # One shared empty list: path (b) names no fused ops (a million separate lists cost 100 MB).
-            "fused_ops": [NO_ITEMS] * m,
-            "source_nodes": [NO_ITEMS] * m,
-            "listed_not_computed": [NO_ITEMS] * m,
+            "fused_ops": _filled(m, NO_ITEMS),
+            "source_nodes": _filled(m, NO_ITEMS),
+            "listed_not_computed": _filled(m, NO_ITEMS),
             "reason": reason,
             "evidence": evidence,
             "operator_range_id": operator_range_id,

@@ -11,10 +11,23 @@ def group_codes(columns: list[np.ndarray]) -> np.ndarray:
     """One code per row, equal where the rows agree on every column (None is a value), numbered 0..k-1
     in order of first appearance."""
     key = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    bound = 1  # every key is below it
     for column in columns:
-        codes, distinct = pd.factorize(column, use_na_sentinel=True)
-        key, _ = pd.factorize(key * (len(distinct) + 1) + codes + 1)
-    return key
+        column = np.asarray(column)
+        low, high = (int(column.min()), int(column.max())) if column.dtype.kind in "iu" and len(column) else (0, -1)
+        if 0 <= high - low < 2**31:  # integers of a narrow span: their offset from the least is a code
+            codes, width = column.astype(np.int64) - low, high - low + 1
+        else:
+            codes, distinct = pd.factorize(column, use_na_sentinel=True)
+            codes, width = codes + 1, len(distinct) + 1
+        if width == 1:
+            continue  # one value: no row differs
+        if bound * width >= 2**62:  # renumber densely before the product could overflow
+            key, distinct_keys = pd.factorize(key)
+            bound = len(distinct_keys)
+        key = key * width + codes
+        bound *= width
+    return pd.factorize(key)[0] if len(key) else key
 
 
 def path_codes(parent: np.ndarray, name_code: np.ndarray, rows: np.ndarray) -> np.ndarray:

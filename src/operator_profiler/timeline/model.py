@@ -129,6 +129,8 @@ def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> 
 def kernel_iterations(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.arrays.IntegerArray:
     """The measured iteration of each kernel: the iteration range open at its launch call (its start
     when the launch is unknown)."""
+    if not ranges["iteration"].notna().any():
+        return all_null_ints(len(kernels))
     launch = kernels["launch_start_ns"].fillna(kernels["start_ns"]).astype("int64").to_numpy()
     return iteration_at(kernels["pid"].to_numpy(), launch, ranges)
 

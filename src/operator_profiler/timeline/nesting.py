@@ -72,18 +72,22 @@ def nesting_order(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.n
 def _stacks(ranges: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The push/pop ``rows`` ordered by stack then by their order in ``ranges``, and each one's stack as a
     dense code (0, 1, ... in that order)."""
+    every = len(rows) == len(ranges)  # (all push/pop: the columns themselves, no copies)
     domain = ranges["domain"]
-    domain = domain.cat.codes.to_numpy()[rows] if isinstance(domain.dtype, pd.CategoricalDtype) else \
-        domain.to_numpy(dtype=object)[rows]
-    pid, tid = ranges["pid"].to_numpy()[rows], ranges["tid"].to_numpy()[rows]
+    domain = domain.cat.codes.to_numpy() if isinstance(domain.dtype, pd.CategoricalDtype) else \
+        domain.to_numpy(dtype=object)
+    pid, tid = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
+    if not every:
+        domain, pid, tid = domain[rows], pid[rows], tid[rows]
     domain = np.asarray(domain)
     if domain.dtype.kind not in "iu":
         domain, _ = pd.factorize(domain)
     thread = (np.asarray(pid, dtype=np.int64) << 24) | np.asarray(tid, dtype=np.int64)
-    if len(rows) > 1 and domain.min() >= 0 and (np.diff(thread) >= 0).all():
+    change = thread[1:] != thread[:-1]
+    if len(rows) > 1 and domain.min() >= 0 and (~change | (thread[1:] > thread[:-1])).all():
         # The reader's order (by thread, then start): a thread is a run of rows, and a small stack code
         # (thread number x domains + domain) sorts stably by radix in one pass.
-        thread_no = np.cumsum(np.r_[0, thread[1:] != thread[:-1]])
+        thread_no = np.cumsum(np.r_[False, change], dtype=np.int64)
         key = thread_no * (int(domain.max()) + 1) + domain
         if key.max() < 2**16:
             order = np.argsort(key.astype(np.uint16), kind="stable")

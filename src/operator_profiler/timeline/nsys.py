@@ -1267,6 +1267,9 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
     launches["api"] = launches["api"].astype("category")
     release_free_memory()
     stage_done(f"{export.path.name}: read {len(kernels):,} kernels", start)
+    # (Before the ranges: their thread may still be at work.)
+    activities = _read_activities(export, launch_index)
+    launches = _own_process_launches(launches, kernels, activities, diagnostics)
     diagnostics["warnings"] += range_notes["warnings"]
     diagnostics["nvtx_table"] = range_notes.get("nvtx_table")
     ranges = reader.result() if reader is not None else None
@@ -1285,8 +1288,6 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
                                        "duration 0")
         kernels.loc[inverted, "duration_ns"] = 0
     stage_done(f"{export.path.name}: read {len(ranges):,} NVTX ranges", start)
-    activities = _read_activities(export, launch_index)
-    launches = _own_process_launches(launches, kernels, activities, diagnostics)
     _summarise(export, kernels, launches, ranges, activities, diagnostics)
     release_free_memory()  # (and Arrow's pool: it keeps freed blocks)
     log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"] or "unknown",
