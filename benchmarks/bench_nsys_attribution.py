@@ -413,7 +413,15 @@ def main() -> None:
     try:  # (from here on, the finally releases the child waiting for its work)
         if not args.source.is_file():
             raise SystemExit(f"source export not found: {args.source} (--source names a real nsys SQLite export)")
-        plan = Template(args.source, args.kernels, args.ranges, args.runtime)
+        if path.is_dir() or any(p.exists() and not p.is_dir() for p in path.parents):
+            raise SystemExit(f"--out {path}: names a folder, or a folder above it is a file: give a file path "
+                             "(e.g. /tmp/big.sqlite)")
+        try:
+            plan = Template(args.source, args.kernels, args.ranges, args.runtime)
+        except (sqlite3.Error, KeyError, IndexError, TypeError) as exc:
+            raise SystemExit(f"--source {args.source}: not an nsys SQLite export this benchmark can replicate "
+                             f"({type(exc).__name__}: {exc}); it needs KERNEL, RUNTIME and NVTX_EVENTS rows whose "
+                             "kernels join their launch calls") from None
         print(f"source: {args.source.name} ({len(plan.rows[KERNEL])} kernels, {len(plan.range_rows)} NVTX ranges, "
               f"{len(plan.rows[RUNTIME])} RUNTIME rows replicated per copy), {plan.copies:,} copies, "
               f"period {plan.period / 1e6:.1f} ms")
