@@ -372,6 +372,28 @@ def test_a_convolution_call_puts_its_work_on_the_innermost_kernel_that_computes(
     assert (carriers["flops"] == _flop_counter_total(lambda: conv(x))).all()
 
 
+def test_a_wrapper_preempted_in_one_call_does_not_take_the_work_of_the_op_it_calls(tmp_path):
+    """Field case (an intermittent suite failure under load): a preemption inside aten::_convolution's own 20 us in
+    one iteration made its self time outweigh aten::_slow_conv2d_forward's, and the convolution's FLOPs went on the
+    wrapper. Simulated on a real trace: that wrapper's self time in the first call is made 10x the child's."""
+    from operator_profiler import tables
+
+    conv, x = nn.Conv2d(3, 8, 3), torch.randn(1, 3, 10, 10)
+    trace = _record(lambda: conv(x), tmp_path / "trace.json")
+    stages.export_timeline(trace, tmp_path / "timeline")
+    path = tmp_path / "timeline" / "kernels.parquet"
+    kernels = tables.read_table(path)
+    wrappers = kernels.index[kernels["name"] == "aten::_convolution"]
+    child = kernels.loc[kernels["name"] == "aten::_slow_conv2d_forward", "duration_ns"]
+    assert len(wrappers) == ITERATIONS and len(child) == ITERATIONS
+    kernels.loc[wrappers[0], "duration_ns"] = 10 * int(child.max())
+    tables.write_table(kernels, tables.KERNELS, path)
+    attribution = stages.attribute_files(tmp_path / "timeline", None, None, tmp_path / "attribution.parquet")
+    work = stages.work_files(tmp_path / "timeline", tmp_path / "attribution.parquet", tmp_path / "work.parquet")
+    carriers = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id").query("flops > 0")
+    assert carriers["operator"].tolist() == ["aten::_slow_conv2d_forward"] * ITERATIONS
+
+
 def test_a_fused_kernel_does_not_count_an_op_an_extern_call_computes():
     """Compiled conv_block: Inductor's provenance puts the convolution node on the kernel that lays out the conv's
     input, while extern_kernels.convolution computes it (the fusion map's listed_not_computed)."""

@@ -91,15 +91,21 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
     # aten::add of the biases nested in it (a rule preferring innermost kernels put an LSTM's work on that add).
     # A composite op (aten::linear, aten::matmul: CompositeImplicitAutograd) only decomposes: never the carrier
     # while a kernel of the ops it decomposes into is in the call, however short that one ran.
-    # "Longest" is the operator's time summed over every call of the same op (all iterations), not this call's
-    # alone: one call's self time can swell with a preemption (a wrapper's would then carry that call's work), and
-    # every call of one op should put its work on the same operator.
+    # "Longest" is the operator's time in one call (its kernels summed), in the call of the same op where that time
+    # is least (over all iterations), not this call's alone: a call's self time can swell with a preemption (a
+    # wrapper such as aten::_convolution, 20 us of its own, would then outweigh the 5 ms of the
+    # aten::_slow_conv2d_forward it calls, and carry that call's work; a sum over the calls has the same flaw),
+    # and every call of one op should put its work on the same operator.
     call_names = [sides[c[0]].names[c[1]] if c is not None else None for c in call_of]
-    total: dict[tuple, int] = {}
+    per_call: dict[tuple, int] = {}
     for i in range(n):
         if call_of[i] is not None:
-            key = (call_names[i], operators[i])
-            total[key] = total.get(key, 0) + int(duration[i])
+            key = (call_of[i], operators[i])
+            per_call[key] = per_call.get(key, 0) + int(duration[i])
+    total: dict[tuple, int] = {}  # (call name, operator) -> its least time in one call
+    for (call, operator), ns in per_call.items():
+        key = (sides[call[0]].names[call[1]], operator)
+        total[key] = min(total.get(key, ns), ns)
     rank = [(bool(computes[i]), not is_composite(operators[i]), total.get((call_names[i], operators[i]), 0),
              duration[i]) for i in range(n)]
     carriers: dict[tuple, int] = {}
