@@ -201,7 +201,10 @@ def run(python: str, script: str, trace: Path) -> dict:
     proc = subprocess.run([python, "-c", script, str(trace)], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{python} failed on {trace}:\n{proc.stderr[-3000:]}")
+        lines = proc.stderr.strip().splitlines()
+        raise SystemExit(f"{python} failed on {trace}: {lines[-1] if lines else 'no message'}"
+                         + ("" if "Error: " in (lines[-1] if lines else "") and "Traceback" not in lines[-1] else
+                            f"\n{proc.stderr[-3000:]}"))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["process_s"] = wall
     return result
@@ -212,7 +215,12 @@ def replica(cache: Path, trace: Path, copies: int) -> Path:
     if not big.exists():
         print(f"writing {big} ...", flush=True)
         # in a child: ru_maxrss survives fork+exec, so this (small) process must stay small
-        subprocess.run([sys.executable, __file__, "--write-replica", str(trace), str(big), str(copies)], check=True)
+        done = subprocess.run([sys.executable, __file__, "--write-replica", str(trace), str(big), str(copies)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise SystemExit(f"--trace {trace}: cannot be replicated ({lines[-1] if lines else 'no message'}); "
+                             "give a gzipped torch.profiler (Kineto) trace")
     return big
 
 
@@ -235,8 +243,16 @@ def main() -> None:
     args = parser.parse_args()
     if not args.trace.is_file():
         raise SystemExit(f"trace not found: {args.trace}")
-    args.cache_dir.mkdir(parents=True, exist_ok=True)
-    sizes = [int(x) for x in args.sizes.split(",")]
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--sizes {args.sizes!r}: give replica counts of 1 or more, comma-separated (e.g. 1,3,10)")
+    try:
+        args.cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"--cache-dir {args.cache_dir}: cannot be used as a folder ({exc})") from None
     traces = [(k, args.trace if k == 1 else replica(args.cache_dir, args.trace, k)) for k in sizes]
     hta = hta_python(args.cache_dir, args.hta_python, args.install_hta)
     print(f"start: {load()}")

@@ -70,6 +70,7 @@ DOMAIN_CREATE = 75
 OPS = ("aten::mm", "aten::addmm", "aten::add", "aten::copy_", "aten::mul", "aten::native_layer_norm")
 MARGIN_NS = 50  # synthetic op range = launch call widened by this much on both sides
 CHUNK_ROWS = 200_000
+MARKER = "BENCH_NSYS_ATTRIBUTION"  # a table every generated export holds: no other file is replaced
 GOAL_S, GOAL_MB, GOAL_KERNELS = 20.0, 2048.0, 1_000_000
 GOAL_RATIO, GOAL_RATIO_MB = 2.0, 1536.0  # the goal: <= 2x SQLite's own Q1 join, peak RSS <= 1.5 GB
 
@@ -123,6 +124,10 @@ class Template:
 
         # The plan.
         per_copy = len(kern)
+        if not per_copy or not self.range_rows:
+            raise SystemExit(f"--source {source}: {per_copy} kernels and {len(self.range_rows)} NVTX push/pop or "
+                             "start/end ranges; the benchmark replicates both: give an export that has kernels "
+                             "launched inside NVTX ranges")
         self.kernels, self.ranges = kernels, ranges
         self.copies = math.ceil(kernels / per_copy)
         self.kernels_in_copy = np.full(self.copies, per_copy)
@@ -198,6 +203,18 @@ def _has(conn: sqlite3.Connection, table: str) -> bool:
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
 
 
+def ours(path: Path) -> bool:
+    """Whether ``path`` is an export this benchmark generated (it holds the marker table)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return _has(conn, MARKER)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
+
+
 def counts(path: Path) -> dict[str, int] | None:
     """Row counts the plan fixes, or None when the file is not a readable export."""
     try:
@@ -242,6 +259,8 @@ def generate(plan: Template, out: Path) -> None:
     if _has(conn, "ANALYSIS_DETAILS"):
         conn.execute("UPDATE main.ANALYSIS_DETAILS SET stopTime = max(stopTime, ?), duration = max(stopTime, ?) - "
                      "startTime", (end, end))
+    conn.execute(f"CREATE TABLE main.{MARKER} (source TEXT)")  # (only such a file is ever replaced or reused)
+    conn.execute(f"INSERT INTO main.{MARKER} VALUES (?)", (str(plan.source),))
     conn.execute("COMMIT")
     conn.execute("DETACH DATABASE src")
     conn.close()
@@ -411,14 +430,21 @@ def main() -> None:
     else:
         path = args.out
     try:  # (from here on, the finally releases the child waiting for its work)
+        if args.kernels < 1 or args.ranges < 0:
+            raise SystemExit(f"--kernels {args.kernels} --ranges {args.ranges}: give at least 1 kernel and no "
+                             "negative number of ranges")
         if not args.source.is_file():
             raise SystemExit(f"source export not found: {args.source} (--source names a real nsys SQLite export)")
         if path.is_dir() or any(p.exists() and not p.is_dir() for p in path.parents):
             raise SystemExit(f"--out {path}: names a folder, or a folder above it is a file: give a file path "
                              "(e.g. /tmp/big.sqlite)")
+        if path.exists() and (path.resolve() == args.source.resolve() or not ours(path)):
+            raise SystemExit(f"--out {path}: exists and is not an export this benchmark generated"
+                             f"{' (it is the --source)' if path.resolve() == args.source.resolve() else ''}; "
+                             "it would be replaced: give a new file path")
         try:
             plan = Template(args.source, args.kernels, args.ranges, args.runtime)
-        except (sqlite3.Error, KeyError, IndexError, TypeError) as exc:
+        except (sqlite3.Error, KeyError, IndexError, TypeError, ZeroDivisionError) as exc:
             raise SystemExit(f"--source {args.source}: not an nsys SQLite export this benchmark can replicate "
                              f"({type(exc).__name__}: {exc}); it needs KERNEL, RUNTIME and NVTX_EVENTS rows whose "
                              "kernels join their launch calls") from None
@@ -429,7 +455,11 @@ def main() -> None:
             print(f"export: reusing {path} ({path.stat().st_size / 1e6:,.0f} MB)")
         else:
             t0 = time.perf_counter()
-            generate(plan, path)
+            try:
+                generate(plan, path)
+            except (OSError, sqlite3.Error) as exc:
+                raise SystemExit(f"--out {path}: cannot write the export there ({exc}); give a writable file path") \
+                    from None
             print(f"export: generated {path} in {time.perf_counter() - t0:.1f} s "
                   f"({path.stat().st_size / 1e6:,.0f} MB; not part of the figures)")
         found = counts(path)

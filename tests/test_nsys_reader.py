@@ -240,10 +240,10 @@ def test_range_texts_parse_as_the_regexes_read_them_on_random_texts(chunk, monke
         got = [None if pd.isna(v) else v for v in parsed[column].tolist()]
         assert got == values, column
     assert len(parsed.attrs["numbers_beyond_int64"]) > 100  # (the pieces make many)
-    beyond = [t for t in texts if t is not None and " = " in t for column in ("seq", "stashed_seq", "op_id")
-              if (m := re.search(nsys._FIELDS[column][1].replace("(?P<v>", "("), t, re.ASCII))
-              and not -(2 ** 63) <= int(m.group(1)) < 2 ** 63]
-    assert sorted(parsed.attrs["numbers_beyond_int64"]) == sorted(beyond)
+    beyond = [t for t in texts if t is not None and " = " in t and any(
+        (m := re.search(nsys._FIELDS[column][1].replace("(?P<v>", "("), t, re.ASCII))
+        and not -(2 ** 63) <= int(m.group(1)) < 2 ** 63 for column in ("seq", "stashed_seq", "op_id"))]
+    assert parsed.attrs["numbers_beyond_int64"] == list(dict.fromkeys(beyond))  # each text once, in text order
 
 
 # Robustness found by a fresh user (a QA pass) ------------------------------------------------------
@@ -708,3 +708,20 @@ def test_nesting_of_ranges_spanning_the_whole_int64_range():
     want_depth, want_parent, want_partial = _stack_reference(ranges)
     assert np.array_equal(parent, want_parent) and np.array_equal(depth, want_depth) and partial == want_partial
     assert parent.tolist() == [-1, 0, 1]
+
+
+def test_categorical_columns_outside_the_contract_are_plain_strings_in_the_files(real_nsys_files, tmp_path):
+    """QA: ``activity`` (a categorical in memory, not a contract column) went into kernels.parquet as a
+    dictionary column, although the files hold plain strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = next(p for p in real_nsys_files if "fuser_test_matmul" in p.name)
+    timeline = nsys.read_nsys(path)
+    assert isinstance(timeline.kernels["activity"].dtype, pd.CategoricalDtype)
+    nsys.write_nsys_timeline(timeline, tmp_path)
+    schema = pq.read_schema(tmp_path / "kernels.parquet")
+    assert not any(pa.types.is_dictionary(f.type) for f in schema)
+    assert pa.types.is_string(schema.field("activity").type) or pa.types.is_large_string(schema.field("activity").type)
+    written = pq.read_table(tmp_path / "kernels.parquet").column("activity").to_pylist()
+    assert written == timeline.kernels["activity"].astype(str).tolist()

@@ -51,8 +51,9 @@ def release_free_memory() -> None:
     arrow = sys.modules.get("pyarrow")  # (never imported for this)
     if arrow is not None:
         arrow.default_memory_pool().release_unused()
-        if _pool_users[1] is not None:  # (under bulk_memory: the pool of what came before)
-            _pool_users[1].release_unused()
+        set_aside = _pool_users[1]  # (under bulk_memory: the pool of what came before; read once: another thread
+        if set_aside is not None:  # may put it back meanwhile)
+            set_aside.release_unused()
 
 
 def _numpy_huge_page_switch():

@@ -107,7 +107,10 @@ def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     extra = [c for c in df.columns if c not in schema.names]
     table = pa.Table.from_pandas(df[schema.names], schema=schema, preserve_index=False)
     for col in extra:
-        table = table.append_column(col, pa.Array.from_pandas(df[col]))
+        column = pa.Array.from_pandas(df[col])
+        if pa.types.is_dictionary(column.type):  # (a categorical in memory: plain values in the file, as above)
+            column = column.cast(column.type.value_type)
+        table = table.append_column(col, column)
     return table
 
 

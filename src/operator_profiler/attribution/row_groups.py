@@ -15,7 +15,7 @@ def group_codes(columns: list[np.ndarray]) -> np.ndarray:
     for column in columns:
         column = np.asarray(column)
         low, high = (int(column.min()), int(column.max())) if column.dtype.kind in "iu" and len(column) else (0, -1)
-        if 0 <= high - low < 2**31:  # integers of a narrow span: their offset from the least is a code
+        if 0 <= high - low < 2**31 and high < 2**63:  # integers of a narrow span: their offset from the least is a code
             codes, width = column.astype(np.int64) - low, high - low + 1
         else:
             codes, distinct = pd.factorize(column, use_na_sentinel=True)

@@ -128,6 +128,10 @@ def parse_range_texts(texts) -> pd.DataFrame:
     for column in _FIELDS:
         out[column] = (pa.chunked_array(sizes, type=pa.string()).to_pandas() if sizes else pd.Series([], dtype="str")) \
             if column == "sizes" else pd.arrays.IntegerArray(*numbers[column])
+    if too_big:  # each text once, in the order of the texts (not of the fields and chunks)
+        listed = np.flatnonzero(pc.fill_null(pc.is_in(arr, value_set=pa.array(too_big, type=arr.type)), False)
+                                .to_numpy(zero_copy_only=False))
+        too_big = list(dict.fromkeys(arr.take(pa.array(listed)).to_pylist()))
     out.attrs["numbers_beyond_int64"] = too_big  # texts whose seq/op_id/stashed seq does not fit 64 bits
     return out
 
