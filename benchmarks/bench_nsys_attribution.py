@@ -25,7 +25,8 @@ budget of 2 ranges per kernel allows in every copy). The domain-creation row is 
 training run does not repeat per kernel): the two bracket the reader's cost of unrelated API calls.
 
 Generation (executemany in chunks, one transaction, journal off) is timed but not part of the
-figures; with ``--out`` an existing file with the expected row counts is reused.
+figures; with ``--out`` an existing file this benchmark generated (it holds the ``BENCH_NSYS_ATTRIBUTION``
+marker table) with the expected row counts is reused; any other existing file is refused, never replaced.
 
 Measured, in a spawned child process (its peak RSS read with getrusage(RUSAGE_CHILDREN)):
 ``read_nsys``; ``kernel_layer_classes(kernels, ranges, [])`` + ``attribute_nvtx`` (what
