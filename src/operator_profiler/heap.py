@@ -24,12 +24,8 @@ import ctypes
 import ctypes.util
 import functools
 import sys
-import threading
 
-
-_settings_lock = threading.Lock()
-_settings_users = [0, None]  # calls in progress, numpy's huge-page advice before the first of them
-_pool_users = [0, None]  # calls in progress that asked for Arrow's system pool, the pool before the first
+from .shared_setting import SharedSetting
 
 
 @functools.cache
@@ -51,8 +47,9 @@ def release_free_memory() -> None:
     arrow = sys.modules.get("pyarrow")  # (never imported for this)
     if arrow is not None:
         arrow.default_memory_pool().release_unused()
-        set_aside = _pool_users[1]  # (under bulk_memory: the pool of what came before; read once: another thread
-        if set_aside is not None:  # may put it back meanwhile)
+        # Under bulk_memory, the pool of what came before too (read once: another thread may put it back meanwhile).
+        set_aside = _ARROW_POOL.saved
+        if set_aside is not None:
             set_aside.release_unused()
 
 
@@ -69,33 +66,33 @@ def _numpy_huge_page_switch():
     return _set_madvise_hugepage
 
 
+def _swap_huge_page_advice(value):
+    switch = _numpy_huge_page_switch()
+    return switch(value) if switch is not None else None
+
+
+def _swap_arrow_pool(pool):
+    import pyarrow
+
+    previous = pyarrow.default_memory_pool()
+    pyarrow.set_memory_pool(pool)
+    return previous
+
+
+_HUGE_PAGE_ADVICE = SharedSetting(_swap_huge_page_advice)
+_ARROW_POOL = SharedSetting(_swap_arrow_pool)
+
+
 @contextlib.contextmanager
 def bulk_memory(system_pool: bool = False):
     """The allocator settings for building and dropping columns of millions of rows (see the module's
     docstring) while this runs: a context manager, or a decorator (``@bulk_memory()``). ``system_pool``:
-    Arrow allocates with the system allocator too. The settings are process-wide, each counted apart: the
-    first of concurrent users of one saves it, the last one puts it back."""
-    import pyarrow
-
-    switch = _numpy_huge_page_switch()
-    with _settings_lock:
-        if switch is not None and _settings_users[0] == 0:
-            _settings_users[1] = switch(False)
-        _settings_users[0] += 1
+    Arrow allocates with the system allocator too. The settings are process-wide, each shared apart
+    (:class:`SharedSetting`: the first of concurrent users of one saves it, the last one puts it back)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_HUGE_PAGE_ADVICE.held(False))
         if system_pool:
-            if _pool_users[0] == 0:
-                _pool_users[1] = pyarrow.default_memory_pool()
-                pyarrow.set_memory_pool(pyarrow.system_memory_pool())
-            _pool_users[0] += 1
-    try:
+            import pyarrow
+
+            stack.enter_context(_ARROW_POOL.held(pyarrow.system_memory_pool()))
         yield
-    finally:
-        with _settings_lock:
-            _settings_users[0] -= 1
-            if switch is not None and _settings_users[0] == 0:
-                switch(_settings_users[1])
-            if system_pool:
-                _pool_users[0] -= 1
-                if _pool_users[0] == 0:
-                    pyarrow.set_memory_pool(_pool_users[1])
-                    _pool_users[1] = None

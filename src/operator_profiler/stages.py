@@ -118,7 +118,7 @@ def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
     ``depth`` is not its parent's plus one (ids renumbered): a hand-edited table. The readers number ranges so
     that a parent's id is below its children's, which rules out a cycle without the doubling check."""
     from .errors import InputError
-    from .timeline.nesting import parent_cycle
+    from .timeline.nesting import parent_cycle, parent_rows
 
     fix = "ranges.parquet is written by opprof timeline: write it again rather than editing it"
     ids = ranges["range_id"].to_numpy(dtype=np.int64)
@@ -128,8 +128,7 @@ def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
                          f"({int(repeated.sum())} repeated ids); {fix}")
     has = ranges["parent_id"].notna().to_numpy()
     parent_ids = ranges["parent_id"][has].astype("int64").to_numpy()
-    parent = np.full(len(ids), -1, dtype=np.int64)
-    parent[has] = pd.Index(ids).get_indexer(parent_ids)  # (-1: a parent not in the table)
+    parent = parent_rows(ids, ranges["parent_id"])  # (-1: a parent not in the table)
     if not (parent_ids < ids[has]).all():  # (the readers' numbering: every chain descends, no cycle possible)
         row = parent_cycle(parent)
         if row is not None:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ..heap import release_free_memory, bulk_memory
 from ..naming import NVTX_DOMAIN, PHASE_PREFIX
-from ..timeline.nesting import stack_keys, unpack_stack_key
+from ..timeline.nesting import parent_rows, stack_keys, unpack_stack_key
 from .row_groups import group_codes, path_codes
 
 DEFAULT_OPERATOR_DOMAINS = ("default",)
@@ -81,15 +81,7 @@ class _Ranges:
         n = len(ranges)
         self.n = n
         self.range_id = ranges["range_id"].to_numpy(dtype=np.int64)
-        parent_ids = ranges["parent_id"]
-        parent = np.full(n, -1, dtype=np.int64)
-        has_parent = parent_ids.notna().to_numpy()
-        wanted = parent_ids[has_parent].astype("int64").to_numpy()
-        if (self.range_id == np.arange(n)).all():  # (as the readers write them: a range's id is its row)
-            parent[has_parent] = np.where((wanted >= 0) & (wanted < n), wanted, -1)
-        else:  # a parent missing from the table (a filtered table) counts as no parent (-1)
-            parent[has_parent] = pd.Index(self.range_id).get_indexer(wanted)
-        self.parent = parent
+        self.parent = parent_rows(self.range_id, ranges["parent_id"])  # (a parent missing from the table: -1)
         self.start = ranges["start_ns"].to_numpy(dtype=np.int64)
         end = ranges["effective_end_ns"] if "effective_end_ns" in ranges else ranges["end_ns"]
         self.end = end.to_numpy() if end.dtype == np.int64 else \

@@ -28,6 +28,21 @@ def unpack_stack_key(key) -> tuple[int, int, int]:
     return key >> 40, (key >> 16) & 0xFFFFFF, key & 0xFFFF
 
 
+def parent_rows(range_id: np.ndarray, parent_id) -> np.ndarray:
+    """Each range's parent as a row of the table: -1 for none and for a ``parent_id`` that names no range of the
+    table (rows filtered out). By position where the ids are the row numbers (as the readers write them)."""
+    range_id = np.asarray(range_id, dtype=np.int64)
+    parent_id = pd.array(parent_id, dtype="Int64")
+    has = ~np.asarray(parent_id.isna(), dtype=bool)
+    wanted = parent_id[has].to_numpy(dtype=np.int64)
+    parent = np.full(len(range_id), -1, dtype=np.int64)
+    if (range_id == np.arange(len(range_id))).all():
+        parent[has] = np.where((wanted >= 0) & (wanted < len(range_id)), wanted, -1)
+    else:
+        parent[has] = pd.Index(range_id).get_indexer(wanted)
+    return parent
+
+
 def parent_cycle(parent: np.ndarray) -> int | None:
     """A row whose chain of parents (``parent``: each row's parent row, -1 for none) never ends, because it
     runs into a cycle; None when every chain ends. By doubling: after k steps each row knows its 2**k-th
@@ -83,11 +98,10 @@ def _stacks(ranges: pd.DataFrame, rows: np.ndarray) -> tuple[np.ndarray, np.ndar
     if domain.dtype.kind not in "iu":
         domain, _ = pd.factorize(domain)
     thread = (np.asarray(pid, dtype=np.int64) << 24) | np.asarray(tid, dtype=np.int64)
-    change = thread[1:] != thread[:-1]
-    if len(rows) > 1 and domain.min() >= 0 and (~change | (thread[1:] > thread[:-1])).all():
+    if len(rows) > 1 and domain.min() >= 0 and (thread[1:] >= thread[:-1]).all():
         # The reader's order (by thread, then start): a thread is a run of rows, and a small stack code
         # (thread number x domains + domain) sorts stably by radix in one pass.
-        thread_no = np.cumsum(np.r_[False, change], dtype=np.int64)
+        thread_no = np.cumsum(np.r_[False, thread[1:] != thread[:-1]], dtype=np.int64)
         key = thread_no * (int(domain.max()) + 1) + domain
         if key.max() < 2**16:
             order = np.argsort(key.astype(np.uint16), kind="stable")

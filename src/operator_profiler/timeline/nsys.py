@@ -5,7 +5,6 @@ Details: docs/modules.md#timeline-nsys."""
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import logging
 import shutil
@@ -29,6 +28,7 @@ from ..files import write_json
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import stage_done
 from ..heap import release_free_memory, bulk_memory
+from ..shared_setting import SharedSetting
 from ..errors import NsysExportError
 from .model import ACTIVITY_COLUMNS, Timeline, all_null_ints, finish_kernels, kernel_iterations, take_rows
 from .nesting import nest_push_pop, nesting_order
@@ -72,13 +72,12 @@ TEXT_COLUMNS = frozenset({"text", "value", "name"})  # the string columns the re
 # "aten::addmm, seq = 5, op_id = 7, sizes = [[4, 8], [8]], input_op_ids = [...]"; old releases
 # wrote "stashed seq = N" on ops run by a backward node (formats.md#emit_nvtx-range-names, docs/field-cases.md C12). RE2 syntax (pyarrow).
 _DECORATIONS = r", (?:stashed seq|seq|op_id|sizes|input_op_ids) = .*$"
-_FIELDS = {
-    "seq": ("seq = ", r"(?:^|, )seq = (?P<v>-?\d+)"),
-    "stashed_seq": ("stashed seq = ", r"stashed seq = (?P<v>\d+)"),
-    "op_id": ("op_id = ", r"op_id = (?P<v>\d+)"),
-    "sizes": ("sizes = ", r"sizes = (?P<v>\[.*?\])(?:, input_op_ids = |$)"),
+_FIELDS = {  # column -> (the field's name in the text, the regex that defines what is read)
+    "seq": ("seq", r"(?:^|, )seq = (?P<v>-?\d+)"),
+    "stashed_seq": ("stashed seq", r"stashed seq = (?P<v>\d+)"),
+    "op_id": ("op_id", r"op_id = (?P<v>\d+)"),
+    "sizes": ("sizes", r"sizes = (?P<v>\[.*?\])(?:, input_op_ids = |$)"),
 }
-# Decorations as torch writes them (the regexes of _FIELDS define what is read; the markers find them fast).
 _DECORATION_FIELDS = ("seq", "stashed seq", "op_id", "sizes", "input_op_ids")  # as in _DECORATIONS
 _PARSE_CHUNK = 1 << 18  # texts parsed at once
 _MAX_FAST_DIGITS = 18  # |v| < 10**18 fits int64; longer numbers are read exactly (Python ints)
@@ -147,9 +146,9 @@ def _parse_chunk(arr: pa.Array, numbers: dict[str, tuple[np.ndarray, np.ndarray]
     texts_d = _RawTexts(arr.take(pa.array(decorated_rows)))
     names = pc.replace_with_mask(arr, decorated, texts_d.undecorated().cast(arr.type)) if len(decorated_rows) else arr
     sizes = pa.nulls(n, pa.string())
-    for column, (_, pattern) in _FIELDS.items():
+    for column, (field, pattern) in _FIELDS.items():
         if column == "sizes":
-            present = texts_d.present("sizes")
+            present = texts_d.present(field)
             if len(present):
                 matched = pc.extract_regex(texts_d.arr.take(pa.array(present)), pattern)
                 found = pc.if_else(pc.is_valid(matched), pc.struct_field(matched, "v"), pa.scalar(None, pa.string()))
@@ -157,7 +156,7 @@ def _parse_chunk(arr: pa.Array, numbers: dict[str, tuple[np.ndarray, np.ndarray]
                 at[decorated_rows[present]] = np.arange(len(present))
                 sizes = found.take(pa.array(np.maximum(at, 0), mask=at < 0)).cast(pa.string())
             continue
-        rows, values = texts_d.numbers(column, pattern, too_big)
+        rows, values = texts_d.numbers(field, pattern, too_big, signed=column == "seq")
         ints, missing = numbers[column]
         at = decorated_rows[rows]
         ints[at] = values
@@ -240,7 +239,7 @@ class _RawTexts:
         kept = np.repeat(np.tile(np.array([True, False]), len(cut)), np.column_stack([cut, lengths - cut]).ravel())
         data = self.data[self.offsets[0]:self.offsets[-1]][kept] if len(cut) else np.zeros(0, np.uint8)
         names = pa.LargeStringArray.from_buffers(len(cut), pa.py_buffer(np.r_[0, np.cumsum(cut)]), pa.py_buffer(data))
-        if (self.data[self.offsets[0]:self.offsets[-1]] == ord("\n")).any() if len(cut) else False:
+        if len(cut) and (self.data[self.offsets[0]:self.offsets[-1]] == ord("\n")).any():
             multiline = pc.fill_null(pc.match_substring(self.arr, "\n"), False)
             names = pc.if_else(multiline, pc.replace_substring_regex(self.arr, _DECORATIONS, "", max_replacements=1),
                                names)
@@ -250,15 +249,15 @@ class _RawTexts:
         """Rows whose text holds ``name = `` (the field's regex may still not match there)."""
         return np.unique(self.row[self.field(name)])
 
-    def numbers(self, column: str, pattern: str, too_big: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The integer ``pattern`` (a :data:`_FIELDS` regex) reads in each text: (rows that hold one, values).
-        Read in place after the field's first ``name = ``; where no number follows that one (the regex then
-        tries later ones) or it has more than 18 digits, the regex reads it (exactly, as Python ints: one
-        beyond int64 is no value, and its text goes to ``too_big``)."""
-        name = {"seq": "seq", "stashed_seq": "stashed seq", "op_id": "op_id"}[column]
-        hits = self.first_per_row(self.field(name, "or_at_start" if column == "seq" else None))
+    def numbers(self, name: str, pattern: str, too_big: list[str], signed: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The integer ``pattern`` (the :data:`_FIELDS` regex of field ``name``) reads in each text: (rows that
+        hold one, values). Read in place after the field's first ``name = `` (``seq``: at the start or after
+        ``, ``; ``signed``: a leading ``-``); where no number follows that one (the regex then tries later ones)
+        or it has more than 18 digits, the regex reads it (exactly, as Python ints: one beyond int64 is no
+        value, and its text goes to ``too_big``)."""
+        hits = self.first_per_row(self.field(name, "or_at_start" if name == "seq" else None))
         rows = self.row[hits]
-        value, digits = _leading_integers(self.data, self.at[hits] + 3, self.offsets[1:][rows], signed=column == "seq")
+        value, digits = _leading_integers(self.data, self.at[hits] + 3, self.offsets[1:][rows], signed=signed)
         fast = (digits > 0) & (digits <= _MAX_FAST_DIGITS)
         slow = rows[~fast]
         rows, value = rows[fast], value[fast]
@@ -560,10 +559,11 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
     # every call would be read: those exports always take the IN set.)
     gpu_tables = [t for t in (KERNEL_TABLE, GRAPH_TRACE_TABLE, MEMCPY_TABLE, MEMSET_TABLE)
                   if export.has(t) and "correlationId" in export.columns[t]]
-    launched = [f"SELECT correlationId FROM {t}" for t in gpu_tables]
-    activities = sum(export.rows(f"SELECT count(*) FROM {t}")[0][0] for t in gpu_tables)
-    if not (launched and has_class) or export.rows(f"SELECT count(*) FROM {RUNTIME_TABLE}")[0][0] > 1.5 * activities:
-        conditions.append(f"correlationId IN ({' UNION ALL '.join(launched)})" if launched else "0")  # (a set: no dedup)
+    read_all = gpu_tables and has_class and export.rows(f"SELECT count(*) FROM {RUNTIME_TABLE}")[0][0] <= 1.5 * sum(
+        export.rows(f"SELECT count(*) FROM {t}")[0][0] for t in gpu_tables)
+    if not read_all:
+        launched = " UNION ALL ".join(f"SELECT correlationId FROM {t}" for t in gpu_tables)
+        conditions.append(f"correlationId IN ({launched})" if launched else "0")  # (a set: no dedup pass)
     where = "WHERE " + " AND ".join(conditions) if conditions else ""
     # One scan of the table (often the export's largest) for the calls per process and its last end
     # (for the capture end: _capture_end).
@@ -1173,34 +1173,23 @@ def _read(export: _Export) -> NsysTimeline:
     query = _range_query(export, range_notes)
     reader = _RangeReader(export, strings, query) if query is not None else None
     try:
-        with _short_gil_switch():
+        with _GIL_SWITCH_INTERVAL.held(min(sys.getswitchinterval(), 0.001)):
             return _read_tables(export, diagnostics, strings, start, query, range_notes, reader)
     finally:
         if reader is not None:
             reader.stop()  # (after an error: the thread and its own connection end before the file is let go)
 
 
-_switch_lock = threading.Lock()
-_switch_users = [0, 0.0]  # reads in progress, the interval before the first of them
+def _swap_switch_interval(seconds: float) -> float:
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    return previous
 
 
-@contextlib.contextmanager
-def _short_gil_switch():
-    """While the NVTX thread runs beside the main one, each hands the GIL over after 1 ms instead of 5: a thread
-    waiting for it between two numpy or Arrow calls (which release it) would otherwise wait up to 5 ms each time.
-    The setting is process-wide: the first of concurrent reads saves it, the last one puts it back."""
-    with _switch_lock:
-        if _switch_users[0] == 0:
-            _switch_users[1] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switch_users[1], 0.001))
-        _switch_users[0] += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _switch_users[0] -= 1
-            if _switch_users[0] == 0:
-                sys.setswitchinterval(_switch_users[1])
+# While the NVTX thread runs beside the main one, each hands the GIL over after 1 ms instead of 5: a thread waiting
+# for it between two numpy or Arrow calls (which release it) would otherwise wait up to 5 ms each time. Process-wide:
+# the first of concurrent reads saves it, the last one puts it back.
+_GIL_SWITCH_INTERVAL = SharedSetting(_swap_switch_interval)
 
 
 def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: float,

@@ -102,11 +102,11 @@ def kernel_work(kernels: pd.DataFrame, ranges: pd.DataFrame, fusion_map: pd.Data
         if call_of[i] is not None:
             key = (call_of[i], operators[i])
             per_call[key] = per_call.get(key, 0) + int(duration[i])
-    total: dict[tuple, int] = {}  # (call name, operator) -> its least time in one call
+    least: dict[tuple, int] = {}  # (call name, operator) -> its least time in one call
     for (call, operator), ns in per_call.items():
         key = (sides[call[0]].names[call[1]], operator)
-        total[key] = min(total.get(key, ns), ns)
-    rank = [(bool(computes[i]), not is_composite(operators[i]), total.get((call_names[i], operators[i]), 0),
+        least[key] = min(least.get(key, ns), ns)
+    rank = [(bool(computes[i]), not is_composite(operators[i]), least.get((call_names[i], operators[i]), 0),
              duration[i]) for i in range(n)]
     carriers: dict[tuple, int] = {}
     members: dict[tuple, int] = {}
