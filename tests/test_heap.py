@@ -88,3 +88,27 @@ def test_overlapping_calls_on_two_threads_restore_both_once_both_end():
         assert (advice(), pool()) == (True, pool_before)
     finally:
         switch(saved)
+
+
+def test_a_setting_that_cannot_be_put_back_leaves_nothing_saved():
+    """QA: a swap that failed while restoring left its saved value behind, though ``saved`` is None while no user
+    is in (release_free_memory would release a pool no longer set aside); the next user saves and restores the
+    setting it finds."""
+    from operator_profiler.shared_setting import SharedSetting
+
+    state = {"value": 0}
+
+    def swap(value):
+        if value == 0 and state["value"] != 0:
+            raise RuntimeError("cannot go back to 0")
+        state["value"], previous = value, state["value"]
+        return previous
+
+    setting = SharedSetting(swap)
+    with pytest.raises(RuntimeError):
+        with setting.held(7):
+            assert state["value"] == 7
+    assert setting.saved is None and state["value"] == 7
+    with setting.held(8):
+        assert state["value"] == 8
+    assert state["value"] == 7 and setting.saved is None

@@ -30,5 +30,5 @@ class SharedSetting:
             with self._lock:
                 self._users -= 1
                 if self._users == 0:
-                    self._swap(self.saved)
-                    self.saved = None
+                    saved, self.saved = self.saved, None  # (cleared even when putting it back fails)
+                    self._swap(saved)
