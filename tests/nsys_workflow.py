@@ -8,7 +8,8 @@ Test doubles and synthetic data (nothing here is a real capture):
   export_timeline runs ``nsys export --type sqlite ... --output OUT REPORT`` on the ``.nsys-rep``; the fake
   logs its arguments and copies a synthetic SQLite export to OUT. The placed ``.nsys-rep`` is a placeholder.
 * The synthetic export (tests/nsys_export.py, the real table layout of nsys 2025.1.1) looks like our
-  harness's capture with torch ``emit_nvtx``: domain 1 named ``opprof`` with ``opprof.iteration:<i>`` and
+  harness's capture with torch ``emit_nvtx``: domain 1 named ``opprof`` with the start/end range
+  ``opprof.measured`` around the measured iterations, ``opprof.iteration:<i>`` and
   ``opprof.layer:blocks.<j>`` push/pop ranges on thread 100:100, default-domain op ranges
   ``aten::mm, seq = N, op_id = M`` / ``aten::relu, ...`` inside each layer, one launch + one kernel per op.
 * ``layers.json`` is what the harness writes for the custom model below (``workloads.find_layers``); the
@@ -99,6 +100,9 @@ def synthetic_capture() -> tuple[list[Nvtx], list[Runtime], list[Kernel], list[d
     attributed to (correlation id, operator, layer, iteration, duration)."""
     nvtx, runtime, kernels, expected = [], [], [], []
     corr = seq = 0
+    # the harness's process-wide start/end range around the measured iterations (what ncu's include filter
+    # selects); never an operator nor a region in the attribution
+    nvtx.append(Nvtx("opprof.measured", 60, THREAD, 999_000, 1_000_000 + ITERATIONS * 100_000, domain=OPPROF_DOMAIN))
     for it in range(ITERATIONS):
         t_it = 1_000_000 + it * 100_000
         nvtx.append(Nvtx(f"opprof.iteration:{it}", 59, THREAD, t_it, t_it + 90_000, domain=OPPROF_DOMAIN))

@@ -301,6 +301,14 @@ def toy(tmp_path, monkeypatch):
     gpu_capture_toy.EVENTS.clear()
     monkeypatch.setattr("torch.cuda.profiler.start", lambda: gpu_capture_toy.EVENTS.append("cudaProfilerStart"))
     monkeypatch.setattr("torch.cuda.profiler.stop", lambda: gpu_capture_toy.EVENTS.append("cudaProfilerStop"))
+    import nvtx
+
+    def start_range(message, domain=None):
+        gpu_capture_toy.EVENTS.append(f"nvtxRangeStart {domain}@{message}")
+        return ("handle", message)
+
+    monkeypatch.setattr(nvtx, "start_range", start_range)
+    monkeypatch.setattr(nvtx, "end_range", lambda handle: gpu_capture_toy.EVENTS.append(f"nvtxRangeEnd {handle[1]}"))
     return gpu_capture_toy
 
 
@@ -308,7 +316,11 @@ def test_harness_brackets_exactly_the_measured_iterations(toy, tmp_path):
     run = harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build"}, HARNESS, "cpu", None,
                               tmp_path / "layers.json", tmp_path / "run.json", profiler="cuda_profiler_api")
     # one forward probing the layers' inputs (workloads.probe_layer_inputs), 2 warm-up, then the 3 measured ones
-    assert toy.EVENTS == ["forward"] * 3 + ["cudaProfilerStart"] + ["forward"] * 3 + ["cudaProfilerStop"]
+    # inside them, the process-wide NVTX start/end range the ncu replay's include filter selects
+    assert toy.EVENTS == ["forward"] * 3 + ["cudaProfilerStart", "nvtxRangeStart opprof@opprof.measured"] + \
+        ["forward"] * 3 + ["nvtxRangeEnd opprof.measured", "cudaProfilerStop"]
+    assert run["measured_range"] == {"name": "opprof.measured", "domain": "opprof", "kind": "start/end",
+                                     "ncu_include": "opprof@opprof.measured"}
     assert run == json.loads((tmp_path / "run.json").read_text())
     assert run["profiler"] == "cuda_profiler_api" and run["measured_kernels"] is None
     assert run["settings"]["cudnn_benchmark"] is False and run["settings"]["deterministic_algorithms"] is True
@@ -323,7 +335,8 @@ def test_harness_stops_the_profiler_range_when_an_iteration_raises(toy, tmp_path
         harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build", "kwargs": {"fail_at": 5}},
                             HARNESS, "cpu", None, tmp_path / "layers.json", tmp_path / "run.json",
                             profiler="cuda_profiler_api")
-    assert toy.EVENTS[-2:] == ["forward", "cudaProfilerStop"] and toy.EVENTS.count("cudaProfilerStart") == 1
+    assert toy.EVENTS[-3:] == ["forward", "nvtxRangeEnd opprof.measured", "cudaProfilerStop"]
+    assert toy.EVENTS.count("cudaProfilerStart") == 1
     assert not (tmp_path / "run.json").exists()
 
 

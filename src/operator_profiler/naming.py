@@ -4,6 +4,8 @@
 - layer range:     ``opprof.layer:<module path>`` (e.g. ``opprof.layer:transformer.h.3``)
 - phase range:     ``opprof.phase:<phase>`` around each part of a train step (:data:`PHASES`)
 - model range:     ``opprof.model`` (whole-model compile: around each call of the compiled model)
+- measured range:  ``opprof.measured``, an NVTX start/end range (process-wide) around the measured iterations of
+  a CUDA profiler-API run: what ``ncu --nvtx --nvtx-include opprof@opprof.measured`` selects
 - NVTX domain:     ``opprof``
 - module paths of compiled FX nodes: :data:`MODULE_PATHS_JSON` in each Inductor graph debug dir
 - communication kernels (NCCL): :data:`COMMUNICATION` (ncu does not profile them; they wait on other ranks)
@@ -26,6 +28,10 @@ PHASES = ("forward", "backward", "optimizer")
 #: Around each call of a whole-model compiled model (outside the compiled code): kernels inside it (or whose
 #: forward op is) are the model's, those outside are the harness's (loss, backward of the loss, optimizer).
 MODEL_RANGE = "opprof.model"
+#: NVTX start/end range (domain :data:`NVTX_DOMAIN`) around the measured iterations of a CUDA profiler-API run
+#: (nsys capture, ncu replay). Start/end ranges are not per thread, so ncu's include filter on it selects every
+#: kernel of the window, the autograd thread's too; never an operator, never a region in the attribution.
+MEASURED_RANGE = "opprof.measured"
 #: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
 #: (:mod:`operator_profiler.capture.fx_module_paths`), read by the fusion map (column ``module_paths``).
 MODULE_PATHS_JSON = "opprof_module_paths.json"

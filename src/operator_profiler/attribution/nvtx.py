@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..heap import release_free_memory, bulk_memory
-from ..naming import NVTX_DOMAIN, PHASE_PREFIX
+from ..naming import MEASURED_RANGE, NVTX_DOMAIN, PHASE_PREFIX
 from ..timeline.nesting import parent_rows, stack_keys, unpack_stack_key
 from .row_groups import group_codes, path_codes
 
@@ -99,9 +99,10 @@ class _Ranges:
         self.tid = ranges["tid"].to_numpy(dtype=np.int64)
         self.push_pop = (ranges["kind"] == "nvtx_push_pop").to_numpy()
         self.is_layer = ranges["layer"].notna().to_numpy()
-        # Our harness's ranges (layer, iteration, train-step phase) never name an operator.
+        # Our harness's ranges (layer, iteration, train-step phase, the measured window) never name an operator,
+        # and the measured window is no region either (it encloses every kernel of the capture).
         self.is_marker = self.is_layer | ranges["iteration"].notna().to_numpy() | self._by_name(
-            lambda names: pc.starts_with(names, PHASE_PREFIX))
+            lambda names: pc.or_(pc.starts_with(names, PHASE_PREFIX), pc.equal(names, MEASURED_RANGE)))
         self.unclosed = ranges["unclosed"].fillna(False).to_numpy(dtype=bool) if "unclosed" in ranges else \
             ranges["end_ns"].isna().to_numpy()
         # Sequence numbers as int64 with a mask (as floats, two numbers above 2**53 could compare equal).
@@ -377,7 +378,7 @@ def _region_hits(index: _Ranges, pid: np.ndarray, t0: np.ndarray, t1: np.ndarray
     """For each start/end range (in start order): (its row, the kernels of its process whose
     [t0, t1] it encloses). Kernels sorted by t0 once, so each region costs a binary search plus
     its hits."""
-    se = np.flatnonzero(~index.push_pop)
+    se = np.flatnonzero(~index.push_pop & ~index.is_marker)
     if not len(se) or not len(t0):
         return
     order = np.argsort(t0, kind="stable")

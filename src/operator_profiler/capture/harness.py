@@ -19,7 +19,8 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import DeviceUnavailable, from_user_exception
-from ..naming import ITERATION_PREFIX, LAYER_PREFIX, MODEL_RANGE, NVTX_DOMAIN, SHAPES_CHECK_SUFFIX, SHAPES_ITERATION
+from ..naming import (ITERATION_PREFIX, LAYER_PREFIX, MEASURED_RANGE, MODEL_RANGE, NVTX_DOMAIN, SHAPES_CHECK_SUFFIX,
+                      SHAPES_ITERATION)
 from . import fx_module_paths, training, workloads
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
@@ -505,8 +506,10 @@ def run_capture(
             ``nsys profile --capture-range=cudaProfilerApi`` and ``ncu --profile-from-start off`` record
             exactly the measured iterations; on CUDA the iterations also run under
             ``torch.autograd.profiler.emit_nvtx(record_shapes=True)``, which writes one NVTX range per
-            ATen op in the default domain (path (b) names operators from them). No kernel count is known
-            in-process: the timeline reader counts them (``measured_kernels`` null).
+            ATen op in the default domain (path (b) names operators from them), inside the NVTX start/end
+            range ``opprof.measured`` (``run.json`` ``measured_range``: what the ncu replay's include filter
+            selects). No kernel count is known in-process: the timeline reader counts them (``measured_kernels``
+            null).
             ``none``: no profiler (a compile-only run).
         record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
         shapes_path: ``profiler == "torch"``: after the measured window, two more iterations under their own
@@ -634,6 +637,7 @@ def run_capture(
 
     measured_kernels: int | None = None
     kernels_source: str | None = None
+    measured_range: dict | None = None
     t0 = time.perf_counter()
     if profiler == "torch":
         from torch.profiler import ProfilerActivity, profile
@@ -656,6 +660,7 @@ def run_capture(
         with cuda_profiler_range(nvtx_ops=device == "cuda"):
             measured_iterations()
         kernels_source = "counted by the timeline reader (nsys capture range)"
+        measured_range = measured_range_record()
     else:  # none, e.g. compile_artifacts: only the compilation matters
         measured_iterations()
     measured_s = time.perf_counter() - t0
@@ -694,6 +699,7 @@ def run_capture(
         "settings": _settings(),
         "measured_kernels": measured_kernels,
         "measured_kernels_source": kernels_source,
+        "measured_range": measured_range,
         "shapes": ("measured window" if window_shapes else
                    f"one iteration after the measured window ({Path(shapes_path).name})" if shapes_path is not None
                    and profiler == "torch" else None),
@@ -707,20 +713,25 @@ def run_capture(
 
 
 @contextlib.contextmanager
-def cuda_profiler_range(nvtx_ops: bool = True) -> Iterator[None]:
+def cuda_profiler_range(nvtx_ops: bool = True, measured_range: bool = True) -> Iterator[None]:
     """The measured window for tools that honour the CUDA profiler API.
 
-    Synchronizes the device, calls ``torch.cuda.profiler.start()`` (``cudaProfilerStart``), runs the block
-    (under ``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` when ``nvtx_ops``: one NVTX range per
-    ATen op, default domain), synchronizes again and calls ``torch.cuda.profiler.stop()``
+    Synchronizes the device, calls ``torch.cuda.profiler.start()`` (``cudaProfilerStart``), opens the NVTX
+    start/end range :data:`~operator_profiler.naming.MEASURED_RANGE` in domain ``opprof`` when ``measured_range``,
+    runs the block (under ``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` when ``nvtx_ops``: one NVTX range per
+    ATen op, default domain), synchronizes again, closes the range and calls ``torch.cuda.profiler.stop()``
     (``cudaProfilerStop``), also when the block raises. ``nsys profile --capture-range=cudaProfilerApi
     --capture-range-end=stop`` then records exactly the block, and so does ``ncu --profile-from-start off``
     (CUDA runtime API, Profiler Control: "Enables profile collection by the active profiling tool for the
-    current context"; Nsight Systems and Nsight Compute CLI guides).
+    current context"; Nsight Systems and Nsight Compute CLI guides). The start/end range is what the ncu replay
+    filters on (``--nvtx --nvtx-include opprof@opprof.measured``): a start/end range is process-wide, so it
+    covers the autograd thread's launches too, and ``--launch-skip`` then counts only launches inside it
+    (docs/gpu.md, "The window").
     """
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     torch.cuda.profiler.start()
+    measured = _start_measured_range() if measured_range else None
     try:
         if nvtx_ops:
             with torch.autograd.profiler.emit_nvtx(record_shapes=True):
@@ -730,7 +741,35 @@ def cuda_profiler_range(nvtx_ops: bool = True) -> Iterator[None]:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     finally:
+        if measured is not None:
+            measured()
         torch.cuda.profiler.stop()
+
+
+def _start_measured_range() -> Callable[[], None]:
+    """Open the NVTX start/end range :data:`MEASURED_RANGE` in our domain (NVIDIA's ``nvtx`` package; without it
+    ``torch.cuda.nvtx.range_start``, default domain); returns the function that ends it."""
+    try:
+        import nvtx  # type: ignore[import-not-found]
+
+        handle = nvtx.start_range(MEASURED_RANGE, domain=NVTX_DOMAIN)
+        return lambda: nvtx.end_range(handle)
+    except ImportError:
+        handle = torch.cuda.nvtx.range_start(MEASURED_RANGE)
+        return lambda: torch.cuda.nvtx.range_end(handle)
+
+
+def measured_range_record() -> dict:
+    """``run.json`` ``measured_range``: the NVTX start/end range around the measured window, as ncu's include
+    filter spells it (``domain@range``; no trailing ``/``: that would be a push/pop filter)."""
+    try:
+        import nvtx  # type: ignore[import-not-found]  # noqa: F401
+
+        domain = NVTX_DOMAIN
+    except ImportError:
+        domain = None
+    return {"name": MEASURED_RANGE, "domain": domain or "default", "kind": "start/end",
+            "ncu_include": f"{domain}@{MEASURED_RANGE}" if domain else MEASURED_RANGE}
 
 
 def _export_gzipped_trace(prof, trace_path: Path) -> int:
