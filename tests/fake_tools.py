@@ -7,7 +7,10 @@
   (``--format=csv,noheader,nounits``); its error texts are approximations.
 * ``ncu`` (:class:`FakeNcu`): collections take launches of a launch sequence the test wrote; an import prints a
   raw-page CSV with the metric names, units and values of the real recorded dropout CSV (read at test time);
-  see tests/test_ncu_replay.py.
+  ``--query-metrics`` prints the REAL answer of ncu 2024.1.1 for chip gh100 (tests/data/ncu-query); on request
+  a collection prints ncu's real texts for counters held by DCGM and for metrics it cannot access
+  (``FAKE_NCU_FAIL=dcgm``, ``FAKE_NCU_REFUSE=a,b`` [``FAKE_NCU_REFUSE_AS=error``]: exit statuses assumed);
+  see tests/test_ncu_replay.py and tests/test_ncu_metric_query.py.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ FAKE_SMI = textwrap.dedent('''\
             values = {"name": gpu["name"], "uuid": gpu["uuid"], "clocks.current.sm": sm, "clocks.current.memory": mem,
                       "clocks.max.sm": gpu["max_sm"], "clocks.max.memory": gpu["max_mem"],
                       "clocks.default_applications.graphics": gpu["app_sm"],
-                      "clocks.default_applications.memory": gpu["app_mem"]}
+                      "clocks.default_applications.memory": gpu["app_mem"], "compute_cap": gpu.get("cc", "9.0")}
             print(", ".join(str(values[f]) if f in ("name", "uuid") else mhz(values[f])
                             for f in a.split("=", 1)[1].split(",")))
             sys.exit(0)
@@ -160,6 +163,10 @@ def lock_calls(sm, mem):
 
 
 REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
+#: Real ``ncu --query-metrics-mode suffix`` output (ncu 2024.1.1, tests/data/ncu-query/PROVENANCE.md).
+NCU_QUERY = Path(__file__).resolve().parent / "data" / "ncu-query"
+NCU_QUERY_GH100 = NCU_QUERY / "suffix-catalog-bases.gh100.txt.gz"
+NCU_QUERY_GA100 = NCU_QUERY / "suffix-catalog-bases.ga100.txt.gz"
 
 FAKE_NCU = r'''
 import json, os, sys
@@ -172,6 +179,13 @@ with open(os.environ["FAKE_NCU_LOG"], "a") as fh:
     fh.write(json.dumps(argv) + "\n")
 def opt(name):
     return argv[argv.index(name) + 1]
+if "--query-metrics-mode" in argv or "--query-metrics" in argv:  # the REAL output of ncu 2024.1.1 for a chip
+    import gzip
+    if not os.environ.get("FAKE_NCU_QUERY") or ("--devices" in argv and os.environ.get("FAKE_NCU_QUERY_DEVICE") == "fail"):
+        print("==ERROR== Driver could not be loaded.")  # what the real ncu 2024.1.1 prints without a driver
+        sys.exit(1)
+    sys.stdout.write(gzip.open(os.environ["FAKE_NCU_QUERY"], "rt").read())
+    sys.exit(0)
 if "-i" in argv:  # ncu -i REPORT --csv --page raw ...: print the raw page
     report = json.load(open(opt("-i")))
     data = json.load(open(os.environ["FAKE_NCU_DATA"]))
@@ -190,6 +204,22 @@ if os.environ.get("FAKE_NCU_FAIL") == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance "
           "Counters on the target device 0.")
     sys.exit(1)
+requested = opt("--metrics").split(",") if "--metrics" in argv else []
+refuse = [m for m in os.environ.get("FAKE_NCU_REFUSE", "").split(",") if m and m in requested]
+if os.environ.get("FAKE_NCU_FAIL") == "dcgm":  # real ncu text (docs/formats.md#ncu-errors); exit status assumed
+    print("==PROF== Connected to process 4711 (python3)")
+    print("==ERROR== An error was reported by the driver")
+    print("==ERROR== Profiling failed because a driver resource was unavailable. Ensure that no other tool (like "
+          "DCGM) is concurrently collecting profiling data. See https://docs.nvidia.com/nsight-compute/"
+          "ProfilingGuide/index.html#faq for more details.")
+    print("==WARNING== No kernels were profiled.")
+    sys.exit(1)
+if refuse and os.environ.get("FAKE_NCU_REFUSE_AS") == "error":  # older ncu: the collection fails
+    print("==PROF== Connected to process 4711 (python3)")
+    print("==ERROR== Failed to access the following %d metrics: %s" % (len(refuse), ", ".join(refuse)))
+    sys.exit(1)
+if refuse:  # newer ncu: a warning, and the collection goes on
+    print("==WARNING== Unable to access the following %d metrics: %s." % (len(refuse), ", ".join(refuse)))
 skip, count = int(opt("--launch-skip")), int(opt("--launch-count"))
 launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
 n = int(os.environ.get("FAKE_NCU_PID_COUNTER_START", "4711")) + sum(1 for _ in open(os.environ["FAKE_NCU_LOG"]))
@@ -233,10 +263,17 @@ class FakeNcu:
 
     def env(self) -> dict:
         return {"FAKE_NCU_LOG": str(self.log), "FAKE_NCU_DATA": str(self.data),
-                "FAKE_NCU_SEQUENCE": str(self.sequence)}
+                "FAKE_NCU_SEQUENCE": str(self.sequence), "FAKE_NCU_QUERY": str(NCU_QUERY_GH100)}
 
     def calls(self) -> list[list[str]]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
 
     def collections(self) -> list[list[str]]:
-        return [c for c in self.calls() if "-i" not in c]
+        return [c for c in self.calls() if "-i" not in c and not self._query(c)]
+
+    def queries(self) -> list[list[str]]:
+        return [c for c in self.calls() if self._query(c)]
+
+    @staticmethod
+    def _query(call: list[str]) -> bool:
+        return "--query-metrics-mode" in call or "--query-metrics" in call

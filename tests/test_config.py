@@ -39,6 +39,7 @@ def test_empty_config_gets_documented_defaults():
     assert cfg["clocks"] == {"policy": "base", "sm_mhz": None, "mem_mhz": None}
     assert cfg["aggregate"] == {"per_iteration": True}
     assert cfg["report"] == {"top_operators": 20}
+    assert cfg["ncu"] == {"window": "nvtx", "cache_control": "all"}
     assert set(cfg["workloads"]) == {"gpt2", "sdpa_attention", "lstm"}
     gpt2 = cfg["workloads"]["gpt2"]
     assert gpt2 == {"kind": "gpt2", "mode": "inference", "compile": True, "compile_scope": "model",
@@ -53,7 +54,7 @@ def test_defaults_match_the_schema_file(schema):
     for name in ("gpt2", "sdpa_attention", "lstm"):
         want = {"kind": name, "mode": "inference", **COMPILE_DEFAULTS, **_branch_defaults(schema, name)}
         assert cfg["workloads"][name] == want
-    for section in ("harness", "clocks", "aggregate", "report"):
+    for section in ("harness", "clocks", "aggregate", "report", "ncu"):
         props = schema["properties"][section]["properties"]
         assert cfg[section] == {k: v["default"] for k, v in props.items()}
 
@@ -342,3 +343,13 @@ def test_case_studies_config_profiles_the_seven_built_in_kinds():
     # the default config keeps its three workloads
     assert sorted(w["kind"] for w in load_config(ROOT / "config" / "config.yaml")["workloads"].values()) == \
         ["gpt2", "lstm", "sdpa_attention"]
+
+
+@pytest.mark.parametrize("ncu, fragment", [({"window": "launch_skip"}, "ncu.window"),
+                                           ({"cache_control": "warm"}, "ncu.cache_control"),
+                                           ({"windows": "nvtx"}, "windows")])
+def test_ncu_options_are_checked(ncu, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        validate_config({"ncu": ncu})
+    assert validate_config({"ncu": {"window": "profiler_api", "cache_control": "none"}})["ncu"] == {
+        "window": "profiler_api", "cache_control": "none"}

@@ -142,14 +142,24 @@ def test_replay_command_exact_argv_with_spaces():
                       "--device", "cuda", "--profiler", "cuda_profiler_api",
                       "--out-run", "/data/my results/gpt 2/ncu/run dir/run.json", "--workload-name", "gpt 2",
                       "--out-layers", "/data/my results/gpt 2/ncu/run dir/layers.json"]
-    cmd = replay.replay_command(plan, catalog, report, {"locked": True}, target, arch="hopper")
-    assert cmd == ["ncu", "--profile-from-start", "off", "--launch-skip", "3", "--launch-count", "6",
+    metrics = catalog.replay_metrics("hopper")
+    cmd = replay.replay_command(plan, metrics, report, {"locked": True}, target)
+    assert cmd == ["ncu", "--profile-from-start", "off", "--nvtx", "--nvtx-include", "opprof@opprof.measured",
+                   "--launch-skip", "3", "--launch-count", "6",
                    "--metrics", catalog.metrics_argument("hopper"), "--replay-mode", "kernel",
                    "--cache-control", "all", "--clock-control", "none", "--print-kernel-base", "mangled",
                    "--export", "/data/my results/gpt 2/ncu/GPT2Block-0123abcd.ncu-rep", "--force-overwrite",
                    *target]
-    # Clocks not locked by us: ncu's own --clock-control default applies.
-    assert "--clock-control" not in replay.replay_command(plan, catalog, report, {"locked": False}, target)
+    # Clocks not locked by us: ncu's own --clock-control default applies, except on MIG (ncu cannot lock there).
+    assert "--clock-control" not in replay.replay_command(plan, metrics, report, {"locked": False}, target)
+    mig = replay.replay_command(plan, metrics, report, {"locked": False}, target, mig=True)
+    assert mig[mig.index("--clock-control") + 1] == "none"
+    # The fallback window (config ncu.window: profiler_api) and warm caches (ncu.cache_control: none).
+    fallback = replay.replay_command(plan, metrics, report, {"locked": True}, target,
+                                     options={"window": "profiler_api", "cache_control": "none"})
+    assert "--nvtx" not in fallback and "--nvtx-include" not in fallback
+    assert fallback[:3] == ["ncu", "--profile-from-start", "off"]
+    assert fallback[fallback.index("--cache-control") + 1] == "none"
     # The shell form in replay.json round-trips to the same argv (paths with spaces stay one argument).
     assert shlex.split(shlex.join(cmd)) == cmd
 
@@ -175,7 +185,7 @@ def test_run_replay_writes_csv_and_record_and_the_csv_matches_the_plan(fake_ncu,
     records = {}
     for cls in (BLOCK_CLASS, "rest"):
         plan = replay_plan.plan_replay(kernels, kl, classes[cls])
-        records[cls] = replay.run_replay(plan, catalog, out / f"{cls}.csv", out / f"{cls}.replay.json",
+        records[cls] = replay.run_replay(plan, catalog.replay_metrics(), out / f"{cls}.csv", out / f"{cls}.replay.json",
                                          {"locked": False}, target)
     collections = fake.collections()
     # One ncu run for the block class, two for rest (head and tail segments); the exact argv is replay_command's.
@@ -222,7 +232,7 @@ def test_ncu_without_counter_permission_is_one_line_with_the_fix(fake_ncu, tmp_p
     monkeypatch.setenv("FAKE_NCU_FAIL", "perm")
     plan = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     with pytest.raises(replay.NcuReplayError) as e:
-        replay.run_replay(plan, load_catalog(), tmp_path / "ncu" / "c.csv", tmp_path / "ncu" / "c.replay.json",
+        replay.run_replay(plan, load_catalog().replay_metrics(), tmp_path / "ncu" / "c.csv", tmp_path / "ncu" / "c.replay.json",
                           {"locked": False}, ["python", "x.py"])
     msg = str(e.value)
     assert "\n" not in msg and "ERR_NVGPUCTRPERM" in msg and BLOCK_CLASS in msg
@@ -235,10 +245,10 @@ def test_ncu_missing_and_nothing_profiled(fake_ncu, tmp_path, monkeypatch):
     plan = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     fake.set_sequence([])  # the re-run launches fewer kernels than planned
     with pytest.raises(replay.NcuReplayError, match="profiled no kernels"):
-        replay.run_replay(plan, load_catalog(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
+        replay.run_replay(plan, load_catalog().replay_metrics(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(replay.NcuReplayError, match="not on PATH"):
-        replay.run_replay(plan, load_catalog(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
+        replay.run_replay(plan, load_catalog().replay_metrics(), tmp_path / "c.csv", tmp_path / "c.json", {"locked": False}, ["p"])
 
 
 def test_replay_estimate_and_report_lines():
@@ -288,7 +298,17 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
     (cls,) = [p.stem for p in (out / "layers" / "classes").glob("*.json")]
     (call,) = ncu.collections()
     # blocks.0 is launches 0-1 after cudaProfilerStart; the clocks were locked by us (fake nvidia-smi).
-    assert call[:6] == ["--profile-from-start", "off", "--launch-skip", "0", "--launch-count", "2"]  # argv[1:]
+    assert call[:9] == ["--profile-from-start", "off", "--nvtx", "--nvtx-include", "opprof@opprof.measured",
+                        "--launch-skip", "0", "--launch-count", "2"]  # argv[1:]
+    # The chip's metrics were asked of ncu once (the real gh100 answer), cached, and only its names requested.
+    (query,) = ncu.queries()
+    assert query[:2] == ["--query-metrics-mode", "suffix"] and query[-2:] == ["--devices", "0"]
+    collected = call[call.index("--metrics") + 1].split(",")
+    from operator_profiler.ncu.catalog import load_catalog
+
+    assert collected == load_catalog().replay_metrics("hopper")  # the fake nvidia-smi's compute_cap: 9.0
+    cached = json.loads((setup["work"] / "results" / "ncu_metrics" / "gh100.ncu-2025.1.1.0.json").read_text())
+    assert cached["chip"] == "gh100" and "dram__bytes.sum" in cached["names"]
     assert call[call.index("--clock-control") + 1] == "none"
     assert call[call.index("--export") + 1] == f"results/{wf.W}/ncu/{cls}.ncu-rep"
     program = call[call.index("--force-overwrite") + 1:]
@@ -305,6 +325,11 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
     assert diag["broadcast"][cls]["filled"] == 2 * wf.ITERATIONS * len(wf.LAYERS) - 2
     report = (out / "report.md").read_text()
     assert "ncu replay time" in report and f"| {cls} | 2 | 1 | 2 | 1 |" in report
+    # the counters' DRAM bytes are cold-cache values (ncu --cache-control all): said beside them
+    assert "**cold-cache** values" in report and "--cache-control all" in report
+    assert record["cache_control"] == "all" and record["ncu_window"] == "nvtx"
+    assert record["metrics"]["dropped"] == [] and record["metrics"]["query"]["chip"] == "gh100"
+    assert "not collected** (missing counters" not in report  # every hopper name exists on gh100
 
     # A finished run: nothing to do, no replay.
     dry = wf.snakemake(setup, "-n", *target, *wf.CUDA_NSYS)

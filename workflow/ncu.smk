@@ -29,6 +29,9 @@ rule replay_ncu:
             workload=workload_params,
             harness=json.dumps(config["harness"], sort_keys=True),
             device=DEVICE,
+            ncu=config["ncu"],
+            # ncu --query-metrics per chip and ncu version, shared by every replay (written by the first)
+            metrics_cache="results/ncu_metrics",
         ),
         files=gpu_files,
     shell:

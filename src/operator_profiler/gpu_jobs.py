@@ -59,7 +59,7 @@ def _replay_ncu(j):
 
     i, o, p = j.input, j.output, j.params
     return replay_files, (i.plan, i.clocks, json.loads(p.workload), json.loads(p.harness), j.wildcards.workload,
-                          p.device, o.csv, o.replay, o.clocks)
+                          p.device, o.csv, o.replay, o.clocks, getattr(p, "ncu", None), getattr(p, "metrics_cache", None))
 
 
 def _measure_ceilings(j):

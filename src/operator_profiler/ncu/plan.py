@@ -13,8 +13,9 @@ from ..naming import COMMUNICATION, REST_CLASS
 from .replay import instances_scale
 
 
-COUNTED_FROM = ("cudaProfilerStart: ncu --profile-from-start off, the harness re-run brackets its measured "
-                "iterations with cudaProfilerStart/Stop, so warm-up launches are not counted")
+COUNTED_FROM = ("the first launch of the measured window: the harness re-run brackets its measured iterations with "
+                "cudaProfilerStart/Stop (ncu --profile-from-start off) and the NVTX start/end range opprof.measured "
+                "(ncu --nvtx-include opprof@opprof.measured), so warm-up launches are not counted")
 
 
 def _segments(positions: list[int], kernel_ids: list[int]) -> list[dict]:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -46,26 +47,57 @@ def target_argv(workload: dict, harness_cfg: dict, out_dir: Path, workload_name:
                         out_dir / "run.json", out_layers=out_dir / "layers.json")
 
 
-def replay_command(plan: dict, catalog, out_report: Path, applied_clocks: dict, target: list[str],
-                   segment: int = 0, arch: str | None = None) -> list[str]:
+#: The ``ncu`` config section's defaults (config schema ``ncu``).
+DEFAULT_OPTIONS = {"window": "nvtx", "cache_control": "all"}
+WINDOWS = ("nvtx", "profiler_api")
+
+
+def replay_options(ncu_cfg: dict | None) -> dict:
+    """The config's ``ncu`` section over :data:`DEFAULT_OPTIONS` (the schema has checked the values)."""
+    options = {**DEFAULT_OPTIONS, **{k: v for k, v in (ncu_cfg or {}).items() if v is not None}}
+    if options["window"] not in WINDOWS or options["cache_control"] not in ("all", "none"):
+        raise ValueError(f"ncu options {options!r}: window must be one of {WINDOWS}, cache_control all or none")
+    return options
+
+
+def window_args(options: dict) -> list[str]:
+    """How ncu finds the measured window (docs/gpu.md, "The window"): ``--profile-from-start off`` (launches before
+    cudaProfilerStart are neither profiled nor, with window ``nvtx``, counted) and, for window ``nvtx``, ``--nvtx
+    --nvtx-include opprof@opprof.measured``: the harness's NVTX start/end range around the measured iterations
+    (start/end syntax ``Domain@Range``, no trailing ``/``; Nsight Compute CLI guide, NVTX Filtering). ``--launch-skip``
+    and ``--launch-count`` count only launches that match the filters (ncu ``--help``), so the k-th launch counted
+    is the k-th kernel of the window whatever ran before it."""
+    from ..naming import MEASURED_RANGE, NVTX_DOMAIN
+
+    args = ["--profile-from-start", "off"]
+    if options["window"] == "nvtx":
+        args += ["--nvtx", "--nvtx-include", f"{NVTX_DOMAIN}@{MEASURED_RANGE}"]
+    return args
+
+
+def replay_command(plan: dict, metrics: list[str], out_report: Path, applied_clocks: dict, target: list[str],
+                   segment: int = 0, options: dict | None = None, mig: bool = False) -> list[str]:
     """The exact ncu argv of one segment of ``plan`` (a list: never through a shell, so paths with spaces
     stay one argument).
 
-    ``ncu --profile-from-start off --launch-skip N --launch-count M --metrics <catalog, arch>
-    --replay-mode kernel --cache-control all [--clock-control none] --print-kernel-base mangled
-    --export REPORT --force-overwrite <target ...>`` (docs/formats.md#ncu-filters-and-replay, #ncu-gpu-checks; Nsight Compute CLI guide
-    https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html). ``--clock-control none`` only when
-    :func:`operator_profiler.capture.clocks.locked_clocks` locked the clocks (:func:`~operator_profiler.capture.clocks.ncu_clock_args`);
-    otherwise ncu locks them itself. ``catalog``: :class:`~operator_profiler.ncu.catalog.Catalog`;
-    ``arch``: ampere/hopper/blackwell (None: every architecture's names).
+    ``ncu --profile-from-start off [--nvtx --nvtx-include opprof@opprof.measured] --launch-skip N --launch-count M
+    --metrics <metrics> --replay-mode kernel --cache-control all|none [--clock-control none] --print-kernel-base
+    mangled --export REPORT --force-overwrite <target ...>`` (docs/formats.md#ncu-filters-and-replay; Nsight Compute
+    CLI guide). ``--clock-control none`` when :func:`operator_profiler.capture.clocks.locked_clocks` locked the
+    clocks (:func:`~operator_profiler.capture.clocks.ncu_clock_args`) or on a MIG GPU (``mig``: ncu cannot lock
+    clocks on MIG and fails: "Cannot lock GPU clock frequencies on MIG!"); otherwise ncu locks them itself.
+    ``metrics``: the full names to collect (:func:`operator_profiler.ncu.availability.check_metrics`);
+    ``options``: :func:`replay_options`.
     """
     from ..capture.clocks import ncu_clock_args
 
+    options = replay_options(options)
     seg = plan["segments"][segment]
-    return [NCU, "--profile-from-start", "off",
+    clock_args = ncu_clock_args(applied_clocks) or (["--clock-control", "none"] if mig else [])
+    return [NCU, *window_args(options),
             "--launch-skip", str(seg["launch_skip"]), "--launch-count", str(seg["launch_count"]),
-            "--metrics", catalog.metrics_argument(arch),
-            "--replay-mode", "kernel", "--cache-control", "all", *ncu_clock_args(applied_clocks),
+            "--metrics", ",".join(metrics),
+            "--replay-mode", "kernel", "--cache-control", options["cache_control"], *clock_args,
             "--print-kernel-base", "mangled",
             "--export", str(out_report), "--force-overwrite", *target]
 
@@ -73,24 +105,47 @@ def replay_command(plan: dict, catalog, out_report: Path, applied_clocks: dict, 
 # ------------------------------------------------------------------------------------------ run
 
 
+DCGM_FIX = ("pause DCGM's profiling while the replays run: `dcgmi profile --pause` (and `dcgmi profile --resume` "
+            "after), or stop the other profiler (Nsight Compute, Nsight Systems' GPU metrics, a CUPTI profiling "
+            "client); the counters are one system-wide resource")
+PERMISSION_FIX = ("run the GPU jobs as root, or start the container with --cap-add=SYS_ADMIN, or have an administrator "
+                  "set the driver option NVreg_RestrictProfilingToAdminUsers=0; see " + PERMISSION_URL)
+
+
 def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess) -> NcuReplayError | None:
+    """The error of a failed ncu collection, with the fix where the output names the cause (texts: real ncu
+    output, docs/formats.md#ncu-errors): counters held by another tool (DCGM: "a driver resource was unavailable"),
+    no counter permission (ERR_NVGPUCTRPERM), clocks on MIG; None when the collection succeeded."""
     text = (proc.stdout or "") + "\n" + (proc.stderr or "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("==ERROR==") or "ERR_NVGPUCTRPERM" in ln]
     what = f"layer class {cls}: `{shlex.join(cmd[:7])} ...`"
+    if any("driver resource was unavailable" in ln for ln in errors):
+        both = any("permission" in ln.lower() for ln in errors if "driver resource" in ln)
+        return NcuReplayError(f"{what} could not reserve the GPU performance counters (\"a driver resource was "
+                              "unavailable\": another tool such as DCGM holds them"
+                              + (", or no counter permission" if both else "") + f"); fix: {DCGM_FIX}"
+                              + (f"; or, for the permission: {PERMISSION_FIX}" if both else ""))
     if any("ERR_NVGPUCTRPERM" in ln for ln in errors):
         return NcuReplayError(f"{what} was not allowed to read the GPU performance counters (ERR_NVGPUCTRPERM); fix: "
-                              "run the GPU jobs as root, or start the container with --cap-add=SYS_ADMIN, or have an "
-                              "administrator set the driver option NVreg_RestrictProfilingToAdminUsers=0; see "
-                              f"{PERMISSION_URL}")
+                              f"{PERMISSION_FIX}")
+    if any("Cannot lock GPU clock frequencies on MIG" in ln for ln in errors):
+        return NcuReplayError(f"{what} failed: ncu cannot lock clocks on a MIG instance; set `clocks: {{policy: none}}` "
+                              "(the replay then passes --clock-control none) or lock the whole GPU's clocks as root "
+                              "before the run")
     if proc.returncode != 0 or errors:
         said = errors[0] if errors else (lines[-1] if lines else "no output")
         return NcuReplayError(f"{what} failed (exit {proc.returncode}): {said}; the full output is in the rule's log")
     if any("No kernels were profiled" in ln for ln in lines):
         return NcuReplayError(f"{what} profiled no kernels: the re-run launched fewer kernels than the timeline "
-                              "planned (a non-deterministic workload, or a config changed since the capture); "
-                              "re-run the capture and classify_layers")
+                              "planned (a non-deterministic workload, or a config changed since the capture), or the "
+                              "NVTX window filter matched nothing (ncu.window: nvtx; scripts/gpu-check --first-contact "
+                              "checks it); re-run the capture and classify_layers")
     return None
+
+
+#: How many times one segment is re-run without the metric names ncu refused (each run drops what it named).
+METRIC_RETRIES = 2
 
 
 def merge_raw_csvs(paths: list[Path], out: Path) -> list[int | None]:
@@ -135,61 +190,98 @@ def merge_raw_csvs(paths: list[Path], out: Path) -> list[int | None]:
     return pids
 
 
-def run_replay(plan: dict, catalog, out_csv: Path, out_json: Path, applied_clocks: dict, target: list[str],
-               arch: str | None = None) -> dict:
+def run_replay(plan: dict, metrics: dict | list[str], out_csv: Path, out_json: Path, applied_clocks: dict,
+               target: list[str], arch: str | None = None, options: dict | None = None, mig: bool = False) -> dict:
     """Run the ncu replay of ``plan`` (one ncu process per segment), export each report's raw page, merge
     them into ``out_csv`` and write ``out_json`` (``replay.json``).
+
+    ``metrics``: the ``metrics`` record of :func:`operator_profiler.ncu.availability.check_metrics` (its
+    ``collect`` names are requested), or a plain list of names. A collection that fails naming metrics it cannot
+    access or find (``==ERROR== Failed to access the following N metrics: ...``, ``Failed to find metric ...``) is
+    run again without them (at most :data:`METRIC_RETRIES` times); names a collection reports unable to access but
+    goes on without (``==WARNING== Unable to access ...``) are recorded too (``metrics.not_collected``).
 
     The reports are kept beside the CSV: ``{cls}.ncu-rep`` (``{cls}.part<k>.ncu-rep`` for several segments).
     ``replay.json``: ``class, instances, replay_instances, kernels_planned, segments`` (each with ``command``
     (argv list), ``command_text`` (shell-quoted), ``wall_s``, ``report``, ``pid``), ``wall_s`` (seconds, sum
     over segments, ncu's own wall time including the harness re-run), ``estimate_all_instances_s`` (wall_s x
     instances / replayed instances: replaying every instance of the class), ``arch``, ``clocks``,
-    ``window`` (for matching), ``warnings``, ``ncu_version`` (:func:`ncu_version`).
+    ``window`` (for matching), ``ncu_window`` and ``cache_control`` (the options), ``metrics`` (requested,
+    collected, dropped with reasons, not collected), ``warnings``, ``ncu_version`` (:func:`ncu_version`).
 
     Raises:
-        NcuReplayError: ncu not on PATH, ncu failed (ERR_NVGPUCTRPERM gets the fix), or profiled nothing.
+        NcuReplayError: ncu not on PATH, ncu failed (counters held by DCGM, ERR_NVGPUCTRPERM, MIG clocks get
+            their fix), or profiled nothing.
         NcuCsvError: the export of a report failed.
     """
     import shutil
+
+    from .availability import inaccessible_metrics
 
     if shutil.which(NCU) is None:
         raise NcuReplayError(f"layer class {plan['class']}: Nsight Compute's '{NCU}' is not on PATH; install Nsight "
                              "Compute (it ships with the CUDA toolkit) and add its folder to PATH, or run with "
                              "device: cpu")
+    record_metrics = dict(metrics) if isinstance(metrics, dict) else {
+        "requested": list(metrics), "collect": list(metrics), "dropped": [], "unchecked": [], "warnings": []}
+    record_metrics["dropped"] = list(record_metrics.get("dropped", []))
+    collect = list(record_metrics["collect"])
+    not_collected: list[str] = []
+    options = replay_options(options)
     out_csv, out_json = Path(out_csv), Path(out_json)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     cls = plan["class"]
     several = len(plan["segments"]) > 1
     segments, csvs = [], []
+    warnings = list(plan.get("warnings", [])) + list(record_metrics.get("warnings", []))
     for k in range(len(plan["segments"])):
         report = out_csv.with_name(f"{cls}.part{k}.ncu-rep" if several else f"{cls}.ncu-rep")
-        cmd = replay_command(plan, catalog, report, applied_clocks, target, k, arch)
-        log.info("replay_ncu: %s", shlex.join(cmd))
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - t0
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                print(stream, file=sys.stderr, end="" if stream.endswith("\n") else "\n")
-        error = _failure(cls, cmd, proc)
+        for attempt in range(METRIC_RETRIES + 1):
+            cmd = replay_command(plan, collect, report, applied_clocks, target, k, options, mig)
+            log.info("replay_ncu: %s", shlex.join(cmd))
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            wall = time.perf_counter() - t0
+            for stream in (proc.stdout, proc.stderr):
+                if stream:
+                    print(stream, file=sys.stderr, end="" if stream.endswith("\n") else "\n")
+            said = inaccessible_metrics((proc.stdout or "") + "\n" + (proc.stderr or ""), collect)
+            error = _failure(cls, cmd, proc)
+            refused = said["not_found"] + (said["unable"] if error is not None else [])
+            if error is not None and refused and attempt < METRIC_RETRIES:
+                warnings.append(f"segment {k}: ncu refused {len(refused)} metric(s) ({', '.join(refused)}); "
+                                "collected again without them")
+                log.warning("replay_ncu: %s", warnings[-1])
+                record_metrics["dropped"] += [{"name": n, "reason": "refused by ncu during the replay"} for n in refused]
+                collect = [n for n in collect if n not in set(refused)]
+                continue
+            break
         if error is not None:
             raise error
+        new = [n for n in said["unable"] if n not in not_collected]
+        if new:
+            not_collected += new
+            warnings.append(f"segment {k}: ncu could not access {len(new)} metric(s) and went on without them: "
+                            f"{', '.join(new)}")
+            log.warning("replay_ncu: %s", warnings[-1])
         csvs.append(export_report_csv(report, out_csv.parent))
         segments.append({**plan["segments"][k], "command": cmd, "command_text": shlex.join(cmd),
-                         "wall_s": round(wall, 3), "report": report.name})
+                         "wall_s": round(wall, 3), "report": report.name, "attempts": attempt + 1})
     pids = merge_raw_csvs(csvs, out_csv)
     for seg, pid, path in zip(segments, pids, csvs):
         seg["pid"] = pid
         if path != out_csv:
             path.unlink(missing_ok=True)
     wall_s = round(sum(s["wall_s"] for s in segments), 3)
+    record_metrics["collect"] = collect
+    record_metrics["not_collected"] = not_collected
     record = {
         "class": cls, "instances": plan["instances"], "replay_instances": plan["replay_instances"],
         "kernels_planned": plan["kernel_count"], "segments": segments, "wall_s": wall_s,
         "estimate_all_instances_s": round(instances_scale(plan) * wall_s, 3), "arch": arch,
-        "clocks": applied_clocks, "window": plan["window"], "warnings": plan.get("warnings", []),
-        "ncu_version": ncu_version(),
+        "clocks": applied_clocks, "window": plan["window"], "ncu_window": options["window"],
+        "cache_control": options["cache_control"], "mig": mig, "metrics": record_metrics,
+        "warnings": list(dict.fromkeys(warnings)), "ncu_version": ncu_version(),
     }
     write_json(out_json, record)
     return record
@@ -211,53 +303,100 @@ def ncu_version() -> str | None:
     return found.group(1) if found else None
 
 
-def gpu_arch(device_index: str = "0") -> str | None:
-    """Catalog architecture of a GPU from ``nvidia-smi --query-gpu=compute_cap`` (None when it cannot tell:
-    the replay then asks for every architecture's metric names)."""
-    import shutil
+def compute_capability(device: str = "cuda") -> tuple[tuple[int, int], str]:
+    """The compute capability of the GPU torch calls ``device``: ``((major, minor), source)``.
 
+    From ``nvidia-smi -i ID --query-gpu=compute_cap`` (``9.0``; ID by :func:`~operator_profiler.capture.clocks.gpu_id`),
+    else ``torch.cuda.get_device_capability``. Without it the replay would have to ask for every architecture's
+    metric names, which always include names of another chip.
+
+    Raises:
+        NcuReplayError: neither tells it (one line naming both attempts).
+    """
+    from ..capture.clocks import gpu_id
+    from ..errors import ClockError
+
+    said = []
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            idx = gpu_id(device)
+            proc = subprocess.run([smi, "-i", str(idx), "--query-gpu=compute_cap", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, check=False, timeout=60)
+            if proc.returncode != 0:
+                raise ValueError(f"exit {proc.returncode}")
+            major, minor = (int(v) for v in (proc.stdout or "").strip().splitlines()[0].strip().split("."))
+            return (major, minor), "nvidia-smi compute_cap"
+        except (ValueError, IndexError, OSError, subprocess.TimeoutExpired) as exc:
+            said.append(f"nvidia-smi gave no compute_cap ({type(exc).__name__}: {exc})")
+        except ClockError as exc:  # a device outside CUDA_VISIBLE_DEVICES
+            said.append(str(exc))
+    else:
+        said.append("nvidia-smi not on PATH")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            index = int(device.split(":", 1)[1]) if ":" in device else 0
+            major, minor = torch.cuda.get_device_capability(index)
+            return (int(major), int(minor)), "torch.cuda.get_device_capability"
+        said.append("torch sees no CUDA GPU")
+    except Exception as exc:  # an import or driver failure: said, not raised
+        said.append(f"torch: {type(exc).__name__}: {exc}")
+    raise NcuReplayError(f"the compute capability of {device} is unknown ({'; '.join(said)}): the replay cannot choose "
+                         "the chip's metric names; check the NVIDIA driver (nvidia-smi) and that torch sees the GPU")
+
+
+def gpu_arch(device: str = "cuda") -> str:
+    """Catalog architecture (ampere, hopper, blackwell) of ``device``'s GPU (:func:`compute_capability`).
+
+    Raises:
+        NcuReplayError: the compute capability is unknown."""
     from .catalog import arch_for_cc
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    proc = subprocess.run([smi, "-i", str(device_index), "--query-gpu=compute_cap", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, check=False)
-    try:
-        return arch_for_cc(proc.stdout.strip().splitlines()[0]) if proc.returncode == 0 else None
-    except (ValueError, IndexError):
-        return None
+    (major, minor), _source = compute_capability(device)
+    return arch_for_cc(f"{major}.{minor}")
 
 
 def replay_files(plan_path: Path, clocks_target: Path, workload: dict, harness_cfg: dict, workload_name: str,
-                 device: str, out_csv: Path, out_json: Path, out_clocks: Path) -> dict:
+                 device: str, out_csv: Path, out_json: Path, out_clocks: Path, ncu_cfg: dict | None = None,
+                 metrics_cache: Path | None = None) -> dict:
     """Rule ``replay_ncu``: read the class's plan (``layers/replay/{cls}.json``) and ``clocks/target.json``,
-    lock the clocks (:func:`operator_profiler.capture.clocks.locked_clocks`, restored whatever happens; written to
-    ``out_clocks``), run :func:`run_replay` with the harness re-run of :func:`target_argv` (the plan's
-    iterations only), and return the ``replay.json`` record.
+    choose the metrics the chip has (:func:`compute_capability`, :func:`operator_profiler.ncu.availability.check_metrics`,
+    answers cached in ``metrics_cache``), lock the clocks (:func:`operator_profiler.capture.clocks.locked_clocks`,
+    restored whatever happens; written to ``out_clocks``), run :func:`run_replay` with the harness re-run of
+    :func:`target_argv` (the plan's iterations only) and the ``ncu`` options ``ncu_cfg`` (:func:`replay_options`),
+    and return the ``replay.json`` record.
 
     Raises:
         GpuStageUnavailable: ``device`` is not cuda.
         InputError, ClockError, NcuReplayError, NcuCsvError: see the functions above.
     """
-    from ..capture.clocks import gpu_id, locked_clocks
+    from ..capture.clocks import locked_clocks
     from ..errors import GpuStageUnavailable
     from ..files import read_json_file
-    from .catalog import load_catalog
+    from .availability import check_metrics
+    from .catalog import arch_for_cc, load_catalog
 
-    if device != "cuda":
+    if device != "cuda" and not device.startswith("cuda:"):
         raise GpuStageUnavailable(f"replay_ncu needs a CUDA GPU with Nsight Compute (device is {device!r}); ncu "
                                   "counters are not collected on a CPU run")
     plan = read_json_file(Path(plan_path), "an ncu replay plan", "it is written by classify_layers", expect=dict)
     target = read_json_file(Path(clocks_target), "clocks/target.json", "run select_clocks first", expect=dict)
+    options = replay_options(ncu_cfg)
     catalog = load_catalog()
-    arch = gpu_arch(gpu_id(device))
+    cc, cc_source = compute_capability(device)
+    arch = arch_for_cc(f"{cc[0]}.{cc[1]}")
+    torch_index = int(device.split(":", 1)[1]) if ":" in device else 0
+    metrics = check_metrics(catalog.replay_metrics(arch), torch_index, cc, ncu_version(),
+                            Path(metrics_cache) if metrics_cache else None, target.get("gpu"))
+    metrics["compute_capability"] = {"value": f"{cc[0]}.{cc[1]}", "source": cc_source, "arch": arch}
     out_csv = Path(out_csv)
     run_dir = out_csv.with_name(f"{plan['class']}.target")  # the re-run's layers.json and run.json
     iterations = plan["iteration"] + 1 if plan.get("iteration") is not None else None
     argv = target_argv(workload, harness_cfg, run_dir, workload_name, iterations)
     with locked_clocks(target, Path(out_clocks), device) as applied:
-        return run_replay(plan, catalog, out_csv, out_json, applied, argv, arch)
+        return run_replay(plan, metrics, out_csv, out_json, applied, argv, arch, options, bool(target.get("mig")))
 
 
 def instances_scale(record: dict) -> float:

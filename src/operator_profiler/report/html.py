@@ -363,6 +363,10 @@ def _header_section(workload: str, run: dict | None, coverage: dict, operators: 
         if counters_time is not None:
             share += f", {counters_time * 100:.1f}% of kernel time"
         lines.append(f"- hardware counters (ncu) for {share}")
+    missing = [ln for ln in report_md.metric_lines(replays) if ln.startswith("- ")]
+    if missing:
+        lines.append(f"- {report_md._plural(len(missing), 'catalog metric')} not collected (missing counters, never "
+                     "zeros): " + "; ".join(ln[2:] for ln in missing))
     counters = ("not collected" if coverage.get("counters_coverage") is None
                 else f"{coverage['counters_coverage'] * 100:.1f}%")
     label, time_ns = headline_time(coverage, iterations, no_iteration_ranges(run, coverage))
@@ -673,12 +677,14 @@ def roofline_figure(rows: roofline_view.RooflineRows, ceilings: roofline_view.Ce
     return fig
 
 
-def _roofline_section(operators: pd.DataFrame, coverage: dict, run: dict | None, iterations: int) -> str:
+def _roofline_section(operators: pd.DataFrame, coverage: dict, run: dict | None, iterations: int,
+                      replays: list[dict] | None = None) -> str:
     """The roofline of the operators' analytic work against the measured ceilings (:func:`roofline_figure`), the
     statement of what is analytic and what is measured, and the operators that have no point, with why."""
     cuda = run is not None and run["versions"].get("device") == "cuda"
+    statement = roofline_view.analytic_and_measured(cuda, roofline_view.cache_controls(replays))
     title = ('<section id="roofline"><h2>Roofline: analytic work per operator against the measured ceilings</h2>'
-             f'<p id="analytic-measured">{inline(roofline_view.analytic_and_measured(cuda))}</p>')
+             f'<p id="analytic-measured">{inline(statement)}</p>')
     if not roofline_view.has_work(operators):
         return title + f'<div class="note" id="roofline-note">{esc(roofline_view.NO_WORK)}.</div></section>'
     rows = roofline_view.roofline_rows(operators)
@@ -981,7 +987,7 @@ def render_html(workload: str, inputs: ReportInputs, top_operators: int = TOP_BA
         _header_section(workload, run, coverage, operators, diagnostics, clocks, counters_time, replays),
         _operator_section(operators, iterations, top_operators, counter_metric_names(), no_ranges),
         sol,
-        _roofline_section(operators, coverage, run, iterations),
+        _roofline_section(operators, coverage, run, iterations, replays),
         _coverage_section(coverage, diagnostics),
         _phases_section(coverage, phases, top_operators),
         _layers_section(layer_classes, iterations, replays, no_ranges, coverage, run),

@@ -211,7 +211,29 @@ def _replay_lines(replays: list[dict] | None) -> list[str]:
     saved = f" ({est['estimate_all_s'] / est['wall_s']:.1f}x)" if est["wall_s"] else ""
     lines += ["", f"Replaying {est['replayed']} of {est['instances']} instances took {est['wall_s']:.1f} s; replaying "
                   f"every instance would take about {est['estimate_all_s']:.1f} s{saved}.", ""]
-    return lines
+    return lines + metric_lines(replays)
+
+
+def metric_lines(replays: list[dict] | None) -> list[str]:
+    """The catalog metrics the replays did not collect, with why (replay.json ``metrics``: names the chip lacks,
+    names ncu refused or could not access), and how the compute capability was known; nothing when every name
+    was collected."""
+    dropped: dict[str, str] = {}
+    for r in replays or []:
+        m = r.get("metrics") or {}
+        for d in m.get("dropped") or []:
+            dropped.setdefault(d["name"], d["reason"])
+        for name in m.get("not_collected") or []:
+            dropped.setdefault(name, "ncu could not access it during the replay")
+    lines = []
+    query = next(((r.get("metrics") or {}).get("query") for r in replays or [] if (r.get("metrics") or {}).get("query")),
+                 None)
+    if query and query.get("error"):
+        lines.append(f"The chip's metrics could not be queried before the replays ({query['error']}).")
+    if dropped:
+        lines += [f"**{_plural(len(dropped), 'catalog metric')} not collected** (missing counters, never zeros):", ""]
+        lines += [f"- `{name}`: {why}" for name, why in dropped.items()]
+    return lines + [""] if lines else []
 
 
 def _unknown_time_lines(operators: pd.DataFrame) -> list[str]:
@@ -706,7 +728,7 @@ def render_markdown(workload: str, inputs: ReportInputs, top_operators: int) -> 
         columns.append("bottleneck")
     lines += [*([_table(top[columns])] if len(top) else []), *ranking_note(operators), *_unknown_time_lines(operators), ""]
     lines += roofline_view.markdown_lines(operators, coverage, run, iterations, top_operators,
-                                          short_names(operators["operator"]))
+                                          short_names(operators["operator"]), replays)
     lines += phase_lines(coverage, phases, top_operators)
     lines += advice_view.markdown_lines(inputs.advice)
     lines += ["## Layer classes", ""]

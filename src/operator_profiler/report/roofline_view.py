@@ -28,12 +28,32 @@ def has_work(operators: pd.DataFrame) -> bool:
     return all(c in operators for c in NEEDED)
 
 
-def analytic_and_measured(cuda: bool) -> str:
-    """One paragraph (Markdown inline markup): which figures are analytic and which are measured."""
+def cache_controls(replays: list[dict] | None) -> list[str]:
+    """The ``ncu --cache-control`` values the replays ran with (replay.json ``cache_control``; replays written
+    before it was recorded ran ncu's default, ``all``)."""
+    return sorted({str(r.get("cache_control") or "all") for r in replays or []})
+
+
+def _cache_words(controls: list[str]) -> str:
+    if controls == ["none"]:
+        return ("; DRAM bytes and hit rates with warm caches (`ncu --cache-control none`), so they can vary "
+                "between the replay's passes")
+    if controls == ["all"]:
+        return ("; DRAM bytes and hit rates are **cold-cache** values: ncu flushed the caches before every "
+                "replay pass (`--cache-control all`), so data a kernel found in L2 in the model is read from DRAM "
+                "here (config `ncu.cache_control: none` for warm caches)")
+    if controls:
+        return f"; replays ran with different cache controls ({', '.join(controls)}): their DRAM bytes do not compare"
+    return ""
+
+
+def analytic_and_measured(cuda: bool, cache_control: list[str] | None = None) -> str:
+    """One paragraph (Markdown inline markup): which figures are analytic and which are measured (``cache_control``:
+    :func:`cache_controls` of the replays, stated beside the counters)."""
     parts = ["kernel **time** (the timeline's durations)",
              "the **ceilings** (`ceilings.json`: timed GEMM and STREAM-like copy/triad microbenchmarks on this machine)"]
     if cuda:
-        parts.append("the **Nsight Compute counters** (SOL %, DRAM bytes, occupancy)")
+        parts.append(f"the **Nsight Compute counters** (SOL %, DRAM bytes, occupancy{_cache_words(cache_control or [])})")
     measured = ", ".join(parts[:-1]) + " and " + parts[-1]
     return ("**Analytic** (computed, not measured): the **FLOPs** and **bytes** of each operator, from the recorded "
             "input shapes and dtypes of its calls: PyTorch's FLOP formulas (`torch.utils.flop_counter`: matrix "
@@ -172,11 +192,11 @@ def thread_mismatch(ceilings: Ceilings, run: dict | None) -> str:
 
 
 def markdown_lines(operators: pd.DataFrame, coverage: dict, run: dict | None, iterations: int, top: int,
-                   names) -> list[str]:
+                   names, replays: list[dict] | None = None) -> list[str]:
     """report.md's "Work and roofline" section (``names``: the operators' names as the report cuts them,
-    :func:`operator_profiler.report.markdown.short_names`)."""
+    :func:`operator_profiler.report.markdown.short_names`; ``replays``: the ncu replay records)."""
     cuda = run is not None and run["versions"].get("device") == "cuda"
-    lines = ["## Work and roofline", "", analytic_and_measured(cuda), ""]
+    lines = ["## Work and roofline", "", analytic_and_measured(cuda, cache_controls(replays)), ""]
     if not has_work(operators):
         return lines + [NO_WORK[0].upper() + NO_WORK[1:] + ".", ""]
     work = coverage.get("work") or {}
