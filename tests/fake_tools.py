@@ -7,7 +7,7 @@
   (``--format=csv,noheader,nounits``); its error texts are approximations.
 * ``ncu`` (:class:`FakeNcu`): collections take launches of a launch sequence the test wrote; an import prints a
   raw-page CSV with the metric names, units and values of the real recorded dropout CSV (read at test time);
-  ``--query-metrics`` prints the REAL answer of ncu 2024.1.1 for chip gh100 (tests/data/ncu-query); on request
+  ``--query-metrics`` prints the REAL answer of ncu 2024.1.1 for chip gh100 (tests/data/ncu-2024.1.1); on request
   a collection prints ncu's real texts for counters held by DCGM and for metrics it cannot access
   (``FAKE_NCU_FAIL=dcgm``, ``FAKE_NCU_REFUSE=a,b`` [``FAKE_NCU_REFUSE_AS=error``]: exit statuses assumed);
   see tests/test_ncu_replay.py and tests/test_ncu_metric_query.py.
@@ -163,14 +163,22 @@ def lock_calls(sm, mem):
 
 
 REAL_CSV = ("ncu", "a100_pytorch_dropout_162launches_metrics_only_kerneltime.csv")
-#: Real ``ncu --query-metrics-mode suffix`` output (ncu 2024.1.1, tests/data/ncu-query/PROVENANCE.md).
-NCU_QUERY = Path(__file__).resolve().parent / "data" / "ncu-query"
+#: Real ``ncu --query-metrics-mode suffix`` output (ncu 2024.1.1, tests/data/ncu-2024.1.1/PROVENANCE.md).
+NCU_QUERY = Path(__file__).resolve().parent / "data" / "ncu-2024.1.1"
 NCU_QUERY_GH100 = NCU_QUERY / "suffix-catalog-bases.gh100.txt.gz"
 NCU_QUERY_GA100 = NCU_QUERY / "suffix-catalog-bases.ga100.txt.gz"
 
 FAKE_NCU = r'''
 import json, os, sys
 argv = sys.argv[1:]
+if argv in (["--help"], ["--list-chips"]):  # the REAL texts of ncu 2024.1.1 (tests/data/ncu-2024.1.1)
+    import gzip
+    folder = os.path.dirname(os.environ["FAKE_NCU_QUERY"])
+    if argv == ["--help"]:
+        sys.stdout.write(gzip.open(os.path.join(folder, "help.txt.gz"), "rt").read())
+    else:
+        sys.stdout.write(open(os.path.join(folder, "list-chips.txt")).read())
+    sys.exit(0)
 if argv == ["--version"]:  # as ncu 2025.1 prints it (not logged: it is no collection or export)
     print("NVIDIA (R) Nsight Compute Command Line Profiler\nCopyright (c) 2018-2025 NVIDIA Corporation\n"
           "Version 2025.1.1.0 (build 35528883) (public-release)")
@@ -220,8 +228,16 @@ if refuse and os.environ.get("FAKE_NCU_REFUSE_AS") == "error":  # older ncu: the
     sys.exit(1)
 if refuse:  # newer ncu: a warning, and the collection goes on
     print("==WARNING== Unable to access the following %d metrics: %s." % (len(refuse), ", ".join(refuse)))
-skip, count = int(opt("--launch-skip")), int(opt("--launch-count"))
-launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
+skip = int(opt("--launch-skip")) if "--launch-skip" in argv else 0
+count = int(opt("--launch-count")) if "--launch-count" in argv else 10**9
+if "operator_profiler.first_contact_toy" in argv:  # first contact's toy program: ncu's documented filters
+    toy = json.load(open(os.environ["FAKE_NCU_TOY"]))
+    sequence = toy["window"] + ([] if "--nvtx-include" in argv else toy["after_range"])
+    if "--nvtx-include" not in argv and toy.get("skip_counts_launches_before_start"):
+        skip = max(0, skip - toy["before"])  # the undocumented case: launches before cudaProfilerStart counted
+    launches = [[name, "(1, 1, 1)", "(128, 1, 1)"] for name in sequence][skip:skip + count]
+else:
+    launches = json.load(open(os.environ["FAKE_NCU_SEQUENCE"]))[skip:skip + count]
 n = int(os.environ.get("FAKE_NCU_PID_COUNTER_START", "4711")) + sum(1 for _ in open(os.environ["FAKE_NCU_LOG"]))
 print("==PROF== Connected to process %d (python3)" % n)
 if not launches:

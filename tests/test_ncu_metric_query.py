@@ -1,7 +1,7 @@
 """Which catalog metrics a GPU's chip has (:mod:`operator_profiler.ncu.availability`), and what the replay does
 with metrics ncu refuses (:func:`operator_profiler.ncu.replay.run_replay`).
 
-Real tool output: ``tests/data/ncu-query/`` holds the REAL answers of Nsight Compute 2024.1.1 to
+Real tool output: ``tests/data/ncu-2024.1.1/`` holds the REAL answers of Nsight Compute 2024.1.1 to
 ``ncu --query-metrics-mode suffix --metrics <catalog bases> --chips gh100|ga100`` (PROVENANCE.md there); they
 are parsed here and the ``ncu`` test double prints them (no GPU and no ncu on the test machine). The ncu
 messages for refused metrics and for counters held by DCGM are quoted from real ncu output (docs/formats.md,

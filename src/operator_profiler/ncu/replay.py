@@ -112,14 +112,14 @@ PERMISSION_FIX = ("run the GPU jobs as root, or start the container with --cap-a
                   "set the driver option NVreg_RestrictProfilingToAdminUsers=0; see " + PERMISSION_URL)
 
 
-def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess) -> NcuReplayError | None:
+def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess, what: str | None = None) -> NcuReplayError | None:
     """The error of a failed ncu collection, with the fix where the output names the cause (texts: real ncu
     output, docs/formats.md#ncu-errors): counters held by another tool (DCGM: "a driver resource was unavailable"),
     no counter permission (ERR_NVGPUCTRPERM), clocks on MIG; None when the collection succeeded."""
     text = (proc.stdout or "") + "\n" + (proc.stderr or "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("==ERROR==") or "ERR_NVGPUCTRPERM" in ln]
-    what = f"layer class {cls}: `{shlex.join(cmd[:7])} ...`"
+    what = what or f"layer class {cls}: `{shlex.join(cmd[:7])} ...`"
     if any("driver resource was unavailable" in ln for ln in errors):
         both = any("permission" in ln.lower() for ln in errors if "driver resource" in ln)
         return NcuReplayError(f"{what} could not reserve the GPU performance counters (\"a driver resource was "
@@ -135,7 +135,7 @@ def _failure(cls: str, cmd: list[str], proc: subprocess.CompletedProcess) -> Ncu
                               "before the run")
     if proc.returncode != 0 or errors:
         said = errors[0] if errors else (lines[-1] if lines else "no output")
-        return NcuReplayError(f"{what} failed (exit {proc.returncode}): {said}; the full output is in the rule's log")
+        return NcuReplayError(f"{what} failed (exit {proc.returncode}): {said}; the full output is in the log")
     if any("No kernels were profiled" in ln for ln in lines):
         return NcuReplayError(f"{what} profiled no kernels: the re-run launched fewer kernels than the timeline "
                               "planned (a non-deterministic workload, or a config changed since the capture), or the "
