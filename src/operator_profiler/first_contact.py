@@ -46,11 +46,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .naming import measured_range_include
+
 FORMAT = "opprof.first_contact/1"
 STATUSES = ("ok", "problem", "unknown", "skipped")
 #: One step's subprocess limit (s); the whole run has ``budget_s``.
 STEP_TIMEOUT_S = 150
-MEASURED_INCLUDE = "opprof@opprof.measured"
 ONE_METRIC = "gpu__time_duration.sum"
 
 
@@ -212,7 +213,12 @@ class FirstContact:
         return [v.strip() for v in lines[0].split(",")], ""
 
     def versions(self) -> None:
-        details = {"python": platform.python_version(), "platform": platform.platform()}
+        import importlib.util
+
+        details = {"python": platform.python_version(), "platform": platform.platform(),
+                   # without NVIDIA's nvtx package the harness's ranges fall back to torch.cuda.nvtx's default domain
+                   "nvtx_package": importlib.util.find_spec("nvtx") is not None,
+                   "measured_range_include": measured_range_include()}
         details["driver"], why = (self.smi_query("driver_version")[0] or [None])[0], ""
         try:
             import torch
@@ -376,7 +382,8 @@ class FirstContact:
                         "ncu_launch_skip_profiler_api", "ncu_kernel_names", "ncu_raw_page", "ncu_locale"):
                 self.add(Fact(key, "skipped", why, checks))
             return
-        nvtx = ["--profile-from-start", "off", "--nvtx", "--nvtx-include", MEASURED_INCLUDE]
+        include = measured_range_include()
+        nvtx = ["--profile-from-start", "off", "--nvtx", "--nvtx-include", include]
         window, text = self.ncu_collect("nvtx", *nvtx)
         error = _failure("", [], subprocess.CompletedProcess([], 0 if window is not None else 1, text, ""),
                          what="ncu on the toy program (toy-nvtx.ncu.log)")
@@ -387,7 +394,7 @@ class FirstContact:
             return
         expected = self.kineto
         self.add(judge_selection("ncu_nvtx_window", "docs/gpu.md ncu replay: the NVTX window filter", expected,
-                                 window, f"--nvtx-include {MEASURED_INCLUDE}",
+                                 window, f"--nvtx-include {include}",
                                  "the replay's default window (ncu.window: nvtx) does not select the measured "
                                  "iterations: set ncu.window: profiler_api if that check passes"))
         skipped, _ = self.ncu_collect("nvtx-skip", *nvtx, "--launch-skip", "1", "--launch-count", "2")
@@ -478,7 +485,7 @@ class FirstContact:
                                ncu_version(), self.files / "ncu_metrics")
         t0 = time.monotonic()
         names, text = self.ncu_collect("catalog", "--profile-from-start", "off", "--nvtx", "--nvtx-include",
-                                       MEASURED_INCLUDE, "--launch-skip", "1", "--launch-count", "1",
+                                       measured_range_include(), "--launch-skip", "1", "--launch-count", "1",
                                        metrics=",".join(record["collect"]))
         wall = time.monotonic() - t0
         if names is None:

@@ -11,6 +11,7 @@
 - communication kernels (NCCL): :data:`COMMUNICATION` (ncu does not profile them; they wait on other ranks)
 """
 
+import importlib.util
 import re
 
 NVTX_DOMAIN = "opprof"
@@ -32,6 +33,13 @@ MODEL_RANGE = "opprof.model"
 #: (nsys capture, ncu replay). Start/end ranges are not per thread, so ncu's include filter on it selects every
 #: kernel of the window, the autograd thread's too; never an operator, never a region in the attribution.
 MEASURED_RANGE = "opprof.measured"
+
+
+def measured_range_include() -> str:
+    """ncu's ``--nvtx-include`` for :data:`MEASURED_RANGE` as the harness in this environment opens it: in our domain
+    with NVIDIA's ``nvtx`` package (``opprof@opprof.measured``), else in the default domain through
+    ``torch.cuda.nvtx`` (``opprof.measured``). Start/end syntax: no trailing ``/`` (that is a push/pop filter)."""
+    return f"{NVTX_DOMAIN}@{MEASURED_RANGE}" if importlib.util.find_spec("nvtx") else MEASURED_RANGE
 #: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
 #: (:mod:`operator_profiler.capture.fx_module_paths`), read by the fusion map (column ``module_paths``).
 MODULE_PATHS_JSON = "opprof_module_paths.json"

@@ -761,15 +761,12 @@ def _start_measured_range() -> Callable[[], None]:
 
 def measured_range_record() -> dict:
     """``run.json`` ``measured_range``: the NVTX start/end range around the measured window, as ncu's include
-    filter spells it (``domain@range``; no trailing ``/``: that would be a push/pop filter)."""
-    try:
-        import nvtx  # type: ignore[import-not-found]  # noqa: F401
+    filter spells it (:func:`~operator_profiler.naming.measured_range_include`)."""
+    from ..naming import measured_range_include
 
-        domain = NVTX_DOMAIN
-    except ImportError:
-        domain = None
-    return {"name": MEASURED_RANGE, "domain": domain or "default", "kind": "start/end",
-            "ncu_include": f"{domain}@{MEASURED_RANGE}" if domain else MEASURED_RANGE}
+    include = measured_range_include()
+    return {"name": MEASURED_RANGE, "domain": NVTX_DOMAIN if "@" in include else "default", "kind": "start/end",
+            "ncu_include": include}
 
 
 def _export_gzipped_trace(prof, trace_path: Path) -> int:

@@ -67,11 +67,11 @@ def window_args(options: dict) -> list[str]:
     (start/end syntax ``Domain@Range``, no trailing ``/``; Nsight Compute CLI guide, NVTX Filtering). ``--launch-skip``
     and ``--launch-count`` count only launches that match the filters (ncu ``--help``), so the k-th launch counted
     is the k-th kernel of the window whatever ran before it."""
-    from ..naming import MEASURED_RANGE, NVTX_DOMAIN
+    from ..naming import measured_range_include
 
     args = ["--profile-from-start", "off"]
-    if options["window"] == "nvtx":
-        args += ["--nvtx", "--nvtx-include", f"{NVTX_DOMAIN}@{MEASURED_RANGE}"]
+    if options["window"] == "nvtx":  # the harness re-run opens the range in this environment's domain
+        args += ["--nvtx", "--nvtx-include", measured_range_include()]
     return args
 
 
