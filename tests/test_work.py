@@ -222,6 +222,43 @@ def test_measured_vs_analytic_compares_only_complete_calls_and_flags_far_ratios(
     assert pd.isna(out.loc["aten::gelu", "work_check"])  # ratio 1: nothing to flag
 
 
+def test_measured_fp16_flops_count_both_lanes_of_half2_instructions():
+    """FP16 instructions are two-wide (HADD2, HMUL2, HFMA2 work on a half2 pair per thread). Fixture kernels whose
+    instruction counts follow from their element counts: an fp16 add of 8192 elements runs 8192 / 2 HADD2, a
+    scale by a constant 8192 / 2 HMUL2, an fp16 GEMM of 64 x 64 x 32 on the FMA pipe 64 * 64 * 32 / 2 HFMA2; a
+    kernel mixing FP32 accumulation (1000 FFMA, 300 FADD, 200 FMUL) with 100 HFMA2. Each operator's measured
+    FLOPs are then its analytic FLOPs: an add is 1 FLOP per element, an FMA 2 per pair of operands."""
+    from operator_profiler.ncu.catalog import load_catalog
+    from operator_profiler.roofline import measured_vs_analytic
+
+    n, (m, k, nn_) = 8192, (64, 32, 64)
+    attribution = pd.DataFrame({"kernel_id": [0, 1, 2, 3],
+                                "operator": ["aten::add", "aten::mul", "aten::mm", "aten::layer_norm"]})
+    gemm_flops = 2 * m * k * nn_
+    mixed_flops = 2 * 1000 + 300 + 200 + 2 * 2 * 100  # FP32 FFMA, FADD, FMUL; 100 HFMA2 = 200 FMAs of 2 FLOPs
+    work = pd.DataFrame({"kernel_id": [0, 1, 2, 3], "flops": [float(n), float(n), float(gemm_flops),
+                                                              float(mixed_flops)],
+                         "bytes": [3 * 2 * n, 2 * 2 * n, 2 * (m * k + k * nn_ + m * nn_), 1e4],
+                         "work_call": ["call:0", "call:1", "call:2", "call:3"]})
+    hadd, hmul, hfma = [n / 2, 0, 0, 0], [0, n / 2, 0, 0], [0, 0, m * k * nn_ / 2, 100]
+    counters = pd.DataFrame({
+        "kernel_id": [0, 1, 2, 3],
+        "sm__sass_thread_inst_executed_op_hadd_pred_on.sum": hadd,
+        "sm__sass_thread_inst_executed_op_hmul_pred_on.sum": hmul,
+        "sm__sass_thread_inst_executed_op_hfma_pred_on.sum": hfma,
+        "sm__sass_thread_inst_executed_op_ffma_pred_on.sum": [0, 0, 0, 1000],
+        "sm__sass_thread_inst_executed_op_fadd_pred_on.sum": [0, 0, 0, 300],
+        "sm__sass_thread_inst_executed_op_fmul_pred_on.sum": [0, 0, 0, 200],
+    })
+    out = measured_vs_analytic(attribution, work, counters, load_catalog()).set_index("operator")
+    assert out.loc["aten::add", "measured_fp_flops"] == n
+    assert out.loc["aten::mul", "measured_fp_flops"] == n
+    assert out.loc["aten::mm", "measured_fp_flops"] == gemm_flops
+    assert out.loc["aten::layer_norm", "measured_fp_flops"] == mixed_flops
+    assert out["flops_ratio"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert out["work_check"].isna().all()  # all at 1: none flagged (at half weights every one was "fewer than counted")
+
+
 # ------------------------------------------------------------------ the capture's shapes iteration
 
 HARNESS_MODELS = '''

@@ -179,7 +179,12 @@ MEASURED_COLUMNS = ["measured_dram_bytes", "analytic_bytes_measured", "bytes_rat
                     "analytic_flops_measured", "flops_ratio", "work_check"]
 #: measured / analytic outside [LOW, HIGH] is flagged
 LOW, HIGH = 0.5, 1.5
-_FP_FLOPS = {"fp32_add": 1, "fp32_mul": 1, "fp32_fma": 2, "fp16_add": 1, "fp16_mul": 1, "fp16_fma": 2}
+#: FLOPs per thread instruction, as Nsight Compute's own roofline sections weight them: FP32 FADD, FMUL 1 and FFMA 2
+#: (SpeedOfLight_HierarchicalSingleRooflineChart: ``derived__..._ffma_pred_on_x2``); the half-precision ones are
+#: two-wide (HADD2, HMUL2, HFMA2: a half2 pair per thread), so HADD2 and HMUL2 are 2 and HFMA2 4
+#: (SpeedOfLight_HierarchicalHalfRooflineChart: achieved FP16 FLOPs = hadd x2 + hmul x2 + hfma x4, its derived
+#: metrics ``derived__..._hadd_pred_on_x2``, ``_hmul_pred_on_x2``, ``_hfma_pred_on_x4``).
+_FP_FLOPS = {"fp32_add": 1, "fp32_mul": 1, "fp32_fma": 2, "fp16_add": 2, "fp16_mul": 2, "fp16_fma": 4}
 
 
 def measured_vs_analytic(attribution: pd.DataFrame, work: pd.DataFrame, counters: pd.DataFrame, catalog,
@@ -188,9 +193,13 @@ def measured_vs_analytic(attribution: pd.DataFrame, work: pd.DataFrame, counters
     the same kernels, and a ``work_check`` reading when the ratio is far from 1.
 
     Only calls whose every kernel has the counter are compared (a call's analytic work sits on one of its
-    kernels), so a partial replay never makes a ratio of different kernel sets. Measured FLOPs are the FP32/FP16
-    add, multiply and FMA (x2) thread instructions: tensor-core work is not in them, which the reading says
-    where the tensor pipe ran."""
+    kernels), so a partial replay never makes a ratio of different kernel sets. Measured FLOPs (``measured_fp_flops``,
+    FLOPs over every measured iteration) are the FP32 and FP16 add, multiply and FMA thread instructions weighted
+    as Nsight Compute's SpeedOfLight roofline sections weight them (:data:`_FP_FLOPS`): FADD and FMUL 1, FFMA 2;
+    the two-wide half-precision HADD2 and HMUL2 2, HFMA2 4 (the half-precision roofline chart section: achieved
+    FP16 FLOPs = hadd x2 + hmul x2 + hfma x4). Tensor-core work is not in them, which the reading says where the
+    tensor pipe ran. ``measured_dram_bytes`` is bytes; the ratios are measured over analytic (dimensionless).
+    Counters the catalog does not resolve are left out (no column: no figure); raises nothing of its own."""
     resolved = catalog.resolve(counters.columns)
     df = attribution[["kernel_id", key]].assign(**{key: attribution[key].fillna("(unattributed)")}).merge(
         work[["kernel_id", "flops", "bytes", "work_call"]], on="kernel_id", how="left").merge(
