@@ -82,25 +82,42 @@ class _RangeEmitter:
             self.pop()
 
 
-def _seed_everything(seed: int, device: str) -> None:
+def _seed_everything(seed: int, device: str, deterministic: bool) -> None:
+    """Seed Python's and torch's generators with ``seed``; set cuDNN's autotuning off; with ``deterministic``
+    also force PyTorch's deterministic algorithms, cuDNN's deterministic mode and (CUDA) cuBLAS's fixed workspace.
+
+    Without ``deterministic`` (harness.deterministic false, the default) the process's own settings stay as they
+    are: on CUDA the deterministic variants are other, often slower, kernels (convolution algorithms, scatter and
+    index_add, GEMM with a fixed workspace), so a profile under them would describe kernels production never
+    runs. Every run of one workload gets the same setting from the same harness config, and the kernel-sequence
+    checks (kernel counts compared across runs) catch runs whose kernels still differ."""
     random.seed(seed)
     torch.manual_seed(seed)
+    # cuDNN's autotuner times candidate algorithms at each new shape and keeps the fastest, so two captures of one
+    # workload (nsys and Kineto, the ncu re-run) could pick different kernels and no longer match: off in both
+    # modes, whatever the model sets (run_capture sets it again after the model is built).
+    torch.backends.cudnn.benchmark = False
+    if not deterministic:
+        return
     # warn_only: some kernels (e.g. index backward on CUDA) have no deterministic variant;
     # the invocation order, which matching needs, stays identical either way.
     torch.use_deterministic_algorithms(True, warn_only=True)
     # ... but not its side effect of filling every new allocation (an extra aten::fill_ per
     # torch.empty on CPU, an extra kernel on CUDA) that the model would not run outside profiling.
     torch.utils.deterministic.fill_uninitialized_memory = False
-    torch.backends.cudnn.benchmark = False  # autotuning would change the kernel sequence per run
     torch.backends.cudnn.deterministic = True
     if device == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def _settings() -> dict:
-    """The settings every run of one workload must share (recorded in ``run.json``)."""
+def _settings(deterministic: bool, model_cudnn_benchmark: bool) -> dict:
+    """The settings every run of one workload must share (recorded in ``run.json``): ``deterministic_requested``
+    (harness.deterministic) and the state the measured iterations ran in; ``cudnn_benchmark_set_by_model``: the
+    model's factory had turned cudnn.benchmark on (the harness turned it off again)."""
     return {
+        "deterministic_requested": bool(deterministic),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_benchmark_set_by_model": bool(model_cudnn_benchmark),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
@@ -304,8 +321,8 @@ def _copy(kwargs: dict) -> dict:
 
 def harness_settings(harness: dict) -> dict:
     """``harness`` with the schema's defaults filled in for missing keys (``seed``, ``warmup``, ``warmup_max``,
-    ``steady_window``, ``steady_tolerance``, ``iterations``; workflow/schemas/config.schema.yaml), so a direct
-    caller gets the workflow's warm-up rule.
+    ``steady_window``, ``steady_tolerance``, ``iterations``, ``deterministic``; workflow/schemas/config.schema.yaml),
+    so a direct caller gets the workflow's warm-up rule and determinism setting.
 
     Raises:
         ConfigError: a key the schema does not allow (type, range, unknown name), or ``warmup_max`` below
@@ -487,9 +504,11 @@ def run_capture(
 
     Args:
         workload: the workload's config slice (``kind``, sizes, ``compile``, ``mode``).
-        harness: ``{"seed", "warmup", "warmup_max", "steady_window", "steady_tolerance", "iterations"}``
-            (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at least ``warmup``
-            iterations, then until steady (:func:`warm_up_until_steady`), at most ``warmup_max``.
+        harness: ``{"seed", "warmup", "warmup_max", "steady_window", "steady_tolerance", "iterations",
+            "deterministic"}`` (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at
+            least ``warmup`` iterations, then until steady (:func:`warm_up_until_steady`), at most ``warmup_max``;
+            ``deterministic`` (default false) forces deterministic algorithms (:func:`_seed_everything`), else the
+            process's own settings stay.
         device: ``cpu`` or ``cuda`` (already resolved).
         trace_path: where to write the gzipped Kineto trace (``profiler == "torch"``).
         layers_path: ``layers.json``: ``[{"path", "class", "param_shapes", "calls"}]`` in execution order.
@@ -520,9 +539,9 @@ def run_capture(
     Returns:
         The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
         warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``settings``
-        (cudnn.benchmark off,
-        deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the
-        kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
+        (:func:`_settings`: ``deterministic_requested``, cudnn.benchmark (always off), cudnn.deterministic,
+        deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the kernel
+        invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
         compilation ``compile_scope`` (``model``, ``layers`` or null when eager), ``compile_mode``,
         ``compile_options``, ``compile_notes`` (list[str]) and ``layer_ranges`` (whether layer ranges were
         emitted: false for a whole-model compile, whose layers come from the FX nodes).
@@ -547,12 +566,14 @@ def run_capture(
     trace_path = Path(trace_path) if trace_path is not None else None
     inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
     given_harness, harness = harness, harness_settings(harness)
-    _seed_everything(harness["seed"], device)
+    _seed_everything(harness["seed"], device, harness["deterministic"])
     compiled = bool(workload.get("compile", False))
     if compiled:
         _configure_inductor(inductor_dir, device)
     dev = torch.device(device)
     model, inputs = workloads.build_workload(workload, dev)
+    model_cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.benchmark = False  # off whatever the factory set (_seed_everything says why)
     model, compile_notes = _unwrap_precompiled(model, workload, workload_name or workload.get("kind"))
     train = workload.get("mode", "inference") == "train"
     model.train(train)
@@ -691,7 +712,7 @@ def run_capture(
         "warmup": warmup,
         "warmup_s": round(warmup_s, 3),
         "measured_s": round(measured_s, 3),
-        "settings": _settings(),
+        "settings": _settings(harness["deterministic"], model_cudnn_benchmark),
         "measured_kernels": measured_kernels,
         "measured_kernels_source": kernels_source,
         "shapes": ("measured window" if window_shapes else

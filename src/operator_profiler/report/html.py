@@ -1133,6 +1133,7 @@ def _facts(profile: dict, median: bool) -> dict[str, str]:
                        + ("" if (run.get("warmup") or {}).get("steady", True) is not False else " (not steady)")
                        + f", seed {run['harness']['seed']}",
             "clocks": "not locked (CPU run)" if report_md.is_cpu_run(run) else report_md._clocks_text(profile["clocks"]),
+            "determinism": (report_md.determinism_text(run) or "determinism: not recorded")[len("determinism: "):],
         })
     facts.update({
         # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align. The
