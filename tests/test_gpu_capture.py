@@ -370,6 +370,27 @@ def test_harness_turns_off_cudnn_benchmark_a_factory_turned_on(toy, tmp_path):
     assert run["settings"]["cudnn_benchmark"] is False and run["settings"]["cudnn_benchmark_set_by_model"] is True
 
 
+def test_nsys_window_runs_emit_nvtx_without_shapes(toy, monkeypatch):
+    """Recording shapes in emit_nvtx would add CPU time to every op call inside the window nsys times; the work
+    per call takes its shapes from the Kineto run (test_work.py::test_nsys_work_takes_its_shapes_from_...)."""
+    import contextlib
+
+    import torch
+
+    calls = []
+
+    @contextlib.contextmanager
+    def emit_nvtx(**kwargs):
+        calls.append(kwargs)
+        yield
+
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", emit_nvtx)
+    with harness.cuda_profiler_range(nvtx_ops=True):
+        toy.EVENTS.append("measured")
+    assert calls == [{"record_shapes": False}]
+    assert toy.EVENTS == ["cudaProfilerStart", "measured", "cudaProfilerStop"]
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_cublas_workspace_is_set_on_cuda_only_when_determinism_is_forced(monkeypatch, deterministic):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)

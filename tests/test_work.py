@@ -486,3 +486,80 @@ def test_an_lstm_call_puts_its_work_on_the_library_rnn_kernel(tmp_path):
     # an LSTM layer step: 4 gates x 2 (multiply-add) x hidden x (input + hidden) per batch row, PyTorch's formula
     expected = 6 * 2 * (2 * 4 * 16 * (8 + 16) + 2 * 4 * 16 * (16 + 16))
     assert carriers["flops_formula"].sum() / ITERATIONS == expected
+
+
+# ------------------------------------------------------------------ nsys timelines: shapes from the Kineto run
+
+def _recorded_args() -> dict[str, dict]:
+    """What torch.profiler's record_shapes writes for aten::linear (x [4, 8], weight [16, 8], no bias), its
+    aten::mm and aten::relu ([4, 16]): recorded here by the real profiler, for the synthetic Kineto run."""
+    x, w = torch.randn(4, 8), torch.randn(16, 8)
+    with profile(record_shapes=True) as prof:
+        F.relu(F.linear(x, w))
+    args = {}
+    for e in prof.events():
+        if e.name in ("aten::linear", "aten::mm", "aten::relu") and e.name not in args:
+            args[e.name] = e.input_shapes
+    assert set(args) == {"aten::linear", "aten::mm", "aten::relu"}
+    return args
+
+
+@pytest.mark.parametrize("nvtx_sizes", [False, True])
+def test_nsys_work_takes_its_shapes_from_the_kineto_run_never_the_nvtx_texts(tmp_path, nvtx_sizes):
+    """The nsys capture runs emit_nvtx without record_shapes (its texts "aten::mm, seq = N, op_id = M"); older
+    exports carry ", sizes = [[...]], input_op_ids = [...]". Either way the work per call comes from the shapes
+    the Kineto run recorded (window_shapes): here the NVTX sizes are deliberately wrong (100 x 100 matrices), and
+    the FLOPs are still those of the Kineto run's shapes, 2 * 4 * 8 * 16 per linear and 4 * 16 per relu. A
+    Kineto run without shapes leaves the work unknown, said so: nothing is taken from the NVTX texts."""
+    import gzip
+
+    from nsys_export import write_nsys_export
+    from nsys_workflow import ITERATIONS, LAYERS, OPPROF_DOMAIN, PID, synthetic_capture, synthetic_kineto_run
+
+    from operator_profiler.attribution.nvtx import NvtxOptions
+
+    nvtx, runtime, kernels, _ = synthetic_capture()
+    if nvtx_sizes:
+        for row in nvtx:
+            if row.domain == 0 and row.text.startswith("aten::"):
+                row.text += ", sizes = [[100, 100], [100, 100]], input_op_ids = [(1, 0), (2, 0)]"
+    export = write_nsys_export(tmp_path / "nsys.sqlite", nvtx=nvtx, runtime=runtime, kernels=kernels,
+                               domains={(PID, OPPROF_DOMAIN): "opprof"})
+    stages.export_timeline(export, tmp_path / "timeline")
+    if nvtx_sizes:  # the reader still reads the decorated form: names without the decorations, sizes kept apart
+        ranges = pd.read_parquet(tmp_path / "timeline" / "ranges.parquet")
+        assert set(ranges.loc[ranges["domain_id"] == 0, "name"]) == {"aten::mm", "aten::relu"}
+    shapes = {name: [dims, types] for name, (dims, types) in
+              {"aten::linear": ([[4, 8], [16, 8], []], ["float", "float", ""]),
+               "aten::mm": ([[4, 8], [8, 16]], ["float", "float"]),
+               "aten::relu": ([[4, 16]], ["float"])}.items()}
+    assert _recorded_args() == {k: v[0] for k, v in shapes.items()}
+    flops = {"aten::mm": 2 * 4 * 8 * 16, "aten::relu": 4 * 16}
+    for with_shapes in (True, False):
+        run = synthetic_kineto_run()
+        if with_shapes:
+            for e in run["traceEvents"]:
+                if e["cat"] == "cpu_op":
+                    dims, types = shapes[e["name"]]
+                    e["args"].update({"Input Dims": dims, "Input type": types, "Concrete Inputs": [""] * len(dims),
+                                      "Input Strides": [[d[1], 1] if len(d) == 2 else [] for d in dims]})
+        out = tmp_path / ("with" if with_shapes else "without")
+        out.mkdir()
+        with gzip.open(out / "kineto.json.gz", "wt") as fh:
+            json.dump(run, fh)
+        stages.export_timeline(out / "kineto.json.gz", out / "timeline_kineto", "kineto")
+        attribution = stages.attribute_files(tmp_path / "timeline", None, None, out / "attribution.parquet",
+                                             NvtxOptions(), out / "timeline_kineto")
+        work = stages.work_files(tmp_path / "timeline", out / "attribution.parquet", out / "work.parquet",
+                                 kineto_dir=out / "timeline_kineto")
+        by_op = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+        assert len(by_op) == ITERATIONS * len(LAYERS) * 2
+        if with_shapes:
+            assert (attribution["operator_range_id"] < 0).all()  # every kernel's call is one of the Kineto run's
+            assert by_op.groupby("operator")["flops"].agg(lambda s: sorted(set(s))).to_dict() == {
+                op: [float(f)] for op, f in flops.items()}
+        else:
+            assert by_op["flops"].isna().all()
+            # the calls named are the Kineto run's outermost ops (aten::linear around aten::mm), not the NVTX ranges
+            missing = "no input shapes recorded (the trace was recorded without record_shapes)"
+            assert set(by_op["work_note"]) == {f"aten::linear: {missing}", f"aten::relu: {missing}"}

@@ -523,9 +523,11 @@ def run_capture(
             / ``stop()`` (``cudaProfilerStart``/``cudaProfilerStop``, after a device synchronize), so
             ``nsys profile --capture-range=cudaProfilerApi`` and ``ncu --profile-from-start off`` record
             exactly the measured iterations; on CUDA the iterations also run under
-            ``torch.autograd.profiler.emit_nvtx(record_shapes=True)``, which writes one NVTX range per
-            ATen op in the default domain (path (b) names operators from them). No kernel count is known
-            in-process: the timeline reader counts them (``measured_kernels`` null).
+            ``torch.autograd.profiler.emit_nvtx(record_shapes=False)``, which writes one NVTX range per
+            ATen op in the default domain (path (b) names operators from them); without shapes, whose
+            recording would lengthen every op's CPU time inside the timed window (the Kineto run beside nsys
+            records them, ``window_shapes``, and the work per call takes them from there). No kernel count is
+            known in-process: the timeline reader counts them (``measured_kernels`` null).
             ``none``: no profiler (a compile-only run).
         record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
         shapes_path: ``profiler == "torch"``: after the measured window, two more iterations under their own
@@ -732,8 +734,10 @@ def cuda_profiler_range(nvtx_ops: bool = True) -> Iterator[None]:
     """The measured window for tools that honour the CUDA profiler API.
 
     Synchronizes the device, calls ``torch.cuda.profiler.start()`` (``cudaProfilerStart``), runs the block
-    (under ``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` when ``nvtx_ops``: one NVTX range per
-    ATen op, default domain), synchronizes again and calls ``torch.cuda.profiler.stop()``
+    (under ``torch.autograd.profiler.emit_nvtx(record_shapes=False)`` when ``nvtx_ops``: one NVTX range per
+    ATen op, default domain, ``aten::mm, seq = N, op_id = M``; no ``sizes``: recording them would add CPU time
+    to every op call inside the window, widening the CPU gaps the timeline measures, and the work per call
+    takes its shapes from the Kineto run, :func:`operator_profiler.work.assign.kernel_work`), synchronizes again and calls ``torch.cuda.profiler.stop()``
     (``cudaProfilerStop``), also when the block raises. ``nsys profile --capture-range=cudaProfilerApi
     --capture-range-end=stop`` then records exactly the block, and so does ``ncu --profile-from-start off``
     (CUDA runtime API, Profiler Control: "Enables profile collection by the active profiling tool for the
@@ -744,7 +748,7 @@ def cuda_profiler_range(nvtx_ops: bool = True) -> Iterator[None]:
     torch.cuda.profiler.start()
     try:
         if nvtx_ops:
-            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+            with torch.autograd.profiler.emit_nvtx(record_shapes=False):
                 yield
         else:
             yield
