@@ -17,9 +17,9 @@ import pandas as pd
 WORK_COLUMNS = ["flops", "bytes", "flops_formula", "flops_per_iteration", "bytes_per_iteration",
                 "achieved_flops_per_s", "achieved_bytes_per_s", "intensity", "work_dtype", "work_known", "work_note"]
 ROOFLINE_COLUMNS = ["ceiling", "ceiling_flops_per_s", "ceiling_bytes_per_s", "ridge_intensity", "bound",
-                    "ceiling_fraction", "roofline"]
-#: A compute-bound fraction above this is flagged in the reading (measurement noise stays below it).
-ABOVE_PEAK = 1.5
+                    "ceiling_fraction", "ceiling_exceeded", "roofline"]
+#: The advice of a reading above a ceiling the operator cannot beat.
+REMEASURE = "re-measure: snakemake --forcerun measure_ceilings"
 _DTYPE_LABEL = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64", "tf32": "tf32"}
 
 
@@ -72,6 +72,17 @@ def compute_ceiling(ceilings: dict, dtype: str | None) -> tuple[str | None, floa
     return None, None
 
 
+def cache_bytes(ceilings: dict) -> int | None:
+    """The cache the bandwidth benchmark streams past (bytes): the CPU's last-level cache (all instances) or the
+    GPU's L2, from ceilings.json ``machine``; None when not recorded."""
+    described = ceilings.get("machine") or {}
+    if ceilings.get("device") == "cuda":
+        value = (described.get("gpu") or {}).get("l2_cache_bytes")
+    else:
+        value = (described.get("last_level_cache") or {}).get("bytes")
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
 def memory_ceiling(ceilings: dict) -> float | None:
     memory = ceilings.get("memory_bytes_per_s") or {}
     best = memory.get("best") or max((v for v in memory.values() if isinstance(v, (int, float))), default=None)
@@ -107,10 +118,19 @@ def json_text(value) -> str:
 
 
 def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operator") -> pd.DataFrame:
-    """``table`` (with the work columns) plus :data:`ROOFLINE_COLUMNS`; all null without ``ceilings``."""
+    """``table`` (with the work columns) plus :data:`ROOFLINE_COLUMNS`; all null without ``ceilings``.
+
+    ``ceiling_fraction`` is the achieved share of the bound's ceiling (FLOP/s over FLOP/s, or bytes/s over bytes/s).
+    No kernel beats the peak it was measured against, so an operator above 100 % of a ceiling it cannot beat gets
+    ``ceiling_exceeded`` true and a reading saying the ceiling was likely measured low (under load?) or part of its
+    work ran in other operators' kernels, with how to re-measure: above its compute peak always; above the
+    bandwidth only when its ideal bytes per call (``bytes`` / ``calls``) exceed the cache (:func:`cache_bytes`),
+    since a working set that stays in cache is read faster than the bandwidth benchmark, sized beyond the caches,
+    streams (the reading says so instead)."""
     out = table.copy()
     cols = {c: [None] * len(out) for c in ROOFLINE_COLUMNS}
     bandwidth = memory_ceiling(ceilings) if ceilings else None
+    cache = cache_bytes(ceilings) if ceilings else None
     for i, r in enumerate(out.to_dict("records")):
         if not ceilings:
             cols["roofline"][i] = "no measured ceilings"
@@ -131,16 +151,22 @@ def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operat
         if flops and (ridge is None or intensity is None or intensity >= ridge) and peak:
             fraction = r["achieved_flops_per_s"] / peak
             cols["bound"][i], cols["ceiling"][i], cols["ceiling_fraction"][i] = "compute", name, fraction
+            cols["ceiling_exceeded"][i] = bool(fraction > 1)
             cols["roofline"][i] = f"{r[key]}: {fraction:.0%} of {name}, compute-bound"
-            if fraction > ABOVE_PEAK:  # no kernel beats the peak: the work or the ceiling is not this operator's
-                cols["roofline"][i] += (f"; ABOVE the measured peak: part of this work ran in other operators' "
-                                        "kernels of the same calls (work_call), or the ceiling was measured low")
+            if fraction > 1:  # no kernel beats the peak: the ceiling or the work is not this operator's
+                cols["roofline"][i] += f"; {above_ceiling('peak', fraction)}"
         elif bandwidth and (flops == 0 or (ridge is not None and intensity is not None and intensity < ridge)):
             fraction = r["achieved_bytes_per_s"] / bandwidth
             cols["bound"][i], cols["ceiling"][i], cols["ceiling_fraction"][i] = "memory", "memory bandwidth", fraction
             detail = ("moves data only" if not flops else
                       f"intensity {intensity:.3g} FLOP/byte < ridge {ridge:.3g}")
-            if fraction > 1:  # a working set that stays in cache is read faster than DRAM streams
+            per_call = nbytes / r["calls"] if r.get("calls") and not pd.isna(r["calls"]) and r["calls"] > 0 else None
+            exceeded = bool(fraction > 1 and cache is not None and per_call is not None and per_call > cache)
+            cols["ceiling_exceeded"][i] = exceeded
+            if exceeded:  # its data cannot stay in cache between its reads: the bandwidth is the roof
+                detail += (f"; its {per_call / 2**20:.3g} MiB per call exceed the {cache / 2**20:.3g} MiB cache: "
+                           + above_ceiling("bandwidth", fraction))
+            elif fraction > 1:  # a working set that stays in cache is read faster than DRAM streams
                 detail += "; above the measured bandwidth: its data is served from cache"
             cols["roofline"][i] = f"{r[key]}: {fraction:.0%} of memory bandwidth, memory-bound ({detail})"
         else:
@@ -151,7 +177,14 @@ def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operat
         out[c] = values
     for c in ("ceiling_flops_per_s", "ceiling_bytes_per_s", "ridge_intensity", "ceiling_fraction"):
         out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+    out["ceiling_exceeded"] = pd.array(out["ceiling_exceeded"], dtype="boolean")
     return out
+
+
+def above_ceiling(what: str, fraction: float) -> str:
+    """The reading of an operator above a ceiling it cannot beat (``what``: ``peak`` or ``bandwidth``)."""
+    return (f"above the measured {what} ({fraction * 100:.0f} %): the ceiling was likely measured low (under load?) "
+            f"or part of the work ran in other operators' kernels; {REMEASURE}")
 
 
 def work_summary(attribution: pd.DataFrame, work: pd.DataFrame, ceilings: dict | None, ceilings_source: str | None) -> dict:
@@ -169,6 +202,8 @@ def work_summary(attribution: pd.DataFrame, work: pd.DataFrame, ceilings: dict |
         "rules": {str(k): int(v) for k, v in df["work_rule"].fillna("unknown").value_counts().items()},
         "ceilings": ceilings_source,
         "ceilings_threads": (ceilings or {}).get("threads"),
+        # what the measurement itself warns of (a trial under load, small sizes, emulated bf16): the reports show it
+        "ceilings_warnings": [str(w) for w in (ceilings or {}).get("warnings") or []],
         # every measured ceiling, also of dtypes no operator ran in (the report draws them all)
         "compute_flops_per_s": dict((ceilings or {}).get("compute_flops_per_s") or {}) or None,
         "memory_bytes_per_s": memory_ceiling(ceilings) if ceilings else None,
