@@ -95,7 +95,8 @@ rule compile_artifacts:
             # 1 warm-up + 1 iteration whatever the harness says: only the seed and the determinism matter (Inductor
             # generates other code under deterministic algorithms: the same setting as the captures).
             harness=json.dumps(
-                {k: config["harness"][k] for k in ("seed", "deterministic")}, sort_keys=True
+                {k: config["harness"][k] for k in ("seed", "deterministic")},
+                sort_keys=True,
             ),
             device=DEVICE,
         ),
