@@ -235,6 +235,9 @@ def test_an_operator_above_a_ceiling_it_cannot_beat_flags_the_ceiling():
     no_cache = with_roofline(table, {k: v for k, v in loaded.items() if k != "machine"}).set_index("operator")
     assert no_cache["ceiling_exceeded"].tolist() == [True, False, False, False]
     assert no_cache.loc["big_copy", "roofline"].endswith("its data is served from cache)")
+    # a record whose machine names only its GPU (the contract leaves machine's shape free): no cache size either
+    named = with_roofline(table, {**loaded, "device": "cuda", "machine": {"gpu": "NVIDIA H100 80GB HBM3"}})
+    assert named["ceiling_exceeded"].tolist() == [True, False, False, False]
 
 
 def test_measured_vs_analytic_compares_only_complete_calls_and_flags_far_ratios():

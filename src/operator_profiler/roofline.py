@@ -75,11 +75,10 @@ def compute_ceiling(ceilings: dict, dtype: str | None) -> tuple[str | None, floa
 def cache_bytes(ceilings: dict) -> int | None:
     """The cache the bandwidth benchmark streams past (bytes): the CPU's last-level cache (all instances) or the
     GPU's L2, from ceilings.json ``machine``; None when not recorded."""
-    described = ceilings.get("machine") or {}
-    if ceilings.get("device") == "cuda":
-        value = (described.get("gpu") or {}).get("l2_cache_bytes")
-    else:
-        value = (described.get("last_level_cache") or {}).get("bytes")
+    described = ceilings.get("machine")
+    part, key = ("gpu", "l2_cache_bytes") if ceilings.get("device") == "cuda" else ("last_level_cache", "bytes")
+    found = described.get(part) if isinstance(described, dict) else None
+    value = found.get(key) if isinstance(found, dict) else None  # (the contract leaves machine's shape free)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
