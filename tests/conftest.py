@@ -64,17 +64,24 @@ def need_real(path: Path, *more: Path) -> Path:
 
 @contextlib.contextmanager
 def torch_flags_kept():
-    """Restores on leaving the process-wide torch flags a capture sets (deterministic algorithms, cuDNN benchmark
-    and deterministic), so that the tests after it run unaffected."""
+    """Restores on leaving the process-wide torch flags a capture sets (cuDNN benchmark, always; with
+    harness.deterministic also deterministic algorithms, their fill of uninitialized memory, cuDNN deterministic
+    and CUBLAS_WORKSPACE_CONFIG), so that the tests after it run unaffected."""
     import torch
 
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+             torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+             torch.utils.deterministic.fill_uninitialized_memory, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
+        torch.utils.deterministic.fill_uninitialized_memory = saved[4]
+        if saved[5] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[5]
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -143,6 +144,10 @@ def test_the_written_record_reads_back_and_validates(tiny_record, tmp_path):
     (lambda r: r["measurements"][0]["times_s"].append(1e-12), "best_s/median_s are not the min/median"),
     (lambda r: r.pop("fingerprint"), "fingerprint is missing"),
     (lambda r: r.update(device="tpu"), "device is 'tpu'"),
+    (lambda r: r["trials"][0]["compute_flops_per_s"].update(float32=r["compute_flops_per_s"]["float32"] * 2),
+     "compute_flops_per_s.float32 is not the best of its trials"),
+    (lambda r: r["measurements"][0].update(trial=7), "names no trial of the 3"),
+    (lambda r: r["trials"].pop(1), "trials is not a non-empty list of trials numbered from 0"),
 ])
 def test_a_record_off_the_contract_is_refused_naming_the_field(tiny_record, mutate, says):
     record = copy.deepcopy(tiny_record)
@@ -150,6 +155,69 @@ def test_a_record_off_the_contract_is_refused_naming_the_field(tiny_record, muta
     with pytest.raises(InputError, match="x.json is not a ceilings record") as info:
         ceilings.validate_ceilings(record, "x.json")
     assert says in str(info.value)
+
+
+def test_each_ceiling_is_the_best_of_its_trials(tiny_record):
+    """Three trials of the whole set (TINY leaves trials at its default, 3); each figure is the highest of the
+    three, and its measurement record (times, calls) is that trial's."""
+    trials = tiny_record["trials"]
+    assert [t["trial"] for t in trials] == [0, 1, 2] and tiny_record["settings"]["trials"] == 3
+    for field, keys in (("compute_flops_per_s", ("float32", "bfloat16")), ("memory_bytes_per_s", ("copy", "triad"))):
+        for key in keys:
+            values = [t[field][key] for t in trials]
+            assert tiny_record[field][key] == max(values)
+            m = _by_name(tiny_record)[f"gemm_{key}" if field == "compute_flops_per_s" else f"stream_{key}"]
+            assert trials[m["trial"]][field][key] == max(values)
+            assert m["trial"] == values.index(max(values))  # the earliest best
+    for t in trials:  # a tiny trial (far under MIN_LOAD_WINDOW_S) has no load estimate, and says so
+        assert t["elapsed_s"] >= 0 and (t["other_cpu_load"] is None) == (t["elapsed_s"] < ceilings.MIN_LOAD_WINDOW_S)
+
+
+def test_a_trial_under_load_is_recorded_and_warned_of_when_a_figure_comes_from_it(monkeypatch):
+    """/proc/stat stand-in: other processes keep 2.5 CPUs busy all along (busy seconds = 2.5 x wall time; this
+    process's own CPU time held at 0, as os.times' 10 ms ticks would blur a short trial); 2 usable CPUs, 1 thread:
+    1 spare, so every trial ran under load, and the figures kept from each are named in one warning per trial."""
+    import os
+    import time
+
+    monkeypatch.setattr(machine, "cpu_busy_seconds", lambda: 2.5 * time.perf_counter())
+    monkeypatch.setattr(os, "times", lambda: os.times_result((0.0, 0.0, 0.0, 0.0, 0.0)))
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(ceilings, "MIN_LOAD_WINDOW_S", 0.0)
+    record = ceilings.measure("cpu", {**TINY, "min_run_s": 0.01, "trials": 2}, threads=1)
+    assert len(record["trials"]) == 2
+    for t in record["trials"]:
+        assert t["other_cpu_load"] == pytest.approx(2.5, rel=0.02)
+    assert record["other_cpu_load"] == max(t["other_cpu_load"] for t in record["trials"])
+    load = [w for w in record["warnings"] if "ran while other processes kept" in w]
+    kept = {t: [m["name"] for m in record["measurements"] if m["trial"] == t] for t in (0, 1)}  # in record order
+    assert len(load) == sum(1 for names in kept.values() if names)
+    for t, names in kept.items():
+        if names:
+            (line,) = [w for w in load if f"(trial {t + 1})" in w]
+            assert line.startswith(f"the best of 2 trial(s) for {', '.join(names)} (trial {t + 1}) ran while")
+            assert "(1 spare beside its 1 thread(s))" in line and "snakemake --forcerun measure_ceilings" in line
+    ceilings.validate_ceilings(record, "loaded.json")
+
+
+def test_only_a_kept_figures_trial_under_load_is_a_warning():
+    """Trial 0 ran under load (3 CPUs busy, 1 spare) but every figure was kept from trial 1 (quiet): no warning; the
+    same figures kept from trial 0: one, naming them."""
+    trials = [{"trial": 0, "other_cpu_load": 3.0}, {"trial": 1, "other_cpu_load": 0.2}]
+    kept = [{"name": "gemm_float32", "trial": 1}, {"name": "stream_copy", "trial": 1}]
+    assert ceilings._load_warnings(trials, kept, spare=1, threads=1) == []
+    kept = [{"name": "gemm_float32", "trial": 0}, {"name": "stream_copy", "trial": 1}]
+    (warning,) = ceilings._load_warnings(trials, kept, spare=1, threads=1)
+    assert warning.startswith("the best of 2 trial(s) for gemm_float32 (trial 1) ran while other processes kept 3.0 "
+                              "CPUs busy on average (1 spare beside its 1 thread(s))")
+    # at the margin (spare + 0.5) not yet under load
+    assert ceilings._load_warnings([{"trial": 0, "other_cpu_load": 1.5}], [{"name": "g", "trial": 0}], 1, 1) == []
+
+
+def test_trials_must_be_at_least_one():
+    with pytest.raises(ValueError, match="ceilings trials must be at least 1, got 0"):
+        ceilings.resolve_settings("cpu", {"trials": 0}, None)
+    assert ceilings.resolve_settings("cpu", {}, None)[0]["trials"] == 3
 
 
 def test_a_missing_file_names_how_to_make_it(tmp_path):
@@ -294,15 +362,19 @@ def test_a_cuda_job_without_a_gpu_restores_the_clocks_and_writes_no_ceilings(smi
 
 def test_opprof_ceilings_prints_the_figures_it_writes(tmp_path):
     result = run_opprof("ceilings", "--out", "c.json", "--device", "cpu", "--threads", "1", "--gemm-n", "64",
-                        "--stream-mib", "0.25", "--runs", "2", "--warmup", "1", "--min-run-s", "0", cwd=tmp_path)
+                        "--stream-mib", "0.25", "--runs", "2", "--warmup", "1", "--min-run-s", "0", "--trials", "2",
+                        cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     record = ceilings.read_ceilings(tmp_path / "c.json")
-    assert record["threads"] == 1 and record["settings"]["runs"] == 2
+    assert record["threads"] == 1 and record["settings"]["runs"] == 2 and len(record["trials"]) == 2
     lines = result.stdout.splitlines()
     fp32 = next(line for line in lines if "GEMM float32" in line)
     assert f"{record['compute_flops_per_s']['float32'] / 1e9:.1f} GFLOP/s" in fp32
     copy_line = next(line for line in lines if line.strip().startswith("copy"))
     assert f"{record['memory_bytes_per_s']['copy'] / 1e9:.2f} GB/s" in copy_line
+    kept = _by_name(record)["stream_copy"]["trial"]
+    assert f"best of 2, trial {kept + 1} of 2;" in copy_line
+    assert "2 trial(s); other processes' CPU load in each (CPUs busy): not estimated, not estimated" in result.stdout
     assert lines[-1] == "-> c.json"
     assert "n=64 is below 1024" in result.stderr  # the warnings, once, on stderr
 
@@ -340,10 +412,10 @@ def test_measure_ceilings_runs_once_per_machine(tmp_path):
     config.write_text(yaml.safe_dump({"device": "cpu", "ceilings": TINY, "workloads": {
         "lstm": {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}}}))
     work = tmp_path / "work"
-    first = snakemake(work, config, TARGET, env=_env())
+    first = snakemake(work, config, TARGET, env=_env(), cores=2)  # the job claims both cores (OMP_NUM_THREADS=2)
     assert first.returncode == 0, first.stderr[-3000:]
     record = ceilings.read_ceilings(work / TARGET)
-    assert record["threads"] == 1  # the captures' (capture_timeline has no threads: 1)
+    assert record["threads"] == 1  # torch ran with the captures' (capture_timeline has no threads: 1), not the job's
     assert record["rerun_identity"] == record["identity"]  # what the workflow compares is what was measured
     assert not any("rerun check" in w for w in record["warnings"])
     assert json.loads((work / "results/ceilings/cpu.clocks_applied.json").read_text())["locked"] is False
@@ -368,9 +440,43 @@ def test_measure_ceilings_runs_once_per_machine(tmp_path):
     assert remeasured["rerun_identity"]["torch"] == "99.0" and remeasured["identity"]["torch"] == record["identity"]["torch"]
     assert any("rerun check identifies the machine differently in torch" in w for w in remeasured["warnings"])
 
-    threads = snakemake(work, config, TARGET, "-n", "--set-threads", "capture_timeline=2", env=_env(upgraded))
+    # (2 cores: with 1 the captures would be capped at 1 thread, and so are the ceilings: nothing to measure again)
+    threads = snakemake(work, config, TARGET, "-n", "--set-threads", "capture_timeline=2", env=_env(upgraded), cores=2)
     assert job_counts(threads.stdout) == {"measure_ceilings": 1}, threads.stdout[-3000:]
+    capped = snakemake(work, config, TARGET, "-n", "--set-threads", "capture_timeline=2", env=_env(upgraded))
+    assert "Nothing to be done" in capped.stdout + capped.stderr, capped.stdout[-3000:]
     forced = snakemake(work, config, TARGET, "-n", "--forcerun", "measure_ceilings", env=_env(upgraded))
     assert job_counts(forced.stdout) == {"measure_ceilings": 1}, forced.stdout[-3000:]
     unchanged = snakemake(work, config, TARGET, "-n", env=_env(upgraded))
     assert "Nothing to be done" in unchanged.stdout + unchanged.stderr, unchanged.stdout[-3000:]
+
+
+def _ceilings_job(result) -> tuple[int, dict, dict]:
+    """The measure_ceilings job of a dry run with -p: its threads, resources and the params it runs with."""
+    import shlex
+
+    block = result.stdout.split("rule measure_ceilings:", 1)[1]
+    threads = int(re.search(r"^    threads: (\d+)$", block, re.M).group(1))
+    resources = dict(item.split("=", 1) for item in re.search(r"^    resources: (.*)$", block, re.M).group(1).split(", "))
+    command = next(line for line in block.splitlines() if "operator_profiler.gpu_jobs measure_ceilings" in line)
+    argv = shlex.split(command.split("Shell command:", 1)[-1].strip())
+    return threads, resources, json.loads(argv[argv.index("measure_ceilings") + 1])
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("cores, capture_threads, measured", [(2, None, 1), (4, 2, 2), (2, 3, 2)])
+def test_measure_ceilings_runs_alone_with_the_captures_threads(tmp_path, cores, capture_threads, measured):
+    """The job claims every core of the run (threads = --cores: Snakemake starts no other job beside it), while
+    torch measures with the captures' thread count (params threads; capture_timeline's threads, which Snakemake
+    caps at --cores), and a SLURM job asks for that many CPUs (cpus_per_task)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"device": "cpu", "ceilings": TINY, "workloads": {
+        "lstm": {"kind": "lstm", "input_size": 4, "hidden_size": 8, "num_layers": 1, "batch_size": 1, "seq_len": 4}}}))
+    extra = ["--set-threads", f"capture_timeline={capture_threads}"] if capture_threads else []
+    plan = snakemake(tmp_path / "work", config, "-n", "-p", "--forcerun", "measure_ceilings", *extra, env=_env(),
+                     cores=cores)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    threads, resources, params = _ceilings_job(plan)
+    assert threads == cores
+    assert params["threads"] == measured and params["machine"]["threads"] == measured
+    assert resources["cpus_per_task"] == str(measured)

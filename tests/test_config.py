@@ -35,7 +35,7 @@ def test_empty_config_gets_documented_defaults():
     cfg = validate_config({})
     assert cfg["device"] == "auto" and cfg["timeline"] == "auto"
     assert cfg["harness"] == {"seed": 0, "warmup": 2, "warmup_max": 30, "steady_window": 5, "steady_tolerance": 0.1,
-                              "iterations": 30}
+                              "iterations": 30, "deterministic": False}
     assert cfg["clocks"] == {"policy": "base", "sm_mhz": None, "mem_mhz": None}
     assert cfg["aggregate"] == {"per_iteration": True}
     assert cfg["report"] == {"top_operators": 20}
@@ -128,6 +128,8 @@ def test_missing_factory_is_reported():
         ({"workloads": {"bad name": {"kind": "gpt2"}}}, "workloads"),
         ({"workloads": {"w": {"kind": "resnet"}}}, "workloads.w.kind"),
         ({"harness": {"seed": 0, "extra": 1}}, "harness"),
+        ({"harness": {"deterministic": "sometimes"}}, "harness.deterministic"),
+        ({"harness": {"deterministic": 1}}, "harness.deterministic"),
     ],
 )
 def test_invalid_values(config, where):
@@ -165,9 +167,10 @@ def test_empty_file_is_all_defaults(tmp_path):
 
 def test_command_line_strings_are_coerced_to_the_schema_type():
     """snakemake --config harness='{iterations: 5}' delivers nested values as text."""
-    config = validate_config({"harness": {"iterations": "5"}, "aggregate": {"per_iteration": "false"},
+    config = validate_config({"harness": {"iterations": "5", "deterministic": "true"},
+                              "aggregate": {"per_iteration": "false"},
                               "workloads": {"g": {"kind": "gpt2", "n_layer": "2", "compile": "no"}}})
-    assert config["harness"]["iterations"] == 5
+    assert config["harness"]["iterations"] == 5 and config["harness"]["deterministic"] is True
     assert config["aggregate"]["per_iteration"] is False
     assert config["workloads"]["g"]["n_layer"] == 2 and config["workloads"]["g"]["compile"] is False
 

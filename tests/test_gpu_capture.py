@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fake_tools import H100, QUERY, clock_target, lock_calls, write_tool
+from conftest import torch_flags_kept
 from workflow_runs import ROOT, dry_run_jobs, job_counts
 
 from operator_profiler import cli, stages
@@ -323,8 +324,91 @@ def test_harness_brackets_exactly_the_measured_iterations(toy, tmp_path):
                                      "ncu_include": "opprof@opprof.measured"}
     assert run == json.loads((tmp_path / "run.json").read_text())
     assert run["profiler"] == "cuda_profiler_api" and run["measured_kernels"] is None
-    assert run["settings"]["cudnn_benchmark"] is False and run["settings"]["deterministic_algorithms"] is True
+    assert run["settings"]["cudnn_benchmark"] is False and run["settings"]["deterministic_requested"] is False
     assert [layer["path"] for layer in json.loads((tmp_path / "layers.json").read_text())] == ["blocks.0", "blocks.1"]
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_harness_leaves_the_processes_determinism_by_default_and_records_it(toy, tmp_path, before):
+    """harness.deterministic false (the default): deterministic algorithms and cudnn.deterministic stay what the
+    process had (here set by the test, as a model's own settings would), run.json records that state, and
+    cudnn.benchmark is off all the same."""
+    import torch
+
+    with torch_flags_kept():
+        torch.use_deterministic_algorithms(before)
+        torch.backends.cudnn.deterministic = before
+        torch.backends.cudnn.benchmark = True
+        run = harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build"}, HARNESS, "cpu", None,
+                                  tmp_path / "layers.json", tmp_path / "run.json", profiler="cuda_profiler_api")
+        assert torch.are_deterministic_algorithms_enabled() is before
+        assert torch.backends.cudnn.deterministic is before and torch.backends.cudnn.benchmark is False
+    settings = run["settings"]
+    assert settings["deterministic_requested"] is False
+    assert settings["deterministic_algorithms"] is before and settings["cudnn_deterministic"] is before
+    assert settings["cudnn_benchmark"] is False and settings["cudnn_benchmark_set_by_model"] is False
+
+
+def test_harness_deterministic_true_forces_deterministic_algorithms(toy, tmp_path):
+    import torch
+
+    with torch_flags_kept():
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        run = harness.run_capture({"kind": "custom", "factory": "gpu_capture_toy:build"},
+                                  {**HARNESS, "deterministic": True}, "cpu", None, tmp_path / "layers.json",
+                                  tmp_path / "run.json", profiler="cuda_profiler_api")
+        assert torch.are_deterministic_algorithms_enabled() is True
+        assert torch.is_deterministic_algorithms_warn_only_enabled() is True
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+    settings = run["settings"]
+    assert settings["deterministic_requested"] is True and settings["deterministic_algorithms"] is True
+    assert settings["deterministic_warn_only"] is True and settings["cudnn_deterministic"] is True
+    assert settings["cudnn_benchmark"] is False
+    assert run["harness"]["deterministic"] is True  # as given
+
+
+def test_harness_turns_off_cudnn_benchmark_a_factory_turned_on(toy, tmp_path):
+    import torch
+
+    (tmp_path / "benchmark_toy.py").write_text(
+        "import torch\nimport gpu_capture_toy\n\n"
+        "def build():\n    torch.backends.cudnn.benchmark = True\n    return gpu_capture_toy.build()\n")
+    sys.modules.pop("benchmark_toy", None)
+    with torch_flags_kept():
+        run = harness.run_capture({"kind": "custom", "factory": "benchmark_toy:build"}, HARNESS, "cpu", None,
+                                  tmp_path / "layers.json", tmp_path / "run.json", profiler="cuda_profiler_api")
+        assert torch.backends.cudnn.benchmark is False
+    assert run["settings"]["cudnn_benchmark"] is False and run["settings"]["cudnn_benchmark_set_by_model"] is True
+
+
+def test_nsys_window_runs_emit_nvtx_without_shapes(toy, monkeypatch):
+    """Recording shapes in emit_nvtx would add CPU time to every op call inside the window nsys times; the work
+    per call takes its shapes from the Kineto run (test_work.py::test_nsys_work_takes_its_shapes_from_...)."""
+    import contextlib
+
+    import torch
+
+    calls = []
+
+    @contextlib.contextmanager
+    def emit_nvtx(**kwargs):
+        calls.append(kwargs)
+        yield
+
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", emit_nvtx)
+    with harness.cuda_profiler_range(nvtx_ops=True):
+        toy.EVENTS.append("measured")
+    assert calls == [{"record_shapes": False}]
+    assert toy.EVENTS == ["cudaProfilerStart", "measured", "cudaProfilerStop"]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cublas_workspace_is_set_on_cuda_only_when_determinism_is_forced(monkeypatch, deterministic):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    with torch_flags_kept():
+        harness._seed_everything(0, "cuda", deterministic)
+        assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if deterministic else None)
 
 
 def test_harness_stops_the_profiler_range_when_an_iteration_raises(toy, tmp_path):
@@ -443,6 +527,29 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
     assert {j["rule"] for j in jobs} >= {*GPU_RULES, "classify_layers", "attribute"}
     # classify_layers is a checkpoint: the per-class replay_ncu/parse_ncu jobs appear once it has run
     assert "classify_layers" in counts and "replay_ncu" not in counts
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("deterministic", [None, True])
+def test_every_harness_run_of_a_workload_gets_the_same_determinism(tmp_path, nsys, deterministic):
+    """The nsys capture, the Kineto run beside it and compile_artifacts (the ncu re-run: test_ncu_replay) take
+    harness.deterministic from the one harness config: the default (false) or the value given."""
+    import shlex
+
+    extra = ["harness={seed: 0, warmup: 1, iterations: 1, deterministic: true}"] if deterministic else []
+    result = _dry_run(tmp_path, [nsys.parent], "device=cuda", "timeline=nsys", *extra, "-p")
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = {}
+    for line in result.stdout.splitlines():
+        if "-m operator_profiler.gpu_jobs " not in line:
+            continue
+        argv = shlex.split(line.strip())
+        rule = argv[argv.index("operator_profiler.gpu_jobs") + 1]
+        params = json.loads(argv[argv.index("operator_profiler.gpu_jobs") + 2])
+        if "harness" in params:
+            seen.setdefault(rule, []).append(json.loads(params["harness"])["deterministic"])
+    assert seen == {"capture_timeline": [bool(deterministic)] * 2, "capture_kineto": [bool(deterministic)] * 2,
+                    "compile_artifacts": [bool(deterministic)]}
 
 
 @pytest.mark.workflow

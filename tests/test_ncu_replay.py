@@ -134,11 +134,12 @@ def test_replay_command_exact_argv_with_spaces():
     plan = replay_plan.plan_replay(kernels, kl, classes[BLOCK_CLASS])
     catalog = load_catalog()
     report = Path("/data/my results/gpt 2/ncu") / f"{BLOCK_CLASS}.ncu-rep"
-    target = replay.target_argv({"kind": "gpt2"}, {"seed": 0, "warmup": 2, "iterations": 5},
+    # the capture's harness config, determinism included (the re-run must run the capture's kernels)
+    target = replay.target_argv({"kind": "gpt2"}, {"seed": 0, "warmup": 2, "iterations": 5, "deterministic": True},
                                 Path("/data/my results/gpt 2/ncu/run dir"), "gpt 2", iterations=1)
     assert target == [sys.executable, "-m", "operator_profiler.cli", "run-harness",
                       "--workload-json", '{"kind": "gpt2"}',
-                      "--harness-json", '{"iterations": 1, "seed": 0, "warmup": 2}',
+                      "--harness-json", '{"deterministic": true, "iterations": 1, "seed": 0, "warmup": 2}',
                       "--device", "cuda", "--profiler", "cuda_profiler_api",
                       "--out-run", "/data/my results/gpt 2/ncu/run dir/run.json", "--workload-name", "gpt 2",
                       "--out-layers", "/data/my results/gpt 2/ncu/run dir/layers.json"]

@@ -85,9 +85,9 @@ def test_warm_up_runs_at_least_the_minimum_and_a_fixed_warm_up_is_not_checked():
 def test_harness_settings_take_the_schema_defaults_and_refuse_a_cap_below_the_minimum(tmp_path):
     filled = harness.harness_settings({"seed": 1, "warmup": 1, "iterations": 2})
     assert filled == {"seed": 1, "warmup": 1, "iterations": 2, "warmup_max": 30, "steady_window": 5,
-                      "steady_tolerance": 0.1}
+                      "steady_tolerance": 0.1, "deterministic": False}
     assert validate_config({})["harness"] == {"seed": 0, "warmup": 2, "warmup_max": 30, "steady_window": 5,
-                                              "steady_tolerance": 0.1, "iterations": 30}
+                                              "steady_tolerance": 0.1, "iterations": 30, "deterministic": False}
     with pytest.raises(ConfigError, match="warmup_max"):
         harness.harness_settings({"warmup": 5, "warmup_max": 3})
     with pytest.raises(ConfigError, match="harness.steady_tolerance"):

@@ -72,6 +72,36 @@ def test_cpu_run_shows_a_note_instead_of_the_sol_scatter(tmp_path):
     assert len(tables(text)["module-table"]["rows"]) == 3
 
 
+OFF = {"deterministic_requested": False, "cudnn_benchmark": False, "cudnn_benchmark_set_by_model": False,
+       "cudnn_deterministic": False, "deterministic_algorithms": False, "deterministic_warn_only": False,
+       "cublas_workspace_config": None}
+FORCED = {**OFF, "deterministic_requested": True, "cudnn_deterministic": True, "deterministic_algorithms": True,
+          "deterministic_warn_only": True, "cublas_workspace_config": ":4096:8"}
+# before deterministic_requested was recorded the harness always forced determinism (no cuBLAS setting on CPU)
+OLD_FORCED = {k: v for k, v in FORCED.items() if k not in ("deterministic_requested", "cudnn_benchmark_set_by_model")}
+
+
+@pytest.mark.parametrize("settings, line", [
+    (OFF, "determinism: off (the model's own settings: production kernels); cudnn.benchmark off"),
+    (FORCED, "determinism: forced (deterministic algorithms, cuDNN deterministic, cuBLAS workspace :4096:8): "
+             "kernels may differ from production; cudnn.benchmark off"),
+    ({**OLD_FORCED, "cublas_workspace_config": None},
+     "determinism: forced (deterministic algorithms, cuDNN deterministic): kernels may differ from production; "
+     "cudnn.benchmark off"),
+    ({**OFF, "deterministic_algorithms": True, "cudnn_benchmark_set_by_model": True},
+     "determinism: not forced, but the model's or environment's own settings turn on deterministic algorithms "
+     "(kernels may differ from production); cudnn.benchmark off (the model turned it on; the harness turned it off)"),
+])
+def test_both_reports_say_which_determinism_the_iterations_ran_under(tmp_path, settings, line):
+    write_results(tmp_path / "gpt2", CUDA_OPS, device="cuda")
+    run_path = tmp_path / "gpt2" / "capture" / "run.json"
+    run_path.write_text(json.dumps({**json.loads(run_path.read_text()), "settings": settings}))
+    assert opprof("report", "--results", tmp_path / "gpt2", "--run", run_path, "--out", tmp_path / "r.md").returncode == 0
+    assert f"- {line}\n" in (tmp_path / "r.md").read_text()
+    assert opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "r.html").returncode == 0
+    assert html.escape(line) in (tmp_path / "r.html").read_text()
+
+
 def test_cuda_sol_scatter_has_one_point_per_operator_with_counters(tmp_path):
     operators = write_results(tmp_path / "gpt2", CUDA_OPS, device="cuda")
     assert opprof("report-html", "--results", tmp_path / "gpt2", "-o", tmp_path / "r.html").returncode == 0

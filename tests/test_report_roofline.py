@@ -9,6 +9,7 @@ tests/html_report.py.
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import subprocess
@@ -230,6 +231,35 @@ def test_ceilings_of_another_thread_count_are_flagged(tmp_path):
     add_work(tmp_path / "gpt2", WORK, ceilings={**CEILINGS, "threads": 4})
     text = page(tmp_path / "gpt2")
     assert 'id="roofline-threads"' in text and "measured with 4 CPU thread(s), the profile ran torch with 1" in text
+
+
+def test_an_operator_above_its_peak_flags_the_ceilings_in_both_reports(tmp_path):
+    """aten::addmm runs 1.6 GFLOP in 40 ms (40 GFLOP/s) against an fp32 peak measured at 33 GFLOP/s: 121 %. Both
+    reports warn that the ceiling was likely measured low, with how to re-measure, and list the ceilings' own
+    warnings (here: its best trial ran under load)."""
+    under_load = ("the best of 3 trial(s) for gemm_float32 (trial 2) ran while other processes kept 1.6 CPUs busy on "
+                  "average (1 spare beside its 1 thread(s)): these figures may be low; measure again on a quiet "
+                  "machine (snakemake --forcerun measure_ceilings)")
+    write_results(tmp_path / "gpt2", OPS, iterations=ITERATIONS)
+    low = {**CEILINGS, "compute_flops_per_s": {**CEILINGS["compute_flops_per_s"], "float32": 3.3e10},
+           "warnings": [under_load]}
+    operators = add_work(tmp_path / "gpt2", WORK, ceilings=low).set_index("operator")
+    fraction = expected("aten::addmm")["flops_per_s"] / 3.3e10
+    assert round(fraction * 100) == 121 and operators.loc["aten::addmm", "ceiling_exceeded"]
+    assert not operators["ceiling_exceeded"].drop("aten::addmm").fillna(False).any()  # copy_: no cache size known
+    warning = ("1 operator(s) above the measured ceiling they are held against ({name} at 121 % of fp32 GEMM peak): "
+               "no kernel beats the peak it is measured against, so the ceiling was likely measured low (under load?) "
+               "or part of the work ran in other operators' kernels; re-measure: snakemake --forcerun measure_ceilings")
+    text = page(tmp_path / "gpt2")
+    assert 'id="roofline-above-ceiling"' in text and html.escape(warning.format(name="aten::addmm")) in text
+    assert html.escape(f"the ceilings' measurement warns: {under_load}") in text
+    out = tmp_path / "report.md"
+    assert opprof("report", "--results", tmp_path / "gpt2", "--out", out).returncode == 0
+    md = out.read_text()
+    assert f"- **warning**: {warning.format(name='`aten::addmm`')}" in md
+    assert f"- the ceilings' measurement warns: {under_load}" in md
+    assert ("| `aten::addmm` |" in md and "121% of fp32 GEMM peak, compute-bound; above the measured peak (121 %): "
+            "the ceiling was likely measured low (under load?)" in md)
 
 
 def test_results_without_work_columns_still_render_and_say_why(tmp_path):

@@ -195,6 +195,51 @@ def test_roofline_bound_and_fraction_from_the_ceilings():
     assert out.loc["gemm", "ridge_intensity"] == pytest.approx(10.0)
 
 
+def test_an_operator_above_a_ceiling_it_cannot_beat_flags_the_ceiling():
+    """The figures of a real run on 2 busy cores: the fp32 GEMM peak measured 55 GFLOP/s while a capture ran beside
+    it (90 on a quiet machine), and aten::addmm made 66.55 GFLOP/s: 121 % of the loaded peak, 74 % of the quiet
+    one. Memory: 100 MiB per call cannot stay in a 32 MiB cache, 1 MiB can."""
+    mib = 2**20
+    table = pd.DataFrame({
+        "operator": ["aten::addmm", "aten::mm", "big_copy", "small_copy"], "calls": [10, 10, 2, 2],
+        "time_ns": [1e6, 1e6, 1e7, 1e5],
+        "flops": [6.655e7, 5.445e7, 0.0, 0.0], "bytes": [1e6, 1e6, 2 * 100 * mib, 2 * 1 * mib],
+        "work_dtype": ["float32"] * 4, "work_known": [True] * 4, "work_note": [None] * 4})
+    table["achieved_flops_per_s"] = table["flops"] / (table["time_ns"] / 1e9)
+    table["achieved_bytes_per_s"] = table["bytes"] / (table["time_ns"] / 1e9)
+    table["intensity"] = table["flops"] / table["bytes"]
+    loaded = {"device": "cpu", "compute_flops_per_s": {"float32": 55e9}, "memory_bytes_per_s": {"best": 1e10},
+              "machine": {"last_level_cache": {"bytes": 32 * mib}}}
+    out = with_roofline(table, loaded).set_index("operator")
+    assert out.loc["aten::addmm", "ceiling_fraction"] == pytest.approx(66.55 / 55)
+    assert out.loc["aten::addmm", "roofline"] == (
+        "aten::addmm: 121% of fp32 GEMM peak, compute-bound; above the measured peak (121 %): the ceiling was likely "
+        "measured low (under load?) or part of the work ran in other operators' kernels; re-measure: snakemake "
+        "--forcerun measure_ceilings")
+    assert out.loc["aten::mm", "ceiling_fraction"] == pytest.approx(54.45 / 55)  # 99 %: under the peak, no flag
+    assert out.loc["aten::mm", "roofline"] == "aten::mm: 99% of fp32 GEMM peak, compute-bound"
+    big = 2 * 100 * mib / 1e-2 / 1e10  # 210 % of the bandwidth, 100 MiB per call
+    assert out.loc["big_copy", "ceiling_fraction"] == pytest.approx(big)
+    assert out.loc["big_copy", "roofline"] == (
+        f"big_copy: {big:.0%} of memory bandwidth, memory-bound (moves data only; its 100 MiB per call exceed the 32 "
+        f"MiB cache: above the measured bandwidth ({big * 100:.0f} %): the ceiling was likely measured low (under "
+        "load?) or part of the work ran in other operators' kernels; re-measure: snakemake --forcerun "
+        "measure_ceilings)")
+    assert out.loc["small_copy", "ceiling_fraction"] == pytest.approx(2 * mib / 1e-4 / 1e10)
+    assert out.loc["small_copy", "roofline"].endswith("(moves data only; above the measured bandwidth: its data is "
+                                                      "served from cache)")
+    assert out["ceiling_exceeded"].tolist() == [True, False, True, False]
+    # the quiet machine's peak: 74 %, nothing flagged; without a recorded cache size no memory figure is flagged
+    quiet = with_roofline(table, {**loaded, "compute_flops_per_s": {"float32": 90e9}}).set_index("operator")
+    assert quiet.loc["aten::addmm", "roofline"] == "aten::addmm: 74% of fp32 GEMM peak, compute-bound"
+    no_cache = with_roofline(table, {k: v for k, v in loaded.items() if k != "machine"}).set_index("operator")
+    assert no_cache["ceiling_exceeded"].tolist() == [True, False, False, False]
+    assert no_cache.loc["big_copy", "roofline"].endswith("its data is served from cache)")
+    # a record whose machine names only its GPU (the contract leaves machine's shape free): no cache size either
+    named = with_roofline(table, {**loaded, "device": "cuda", "machine": {"gpu": "NVIDIA H100 80GB HBM3"}})
+    assert named["ceiling_exceeded"].tolist() == [True, False, False, False]
+
+
 def test_measured_vs_analytic_compares_only_complete_calls_and_flags_far_ratios():
     """Fixture (no GPU here): four kernels of three calls with ncu-named counters; the expected ratios are the
     sums written out below."""
@@ -220,6 +265,43 @@ def test_measured_vs_analytic_compares_only_complete_calls_and_flags_far_ratios(
     assert pd.isna(out.loc["aten::addmm", "flops_ratio"])
     assert out.loc["aten::gelu", "flops_ratio"] == pytest.approx(2 * 500 / 1e3)
     assert pd.isna(out.loc["aten::gelu", "work_check"])  # ratio 1: nothing to flag
+
+
+def test_measured_fp16_flops_count_both_lanes_of_half2_instructions():
+    """FP16 instructions are two-wide (HADD2, HMUL2, HFMA2 work on a half2 pair per thread). Fixture kernels whose
+    instruction counts follow from their element counts: an fp16 add of 8192 elements runs 8192 / 2 HADD2, a
+    scale by a constant 8192 / 2 HMUL2, an fp16 GEMM of 64 x 64 x 32 on the FMA pipe 64 * 64 * 32 / 2 HFMA2; a
+    kernel mixing FP32 accumulation (1000 FFMA, 300 FADD, 200 FMUL) with 100 HFMA2. Each operator's measured
+    FLOPs are then its analytic FLOPs: an add is 1 FLOP per element, an FMA 2 per pair of operands."""
+    from operator_profiler.ncu.catalog import load_catalog
+    from operator_profiler.roofline import measured_vs_analytic
+
+    n, (m, k, nn_) = 8192, (64, 32, 64)
+    attribution = pd.DataFrame({"kernel_id": [0, 1, 2, 3],
+                                "operator": ["aten::add", "aten::mul", "aten::mm", "aten::layer_norm"]})
+    gemm_flops = 2 * m * k * nn_
+    mixed_flops = 2 * 1000 + 300 + 200 + 2 * 2 * 100  # FP32 FFMA, FADD, FMUL; 100 HFMA2 = 200 FMAs of 2 FLOPs
+    work = pd.DataFrame({"kernel_id": [0, 1, 2, 3], "flops": [float(n), float(n), float(gemm_flops),
+                                                              float(mixed_flops)],
+                         "bytes": [3 * 2 * n, 2 * 2 * n, 2 * (m * k + k * nn_ + m * nn_), 1e4],
+                         "work_call": ["call:0", "call:1", "call:2", "call:3"]})
+    hadd, hmul, hfma = [n / 2, 0, 0, 0], [0, n / 2, 0, 0], [0, 0, m * k * nn_ / 2, 100]
+    counters = pd.DataFrame({
+        "kernel_id": [0, 1, 2, 3],
+        "sm__sass_thread_inst_executed_op_hadd_pred_on.sum": hadd,
+        "sm__sass_thread_inst_executed_op_hmul_pred_on.sum": hmul,
+        "sm__sass_thread_inst_executed_op_hfma_pred_on.sum": hfma,
+        "sm__sass_thread_inst_executed_op_ffma_pred_on.sum": [0, 0, 0, 1000],
+        "sm__sass_thread_inst_executed_op_fadd_pred_on.sum": [0, 0, 0, 300],
+        "sm__sass_thread_inst_executed_op_fmul_pred_on.sum": [0, 0, 0, 200],
+    })
+    out = measured_vs_analytic(attribution, work, counters, load_catalog()).set_index("operator")
+    assert out.loc["aten::add", "measured_fp_flops"] == n
+    assert out.loc["aten::mul", "measured_fp_flops"] == n
+    assert out.loc["aten::mm", "measured_fp_flops"] == gemm_flops
+    assert out.loc["aten::layer_norm", "measured_fp_flops"] == mixed_flops
+    assert out["flops_ratio"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert out["work_check"].isna().all()  # all at 1: none flagged (at half weights every one was "fewer than counted")
 
 
 # ------------------------------------------------------------------ the capture's shapes iteration
@@ -449,3 +531,80 @@ def test_an_lstm_call_puts_its_work_on_the_library_rnn_kernel(tmp_path):
     # an LSTM layer step: 4 gates x 2 (multiply-add) x hidden x (input + hidden) per batch row, PyTorch's formula
     expected = 6 * 2 * (2 * 4 * 16 * (8 + 16) + 2 * 4 * 16 * (16 + 16))
     assert carriers["flops_formula"].sum() / ITERATIONS == expected
+
+
+# ------------------------------------------------------------------ nsys timelines: shapes from the Kineto run
+
+def _recorded_args() -> dict[str, dict]:
+    """What torch.profiler's record_shapes writes for aten::linear (x [4, 8], weight [16, 8], no bias), its
+    aten::mm and aten::relu ([4, 16]): recorded here by the real profiler, for the synthetic Kineto run."""
+    x, w = torch.randn(4, 8), torch.randn(16, 8)
+    with profile(record_shapes=True) as prof:
+        F.relu(F.linear(x, w))
+    args = {}
+    for e in prof.events():
+        if e.name in ("aten::linear", "aten::mm", "aten::relu") and e.name not in args:
+            args[e.name] = e.input_shapes
+    assert set(args) == {"aten::linear", "aten::mm", "aten::relu"}
+    return args
+
+
+@pytest.mark.parametrize("nvtx_sizes", [False, True])
+def test_nsys_work_takes_its_shapes_from_the_kineto_run_never_the_nvtx_texts(tmp_path, nvtx_sizes):
+    """The nsys capture runs emit_nvtx without record_shapes (its texts "aten::mm, seq = N, op_id = M"); older
+    exports carry ", sizes = [[...]], input_op_ids = [...]". Either way the work per call comes from the shapes
+    the Kineto run recorded (window_shapes): here the NVTX sizes are deliberately wrong (100 x 100 matrices), and
+    the FLOPs are still those of the Kineto run's shapes, 2 * 4 * 8 * 16 per linear and 4 * 16 per relu. A
+    Kineto run without shapes leaves the work unknown, said so: nothing is taken from the NVTX texts."""
+    import gzip
+
+    from nsys_export import write_nsys_export
+    from nsys_workflow import ITERATIONS, LAYERS, OPPROF_DOMAIN, PID, synthetic_capture, synthetic_kineto_run
+
+    from operator_profiler.attribution.nvtx import NvtxOptions
+
+    nvtx, runtime, kernels, _ = synthetic_capture()
+    if nvtx_sizes:
+        for row in nvtx:
+            if row.domain == 0 and row.text.startswith("aten::"):
+                row.text += ", sizes = [[100, 100], [100, 100]], input_op_ids = [(1, 0), (2, 0)]"
+    export = write_nsys_export(tmp_path / "nsys.sqlite", nvtx=nvtx, runtime=runtime, kernels=kernels,
+                               domains={(PID, OPPROF_DOMAIN): "opprof"})
+    stages.export_timeline(export, tmp_path / "timeline")
+    if nvtx_sizes:  # the reader still reads the decorated form: names without the decorations, sizes kept apart
+        ranges = pd.read_parquet(tmp_path / "timeline" / "ranges.parquet")
+        assert set(ranges.loc[ranges["domain_id"] == 0, "name"]) == {"aten::mm", "aten::relu"}
+    shapes = {name: [dims, types] for name, (dims, types) in
+              {"aten::linear": ([[4, 8], [16, 8], []], ["float", "float", ""]),
+               "aten::mm": ([[4, 8], [8, 16]], ["float", "float"]),
+               "aten::relu": ([[4, 16]], ["float"])}.items()}
+    assert _recorded_args() == {k: v[0] for k, v in shapes.items()}
+    flops = {"aten::mm": 2 * 4 * 8 * 16, "aten::relu": 4 * 16}
+    for with_shapes in (True, False):
+        run = synthetic_kineto_run()
+        if with_shapes:
+            for e in run["traceEvents"]:
+                if e["cat"] == "cpu_op":
+                    dims, types = shapes[e["name"]]
+                    e["args"].update({"Input Dims": dims, "Input type": types, "Concrete Inputs": [""] * len(dims),
+                                      "Input Strides": [[d[1], 1] if len(d) == 2 else [] for d in dims]})
+        out = tmp_path / ("with" if with_shapes else "without")
+        out.mkdir()
+        with gzip.open(out / "kineto.json.gz", "wt") as fh:
+            json.dump(run, fh)
+        stages.export_timeline(out / "kineto.json.gz", out / "timeline_kineto", "kineto")
+        attribution = stages.attribute_files(tmp_path / "timeline", None, None, out / "attribution.parquet",
+                                             NvtxOptions(), out / "timeline_kineto")
+        work = stages.work_files(tmp_path / "timeline", out / "attribution.parquet", out / "work.parquet",
+                                 kineto_dir=out / "timeline_kineto")
+        by_op = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+        assert len(by_op) == ITERATIONS * len(LAYERS) * 2
+        if with_shapes:
+            assert (attribution["operator_range_id"] < 0).all()  # every kernel's call is one of the Kineto run's
+            assert by_op.groupby("operator")["flops"].agg(lambda s: sorted(set(s))).to_dict() == {
+                op: [float(f)] for op, f in flops.items()}
+        else:
+            assert by_op["flops"].isna().all()
+            # the calls named are the Kineto run's outermost ops (aten::linear around aten::mm), not the NVTX ranges
+            missing = "no input shapes recorded (the trace was recorded without record_shapes)"
+            assert set(by_op["work_note"]) == {f"aten::linear: {missing}", f"aten::relu: {missing}"}

@@ -92,8 +92,12 @@ rule compile_artifacts:
     params:
         job=gpu_job(
             workload=workload_params,
-            # 1 warm-up + 1 iteration whatever the harness says: only the seed matters.
-            harness=json.dumps({"seed": config["harness"]["seed"]}),
+            # 1 warm-up + 1 iteration whatever the harness says: only the seed and the determinism matter (Inductor
+            # generates other code under deterministic algorithms: the same setting as the captures).
+            harness=json.dumps(
+                {k: config["harness"][k] for k in ("seed", "deterministic")},
+                sort_keys=True,
+            ),
             device=DEVICE,
         ),
         files=gpu_files,

@@ -62,7 +62,7 @@ def _cmd_ceilings(args) -> None:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     settings = {"gemm_n": args.gemm_n, "stream_mib": args.stream_mib, "runs": args.runs, "warmup": args.warmup,
-                "min_run_s": args.min_run_s}
+                "min_run_s": args.min_run_s, "trials": args.trials}
     record = ceilings.measure(device, settings, threads=args.threads)
     write_json(Path(args.out), record)
     print("\n".join(ceilings.summary_lines(record, warnings=False)))  # the warnings went to stderr (logging)
@@ -339,8 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ceilings", help="measure the machine's ceilings: GEMM peak per dtype, STREAM bandwidth",
                        description="Timed microbenchmarks on this machine's device: square torch.mm per dtype "
                                    "(float32, bfloat16; on CUDA also tf32 and float16) and STREAM copy/triad, each the "
-                                   "best of several runs, written to a ceilings.json (the workflow's measure_ceilings "
-                                   "writes results/ceilings/<device>.json). Takes ~10-20 s on a small CPU.")
+                                   "best of several runs, the whole set measured in several trials (each figure its "
+                                   "best trial's), written to a ceilings.json (the workflow's measure_ceilings writes "
+                                   "results/ceilings/<device>.json). Takes ~30-60 s on a small CPU (3 trials).")
     s.add_argument("--out", "-o", required=True, help="ceilings.json to write")
     s.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where to measure (auto: cuda when torch sees a GPU, else cpu)")
@@ -353,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", type=_positive_int, help="timed runs per ceiling (default 5)")
     s.add_argument("--warmup", type=_positive_int, help="untimed calls before the runs (default 2)")
     s.add_argument("--min-run-s", type=_non_negative_float, help="shortest timed run, seconds (default 0.05)")
+    s.add_argument("--trials", type=_positive_int,
+                   help="times the whole set is measured; each ceiling is its best trial's (default 3)")
     s.set_defaults(func=_cmd_ceilings)
 
     s = sub.add_parser("timeline", help="trace -> kernels/launches/ranges parquet tables")

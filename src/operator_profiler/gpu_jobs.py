@@ -67,7 +67,7 @@ def _measure_ceilings(j):
 
     p = j.params
     return ceilings.measure_ceilings_job, (p.device, p.ceilings, p.clocks, p.machine, j.output.ceilings,
-                                           j.output.clocks)
+                                           j.output.clocks, p.threads)
 
 
 def _verify_variants(j):

@@ -17,9 +17,9 @@ import pandas as pd
 WORK_COLUMNS = ["flops", "bytes", "flops_formula", "flops_per_iteration", "bytes_per_iteration",
                 "achieved_flops_per_s", "achieved_bytes_per_s", "intensity", "work_dtype", "work_known", "work_note"]
 ROOFLINE_COLUMNS = ["ceiling", "ceiling_flops_per_s", "ceiling_bytes_per_s", "ridge_intensity", "bound",
-                    "ceiling_fraction", "roofline"]
-#: A compute-bound fraction above this is flagged in the reading (measurement noise stays below it).
-ABOVE_PEAK = 1.5
+                    "ceiling_fraction", "ceiling_exceeded", "roofline"]
+#: The advice of a reading above a ceiling the operator cannot beat.
+REMEASURE = "re-measure: snakemake --forcerun measure_ceilings"
 _DTYPE_LABEL = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64", "tf32": "tf32"}
 
 
@@ -72,6 +72,16 @@ def compute_ceiling(ceilings: dict, dtype: str | None) -> tuple[str | None, floa
     return None, None
 
 
+def cache_bytes(ceilings: dict) -> int | None:
+    """The cache the bandwidth benchmark streams past (bytes): the CPU's last-level cache (all instances) or the
+    GPU's L2, from ceilings.json ``machine``; None when not recorded."""
+    described = ceilings.get("machine")
+    part, key = ("gpu", "l2_cache_bytes") if ceilings.get("device") == "cuda" else ("last_level_cache", "bytes")
+    found = described.get(part) if isinstance(described, dict) else None
+    value = found.get(key) if isinstance(found, dict) else None  # (the contract leaves machine's shape free)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
 def memory_ceiling(ceilings: dict) -> float | None:
     memory = ceilings.get("memory_bytes_per_s") or {}
     best = memory.get("best") or max((v for v in memory.values() if isinstance(v, (int, float))), default=None)
@@ -107,10 +117,19 @@ def json_text(value) -> str:
 
 
 def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operator") -> pd.DataFrame:
-    """``table`` (with the work columns) plus :data:`ROOFLINE_COLUMNS`; all null without ``ceilings``."""
+    """``table`` (with the work columns) plus :data:`ROOFLINE_COLUMNS`; all null without ``ceilings``.
+
+    ``ceiling_fraction`` is the achieved share of the bound's ceiling (FLOP/s over FLOP/s, or bytes/s over bytes/s).
+    No kernel beats the peak it was measured against, so an operator above 100 % of a ceiling it cannot beat gets
+    ``ceiling_exceeded`` true and a reading saying the ceiling was likely measured low (under load?) or part of its
+    work ran in other operators' kernels, with how to re-measure: above its compute peak always; above the
+    bandwidth only when its ideal bytes per call (``bytes`` / ``calls``) exceed the cache (:func:`cache_bytes`),
+    since a working set that stays in cache is read faster than the bandwidth benchmark, sized beyond the caches,
+    streams (the reading says so instead)."""
     out = table.copy()
     cols = {c: [None] * len(out) for c in ROOFLINE_COLUMNS}
     bandwidth = memory_ceiling(ceilings) if ceilings else None
+    cache = cache_bytes(ceilings) if ceilings else None
     for i, r in enumerate(out.to_dict("records")):
         if not ceilings:
             cols["roofline"][i] = "no measured ceilings"
@@ -131,16 +150,22 @@ def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operat
         if flops and (ridge is None or intensity is None or intensity >= ridge) and peak:
             fraction = r["achieved_flops_per_s"] / peak
             cols["bound"][i], cols["ceiling"][i], cols["ceiling_fraction"][i] = "compute", name, fraction
+            cols["ceiling_exceeded"][i] = bool(fraction > 1)
             cols["roofline"][i] = f"{r[key]}: {fraction:.0%} of {name}, compute-bound"
-            if fraction > ABOVE_PEAK:  # no kernel beats the peak: the work or the ceiling is not this operator's
-                cols["roofline"][i] += (f"; ABOVE the measured peak: part of this work ran in other operators' "
-                                        "kernels of the same calls (work_call), or the ceiling was measured low")
+            if fraction > 1:  # no kernel beats the peak: the ceiling or the work is not this operator's
+                cols["roofline"][i] += f"; {above_ceiling('peak', fraction)}"
         elif bandwidth and (flops == 0 or (ridge is not None and intensity is not None and intensity < ridge)):
             fraction = r["achieved_bytes_per_s"] / bandwidth
             cols["bound"][i], cols["ceiling"][i], cols["ceiling_fraction"][i] = "memory", "memory bandwidth", fraction
             detail = ("moves data only" if not flops else
                       f"intensity {intensity:.3g} FLOP/byte < ridge {ridge:.3g}")
-            if fraction > 1:  # a working set that stays in cache is read faster than DRAM streams
+            per_call = nbytes / r["calls"] if r.get("calls") and not pd.isna(r["calls"]) and r["calls"] > 0 else None
+            exceeded = bool(fraction > 1 and cache is not None and per_call is not None and per_call > cache)
+            cols["ceiling_exceeded"][i] = exceeded
+            if exceeded:  # its data cannot stay in cache between its reads: the bandwidth is the roof
+                detail += (f"; its {per_call / 2**20:.3g} MiB per call exceed the {cache / 2**20:.3g} MiB cache: "
+                           + above_ceiling("bandwidth", fraction))
+            elif fraction > 1:  # a working set that stays in cache is read faster than DRAM streams
                 detail += "; above the measured bandwidth: its data is served from cache"
             cols["roofline"][i] = f"{r[key]}: {fraction:.0%} of memory bandwidth, memory-bound ({detail})"
         else:
@@ -151,7 +176,14 @@ def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operat
         out[c] = values
     for c in ("ceiling_flops_per_s", "ceiling_bytes_per_s", "ridge_intensity", "ceiling_fraction"):
         out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+    out["ceiling_exceeded"] = pd.array(out["ceiling_exceeded"], dtype="boolean")
     return out
+
+
+def above_ceiling(what: str, fraction: float) -> str:
+    """The reading of an operator above a ceiling it cannot beat (``what``: ``peak`` or ``bandwidth``)."""
+    return (f"above the measured {what} ({fraction * 100:.0f} %): the ceiling was likely measured low (under load?) "
+            f"or part of the work ran in other operators' kernels; {REMEASURE}")
 
 
 def work_summary(attribution: pd.DataFrame, work: pd.DataFrame, ceilings: dict | None, ceilings_source: str | None) -> dict:
@@ -169,6 +201,8 @@ def work_summary(attribution: pd.DataFrame, work: pd.DataFrame, ceilings: dict |
         "rules": {str(k): int(v) for k, v in df["work_rule"].fillna("unknown").value_counts().items()},
         "ceilings": ceilings_source,
         "ceilings_threads": (ceilings or {}).get("threads"),
+        # what the measurement itself warns of (a trial under load, small sizes, emulated bf16): the reports show it
+        "ceilings_warnings": [str(w) for w in (ceilings or {}).get("warnings") or []],
         # every measured ceiling, also of dtypes no operator ran in (the report draws them all)
         "compute_flops_per_s": dict((ceilings or {}).get("compute_flops_per_s") or {}) or None,
         "memory_bytes_per_s": memory_ceiling(ceilings) if ceilings else None,
@@ -179,7 +213,12 @@ MEASURED_COLUMNS = ["measured_dram_bytes", "analytic_bytes_measured", "bytes_rat
                     "analytic_flops_measured", "flops_ratio", "work_check"]
 #: measured / analytic outside [LOW, HIGH] is flagged
 LOW, HIGH = 0.5, 1.5
-_FP_FLOPS = {"fp32_add": 1, "fp32_mul": 1, "fp32_fma": 2, "fp16_add": 1, "fp16_mul": 1, "fp16_fma": 2}
+#: FLOPs per thread instruction, as Nsight Compute's own roofline sections weight them: FP32 FADD, FMUL 1 and FFMA 2
+#: (SpeedOfLight_HierarchicalSingleRooflineChart: ``derived__..._ffma_pred_on_x2``); the half-precision ones are
+#: two-wide (HADD2, HMUL2, HFMA2: a half2 pair per thread), so HADD2 and HMUL2 are 2 and HFMA2 4
+#: (SpeedOfLight_HierarchicalHalfRooflineChart: achieved FP16 FLOPs = hadd x2 + hmul x2 + hfma x4, its derived
+#: metrics ``derived__..._hadd_pred_on_x2``, ``_hmul_pred_on_x2``, ``_hfma_pred_on_x4``).
+_FP_FLOPS = {"fp32_add": 1, "fp32_mul": 1, "fp32_fma": 2, "fp16_add": 2, "fp16_mul": 2, "fp16_fma": 4}
 
 
 def measured_vs_analytic(attribution: pd.DataFrame, work: pd.DataFrame, counters: pd.DataFrame, catalog,
@@ -188,9 +227,13 @@ def measured_vs_analytic(attribution: pd.DataFrame, work: pd.DataFrame, counters
     the same kernels, and a ``work_check`` reading when the ratio is far from 1.
 
     Only calls whose every kernel has the counter are compared (a call's analytic work sits on one of its
-    kernels), so a partial replay never makes a ratio of different kernel sets. Measured FLOPs are the FP32/FP16
-    add, multiply and FMA (x2) thread instructions: tensor-core work is not in them, which the reading says
-    where the tensor pipe ran."""
+    kernels), so a partial replay never makes a ratio of different kernel sets. Measured FLOPs (``measured_fp_flops``,
+    FLOPs over every measured iteration) are the FP32 and FP16 add, multiply and FMA thread instructions weighted
+    as Nsight Compute's SpeedOfLight roofline sections weight them (:data:`_FP_FLOPS`): FADD and FMUL 1, FFMA 2;
+    the two-wide half-precision HADD2 and HMUL2 2, HFMA2 4 (the half-precision roofline chart section: achieved
+    FP16 FLOPs = hadd x2 + hmul x2 + hfma x4). Tensor-core work is not in them, which the reading says where the
+    tensor pipe ran. ``measured_dram_bytes`` is bytes; the ratios are measured over analytic (dimensionless).
+    Counters the catalog does not resolve are left out (no column: no figure); raises nothing of its own."""
     resolved = catalog.resolve(counters.columns)
     df = attribution[["kernel_id", key]].assign(**{key: attribution[key].fillna("(unattributed)")}).merge(
         work[["kernel_id", "flops", "bytes", "work_call"]], on="kernel_id", how="left").merge(

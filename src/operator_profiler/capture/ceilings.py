@@ -13,7 +13,12 @@ key names: FLOP/s, bytes/s) is DESIGN.md's "Machine ceilings"; :func:`validate_c
   benchmark), which leave out the write-allocate read of ``a`` a CPU cache may add.
 - Timing: ``warmup`` calls (the last one timed, to size the runs), then ``runs`` timed runs of ``calls_per_run``
   back-to-back calls, each run lasting at least ``min_run_s``; CPU ``time.perf_counter``, CUDA events around the
-  run (``torch.cuda.Event.elapsed_time``). The figure is the best run's rate; the median is recorded beside it.
+  run (``torch.cuda.Event.elapsed_time``). A measurement's figure is its best run's rate; the median is recorded
+  beside it.
+- Trials: the whole set (every GEMM, then both STREAM kernels) is measured ``trials`` times one after the other,
+  so a burst of load from another process spoils one trial, not every figure; each ceiling is its best trial's
+  figure. Every trial records its figures and the other processes' CPU load during it (from /proc/stat, when the
+  trial lasts at least :data:`MIN_LOAD_WINDOW_S`); a CPU figure whose best trial ran under load is a warning.
 """
 
 from __future__ import annotations
@@ -52,7 +57,10 @@ CACHE_MULTIPLE = {"cpu": 4, "cuda": 8}
 MIN_STREAM_BYTES = {"cpu": 64 * MIB, "cuda": 256 * MIB}
 UNKNOWN_CACHE_STREAM_BYTES = 256 * MIB
 #: The settings (config ``ceilings`` section, ``opprof ceilings`` options): None = automatic.
-DEFAULT_SETTINGS = {"gemm_n": None, "stream_mib": None, "runs": 5, "warmup": 2, "min_run_s": 0.05}
+DEFAULT_SETTINGS = {"gemm_n": None, "stream_mib": None, "runs": 5, "warmup": 2, "min_run_s": 0.05, "trials": 3}
+#: Other processes' CPUs busy beyond the spare ones (usable CPUs less the measurement's threads) that make a CPU
+#: trial "under load" (a warning when a kept figure came from such a trial).
+LOAD_MARGIN = 0.5
 #: The shortest measurement whose other-process CPU load is estimated (/proc/stat counts in 10 ms ticks).
 MIN_LOAD_WINDOW_S = 0.5
 #: FP32 add/multiply/multiply-add results per clock cycle per SM, by compute capability: the CUDA C++ Programming
@@ -88,7 +96,7 @@ def resolve_settings(device: str, requested: dict | None, cache_bytes: int | Non
     if unknown:
         raise ValueError(f"unknown ceilings setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULT_SETTINGS)}")
     settings = {**DEFAULT_SETTINGS, **{k: v for k, v in requested.items() if v is not None}}
-    for key, low in (("runs", 1), ("warmup", 1)):
+    for key, low in (("runs", 1), ("warmup", 1), ("trials", 1)):
         if int(settings[key]) < low:
             raise ValueError(f"ceilings {key} must be at least {low}, got {settings[key]}")
     if float(settings["min_run_s"]) < 0:
@@ -119,7 +127,7 @@ def resolve_settings(device: str, requested: dict | None, cache_bytes: int | Non
                         f"({cache_bytes / MIB:.3g} MiB): the bandwidth figures may be the cache's, not memory's")
     resolved = {"gemm_n": n, "stream_bytes": stream_bytes, "runs": int(settings["runs"]),
                 "warmup": int(settings["warmup"]), "min_run_s": float(settings["min_run_s"]),
-                "cache_multiple": multiple, "requested": requested}
+                "trials": int(settings["trials"]), "cache_multiple": multiple, "requested": requested}
     return resolved, warnings
 
 
@@ -384,6 +392,12 @@ def measure(device: str = "cpu", settings: dict | None = None, threads: int | No
     after); ``rerun_identity``: the identity the workflow compares to re-measure (recorded; a difference from
     this process's identity is a warning).
 
+    The set of measurements runs ``trials`` times (:func:`_trial`); ``compute_flops_per_s`` (FLOP/s) and
+    ``memory_bytes_per_s`` (bytes/s) are each figure's best trial, ``measurements`` that trial's record of it
+    (``trial``: its index), ``trials`` every trial's figures, wall time (s) and ``other_cpu_load`` (CPUs other
+    processes kept busy on average; None when not estimated), and the top-level ``other_cpu_load`` the highest
+    of the trials a figure was kept from. A CPU figure whose best trial ran under load is a warning.
+
     Raises:
         DeviceUnavailable: ``cuda`` without a CUDA GPU torch can use.
         ValueError: unknown device or settings.
@@ -420,25 +434,17 @@ def _measure(torch, device: str, settings: dict | None, rerun_identity: dict | N
                             f"{', '.join(f'{k}: {identity.get(k)!r}' for k in differs)}), e.g. a cluster job on another "
                             "node or another torch in the job's environment: a change of this machine may not re-run "
                             "measure_ceilings (use --forcerun measure_ceilings)")
-    busy_before, own_before, wall_before = machine.cpu_busy_seconds(), os.times(), time.perf_counter()
-    run = {k: resolved[k] for k in ("runs", "warmup", "min_run_s")}
-    measurements = [measure_gemm(torch, device, dtype, resolved["gemm_n"], **run) for dtype in GEMM_DTYPES[device]]
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    measurements += measure_stream(torch, device, resolved["stream_bytes"], cache, resolved["cache_multiple"], **run)
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    spare = max(0, (described["usable_cpus"] or threads) - threads)
+    wall_before = time.perf_counter()
+    trials = [_trial(torch, device, resolved, cache, t) for t in range(resolved["trials"])]
     elapsed = time.perf_counter() - wall_before
-    busy_after, own_after = machine.cpu_busy_seconds(), os.times()
-    others = None
-    if busy_before is not None and busy_after is not None and elapsed >= MIN_LOAD_WINDOW_S:
-        own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
-        others = max(0.0, (busy_after - busy_before - own) / elapsed)
-        spare = max(0, (described["usable_cpus"] or threads) - threads)
-        if device == "cpu" and others > spare + 0.5:  # a GPU's figures do not depend on the CPUs
-            warnings.append(f"other processes kept {others:.1f} CPUs busy on average during the measurement ({spare} "
-                            f"spare beside its {threads} thread(s)): the figures may be low; measure again on a "
-                            "quiet machine (snakemake --forcerun measure_ceilings)")
+    measurements, kept = _best_of_trials(trials)
+    loads = [trials[t]["other_cpu_load"] for t in kept if trials[t]["other_cpu_load"] is not None]
+    others = max(loads) if loads else None
+    if device == "cpu":  # a GPU's figures do not depend on the CPUs
+        warnings += _load_warnings(trials, measurements, spare, threads)
+    for trial in trials:
+        del trial["measurements"]
     if device == "cpu" and not described["cpu_bf16_native"]:
         warnings.append("the CPU has no native bfloat16 (no avx512_bf16 / amx_bf16 flag): the bfloat16 GEMM is "
                         "emulated (converted to float32)")
@@ -453,16 +459,79 @@ def _measure(torch, device: str, settings: dict | None, rerun_identity: dict | N
         "compute_flops_per_s": gemm, "memory_bytes_per_s": {**memory, "best": max(memory.values())},
         "nominal": nominal, "nominal_note": CPU_NOMINAL_NOTE if device == "cpu" else (
             "derived from the GPU's properties (nominal.how); peaks not derivable are null (nominal.not_derived)"),
-        "measurements": measurements, "settings": resolved, "clocks": None,
-        "other_cpu_load": None if others is None else round(others, 3), "warnings": warnings,
+        "measurements": measurements, "trials": trials, "settings": resolved, "clocks": None,
+        "other_cpu_load": others, "warnings": warnings,
         "measured_at": started.isoformat(timespec="seconds"), "elapsed_s": round(elapsed, 3),
     }
 
 
+def _trial(torch, device: str, resolved: dict, cache: int | None, index: int) -> dict:
+    """One trial: every GEMM of the device, then the STREAM kernels, with the other processes' CPU load meanwhile.
+
+    Returns ``{"trial", "elapsed_s", "other_cpu_load", "compute_flops_per_s", "memory_bytes_per_s",
+    "measurements"}``: the load in CPUs kept busy on average by other processes (/proc/stat busy time less this
+    process's own CPU time, over the trial's wall time; None when unreadable or the trial is shorter than
+    :data:`MIN_LOAD_WINDOW_S`), the figures (FLOP/s, bytes/s) and the measurement records, each marked with
+    ``trial``."""
+    busy_before, own_before, wall_before = machine.cpu_busy_seconds(), os.times(), time.perf_counter()
+    run = {k: resolved[k] for k in ("runs", "warmup", "min_run_s")}
+    measurements = [measure_gemm(torch, device, dtype, resolved["gemm_n"], **run) for dtype in GEMM_DTYPES[device]]
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    measurements += measure_stream(torch, device, resolved["stream_bytes"], cache, resolved["cache_multiple"], **run)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    elapsed = time.perf_counter() - wall_before
+    busy_after, own_after = machine.cpu_busy_seconds(), os.times()
+    others = None
+    if busy_before is not None and busy_after is not None and elapsed >= MIN_LOAD_WINDOW_S:
+        own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
+        others = round(max(0.0, (busy_after - busy_before - own) / elapsed), 3)
+    for m in measurements:
+        m["trial"] = index
+    return {"trial": index, "elapsed_s": round(elapsed, 3), "other_cpu_load": others,
+            "compute_flops_per_s": {m["dtype"]: m["flops_per_s_best"] for m in measurements if m["kind"] == "gemm"},
+            "memory_bytes_per_s": {m["kernel"]: m["bytes_per_s_best"] for m in measurements if m["kind"] == "stream"},
+            "measurements": measurements}
+
+
+def _rate(m: dict) -> float:
+    return m["flops_per_s_best"] if m["kind"] == "gemm" else m["bytes_per_s_best"]
+
+
+def _best_of_trials(trials: list[dict]) -> tuple[list[dict], list[int]]:
+    """Per measurement (by name, in the first trial's order) the record of the trial with the highest rate (the
+    earliest on a tie), and the trials those came from."""
+    best: dict[str, dict] = {}
+    for trial in trials:
+        for m in trial["measurements"]:
+            if m["name"] not in best or _rate(m) > _rate(best[m["name"]]):
+                best[m["name"]] = m
+    kept = list(best.values())
+    return kept, sorted({m["trial"] for m in kept})
+
+
+def _load_warnings(trials: list[dict], kept: list[dict], spare: int, threads: int) -> list[str]:
+    """One warning per trial that a kept figure came from and that ran under load (other processes busier than
+    the spare CPUs + :data:`LOAD_MARGIN`)."""
+    warnings = []
+    for trial in trials:
+        load = trial["other_cpu_load"]
+        names = [m["name"] for m in kept if m["trial"] == trial["trial"]]
+        if names and load is not None and load > spare + LOAD_MARGIN:
+            warnings.append(f"the best of {len(trials)} trial(s) for {', '.join(names)} (trial {trial['trial'] + 1}) "
+                            f"ran while other processes kept {load:.1f} CPUs busy on average ({spare} spare beside "
+                            f"its {threads} thread(s)): these figures may be low; measure again on a quiet machine "
+                            "(snakemake --forcerun measure_ceilings)")
+    return warnings
+
+
 def measure_ceilings_job(device: str, settings: dict | None, clocks_config: dict | None, rerun_identity: dict | None,
-                         out: Path, out_clocks: Path) -> dict:
-    """The ``measure_ceilings`` rule: :func:`measure` (torch's threads as the job has them: Snakemake's
-    OMP_NUM_THREADS) and write ``out`` (ceilings.json) and ``out_clocks`` (clocks_applied.json), each atomically.
+                         out: Path, out_clocks: Path, threads: int | None = None) -> dict:
+    """The ``measure_ceilings`` rule: :func:`measure` with ``threads`` torch threads (the captures' count; the job
+    itself claims every core, so that no other job runs beside the measurement, and Snakemake's OMP_NUM_THREADS
+    is that larger count; None: torch's threads as the job has them) and write ``out`` (ceilings.json) and
+    ``out_clocks`` (clocks_applied.json), each atomically.
     On CUDA the GPU's clocks are locked as the captures lock them (the config's ``clocks``:
     :func:`~operator_profiler.capture.clocks.choose_target` and ``locked_clocks``, which also holds the GPU
     exclusively); the record's ``clocks`` is what was applied.
@@ -476,11 +545,11 @@ def measure_ceilings_job(device: str, settings: dict | None, clocks_config: dict
         target = choose_target(clocks_config or {}, device)
         with locked_clocks(target, Path(out_clocks), device) as applied:
             applied["tool"] = "measure_ceilings"
-            record = measure(device, settings, rerun_identity=rerun_identity)
+            record = measure(device, settings, threads=threads, rerun_identity=rerun_identity)
         record["clocks"] = applied
         record["nominal"] = at_locked_clock(record["nominal"], applied)
     else:
-        record = measure(device, settings, rerun_identity=rerun_identity)
+        record = measure(device, settings, threads=threads, rerun_identity=rerun_identity)
         write_json(Path(out_clocks), {"locked": False, "device": device, "reason": "CPU run: no GPU clocks"})
     validate_ceilings(record, str(out))
     write_json(Path(out), record)
@@ -549,13 +618,47 @@ def _problems(record) -> list[str]:
     kernels = [memory.get(k) for k in STREAM_KERNELS]
     if all(isinstance(v, (int, float)) for v in kernels) and not _close(memory.get("best") or -1, max(kernels)):
         problems.append("memory_bytes_per_s.best is not the largest of copy and triad")
+    if "trials" in record:  # (a record from before trials were measured has none: one trial)
+        problems += _trial_problems(record)
+    return problems
+
+
+def _trial_problems(record: dict) -> list[str]:
+    """``trials``: a non-empty list of trials numbered 0..n-1, each with its figures; every ceiling the best of its
+    trials' figures, and every measurement's ``trial`` one whose figure it is."""
+    trials = record["trials"]
+    if not (isinstance(trials, list) and trials and all(
+            isinstance(t, dict) and t.get("trial") == i and isinstance(t.get("compute_flops_per_s"), dict)
+            and isinstance(t.get("memory_bytes_per_s"), dict) for i, t in enumerate(trials))):
+        return ["trials is not a non-empty list of trials numbered from 0, each with compute_flops_per_s and "
+                "memory_bytes_per_s"]
+    problems = []
+    for field, keys in (("compute_flops_per_s", GEMM_DTYPES[record["device"]]), ("memory_bytes_per_s", STREAM_KERNELS)):
+        for key in keys:
+            values = [t[field].get(key) for t in trials]
+            if not all(isinstance(v, (int, float)) and v > 0 for v in values):
+                problems.append(f"trials: a trial has no positive {field}.{key}")
+            elif not _close(record[field].get(key) or -1, max(values)):
+                problems.append(f"{field}.{key} is not the best of its trials ({', '.join(f'{v:.4g}' for v in values)})")
+    for i, m in enumerate(record["measurements"]):
+        t = m.get("trial") if isinstance(m, dict) else None
+        if not isinstance(t, int) or not 0 <= t < len(trials):
+            problems.append(f"measurements[{i}] ({m.get('name') if isinstance(m, dict) else m}) names no trial of "
+                            f"the {len(trials)}")
+            continue
+        field, key = (("compute_flops_per_s", m.get("dtype")) if m.get("kind") == "gemm"
+                      else ("memory_bytes_per_s", m.get("kernel")))
+        rate = m.get("flops_per_s_best") if m.get("kind") == "gemm" else m.get("bytes_per_s_best")
+        if not _close(trials[t][field].get(key) or -1, rate or -2):
+            problems.append(f"measurements[{i}] ({m.get('name')}) is not trial {t}'s {field}.{key}")
     return problems
 
 
 def validate_ceilings(record, source: str = "ceilings.json") -> None:
     """Check a ceilings record against the contract: the keys and types, every dtype of its device and both STREAM
     kernels with positive figures, each figure its measurement's best rate (work per call x calls per run / best
-    run time), ``memory_bytes_per_s.best`` the larger bandwidth.
+    run time), ``memory_bytes_per_s.best`` the larger bandwidth; with ``trials``, each figure the best of its
+    trials' and each measurement the figure of the trial it names.
 
     Raises:
         InputError: naming ``source`` and every problem found (up to five).
@@ -579,6 +682,12 @@ def read_ceilings(path: Path) -> dict:
     return record
 
 
+def _of(record: dict, measurement: dict) -> str:
+    """``, trial 2 of 3`` for a record with trials (the trial the figure was kept from)."""
+    trials = record.get("trials") or []
+    return f", trial {measurement['trial'] + 1} of {len(trials)}" if trials and "trial" in measurement else ""
+
+
 def summary_lines(record: dict, warnings: bool = True) -> list[str]:
     """The figures of a ceilings record, one line each (GFLOP/s, GB/s = 1e9 bytes/s), for the terminal; with
     ``warnings``, its warnings after them."""
@@ -591,13 +700,18 @@ def summary_lines(record: dict, warnings: bool = True) -> list[str]:
         note = ""
         if record["device"] == "cpu" and dtype == "bfloat16" and not m.get("cpu_bf16_native"):
             note = " (emulated: no native bfloat16 on this CPU)"
-        lines.append(f"  GEMM {dtype:<9} {value / 1e9:10.1f} GFLOP/s  (n={x['n']}, best of {x['runs']}; median "
-                     f"{x['flops_per_s_median'] / 1e9:.1f}){note}")
+        lines.append(f"  GEMM {dtype:<9} {value / 1e9:10.1f} GFLOP/s  (n={x['n']}, best of {x['runs']}{_of(record, x)}; "
+                     f"median {x['flops_per_s_median'] / 1e9:.1f}){note}")
     for kernel in STREAM_KERNELS:
         x = by_name[f"stream_{kernel}"]
         lines.append(f"  {kernel:<14} {record['memory_bytes_per_s'][kernel] / 1e9:10.2f} GB/s     "
-                     f"({x['array_bytes'] / MIB:.0f} MiB arrays, best of {x['runs']}; median "
+                     f"({x['array_bytes'] / MIB:.0f} MiB arrays, best of {x['runs']}{_of(record, x)}; median "
                      f"{x['bytes_per_s_median'] / 1e9:.2f})")
+    trials = record.get("trials") or []
+    if trials:
+        loads = ", ".join("not estimated" if t.get("other_cpu_load") is None else f"{t['other_cpu_load']:.2f}"
+                          for t in trials)
+        lines.append(f"  {len(trials)} trial(s); other processes' CPU load in each (CPUs busy): {loads}")
     nominal = record.get("nominal")
     if nominal:
         for key, unit, scale in (("fp32_flops_per_s", "GFLOP/s", 1e9), ("memory_bytes_per_s", "GB/s", 1e9)):

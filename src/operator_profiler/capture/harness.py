@@ -83,25 +83,42 @@ class _RangeEmitter:
             self.pop()
 
 
-def _seed_everything(seed: int, device: str) -> None:
+def _seed_everything(seed: int, device: str, deterministic: bool) -> None:
+    """Seed Python's and torch's generators with ``seed``; set cuDNN's autotuning off; with ``deterministic``
+    also force PyTorch's deterministic algorithms, cuDNN's deterministic mode and (CUDA) cuBLAS's fixed workspace.
+
+    Without ``deterministic`` (harness.deterministic false, the default) the process's own settings stay as they
+    are: on CUDA the deterministic variants are other, often slower, kernels (convolution algorithms, scatter and
+    index_add, GEMM with a fixed workspace), so a profile under them would describe kernels production never
+    runs. Every run of one workload gets the same setting from the same harness config, and the kernel-sequence
+    checks (kernel counts compared across runs) catch runs whose kernels still differ."""
     random.seed(seed)
     torch.manual_seed(seed)
+    # cuDNN's autotuner times candidate algorithms at each new shape and keeps the fastest, so two captures of one
+    # workload (nsys and Kineto, the ncu re-run) could pick different kernels and no longer match: off in both
+    # modes, whatever the model sets (run_capture sets it again after the model is built).
+    torch.backends.cudnn.benchmark = False
+    if not deterministic:
+        return
     # warn_only: some kernels (e.g. index backward on CUDA) have no deterministic variant;
     # the invocation order, which matching needs, stays identical either way.
     torch.use_deterministic_algorithms(True, warn_only=True)
     # ... but not its side effect of filling every new allocation (an extra aten::fill_ per
     # torch.empty on CPU, an extra kernel on CUDA) that the model would not run outside profiling.
     torch.utils.deterministic.fill_uninitialized_memory = False
-    torch.backends.cudnn.benchmark = False  # autotuning would change the kernel sequence per run
     torch.backends.cudnn.deterministic = True
     if device == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def _settings() -> dict:
-    """The settings every run of one workload must share (recorded in ``run.json``)."""
+def _settings(deterministic: bool, model_cudnn_benchmark: bool) -> dict:
+    """The settings every run of one workload must share (recorded in ``run.json``): ``deterministic_requested``
+    (harness.deterministic) and the state the measured iterations ran in; ``cudnn_benchmark_set_by_model``: the
+    model's factory had turned cudnn.benchmark on (the harness turned it off again)."""
     return {
+        "deterministic_requested": bool(deterministic),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_benchmark_set_by_model": bool(model_cudnn_benchmark),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
         "deterministic_warn_only": bool(torch.is_deterministic_algorithms_warn_only_enabled()),
@@ -305,8 +322,8 @@ def _copy(kwargs: dict) -> dict:
 
 def harness_settings(harness: dict) -> dict:
     """``harness`` with the schema's defaults filled in for missing keys (``seed``, ``warmup``, ``warmup_max``,
-    ``steady_window``, ``steady_tolerance``, ``iterations``; workflow/schemas/config.schema.yaml), so a direct
-    caller gets the workflow's warm-up rule.
+    ``steady_window``, ``steady_tolerance``, ``iterations``, ``deterministic``; workflow/schemas/config.schema.yaml),
+    so a direct caller gets the workflow's warm-up rule and determinism setting.
 
     Raises:
         ConfigError: a key the schema does not allow (type, range, unknown name), or ``warmup_max`` below
@@ -488,9 +505,11 @@ def run_capture(
 
     Args:
         workload: the workload's config slice (``kind``, sizes, ``compile``, ``mode``).
-        harness: ``{"seed", "warmup", "warmup_max", "steady_window", "steady_tolerance", "iterations"}``
-            (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at least ``warmup``
-            iterations, then until steady (:func:`warm_up_until_steady`), at most ``warmup_max``.
+        harness: ``{"seed", "warmup", "warmup_max", "steady_window", "steady_tolerance", "iterations",
+            "deterministic"}`` (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at
+            least ``warmup`` iterations, then until steady (:func:`warm_up_until_steady`), at most ``warmup_max``;
+            ``deterministic`` (default false) forces deterministic algorithms (:func:`_seed_everything`), else the
+            process's own settings stay.
         device: ``cpu`` or ``cuda`` (already resolved).
         trace_path: where to write the gzipped Kineto trace (``profiler == "torch"``).
         layers_path: ``layers.json``: ``[{"path", "class", "param_shapes", "calls"}]`` in execution order.
@@ -505,11 +524,13 @@ def run_capture(
             / ``stop()`` (``cudaProfilerStart``/``cudaProfilerStop``, after a device synchronize), so
             ``nsys profile --capture-range=cudaProfilerApi`` and ``ncu --profile-from-start off`` record
             exactly the measured iterations; on CUDA the iterations also run under
-            ``torch.autograd.profiler.emit_nvtx(record_shapes=True)``, which writes one NVTX range per
-            ATen op in the default domain (path (b) names operators from them), inside the NVTX start/end
-            range ``opprof.measured`` (``run.json`` ``measured_range``: what the ncu replay's include filter
-            selects). No kernel count is known in-process: the timeline reader counts them (``measured_kernels``
-            null).
+            ``torch.autograd.profiler.emit_nvtx(record_shapes=False)``, which writes one NVTX range per
+            ATen op in the default domain (path (b) names operators from them); without shapes, whose
+            recording would lengthen every op's CPU time inside the timed window (the Kineto run beside nsys
+            records them, ``window_shapes``, and the work per call takes them from there); all inside the NVTX
+            start/end range ``opprof.measured`` (``run.json`` ``measured_range``: what the ncu replay's include
+            filter selects). No kernel count is known in-process: the timeline reader counts them
+            (``measured_kernels`` null).
             ``none``: no profiler (a compile-only run).
         record: extra keys for ``run.json`` (e.g. the resolved ``timeline`` tool).
         shapes_path: ``profiler == "torch"``: after the measured window, two more iterations under their own
@@ -523,9 +544,9 @@ def run_capture(
     Returns:
         The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
         warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``settings``
-        (cudnn.benchmark off,
-        deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the
-        kernel invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
+        (:func:`_settings`: ``deterministic_requested``, cudnn.benchmark (always off), cudnn.deterministic,
+        deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the kernel
+        invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
         compilation ``compile_scope`` (``model``, ``layers`` or null when eager), ``compile_mode``,
         ``compile_options``, ``compile_notes`` (list[str]) and ``layer_ranges`` (whether layer ranges were
         emitted: false for a whole-model compile, whose layers come from the FX nodes).
@@ -550,12 +571,14 @@ def run_capture(
     trace_path = Path(trace_path) if trace_path is not None else None
     inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
     given_harness, harness = harness, harness_settings(harness)
-    _seed_everything(harness["seed"], device)
+    _seed_everything(harness["seed"], device, harness["deterministic"])
     compiled = bool(workload.get("compile", False))
     if compiled:
         _configure_inductor(inductor_dir, device)
     dev = torch.device(device)
     model, inputs = workloads.build_workload(workload, dev)
+    model_cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.benchmark = False  # off whatever the factory set (_seed_everything says why)
     model, compile_notes = _unwrap_precompiled(model, workload, workload_name or workload.get("kind"))
     train = workload.get("mode", "inference") == "train"
     model.train(train)
@@ -696,7 +719,7 @@ def run_capture(
         "warmup": warmup,
         "warmup_s": round(warmup_s, 3),
         "measured_s": round(measured_s, 3),
-        "settings": _settings(),
+        "settings": _settings(harness["deterministic"], model_cudnn_benchmark),
         "measured_kernels": measured_kernels,
         "measured_kernels_source": kernels_source,
         "measured_range": measured_range,
@@ -718,8 +741,11 @@ def cuda_profiler_range(nvtx_ops: bool = True, measured_range: bool = True) -> I
 
     Synchronizes the device, calls ``torch.cuda.profiler.start()`` (``cudaProfilerStart``), opens the NVTX
     start/end range :data:`~operator_profiler.naming.MEASURED_RANGE` in domain ``opprof`` when ``measured_range``,
-    runs the block (under ``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` when ``nvtx_ops``: one NVTX range per
-    ATen op, default domain), synchronizes again, closes the range and calls ``torch.cuda.profiler.stop()``
+    runs the block (under ``torch.autograd.profiler.emit_nvtx(record_shapes=False)`` when ``nvtx_ops``: one NVTX
+    range per ATen op, default domain, ``aten::mm, seq = N, op_id = M``; no ``sizes``: recording them would add CPU
+    time to every op call inside the window, widening the CPU gaps the timeline measures, and the work per call
+    takes its shapes from the Kineto run, :func:`operator_profiler.work.assign.kernel_work`), synchronizes again,
+    closes the range and calls ``torch.cuda.profiler.stop()``
     (``cudaProfilerStop``), also when the block raises. ``nsys profile --capture-range=cudaProfilerApi
     --capture-range-end=stop`` then records exactly the block, and so does ``ncu --profile-from-start off``
     (CUDA runtime API, Profiler Control: "Enables profile collection by the active profiling tool for the
@@ -734,7 +760,7 @@ def cuda_profiler_range(nvtx_ops: bool = True, measured_range: bool = True) -> I
     measured = _start_measured_range() if measured_range else None
     try:
         if nvtx_ops:
-            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+            with torch.autograd.profiler.emit_nvtx(record_shapes=False):
                 yield
         else:
             yield

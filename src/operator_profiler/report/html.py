@@ -603,8 +603,10 @@ def _roofline_hover(r: dict, iterations: int, ceilings: roofline_view.Ceilings, 
     lines.append(f"{roofline_view.si(r['flops'] / iterations, 'FLOP')} and "
                  f"{roofline_view.si(r['bytes'] / iterations, 'B')} / iteration")
     if not _missing(r.get("ceiling_fraction")):
+        exceeded = not _missing(r.get("ceiling_exceeded")) and bool(r.get("ceiling_exceeded"))
         lines.append(f"{roofline_view.percent(r['ceiling_fraction'])} of {r['ceiling']} ({r['bound']}-bound)"
-                     + ("; above the measured bandwidth: served from cache" if r["ceiling_fraction"] > 1
+                     + ("; above the measured ceiling: likely measured low (re-measure)" if exceeded else
+                        "; above the measured bandwidth: served from cache" if r["ceiling_fraction"] > 1
                         and r["bound"] == "memory" else ""))
     else:
         lines.append(roofline_view.reading(r) or "no ceiling")
@@ -705,9 +707,16 @@ def _roofline_section(operators: pd.DataFrame, coverage: dict, run: dict | None,
         where = f" from <code>{esc(ceilings.source)}</code>" if ceilings.source else ""
         threads = f", measured with {ceilings.threads} thread(s)" if ceilings.threads else ""
         notes.append(f'<p id="roofline-ceilings">Ceilings: {esc(ceilings.words())}{threads}{where}.</p>')
+        measured = roofline_view.ceilings_warnings(coverage)
+        if measured:
+            notes.append('<ul class="muted" id="roofline-ceilings-warnings">' + "".join(
+                "<li>" + esc("the ceilings' measurement warns: " + w) + "</li>" for w in measured) + "</ul>")
         mismatch = roofline_view.thread_mismatch(ceilings, run)
         if mismatch:
             notes.append(f'<p class="note" id="roofline-threads"><strong>Warning</strong>: {esc(mismatch)}.</p>')
+        above = roofline_view.above_ceiling(operators)
+        if above:
+            notes.append(f'<p class="note" id="roofline-above-ceiling"><strong>Warning</strong>: {esc(above)}.</p>')
     else:
         notes.append('<p class="note" id="roofline-no-ceilings">The machine\'s ceilings were not measured (no '
                      "ceilings.json given to aggregate): the points show the achieved rates, without ceiling lines, "
@@ -1139,6 +1148,7 @@ def _facts(profile: dict, median: bool) -> dict[str, str]:
                        + ("" if (run.get("warmup") or {}).get("steady", True) is not False else " (not steady)")
                        + f", seed {run['harness']['seed']}",
             "clocks": "not locked (CPU run)" if report_md.is_cpu_run(run) else report_md._clocks_text(profile["clocks"]),
+            "determinism": (report_md.determinism_text(run) or "determinism: not recorded")[len("determinism: "):],
         })
     facts.update({
         # "2.307 ms / iteration (median)", "... (whole trace)": in the value, so the rows of A and B align. The

@@ -448,6 +448,32 @@ def refused_counters_lines(coverage: dict) -> list[str]:
     return lines + hints
 
 
+def determinism_text(run: dict) -> str | None:
+    """The determinism the measured iterations ran under, in one line (run.json ``settings``, harness.deterministic):
+    ``determinism: off (the model's own settings: production kernels); cudnn.benchmark off`` or ``determinism:
+    forced (deterministic algorithms, cuDNN deterministic, cuBLAS workspace :4096:8): kernels may differ from
+    production; cudnn.benchmark off``. A run.json from before ``deterministic_requested`` was recorded (the harness
+    always forced it then) reads as forced when its flags say so. None without ``settings``."""
+    settings = run.get("settings") or {}
+    if not settings:
+        return None
+    on = [name for key, name in (("deterministic_algorithms", "deterministic algorithms"),
+                                 ("cudnn_deterministic", "cuDNN deterministic")) if settings.get(key)]
+    if settings.get("cublas_workspace_config"):
+        on.append(f"cuBLAS workspace {settings['cublas_workspace_config']}")
+    benchmark = "cudnn.benchmark " + ("on" if settings.get("cudnn_benchmark") else "off")
+    if settings.get("cudnn_benchmark_set_by_model"):
+        benchmark += " (the model turned it on; the harness turned it off)"
+    requested = settings.get("deterministic_requested")
+    if requested or (requested is None and on):
+        return (f"determinism: forced ({', '.join(on) or 'as requested'}): kernels may differ from production; "
+                f"{benchmark}")
+    if on:
+        return (f"determinism: not forced, but the model's or environment's own settings turn on {', '.join(on)} "
+                f"(kernels may differ from production); {benchmark}")
+    return f"determinism: off (the model's own settings: production kernels); {benchmark}"
+
+
 def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,
                       clocks: dict | None = None, per_iteration_medians: bool = False) -> list[str]:
     """What was profiled and how, as Markdown bullet lines (``- ...``): model, device and versions,
@@ -472,6 +498,9 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
         f"- {counters_text(coverage)}",
         f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
     ]
+    determinism = determinism_text(run)
+    if determinism:
+        lines.append(f"- {determinism}")
     if cpu:
         lines += [
             "- CPU kernels are compute calls with their *exclusive* time: an Inductor C++ kernel or an ATen op "

@@ -191,6 +191,30 @@ def thread_mismatch(ceilings: Ceilings, run: dict | None) -> str:
             "the fractions of the ceilings compare unlike figures (re-measure the ceilings with the profile's threads)")
 
 
+def above_ceiling(operators: pd.DataFrame, names: dict | None = None) -> str:
+    """The warning when operators run above a measured ceiling they cannot beat (operators.parquet
+    ``ceiling_exceeded``, :func:`operator_profiler.roofline.with_roofline`): each with its percentage and ceiling,
+    what that says of the ceiling, and how to re-measure; empty when none does (or the table predates the
+    column). ``names``: operator -> the name to show."""
+    if "ceiling_exceeded" not in operators:
+        return ""
+    rows = operators[operators["ceiling_exceeded"].fillna(False).astype(bool)]
+    if rows.empty:
+        return ""
+    names = names or {}
+    listed = ", ".join(f"{names.get(r['operator'], r['operator'])} at {r['ceiling_fraction'] * 100:.0f} % of "
+                       f"{r['ceiling']}" for r in rows.to_dict("records"))
+    return (f"{len(rows)} operator(s) above the measured ceiling they are held against ({listed}): no kernel beats "
+            "the peak it is measured against, so the ceiling was likely measured low (under load?) or part of the "
+            f"work ran in other operators' kernels; {roofline.REMEASURE}")
+
+
+def ceilings_warnings(coverage: dict) -> list[str]:
+    """ceilings.json's own warnings (coverage.json ``work.ceilings_warnings``: small sizes, a trial under load,
+    emulated bf16, another machine's rerun identity)."""
+    return [str(w) for w in (coverage.get("work") or {}).get("ceilings_warnings") or []]
+
+
 def markdown_lines(operators: pd.DataFrame, coverage: dict, run: dict | None, iterations: int, top: int,
                    names, replays: list[dict] | None = None) -> list[str]:
     """report.md's "Work and roofline" section (``names``: the operators' names as the report cuts them,
@@ -217,9 +241,13 @@ def markdown_lines(operators: pd.DataFrame, coverage: dict, run: dict | None, it
         where = f" from `{ceilings.source}`" if ceilings.source else ""
         threads = f", measured with {ceilings.threads} thread(s)" if ceilings.threads else ""
         lines.append(f"- ceilings: {ceilings.words()}{threads}{where}")
+        lines += [f"- the ceilings' measurement warns: {w}" for w in ceilings_warnings(coverage)]
         mismatch = thread_mismatch(ceilings, run)
         if mismatch:
             lines.append(f"- **warning**: {mismatch}")
+        above = above_ceiling(operators, {op: f"`{name}`" for op, name in zip(operators["operator"], names)})
+        if above:
+            lines.append(f"- **warning**: {above}")
     else:
         lines.append("- ceilings: **not measured** (no ceilings.json given to aggregate): no bound and no fraction "
                      "of a ceiling, only the achieved rates")
