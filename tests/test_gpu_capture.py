@@ -400,7 +400,8 @@ def test_nsys_window_runs_emit_nvtx_without_shapes(toy, monkeypatch):
     with harness.cuda_profiler_range(nvtx_ops=True):
         toy.EVENTS.append("measured")
     assert calls == [{"record_shapes": False}]
-    assert toy.EVENTS == ["cudaProfilerStart", "measured", "cudaProfilerStop"]
+    assert toy.EVENTS == ["cudaProfilerStart", "nvtxRangeStart opprof@opprof.measured", "measured",
+                          "nvtxRangeEnd opprof.measured", "cudaProfilerStop"]
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
