@@ -27,7 +27,9 @@ POLICIES = ("base", "max", "fixed", "none")
 # A read-back clock this far (MHz) from the request is reported as a warning: the driver rounds to its
 # supported clock steps (15 MHz on recent data-center GPUs).
 TOLERANCE_MHZ = 15
-NO_PERMISSION_FIXES = ("run the GPU jobs as root, or let users change clocks with `sudo nvidia-smi -acp UNRESTRICTED`, "
+# Locking clocks (nvidia-smi -lgc/-lmc, NVML nvmlDeviceSetGpuLockedClocks / SetMemoryLockedClocks) "Requires root/admin
+# permissions"; `nvidia-smi -acp` only relaxes the deprecated application clocks (-ac/-rac), not -lgc/-lmc.
+NO_PERMISSION_FIXES = ("run the GPU jobs as root (locking clocks with nvidia-smi -lgc/-lmc requires root), "
                        "or set `clocks: {policy: none}` in the config to profile with unlocked clocks")
 
 
