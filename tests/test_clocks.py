@@ -442,6 +442,38 @@ def test_restored_after_sigterm(smi, out):
     assert st["locked_sm"] is None and st["locked_mem"] is None and smi.clients() == []
 
 
+def test_no_read_back_loop_outlives_a_job_killed_with_sigkill(smi, out):
+    """SIGKILL runs no restore; the loop gets SIGTERM from the kernel (PR_SET_PDEATHSIG) instead of holding the GPU
+    forever, and with persistence mode off the driver then drops the lock by itself (as the fake models it)."""
+    import time
+
+    env = {**os.environ, **smi.env(), "PYTHONPATH": str(SRC)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(clock_target()), str(out)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        assert len(smi.clients()) == 1
+        child.kill()
+        child.wait(timeout=60)
+        t0 = time.monotonic()
+        while smi.clients():
+            assert time.monotonic() - t0 < 10, "the read-back loop outlived its job"
+            time.sleep(0.05)
+    finally:
+        child.kill()
+    assert smi.read()["gpus"]["0"]["locked_sm"] is None
+
+
+def test_without_a_pseudo_terminal_the_loop_writes_to_a_pipe(smi, out, monkeypatch):
+    def no_pty():
+        raise OSError("out of pseudo-terminals")
+
+    monkeypatch.setattr(clocks.pty, "openpty", no_pty)
+    with locked_clocks(clock_target(), out) as applied:
+        read_back(applied)
+    assert json.loads(out.read_text())["locked"] is True
+
+
 def test_permission_denied_gives_the_fixes_and_locks_nothing(smi, out):
     smi.fail("-lgc", "permission")
     with pytest.raises(ClockPermissionError) as e:

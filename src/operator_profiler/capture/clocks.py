@@ -362,7 +362,12 @@ class _Sampler:
             log.info("clocks: %s (read-back loop, kept running until the clocks are restored)", self.command)
             # On a pseudo-terminal, not a pipe: C stdio buffers a pipe fully, which could hold the samples back
             # for minutes; a terminal gets each line as it is written.
-            self.master, slave = pty.openpty()
+            try:
+                self.master, slave = pty.openpty()
+            except OSError as exc:
+                log.warning("clocks: no pseudo-terminal for the read-back loop (%s); it writes to a pipe, whose "
+                            "lines may come late", exc)
+                self.master, slave = os.pipe()
             try:
                 self.proc = subprocess.Popen([_smi_path(), *self.args], stdout=slave, stderr=slave,
                                              stdin=subprocess.DEVNULL, preexec_fn=_prctl_pdeathsig())
