@@ -36,7 +36,7 @@ def test_empty_config_gets_documented_defaults():
     assert cfg["device"] == "auto" and cfg["timeline"] == "auto"
     assert cfg["harness"] == {"seed": 0, "warmup": 2, "warmup_max": 30, "steady_window": 5, "steady_tolerance": 0.1,
                               "iterations": 30, "deterministic": False}
-    assert cfg["clocks"] == {"policy": "base", "sm_mhz": None, "mem_mhz": None}
+    assert cfg["clocks"] == {"policy": "base", "sudo": False, "sm_mhz": None, "mem_mhz": None}
     assert cfg["aggregate"] == {"per_iteration": True}
     assert cfg["report"] == {"top_operators": 20}
     assert cfg["ncu"] == {"window": "nvtx", "cache_control": "all"}

@@ -7,7 +7,9 @@ There is no GPU, no Nsight Systems and no nvidia-smi here. These tests use **tes
   (so the order of clock locking, capture and restore is visible), and for ``nsys profile`` it *does not run the
   target*: it writes a placeholder ``<--output>.nsys-rep`` and the run.json / layers.json the harness would have
   written (paths taken from the target's ``run-harness`` argv). A real nsys would launch the harness, which
-  needs a CUDA GPU. It can also be told to fail (exit status and output given by the test).
+  needs a CUDA GPU, and run for seconds: the fake waits until the fake nvidia-smi's read-back loop printed two
+  more samples, so the clock lock has read-backs during the job. It can also be told to fail (exit status and
+  output given by the test).
 
 So these tests prove the exact commands we send, their order relative to clock locking, quoting of paths
 with spaces (argv lists, no shell), the error paths and the DAG; not that nsys records what we expect: that
@@ -26,8 +28,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_tools import H100, QUERY, clock_target, lock_calls, write_tool
 from conftest import torch_flags_kept
+from fake_tools import H100, RESTORE, WAIT_FOR_SMI_SAMPLES, clock_target, lock_calls, write_tool
 from workflow_runs import ROOT, dry_run_jobs, job_counts
 
 from operator_profiler import cli, stages
@@ -36,7 +38,7 @@ from operator_profiler.capture import jobs as capture
 from operator_profiler.capture.jobs import NSYS_PROFILE_OPTIONS, CaptureError
 from operator_profiler.files import InputError
 
-FAKE_NSYS = textwrap.dedent('''\
+FAKE_NSYS = WAIT_FOR_SMI_SAMPLES + textwrap.dedent('''\
     import json, os, sys
     argv = sys.argv[1:]
     with open(os.environ["FAKE_NVSMI_LOG"], "a") as f:
@@ -51,6 +53,7 @@ FAKE_NSYS = textwrap.dedent('''\
     target = argv[argv.index("--output") + 2:]
     def value(flag):
         return target[target.index(flag) + 1] if flag in target else None
+    wait_for_smi_samples()
     with open(base + ".nsys-rep", "wb") as f:
         f.write(b"placeholder report of the fake nsys")
     run = {"measured_s": 0.25, "profiler": value("--profiler"), "measured_kernels": None,
@@ -146,9 +149,9 @@ def test_capture_timeline_nsys_runs_the_exact_command_inside_locked_clocks(smi, 
     nsys_at = [i for i, c in enumerate(calls) if c[0] == "nsys"]
     assert len(nsys_at) == 1
     i = nsys_at[0]
-    # clocks locked (and read back) before nsys, read back again and restored after it
+    # clocks locked (the read-back loop started first) before nsys, restored after it
     assert calls[:i] == lock_calls(1755, 2619)
-    assert calls[i + 1:] == [QUERY, ["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert calls[i + 1:] == RESTORE
     base = outs["trace"].with_name("timeline.partial")
     partial_run = outs["run"].with_name("run.json.nsys-partial")
     record = {"timeline": "nsys", "timeline_requested": "auto"}
@@ -166,6 +169,7 @@ def test_capture_timeline_nsys_runs_the_exact_command_inside_locked_clocks(smi, 
         "clocks_applied.json", "layers.json", "run.json", "timeline.nsys-rep"]
     applied = json.loads(outs["clocks"].read_text())
     assert applied["locked"] is True and applied["restored"] is True and applied["outcome"] == "completed"
+    assert applied["readback_during_job"]["samples"] >= 1  # the loop's samples while nsys ran
     assert applied["tool"] == "nsys" and applied["workload"] == "my work" and applied["measured_s"] == 0.25
 
 
@@ -179,7 +183,7 @@ def test_clocks_restored_after_nsys_fails(smi, nsys, target, tmp_path, monkeypat
         _capture_nsys(outs, target)
     calls = smi.calls()
     assert [c[0] for c in calls].count("nsys") == 1
-    assert calls[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert calls[-2:] == RESTORE
     assert calls.index(["-i", "0", "-lgc", "1755,1755"]) < [c[0] for c in calls].index("nsys")
     applied = json.loads(outs["clocks"].read_text())
     assert applied["restored"] is True and applied["outcome"].startswith("failed: CaptureError")
@@ -190,7 +194,7 @@ def test_nsys_failing_without_a_harness_line_names_the_exit_status(smi, nsys, ta
     monkeypatch.setenv("FAKE_NSYS_FAIL", "7")
     with pytest.raises(CaptureError, match="failed: exit status 7; its output is in the log"):
         _capture_nsys(_outs(tmp_path), target)
-    assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert smi.calls()[-2:] == RESTORE
 
 
 def test_nsys_not_on_path_is_a_one_line_error_and_clocks_are_restored(smi, target, tmp_path):
@@ -198,7 +202,7 @@ def test_nsys_not_on_path_is_a_one_line_error_and_clocks_are_restored(smi, targe
     with pytest.raises(CaptureError, match="no nsys executable is on PATH; install Nsight Systems .* or set "
                                            "timeline: torch"):
         _capture_nsys(outs, target)
-    assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert smi.calls()[-2:] == RESTORE
 
 
 def test_capture_rule_reports_nsys_failure_in_one_failed_line(smi, nsys, target, tmp_path, monkeypatch, capsys):
@@ -235,7 +239,7 @@ def test_capture_kineto_runs_torch_profiler_inside_locked_clocks(smi, target, tm
     assert seen["calls"] == lock_calls(1755, 2619) and seen["layers"] is None and seen["profiler"] == "torch"
     assert seen["record"]["timeline"] == "torch"
     assert (cap / "kineto.json.gz").read_bytes() == b"gz"
-    assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert smi.calls()[-2:] == RESTORE
     applied = json.loads((cap / "kineto_clocks_applied.json").read_text())
     assert applied["locked"] and applied["restored"] and applied["measured_s"] == 0.5
     assert sorted(p.name for p in cap.iterdir()) == ["kineto.json.gz", "kineto_clocks_applied.json", "kineto_run.json"]
@@ -252,7 +256,7 @@ def test_compile_artifacts_on_cuda_locks_clocks(smi, target, tmp_path, monkeypat
     out = tmp_path / "inductor" / "debug"
     capture.compile_artifacts(WORKLOAD, {"seed": 0}, "cuda", out, target, tmp_path / "inductor" / "clocks_applied.json")
     assert (out / "g" / "output_code.py").is_file()
-    assert smi.calls()[-2:] == [["-i", "0", "-rgc"], ["-i", "0", "-rmc"]]
+    assert smi.calls()[-2:] == RESTORE
     assert json.loads((tmp_path / "inductor" / "clocks_applied.json").read_text())["restored"] is True
 
 

@@ -539,13 +539,14 @@ def measure_ceilings_job(device: str, settings: dict | None, clocks_config: dict
     Raises:
         DeviceUnavailable, ClockError, ClockPermissionError, ConfigError: see :func:`measure` and the clocks module.
     """
-    from .clocks import choose_target, locked_clocks
+    from .clocks import choose_target, locked_clocks, read_back
 
     if device == "cuda":
         target = choose_target(clocks_config or {}, device)
         with locked_clocks(target, Path(out_clocks), device) as applied:
             applied["tool"] = "measure_ceilings"
             record = measure(device, settings, threads=threads, rerun_identity=rerun_identity)
+            read_back(applied, "after the measurements, their CUDA context still open")
         record["clocks"] = applied
         record["nominal"] = at_locked_clock(record["nominal"], applied)
     else:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import CaptureError
 from ..files import InputError, read_json_file, write_json
-from .clocks import locked_clocks, select_clocks  # noqa: F401  (select_clocks: kept importable from here)
+from .clocks import locked_clocks, read_back, select_clocks  # noqa: F401  (select_clocks: kept importable from here)
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,16 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
 
     - CPU (always ``torch``): torch.profiler in this process; no clocks to lock.
     - CUDA, ``torch``: torch.profiler in this process, inside
-      :func:`operator_profiler.capture.clocks.locked_clocks`; the trace is a gzipped Chrome trace and ``run.json``
-      records ``measured_kernels`` (kernel records of the measured window).
+      :func:`operator_profiler.capture.clocks.locked_clocks`, with a clock read-back
+      (:func:`~operator_profiler.capture.clocks.read_back`) after the run while this process still holds the GPU;
+      the trace is a gzipped Chrome trace and ``run.json`` records ``measured_kernels`` (kernel records of the
+      measured window).
     - CUDA, ``nsys``: inside ``locked_clocks``, ``nsys profile`` (:func:`nsys_command`, options
       :data:`NSYS_PROFILE_OPTIONS`) launches ``opprof run-harness --profiler cuda_profiler_api`` in a new
       process; the report (``.nsys-rep``) is ``out_trace``. Its SQLite export is the export_timeline rule's
       job (``nsys export --type sqlite``, :func:`operator_profiler.stages.export_timeline`). ``measured_kernels``
-      stays null in ``run.json``: the timeline reader counts the kernels.
+      stays null in ``run.json``: the timeline reader counts the kernels. The clock read-back loop's samples
+      taken while nsys ran verify the lock.
 
     ``clocks_target`` is ``clocks/target.json`` (path or dict); ``run.json`` gets ``timeline`` (the tool
     used) and ``timeline_requested`` (the config's value, e.g. ``auto``).
@@ -200,6 +203,7 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
             run = _run_nsys(workload_name, workload, harness_cfg, out_trace, Path(out_run), Path(out_layers), record)
         else:
             run = torch_capture()
+            read_back(applied, "after the torch capture, its CUDA context still open")
         applied["measured_s"] = run["measured_s"]
 
 
@@ -227,6 +231,7 @@ def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device
         applied["tool"] = "torch.profiler (capture_kineto)"
         run = harness.run_capture(workload, harness_cfg, device, tmp_trace, None, out_run,
                                   workload_name=workload_name, record=record, window_shapes=True)
+        read_back(applied, "after the torch capture, its CUDA context still open")
         os.replace(tmp_trace, out_trace)
         applied["measured_s"] = run["measured_s"]
 
@@ -267,6 +272,7 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
                            device) as applied:
             applied["tool"] = "torch.compile (compile_artifacts)"
             run()
+            read_back(applied, "after compiling, its CUDA context still open")
     else:
         run()
         if out_clocks is not None:

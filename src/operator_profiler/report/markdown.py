@@ -255,15 +255,32 @@ def _outside_iterations(coverage: dict) -> list[str]:
 
 
 def _clocks_text(clocks: dict | None) -> str:
-    """The capture's clocks_applied.json in one line: what was locked and read back, or that the whole
-    profile ran with clocks not locked (durations then drift with boost and temperature)."""
+    """The capture's clocks_applied.json in one line: what was locked and what the read-backs during the job
+    showed, or that the whole profile ran with clocks not locked (policy none, or a lock that did not hold:
+    ``lock_lost``; durations then drift with boost and temperature). A record without read-backs during the
+    job (written before they existed) says it was verified before the job only."""
     if not clocks:
         return "unknown (no capture/clocks_applied.json)"
     if not clocks.get("locked"):
+        if clocks.get("lock_lost"):
+            return (f"**not locked**: the lock was set but did not hold: {clocks['lock_lost']}: durations may drift "
+                    "with boost clocks")
         return f"**not locked** ({clocks.get('reason') or 'policy none'}): durations may drift with boost clocks"
-    got = clocks.get("applied") or {}
-    text = (f"locked at SM {got.get('sm_mhz', '?')} MHz, memory {got.get('mem_mhz', '?')} MHz (read back) on "
+    during = clocks.get("readback_during_job")
+    want = clocks.get("requested") or clocks.get("applied") or {}
+    how = ("locked to the base TDP clock (`nvidia-smi -lgc tdp,tdp`) at" if want.get("sm_lock") == "tdp"
+           else "locked at")
+    text = (f"{how} SM {want.get('sm_mhz', '?')} MHz, memory {want.get('mem_mhz', '?')} MHz on "
             f"{clocks.get('gpu') or 'the GPU'}")
+    if during:
+        def span(lo, hi):
+            return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+        text += (f" (read back during the job: SM {span(during.get('sm_mhz_min'), during.get('sm_mhz_max'))} MHz, "
+                 f"memory {span(during.get('mem_mhz_min'), during.get('mem_mhz_max'))} MHz, {during.get('samples')} "
+                 f"samples over {during.get('job_s', 0):.1f} s)")
+    else:  # a clocks_applied.json written before read-backs during the job existed
+        text += " (read back before the job only: not verified while it ran)"
     if clocks.get("restored") is False:
         text += "; **not restored afterwards**"
     return text + "".join(f"; warning: {w}" for w in clocks.get("warnings") or [])
