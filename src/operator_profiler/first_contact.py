@@ -570,11 +570,16 @@ class FirstContact:
                           details))
             return
         applied = json.loads(applied_path.read_text())
-        held = applied.get("locked") and not applied.get("warnings")
+        during = applied.get("readback_during_job") or {}
+        held = applied.get("locked") is True
         self.add(Fact("clocks", "ok" if held and applied.get("restored") else "problem",
-                      f"policy base -> SM {target.get('sm_mhz')} MHz, memory {target.get('mem_mhz')} MHz "
-                      f"({target.get('reason')}); locked {applied.get('locked')}, read back {applied.get('applied')}, "
-                      f"restored {applied.get('restored')}"
+                      f"policy base ({target.get('base_definition') or target.get('reason')}): SM "
+                      f"{target.get('sm_mhz')} MHz, memory {target.get('mem_mhz')} MHz; persistence "
+                      f"{applied.get('persistence_mode')}; under a running CUDA process: "
+                      + (f"held ({during.get('matching')}/{during.get('samples')} read-backs, SM "
+                         f"{during.get('sm_mhz_min')}-{during.get('sm_mhz_max')} MHz)" if held else
+                         f"NOT held ({applied.get('lock_lost') or applied.get('reason')})")
+                      + f"; restored {applied.get('restored')}"
                       + (f"; warnings: {' | '.join(applied['warnings'])}" if applied.get("warnings") else ""),
                       checks, {"target": target, "applied": applied}))
 
