@@ -158,6 +158,13 @@ def test_gpu_command_in_docs():
     command = block.group(1).strip()
     assert "\n" not in command and len(command) <= 2000
     assert command.startswith(("set -o pipefail; " + gw.GPU_PREFIX, gw.GPU_PREFIX))
+    import subprocess
+    import sys
+
+    usage = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu-check"), "--help"], capture_output=True,
+                           text=True, check=True).stdout
+    known = set(re.findall(r"--[a-z][\w-]+", usage.split("options:")[-1]))
+    assert {"--first-contact", "--workdir", "--budget-s", "--small"} <= known
     for option in re.findall(r"scripts/gpu-check ([^;|}]*)", command):
-        assert set(re.findall(r"--[\w-]+", option)) <= {"--first-contact", "--workdir", "--budget-s"}
+        assert set(re.findall(r"--[\w-]+", option)) <= known, option
     assert "scripts/gpu-wheels --check" in command
