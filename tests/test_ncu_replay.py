@@ -320,10 +320,9 @@ def test_workflow_replays_each_class_once_and_reports_it(replay_run):
     record = json.loads((out / "ncu" / f"{cls}.replay.json").read_text())
     timeline_pids = set(pd.read_parquet(out / "timeline" / "kernels.parquet")["pid"])
     assert record["window"]["kernel_ids"] == [0, 1] and {record["window"]["pid"]} == timeline_pids
-    # replay.json holds the clocks as they were while ncu ran (the lock set, the verdict still open); the
-    # verdict from the read-backs during the replay is in the class's clocks_applied.json
-    assert record["clocks"]["lock_set"] is True and record["clocks"]["locked"] is None
-    assert json.loads((out / "ncu" / f"{cls}.clocks_applied.json").read_text())["locked"] is True
+    # replay.json holds the lock's verdict (read-backs during the replay), as the class's clocks_applied.json
+    applied = json.loads((out / "ncu" / f"{cls}.clocks_applied.json").read_text())
+    assert record["clocks"] == applied and applied["locked"] is True and applied["lock_set"] is True
     diag = json.loads((out / "matched" / "diagnostics.json").read_text())
     assert diag["matched"] == 2 and diag["name_disagreements"] == [] and diag["ncu_only"] == 0
     assert diag["broadcast"][cls]["filled"] == 2 * wf.ITERATIONS * len(wf.LAYERS) - 2

@@ -396,7 +396,12 @@ def replay_files(plan_path: Path, clocks_target: Path, workload: dict, harness_c
     iterations = plan["iteration"] + 1 if plan.get("iteration") is not None else None
     argv = target_argv(workload, harness_cfg, run_dir, workload_name, iterations)
     with locked_clocks(target, Path(out_clocks), device) as applied:
-        return run_replay(plan, metrics, out_csv, out_json, applied, argv, arch, options, bool(target.get("mig")))
+        record = run_replay(plan, metrics, out_csv, out_json, applied, argv, arch, options, bool(target.get("mig")))
+    # replay.json's clocks: the verdict written when the lock ended (read-backs during the replay, the restore),
+    # not the snapshot taken while ncu ran
+    record["clocks"] = read_json_file(Path(out_clocks), "clocks_applied.json", "re-run replay_ncu", expect=dict)
+    write_json(out_json, record)
+    return record
 
 
 def instances_scale(record: dict) -> float:
