@@ -481,3 +481,45 @@ def test_measure_ceilings_runs_alone_with_the_captures_threads(tmp_path, cores, 
     assert threads == cores
     assert params["threads"] == measured and params["machine"]["threads"] == measured
     assert resources["cpus_per_task"] == str(measured)
+
+
+def test_a_slow_gemm_is_measured_at_the_size_a_quarter_second_call_has():
+    # bfloat16 on an AVX2-only EPYC (no native bfloat16): about 0.2 GFLOP/s, so one n=2048 call would take 86 s
+    slow = 0.2e9
+    n = int((ceilings.SLOW_GEMM_CALL_S * slow / 2) ** (1 / 3)) // 32 * 32
+    assert ceilings.auto_gemm_n(slow, 2048) == n == 288
+    assert 2 * n**3 / slow <= ceilings.SLOW_GEMM_CALL_S
+    assert ceilings.auto_gemm_n(90e9, 2048) == 2048  # 0.19 s per call: the default size stays
+    assert ceilings.auto_gemm_n(1e3, 2048) == ceilings.PROBE_GEMM_N  # never below the probe's size
+
+
+def test_gemm_sizes_probe_only_an_automatic_cpu_size(monkeypatch):
+    rates = {"float32": 90e9, "bfloat16": 0.2e9}
+    monkeypatch.setattr(ceilings, "probe_gemm_rate", lambda torch, device, dtype: rates[dtype])
+    resolved, _ = ceilings.resolve_settings("cpu", {}, 32 * MIB)
+    sizes, warnings = ceilings.gemm_sizes(None, "cpu", resolved)
+    assert sizes == {"float32": 2048, "bfloat16": 288}
+    assert warnings == ["the bfloat16 GEMM is slow on this CPU (0.2 GFLOP/s at n=256: one n=2048 call would take "
+                        "about 86 s): measured at n=288"]
+
+    def no_probe(*args):
+        raise AssertionError("a size the user set is never probed")
+
+    monkeypatch.setattr(ceilings, "probe_gemm_rate", no_probe)
+    resolved, _ = ceilings.resolve_settings("cpu", {"gemm_n": 1024}, 32 * MIB)
+    assert ceilings.gemm_sizes(None, "cpu", resolved) == ({"float32": 1024, "bfloat16": 1024}, [])
+    resolved, _ = ceilings.resolve_settings("cuda", {}, 50 * MIB)
+    assert ceilings.gemm_sizes(None, "cuda", resolved)[0] == dict.fromkeys(ceilings.GEMM_DTYPES["cuda"], 8192)
+
+
+def test_a_measurement_records_the_size_each_gemm_ran_at(monkeypatch):
+    monkeypatch.setattr(ceilings, "DEFAULT_GEMM_N", {"cpu": 128, "cuda": 8192})
+    monkeypatch.setattr(ceilings, "probe_gemm_rate", lambda torch, device, dtype: 1e3 if dtype == "bfloat16" else 1e12)
+    monkeypatch.setattr(ceilings, "PROBE_GEMM_N", 64)  # (the floor of the automatic size)
+    record = ceilings.measure("cpu", {"stream_mib": 0.25, "runs": 1, "warmup": 1, "min_run_s": 0, "trials": 1},
+                              threads=1)
+    measured = _by_name(record)
+    assert measured["gemm_float32"]["n"] == 128 and measured["gemm_bfloat16"]["n"] == 64
+    assert record["settings"]["gemm_sizes"] == {"float32": 128, "bfloat16": 64}
+    assert any(w.startswith("the bfloat16 GEMM is slow on this CPU") for w in record["warnings"])
+    ceilings.validate_ceilings(record)

@@ -51,6 +51,13 @@ MIB = 1024**2
 DEFAULT_GEMM_N = {"cpu": 2048, "cuda": 8192}
 #: Below this n a GEMM may not reach the compute ceiling (the JSON says so in ``warnings``).
 SMALL_GEMM_N = 1024
+#: CPU, automatic size: a dtype whose GEMM of the default size would take longer than this per call (s; a slow
+#: path such as bfloat16 on a CPU without native bfloat16: about 0.2 GFLOP/s on an AVX2-only EPYC, so 90 s per
+#: call at n=2048) is measured at the size that takes about :data:`SLOW_GEMM_CALL_S` per call instead, probed at
+#: :data:`PROBE_GEMM_N`; at such rates a GEMM of a few hundred is compute-bound already.
+MAX_GEMM_CALL_S = 2.0
+SLOW_GEMM_CALL_S = 0.25
+PROBE_GEMM_N = 256
 #: Each STREAM array at least this many times the last-level cache (CPU: L3, all instances; CUDA: L2).
 CACHE_MULTIPLE = {"cpu": 4, "cuda": 8}
 #: The automatic STREAM array size's floor, and the size used when the cache size is unknown.
@@ -125,7 +132,8 @@ def resolve_settings(device: str, requested: dict | None, cache_bytes: int | Non
     elif stream_bytes < multiple * cache_bytes:
         warnings.append(f"STREAM arrays of {stream_bytes / MIB:.3g} MiB are below {multiple} x the {cache_name} "
                         f"({cache_bytes / MIB:.3g} MiB): the bandwidth figures may be the cache's, not memory's")
-    resolved = {"gemm_n": n, "stream_bytes": stream_bytes, "runs": int(settings["runs"]),
+    resolved = {"gemm_n": n, "gemm_n_auto": settings["gemm_n"] is None, "stream_bytes": stream_bytes,
+                "runs": int(settings["runs"]),
                 "warmup": int(settings["warmup"]), "min_run_s": float(settings["min_run_s"]),
                 "trials": int(settings["trials"]), "cache_multiple": multiple, "requested": requested}
     return resolved, warnings
@@ -228,6 +236,40 @@ def measure_gemm(torch, device: str, dtype_name: str, n: int, runs: int, warmup:
     return {"name": f"gemm_{dtype_name}", "kind": "gemm", "dtype": dtype_name, "tensor_dtype": str(dtype),
             "op": "torch.mm(a, b, out=c)", "m": n, "n": n, "k": n, "flop_per_call": flop, **precision,
             **timing, **_rates(flop, timing, "flops")}
+
+
+def auto_gemm_n(flops_per_s: float, n_max: int) -> int:
+    """The automatic GEMM size for a GEMM that runs at ``flops_per_s`` (FLOP/s): ``n_max`` unless a call of that
+    size would take over :data:`MAX_GEMM_CALL_S`, else the size a call of :data:`SLOW_GEMM_CALL_S` has (2 n^3 FLOP),
+    rounded down to a multiple of 32, at least :data:`PROBE_GEMM_N`."""
+    if flops_per_s <= 0 or 2 * n_max**3 / flops_per_s <= MAX_GEMM_CALL_S:
+        return n_max
+    n = int((SLOW_GEMM_CALL_S * flops_per_s / 2) ** (1 / 3)) // 32 * 32
+    return max(PROBE_GEMM_N, min(n, n_max))
+
+
+def probe_gemm_rate(torch, device: str, dtype_name: str) -> float:
+    """FLOP/s of one n = :data:`PROBE_GEMM_N` GEMM of ``dtype_name`` after one untimed call (a lower bound of the
+    dtype's rate: a small GEMM is less efficient)."""
+    record = measure_gemm(torch, device, dtype_name, PROBE_GEMM_N, runs=1, warmup=2, min_run_s=0)
+    return float(record["flops_per_s_best"])
+
+
+def gemm_sizes(torch, device: str, resolved: dict) -> tuple[dict[str, int], list[str]]:
+    """The GEMM size of each dtype (``{dtype: n}``) and warnings naming the dtypes measured smaller than
+    ``gemm_n`` because their GEMM is slow (:func:`auto_gemm_n`; CPU, automatic size only)."""
+    n_max = resolved["gemm_n"]
+    sizes = {dtype: n_max for dtype in GEMM_DTYPES[device]}
+    warnings = []
+    if device != "cpu" or not resolved.get("gemm_n_auto"):
+        return sizes, warnings
+    for dtype in sizes:
+        rate = probe_gemm_rate(torch, device, dtype)
+        sizes[dtype] = auto_gemm_n(rate, n_max)
+        if sizes[dtype] < n_max:
+            warnings.append(f"the {dtype} GEMM is slow on this CPU ({rate / 1e9:.3g} GFLOP/s at n={PROBE_GEMM_N}: one "
+                            f"n={n_max} call would take about {2 * n_max**3 / rate:.0f} s): measured at n={sizes[dtype]}")
+    return sizes, warnings
 
 
 def measure_stream(torch, device: str, stream_bytes: int, cache_bytes: int | None, cache_multiple: int, runs: int,
@@ -436,6 +478,9 @@ def _measure(torch, device: str, settings: dict | None, rerun_identity: dict | N
                             "measure_ceilings (use --forcerun measure_ceilings)")
     spare = max(0, (described["usable_cpus"] or threads) - threads)
     wall_before = time.perf_counter()
+    sizes, slow = gemm_sizes(torch, device, resolved)
+    warnings += slow
+    resolved["gemm_sizes"] = sizes
     trials = [_trial(torch, device, resolved, cache, t) for t in range(resolved["trials"])]
     elapsed = time.perf_counter() - wall_before
     measurements, kept = _best_of_trials(trials)
@@ -475,7 +520,9 @@ def _trial(torch, device: str, resolved: dict, cache: int | None, index: int) ->
     ``trial``."""
     busy_before, own_before, wall_before = machine.cpu_busy_seconds(), os.times(), time.perf_counter()
     run = {k: resolved[k] for k in ("runs", "warmup", "min_run_s")}
-    measurements = [measure_gemm(torch, device, dtype, resolved["gemm_n"], **run) for dtype in GEMM_DTYPES[device]]
+    sizes = resolved.get("gemm_sizes") or {}
+    measurements = [measure_gemm(torch, device, dtype, sizes.get(dtype, resolved["gemm_n"]), **run)
+                    for dtype in GEMM_DTYPES[device]]
     if device == "cuda":
         torch.cuda.empty_cache()
     measurements += measure_stream(torch, device, resolved["stream_bytes"], cache, resolved["cache_multiple"], **run)
