@@ -598,17 +598,28 @@ def test_ctrl_c_in_a_capture_or_a_script_job_is_one_line_and_the_next_run_redoes
 
 
 @pytest.mark.workflow
-def test_a_module_beside_the_factory_is_an_input_of_the_capture(finished_run, tmp_path):
-    """A model class that the factory imports from a sibling file is the user's code too: a module added (or
-    edited) beside the factory's re-runs the custom workload's capture."""
-    work, _ = finished_run
-    config = copy_finished_run(work, tmp_path, ("mine",))
+def test_a_module_the_factory_imports_reruns_its_capture_and_an_unrelated_one_does_not(tmp_path):
+    """Issue 30 item 9: a model class that the factory imports from a sibling file is the user's code too: an
+    edit of it re-runs the custom workload's capture. A module added beside the factory that nothing imports
+    (another experiment in the same folder) re-runs nothing: the capture's inputs are the factory module's
+    import closure (operator_profiler.workflow_inputs.module_sources), not the folder."""
+    layers = "import torch\n\n\ndef stack(width, depth):\n" \
+             "    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])\n"
+    (tmp_path / "wf_layers.py").write_text(layers)
+    (tmp_path / "wf_models.py").write_text(
+        "import torch\nfrom wf_layers import stack\n\n\ndef build(width):\n"
+        "    return stack(width, 2), (torch.randn(2, width),)\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "workloads": {"mine": TINY["workloads"]["mine"]}}))
     target = "results/mine/capture/run.json"
-    settle = snakemake(tmp_path, config, target, env=custom_env(tmp_path))  # the copy's own capture
-    assert settle.returncode == 0, settle.stderr[-2000:]
+    done = snakemake(tmp_path, config, target, env=custom_env(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
     plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
     assert plan.returncode == 0 and "capture_timeline" not in job_counts(plan.stdout), plan.stdout[-3000:]
-    (tmp_path / "wf_helper.py").write_text("import torch\n\nclass Net(torch.nn.Linear):\n    pass\n")
+    (tmp_path / "wf_unrelated.py").write_text("import torch\n\n\nclass Other(torch.nn.Linear):\n    pass\n")
+    plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
+    assert plan.returncode == 0 and "capture_timeline" not in job_counts(plan.stdout), plan.stdout[-3000:]
+    (tmp_path / "wf_layers.py").write_text(layers.replace("Linear(width, width)", "Linear(width, width, bias=False)"))
     plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert job_counts(plan.stdout).get("capture_timeline") == 1, plan.stdout[-3000:]
