@@ -184,7 +184,9 @@ def custom_model_source(wildcards):
     sources = []
     for spec in (workload.get("factory"), workload.get("loss_fn")):
         if spec:
-            sources += [p for p in _module_sources(spec.partition(":")[0]) if p not in sources]
+            sources += [
+                p for p in _module_sources(spec.partition(":")[0]) if p not in sources
+            ]
     return sources
 
 
