@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from workflow_runs import (
     N_LAYER,
     ROOT,
     TINY,
+    copy_repo,
     custom_env,
     job_counts,
     snakemake,
@@ -250,6 +252,42 @@ def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     assert not any(b"plotly.js v" in blob for blobs in embedded.values() for blob in blobs)
     page_size = min((work / "results" / name / "report.html").stat().st_size for name in TINY["workloads"])
     assert html.stat().st_size < page_size
+
+
+def test_the_documented_report_command_works_as_written(tmp_path):
+    """`snakemake --report report.html`, as docs/outputs.md shows it (the command is read from there), in a
+    checkout with finished results: it gives no --cores, and rules whose threads are every core of the run
+    (measure_ceilings, verify_variants) made it fail with "Workflow requires a total number of cores to be
+    defined" (issue 30). Results are placed: the report only collects the files flagged report() in the
+    workflow (per workload operators.csv, coverage.json, report.md, trace.json), each with known content."""
+    section = (ROOT / "docs" / "outputs.md").read_text().split("## The Snakemake report", 1)[1]
+    command = re.search(r"`(snakemake --report [^`]+)`", section).group(1)
+    assert command == "snakemake --report report.html"  # what users are told to type; the test runs it as is
+    repo = copy_repo(tmp_path / "repo")
+    shutil.copytree(ROOT / "profiles", repo / "profiles")  # Snakemake reads profiles/default by itself
+    workloads = sorted(yaml.safe_load((repo / "config" / "config.yaml").read_text())["workloads"])
+    placed = {}
+    for name in workloads:
+        out = repo / "results" / name
+        out.mkdir(parents=True)
+        placed[name] = f"operator,time_ns\naten::mm_{name},{len(name)}\n"
+        (out / "operators.csv").write_text(placed[name])
+        (out / "coverage.json").write_text("{}")
+        (out / "report.md").write_text(f"# Operator profile: `{name}`\n")
+        (out / "trace.json").write_text("{}")
+    snakemake_exe = Path(sys.executable).with_name("snakemake")
+    argv = shlex.split(command)
+    argv = [str(snakemake_exe), *argv[1:]] if snakemake_exe.exists() else [sys.executable, "-m", *argv]
+    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
+    result = subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "requires a total number of cores" not in result.stderr
+    text = (repo / "report.html").read_text()
+    embedded = {}
+    for name, data in re.findall(r"data:[\w/.+-]+;charset=[\w-]+;filename=([^;\"']+);base64,([A-Za-z0-9+/=]+)", text):
+        embedded.setdefault(name, []).append(base64.b64decode(data).decode())
+    assert sorted(embedded["operators.csv"]) == sorted(placed.values())
+    assert len(embedded["report.md"]) == len(workloads)
 
 
 @pytest.mark.workflow

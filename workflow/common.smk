@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
 from operator_profiler import stale
 from operator_profiler.capture.jobs import resolve_timeline
 from operator_profiler.capture.machine import machine_identity
@@ -278,6 +280,21 @@ def runs_input(wildcards):
     if TIMELINE == "nsys":
         runs.append(f"results/{wildcards.workload}/capture/kineto_run.json")
     return runs
+
+
+def run_cores():
+    """This run's --cores, or None where the command gives none (--report, --summary, --list-*: no job runs)."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return None
+
+
+def all_cores(wildcards):
+    """The threads of a job that must run alone (measure_ceilings, verify_variants): every core of the run.
+    A function, evaluated when a job is made, so that commands that run no job work without --cores
+    (`snakemake --report report.html`, as docs/outputs.md shows it)."""
+    return workflow.cores
 
 
 def capture_threads():
