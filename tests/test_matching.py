@@ -175,7 +175,7 @@ def test_names_printed_as_function_bases_match_where_unique(tmp_path):
 
 
 def test_three_rows_of_one_base_name_pair_with_three_launches_in_order(tmp_path):
-    """Issue 30 item 6: three rows `k` (--print-kernel-base function, docs/formats.md#ncu-kernel-names) against
+    """Three rows `k` (--print-kernel-base function, docs/formats.md#ncu-kernel-names) against
     three launches of three instantiations of `k`, with other kernels between them: the rows pair with the
     launches in order (equal counts, one scope), and each kernel gets its own row's duration."""
     names = ["void ns::k<1>(float*)", "void other_a(int)", "void ns::k<2>(float*)", "void other_b(int)",

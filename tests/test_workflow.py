@@ -258,7 +258,7 @@ def test_the_documented_report_command_works_as_written(tmp_path):
     """`snakemake --report report.html`, as docs/outputs.md shows it (the command is read from there), in a
     checkout with finished results: it gives no --cores, and rules whose threads are every core of the run
     (measure_ceilings, verify_variants) made it fail with "Workflow requires a total number of cores to be
-    defined" (issue 30). Results are placed: the report only collects the files flagged report() in the
+    defined". Results are placed: the report only collects the files flagged report() in the
     workflow (per workload operators.csv, coverage.json, report.md, trace.json), each with known content."""
     section = (ROOT / "docs" / "outputs.md").read_text().split("## The Snakemake report", 1)[1]
     command = re.search(r"`(snakemake --report [^`]+)`", section).group(1)
@@ -637,7 +637,7 @@ def test_ctrl_c_in_a_capture_or_a_script_job_is_one_line_and_the_next_run_redoes
 
 @pytest.mark.workflow
 def test_a_module_the_factory_imports_reruns_its_capture_and_an_unrelated_one_does_not(tmp_path):
-    """Issue 30 item 9: a model class that the factory imports from a sibling file is the user's code too: an
+    """A model class that the factory imports from a sibling file is the user's code too: an
     edit of it re-runs the custom workload's capture. A module added beside the factory that nothing imports
     (another experiment in the same folder) re-runs nothing: the capture's inputs are the factory module's
     import closure (operator_profiler.workflow_inputs.module_sources), not the folder."""

@@ -386,7 +386,7 @@ def _loaded(folder: Path, module: str) -> set[str]:
 
 
 def test_a_factory_module_s_sources_are_its_import_closure(tmp_path):
-    """Issue 30 item 9: the factory module, what it imports of the user's code (module- and function-level,
+    """The factory module, what it imports of the user's code (module- and function-level,
     a package's __init__ and relative imports), followed to the end: the files Python loads when the module is
     imported and the factory called, no more; never the files beside them that nothing imports, the standard
     library (json) or an installed package (torch)."""
