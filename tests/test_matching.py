@@ -14,6 +14,7 @@ from conftest import real_file, run_opprof
 
 from operator_profiler import stages
 from operator_profiler.matching import (
+    ORDER_RUNG,
     base_name,
     demangle,
     match_invocations,
@@ -155,19 +156,87 @@ def test_name_ladder_forms():
     assert names_agree(cufilt, mangled, "_ZN2at6native29vectorized_elementwise_kernelILi2EEEvi") is None
 
 
-def test_names_printed_as_function_bases_match_where_unique_and_are_refused_where_not(tmp_path):
-    """--print-kernel-base function: `gemm_kernel` is one timeline kernel; `elementwise` stands for two
-    instantiations, so it names neither."""
+def test_names_printed_as_function_bases_match_where_unique(tmp_path):
+    """--print-kernel-base function (docs/formats.md#ncu-kernel-names): `gemm_kernel` is one timeline kernel, so
+    its rows resolve on the `function` rung; `elementwise` stands for two instantiations, whose four rows against
+    their four launches pair in order (the only order-preserving pairing: ORDER_RUNG)."""
     k = ["void gemm_kernel<128>(float*)", "void ns::elementwise<1>(int)", "void ns::elementwise<2>(int)"]
     kernels = _kernels(k * 2)
     ncu = _ncu(tmp_path, [_row(i, n, 100 + i) for i, n in
                           enumerate(["gemm_kernel", "elementwise", "elementwise"] * 2)])
     matched, diag = match_invocations(kernels, ncu)
+    assert _pairs(matched) == [[0, 0], [1, 1], [2, 2], [3, 3], [4, 4], [5, 5]]
+    assert _durations(matched) == [100, 101, 102, 103, 104, 105]
+    assert matched["name_rung"].tolist() == ["function", ORDER_RUNG, ORDER_RUNG] * 2
+    assert diag["name_rungs"] == {"function": 2, ORDER_RUNG: 4}
+    assert diag["ncu_only_reasons"] == {} and diag["counters"]["refused"] == 0
+    assert diag["per_key"]["void ns::elementwise<1>(int)"]["ncu"] == 2  # each row counts toward the kernel it got
+    assert diag["per_key"]["void ns::elementwise<2>(int)"]["matched"] == 2
+
+
+def test_three_rows_of_one_base_name_pair_with_three_launches_in_order(tmp_path):
+    """Three rows `k` (--print-kernel-base function, docs/formats.md#ncu-kernel-names) against
+    three launches of three instantiations of `k`, with other kernels between them: the rows pair with the
+    launches in order (equal counts, one scope), and each kernel gets its own row's duration."""
+    names = ["void ns::k<1>(float*)", "void other_a(int)", "void ns::k<2>(float*)", "void other_b(int)",
+             "void ns::k<4>(float*)"]
+    ncu = _ncu(tmp_path, [_row(i, n, 10 * (i + 1)) for i, n in enumerate(["k", "other_a", "k", "other_b", "k"])])
+    matched, diag = match_invocations(_kernels(names), ncu)
+    assert _pairs(matched) == [[0, 0], [1, 1], [2, 2], [3, 3], [4, 4]]
+    assert _durations(matched) == [10, 20, 30, 40, 50]
+    assert matched["name_rung"].tolist() == [ORDER_RUNG, "normalized", ORDER_RUNG, "normalized", ORDER_RUNG]
+
+
+def test_a_base_name_with_fewer_rows_than_launches_is_refused(tmp_path):
+    """Three rows `elementwise` against four launches of its two instantiations: which launch ncu did not profile
+    is open, so no row of the name is placed and the four launches are refused (`name_ambiguous`); the unique
+    name still pairs."""
+    k = ["void gemm_kernel<128>(float*)", "void ns::elementwise<1>(int)", "void ns::elementwise<2>(int)"]
+    ncu = _ncu(tmp_path, [_row(i, n, 100 + i) for i, n in
+                          enumerate(["gemm_kernel", "elementwise", "elementwise", "gemm_kernel", "elementwise"])])
+    matched, diag = match_invocations(_kernels(k * 2), ncu)
     assert _pairs(matched) == [[0, 0], [3, 3]] and _durations(matched) == [100, 103]
     assert set(matched["name_rung"]) == {"function"}
-    assert diag["ncu_only_reasons"] == {"name_ambiguous": 4}
+    assert diag["ncu_only_reasons"] == {"name_ambiguous": 3}
     assert diag["counters"]["refused_reasons"] == {"name_ambiguous": 4}
     assert [k["kernel_id"] for k in diag["timeline_only_kernels"]] == [1, 2, 4, 5]
+
+
+def test_a_base_name_whose_rows_swap_the_instantiations_configurations_is_refused(tmp_path):
+    """Equal counts are not enough: the launch configurations (docs/formats.md#ncu-csv: Grid Size, Block Size)
+    of the two instantiations must read in the rows' order; rows whose configurations come in another order
+    cannot all pin, so none of the name's rows is attached."""
+    names = ["void ns::k<1>(float*)", "void ns::k<2>(float*)"]
+    kernels = _kernels(names, grid=["1,1,1", "2,1,1"])
+    ncu = _ncu(tmp_path, [_row(0, "k", 5, grid="(2, 1, 1)"), _row(1, "k", 6, grid="(1, 1, 1)")])
+    matched, diag = match_invocations(kernels, ncu)
+    assert matched.empty
+    assert diag["ncu_only_reasons"] == {"name_ambiguous": 2}
+    assert diag["counters"]["refused_reasons"] == {"name_ambiguous": 2}
+    # in the launches' order they pair, the configuration agreeing on each
+    ncu = _ncu(tmp_path, [_row(0, "k", 5, grid="(1, 1, 1)"), _row(1, "k", 6, grid="(2, 1, 1)")], name="ok.csv")
+    matched, _ = match_invocations(kernels, ncu)
+    assert _pairs(matched) == [[0, 0], [1, 1]] and _durations(matched) == [5, 6]
+
+
+def test_a_base_name_in_a_declared_launch_window_pairs_in_order(tmp_path):
+    """--launch-skip 2 --launch-count 3 over k<1>, k<2>, k<1>, k<2>, k<1>: the file's three rows `k` are the
+    window's three launches (kernel ids 2, 3, 4)."""
+    names = ["void ns::k<1>(int)", "void ns::k<2>(int)"] * 2 + ["void ns::k<1>(int)"]
+    ncu = _ncu(tmp_path, [_row(i, "k", 7 + i) for i in range(3)])
+    matched, diag = match_invocations(_kernels(names), ncu, window={"launch_skip": 2, "launch_count": 3})
+    assert _pairs(matched) == [[2, 0], [3, 1], [4, 2]] and _durations(matched) == [7, 8, 9]
+    assert set(matched["name_rung"]) == {ORDER_RUNG}
+
+
+def test_a_base_name_beside_a_row_naming_one_of_its_kernels_is_refused(tmp_path):
+    """A file that names `k<2>` in full once and `k` bare twice (two exports merged): the bare rows could be
+    any of the three launches the full row does not take, in a file that is not one naming scheme; refused."""
+    names = ["void ns::k<1>(int)", "void ns::k<2>(int)", "void ns::k<1>(int)"]
+    ncu = _ncu(tmp_path, [_row(0, "k", 1), _row(1, "ns::k<2>", 2), _row(2, "k", 3)])
+    matched, diag = match_invocations(_kernels(names), ncu)
+    assert _pairs(matched) == [[1, 1]] and matched["name_rung"].tolist() == ["normalized"]
+    assert diag["ncu_only_reasons"] == {"name_ambiguous": 2}
 
 
 def test_names_from_another_demangler_match_on_the_normalized_rung(tmp_path):

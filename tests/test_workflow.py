@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from workflow_runs import (
     N_LAYER,
     ROOT,
     TINY,
+    copy_repo,
     custom_env,
     job_counts,
     snakemake,
@@ -250,6 +252,42 @@ def test_snakemake_report_shows_every_workload(finished_run, tmp_path):
     assert not any(b"plotly.js v" in blob for blobs in embedded.values() for blob in blobs)
     page_size = min((work / "results" / name / "report.html").stat().st_size for name in TINY["workloads"])
     assert html.stat().st_size < page_size
+
+
+def test_the_documented_report_command_works_as_written(tmp_path):
+    """`snakemake --report report.html`, as docs/outputs.md shows it (the command is read from there), in a
+    checkout with finished results: it gives no --cores, and rules whose threads are every core of the run
+    (measure_ceilings, verify_variants) made it fail with "Workflow requires a total number of cores to be
+    defined". Results are placed: the report only collects the files flagged report() in the
+    workflow (per workload operators.csv, coverage.json, report.md, trace.json), each with known content."""
+    section = (ROOT / "docs" / "outputs.md").read_text().split("## The Snakemake report", 1)[1]
+    command = re.search(r"`(snakemake --report [^`]+)`", section).group(1)
+    assert command == "snakemake --report report.html"  # what users are told to type; the test runs it as is
+    repo = copy_repo(tmp_path / "repo")
+    shutil.copytree(ROOT / "profiles", repo / "profiles")  # Snakemake reads profiles/default by itself
+    workloads = sorted(yaml.safe_load((repo / "config" / "config.yaml").read_text())["workloads"])
+    placed = {}
+    for name in workloads:
+        out = repo / "results" / name
+        out.mkdir(parents=True)
+        placed[name] = f"operator,time_ns\naten::mm_{name},{len(name)}\n"
+        (out / "operators.csv").write_text(placed[name])
+        (out / "coverage.json").write_text("{}")
+        (out / "report.md").write_text(f"# Operator profile: `{name}`\n")
+        (out / "trace.json").write_text("{}")
+    snakemake_exe = Path(sys.executable).with_name("snakemake")
+    argv = shlex.split(command)
+    argv = [str(snakemake_exe), *argv[1:]] if snakemake_exe.exists() else [sys.executable, "-m", *argv]
+    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
+    result = subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "requires a total number of cores" not in result.stderr
+    text = (repo / "report.html").read_text()
+    embedded = {}
+    for name, data in re.findall(r"data:[\w/.+-]+;charset=[\w-]+;filename=([^;\"']+);base64,([A-Za-z0-9+/=]+)", text):
+        embedded.setdefault(name, []).append(base64.b64decode(data).decode())
+    assert sorted(embedded["operators.csv"]) == sorted(placed.values())
+    assert len(embedded["report.md"]) == len(workloads)
 
 
 @pytest.mark.workflow
@@ -598,17 +636,28 @@ def test_ctrl_c_in_a_capture_or_a_script_job_is_one_line_and_the_next_run_redoes
 
 
 @pytest.mark.workflow
-def test_a_module_beside_the_factory_is_an_input_of_the_capture(finished_run, tmp_path):
-    """A model class that the factory imports from a sibling file is the user's code too: a module added (or
-    edited) beside the factory's re-runs the custom workload's capture."""
-    work, _ = finished_run
-    config = copy_finished_run(work, tmp_path, ("mine",))
+def test_a_module_the_factory_imports_reruns_its_capture_and_an_unrelated_one_does_not(tmp_path):
+    """A model class that the factory imports from a sibling file is the user's code too: an
+    edit of it re-runs the custom workload's capture. A module added beside the factory that nothing imports
+    (another experiment in the same folder) re-runs nothing: the capture's inputs are the factory module's
+    import closure (operator_profiler.workflow_inputs.module_sources), not the folder."""
+    layers = "import torch\n\n\ndef stack(width, depth):\n" \
+             "    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])\n"
+    (tmp_path / "wf_layers.py").write_text(layers)
+    (tmp_path / "wf_models.py").write_text(
+        "import torch\nfrom wf_layers import stack\n\n\ndef build(width):\n"
+        "    return stack(width, 2), (torch.randn(2, width),)\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "workloads": {"mine": TINY["workloads"]["mine"]}}))
     target = "results/mine/capture/run.json"
-    settle = snakemake(tmp_path, config, target, env=custom_env(tmp_path))  # the copy's own capture
-    assert settle.returncode == 0, settle.stderr[-2000:]
+    done = snakemake(tmp_path, config, target, env=custom_env(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
     plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
     assert plan.returncode == 0 and "capture_timeline" not in job_counts(plan.stdout), plan.stdout[-3000:]
-    (tmp_path / "wf_helper.py").write_text("import torch\n\nclass Net(torch.nn.Linear):\n    pass\n")
+    (tmp_path / "wf_unrelated.py").write_text("import torch\n\n\nclass Other(torch.nn.Linear):\n    pass\n")
+    plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
+    assert plan.returncode == 0 and "capture_timeline" not in job_counts(plan.stdout), plan.stdout[-3000:]
+    (tmp_path / "wf_layers.py").write_text(layers.replace("Linear(width, width)", "Linear(width, width, bias=False)"))
     plan = snakemake(tmp_path, config, "-n", target, env=custom_env(tmp_path))
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert job_counts(plan.stdout).get("capture_timeline") == 1, plan.stdout[-3000:]

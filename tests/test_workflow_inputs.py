@@ -338,3 +338,87 @@ def test_a_gpu_rule_depends_on_no_analysis_code(declared, rule):
                 "results.py", "ncu/plan.py")
     lib = [str(p).split(f"{PACKAGE}/", 1)[-1] for p in declared[rule]["lib"]]
     assert lib and not [p for p in lib if p.startswith(analysis)], lib
+
+
+# ------------------------------------------------------------------------ a custom factory's module closure
+
+# A user's model folder (docs/config.md#profiling-your-own-model: a factory `module:function` on PYTHONPATH):
+# the factory's module imports a sibling at module level, a package's submodule (whose __init__ imports another
+# through a relative import) and, inside the factory, one more sibling; two files beside them are never imported.
+USER = {
+    "wf_models.py": "import json\n\nimport torch\nfrom wf_layers import Stack\nfrom zoo.blocks import Block\n\n\n"
+                    "def build(width):\n    from wf_init import scale\n\n"
+                    "    return Stack(Block(width), scale), (torch.randn(2, width),)\n",
+    "wf_layers.py": "import torch\n\n\nclass Stack(torch.nn.Sequential):\n    def __init__(self, block, scale):\n"
+                    "        super().__init__(block)\n        self.scale = scale\n",
+    "wf_init.py": "scale = 2.0\n",
+    "wf_unrelated.py": "raise SystemExit('never imported')\n",
+    "zoo/__init__.py": "from .registry import NAMES\n",
+    "zoo/registry.py": "NAMES = ['block']\n",
+    "zoo/blocks.py": "import torch\n\nfrom . import registry\n\n\nclass Block(torch.nn.Linear):\n"
+                     "    def __init__(self, width):\n        super().__init__(width, width)\n",
+    "zoo/unused.py": "raise SystemExit('never imported')\n",
+}
+LOADED = r"""
+import json, sys
+from pathlib import Path
+folder = Path(sys.argv[1]).resolve()
+sys.path.insert(0, str(folder))
+module = __import__(sys.argv[2])
+module.build(4)
+print(json.dumps(sorted(str(Path(m.__file__).resolve()) for m in list(sys.modules.values())
+                        if getattr(m, "__file__", None) and Path(m.__file__).resolve().is_relative_to(folder))))
+"""
+
+
+def _user_folder(root: Path, files: dict) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def _loaded(folder: Path, module: str) -> set[str]:
+    """The files of ``folder`` that Python itself loads when importing ``module`` and calling its build(4)."""
+    out = subprocess.run([sys.executable, "-c", LOADED, str(folder), module], capture_output=True, text=True,
+                         timeout=300, check=True)
+    return set(json.loads(out.stdout))
+
+
+def test_a_factory_module_s_sources_are_its_import_closure(tmp_path):
+    """The factory module, what it imports of the user's code (module- and function-level,
+    a package's __init__ and relative imports), followed to the end: the files Python loads when the module is
+    imported and the factory called, no more; never the files beside them that nothing imports, the standard
+    library (json) or an installed package (torch)."""
+    from operator_profiler.workflow_inputs import module_sources
+
+    folder = _user_folder(tmp_path / "user", USER).resolve()
+    expected = {str(folder / n) for n in ("wf_models.py", "wf_layers.py", "wf_init.py", "zoo/__init__.py",
+                                          "zoo/registry.py", "zoo/blocks.py")}
+    assert _loaded(folder, "wf_models") == expected  # the fixture is what it says
+    got = module_sources("wf_models", [str(folder), *sys.path])
+    assert set(got) == expected and got == sorted(got)
+    # a module inside a package: its package's __init__ runs first
+    assert set(module_sources("zoo.blocks", [str(folder)])) == {str(folder / "zoo" / n) for n in
+                                                                  ("__init__.py", "registry.py", "blocks.py")}
+    assert module_sources("no_such_module", [str(folder)]) == []
+
+
+def test_an_installed_package_is_not_followed_and_a_computed_import_takes_the_files_beside_it(tmp_path):
+    """A package under site-packages is not the user's code (its edits are an install, not a model change), and
+    nothing it imports is followed; a module that imports by a computed name (importlib.import_module) cannot be
+    read, so every .py beside it counts, and is followed."""
+    from operator_profiler.workflow_inputs import module_sources
+
+    site = _user_folder(tmp_path / "venv" / "lib" / "site-packages", {"vendor.py": "import user_helper\n"})
+    folder = _user_folder(tmp_path / "user", {
+        "plain.py": "import vendor\n",
+        "user_helper.py": "x = 1\n",
+        "plugins.py": "import importlib\n\n\ndef build(name):\n    return importlib.import_module(name)\n",
+        "plugin_a.py": "from deep.more import y\n",
+        "deep/more.py": "y = 2\n",
+    })
+    search = [str(folder), str(site)]
+    assert module_sources("plain", search) == [str((folder / "plain.py").resolve())]
+    assert set(module_sources("plugins", search)) == {str((folder / n).resolve()) for n in (
+        "plain.py", "user_helper.py", "plugins.py", "plugin_a.py", "deep/more.py")}

@@ -3,8 +3,8 @@
 # `--forcerun measure_ceilings`, or a `ceilings:` edit). DESIGN.md, "Machine ceilings".
 # (Snakemake caps a job's threads at --cores: a capture given more threads than the run's cores runs with the cores.)
 CEILINGS_THREADS = capture_threads()
-if isinstance(workflow.cores, int) and workflow.cores >= 1:
-    CEILINGS_THREADS = min(CEILINGS_THREADS, workflow.cores)
+if isinstance(run_cores(), int) and run_cores() >= 1:
+    CEILINGS_THREADS = min(CEILINGS_THREADS, run_cores())
 # What identifies the machine (CPU model and count, GPUs from nvidia-smi -L on CUDA, the torch version, the
 # threads), read now without importing torch: a params value, so a change re-runs the measurement.
 MACHINE = machine_identity(DEVICE, CEILINGS_THREADS)
@@ -25,7 +25,7 @@ rule measure_ceilings:
     # Alone on the machine: a capture beside it took CPU time from the GEMMs (on 2 cores an fp32 peak of 55 GFLOP/s
     # instead of 90, and operators "above" it). The job claims every core, so no other job runs meanwhile; the
     # measurement itself runs torch with the captures' threads (params threads, not Snakemake's OMP_NUM_THREADS).
-    threads: workflow.cores
+    threads: all_cores
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,

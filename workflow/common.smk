@@ -1,6 +1,5 @@
 # Config validation, device/tool resolution and input functions shared by every stage.
 import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -8,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
 from operator_profiler import stale
 from operator_profiler.capture.jobs import resolve_timeline
 from operator_profiler.capture.machine import machine_identity
 from operator_profiler.config import ConfigError, check_callables, validate_config
-from operator_profiler.workflow_inputs import rule_inputs
+from operator_profiler.workflow_inputs import module_sources, rule_inputs
 
 try:
     _SOURCE = " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)"
@@ -171,32 +172,23 @@ def gpu_files(wildcards, input, output):
     )
 
 
+@functools.cache
+def _module_sources(module):
+    return module_sources(module)
+
+
 def custom_model_source(wildcards):
-    """The source files of a workload's custom factory and loss_fn modules, so that editing the model or
-    its loss re-runs its capture (Snakemake does not track what a script imports)."""
+    """The source files of a workload's custom factory and loss_fn modules and of the user's modules they
+    import, followed to the end (operator_profiler.workflow_inputs.module_sources: read, never imported), so
+    that editing the model, a module it imports or its loss re-runs its capture (Snakemake does not track
+    what a script imports), and a file the model never imports does not."""
     workload = workload_config(wildcards.workload)
     sources = []
     for spec in (workload.get("factory"), workload.get("loss_fn")):
-        if not spec:
-            continue
-        try:
-            found = importlib.util.find_spec(spec.partition(":")[0])
-        except (ImportError, ValueError):
-            found = None  # check_callables has reported it when the DAG was built
-        if (
-            found is not None
-            and found.origin
-            and found.origin.endswith(".py")
-            and found.origin not in sources
-        ):
-            sources.append(found.origin)
-    # The modules beside them (a model class the factory imports from a sibling file): the user's own
-    # code, never an installed package (site-/dist-packages).
-    for origin in list(sources):
-        folder = Path(origin).parent
-        if any(part in ("site-packages", "dist-packages") for part in folder.parts):
-            continue
-        sources += sorted(str(p) for p in folder.glob("*.py") if str(p) not in sources)
+        if spec:
+            sources += [
+                p for p in _module_sources(spec.partition(":")[0]) if p not in sources
+            ]
     return sources
 
 
@@ -288,6 +280,21 @@ def runs_input(wildcards):
     if TIMELINE == "nsys":
         runs.append(f"results/{wildcards.workload}/capture/kineto_run.json")
     return runs
+
+
+def run_cores():
+    """This run's --cores, or None where the command gives none (--report, --summary, --list-*: no job runs)."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return None
+
+
+def all_cores(wildcards):
+    """The threads of a job that must run alone (measure_ceilings, verify_variants): every core of the run.
+    A function, evaluated when a job is made, so that commands that run no job work without --cores
+    (`snakemake --report report.html`, as docs/outputs.md shows it)."""
+    return workflow.cores
 
 
 def capture_threads():

@@ -38,7 +38,7 @@ rule verify_variants:
         "results/{workload}/benchmarks/verify_variants.tsv"
     conda:
         "../envs/torch.yaml"
-    threads: workflow.cores
+    threads: all_cores
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,

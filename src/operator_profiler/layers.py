@@ -88,13 +88,37 @@ def layer_of_module(path: str, layer_paths: set[str]) -> str | None:
     return found
 
 
+_UNKNOWN = object()
+
+
+def _entry_layer(entry: str, layer_paths: set[str]):
+    """The layer instance of one fusion-map module path entry, None outside every layer, ``_UNKNOWN`` when it
+    cannot be said. An entry ``"A|B"`` (a node known only to lie between nodes of modules A and B,
+    :func:`operator_profiler.attribution.torch_trace.node_entries`) lies in a layer holding both; between two
+    modules outside every layer it lies outside them too (a layer has parameters, whose reads would lie
+    between); otherwise it may or may not be in the layer of one of them."""
+    if "|" not in entry:
+        return layer_of_module(entry, layer_paths)
+    a, _, b = entry.partition("|")
+    from .attribution.torch_trace import common_path
+
+    both = layer_of_module(common_path([a, b]), layer_paths)
+    if both is not None:
+        return both
+    if layer_of_module(a, layer_paths) is None and layer_of_module(b, layer_paths) is None:
+        return None
+    return _UNKNOWN
+
+
 def site_membership(module_paths, scope, layer_paths: set[str]) -> tuple[str, str | None, list[str]] | None:
     """``(membership, layer instance, layers spanned)`` of a kernel placed on a fusion-map call site with
     ``module_paths`` (scope ``model`` only: a frame's relative paths name no instance); None when the site says
-    nothing (no paths, another scope)."""
+    nothing (no paths, another scope, or an entry whose layer cannot be said: :func:`_entry_layer`)."""
     if scope != "model" or module_paths is None or len(module_paths) == 0:
         return None
-    labels = {layer_of_module(str(p), layer_paths) for p in module_paths}
+    labels = {_entry_layer(str(p), layer_paths) for p in module_paths}
+    if _UNKNOWN in labels:
+        return None
     if len(labels) == 1:
         (label,) = labels
         return ("fx_nodes", label, []) if label is not None else ("outside_layers", None, [])

@@ -50,7 +50,8 @@ def is_nsys(kernels: pd.DataFrame) -> bool:
 
 
 def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
-    """The fusion map of an Inductor debug directory; an error when it holds no compiled graph.
+    """The fusion map of an Inductor debug directory; an error when it holds no compiled graph, a warning when
+    none of its call sites has a module path (:func:`inductor.load_fusion_map`).
 
     Raises:
         InductorArtifactError: no ``output_code.py`` anywhere under ``debug_dir``.
@@ -61,7 +62,12 @@ def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
             f"{debug_dir}: no Inductor debug directory (no output_code.py) found; pass the folder "
             "torch.compile wrote with TORCH_COMPILE_DEBUG=1 (its torchinductor/ or a parent of it)"
         )
-    return inductor.load_fusion_map(debug_dir)
+    fusion = inductor.load_fusion_map(debug_dir)
+    if len(fusion) and not fusion["module_paths"].map(len).any():
+        log.warning("%s: no compiled kernel has a module path (no opprof_module_paths.json beside the graphs, and no "
+                    "TORCH_TRACE log under the folder that names their frames): their layers read unknown; run with "
+                    "TORCH_COMPILE_DEBUG=1 and pass the torch_compile_debug folder holding tlparse/", debug_dir)
+    return fusion
 
 
 def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
@@ -69,7 +75,9 @@ def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
     from .work.fused_kernels import with_fused_work
 
     fusion = load_fusion_map_checked(debug_dir)
+    attrs = dict(fusion.attrs)
     fusion = with_fused_work(fusion, inductor.find_graph_dirs(Path(debug_dir)))
+    fusion.attrs.update(attrs)  # the layers a TORCH_TRACE log shows (inductor.load_fusion_map), kept in the file
     write_parquet_atomic(fusion, out)
     return fusion
 
@@ -272,6 +280,8 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     compile has none inside the compiled region) take the layer instance of their FX nodes
     (:func:`operator_profiler.layers.kernel_layers`); on an nsys timeline through the torch.profiler run of the
     same program (``kineto_timeline``, paired by invocation order), else by kernel name (generated kernels only).
+    When ``layers_json`` names no layer and the fusion map was built from a debug dir with a TORCH_TRACE log,
+    the layer instances that log shows are used (``fusion_map.attrs["layers"]``, with a warning).
     """
     start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
@@ -282,6 +292,12 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not isinstance(entry.get("class"), str):
             raise InputError(f"{layers_json}: entry {index} is not {{\"path\": str, \"class\": str, ...}}: {entry!r}; {hint}")
     fusion = _read_fusion_map(fusion_map)
+    if not layers and fusion is not None and fusion.attrs.get("layers"):
+        # a debug dir captured outside the workflow: the layer instances its TORCH_TRACE log shows
+        layers = list(fusion.attrs["layers"])
+        log.warning("%s names no layer: using the %d layer instances the fusion map's TORCH_TRACE log shows (%s; "
+                    "children of a module list with identical parameter shapes)", layers_json, len(layers),
+                    ", ".join(entry["path"] for entry in layers))
     fx_answers = None
     if fusion is not None and is_nsys(kernels):
         paths = [entry["path"] for entry in layers]
@@ -408,8 +424,8 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     start = time.perf_counter()
     if runs:
         _check_run_counts([Path(r) for r in runs], kernels, workload)
-    kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers)
     fusion = _read_fusion_map(fusion_map)
+    kl = _kernel_layers_for(kernels, ranges, timeline_dir, kernel_layers, fusion)
     if is_nsys(kernels):
         result = nvtx.attribute_nvtx(kernels, ranges, kl, nvtx_options or nvtx.NvtxOptions())
         if kineto_timeline is not None:
@@ -461,8 +477,15 @@ def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
 
 
 def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir: Path,
-                       kernel_layers: Path | None) -> pd.DataFrame:
+                       kernel_layers: Path | None, fusion: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The kernel_layers table attribution uses: ``kernel_layers`` (from ``opprof classify``), else derived here:
+    the timeline's layer ranges, and for a fusion map loaded from a debug dir captured outside the workflow the
+    layer instances its TORCH_TRACE log shows (``fusion.attrs["layers"]``, :func:`.attribution.torch_trace.
+    infer_layers`), each compiled kernel placed by its FX nodes."""
     if kernel_layers is None:
+        inferred = list(fusion.attrs.get("layers") or []) if fusion is not None else []
+        if inferred:
+            return layer_classes.kernel_layer_classes(kernels, ranges, inferred, fusion_map=fusion)
         return layer_classes.kernel_layer_classes(kernels, ranges, [])
     kl = results.read(results.KERNEL_LAYERS, kernel_layers)
     if len(kl) != len(kernels) or not kl["kernel_id"].astype("int64").sort_values().reset_index(drop=True).equals(

@@ -7,6 +7,9 @@ gpu_jobs.py less the other rules' dispatch functions (its ``RULES`` table). Its 
 every package data file (``ncu/metrics.yaml``) named in a function the entry can reach by calls (per file,
 stages.py would tie the metric catalog to every CPU rule). Reads source files with :mod:`ast` only (never
 imports the package: no pandas or torch when the DAG is built).
+
+:func:`module_sources` derives a custom factory's (or loss_fn's) inputs the same way: its module's import
+closure over the user's own files (the captures' ``model`` input, workflow/common.smk ``custom_model_source``).
 """
 
 from __future__ import annotations
@@ -332,3 +335,119 @@ def rule_inputs(rule: str, package_dir: Path, scripts_dir: Path) -> list[str]:
         raise ValueError(f"rule {rule!r} has no entry: no {scripts_dir / rule}.py and not in {GPU_ENTRY}.{GPU_TABLE} "
                          f"(known: {', '.join(sorted(rules))})")
     return [str(package_dir / p) for p in rules[rule]]
+
+
+# ------------------------------------------------------------------------------------- a custom model's sources
+
+#: Calls that import a module by a name computed at run time, which reading the source cannot follow.
+DYNAMIC_IMPORTS = frozenset(("import_module", "__import__", "spec_from_file_location", "run_path", "run_module",
+                             "exec", "execfile", "load_source", "load_module"))
+
+
+@functools.cache
+def _stdlib_roots() -> tuple[Path, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(Path(paths[k]).resolve() for k in ("stdlib", "platstdlib") if paths.get(k))
+
+
+def _not_users_code(path: Path) -> bool:
+    """Whether ``path`` is the standard library or an installed package (site-/dist-packages)."""
+    if any(part in ("site-packages", "dist-packages") for part in path.parts):
+        return True
+    return any(path.is_relative_to(root) for root in _stdlib_roots())
+
+
+def _find_module(dotted: str, search_path: list[str] | None) -> list:
+    """The specs of ``dotted`` and of its parent packages (outermost first), found with the path finder alone:
+    nothing is imported (``importlib.util.find_spec`` would run the parents' ``__init__``). Stops at the first
+    part not found (a missing module, a built-in, a module an installed finder provides)."""
+    import importlib.machinery
+
+    specs, locations = [], search_path
+    parts = dotted.split(".")
+    for i in range(len(parts)):
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), locations)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            break
+        specs.append(spec)
+        locations = spec.submodule_search_locations
+        if locations is None:  # a plain module: nothing below it
+            break
+    return specs
+
+
+def _imports_of(tree: ast.AST, package: str) -> tuple[set[str], bool]:
+    """The modules a source's import statements (anywhere: module level, functions, ``try``) can run, as
+    absolute dotted names (``from a import b``: ``a`` and ``a.b``, a submodule or not), and whether it calls
+    an importer of computed names (:data:`DYNAMIC_IMPORTS`). ``package``: the module's package, for relative
+    imports."""
+    names: set[str] = set()
+    dynamic = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source == "__future__" or not source:
+                continue
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            dynamic = dynamic or called in DYNAMIC_IMPORTS
+    return names, dynamic
+
+
+def module_sources(module: str, search_path: list[str] | None = None) -> list[str]:
+    """The source files of the user's own code that importing ``module`` (a custom factory's or loss_fn's
+    module, dotted) can run: its ``.py`` file, the ``__init__.py`` of its packages, and every module its import
+    statements name (module-level and function-level, absolute and relative), followed to the end; never the
+    standard library or an installed package (site-/dist-packages), which are not followed either. Files are
+    read with :mod:`ast` and found with the path finder on ``search_path`` (default ``sys.path``): nothing is
+    imported. A file that imports by a computed name (:data:`DYNAMIC_IMPORTS`: ``importlib.import_module``,
+    ``__import__``, ``exec`` ...) cannot be followed, so every ``.py`` beside it counts as well (and is followed).
+
+    Returns absolute paths, sorted; empty when ``module`` is not found or has no ``.py`` source (a built-in, an
+    extension module, an installed package). A file that does not parse is kept and not followed (its capture
+    fails in one line)."""
+    found: set[Path] = set()
+    parsed: set[Path] = set()
+    todo = [module]
+    visited: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in visited:
+            continue
+        visited.add(name)
+        for spec in _find_module(name, search_path):
+            origin = spec.origin if spec.has_location and isinstance(spec.origin, str) else None
+            if origin is None or not origin.endswith(".py"):
+                continue
+            path = Path(origin).resolve()
+            if path in parsed or _not_users_code(path):
+                continue
+            parsed.add(path)
+            found.add(path)
+            try:
+                tree = ast.parse(path.read_bytes(), str(path))
+            except (SyntaxError, ValueError, OSError):
+                continue
+            package = spec.name if spec.submodule_search_locations is not None else spec.name.rpartition(".")[0]
+            imported, dynamic = _imports_of(tree, package)
+            todo += sorted(imported)
+            if dynamic:  # what it imports is known at run time only: the files beside it, followed too
+                beside = sorted(p.resolve() for p in path.parent.glob("*.py"))
+                found.update(beside)
+                todo += [f"{package}.{p.stem}" if package else p.stem for p in beside if p.stem != "__init__"]
+    return sorted(str(p) for p in found)

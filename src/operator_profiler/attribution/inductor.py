@@ -151,7 +151,8 @@ def find_graph_dirs(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.rglob(OUTPUT_CODE) if p.is_file()})
 
 
-def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None) -> pd.DataFrame:
+def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None,
+                      module_paths: Mapping | None = None) -> pd.DataFrame:
     """Parse one Inductor debug dir into one row per kernel call site of ``call()``.
 
     Columns (see :data:`FUSION_MAP_COLUMNS`):
@@ -194,7 +195,10 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
       only); else the mapping lines' post-grad nodes; else the post-grad nodes under the Source Nodes names.
       Nodes of ops that only re-describe memory (:data:`VIEW_OPS`: the ``view`` of another module's output the
       kernel reads) are left out unless the call site has no other node. Empty when there is no such file, no node, or one node whose module is
-      unknown (then nothing says the kernel's layer).
+      unknown (then nothing says the kernel's layer). For a debug dir captured outside the workflow the record
+      comes from its TORCH_TRACE log (``module_paths``, :func:`trace_module_paths`); there an entry can read
+      ``"A|B"``: a node lying, in execution order, between nodes of modules A and B
+      (:func:`operator_profiler.attribution.torch_trace.node_entries`).
     * ``module_paths_scope`` (str or null): that file's ``scope``: ``model`` (the compiled frame is the model's
       forward: each path names one module instance, so layer membership can be read from it), ``frame`` (a
       submodule's frame, e.g. regional compilation: paths relative to that module, valid for every instance it
@@ -228,6 +232,10 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     ``provenance``: path to (or the parsed dict of) an ``inductor_provenance_tracking_node_mappings.json``;
     default: that file in ``graph_dir`` when present (torch 2.13 writes it for forward graphs only, formats.md#inductor-provenance).
 
+    ``module_paths``: a record shaped like ``opprof_module_paths.json`` (``scope``, ``post_grad``,
+    ``source_nodes``), used when ``graph_dir`` has no such file: :func:`trace_module_paths`, derived from a
+    TORCH_TRACE log (:func:`load_fusion_map` passes it for debug dirs captured outside the workflow).
+
     Raises :class:`InductorArtifactError` when ``output_code.py`` is missing, unreadable, or has no
     ``def call(``, or when the provenance JSON is not valid JSON.
     """
@@ -240,6 +248,10 @@ def parse_output_code(graph_dir: Path, provenance: Path | Mapping | None = None)
     fx_ops, vocab_text = _fx_node_ops(graph_dir)
     frames, frame_order = _fx_node_frames(graph_dir)
     paths = _module_paths_record(graph_dir)
+    if module_paths is not None and not (graph_dir / MODULE_PATHS_JSON).is_file():
+        paths = {"scope": module_paths.get("scope"), "post_grad": dict(module_paths.get("post_grad") or {}),
+                 "source_nodes": dict(module_paths.get("source_nodes") or {}),
+                 "kernel_nodes": dict(module_paths.get("kernel_nodes") or {})}
     constants = _fx_constant_nodes(graph_dir) if paths["post_grad"] else frozenset()
     vocab = _aten_vocabulary(text + "\n" + vocab_text)
     prov = _load_provenance(graph_dir, provenance)
@@ -364,17 +376,56 @@ def load_fusion_map(root: Path) -> pd.DataFrame:
     Raises
     :class:`InductorArtifactError` for a malformed ``output_code.py`` (docs/formats.md#inductor-output-code).
     """
+    from .torch_trace import infer_layers, read_frames
+
     dirs = find_graph_dirs(root)
-    frames = [parse_output_code(d) for d in dirs]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
-        return _empty_fusion_map()
-    fusion = pd.concat(frames, ignore_index=True)
     ids = torch_trace_graph_ids(root, dirs)
+    # debug dirs captured outside the workflow have no opprof_module_paths.json: their forward graphs' module
+    # paths come from the TORCH_TRACE log, where there is one (TORCH_COMPILE_DEBUG=1 writes it)
+    without = [d for d in dirs if not (d / MODULE_PATHS_JSON).is_file()]
+    compiled = read_frames(root) if without and ids else {}
+    parsed = []
+    for d in dirs:
+        derived = None
+        frame = compiled.get(ids.get(d.name, (None, None))[0]) if d in without else None
+        if frame is not None and graph_kind(d.name) in ("forward", "inference"):
+            derived = trace_module_paths(frame, _load_provenance(d, None))
+        parsed.append(parse_output_code(d, module_paths=derived))
+    parsed = [f for f in parsed if not f.empty]
+    if not parsed:
+        return _empty_fusion_map()
+    fusion = pd.concat(parsed, ignore_index=True)
     if ids:
         fusion["compile_id"] = fusion["graph"].map(lambda g: ids.get(g, (None, None))[0])
         fusion["cache_key"] = fusion["graph"].map(lambda g: ids.get(g, (None, None))[1])
+    fusion.attrs["layers"] = infer_layers(compiled.values())
     return fusion
+
+
+def trace_module_paths(frame, provenance: Mapping) -> dict:
+    """The module-path record of a forward (or inference) graph dir captured outside the workflow, from its
+    compiled frame as a TORCH_TRACE log states it (:class:`operator_profiler.attribution.torch_trace.Frame`) and
+    the dir's provenance JSON: each post-grad node takes the entry (:func:`.torch_trace.node_entries`) of the
+    pre-grad nodes it was made from (``postToPre``; None when they differ), each pre-grad node name of a Source
+    Nodes comment its post-grad nodes (``preToPost``) or, without provenance, its own entry. Shaped like
+    ``opprof_module_paths.json`` (``scope``, ``post_grad``, ``source_nodes``, ``kernel_nodes``) for
+    :func:`parse_output_code`. A backward graph's Source Nodes name backward nodes, which no pre-grad node
+    is: never pass its dir this record."""
+    from .torch_trace import node_entries
+
+    entries = node_entries(frame)
+    post: dict[str, str | None] = {}
+    for node, pres in (provenance.get("postToPre") or {}).items():
+        found = {entries.get(str(p)) for p in pres} if isinstance(pres, list) and pres else {None}
+        post[str(node)] = next(iter(found)) if len(found) == 1 else None
+    source_nodes: dict[str, list[str]] = {str(pre): [str(n) for n in nodes]
+                                          for pre, nodes in (provenance.get("preToPost") or {}).items()
+                                          if isinstance(nodes, list)}
+    for pre, entry in entries.items():
+        key = f"<pre-grad>{pre}"
+        post[key] = entry
+        source_nodes.setdefault(pre, [key])
+    return {"scope": frame.scope, "post_grad": post, "source_nodes": source_nodes, "kernel_nodes": {}}
 
 
 TORCH_TRACE_GLOB = "dedicated_log_torch_trace_*.log"

@@ -19,7 +19,10 @@ REASONS = {
                        "runs: CUDA-graph nodes on several streams, interleaving threads, or a reordered sequence)",
     "unplaced_window": "the ncu file's launch window is unknown and its rows fit the timeline at more than one "
                        "place; declare the window (--window FILE=SKIP:COUNT, or FILE=contiguous)",
-    "name_ambiguous": "the ncu name fits several timeline kernel names of the scope on the first rung it matches",
+    "name_ambiguous": "the ncu name fits several timeline kernel names of the scope on the first rung it matches, "
+                      "and the launch order does not settle which (a bare function name pairs in order only when "
+                      "the window holds as many launches of those kernels as the file has rows of it, every row "
+                      "pinning)",
     "process_ambiguous": "the ncu process cannot be mapped to one timeline process (several fit); pass "
                          "--process-map NCU_PID=TIMELINE_PID",
     "device_unknown": "the ncu file has no Device column but the timeline process used several devices",

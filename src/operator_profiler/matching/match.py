@@ -14,7 +14,7 @@ import pandas as pd
 from .align import AMBIGUOUS, PINNED, Alignment, pin
 from .bags import bag_labels, concurrent_launches, measured_iterations, repair_bags
 from .diagnostics import REFUSED, results
-from .names import NameIndex, name_triples, names_agree
+from .names import ORDER_RUNG, NameIndex, name_triples, names_agree
 from .processes import map_processes
 from .windows import Window, source_window, window_segment
 
@@ -216,7 +216,8 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             return len(labels)
     resolved: list[str | None] = []
     rungs: list[str | None] = []
-    for label, name in zip(labels, names):
+    ambiguous: dict[int, list] = {}  # row position -> the timeline keys its name fits
+    for i, (label, name) in enumerate(zip(labels, names)):
         key, how, cands = index.resolve(name)
         resolved.append(key)
         rungs.append(how if key is not None else None)
@@ -224,26 +225,43 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
         if key is None:
             outcome.row_reason[label] = how
             if how == "name_ambiguous":
-                outcome.row_candidates[label] = set(cands)
-                for kid in seg.loc[seg["match_key"].isin(cands), "kernel_id"].tolist():
-                    outcome.refuse_kernel(int(kid), "name_ambiguous")
-    ok = [i for i, k in enumerate(resolved) if k is not None]
+                ambiguous[i] = cands
     row_cfg = rows["config"].tolist() if "config" in rows.columns else [None] * len(rows)
-    # Launch configurations are compared wherever both sides know them; a row or launch without one (when the
-    # other side has them) pairs with nothing: one blank cell must not switch the check off for the whole file.
-    use_config = any(row_cfg[i] is not None for i in ok) and any(c is not None for c in seg["config"])
+    # Bare function names that fit several kernels (--print-kernel-base function): such a family's rows are
+    # aligned with its launches as one name, and kept only when every row of it pins (_order_families)
+    families = _order_families(index, names, resolved, ambiguous, seg)
+    seg_keys_list = seg["match_key"].tolist()
+    while True:
+        keys = [families.get(i, resolved[i]) for i in range(len(labels))]
+        ok = [i for i, k in enumerate(keys) if k is not None]
+        family_of_key = {k: tok for i, tok in families.items() for k in ambiguous[i]}
+        t_keys = [family_of_key.get(k, k) for k in seg_keys_list]
+        # Launch configurations are compared wherever both sides know them; a row or launch without one (when the
+        # other side has them) pairs with nothing: one blank cell must not switch the check off for the whole file.
+        use_config = any(row_cfg[i] is not None for i in ok) and any(c is not None for c in seg["config"])
+        t_tokens, n_tokens = _tokens(t_keys, seg["config"].tolist(), [keys[i] for i in ok], [row_cfg[i] for i in ok],
+                                     use_config)
+        alignment = _contiguous(t_tokens, n_tokens) if window.kind == "contiguous" else pin(t_tokens, n_tokens)
+        n_to_t, n_state, t_state = alignment.n_to_t.copy(), alignment.n_state.copy(), alignment.t_state.copy()
+        bag_rows, bag_launches = repair_bags(seg, t_tokens, n_tokens, n_to_t, n_state, t_state)
+        unsettled = {families[i] for pos, i in enumerate(ok) if i in families and n_state[pos] != PINNED}
+        if not unsettled:
+            break
+        families = {i: tok for i, tok in families.items() if tok not in unsettled}
+    resolved = keys
+    for i, cands in ambiguous.items():
+        label = labels[i]
+        if i in families:  # paired below, by the order
+            outcome.row_reason.pop(label, None)
+            rungs[i] = ORDER_RUNG
+            continue
+        outcome.row_candidates[label] = set(cands)
+        for kid in seg.loc[seg["match_key"].isin(cands), "kernel_id"].tolist():
+            outcome.refuse_kernel(int(kid), "name_ambiguous")
     if not use_config and ok and any(c is not None for c in seg["config"]):
         outcome.hints.append(f"{src}: the ncu file has no launch configurations (Grid/Block Size, missing in the 2021 "
                              "layout): a run of another input, or of another program that launches some of the same "
                              "kernels, cannot be told apart; make sure the file belongs to this timeline")
-    t_tokens, n_tokens = _tokens(seg["match_key"].tolist(), seg["config"].tolist(),
-                                 [resolved[i] for i in ok], [row_cfg[i] for i in ok], use_config)
-    if window.kind == "contiguous":
-        alignment = _contiguous(t_tokens, n_tokens)
-    else:
-        alignment = pin(t_tokens, n_tokens)
-    n_to_t, n_state, t_state = alignment.n_to_t.copy(), alignment.n_state.copy(), alignment.t_state.copy()
-    bag_rows, bag_launches = repair_bags(seg, t_tokens, n_tokens, n_to_t, n_state, t_state)
     if not alignment.exhaustive:
         outcome.hints.append(f"{src}: {len(n_tokens):,} rows x {len(t_tokens):,} launches is too large to align "
                              "without a window: declare it (--window FILE=SKIP:COUNT)")
@@ -287,6 +305,8 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
         label, tok = labels[i], int(n_tokens[pos])
         if n_state[pos] == PINNED:
             kid = int(seg_ids[n_to_t[pos]])
+            if i in families:
+                outcome.row_key[label] = seg_keys_list[n_to_t[pos]]
             if kid in outcome.pairs:
                 outcome.row_reason[label] = "measured_twice"
                 outcome.conflicts.add(kid)
@@ -328,6 +348,31 @@ def _match_scope(scope: pd.DataFrame, seg: pd.DataFrame, rows: pd.DataFrame, win
             outcome.refuse_kernel(int(seg_ids[p]), _ambiguity(int(t_tokens[p]), t_count, n_count, placed,
                                                               p in bag_launches))
     return pinned
+
+
+def _order_families(index: NameIndex, names: list, resolved: list, ambiguous: dict, seg: pd.DataFrame) -> dict:
+    """The ambiguous rows whose launch order may tell them apart: ``{row position: family token}``.
+
+    A family is the set of timeline keys one bare function name fits (:meth:`.names.NameIndex.family`). Its rows
+    are aligned as one name only when the scope can hold nothing else for them: no row of the file names one of
+    its kernels on its own (mixed naming), it shares no key with another family, and the window holds exactly as
+    many launches of its kernels as the file has rows of the name (equal counts: every launch was profiled, so
+    the order-preserving pairing is the only one). Whether every row then pins is decided by the alignment."""
+    fams = {i: index.family(names[i]) for i in ambiguous}
+    fams = {i: f for i, f in fams.items() if f is not None}
+    distinct = set(fams.values())
+    claimed = {k for k in resolved if k is not None}
+    launches = Counter(seg["match_key"].tolist())
+    rows_of = Counter(fams.values())
+    out = {}
+    for f in distinct:
+        if f & claimed or any(f & g for g in distinct if g != f):
+            continue
+        if rows_of[f] != sum(launches[k] for k in f):
+            continue
+        token = "\x00function:" + "\x00".join(sorted(map(str, f)))  # no timeline key has it
+        out.update({i: token for i, g in fams.items() if g == f})
+    return out
 
 
 def _tokens(t_keys: list, t_cfgs: list, n_keys: list, n_cfgs: list, use_config: bool) -> tuple[np.ndarray, ...]:

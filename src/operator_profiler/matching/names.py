@@ -12,6 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 RUNGS = ("mangled", "demangled", "normalized", "function")
+#: The ``name_rung`` of a pair whose ncu name is a bare function name that fits several timeline kernels of the
+#: scope (template instantiations): not a rung of the ladder, but the rows of that name were paired with those
+#: kernels' launches by an order-preserving alignment that is unique (every row pinned, as many rows as launches).
+ORDER_RUNG = "function_order"
 
 
 def is_mangled(name) -> bool:
@@ -237,11 +241,9 @@ class NameIndex:
                 index.by_rung["demangled"].setdefault(key, set()).add(key)
         return index
 
-    def resolve(self, ncu_name: str) -> tuple[str | None, str, list]:
-        """``(match_key, rung, [])`` for a unique resolution, ``(None, "name_ambiguous", candidates)``, or
-        ``(None, "name_unmatched", [])``. The ``function`` rung is tried only for an ncu name that is a bare
-        function name (``--print-kernel-base function``): a name that spells its template arguments or namespaces
-        and differs on the ``normalized`` rung is another instantiation, whatever its function name."""
+    def _first_rung(self, ncu_name: str) -> tuple[str | None, set]:
+        """The highest rung on which some timeline key of the scope has the ncu name's form, and those keys
+        (``(None, set())`` when none has)."""
         mine = forms(ncu_name)
         bare = is_bare(ncu_name)
         for rung in RUNGS:
@@ -253,9 +255,25 @@ class NameIndex:
                 # a mangled ncu name that is not a timeline kernel's mangled name is another function (another
                 # instantiation or overload), whatever its coarser forms say
                 keys = keys - self.with_mangled
-            if not keys:
-                continue
-            if len(keys) == 1:
-                return next(iter(keys)), rung, []
-            return None, "name_ambiguous", sorted(keys)
-        return None, "name_unmatched", []
+            if keys:
+                return rung, set(keys)
+        return None, set()
+
+    def resolve(self, ncu_name: str) -> tuple[str | None, str, list]:
+        """``(match_key, rung, [])`` for a unique resolution, ``(None, "name_ambiguous", candidates)``, or
+        ``(None, "name_unmatched", [])``. The ``function`` rung is tried only for an ncu name that is a bare
+        function name (``--print-kernel-base function``): a name that spells its template arguments or namespaces
+        and differs on the ``normalized`` rung is another instantiation, whatever its function name."""
+        rung, keys = self._first_rung(ncu_name)
+        if rung is None:
+            return None, "name_unmatched", []
+        if len(keys) == 1:
+            return next(iter(keys)), rung, []
+        return None, "name_ambiguous", sorted(keys)
+
+    def family(self, ncu_name: str) -> frozenset | None:
+        """The timeline keys a bare function name (``--print-kernel-base function``) stands for when it is
+        ambiguous on the ``function`` rung (``elementwise`` for ``elementwise<1>`` and ``elementwise<2>``), else
+        None. Only the launch order can then tell its rows apart (:data:`ORDER_RUNG`)."""
+        rung, keys = self._first_rung(ncu_name)
+        return frozenset(keys) if rung == "function" and len(keys) > 1 else None
