@@ -6,8 +6,13 @@ Strides", in schema order), under a dispatch mode that counts the FLOPs of every
 
 * an op in ``torch.utils.flop_counter``'s registry (mm, addmm, bmm, baddbmm, convolution and its backward,
   scaled-dot-product attention and its backward ...) counts what PyTorch's own formula says
-  (``flops_rule`` ``pytorch_formula``); CPU flash attention, which the registry lacks, uses the registry's
-  SDPA formula (:data:`EXTRA_FORMULAS`);
+  (``flops_rule`` ``pytorch_formula``); CPU flash attention and the attention entry points the registry lacks
+  (the composite ``aten::scaled_dot_product_attention`` an eager model calls, its math variant) use the
+  registry's SDPA formula (:data:`EXTRA_FORMULAS`): q @ k^T and attention @ v over the full s_q x s_k
+  square, causal or not, as ``flop_counter`` counts it;
+* a call of such an op counts its formula and nothing else, never also the ops its meta kernel decomposes into
+  (on the meta device the eager SDPA takes the math path: two ``bmm`` and the scale, mask and softmax around
+  them, which the formula does not count); a formula that refuses the recorded shapes leaves the FLOPs unknown;
 * other ops count by :mod:`.flop_rules` (one documented count per element), or 0 for data movement and
   views; an op with no rule leaves the call's FLOPs unknown, named in ``note``.
 
@@ -121,14 +126,29 @@ def _call_work(name: str, input_shapes: str) -> CallWork:
         overload, args, kwargs, read_bytes = _rebuild(name, dims, types, concrete, strides, dtype)
     except NotReplayable as exc:
         return CallWork(None, None, None, None, None, dtype, f"not replayable on the meta device: {exc}")
+    formula = _formulas().get(overload._overloadpacket)
     counter = _FlopCounter()
     try:
-        with counter:
+        if formula is not None:
+            # A call a FLOP formula covers counts the formula and nothing else: its meta kernel may take another
+            # path than the profiled device did (eager SDPA decomposes into the math path on meta: two bmm
+            # and the element-wise ops around them, which the formula does not count).
             result = overload(*args, **kwargs)
+        else:
+            with counter:
+                result = overload(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any failure of a meta kernel means: work unknown, said so
         return CallWork(None, None, None, None, None, dtype,
                         f"not replayable on the meta device: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     written = _written_bytes(overload, result, [*args, *kwargs.values()])
+    if formula is not None:
+        try:
+            flops = float(formula(*args, **kwargs, out_val=result))
+        except Exception as exc:  # noqa: BLE001 - a formula refusing the shapes (incompatible q/k/v): unknown
+            return CallWork(None, None, read_bytes, written, None, dtype,
+                            f"PyTorch's FLOP formula refused the recorded inputs: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200]}")
+        return CallWork(flops, flops, read_bytes, written, "pytorch_formula", dtype)
     if not written and not counter.total and not counter.unknown:
         read_bytes = 0.0  # it wrote nothing (a view, or contiguous() of a contiguous tensor): nothing moved
     flops = None if counter.unknown else counter.total
@@ -217,6 +237,8 @@ def _arguments(schema, dims, types, concrete, strides, call_dtype):
             st = st if isinstance(st, list) and len(st) == len(d) else [None] * len(d)
             value = [_meta(x, s, call_dtype) for x, s in zip(d, st)]
             read_bytes += sum(_distinct_elements(x, s) * v.element_size() for x, s, v in zip(d, st, value))
+        elif kind == "tensor" and not t and not c and d in ([], None):
+            value = None  # an undefined tensor (a dense flash attention backward's cum_seq_q): None, as PyTorch passes it
         else:
             if kind in ("tensor", "tensor_list"):
                 raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded {t or 'None'}")
@@ -306,15 +328,27 @@ def _written_bytes(overload, result, inputs: list) -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def _counter_class():
+def _formulas() -> dict:
+    """Op packet -> FLOP formula: ``torch.utils.flop_counter``'s registry and :data:`EXTRA_FORMULAS` (those of
+    this torch build; an op it lacks is left out)."""
     torch = _torch()
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
     registry = dict(flop_registry)
     for packet_name, formula in EXTRA_FORMULAS.items():
         ns, _, op = packet_name.partition("::")
-        registry[getattr(getattr(torch.ops, ns), op)] = formula()
+        packet = getattr(getattr(torch.ops, ns), op, None)
+        if packet is not None:
+            registry[packet] = formula()
+    return registry
+
+
+@functools.lru_cache(maxsize=1)
+def _counter_class():
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    registry = _formulas()
 
     class FlopCounter(TorchDispatchMode):
         """Counts FLOPs of every ATen op dispatched on meta tensors (see the module docstring)."""
@@ -361,8 +395,10 @@ def _shape(x):
     return tuple(getattr(x, "shape", x))
 
 
-#: Formulas the registry lacks, built from the registry's own: CPU flash attention has the same work as
-#: the CUDA flash attention PyTorch counts (q @ k^T and attention @ v).
+#: Formulas the registry lacks, built from the registry's own: CPU flash attention and the scaled-dot-product
+#: attention entry points (the composite ``aten::scaled_dot_product_attention`` an eager model calls, its math and
+#: backend-overridable variants) have the work PyTorch counts for its CUDA attention kernels: q @ k^T and
+#: attention @ v over the full s_q x s_k square, causal or not (``sdpa_flop_count``).
 def _sdpa_cpu():
     from torch.utils.flop_counter import sdpa_flop_count
 
@@ -384,4 +420,9 @@ def _sdpa_cpu_backward():
 EXTRA_FORMULAS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu,
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward,
+    "aten::scaled_dot_product_attention": _sdpa_cpu,
+    "aten::_scaled_dot_product_attention_math": _sdpa_cpu,
+    "aten::_scaled_dot_product_attention_math_for_mps": _sdpa_cpu,
+    "aten::_scaled_dot_product_fused_attention_overrideable": _sdpa_cpu,
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_cpu_backward,
 }
