@@ -139,7 +139,7 @@ def test_a_registry_op_counts_exactly_what_flop_counter_counts(name):
 @pytest.mark.parametrize("name", sorted(WITHOUT_META_KERNEL))
 def test_a_registry_op_without_a_meta_kernel_is_unknown_not_guessed(name):
     """Recorded as the profiler writes a conv2d-shaped call of it: no meta kernel, so no replay and no
-    count, said so (a guess from its decomposition is what item 3 forbids)."""
+    count, said so (never a guess from the ops it decomposes into)."""
     schema = getattr(aten, name.split("::")[1]).default._schema
     dims = [[2, 3, 9, 9], [4, 3, 3, 3]] + [[] for _ in schema.arguments[2:]]
     types = ["float", "float"] + ["" if "Tensor" in str(a.type) else "ScalarList" if "[]" in str(a.type)
