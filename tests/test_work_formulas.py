@@ -28,7 +28,7 @@ from operator_profiler.timeline.kineto import read_kineto
 from operator_profiler.work.op_calls import call_work
 
 aten = torch.ops.aten
-B, H, S, D = 2, 2, 16, 64  # the issue's attention call
+B, H, S, D = 2, 2, 16, 64  # the attention call that was over-counted (276,736 FLOPs)
 
 
 def _t(*shape, dtype=torch.float32, device="meta"):
@@ -161,7 +161,7 @@ def _sdpa_by_hand(b, h_q, s_q, s_k, d, d_v) -> int:
 
 @pytest.mark.parametrize("case", ["causal", "mask", "gqa", "cross"])
 def test_eager_sdpa_counts_the_attention_formula_and_not_its_math_path(case):
-    """The issue's call (causal, b=2, h=2, s=16, d=64) is 262,144 FLOPs: flop_counter counts the full square
+    """The over-counted call (causal, b=2, h=2, s=16, d=64) is 262,144 FLOPs: flop_counter counts the full square
     whether causal or not (docs/work.md). Recorded on CPU tensors as an eager model calls it; flop_counter's
     own count of the same call is taken on the meta device, where the composite takes the math path (its
     registry lacks CPU flash attention)."""
@@ -195,3 +195,108 @@ def test_the_math_and_cpu_attention_ops_count_the_attention_formula(name):
     work = call_work(name, _recorded_shapes(name, lambda: op(q, q, q, is_causal=True) if "math" in name
                                             else op(q, q, q, 0.0, True)))
     assert work.flops == work.flops_formula == 262_144
+
+
+# ------------------------------------------------------------------ compiled: the extern calls a graph makes
+
+COMPILED_MODELS = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    """Causal attention (b=2, h=2, s=16, d=64) after a projection: compiled, Inductor calls CPU flash
+    attention as a fallback kernel and the projection's GEMM as an extern kernel, both dispatcher ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        q = self.proj(x)
+        return F.scaled_dot_product_attention(q, x, x, is_causal=True)
+
+
+def attention():
+    torch.manual_seed(0)
+    return Attention().eval(), (torch.randn(2, 2, 16, 64),)
+'''
+
+
+def test_compiled_attention_and_gemm_count_the_registry_formulas(tmp_path):
+    """The compiled run through the workflow's own capture and stages: per iteration the attention call counts
+    262,144 FLOPs and the projection 2*m*n*k, the same formulas as the eager calls (only the ops PyTorch's
+    formulas count: the fused kernels add their per-element FLOPs apart, in ``flops`` not ``flops_formula``)."""
+    from conftest import importable_module, torch_flags_kept
+
+    from operator_profiler import stages
+    from operator_profiler.capture import jobs as capture
+
+    workload = {"kind": "custom", "factory": "formula_models:attention", "kwargs": {}, "compile": True}
+    iterations = 2
+    out = tmp_path / "run"
+    with importable_module(tmp_path, "formula_models", COMPILED_MODELS), torch_flags_kept():
+        capture.compile_artifacts(workload, {"seed": 0, "warmup": 1, "iterations": 1}, "cpu", out / "inductor")
+        capture.capture_timeline("a", workload, {"seed": 0, "warmup": 1, "iterations": iterations}, "cpu", "torch",
+                                 out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json",
+                                 out_shapes=out / "shapes.json.gz")
+    stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
+    stages.export_timeline(out / "trace.json.gz", out / "timeline")
+    attribution = stages.attribute_files(out / "timeline", None, out / "fusion_map.parquet",
+                                         out / "attribution.parquet")
+    work = stages.work_files(out / "timeline", out / "attribution.parquet", out / "work.parquet",
+                             fusion_map_path=out / "fusion_map.parquet", shapes_trace=out / "shapes.json.gz")
+    by_op = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+    formula = by_op[by_op["flops_formula"] > 0].groupby("operator")["flops_formula"].sum() / iterations
+    assert formula.to_dict() == {"aten::_scaled_dot_product_flash_attention_for_cpu": 262_144,
+                                 "aten::addmm": 2 * (2 * 2 * 16) * 64 * 64}, by_op.to_string()
+    assert by_op["flops"].notna().all(), by_op.loc[by_op["flops"].isna(), "work_note"].unique()
+
+
+# ------------------------------------------------------------------ compiled: registry ops inside generated kernels
+
+#: A post-grad FX graph as Inductor's debug directory writes it (``fx_graph_transformed.py``: one node per line,
+#: ``name: "<dtype>[<sizes>]" = torch.ops.<ns>.<op>.<overload>(args);  <dels>``, higher-order ops as
+#: ``torch.ops.higher_order.<op>(...)`` without an annotation when they return a tuple; docs/formats.md
+#: #inductor-directory-layout). Written here from that description: a GEMM template with a bias and a ReLU
+#: epilogue (max-autotune), flex attention, a user Triton kernel, and a GEMM whose node two kernels list.
+FX_GRAPH = '''
+class <lambda>(torch.nn.Module):
+    def forward(self, arg0_1: "f32[48, 64]", arg1_1: "f32[48]", arg2_1: "f32[32, 64]", arg3_1: "bf16[2, 4, 128, 64]", arg4_1: "f32[8, 8]"):
+        # File: model.py:9 in forward, code: return torch.relu(self.lin(x))
+        permute: "f32[64, 48]" = torch.ops.aten.permute.default(arg0_1, [1, 0]);  arg0_1 = None
+        addmm: "f32[32, 48]" = torch.ops.aten.addmm.default(arg1_1, arg2_1, permute);  arg1_1 = arg2_1 = permute = None
+        relu: "f32[32, 48]" = torch.ops.aten.relu.default(addmm);  addmm = None
+        sdpa_score0 = self.sdpa_score0
+        sdpa_mask0 = self.sdpa_mask0
+        flex_attention = torch.ops.higher_order.flex_attention(arg3_1, arg3_1, arg3_1, sdpa_score0, (1, 1, None, None, None, None, None, None, None, None, None, None, None, None, 1073741824, 1073741824, sdpa_mask0), 0.125, {'BACKEND': 'AUTO', 'PRESCALE_QK': False}, (), ());  sdpa_score0 = sdpa_mask0 = None
+        getitem: "bf16[2, 4, 128, 64]" = flex_attention[0];  flex_attention = None
+        triton_kernel_wrapper_functional_proxy = torch.ops.higher_order.triton_kernel_wrapper_functional(kernel_idx = 0, constant_args_idx = 0, grid = [(1, 1, 1)], tma_descriptor_metadata = {}, kwargs = {'x': arg4_1}, tensors_to_clone = ['x']);  arg4_1 = None
+        mm: "f32[32, 48]" = torch.ops.aten.mm.default(relu, relu_t);  relu_t = None
+        return (relu, getitem)
+'''
+
+
+def test_a_fused_kernel_counts_the_registry_formula_of_a_node_it_alone_lists(tmp_path):
+    from operator_profiler.work.fused_kernels import _fx_nodes, _node_flops
+
+    (tmp_path / "fx_graph_transformed.py").write_text(FX_GRAPH)
+    nodes, placeholders = _fx_nodes(tmp_path)
+    listing = {"permute": 1, "addmm": 1, "relu": 1, "flex_attention": 1, "getitem": 1,
+               "triton_kernel_wrapper_functional_proxy": 1, "mm": 2}
+    m, n, k = 32, 48, 64
+    gemm = _node_flops({"post_grad_nodes": ["permute", "addmm", "relu"]}, nodes, placeholders, listing)
+    with FlopCounterMode(display=False) as counter:
+        aten.addmm.default(_t(n), _t(m, k), _t(k, n))
+    assert gemm == (2 * m * n * k + m * n, "float32", None, 2 * m * n * k)
+    assert counter.get_total_flops() == 2 * m * n * k
+    flex = _node_flops({"post_grad_nodes": ["flex_attention", "getitem"]}, nodes, placeholders, listing)
+    attention = _sdpa_by_hand(2, 4, 128, 128, 64, 64)  # the full square: flex attention's block mask is not read
+    assert flex == (attention, "bfloat16", None, attention)
+    # a node two kernels list (a layout copy and the template): neither gets it, and it is said so
+    shared = _node_flops({"post_grad_nodes": ["mm"]}, nodes, placeholders, listing)
+    assert shared[0] is None and "node mm is listed by 2 generated kernels" in shared[2]
+    # a higher-order op without a formula (a user Triton kernel) was dropped silently before: now unknown
+    user = _node_flops({"post_grad_nodes": ["triton_kernel_wrapper_functional_proxy"]}, nodes, placeholders, listing)
+    assert user[0] is None and "no FLOP rule for higher_order::triton_kernel_wrapper_functional" in user[2]
