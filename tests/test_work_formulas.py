@@ -300,3 +300,52 @@ def test_a_fused_kernel_counts_the_registry_formula_of_a_node_it_alone_lists(tmp
     # a higher-order op without a formula (a user Triton kernel) was dropped silently before: now unknown
     user = _node_flops({"post_grad_nodes": ["triton_kernel_wrapper_functional_proxy"]}, nodes, placeholders, listing)
     assert user[0] is None and "no FLOP rule for higher_order::triton_kernel_wrapper_functional" in user[2]
+
+
+#: Template kernels as output_code.py defines and calls them (docs/formats.md#inductor-output-code; written here
+#: from a torch 2.13 max-autotune compile): a C++ GEMM template names its operands X, W and Y, a Triton template
+#: arg_A and arg_B; before, only in_ptr/out_ptr parameters were counted and X, W, Y silently moved nothing.
+TEMPLATE_CODE = """
+cpp_fused_addmm_relu_0 = async_compile.cpp_pybinding(['const float*', 'const float*', 'const float*', 'float*'], r'''
+#include <torch/csrc/inductor/cpp_prefix.h>
+inline void kernel_micro_gemm_kernel(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C)
+{
+}
+extern "C"
+void kernel(const float* X, const float* W, const float* in_ptr2, float* Y)
+{
+}
+''')
+
+triton_tem_fused_addmm_1 = async_compile.triton('triton_tem_fused_addmm_1', '''
+@triton_heuristics.template(
+    triton_meta={'signature': {'in_ptr0': '*fp32', 'arg_A': '*fp32', 'arg_B': '*fp32', 'out_ptr0': '*fp32', 'ks0': 'i32'}},
+)
+@triton.jit
+def triton_tem_fused_addmm_1(in_ptr0, arg_A, arg_B, out_ptr0, ks0):
+    pass
+''')
+
+triton_tem_fused_odd_2 = async_compile.triton('triton_tem_fused_odd_2', '''
+@triton.jit
+def triton_tem_fused_odd_2(weights, out_ptr0):
+    pass
+''', triton_meta={'signature': {'weights': '*fp32', 'out_ptr0': '*fp32'}})
+"""
+
+
+def test_template_kernels_count_the_bytes_of_their_own_operands():
+    from operator_profiler.work.fused_kernels import _argument_bytes, _kernel_params
+
+    params = _kernel_params(TEMPLATE_CODE)
+    m, n, k = 32, 48, 64
+    buffers = {"x": ((m, k), "float32"), "w": ((k, n), "float32"), "bias": ((n,), "float32"),
+               "buf0": ((m, n), "float32")}
+    expected = (4 * (m * k + k * n + n), 4 * m * n, None)
+    assert _argument_bytes("cpp_fused_addmm_relu_0(x, w, bias, buf0)", "cpp_fused_addmm_relu_0",
+                           params["cpp_fused_addmm_relu_0"], buffers) == expected
+    assert _argument_bytes("triton_tem_fused_addmm_1.run(bias, x, w, buf0, 32, stream=stream0)",
+                           "triton_tem_fused_addmm_1", params["triton_tem_fused_addmm_1"], buffers) == expected
+    odd = _argument_bytes("triton_tem_fused_odd_2.run(w, buf0)", "triton_tem_fused_odd_2",
+                          params["triton_tem_fused_odd_2"], buffers)
+    assert odd[:2] == (None, None) and "pointer parameter weights is not known" in odd[2]

@@ -88,7 +88,7 @@ def fused_kernel_work(graph_dir: Path, fusion_map: pd.DataFrame) -> pd.DataFrame
         flops, dtype, note, formula_flops = _node_flops(row, nodes, placeholders, listing)
         read, written, byte_note = _argument_bytes(line, kernel, params.get(kernel), buffers)
         if dtype is None:  # a kernel that only moves data: the dtype of what it moves
-            dtype = next((d for _, d in params.get(kernel) or [] if d and d.startswith(("float", "bfloat"))), None)
+            dtype = next((d for _, d, _ in params.get(kernel) or [] if d and d.startswith(("float", "bfloat"))), None)
         rows.append({"graph": graph_dir.name, "call_index": call_index, "flops": flops,
                      "flops_formula": None if flops is None else formula_flops, "bytes_read": read,
                      "bytes_written": written, "flops_rule": None if flops is None else "fused_nodes",
@@ -167,9 +167,13 @@ _TRITON_TYPES = {"*fp32": "float32", "*fp64": "float64", "*bf16": "bfloat16", "*
 _TRITON_META_RE = re.compile(r"triton_meta=\{'signature':\s*(\{[^}]*\})")
 
 
-def _kernel_params(text: str) -> dict[str, list[tuple[str, str | None]]]:
-    """Kernel name -> its parameters as (name, element dtype of a pointer parameter or None), from its source:
-    the C++ signature's pointer types, or Triton's ``triton_meta['signature']`` (keyed by position or name)."""
+def _kernel_params(text: str) -> dict[str, list[tuple[str, str | None, str | None]]]:
+    """Kernel name -> its parameters as (name, element dtype of a pointer parameter or None, role), from its
+    source: the C++ signature's pointer types, or Triton's ``triton_meta['signature']`` (keyed by position or
+    name). ``role``: ``scalar`` for a parameter that is no pointer; for a pointer ``read``, ``written`` or
+    ``both`` (``in_ptr``, ``out_ptr``, ``in_out_ptr``; a template's own parameters: a C++ GEMM template's
+    ``const float* X`` is read and its ``float* Y`` written, a Triton template's ``arg_A`` read), or None when
+    its name does not say."""
     starts = list(inductor._KERNEL_DEF_RE.finditer(text))
     out = {}
     for i, m in enumerate(starts):
@@ -184,7 +188,9 @@ def _kernel_params(text: str) -> dict[str, list[tuple[str, str | None]]]:
                 if not words:
                     continue
                 ctype = [w for w in words[:-1] if w not in ("const", "*", "__restrict__")]
-                params.append((words[-1], _C_TYPES.get(ctype[-1]) if ctype and "*" in words else None))
+                pointer = "*" in words
+                role = _role(words[-1], ("read" if "const" in words else "written") if pointer else "scalar")
+                params.append((words[-1], _C_TYPES.get(ctype[-1]) if ctype and pointer else None, role))
             out[m.group(1)] = params
         elif m.group(2) == "triton":
             sig = _TRITON_SIGNATURE_RE.search(seg)
@@ -196,11 +202,25 @@ def _kernel_params(text: str) -> dict[str, list[tuple[str, str | None]]]:
                 types = ast.literal_eval(meta.group(1)) if meta else {}
             except (ValueError, SyntaxError):
                 types = {}
-            out[m.group(1)] = [(n, _TRITON_TYPES.get(types.get(n, types.get(j)))) for j, n in enumerate(names)]
+            params = []
+            for j, n in enumerate(names):
+                ttype = types.get(n, types.get(j))
+                pointer = isinstance(ttype, str) and ttype.startswith("*")
+                params.append((n, _TRITON_TYPES.get(ttype),
+                               _role(n, ("read" if n.startswith("arg_") else None) if pointer else "scalar")))
+            out[m.group(1)] = params
     return out
 
 
-def _argument_bytes(line: str, kernel: str, params: list[tuple[str, str | None]] | None,
+def _role(name: str, otherwise: str | None) -> str | None:
+    """A parameter's role by Inductor's naming (``in_ptr0`` read, ``out_ptr0`` written, ``in_out_ptr0`` both),
+    else ``otherwise``."""
+    if _PTR_RE.fullmatch(name):
+        return "both" if name.startswith("in_out_ptr") else "read" if name.startswith("in_ptr") else "written"
+    return otherwise
+
+
+def _argument_bytes(line: str, kernel: str, params: list[tuple[str, str | None, str | None]] | None,
                     buffers) -> tuple[float | None, float | None, str | None]:
     if params is None:
         return None, None, f"no signature found for {kernel}"
@@ -209,20 +229,19 @@ def _argument_bytes(line: str, kernel: str, params: list[tuple[str, str | None]]
     except SyntaxError:
         return None, None, f"call of {kernel} not parsable"
     read = written = 0.0
-    for (name, elem_dtype), arg in zip(params, call.args):
-        if not _PTR_RE.fullmatch(name):
+    for (name, elem_dtype, role), arg in zip(params, call.args):
+        if role == "scalar":
             continue
+        if role is None:  # a pointer its name does not describe: never skipped as if it moved nothing
+            return None, None, f"whether {kernel} reads or writes its pointer parameter {name} is not known"
         resolved = _resolve(arg, buffers)
         dtype = elem_dtype or (resolved[1] if resolved else None)
         if resolved is None or dtype not in _ITEMSIZE:
             return None, None, f"size or dtype of {ast.unparse(arg)} (argument {name} of {kernel}) not found"
         size = math.prod(resolved[0]) * _ITEMSIZE[dtype]
-        if name.startswith("in_out_ptr"):
+        if role in ("read", "both"):
             read += size
-            written += size
-        elif name.startswith("in_ptr"):
-            read += size
-        else:
+        if role in ("written", "both"):
             written += size
     return read, written, None
 
