@@ -2,7 +2,12 @@
 
 The call is re-run on PyTorch's ``meta`` device (shapes and dtypes only, no data, no arithmetic) with the
 inputs torch.profiler's ``record_shapes`` wrote ("Input Dims", "Input type", "Concrete Inputs", "Input
-Strides", in schema order), under a dispatch mode that counts the FLOPs of every ATen op the call dispatches:
+Strides", in schema order) and, where the capture's shapes iterations added them (``input_shapes``' 5th element,
+:data:`RECORDED_INPUTS_KEY`, :mod:`operator_profiler.capture.op_inputs`), the execution trace's record of what
+record_shapes leaves out: string arguments (``aten::einsum``'s equation) and each tensor of a list with its
+shape, strides and dtype (``aten::cat``, ``aten::stack``, ``aten::index``'s optional indices). Without that record
+such a call cannot be re-run, and its work is unknown (``note`` names the argument). The replay runs under a
+dispatch mode that counts the FLOPs of every ATen op the call dispatches:
 
 * an op in ``torch.utils.flop_counter``'s registry (mm, addmm, bmm, baddbmm, convolution and its backward,
   scaled-dot-product attention and its backward ...) counts what PyTorch's own formula says
