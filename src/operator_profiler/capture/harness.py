@@ -21,7 +21,7 @@ import torch
 from ..errors import DeviceUnavailable, from_user_exception
 from ..naming import (ITERATION_PREFIX, LAYER_PREFIX, MEASURED_RANGE, MODEL_RANGE, NVTX_DOMAIN, SHAPES_CHECK_SUFFIX,
                       SHAPES_ITERATION)
-from . import fx_module_paths, training, workloads
+from . import fx_module_paths, op_inputs, training, workloads
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
 
@@ -537,9 +537,12 @@ def run_capture(
             torch.profiler session with ``record_shapes=True`` (CPU activity only, in iteration ranges
             ``opprof.iteration:shapes`` and ``opprof.iteration:shapes.check``), written here (gzipped): every op's input shapes for the work per operator,
             which recording them inside the measured window would slow (about 1-2 µs per op call,
-            benchmarks/bench_record_shapes.py). ``run.json`` ``shapes`` says where they were recorded.
-        window_shapes: record shapes inside the measured window itself (the Kineto run beside an nsys timeline,
-            whose times are not the measured ones).
+            benchmarks/bench_record_shapes.py). The same session runs PyTorch's execution trace, whose record
+            of the arguments record_shapes leaves out (strings, tensor lists) is added to their op events
+            (:mod:`.op_inputs`). ``run.json`` ``shapes`` says where they were recorded, ``shapes_inputs`` what the
+            execution trace added (``calls``, ``annotated``) or why it could not (``recorded`` false, ``reason``).
+        window_shapes: record shapes (and the execution trace's inputs) inside the measured window itself (the
+            Kineto run beside an nsys timeline, whose times are not the measured ones).
 
     Returns:
         The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
@@ -659,6 +662,7 @@ def run_capture(
                 run_step(f"measured iteration {i}")
 
     measured_kernels: int | None = None
+    window_inputs = shapes_inputs = None
     kernels_source: str | None = None
     measured_range: dict | None = None
     t0 = time.perf_counter()
@@ -666,17 +670,24 @@ def run_capture(
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities, record_shapes=window_shapes) as prof:
-            measured_iterations()
         assert trace_path is not None
-        kernel_records = _export_gzipped_trace(prof, trace_path)
+        # where shapes are recorded, so are the arguments record_shapes leaves out (strings, tensor lists:
+        # op_inputs); in the measured window only where it records shapes anyway (the Kineto run beside nsys)
+        with (op_inputs.execution_trace(Path(trace_path)) if window_shapes
+              else contextlib.nullcontext(None)) as window_inputs:
+            with profile(activities=activities, record_shapes=window_shapes,
+                         execution_trace_observer=window_inputs.observer if window_inputs else None) as prof:
+                measured_iterations()
+        kernel_records = _export_gzipped_trace(prof, trace_path, window_inputs)
         if shapes_path is not None:
-            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as shapes_prof:
-                # twice: shapes that differ between the two show a model whose shapes change between iterations
-                for suffix in ("", SHAPES_CHECK_SUFFIX):
-                    with emitter.range(f"{ITERATION_PREFIX}{SHAPES_ITERATION}{suffix}"):
-                        run_step("shapes iteration")
-            _export_gzipped_trace(shapes_prof, Path(shapes_path))
+            with op_inputs.execution_trace(Path(shapes_path)) as shapes_inputs:
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                             execution_trace_observer=shapes_inputs.observer) as shapes_prof:
+                    # twice: shapes that differ between the two show a model whose shapes change between iterations
+                    for suffix in ("", SHAPES_CHECK_SUFFIX):
+                        with emitter.range(f"{ITERATION_PREFIX}{SHAPES_ITERATION}{suffix}"):
+                            run_step("shapes iteration")
+            _export_gzipped_trace(shapes_prof, Path(shapes_path), shapes_inputs)
         if device == "cuda":
             measured_kernels, kernels_source = kernel_records, "torch.profiler kernel records (cat kernel)"
     elif profiler == "cuda_profiler_api":
@@ -726,6 +737,7 @@ def run_capture(
         "shapes": ("measured window" if window_shapes else
                    f"one iteration after the measured window ({Path(shapes_path).name})" if shapes_path is not None
                    and profiler == "torch" else None),
+        "shapes_inputs": (window_inputs or shapes_inputs).summary if (window_inputs or shapes_inputs) else None,
         **(record or {}),
     }
     run_path.parent.mkdir(parents=True, exist_ok=True)
@@ -795,8 +807,10 @@ def measured_range_record() -> dict:
             "ncu_include": include}
 
 
-def _export_gzipped_trace(prof, trace_path: Path) -> int:
-    """Write the gzipped Chrome trace; return its number of kernel records (``"cat": "kernel"``)."""
+def _export_gzipped_trace(prof, trace_path: Path, inputs: "op_inputs.Recording | None" = None) -> int:
+    """Write the gzipped Chrome trace; return its number of kernel records (``"cat": "kernel"``). ``inputs``:
+    the session's execution trace, whose recorded inputs are added to their op events (:func:`op_inputs.annotate`;
+    ``inputs.summary["annotated"]`` counts them)."""
     import gzip
 
     trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -804,8 +818,13 @@ def _export_gzipped_trace(prof, trace_path: Path) -> int:
     prof.export_chrome_trace(str(raw))
     kernels = 0
     with open(raw, "rb") as src, gzip.open(trace_path, "wb", compresslevel=6) as dst:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            dst.write(chunk)
+        if inputs is not None and inputs.inputs:
+            counts: dict = {}
+            dst.writelines(op_inputs.annotate(iter(src), inputs.inputs, counts))
+            inputs.summary["annotated"] = counts.get("annotated", 0)
+        else:
+            for chunk in iter(lambda: src.read(1 << 20), b""):
+                dst.write(chunk)
     with open(raw, "rb") as src:
         kernels = sum(1 for e in json.load(src).get("traceEvents", []) if e.get("cat") == "kernel" and e.get("ph") == "X")
     raw.unlink()

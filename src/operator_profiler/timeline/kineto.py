@@ -355,6 +355,8 @@ class _Args(msgspec.Struct, gc=False):
     types: _RawField = msgspec.field(default=_UNSET, name="Input type")
     concrete: _RawField = msgspec.field(default=_UNSET, name="Concrete Inputs")
     strides: _RawField = msgspec.field(default=_UNSET, name="Input Strides")
+    # what record_shapes leaves out (strings, tensor lists), added by this workflow's capture (capture/op_inputs.py)
+    inputs: _RawField = msgspec.field(default=_UNSET, name="opprof inputs")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -467,18 +469,30 @@ def _int_column(values: list) -> np.ndarray:
 
 def _shapes_text(args: _Args, cache: dict) -> str | None:
     """record_shapes args -> the compact JSON ``[dims, types, concrete inputs, strides]`` (None without dims),
-    from their raw text; equal raw texts share one string."""
+    from their raw text, with a 5th element where the event has this workflow's ``opprof inputs`` (see
+    :func:`_shapes_json`); equal raw texts share one string."""
     key = (bytes(args.dims), None if args.types is _UNSET else bytes(args.types),
            None if args.concrete is _UNSET else bytes(args.concrete),
-           None if args.strides is _UNSET else bytes(args.strides))
+           None if args.strides is _UNSET else bytes(args.strides),
+           None if args.inputs is _UNSET else bytes(args.inputs))
     text = cache.get(key, _UNSET)
     if text is _UNSET:
         if key[0] == b"null":
             text = None
         else:
-            text = _COMPACT_JSON([None if part is None else json.loads(part) for part in key])
+            parts = [None if part is None else json.loads(part) for part in key]
+            text = _COMPACT_JSON(parts if parts[4] is not None else parts[:4])
         cache[key] = text
     return text
+
+
+def _shapes_json(args: dict, dims) -> str:
+    """The dict loop's ``input_shapes`` text: ``[dims, types, concrete inputs, strides]``, and as a 5th element
+    the ``opprof inputs`` the capture's shapes iterations add (capture/op_inputs.py: the strings and tensor
+    lists record_shapes leaves out) where the event has them."""
+    parts = [dims, args.get("Input type"), args.get("Concrete Inputs"), args.get("Input Strides")]
+    extra = args.get("opprof inputs")
+    return _COMPACT_JSON(parts if extra is None else [*parts, extra])
 
 
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode
@@ -760,7 +774,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     if dims is None:
                         r_shapes.pending.append(None)
                     else:
-                        shapes = dumps([dims, args.get("Input type"), args.get("Concrete Inputs"), args.get("Input Strides")])
+                        shapes = _shapes_json(args, dims)
                         r_shapes.pending.append(shared.setdefault(shapes, shapes))
                 else:
                     r_seq.append(null)

@@ -2,12 +2,22 @@
 
 The call is re-run on PyTorch's ``meta`` device (shapes and dtypes only, no data, no arithmetic) with the
 inputs torch.profiler's ``record_shapes`` wrote ("Input Dims", "Input type", "Concrete Inputs", "Input
-Strides", in schema order), under a dispatch mode that counts the FLOPs of every ATen op the call dispatches:
+Strides", in schema order) and, where the capture's shapes iterations added them (``input_shapes``' 5th element,
+:data:`RECORDED_INPUTS_KEY`, :mod:`operator_profiler.capture.op_inputs`), the execution trace's record of what
+record_shapes leaves out: string arguments (``aten::einsum``'s equation) and each tensor of a list with its
+shape, strides and dtype (``aten::cat``, ``aten::stack``, ``aten::index``'s optional indices). Without that record
+such a call cannot be re-run, and its work is unknown (``note`` names the argument). The replay runs under a
+dispatch mode that counts the FLOPs of every ATen op the call dispatches:
 
 * an op in ``torch.utils.flop_counter``'s registry (mm, addmm, bmm, baddbmm, convolution and its backward,
   scaled-dot-product attention and its backward ...) counts what PyTorch's own formula says
-  (``flops_rule`` ``pytorch_formula``); CPU flash attention, which the registry lacks, uses the registry's
-  SDPA formula (:data:`EXTRA_FORMULAS`);
+  (``flops_rule`` ``pytorch_formula``); CPU flash attention and the attention entry points the registry lacks
+  (the composite ``aten::scaled_dot_product_attention`` an eager model calls, its math variant) use the
+  registry's SDPA formula (:data:`EXTRA_FORMULAS`): q @ k^T and attention @ v over the full s_q x s_k
+  square, causal or not, as ``flop_counter`` counts it;
+* a call of such an op counts its formula and nothing else, never also the ops its meta kernel decomposes into
+  (on the meta device the eager SDPA takes the math path: two ``bmm`` and the scale, mask and softmax around
+  them, which the formula does not count); a formula that refuses the recorded shapes leaves the FLOPs unknown;
 * other ops count by :mod:`.flop_rules` (one documented count per element), or 0 for data movement and
   views; an op with no rule leaves the call's FLOPs unknown, named in ``note``.
 
@@ -105,7 +115,8 @@ def call_work(name: str, input_shapes: str | None, missing: str | None = None) -
 @functools.lru_cache(maxsize=65536)
 def _call_work(name: str, input_shapes: str) -> CallWork:
     try:
-        dims, types, concrete, strides = json.loads(input_shapes)
+        parts = json.loads(input_shapes)
+        dims, types, concrete, strides = parts[:4]
     except (ValueError, TypeError):
         return CallWork(None, None, None, None, None, None, "input shapes are not [dims, types, concrete, strides]")
     n = len(dims)
@@ -114,21 +125,42 @@ def _call_work(name: str, input_shapes: str) -> CallWork:
     strides = list(strides or [None] * n)
     if not (len(types) == len(concrete) == len(strides) == n):
         return CallWork(None, None, None, None, None, None, "input shapes lists differ in length")
-    dtype = _call_dtype(types)
+    recorded = _recorded_inputs(parts[4] if len(parts) > 4 else None, n)
+    dtype = _call_dtype(types, recorded)
     if name in flop_rules.NO_WORK_OPS:
         return CallWork(0.0, 0.0, 0.0, 0.0, "movement", dtype)
     try:
-        overload, args, kwargs, read_bytes = _rebuild(name, dims, types, concrete, strides, dtype)
+        overload, args, kwargs, read_bytes = _rebuild(name, dims, types, concrete, strides, dtype, recorded)
     except NotReplayable as exc:
         return CallWork(None, None, None, None, None, dtype, f"not replayable on the meta device: {exc}")
+    formula = _formulas().get(overload._overloadpacket)
     counter = _FlopCounter()
     try:
-        with counter:
+        if formula is not None:
+            # A call a FLOP formula covers counts the formula and nothing else: its meta kernel may take another
+            # path than the profiled device did (eager SDPA decomposes into the math path on meta: two bmm
+            # and the element-wise ops around them, which the formula does not count).
             result = overload(*args, **kwargs)
+        else:
+            with counter:
+                result = overload(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any failure of a meta kernel means: work unknown, said so
+        written = _recorded_output_bytes(recorded)
+        if written is not None and flop_rules.is_data_only(name):
+            # a gather whose output size depends on the data (a boolean-mask aten::index): the meta device
+            # cannot size it, the recorded output can; no arithmetic either way
+            return CallWork(0.0, 0.0, read_bytes, written, "movement", dtype)
         return CallWork(None, None, None, None, None, dtype,
                         f"not replayable on the meta device: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     written = _written_bytes(overload, result, [*args, *kwargs.values()])
+    if formula is not None:
+        try:
+            flops = float(formula(*args, **kwargs, out_val=result))
+        except Exception as exc:  # noqa: BLE001 - a formula refusing the shapes (incompatible q/k/v): unknown
+            return CallWork(None, None, read_bytes, written, None, dtype,
+                            f"PyTorch's FLOP formula refused the recorded inputs: {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200]}")
+        return CallWork(flops, flops, read_bytes, written, "pytorch_formula", dtype)
     if not written and not counter.total and not counter.unknown:
         read_bytes = 0.0  # it wrote nothing (a view, or contiguous() of a contiguous tensor): nothing moved
     flops = None if counter.unknown else counter.total
@@ -138,10 +170,77 @@ def _call_work(name: str, input_shapes: str) -> CallWork:
     return CallWork(flops, float(counter.formula), read_bytes, written, rule, dtype, note)
 
 
-def _call_dtype(types: list) -> str | None:
-    tensor = [KINETO_DTYPES[t] for t in types if isinstance(t, str) and t in KINETO_DTYPES]
+def _call_dtype(types: list, recorded: dict | None = None) -> str | None:
+    """The dtype of the call's first floating-point tensor input, else of its first tensor input; tensor-list
+    elements count where their dtypes were recorded (``recorded``, see :func:`_recorded_inputs`)."""
+    tensor = []
+    for i, t in enumerate(types):
+        if isinstance(t, str) and t in KINETO_DTYPES:
+            tensor.append(KINETO_DTYPES[t])
+        elif recorded is not None:
+            tensor.extend(d for d in _list_dtypes(recorded["types"][i]) or [] if d is not None)
     floating = [t for t in tensor if t.startswith(("float", "bfloat", "complex"))]
     return (floating or tensor or [None])[0]
+
+
+#: The key of a Kineto op event's args holding what record_shapes leaves out: strings, the dtypes and shapes of
+#: tensor-list elements (written by the capture's shapes iterations, :mod:`operator_profiler.capture.op_inputs`).
+RECORDED_INPUTS_KEY = "opprof inputs"
+
+
+def _recorded_inputs(value, n: int) -> dict | None:
+    """The 5th element of ``input_shapes``: ``{"types", "values", "shapes", "strides"}`` (one entry per argument,
+    as PyTorch's execution trace writes them; ``outputs``: its outputs' ``shapes``/``types``/``strides``), or
+    None when absent or not of that form (then only the Kineto fields are used)."""
+    if not isinstance(value, dict):
+        return None
+    lists = [value.get(k) for k in ("types", "values", "shapes", "strides")]
+    if not all(isinstance(x, list) and len(x) == n for x in lists):
+        return None
+    return value
+
+
+def _list_dtypes(et_type) -> list | None:
+    """``GenericList[Tensor(float),Tensor(nullptr (uninitialized))]`` -> ``["float32", None]``; None when the
+    execution-trace type is not a list of tensors (or names a dtype this module does not know: never a guess)."""
+    if not isinstance(et_type, str) or not et_type.startswith("GenericList[") or not et_type.endswith("]"):
+        return None
+    inner = et_type[len("GenericList["):-1]
+    if not inner:
+        return []
+    out = []
+    for element in inner.split(","):
+        if not (element.startswith("Tensor(") and element.endswith(")")):
+            return None
+        name = element[len("Tensor("):-1]
+        if name.startswith("nullptr"):
+            out.append(None)  # an undefined tensor: None of a Tensor?[] (aten::index)
+        elif name in KINETO_DTYPES:
+            out.append(KINETO_DTYPES[name])
+        else:
+            return None
+    return out
+
+
+def _recorded_output_bytes(recorded: dict | None) -> float | None:
+    """Bytes of the outputs the execution trace recorded (shapes and dtypes), or None when it recorded none."""
+    outputs = (recorded or {}).get("outputs")
+    if not isinstance(outputs, dict):
+        return None
+    shapes, types, strides = (outputs.get(k) for k in ("shapes", "types", "strides"))
+    if not (isinstance(shapes, list) and isinstance(types, list) and len(shapes) == len(types)):
+        return None
+    strides = strides if isinstance(strides, list) and len(strides) == len(shapes) else [None] * len(shapes)
+    torch = _torch()
+    total = 0.0
+    for shape, t, st in zip(shapes, types, strides):
+        if not (isinstance(t, str) and t.startswith("Tensor(") and t[7:-1] in KINETO_DTYPES):
+            return None
+        if not (isinstance(shape, list) and all(isinstance(x, int) for x in shape)):
+            return None
+        itemsize = torch.empty((), dtype=getattr(torch, KINETO_DTYPES[t[7:-1]])).element_size()
+        total += _distinct_elements(shape, st if isinstance(st, list) else None) * itemsize
+    return total
 
 
 def _distinct_elements(size: list, stride: list | None) -> int:
@@ -170,9 +269,10 @@ def _parse_scalar(text: str):
         return text
 
 
-def _rebuild(name: str, dims, types, concrete, strides, call_dtype):
+def _rebuild(name: str, dims, types, concrete, strides, call_dtype, recorded: dict | None = None):
     """The overload of ``name`` whose schema the recorded inputs fit, its meta arguments and the bytes the
-    call reads."""
+    call reads. ``recorded``: what the execution trace added (:func:`_recorded_inputs`), whose ``overload``
+    (the schema the call ran) is tried first."""
     torch = _torch()
     ns, _, op = name.partition("::")
     try:
@@ -180,27 +280,53 @@ def _rebuild(name: str, dims, types, concrete, strides, call_dtype):
     except (AttributeError, RuntimeError):
         raise NotReplayable(f"{name} is not a registered operator here") from None
     tried = []
-    for overload_name in packet.overloads():
+    overloads = packet.overloads()
+    ran = (recorded or {}).get("overload")
+    if ran in overloads:
+        overloads = [ran, *(o for o in overloads if o != ran)]
+    for overload_name in overloads:
         overload = getattr(packet, overload_name)
         schema = overload._schema
         if len(schema.arguments) != len(dims):
             continue
         try:
-            return (overload, *_arguments(schema, dims, types, concrete, strides, call_dtype))
+            return (overload, *_arguments(schema, dims, types, concrete, strides, call_dtype, recorded))
         except NotReplayable as exc:
             tried.append(f"{overload_name}: {exc}")
     raise NotReplayable(f"no overload of {name} takes {len(dims)} arguments of types {types}"
                         + (f" ({'; '.join(tried[:3])})" if tried else ""))
 
 
-def _arguments(schema, dims, types, concrete, strides, call_dtype):
+def _arguments(schema, dims, types, concrete, strides, call_dtype, recorded=None):
     torch = _torch()
     overwrites = schema.name in flop_rules.OVERWRITING_OPS
     args, kwargs, read_bytes = [], {}, 0.0
     for index, (arg, d, t, c, st) in enumerate(zip(schema.arguments, dims, types, concrete, strides)):
         kind = _kind(arg.type)
         written = arg.alias_info is not None and arg.alias_info.is_write
-        if t in KINETO_DTYPES:
+        et_type = recorded["types"][index] if recorded is not None else None
+        list_dtypes = _list_dtypes(et_type) if kind == "tensor_list" else None
+        if list_dtypes is not None:
+            # the execution trace's record of a tensor list: each element's shape, strides and dtype (None: an
+            # undefined element of a Tensor?[], such as aten::index's unindexed dimensions)
+            shapes, list_strides = recorded["shapes"][index], recorded["strides"][index]
+            if not (isinstance(shapes, list) and len(shapes) == len(list_dtypes)):
+                raise NotReplayable(f"argument {arg.name}: the recorded tensor list has no shape per element")
+            list_strides = (list_strides if isinstance(list_strides, list) and len(list_strides) == len(shapes)
+                            else [None] * len(shapes))
+            value = []
+            for x, s, element_dtype in zip(shapes, list_strides, list_dtypes):
+                if element_dtype is None:
+                    value.append(None)
+                    continue
+                element = _meta(x, s, element_dtype)
+                value.append(element)
+                read_bytes += _distinct_elements(x, s) * element.element_size()
+        elif et_type == "String" and isinstance(recorded["values"][index], str):
+            if str(arg.type) not in ("str", "Optional[str]"):
+                raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded a string")
+            value = recorded["values"][index]  # einsum's equation, gelu's approximate, pad's mode ...
+        elif t in KINETO_DTYPES:
             if kind not in ("tensor", "optional_tensor"):
                 raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded a tensor")
             value = _meta(d, st, KINETO_DTYPES[t])
@@ -217,6 +343,8 @@ def _arguments(schema, dims, types, concrete, strides, call_dtype):
             st = st if isinstance(st, list) and len(st) == len(d) else [None] * len(d)
             value = [_meta(x, s, call_dtype) for x, s in zip(d, st)]
             read_bytes += sum(_distinct_elements(x, s) * v.element_size() for x, s, v in zip(d, st, value))
+        elif kind == "tensor" and not t and not c and d in ([], None):
+            value = None  # an undefined tensor (a dense flash attention backward's cum_seq_q): None, as PyTorch passes it
         else:
             if kind in ("tensor", "tensor_list"):
                 raise NotReplayable(f"argument {arg.name} is {arg.type}, recorded {t or 'None'}")
@@ -261,7 +389,12 @@ def _non_tensor(arg, text, torch):
             return torch.device("meta")
         if type_text.startswith("Optional") or arg.has_default_value():
             return None if type_text.startswith("Optional") else arg.default_value
+        if type_text == "str":
+            raise NotReplayable(f"argument {arg.name} (str) was not recorded: torch.profiler's record_shapes keeps "
+                                "no strings (this workflow's shapes iterations record them, docs/work.md)")
         raise NotReplayable(f"argument {arg.name} ({type_text}) was not recorded")
+    if type_text in ("str", "Optional[str]") and isinstance(text, str):
+        return text
     value = _parse_scalar(text) if isinstance(text, str) else text
     if "ScalarType" in type_text and isinstance(value, int):
         return _SCALAR_TYPES()[value]
@@ -306,15 +439,27 @@ def _written_bytes(overload, result, inputs: list) -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def _counter_class():
+def _formulas() -> dict:
+    """Op packet -> FLOP formula: ``torch.utils.flop_counter``'s registry and :data:`EXTRA_FORMULAS` (those of
+    this torch build; an op it lacks is left out)."""
     torch = _torch()
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
     registry = dict(flop_registry)
     for packet_name, formula in EXTRA_FORMULAS.items():
         ns, _, op = packet_name.partition("::")
-        registry[getattr(getattr(torch.ops, ns), op)] = formula()
+        packet = getattr(getattr(torch.ops, ns), op, None)
+        if packet is not None:
+            registry[packet] = formula()
+    return registry
+
+
+@functools.lru_cache(maxsize=1)
+def _counter_class():
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    registry = _formulas()
 
     class FlopCounter(TorchDispatchMode):
         """Counts FLOPs of every ATen op dispatched on meta tensors (see the module docstring)."""
@@ -361,8 +506,10 @@ def _shape(x):
     return tuple(getattr(x, "shape", x))
 
 
-#: Formulas the registry lacks, built from the registry's own: CPU flash attention has the same work as
-#: the CUDA flash attention PyTorch counts (q @ k^T and attention @ v).
+#: Formulas the registry lacks, built from the registry's own: CPU flash attention and the scaled-dot-product
+#: attention entry points (the composite ``aten::scaled_dot_product_attention`` an eager model calls, its math and
+#: backend-overridable variants) have the work PyTorch counts for its CUDA attention kernels: q @ k^T and
+#: attention @ v over the full s_q x s_k square, causal or not (``sdpa_flop_count``).
 def _sdpa_cpu():
     from torch.utils.flop_counter import sdpa_flop_count
 
@@ -384,4 +531,9 @@ def _sdpa_cpu_backward():
 EXTRA_FORMULAS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu,
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward,
+    "aten::scaled_dot_product_attention": _sdpa_cpu,
+    "aten::_scaled_dot_product_attention_math": _sdpa_cpu,
+    "aten::_scaled_dot_product_attention_math_for_mps": _sdpa_cpu,
+    "aten::_scaled_dot_product_fused_attention_overrideable": _sdpa_cpu,
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_cpu_backward,
 }
