@@ -30,7 +30,8 @@ from ..progress import stage_done
 from ..heap import release_free_memory, bulk_memory
 from ..shared_setting import SharedSetting
 from ..errors import NsysExportError
-from .model import ACTIVITY_COLUMNS, Timeline, all_null_ints, finish_kernels, kernel_iterations, take_rows
+from .model import (ACTIVITY_COLUMNS, Timeline, all_null_ints, exact_repeats, finish_kernels, kernel_iterations,
+                    take_rows)
 from .nesting import nest_push_pop, nesting_order
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,12 @@ _FIELDS = {  # column -> (the field's name in the text, the regex that defines w
 _DECORATION_FIELDS = ("seq", "stashed seq", "op_id", "sizes", "input_op_ids")  # as in _DECORATIONS
 _PARSE_CHUNK = 1 << 18  # texts parsed at once
 _MAX_FAST_DIGITS = 18  # |v| < 10**18 fits int64; longer numbers are read exactly (Python ints)
+
+# What makes two kernel rows one (docs/field-cases.md C24): every field the reader keeps of a KERNEL (or GRAPH_TRACE)
+# row. Two kernels of one stream never start in the same ns, and two nodes of one graph launch differ in graphNodeId.
+KERNEL_RECORD_FIELDS = ["pid", "device", "stream", "name", "mangled_name", "start_ns", "end_ns", "correlation_id",
+                        "grid", "block", "graph_id", "graph_node_id", "activity"]
+
 
 @dataclass
 class NsysTimeline(Timeline):
@@ -1225,6 +1232,10 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
     for col in ("launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id"):
         raw[col] = pd.array(raw[col], dtype="Int64")
     raw["pid"] = raw["pid"].astype("int64")
+    repeats = exact_repeats(raw, KERNEL_RECORD_FIELDS)
+    diagnostics["duplicate_kernel_records"] = int(repeats.sum())
+    if repeats.any():
+        raw = raw[~repeats].reset_index(drop=True)
 
     captures = _graph_captures(export)
     node_kernels = raw["graph_node_id"].notna()
@@ -1296,10 +1307,12 @@ def _no_ranges() -> pd.DataFrame:
 
 def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, ranges: pd.DataFrame,
                activities: pd.DataFrame, diagnostics: dict) -> None:
-    """Counts per process, launch APIs, and the findings a user must see (no kernels, skew, ...)."""
+    """Counts per process, launch APIs, and the findings a user must see (no kernels, skew, records written twice,
+    ...)."""
     diagnostics["devices"] = _devices(export)
     is_kernel = kernels["activity"] == "kernel" if len(kernels) else pd.Series(dtype=bool)
     diagnostics["counts"] = {
+        "duplicate_kernel_records": diagnostics.pop("duplicate_kernel_records", 0),
         "kernels": int(is_kernel.sum()) if len(kernels) else 0,
         "graph_launch_rows": int((~is_kernel).sum()) if len(kernels) else 0,
         "launches": len(launches),
@@ -1365,6 +1378,12 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
             worst = float(-skew[early].min()) / 1000
             diagnostics["info"].append(f"{int(early.sum())} kernel(s) start before their launch call begins "
                                        f"(by up to {worst:.1f} µs; clock skew); attribution uses the launch call")
+    if diagnostics["counts"]["duplicate_kernel_records"]:
+        diagnostics["warnings"].append(
+            f"{diagnostics['counts']['duplicate_kernel_records']} kernel row(s) repeat another row in every field (name, "
+            "process, device, stream, start, end, correlation id, grid, block, graph node): the export holds them twice "
+            "(corrupt, or merged from overlapping exports); each kernel is counted once "
+            "(counts.duplicate_kernel_records)")
     if export.has("DIAGNOSTIC_EVENT") and "text" in export.columns["DIAGNOSTIC_EVENT"]:
         messages = [r[0] for r in export.rows("SELECT DISTINCT text FROM DIAGNOSTIC_EVENT LIMIT 20") if r[0]]
         diagnostics["nsys_messages"] = messages
