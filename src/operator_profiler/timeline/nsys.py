@@ -632,7 +632,8 @@ def _launch_index(launches: pd.DataFrame, diagnostics: dict, lives: ProcessLives
     index = keyed.rename(columns={"tid": "launch_tid", "start_ns": "launch_start_ns", "end_ns": "launch_end_ns",
                                   "api": "launch_api"})[
         ["pid", "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]]
-    index = index.assign(proc=proc, key=key)
+    index["proc"] = proc
+    index["key"] = key
     return index[~drop] if drop.any() else index
 
 

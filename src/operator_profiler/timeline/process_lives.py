@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .model import shared_values
+
 #: A new life's first launch call starts at least this long (ns) after every earlier call of the pid ended: between
 #: them the old process exited and the new one started and initialised CUDA (tens of ms at the very least).
 LIFE_GAP_NS = 1_000_000
@@ -45,7 +47,7 @@ REFUSED = "pid_reused"
 def life_keys(proc, correlation_id) -> np.ndarray:
     """One int64 per (process life, correlation id): ``proc`` is :meth:`ProcessLives.proc` (31 bits), correlation ids
     32 bits; -1 where the id is null or <= 0 (such a row never joins)."""
-    corr = pd.array(correlation_id, dtype="Int64").fillna(0).to_numpy(dtype=np.int64)
+    corr = pd.array(correlation_id, dtype="Int64").to_numpy(dtype=np.int64, na_value=0)
     keys = (np.asarray(proc, dtype=np.int64) << 32) | (corr & 0xFFFFFFFF)
     return np.where(corr > 0, keys, -1)
 
@@ -60,8 +62,7 @@ def repeated_calls(keys: np.ndarray, start: np.ndarray, end: np.ndarray) -> tupl
     valid = np.flatnonzero(keys >= 0)
     if len(valid) < 2:
         return copies, reuses
-    repeated = pd.Series(keys[valid], copy=False).duplicated(keep=False).to_numpy()
-    rows = valid[repeated]
+    rows = valid[shared_values(keys[valid])]
     if not len(rows):
         return copies, reuses
     order = rows[np.argsort(keys[rows], kind="stable")]  # by key, then start (the rows' order)
