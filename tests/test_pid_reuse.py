@@ -205,3 +205,12 @@ def test_the_timeline_stage_writes_the_lives(tmp_path):
     result = stages.attribute_files(tmp_path / "tl", None, None, tmp_path / "a.parquet")
     assert listed(result["operator"]) == ["aten::mm", "aten::mm", "aten::add", "aten::add"]
     assert np.array_equal(result["kernel_id"].to_numpy(), np.arange(4))
+
+
+def test_real_exports_have_one_process_per_pid(real_nsys_files):
+    """No false lives on the real exports (2021 to 2026, with CUDA backtrace rows, multi-process and multi-thread
+    ones): their readings are unchanged."""
+    for path in real_nsys_files:
+        timeline = read_nsys(path)
+        assert find_lives(timeline.launches) is None, path.name
+        assert "process_lives" not in timeline.diagnostics and "launch_refused" not in timeline.kernels, path.name

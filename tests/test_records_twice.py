@@ -203,3 +203,21 @@ def test_export_timeline_writes_the_count(tmp_path):
                            tmp_path / "tl")
     diagnostics = json.loads((tmp_path / "tl" / "diagnostics.json").read_text())
     assert diagnostics["counts"]["duplicate_kernel_records"] == 1
+
+
+@pytest.mark.parametrize("name", ["hta_df_index_resolver.json.gz", "hta_negative_queue_length__rank0.json.gz",
+                                  "hta_nccl_parser_config__nccl_data.json.gz", "tracelens_h100_qwen1.5_0.5b_chat.json.gz"])
+def test_real_traces_hold_no_copies(name):
+    """No false copies on real traces (whole-µs ones among them, where two short kernels of one stream can share ts
+    and dur): every record there is its own kernel."""
+    from conftest import real_file
+
+    timeline = read_kineto(real_file("kineto", name))
+    counts = timeline.diagnostics["counts"]
+    assert counts["duplicate_kernel_records"] == 0 and counts["duplicate_launch_records"] == 0
+    assert not any("identical to another" in w for w in timeline.diagnostics["warnings"])
+
+
+def test_real_nsys_exports_hold_no_copies(real_nsys_files):
+    for path in real_nsys_files:
+        assert read_nsys(path).diagnostics["counts"]["duplicate_kernel_records"] == 0, path.name
