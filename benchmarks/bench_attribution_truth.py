@@ -11,7 +11,8 @@ The programs, the files written for them and the rules of what the input determi
 stages run and the scoring in ``tests/truth_score.py``. One row per scenario:
 
 * ``kernels``: timeline kernels over all programs (``lost``: kernels of the truth the timeline reader did not
-  return, by (device, start_ns));
+  return, by (device, start_ns); ``extra``: kernels it returned beyond the truth's, e.g. a record the file holds
+  twice counted twice);
 * ``op P`` = right operators / operators given; ``op R`` = right operators / kernels whose operator the input
   determines; ``nodes P/R`` the same for Inductor source nodes (``-`` when the scenario has none);
 * ``ctr P`` = attached counter rows that are the kernel's own (the token metric proves it) / attached rows;
@@ -22,7 +23,9 @@ stages run and the scoring in ``tests/truth_score.py``. One row per scenario:
   plus ncu rows attached to no kernel missing from ``ncu_only_rows`` (goal: 0);
 * ``err``: programs where a stage raised; ``s``: wall time.
 
-Goals: op P and ctr P 100 %, op R and ctr R >= 99 %. ``--details`` lists every failure with its seed.
+Goals: op P and ctr P 100 %, op R and ctr R >= 99 %, ``lost`` and ``extra`` 0. The scenarios ``duplicate_records``
+(kernel records written twice) and ``pid_reuse`` (processes that used one pid in turn) are the cases of
+docs/field-cases.md C24 and C25. ``--details`` lists every failure with its seed.
 """
 
 from __future__ import annotations
@@ -66,12 +69,13 @@ def _reasons(counter: Counter, width: int = 46) -> str:
 
 
 def table(scores: dict[str, Score]) -> str:
-    head = (f"{'scenario':<22} {'progs':>5} {'kernels':>7} {'lost':>4} {'op P':>7} {'op R':>7} {'nodes P':>7} "
+    head = (f"{'scenario':<22} {'progs':>5} {'kernels':>7} {'lost':>4} {'extra':>5} {'op P':>7} {'op R':>7} {'nodes P':>7} "
             f"{'nodes R':>7} {'pairs':>6} {'det':>6} {'ctr P':>7} {'ctr R':>7} {'silent':>6} {'err':>4} {'s':>6}  refused")
     lines = [head, "-" * len(head)]
     for name, s in scores.items():
         lines.append(
-            f"{name:<22} {s.cases:>5} {s.kernels:>7} {s.not_in_timeline:>4} {_pct(s.op_precision):>7} "
+            f"{name:<22} {s.cases:>5} {s.kernels:>7} {s.not_in_timeline:>4} {s.extra_in_timeline:>5} "
+            f"{_pct(s.op_precision):>7} "
             f"{_pct(s.op_recall):>7} {_pct(s.nodes_precision):>7} {_pct(s.nodes_recall):>7} {s.pairs:>6} "
             f"{s.ctr_determined:>6} {_pct(s.ctr_precision):>7} {_pct(s.ctr_recall):>7} "
             f"{s.silent_kernels + s.silent_rows:>6} "

@@ -768,6 +768,7 @@ class Case:
     inductor_graphs: list = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     external_id_disagreements: int = 0
+    repeated_records: list[int] = field(default_factory=list)  # uids whose kernel record the file holds twice
 
 
 def truth_record(case: Case, paths: dict) -> dict:
@@ -1089,6 +1090,64 @@ def scenario_external_id(seed: int, rng: random.Random) -> Case:
     return case
 
 
+def scenario_duplicate_records(seed: int, rng: random.Random) -> Case:
+    """A trace that holds some kernel records twice, each copy equal to the record in every field (a corrupt or a
+    merged trace: docs/field-cases.md C24), written after the other kernel records. Variants: an eager program, or
+    the ``cuda_graph`` program, whose node kernels of one graph launch share its correlation id but not their
+    start (they are not copies). The truth has each kernel once; what the input determines is what the same file
+    without the copies determines."""
+    variant = ("eager", "graph")[seed % 2]
+    if variant == "graph":
+        case = scenario_cuda_graph(seed, rng)
+    else:
+        fmt = _fmt(rng)
+        program, _, its = _eager(rng, fmt)
+        case = _window_case("duplicate_records", seed, rng, fmt, program, [k for it in its[1:] for k in it])
+    case.scenario = "duplicate_records"
+    launches = case.program.launches
+    chosen = rng.sample(launches, min(len(launches), rng.randint(1, 3)))
+    if variant == "graph":  # and a node kernel of a graph launch among them
+        nodes = [k for k in launches if k.replay is not None and k not in chosen]
+        chosen.append(rng.choice(nodes))
+    case.repeated_records = sorted(k.uid for k in chosen)
+    case.notes.update(variant=variant, repeated=case.repeated_records)
+    return case
+
+
+def scenario_pid_reuse(seed: int, rng: random.Random) -> Case:
+    """An nsys export of 2-3 processes that ran one after the other with the same pid (DataLoader workers
+    re-spawned every epoch, docs/field-cases.md C25), each its own program, with its correlation ids counted from
+    about 100 again (so the same ids name launch calls of each). The pid's next process starts 50-500 ms after the
+    previous one's last call. Every operator is determined by the launch call of the kernel's own process.
+    ncu profiled the last process: variant ``window`` declares its kernels (our replay's path: determined),
+    variant ``embedding`` declares nothing, and the embedding rule over the pid's launches (all its processes:
+    the ncu run's processes are not the timeline's) says what is determined."""
+    variant = ("window", "embedding")[seed % 2]
+    program = Program()
+    pid = rng.randint(2_000, 60_000)
+    start = rng.randint(1_000_000, 9_000_000)
+    lives = []
+    for _ in range(rng.randint(2, 3)):
+        rec = Recorder(program, random.Random(rng.random()), pid, start, name="pt_data_worker")
+        first = len(program.launches)
+        run_iterations(rec, random_body(rng, (7,)), rng.randint(2, 3), markers=iteration_marker("nsys"))
+        lives.append(program.launches[first:])
+        start = rec.now + rng.randint(50_000_000, 500_000_000)
+    last = sorted(lives[-1], key=lambda k: (k.call.start_ns, k.start_ns))
+    ncu_pid = _ncu_pid(rng, set(program.processes))
+    rows = [ncu_row(k, ncu_pid) for k in last]
+    if variant == "window":
+        f = _ncu_file(rng, "worker.csv", rows, window=window_of(last))
+        determined = {k.uid for k in last}
+    else:
+        f = _ncu_file(rng, "worker.csv", rows)
+        keys = [k.key for k in program.launches_of(pid)]
+        determined = {last[j].uid for j in embedding_pinned(keys, [k.key for k in last])}
+    case = Case("pid_reuse", seed, program, "nsys", [f], determined)
+    case.notes.update(variant=variant, processes=len(lives), pid=pid)
+    return case
+
+
 SCENARIOS = {
     "clean": scenario_clean,
     "ncu_missing_launch": scenario_ncu_missing_launch,
@@ -1102,6 +1161,8 @@ SCENARIOS = {
     "name_variants": scenario_name_variants,
     "user_annotation": scenario_user_annotation,
     "external_id": scenario_external_id,
+    "duplicate_records": scenario_duplicate_records,
+    "pid_reuse": scenario_pid_reuse,
 }
 
 

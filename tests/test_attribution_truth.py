@@ -226,6 +226,7 @@ def _assert_goals(score, truth, where: str) -> None:
     """The attribution goals, exactly: every answer right, every determined answer given, every refusal visible."""
     assert not score.errors, f"{where}: {score.errors}"
     assert score.not_in_timeline == 0 and score.kernels == len(truth["kernels"]), where
+    assert score.extra_in_timeline == 0, f"{where}: kernels beyond the truth's (a record counted twice?)"
     assert score.op_right == score.op_answers, f"{where}: wrong operators {score.wrong_operators[:3]}"
     assert score.ctr_right == score.ctr_attached, f"{where}: wrong counters {score.wrong_counters[:3]}"
     assert score.nodes_right == score.nodes_answers, where

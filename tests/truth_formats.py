@@ -38,14 +38,16 @@ def nvtx_text(op) -> str:
     return op.name + (f", seq = {seq}" if seq is not None else "") + f", op_id = {op.external_id}"
 
 
-def write_nsys(program: Program, path: Path) -> Path:
-    """The program as an nsys SQLite export; times as the program's (ns since the capture start)."""
+def write_nsys(program: Program, path: Path, repeated: list[int] = ()) -> Path:
+    """The program as an nsys SQLite export; times as the program's (ns since the capture start). ``repeated``:
+    uids of kernels whose KERNEL row is written a second time, after the others (a corrupt or merged export)."""
     nvtx = [Nvtx(nvtx_text(op), 59, f"{op.pid}:{op.tid}", op.start_ns, op.end_ns) for op in program.ops]
     runtime = [Runtime(NSYS_API[c.name][0], f"{c.pid}:{c.tid}", c.start_ns, c.end_ns, c.correlation,
                        event_class=NSYS_API[c.name][1]) for c in program.calls]
     kernels = [Kernel(k.kernel.demangled, k.pid, k.stream, k.start_ns, k.end_ns, k.call.correlation,
                       grid=k.config.grid, block=k.config.block, device=k.device, graph_node_id=k.graph_node_id,
                       mangled=k.kernel.mangled, short=k.kernel.function) for k in program.launches]
+    kernels += [kernels[uid] for uid in repeated]
     nodes = [GraphNode(f"{n.pid}:{n.tid}", n.start_ns, n.end_ns, n.node_id, n.original) for n in program.node_events]
     return write_nsys_export(
         path, kernels=kernels, runtime=runtime, nvtx=nvtx, graph_nodes=nodes, processes=program.processes,
@@ -91,9 +93,10 @@ def _dumps(obj) -> str:
     return text
 
 
-def kineto_events(program: Program, time_format: str) -> tuple[list[dict], dict]:
+def kineto_events(program: Program, time_format: str, repeated: list[int] = ()) -> tuple[list[dict], dict]:
     """Trace events and top-level keys. ``time_format``: ``relative`` (ts from ``baseTimeNanoseconds``) or
-    ``absolute_fraction`` (absolute epoch µs with ns fractions, no base)."""
+    ``absolute_fraction`` (absolute epoch µs with ns fractions, no base). ``repeated``: uids of kernels whose
+    ``kernel`` event is written a second time, after every other event (a corrupt or merged trace)."""
     offset = 0 if time_format == "relative" else KINETO_BASE_NS
     top = {"baseTimeNanoseconds": KINETO_BASE_NS} if time_format == "relative" else {}
 
@@ -117,6 +120,7 @@ def kineto_events(program: Program, time_format: str) -> tuple[list[dict], dict]
             args["External id"] = c.external_id
         events.append({"ph": "X", "cat": category, "name": c.name, "pid": c.pid, "tid": c.tid,
                        "ts": ts(c.start_ns), "dur": _us(c.end_ns - c.start_ns), "args": args})
+    kernel_events = {}
     for k in program.launches:
         ext = k.external_id if k.external_id is not None else k.call.external_id
         args = {"queued": 0, "device": k.device, "context": 1, "stream": k.stream, "correlation": k.call.correlation,
@@ -129,12 +133,15 @@ def kineto_events(program: Program, time_format: str) -> tuple[list[dict], dict]
             args["graph node id"] = k.graph_node_id
         events.append({"ph": "X", "cat": "kernel", "name": k.kernel.demangled, "pid": k.device, "tid": k.stream,
                        "ts": ts(k.start_ns), "dur": _us(k.end_ns - k.start_ns), "args": args})
+        kernel_events[k.uid] = events[-1]
+    events += [dict(kernel_events[uid]) for uid in repeated]
     return events, top
 
 
-def write_kineto(program: Program, path: Path, time_format: str = "relative") -> Path:
-    """The program as a torch.profiler trace (``.json`` or ``.json.gz`` by the suffix)."""
-    events, top = kineto_events(program, time_format)
+def write_kineto(program: Program, path: Path, time_format: str = "relative", repeated: list[int] = ()) -> Path:
+    """The program as a torch.profiler trace (``.json`` or ``.json.gz`` by the suffix); ``repeated`` as
+    :func:`kineto_events`."""
+    events, top = kineto_events(program, time_format, repeated)
     devices = [{"id": d, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9, "computeMinor": 0}
                for d in sorted(program.devices)]
     trace = {"schemaVersion": 1, "deviceProperties": devices, **top, "displayTimeUnit": "ms",
@@ -210,11 +217,11 @@ def write_case(case: Case, folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     paths: dict = {"ncu": {}}
     if case.timeline_format == "nsys":
-        write_nsys(case.program, folder / "timeline.sqlite")
+        write_nsys(case.program, folder / "timeline.sqlite", case.repeated_records)
         paths["timeline"] = "timeline.sqlite"
     else:
         name = "timeline.pt.trace.json.gz" if case.seed % 2 else "timeline.pt.trace.json"
-        write_kineto(case.program, folder / name, case.kineto_time)
+        write_kineto(case.program, folder / name, case.kineto_time, case.repeated_records)
         paths["timeline"] = name
         paths["time_base_ns"] = KINETO_BASE_NS
     (folder / "ncu").mkdir(exist_ok=True)

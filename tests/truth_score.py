@@ -12,6 +12,8 @@ A refusal must be visible: a kernel with an ncu row but no counters must be list
 and an ncu row attached to no kernel in ``ncu_only_rows`` (``silent_kernels``/``silent_rows`` count those that
 are not).
 
+``extra_in_timeline`` counts the timeline's kernels beyond the truth's (a kernel record the reader counted twice).
+
 Figures (:class:`Score`): an *answer* is a non-null operator, a non-empty ``source_nodes`` list, or an attached
 counter row. Precision = right answers / answers (over every kernel, determined or not; an answer for a kernel
 whose truth is "no operator" is wrong); recall = right answers / kernels whose answer the input determines.
@@ -40,6 +42,7 @@ class Score:
     cases: int = 0
     kernels: int = 0
     not_in_timeline: int = 0
+    extra_in_timeline: int = 0  # timeline kernels beyond the truth's: a record counted twice, or one never run
     op_answers: int = 0
     op_right: int = 0
     op_determined: int = 0
@@ -211,6 +214,8 @@ def score_case(folder: Path, truth: dict, errors: list[tuple[str, str]] = ()) ->
     id_of = {}
     if timeline is not None:
         id_of = {(d, t): k for k, d, t in zip(timeline["kernel_id"], timeline["device"], timeline["start_ns"])}
+        truth_keys = {(k["device"], k["start_ns"]) for k in truth["kernels"]}
+        s.extra_in_timeline = len(timeline["kernel_id"]) - len(truth_keys & set(id_of))
     attribution = _read(out / "attribution" / "kernels.parquet", ["kernel_id", "operator", "source_nodes"])
     answers = {}
     if attribution is not None:

@@ -28,6 +28,8 @@ BACKWARD_NODE = re.compile(r"(Backward\d*$)|(^autograd::engine::evaluate_functio
 REASONS = {
     "null_correlation": "the kernel has no correlation id (NULL or <= 0), so its launch call is unknown",
     "no_launch_record": "no CUDA API call in the same process has the kernel's correlation id",
+    "pid_reused": "several processes used the kernel's pid in turn (correlation ids restart in each) and the kernel's "
+                  "process could not be told, so its launch call is not known (docs/field-cases.md C25)",
     "cuda_graph_replay": "replayed from a CUDA graph without the capture-time node event (or traced at graph level)",
     "no_nvtx_ranges": "the capture has no NVTX push/pop ranges",
     "no_operator_range": "NVTX ranges enclose the launch, but none names an operator (not in an operator domain, a "
@@ -614,6 +616,14 @@ def _warn_about_domains(index: _Ranges, options: NvtxOptions, found: Enclosure, 
                         ", ".join(repr(d) for d in options.operator_domains))
 
 
+def _launch_refused(kernels: pd.DataFrame) -> np.ndarray:
+    """Kernels the timeline reader left without a launch call because their process could not be told (column
+    ``launch_refused``, written only for exports where several processes used one pid)."""
+    if "launch_refused" not in kernels:
+        return np.zeros(len(kernels), dtype=bool)
+    return kernels["launch_refused"].notna().to_numpy(dtype=bool)
+
+
 @bulk_memory(system_pool=True)
 def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: pd.DataFrame,
                    options: NvtxOptions = NvtxOptions()) -> pd.DataFrame:
@@ -663,6 +673,7 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
         (no_context & ~no_corr, "no_launch_record"),
         (no_context & no_corr, "null_correlation"),
         (found.replay, "cuda_graph_replay"),
+        (no_context & _launch_refused(kernels), "pid_reused"),
     ):
         reason[unattributed & condition] = label  # later rows are more specific and win
 

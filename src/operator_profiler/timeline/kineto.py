@@ -20,8 +20,8 @@ import pyarrow as pa
 from ..heap import release_free_memory, bulk_memory
 from ..naming import ITERATION_PREFIX, LAYER_PREFIX
 from ..progress import Ticker
-from .model import (ACTIVITY_COLUMNS, DISPATCHER_OP, METADATA_OPS, Timeline, external_id_mode, finish_kernels,
-                    write_timeline)
+from .model import (ACTIVITY_COLUMNS, DISPATCHER_OP, METADATA_OPS, Timeline, exact_repeats, external_id_mode,
+                    finish_kernels, write_timeline)
 from .trace_json import EXACT_TS_LIMIT, KinetoTrace, TimelineError, open_trace
 
 __all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_timeline"]
@@ -897,6 +897,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     launches = launches.sort_values("start_ns", kind="stable").reset_index(drop=True)
     launches["api"] = l_api.strings(launches["api"].to_numpy())
     del l_api
+    launches, repeated_launches = _drop_repeated_launches(launches)
     launches["launch_id"] = np.arange(len(launches), dtype=np.int64)
 
     gpu_kernels = pd.DataFrame({
@@ -911,8 +912,10 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
 
     categories = Counter({str(c): n for c, n in categories.items()})
     gpu_trace = bool(len(gpu_kernels)) or _has_gpu_activity(trace, categories, launches)
+    repeats: dict = {"launch_records": repeated_launches, "kernel_records": 0, "kept": None}
     if gpu_trace:
         kernels = _gpu_kernels(gpu_kernels, launches)
+        kernels, repeats["kernel_records"], repeats["kept"] = _drop_repeated_kernels(kernels, base)
     else:
         kernels = _cpu_kernels(ranges)
     del gpu_kernels  # (finish_kernels builds the ordered copy)
@@ -925,6 +928,9 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     release_free_memory()
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
+    diagnostics["counts"]["duplicate_kernel_records"] = repeats["kernel_records"]
+    diagnostics["counts"]["duplicate_launch_records"] = repeats["launch_records"]
+    reader_warnings += _repeat_warnings(repeats)
     diagnostics["warnings"] = list(trace.warnings) + reader_warnings + diagnostics["warnings"]
     ranges = ranges.drop(columns="order")
     release_free_memory()
@@ -933,6 +939,70 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
 
 
 _COPY_KIND = re.compile(r"^Memcpy (\w+)")
+
+# What makes two records one (docs/field-cases.md C24): every field the reader keeps. A kernel record written twice
+# (a corrupt trace, or two traces of one run merged) would count its time twice and, matched in order against
+# ncu's rows, shift every pairing after it; a launch written twice would make its kernels' join ambiguous.
+KERNEL_RECORD_FIELDS = ["pid", "device", "stream", "name", "start_ns", "end_ns", "correlation_id", "grid", "block",
+                        "graph_id", "graph_node_id", "external_id", "launch_api"]
+LAUNCH_RECORD_FIELDS = ["pid", "tid", "start_ns", "end_ns", "api", "correlation_id", "external_id"]
+
+
+def _drop_repeated_launches(launches: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``launches`` without the launch events that repeat an earlier one in every field (one call written twice: its
+    correlation id is its own, so two rows carrying it in full are one call), and how many were dropped. Rows
+    without a correlation id (<= 0 or null) are never taken for repeats."""
+    eligible = (launches["correlation_id"].fillna(0) > 0).to_numpy(dtype=bool)
+    drop = exact_repeats(launches, LAUNCH_RECORD_FIELDS, eligible)
+    if not drop.any():
+        return launches, 0
+    return launches[~drop].reset_index(drop=True), int(drop.sum())
+
+
+def _drop_repeated_kernels(kernels: pd.DataFrame, base: int) -> tuple[pd.DataFrame, int, dict | None]:
+    """``kernels`` (joined to their launches) without the records that repeat an earlier one in every field
+    (:data:`KERNEL_RECORD_FIELDS`): one kernel execution written twice. Returns the table, how many records were
+    dropped, and, when some identical records were kept, ``{"count", "name"}`` of those.
+
+    Kept as they are: records with an invalid timestamp (``valid_time`` False: ts 0 or a negative dur carry no
+    time that could tell two executions apart), and, in a trace of whole-µs timestamps (Kineto before 2024), records
+    of a CUDA-graph launch or of an unknown launch: two identical nodes of one graph launch can run within the
+    same µs on one stream and then look alike to the last field. Records that differ in start time (the nodes of
+    a graph replay share the launch's correlation id) are never repeats."""
+    if len(kernels) < 2:
+        return kernels, 0, None
+    valid = kernels["valid_time"].to_numpy(dtype=bool)
+    repeat = exact_repeats(kernels, KERNEL_RECORD_FIELDS, valid)
+    if not repeat.any():
+        return kernels, 0, None
+    relative = np.concatenate([kernels["start_ns"].to_numpy(), kernels["end_ns"].to_numpy()]) - base
+    whole_us = bool((relative % 1000 == 0).all())
+    kept = np.zeros(len(kernels), dtype=bool)
+    if whole_us:
+        api = kernels["launch_api"].astype(object)
+        graph = (api.isna() | api.astype(str).str.contains("GraphLaunch") | kernels["graph_id"].notna()).to_numpy()
+        kept = repeat & graph
+    drop = repeat & ~kept
+    identical = {"count": int(kept.sum()), "name": str(kernels["name"].iloc[int(np.flatnonzero(kept)[0])])} \
+        if kept.any() else None
+    return kernels[~drop].reset_index(drop=True), int(drop.sum()), identical
+
+
+def _repeat_warnings(repeats: dict) -> list[str]:
+    """The warnings on records written twice (:func:`_drop_repeated_kernels`, :func:`_drop_repeated_launches`)."""
+    out = []
+    if repeats["kernel_records"]:
+        out.append(f"{repeats['kernel_records']} kernel record(s) repeat another record in every field (name, device, "
+                   "stream, start, duration, correlation id, grid, block): the trace holds them twice (corrupt, or "
+                   "merged from overlapping traces); each kernel is counted once (counts.duplicate_kernel_records)")
+    if repeats["launch_records"]:
+        out.append(f"{repeats['launch_records']} launch call record(s) repeat another record in every field: read "
+                   "once (counts.duplicate_launch_records)")
+    if repeats["kept"]:
+        out.append(f"{repeats['kept']['count']} kernel record(s) of a CUDA-graph or unknown launch are identical to "
+                   f"another (first: {repeats['kept']['name']!r}) in a trace of whole-µs timestamps, where two nodes "
+                   "of one graph launch can look alike: both kept, so their time may be counted twice")
+    return out
 
 
 def _add_flow(rows: list, key: tuple, ts) -> None:

@@ -81,6 +81,44 @@ def take_rows(frame: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(columns, copy=False)
 
 
+def shared_values(values: np.ndarray) -> np.ndarray:
+    """Whether each value occurs more than once in ``values`` (a bool array aligned with it). Values already in
+    ascending order (the nsys exports' KERNEL rows by start, checked on the real ones; the launch calls of one
+    process by correlation id) are compared with their neighbours, without hashing a million of them."""
+    values = np.asarray(values)
+    out = np.zeros(len(values), dtype=bool)
+    if len(values) < 2:
+        return out
+    if values.dtype.kind in "iu" and bool((values[1:] >= values[:-1]).all()):
+        same = values[1:] == values[:-1]
+        out[1:] |= same
+        out[:-1] |= same
+        return out
+    return pd.Series(values, copy=False).duplicated(keep=False).to_numpy(dtype=bool)
+
+
+def exact_repeats(frame: pd.DataFrame, columns: list[str], eligible: np.ndarray | None = None) -> np.ndarray:
+    """Rows that repeat an earlier row of ``frame`` in every one of ``columns`` (nulls equal to nulls): a record
+    written twice (a corrupt or merged trace, docs/field-cases.md C24). Only ``eligible`` rows (all when None)
+    count, as the repeat and as the row repeated. ``columns`` must include ``start_ns``: rows are compared only
+    where their start is shared (:func:`shared_values`), so a table of a million rows with no repeat costs one pass
+    over one column.
+    Returns a bool array aligned with ``frame`` (True: drop, the first of each group kept)."""
+    out = np.zeros(len(frame), dtype=bool)
+    if len(frame) < 2:
+        return out
+    candidates = shared_values(frame["start_ns"].to_numpy())
+    if eligible is not None:
+        candidates = candidates & eligible
+    rows = np.flatnonzero(candidates)
+    if len(rows) < 2:
+        return out
+    subset = frame.iloc[rows][columns].astype(object)  # (few rows: object compares nulls as equal)
+    subset = subset.where(subset.notna(), None)
+    out[rows[subset.duplicated(keep="first").to_numpy()]] = True
+    return out
+
+
 def finish_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame, source: str) -> pd.DataFrame:
     """Order kernels by launch, number them, and add duration, match_key, occurrence, iteration.
 

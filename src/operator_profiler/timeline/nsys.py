@@ -30,8 +30,10 @@ from ..progress import stage_done
 from ..heap import release_free_memory, bulk_memory
 from ..shared_setting import SharedSetting
 from ..errors import NsysExportError
-from .model import ACTIVITY_COLUMNS, Timeline, all_null_ints, finish_kernels, kernel_iterations, take_rows
+from .model import (ACTIVITY_COLUMNS, Timeline, all_null_ints, exact_repeats, finish_kernels, kernel_iterations,
+                    take_rows)
 from .nesting import nest_push_pop, nesting_order
+from .process_lives import REFUSED, ProcessLives, find_lives, life_keys, life_of_calls, repeated_calls
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,12 @@ _FIELDS = {  # column -> (the field's name in the text, the regex that defines w
 _DECORATION_FIELDS = ("seq", "stashed seq", "op_id", "sizes", "input_op_ids")  # as in _DECORATIONS
 _PARSE_CHUNK = 1 << 18  # texts parsed at once
 _MAX_FAST_DIGITS = 18  # |v| < 10**18 fits int64; longer numbers are read exactly (Python ints)
+
+# What makes two kernel rows one (docs/field-cases.md C24): every field the reader keeps of a KERNEL (or GRAPH_TRACE)
+# row. Two kernels of one stream never start in the same ns, and two nodes of one graph launch differ in graphNodeId.
+KERNEL_RECORD_FIELDS = ["pid", "device", "stream", "name", "mangled_name", "start_ns", "end_ns", "correlation_id",
+                        "grid", "block", "graph_id", "graph_node_id", "activity"]
+
 
 @dataclass
 class NsysTimeline(Timeline):
@@ -602,54 +610,78 @@ def _read_launches(export: _Export, strings: pa.Array, diagnostics: dict) -> pd.
     return launches[columns]
 
 
-def _launch_index(launches: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
-    """One launch per (pid, correlation id > 0): the keys GPU activities join on."""
-    keyed = launches[launches["correlation_id"].notna() & (launches["correlation_id"].fillna(0) > 0)]
-    duplicated = keyed.duplicated(["pid", "correlation_id"], keep="first")
-    if duplicated.any():
-        # Schemas without eventClass keep the backtrace copies; the first row is the call itself.
-        diagnostics["info"].append(f"{int(duplicated.sum())} CUDA API rows repeat a (process, correlation id) "
+def _launch_index(launches: pd.DataFrame, diagnostics: dict, lives: ProcessLives | None = None) -> pd.DataFrame:
+    """One launch per (process life, correlation id > 0): the keys GPU activities join on (``proc``: the pid, or
+    the process-life id of :mod:`.process_lives` in a pid several processes used; ``key``: the int64 join key).
+
+    Schemas without eventClass keep the backtrace copies of each call (they overlap it in time): the first row of
+    a key is used. Two calls of one life with one key that do not overlap (a reused pid whose lives could not be
+    told apart) join nothing: ``lives.ambiguous`` lists those keys."""
+    keyed = launches[(launches["correlation_id"].fillna(0) > 0).to_numpy(dtype=bool)]
+    life = life_of_calls(keyed, lives)
+    proc = ProcessLives.proc(keyed["pid"].to_numpy(dtype=np.int64), life)
+    key = life_keys(proc, keyed["correlation_id"]) if len(keyed) else np.zeros(0, dtype=np.int64)
+    copies, reuses = repeated_calls(key, keyed["start_ns"].to_numpy(dtype=np.int64),
+                                    keyed["end_ns"].to_numpy(dtype=np.int64))
+    if copies.any():
+        diagnostics["info"].append(f"{int(copies.sum())} CUDA API rows repeat a (process, correlation id) "
                                    "already seen (backtrace duplicates); the first row of each is used")
-    keyed = keyed[~duplicated]
-    return keyed.rename(columns={"tid": "launch_tid", "start_ns": "launch_start_ns", "end_ns": "launch_end_ns",
-                                 "api": "launch_api"})[
-        ["pid", "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]
-    ]
+    drop = copies | reuses
+    if reuses.any():  # (only where the lives of a reused pid could not be separated: lives.ambiguous)
+        drop |= pd.Series(key, copy=False).isin(key[reuses]).to_numpy(dtype=bool)
+    index = keyed.rename(columns={"tid": "launch_tid", "start_ns": "launch_start_ns", "end_ns": "launch_end_ns",
+                                  "api": "launch_api"})[
+        ["pid", "correlation_id", "launch_tid", "launch_start_ns", "launch_end_ns", "launch_api"]]
+    index["proc"] = proc
+    index["key"] = key
+    return index[~drop] if drop.any() else index
 
 
-def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame) -> pd.DataFrame:
+def _join_launch(frame: pd.DataFrame, launch_index: pd.DataFrame, lives: ProcessLives | None = None
+                 ) -> pd.DataFrame:
     """Add launch_tid/launch_start_ns/launch_end_ns/launch_api by (pid, correlation id); ids <= 0 never join.
 
     One int64 key per (pid, correlation id) looked up in a hash index of the launches (a
     merge copied the whole kernel table and took seconds on a million kernels); ids beyond 32 bits
-    (never written by CUPTI) take the merge, whose keys are exact."""
+    (never written by CUPTI) take the merge, whose keys are exact. With ``lives`` (a pid several processes used,
+    :mod:`.process_lives`) the key is the activity's process life's, by its start time; ``process_life`` and
+    ``launch_refused`` (``pid_reused`` where the life cannot be told: no launch joined) are added."""
     corr = [pd.array(t["correlation_id"], dtype="Int64") for t in (frame, launch_index)]
+    out = frame.copy(deep=False)
+    proc = frame["pid"].to_numpy(dtype=np.int64)
+    refused = None
+    if lives is not None:
+        position, life, refused = lives.join(pd.Index(launch_index["key"].to_numpy()), proc, corr[0],
+                                             frame["start_ns"].to_numpy(dtype=np.int64))
+        proc = ProcessLives.proc(proc, life)
+        out["process_life"] = life
+        out["launch_refused"] = pd.array(np.where(refused, REFUSED, None), dtype="str")
     if all(not len(c) or int(c.fillna(0).max()) <= 0xFFFFFFFF for c in corr):
-        keys = _process_keys(frame["pid"], corr[0])
-        position = pd.Index(_process_keys(launch_index["pid"], corr[1])).get_indexer(keys)
-        position[keys < 0] = -1
+        if lives is None:
+            keys = life_keys(proc, corr[0])
+            position = pd.Index(launch_index["key"].to_numpy()).get_indexer(keys)
+            position[keys < 0] = -1
         missing = position < 0
-        out = frame.copy(deep=False)
         for column in ("launch_tid", "launch_start_ns", "launch_end_ns"):
             values = launch_index[column].to_numpy(dtype=np.int64)
             out[column] = pd.arrays.IntegerArray(values[np.maximum(position, 0)] if len(values) else
                                                  np.zeros(len(frame), dtype=np.int64), missing)
         out["launch_api"] = launch_index["launch_api"].array.take(position, allow_fill=True)
         return out
-    key = frame["correlation_id"].where(frame["correlation_id"].fillna(0) > 0)
-    joined = frame.assign(_corr=key.astype("Int64")).merge(
-        launch_index.rename(columns={"correlation_id": "_corr"}), on=["pid", "_corr"], how="left", sort=False
-    )
+    key = out["correlation_id"].where(out["correlation_id"].fillna(0) > 0)
+    if refused is not None:
+        key = key.where(~refused)
+    joined = out.assign(_corr=key.astype("Int64"), proc=proc).merge(
+        launch_index.drop(columns=["pid", "key"]).rename(columns={"correlation_id": "_corr"}), on=["proc", "_corr"],
+        how="left", sort=False)
     joined.index = frame.index
-    return joined.drop(columns="_corr")
+    return joined.drop(columns=["_corr", "proc"])
 
 
 def _process_keys(pid, correlation_id) -> np.ndarray:
     """One int64 per (pid, correlation id): pid is 24-bit (formats.md#nsys-identifiers), CUPTI correlation ids 32-bit; -1 where the id is
     null or <= 0 (such a row never joins)."""
-    corr = pd.array(correlation_id, dtype="Int64").fillna(0).to_numpy(dtype=np.int64)
-    keys = (np.asarray(pid, dtype=np.int64) << 32) | (corr & 0xFFFFFFFF)
-    return np.where(corr > 0, keys, -1)
+    return life_keys(pid, correlation_id)
 
 
 def _isin(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -743,11 +775,12 @@ def _devices(export: _Export) -> list[dict]:
             export.rows(f"SELECT {', '.join(wanted)} FROM TARGET_INFO_GPU")]
 
 
-def _graph_captures(export: _Export) -> pd.DataFrame | None:
-    """(pid, graphNodeId) -> the capture-time node-creation event (thread, start, end), following
+def _graph_captures(export: _Export, lives: ProcessLives | None = None) -> pd.DataFrame | None:
+    """(proc, graphNodeId) -> the capture-time node-creation event (thread, start, end), following
     clones (instantiation) back to the original node through ``originalGraphNodeId`` within the same
-    process (node ids repeat across processes). A clone whose original is not in the table has no
-    capture context. None when the export has no node-event table."""
+    process (node ids repeat across processes). ``proc`` is the pid, or in a pid several processes used
+    (``lives``) the process-life id of the life the event lies in (:mod:`.process_lives`). A clone whose
+    original is not in the table has no capture context. None when the export has no node-event table."""
     table = next((t for t in GRAPH_NODE_TABLES if export.has(t)
                   and {"graphNodeId", "originalGraphNodeId", "globalTid", "start", "end"} <= set(export.columns[t])), None)
     if table is None:
@@ -755,6 +788,8 @@ def _graph_captures(export: _Export) -> pd.DataFrame | None:
     nodes = export.query(f'SELECT graphNodeId, originalGraphNodeId, globalTid, start, "end" FROM {table}')
     nodes = nodes[nodes["globalTid"].notna()]
     pid, tid = decode_global_tid(nodes["globalTid"])
+    if lives is not None:
+        pid = ProcessLives.proc(pid, lives.life_at(pid, nodes["start"].to_numpy(dtype=np.int64)))
     nodes = pd.DataFrame({"pid": pid, "tid": tid, "node": nodes["graphNodeId"].astype("int64").to_numpy(),
                           "original": nodes["originalGraphNodeId"].astype("Int64").array,
                           "start": nodes["start"].astype("int64").to_numpy(), "end": nodes["end"].astype("int64").to_numpy()})
@@ -777,14 +812,15 @@ def _graph_captures(export: _Export) -> pd.DataFrame | None:
     known = current >= 0
     src = np.maximum(current, 0)
     out = pd.DataFrame({
-        "pid": nodes["pid"].to_numpy(), "graph_node_id": nodes["node"].to_numpy(),
-        "capture_pid": nodes["pid"].to_numpy(), "capture_tid": nodes["tid"].to_numpy()[src],
+        "proc": nodes["pid"].to_numpy(), "graph_node_id": nodes["node"].to_numpy(),
+        "capture_pid": nodes["pid"].to_numpy() & 0xFFFFFF, "capture_tid": nodes["tid"].to_numpy()[src],
         "capture_start_ns": nodes["start"].to_numpy()[src], "capture_end_ns": nodes["end"].to_numpy()[src],
     })
     return out[known].reset_index(drop=True)
 
 
-def _read_kernels(export: _Export, strings: pa.Array, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame:
+def _read_kernels(export: _Export, strings: pa.Array, launch_index: pd.DataFrame, diagnostics: dict,
+                  lives: ProcessLives | None = None) -> pd.DataFrame:
     t = KERNEL_TABLE
     export.require(t, REQUIRED_COLUMNS[t])
     cols = export.columns[t]
@@ -820,10 +856,11 @@ def _read_kernels(export: _Export, strings: pa.Array, launch_index: pd.DataFrame
         copy=False,
     )
     kernels["gpu_id"] = _gpu_ids(export, kernels["pid"].to_numpy(), kernels["device"].to_numpy())
-    return _join_launch(kernels, launch_index)
+    return _join_launch(kernels, launch_index, lives)
 
 
-def _read_graph_trace(export: _Export, launch_index: pd.DataFrame, diagnostics: dict) -> pd.DataFrame | None:
+def _read_graph_trace(export: _Export, launch_index: pd.DataFrame, diagnostics: dict,
+                      lives: ProcessLives | None = None) -> pd.DataFrame | None:
     """Graph-level tracing: one row per graph launch, reported as one ``<cuda_graph N>`` kernel row."""
     t = GRAPH_TRACE_TABLE
     if not export.has(t):
@@ -850,10 +887,10 @@ def _read_graph_trace(export: _Export, launch_index: pd.DataFrame, diagnostics: 
             f"CUDA graph traced at graph granularity; per-kernel attribution and ncu matching impossible for "
             f"graph {graph_id}: recapture with --cuda-graph-trace=node"
         )
-    return _join_launch(graphs, launch_index)
+    return _join_launch(graphs, launch_index, lives)
 
 
-def _read_activities(export: _Export, launch_index: pd.DataFrame) -> pd.DataFrame:
+def _read_activities(export: _Export, launch_index: pd.DataFrame, lives: ProcessLives | None = None) -> pd.DataFrame:
     """Memcpy and memset rows: GPU activities that are not kernels, kept for the GPU time totals."""
     frames = []
     for table, kind in ((MEMCPY_TABLE, "memcpy"), (MEMSET_TABLE, "memset")):
@@ -881,7 +918,7 @@ def _read_activities(export: _Export, launch_index: pd.DataFrame) -> pd.DataFram
         return pd.DataFrame(columns=columns)
     acts = pd.concat(frames, ignore_index=True)
     acts["duration_ns"] = acts["end_ns"] - acts["start_ns"]
-    acts = _join_launch(acts, launch_index).sort_values("start_ns", kind="stable").reset_index(drop=True)
+    acts = _join_launch(acts, launch_index, lives).sort_values("start_ns", kind="stable").reset_index(drop=True)
     return acts[columns]
 
 
@@ -1204,14 +1241,15 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
     diagnostics["capture_end_ns"] = capture_end
     if reader is not None:
         reader.give_capture_end(capture_end)
-    launch_index = _launch_index(launches, diagnostics)
+    lives = find_lives(launches)
+    launch_index = _launch_index(launches, diagnostics, lives)
     release_free_memory()  # each table's SQLite fetch and joins leave hundreds of MB free but resident (heap.py)
     stage_done(f"{export.path.name}: read {len(strings):,} strings and {len(launches):,} launch calls", start)
 
     parts = []
     if export.has(KERNEL_TABLE):
-        parts.append(_read_kernels(export, strings, launch_index, diagnostics))
-    graphs = _read_graph_trace(export, launch_index, diagnostics)
+        parts.append(_read_kernels(export, strings, launch_index, diagnostics, lives))
+    graphs = _read_graph_trace(export, launch_index, diagnostics, lives)
     if graphs is not None:
         parts.append(graphs)
     kernel_columns = list(tables.KERNELS.names)
@@ -1225,8 +1263,12 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
     for col in ("launch_tid", "launch_start_ns", "launch_end_ns", "correlation_id", "graph_id", "graph_node_id"):
         raw[col] = pd.array(raw[col], dtype="Int64")
     raw["pid"] = raw["pid"].astype("int64")
+    repeats = exact_repeats(raw, KERNEL_RECORD_FIELDS)
+    diagnostics["duplicate_kernel_records"] = int(repeats.sum())
+    if repeats.any():
+        raw = raw[~repeats].reset_index(drop=True)
 
-    captures = _graph_captures(export)
+    captures = _graph_captures(export, lives)
     node_kernels = raw["graph_node_id"].notna()
     if node_kernels.any():
         if captures is None:
@@ -1235,7 +1277,11 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
                 "events: they stay unattributed (reason cuda_graph_replay)"
             )
         else:
-            raw = raw.merge(captures, on=["pid", "graph_node_id"], how="left")
+            proc = raw["pid"].to_numpy(dtype=np.int64)
+            if "process_life" in raw:  # (a kernel whose process cannot be told takes no capture either)
+                proc = np.where(raw["launch_refused"].notna().to_numpy(dtype=bool), -1,
+                                ProcessLives.proc(proc, raw["process_life"].to_numpy(dtype=np.int64)))
+            raw = raw.assign(proc=proc).merge(captures, on=["proc", "graph_node_id"], how="left").drop(columns="proc")
             missing = int((node_kernels.to_numpy() & raw["capture_tid"].isna().to_numpy()).sum())
             if missing:
                 diagnostics["warnings"].append(
@@ -1261,7 +1307,7 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
     release_free_memory()
     stage_done(f"{export.path.name}: read {len(kernels):,} kernels", start)
     # (Before the ranges: their thread may still be at work.)
-    activities = _read_activities(export, launch_index)
+    activities = _read_activities(export, launch_index, lives)
     launches = _own_process_launches(launches, kernels, activities, diagnostics)
     diagnostics["warnings"] += range_notes["warnings"]
     diagnostics["nvtx_table"] = range_notes.get("nvtx_table")
@@ -1281,7 +1327,7 @@ def _read_tables(export: _Export, diagnostics: dict, strings: pa.Array, start: f
                                        "duration 0")
         kernels.loc[inverted, "duration_ns"] = 0
     stage_done(f"{export.path.name}: read {len(ranges):,} NVTX ranges", start)
-    _summarise(export, kernels, launches, ranges, activities, diagnostics)
+    _summarise(export, kernels, launches, ranges, activities, diagnostics, lives)
     release_free_memory()  # (and Arrow's pool: it keeps freed blocks)
     log.info("%s: nsys %s, export schema %s", export.path, diagnostics["product_version"] or "unknown",
              diagnostics["schema_version"] or "unknown (no export metadata table)")
@@ -1295,11 +1341,16 @@ def _no_ranges() -> pd.DataFrame:
 
 
 def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, ranges: pd.DataFrame,
-               activities: pd.DataFrame, diagnostics: dict) -> None:
-    """Counts per process, launch APIs, and the findings a user must see (no kernels, skew, ...)."""
+               activities: pd.DataFrame, diagnostics: dict, lives: ProcessLives | None = None) -> None:
+    """Counts per process, launch APIs, and the findings a user must see (no kernels, skew, records written twice,
+    pids several processes used, ...)."""
     diagnostics["devices"] = _devices(export)
     is_kernel = kernels["activity"] == "kernel" if len(kernels) else pd.Series(dtype=bool)
+    refused = kernels["launch_refused"].notna().to_numpy(dtype=bool) if "launch_refused" in kernels \
+        else np.zeros(len(kernels), dtype=bool)
     diagnostics["counts"] = {
+        "duplicate_kernel_records": diagnostics.pop("duplicate_kernel_records", 0),
+        "pid_reused_kernels": int(refused.sum()),
         "kernels": int(is_kernel.sum()) if len(kernels) else 0,
         "graph_launch_rows": int((~is_kernel).sum()) if len(kernels) else 0,
         "launches": len(launches),
@@ -1343,7 +1394,7 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
         )
     else:
         no_corr = kernels["correlation_id"].isna() | (kernels["correlation_id"].fillna(0) <= 0)
-        dangling = ~no_corr & kernels["launch_tid"].isna()
+        dangling = ~no_corr & kernels["launch_tid"].isna() & ~refused
         if no_corr.any():
             diagnostics["warnings"].append(f"{int(no_corr.sum())} kernel(s) have no correlation id (NULL or <= 0): "
                                            "their launch is unknown")
@@ -1365,9 +1416,47 @@ def _summarise(export: _Export, kernels: pd.DataFrame, launches: pd.DataFrame, r
             worst = float(-skew[early].min()) / 1000
             diagnostics["info"].append(f"{int(early.sum())} kernel(s) start before their launch call begins "
                                        f"(by up to {worst:.1f} µs; clock skew); attribution uses the launch call")
+    if diagnostics["counts"]["duplicate_kernel_records"]:
+        diagnostics["warnings"].append(
+            f"{diagnostics['counts']['duplicate_kernel_records']} kernel row(s) repeat another row in every field (name, "
+            "process, device, stream, start, end, correlation id, grid, block, graph node): the export holds them twice "
+            "(corrupt, or merged from overlapping exports); each kernel is counted once "
+            "(counts.duplicate_kernel_records)")
+    if lives is not None:
+        _lives_summary(lives, kernels, refused, diagnostics)
     if export.has("DIAGNOSTIC_EVENT") and "text" in export.columns["DIAGNOSTIC_EVENT"]:
         messages = [r[0] for r in export.rows("SELECT DISTINCT text FROM DIAGNOSTIC_EVENT LIMIT 20") if r[0]]
         diagnostics["nsys_messages"] = messages
+
+
+def _lives_summary(lives: ProcessLives, kernels: pd.DataFrame, refused: np.ndarray, diagnostics: dict) -> None:
+    """``process_lives`` (per pid several processes used: each life's first launch call, launch calls and kernels)
+    and the warning that says so (docs/field-cases.md C25)."""
+    pids = kernels["pid"].to_numpy(dtype=np.int64)
+    life = kernels["process_life"].to_numpy(dtype=np.int64) if "process_life" in kernels else np.zeros(len(kernels),
+                                                                                                          np.int64)
+    entries = {}
+    for pid, starts in sorted(lives.starts.items()):
+        mine = pids == pid
+        counts = np.bincount(life[mine], minlength=len(starts)) if mine.any() else np.zeros(len(starts), np.int64)
+        entries[str(pid)] = [{"life": i, "first_launch_ns": int(s), "launch_calls": int(lives.calls[pid][i]),
+                              "kernels": int(counts[i])} for i, s in enumerate(starts.tolist())]
+    diagnostics["process_lives"] = entries
+    reused = {p: len(s) for p, s in lives.starts.items() if len(s) > 1}
+    unseparated = sorted(p for p, s in lives.starts.items() if len(s) == 1)
+    parts = []
+    if reused:
+        parts.append(", ".join(f"pid {p} by {n} processes" for p, n in sorted(reused.items())) + " in turn (CUPTI "
+                     "correlation ids restart in each process; told apart by each one's first launch call): each GPU "
+                     "activity is joined to a launch call of its own process")
+    if unseparated:
+        parts.append(f"pid(s) {', '.join(map(str, unseparated))} hold launch calls that repeat a correlation id "
+                     "without overlapping in time (several processes in turn?), but no restart of the ids could "
+                     "separate them: kernels of those ids join no launch call")
+    if refused.any():
+        parts.append(f"{int(refused.sum())} kernel(s) whose process cannot be told stay unattributed (reason "
+                     f"{REFUSED}, counts.pid_reused_kernels)")
+    diagnostics["warnings"].append("; ".join(parts) + " (diagnostics process_lives)")
 
 
 # --------------------------------------------------------------------------------------------------
