@@ -21,6 +21,9 @@ of ``--group-size`` that each include fp32_eager (20 variants of a 124M-paramete
 once; each group's speedups are against its own fp32_eager). Combinations whose preconditions fail on this
 machine (bf16 without native bf16) are listed as skipped with the reason. The estimated run time is printed
 before anything is measured.
+
+Stopped with SIGTERM or Ctrl-C, it kills the timing worker it is waiting for, prints one line and exits with 143
+(130); a worker also dies by itself when this process is killed outright (timing_worker.die_with_parent).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import gc
 import itertools
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -242,7 +246,26 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
     return summary
 
 
+def _stop(number, frame):
+    """SIGTERM as Ctrl-C: the KeyboardInterrupt unwinds through timing.measure, which kills its worker."""
+    _stop.number = number
+    raise KeyboardInterrupt
+
+
+_stop.number = signal.SIGINT
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _main()
+    except KeyboardInterrupt:
+        name = signal.Signals(_stop.number).name
+        print(f"bench_pgo: stopped by {name}; the running timing worker was stopped with it", file=sys.stderr)
+        return 128 + int(_stop.number)
+
+
+def _main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="gpt2,sdpa_attention")
     parser.add_argument("--advised", help="advised change ids, comma-separated (for every workload)")

@@ -340,3 +340,122 @@ def test_a_process_that_shared_its_cpus_with_other_processes_is_warned_about():
         "process 1: other processes kept 1.8 CPUs busy on average during the repetitions (0 spare beside its 2 "
         "thread(s)): the times are inflated and noisy (an OpenMP team waits for its descheduled thread at every "
         "operator); measure on a quiet machine or with fewer threads"]
+
+
+# ------------------------------------------------------------------------------ workers die with their parent
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not: /proc/PID/stat state Z; proc(5))."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _worker_pid(log: Path, deadline_s: float = 120.0) -> int:
+    """The worker's pid from its log's first line (``opprof.timing: worker pid N, ...``), once the log shows it
+    building the ``slow`` variant (tests/timing_doubles.py: it sleeps 120 s there)."""
+    import re
+    import time
+
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        text = log.read_text() if log.exists() else ""
+        found = re.search(r"opprof\.timing: worker pid (\d+)", text)
+        if found and "variant slow: building" in text:
+            return int(found.group(1))
+        time.sleep(0.2)
+    raise AssertionError(f"the worker never reached the slow variant; its log:\n{log.read_text() if log.exists() else ''}")
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    import time
+
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+BENCH = TESTS.parent / "benchmarks" / "bench_pgo.py"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_benchmark_leaves_no_timing_worker_running(doubles_on_path, tmp_path, signal_name):
+    """Issue 30: SIGTERM to benchmarks/bench_pgo.py left its optimize.timing_worker child running, which then wrote
+    into the next run's folder. SIGTERM: the benchmark kills its worker, says so in one line and exits 143; SIGKILL
+    (no handler runs): the kernel ends the worker (PR_SET_PDEATHSIG). Either way no OUT.json appears."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent / "src"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    work = tmp_path / "bench"
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCH), "--quick", "--workloads", "sdpa_attention", "--advised", "slow", "--no-search",
+         "--build", "timing_doubles:build", "--numerics", "timing_doubles", "--repetitions", "2", "--processes", "1",
+         "--threads", "1", "--work-dir", str(work)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = work / "sdpa_attention" / "group-0" / "process-0.log"
+    try:
+        pid = _worker_pid(log)
+        assert _alive(pid)
+        bench.send_signal(getattr(signal, signal_name))
+        _, stderr = bench.communicate(timeout=60)
+        assert _gone_within(pid, 10.0), f"the timing worker {pid} outlived bench_pgo ({signal_name})"
+    finally:
+        bench.kill()
+    if signal_name == "SIGTERM":
+        assert bench.returncode == 143
+        assert stderr.strip().splitlines()[-1] == ("bench_pgo: stopped by SIGTERM; the running timing worker was "
+                                                   "stopped with it")
+        assert "Traceback" not in stderr
+    else:
+        assert bench.returncode == -signal.SIGKILL
+    time.sleep(1.0)
+    assert not list(log.parent.glob("process-0.out.json*"))
+
+
+#: A parent that starts a process watching it without prctl (as on a system without it), prints the child's pid,
+#: then waits to be killed.
+POLL_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+POLL_CHILD = """
+import os, sys, time
+from operator_profiler.optimize import timing_worker
+sys.platform = "darwin"  # no prctl: the watching thread
+assert timing_worker.die_with_parent(os.getppid()) == "poll"
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_without_prctl_a_worker_watches_its_parent_and_ends_with_it():
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS.parent / "src"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    parent = subprocess.Popen([sys.executable, "-c", POLL_PARENT, POLL_CHILD], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        assert not _gone_within(child, 3.0)  # the watch thread is running, not exiting at once
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        assert _gone_within(child, 5.0), "the child outlived its parent"
+    finally:
+        parent.kill()

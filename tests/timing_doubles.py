@@ -6,12 +6,14 @@ Changes understood by :func:`build`: ``x4`` runs the forward 4 times per iterati
 ``unmet`` raises WorkloadError (an unmet precondition: the variant is rejected), ``crash`` raises RuntimeError
 while building (a worker failure), ``noisy`` adds 1e-3 to the output (fails the numerics check), ``die`` ends the
 process at once without a result (as the kernel's out-of-memory killer would), ``leaky`` sets a process-wide
-switch (the float32 matmul precision) and leaves it set.
+switch (the float32 matmul precision) and leaves it set, ``slow`` sleeps 120 s while building (a worker to stop
+mid-way).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import NamedTuple
 
 import torch
@@ -65,10 +67,13 @@ def build(model, inputs, changes, device, mode="infer"):
         raise WorkloadError("unmet: this machine lacks the feature")
     if "die" in changes:
         os._exit(3)
+    if "slow" in changes:
+        time.sleep(120)
     if "leaky" in changes:
         torch.set_float32_matmul_precision("medium")
     if "crash" in changes:
         raise RuntimeError("the build broke")
     return Repeated(model, inputs, 4 if "x4" in changes else 1, 1e-3 if "noisy" in changes else 0.0)
+
 
 

@@ -4,10 +4,12 @@ bootstrap interval and speedups (docs/optimize.md#verification).
 
 :func:`measure` writes one spec per process and runs ``python -m operator_profiler.optimize.timing_worker
 SPEC.json OUT.json`` (:mod:`operator_profiler.optimize.timing_worker`) for each, never two at once (they would
-share the cores); each process builds, compiles and warms up every variant itself, so process-level luck
-(allocator state, page cache, code placement) shows up as spread between processes instead of deciding a
-comparison. The first process calibrates each variant's iterations per repetition (k, so that a repetition
-lasts at least ``min_repetition_s``); the later ones reuse its k.
+share the cores), and never one that outlives this process (an exception or signal here kills it; the worker
+also ends by itself when this process is killed outright: ``timing_worker.die_with_parent``). Each process
+builds, compiles and warms up every variant itself, so process-level luck (allocator state, page cache, code
+placement) shows up as spread between processes instead of deciding a comparison. The first process
+calibrates each variant's iterations per repetition (k, so that a repetition lasts at least
+``min_repetition_s``); the later ones reuse its k.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, WorkloadError
 from . import stats
-from .timing_worker import PROGRESS_PREFIX
+from .timing_worker import PARENT_ENV, PROGRESS_PREFIX
 
 #: ``build(model, inputs, changes, device, mode=...) -> Variant`` used by default (optimize.changes).
 DEFAULT_BUILD = "operator_profiler.optimize.changes:build_variant"
@@ -142,15 +144,23 @@ def _run_process(index: int, spec: dict, work_dir: Path, python: str, timeout_s:
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])  # the src/ folder this package was imported from
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+    env[PARENT_ENV] = str(os.getpid())  # the worker dies with this process (timing_worker.die_with_parent)
     name = spec["workload_name"]
     with open(log_path, "w") as log:
+        worker = subprocess.Popen([python, "-m", "operator_profiler.optimize.timing_worker", str(spec_path),
+                                   str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            completed = subprocess.run([python, "-m", "operator_profiler.optimize.timing_worker", str(spec_path),
-                                        str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                       timeout=timeout_s, check=False)
+            worker.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
             raise WorkloadError(f"timing of {name!r}: worker process {index} ran longer than {timeout_s} s "
                                 f"(last at variant {_last_variant(log_path)!r}); its log: {log_path}") from None
+        except BaseException:  # KeyboardInterrupt (SIGINT, or SIGTERM made one), SystemExit: no worker outlives us
+            worker.kill()
+            worker.wait()
+            raise
+    completed = worker
     outcome = json.loads(out_path.read_text()) if out_path.exists() else None
     if completed.returncode == 0 and outcome is not None and "error" not in outcome:
         return outcome

@@ -12,6 +12,9 @@ A variant whose build or first warm-up call raises :class:`~operator_profiler.er
 precondition, freezing not applied) or whose numerics fail is recorded as rejected with the reason; any other
 exception ends the process with exit status 1 and OUT.json ``{"error", "variant", "phase", "traceback"}``.
 Progress lines ``opprof.timing: variant NAME: PHASE`` go to stderr, so a log names the variant a crash hit.
+
+The worker dies with its parent (:func:`die_with_parent`): a parent stopped by SIGTERM or SIGKILL (a benchmark
+stopped by hand, a job cancelled) never leaves a worker running that would write into a later run's folder.
 """
 
 from __future__ import annotations
@@ -24,19 +27,69 @@ import math
 import os
 import random
 import resource
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 PROGRESS_PREFIX = "opprof.timing: variant "
+#: The environment variable through which the parent passes its pid (:func:`die_with_parent`).
+PARENT_ENV = "OPPROF_TIMING_PARENT"
+#: How often the portable fallback of :func:`die_with_parent` looks at the parent (s).
+PARENT_POLL_S = 0.5
 #: Shorter windows make the other processes' load too coarse to judge (/proc/stat counts clock ticks of 10 ms).
 MIN_LOAD_WINDOW_S = 1.0
 
 
 def _say(variant: str, phase: str) -> None:
     print(f"{PROGRESS_PREFIX}{variant}: {phase}", file=sys.stderr, flush=True)
+
+
+def _parent_gone(parent: int | None) -> bool:
+    """Whether the process that started this one has ended (this process was re-parented: ``getppid`` is no
+    longer ``parent``); False when the parent is not known."""
+    return parent is not None and os.getppid() != parent
+
+
+def die_with_parent(parent: int | None) -> str:
+    """End this process when its parent ends, however the parent ends (SIGTERM, SIGKILL, a crash).
+
+    On Linux the kernel sends SIGKILL when the parent's thread that started this process exits (``prctl``
+    ``PR_SET_PDEATHSIG``, via ctypes); elsewhere (or where prctl fails) a daemon thread checks ``getppid`` every
+    :data:`PARENT_POLL_S` s and ends the process at once when it changed. ``parent``: the parent's pid as it gave
+    it (:data:`PARENT_ENV`); a parent that ended before the death signal was set (a race prctl cannot see) ends
+    this process here, with exit status 3. Returns the mechanism used: ``"prctl"``, ``"poll"``, or ``"none"``
+    (no parent given and no prctl: nothing watches)."""
+    if _parent_gone(parent):
+        print("opprof.timing: the parent process ended before this worker started; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    mechanism = "none"
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0:  # PR_SET_PDEATHSIG
+                mechanism = "prctl"
+        except (OSError, AttributeError):
+            pass
+    if mechanism == "prctl":
+        if _parent_gone(parent):  # it ended between the check above and prctl: no signal will come
+            os._exit(3)
+        return mechanism
+    if parent is None:
+        return mechanism
+
+    def watch() -> None:
+        while not _parent_gone(parent):
+            time.sleep(PARENT_POLL_S)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="opprof-parent-watch", daemon=True).start()
+    return "poll"
 
 
 def load_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -254,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m operator_profiler.optimize.timing_worker SPEC.json OUT.json", file=sys.stderr)
         return 2
     spec_path, out_path = Path(args[0]), Path(args[1])
+    parent = int(os.environ[PARENT_ENV]) if os.environ.get(PARENT_ENV, "").isdigit() else None
+    watched = die_with_parent(parent)
+    print(f"opprof.timing: worker pid {os.getpid()}, parent {parent} (dies with it: {watched})", file=sys.stderr,
+          flush=True)
     state: dict = {"variant": None, "phase": "reading the spec"}
     try:
         outcome = run(json.loads(spec_path.read_text()), state)
@@ -264,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = {"error": f"{type(exc).__name__}: {exc}", "variant": state["variant"], "phase": state["phase"],
                    "traceback": text}
         status = 1
+    if _parent_gone(parent):  # nobody reads it, and the folder may already be a later run's
+        return 3
     tmp = out_path.with_name(out_path.name + ".partial")
     tmp.write_text(json.dumps(outcome) + "\n")
     os.replace(tmp, out_path)
