@@ -173,8 +173,11 @@ def _numerics(entry: dict) -> str:
     numerics = entry.get("numerics") or {}
     if not numerics:
         return "not checked"
+    in_dtype = entry.get("numerics_in_dtype") or {}
+    tight = (f"; vs {in_dtype['against'].split(' (')[0]} max_rel {in_dtype['max_rel']:.1e} <= "
+             f"{in_dtype['limits']['max_rel']:.1e}" if in_dtype.get("limits") else "")
     return f"{'ok' if numerics.get('ok') else 'FAIL'} (max_rel {numerics.get('max_rel', float('nan')):.1e}, " \
-           f"cos {numerics.get('cosine', float('nan')):.6f})"
+           f"cos {numerics.get('cosine', float('nan')):.6f}{tight})"
 
 
 def row(label: str, entry: dict | None) -> str:
@@ -220,10 +223,12 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
         print(f"    {step['change']:<16} {'+'.join(step['context']) or 'fp32_eager':>34} -> +{step['change']:<16} "
               f"{_figure(step['speedup']):<24} {step['decision']:<8} credit {_figure(step['credit'])}"
               + (f"  ({step['reason']})" if step["decision"] != "kept" else ""))
+    strong = (f", strong_generic REJECTED ({recommended['strong_generic_rejected']}): not compared with it"
+              if recommended.get("strong_generic_rejected") else
+              f", vs strong_generic {_figure(recommended.get('vs_strong_generic'))}"
+              f"{' SLOWER' if recommended.get('slower_than_strong_generic') else ''}")
     print(f"  recommended: {recommended['name']}"
-          + (f", vs strong_generic {_figure(recommended.get('vs_strong_generic'))}"
-             f"{' SLOWER' if recommended.get('slower_than_strong_generic') else ''}" if recommended.get("measured")
-             else " (not measured as a whole)"))
+          + (strong if recommended.get("measured") else " (not measured as a whole)"))
     summary = {"advised": advised, "best": None, "advised_vs_best": None}
     if best:
         summary["best"] = {"changes": best[3]["changes"], "speedup": best[3]["speedup"], "group": best[1]}

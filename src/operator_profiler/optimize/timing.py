@@ -191,6 +191,8 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
                          if r["rejected"]), None)
         entry: dict[str, Any] = {"changes": changes, "rejected": rejected,
                                  "numerics": next((r.get("numerics") for r in per_process if r.get("numerics")), None),
+                                 "numerics_in_dtype": next((r.get("numerics_in_dtype") for r in per_process
+                                                            if r.get("numerics_in_dtype")), None),
                                  "checks": per_process[0].get("checks"), "rewrites": per_process[0].get("rewrites")}
         variants[name] = entry
         changed = next((r["process_settings_changed"] for r in per_process if r.get("process_settings_changed")), None)
@@ -285,7 +287,9 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
         high-water mark, ``getrusage`` ru_maxrss), ``torch``, ``other_cpu_load`` (CPUs other processes kept busy
         on average during its repetitions, from /proc/stat; null when unreadable or under 1 s) and ``usable_cpus``;
         per variant
-        ``changes``, ``rejected`` (null or the reason), ``numerics``, ``checks``, ``rewrites`` and, unless rejected,
+        ``changes``, ``rejected`` (null or the reason), ``numerics`` (against FP32 eager), ``numerics_in_dtype``
+        (a variant that changes the dtype and does more: against the eager model in that dtype, at the tight bound of
+        ``numerics.in_dtype_limits``; null otherwise), ``checks``, ``rewrites`` and, unless rejected,
         ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``iterations_per_repetition``
         (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
         (``minor``, ``major``, ``total`` medians over repetitions, ``per_process`` medians of the total),

@@ -166,6 +166,55 @@ def _rss_bytes() -> int | None:
         return None
 
 
+def _eager_in_dtype(build: Callable[..., Any], model: Any, inputs: tuple, key: tuple[str, ...], device: str,
+                    mode: str, reference: Any, numerics: Any, dtype: str, tolerances: dict | None,
+                    sync: Callable[[], None]) -> dict:
+    """The eager model in the dtype the changes ``key`` set (built with those changes only, from its own copy of
+    the model), run once: ``{"changes", "output", "vs_fp32" (its NumericsResult against FP32 eager), "error"}``;
+    ``error`` the reason when it cannot be built (then no variant of that dtype can be judged in it)."""
+    from ..errors import WorkloadError
+
+    _say("+".join(key), "building the eager reference in its dtype")
+    try:
+        eager = build(copy.deepcopy(model), inputs, list(key), device, mode=mode)
+        output = eager.run()
+        sync()
+    except WorkloadError as exc:
+        return {"changes": list(key), "output": None, "vs_fp32": None, "error": f"build: {exc}"}
+    del eager
+    return {"changes": list(key), "output": output, "error": None,
+            "vs_fp32": numerics.compare_outputs(reference, output, dtype, tolerances)}
+
+
+def _check_in_dtype(numerics: Any, record: dict, changes: list[str], dtype: str, output: Any,
+                    cache: dict, make: Callable[[tuple[str, ...]], dict], tolerances: dict | None) -> str | None:
+    """A variant that changes the dtype and does more checked against the eager model in its dtype
+    (``numerics.compare_in_dtype``; numerics modules without it skip the check): ``record["numerics_in_dtype"]``
+    gets ``{"against", "max_abs", "max_rel", "cosine", "ok", "reason", "dtype", "eager_vs_fp32", "limits"}``.
+    Returns the rejection (``numerics: against eager ...``) or None."""
+    if not hasattr(numerics, "dtype_changes") or not hasattr(numerics, "compare_in_dtype"):
+        return None
+    key = tuple(numerics.dtype_changes(list(changes)))
+    if not key or set(key) == set(changes):  # float32, or the eager model in the dtype itself
+        return None
+    if key not in cache:
+        cache[key] = make(key)
+    eager = cache[key]
+    against = f"eager {dtype} ({' + '.join(key)}, no other change)"
+    if eager["error"] is not None:
+        record["numerics_in_dtype"] = {"against": against, "ok": False, "reason": eager["error"]}
+        return f"numerics: against {against}: cannot be judged, its {eager['error']}"
+    try:
+        check = numerics.compare_in_dtype(eager["output"], output, dtype, eager["vs_fp32"], tolerances)
+        limits = numerics.in_dtype_limits(eager["vs_fp32"], dtype, tolerances)
+    except ValueError as exc:
+        record["numerics_in_dtype"] = {"against": against, "ok": False, "reason": str(exc)}
+        return f"numerics: against {against}: {exc}"
+    record["numerics_in_dtype"] = {"against": against, **_numerics_record(check),
+                                   "eager_vs_fp32": _numerics_record(eager["vs_fp32"]), "limits": limits}
+    return None if check.ok else f"numerics: against {against}: {check.reason}"
+
+
 def run(spec: dict, state: dict) -> dict:
     """Measure the spec's variants in this process (module docstring); ``state`` tracks the variant and phase
     for the error record. Returns OUT.json's content."""
@@ -199,6 +248,7 @@ def run(spec: dict, state: dict) -> dict:
 
     variants: dict[str, Any] = {}
     records: dict[str, dict] = {}
+    in_dtype: dict[tuple[str, ...], dict] = {}  # dtype changes -> the eager model's output in that dtype
     given_k = spec.get("iterations_per_repetition") or {}
     for name, changes in spec["variants"].items():
         state["variant"] = name
@@ -238,11 +288,19 @@ def run(spec: dict, state: dict) -> dict:
                 state["phase"] = "numerics"
                 output = variant.run()
                 sync()
-                check = numerics.compare_outputs(reference, output, numerics.variant_dtype(list(changes)), tolerances)
+                dtype = numerics.variant_dtype(list(changes))
+                check = numerics.compare_outputs(reference, output, dtype, tolerances)
                 record["numerics"] = _numerics_record(check)
+                if record["numerics"]["ok"]:
+                    rejected = _check_in_dtype(
+                        numerics, record, changes, dtype, output, cache=in_dtype, tolerances=tolerances,
+                        make=lambda key: _eager_in_dtype(build, model, inputs, key, device, mode, reference,
+                                                         numerics, dtype, tolerances, sync))
+                else:
+                    rejected = f"numerics: {record['numerics']['reason']}"
                 del output
-                if not record["numerics"]["ok"]:
-                    record["rejected"] = f"numerics: {record['numerics']['reason']}"
+                if rejected:
+                    record["rejected"] = rejected
                     _say(name, f"rejected ({record['rejected']})")
                     del variant
                     gc.collect()

@@ -47,8 +47,12 @@ def _variant_rows(variants: dict, recommended: str | None) -> list[str]:
         faults = (v.get("faults_per_iteration") or {}).get("total")
         numerics = v.get("numerics") or {}
         speedup = v.get("speedup") or {}
+        in_dtype = v.get("numerics_in_dtype") or {}
         status = ("rejected: " + v["rejected"]) if v.get("rejected") else (
             "ok" if numerics.get("ok", True) else f"numerics: {numerics.get('reason')}")
+        if not v.get("rejected") and in_dtype.get("limits"):
+            status += (f"; against {in_dtype['against']}: max_rel {in_dtype['max_rel']:.2e} within "
+                       f"{in_dtype['limits']['max_rel']:.2e}")
         label = name + (" (recommended)" if name == recommended else "")
         rows.append(
             f"<td>{esc(label)}</td><td>{esc(' + '.join(v.get('changes') or []) or '(none)')}</td>"
@@ -81,7 +85,10 @@ def _variants_section(verification: dict) -> str:
             f"over {verification.get('processes')} processes (each builds and warms every variant), "
             f"{'torch default threads' if not threads else f'{threads} thread(s)'}, device "
             f"{esc(verification.get('device'))}. Baselines: {esc(_baselines_text(verification))}. Numerics against "
-            "the FP32 eager reference on fixed inputs.</p>" + table + extra + "</section>")
+            "the FP32 eager reference on fixed inputs, at the tolerance of the variant's dtype; a variant that "
+            "changes the dtype and does more is also checked against the eager model in that dtype at a tight bound "
+            "(twice that eager model's own deviation from FP32), so a compiler bug is not absorbed by the dtype's "
+            "tolerance.</p>" + table + extra + "</section>")
 
 
 def _baselines_text(verification: dict) -> str:
@@ -106,7 +113,9 @@ def _ablation_section(verification: dict) -> str:
                + (f", {_interval((rec.get('speedup') or {}).get('value'), (rec.get('speedup') or {}).get('ci'), 'x')}"
                   " over FP32 eager" if rec.get("speedup") else "")
                + (f"; against strong_generic {_interval(strong.get('value'), strong.get('ci'), 'x')}"
-                  if strong else "") + ".</p>")
+                  if strong else "")
+               + (f"; <strong>strong_generic was rejected</strong> ({esc(rec['strong_generic_rejected'])}): the "
+                  "recommendation is not compared with it" if rec.get("strong_generic_rejected") else "") + ".</p>")
     alone = [(name, v) for name, v in verification["variants"].items()
              if len(v.get("changes") or []) and name not in ("compile_default", "strong_generic")]
     return ('<section id="ablation"><h2>Ablation</h2><p>Each advised change is credited only with its own step: '
