@@ -21,7 +21,7 @@ import torch
 from ..errors import DeviceUnavailable, from_user_exception
 from ..naming import (ITERATION_PREFIX, LAYER_PREFIX, MEASURED_RANGE, MODEL_RANGE, NVTX_DOMAIN, SHAPES_CHECK_SUFFIX,
                       SHAPES_ITERATION)
-from . import fx_module_paths, training, workloads
+from . import fx_module_paths, machine, training, workloads
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
 
@@ -543,7 +543,9 @@ def run_capture(
 
     Returns:
         The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
-        warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``settings``
+        warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``machine_load`` (how
+        many CPUs other processes kept busy on average during the measured iterations and whether that made the
+        machine busy: :func:`operator_profiler.capture.machine.other_cpu_load`), ``settings``
         (:func:`_settings`: ``deterministic_requested``, cudnn.benchmark (always off), cudnn.deterministic,
         deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the kernel
         invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
@@ -653,10 +655,14 @@ def run_capture(
 
     graphs_warm = _dynamo_graphs()
 
+    machine_load: dict = {}
+
     def measured_iterations() -> None:
+        start = machine.load_window_start()
         for i in range(harness["iterations"]):
             with emitter.range(f"{ITERATION_PREFIX}{i}"):
                 run_step(f"measured iteration {i}")
+        machine_load.update(machine.other_cpu_load(start, torch.get_num_threads()))
 
     measured_kernels: int | None = None
     kernels_source: str | None = None
@@ -719,6 +725,7 @@ def run_capture(
         "warmup": warmup,
         "warmup_s": round(warmup_s, 3),
         "measured_s": round(measured_s, 3),
+        "machine_load": machine_load,
         "settings": _settings(harness["deterministic"], model_cudnn_benchmark),
         "measured_kernels": measured_kernels,
         "measured_kernels_source": kernels_source,

@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 PROGRESS_PREFIX = "opprof.timing: variant "
+#: Repetitions shorter than this in all give no load figure (as before the captures measured theirs: 1 s).
+MIN_LOAD_WINDOW_S = 1.0
 #: The environment variable through which the parent passes its pid (:func:`die_with_parent`).
 PARENT_ENV = "OPPROF_TIMING_PARENT"
 #: How often the portable fallback of :func:`die_with_parent` looks at the parent (s).
 PARENT_POLL_S = 0.5
-#: Shorter windows make the other processes' load too coarse to judge (/proc/stat counts clock ticks of 10 ms).
-MIN_LOAD_WINDOW_S = 1.0
 
 
 def _say(variant: str, phase: str) -> None:
@@ -320,7 +320,7 @@ def run(spec: dict, state: dict) -> dict:
     state["phase"] = "interleaved repetitions"
     from ..capture import machine
 
-    busy_before, own_before, wall_before = machine.cpu_busy_seconds(), os.times(), time.perf_counter()
+    load_start = machine.load_window_start()
     rng = random.Random(spec["seed"] * 1009 + spec.get("process", 0))
     order = list(variants)
     with grad:
@@ -347,14 +347,10 @@ def run(spec: dict, state: dict) -> dict:
                 record["minor_faults"].append((minor1 - minor0) / k)
                 record["major_faults"].append((major1 - major0) / k)
     state["variant"] = None
-    elapsed = time.perf_counter() - wall_before
-    busy_after, own_after = machine.cpu_busy_seconds(), os.times()
-    others = None  # CPUs other processes kept busy on average during the repetitions (/proc/stat minus our own)
-    if busy_before is not None and busy_after is not None and elapsed >= MIN_LOAD_WINDOW_S:
-        own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
-        others = round(max(0.0, (busy_after - busy_before - own) / elapsed), 3)
+    # CPUs other processes kept busy on average during the repetitions (/proc/stat less this process and its parent)
+    load = machine.other_cpu_load(load_start, torch.get_num_threads(), min_window_s=MIN_LOAD_WINDOW_S)
     return {"process": spec.get("process", 0), "pid": os.getpid(), "device": device,
-            "other_cpu_load": others, "usable_cpus": machine.usable_cpus(),
+            "other_cpu_load": load["other_cpu_load"], "usable_cpus": load["usable_cpus"],
             "threads": torch.get_num_threads(), "torch": torch.__version__, "peak_rss_bytes": _peak_rss_bytes(),
             "variants": records}
 
