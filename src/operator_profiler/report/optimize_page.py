@@ -21,8 +21,11 @@ def _interval(value, ci, unit: str = "", digits: int = 3) -> str:
 
 
 def _advice_section(advice: dict) -> str:
+    from .advice_view import interval_text
+
     rows = [f"<tr><td><strong>{esc(r['change'])}</strong></td><td>{esc(r['rule'])}</td><td>{esc(r['evidence'])}"
-            f"</td><td>{esc(r['expect'])}</td></tr>" for r in advice.get("advice", [])]
+            + (f"; {esc(interval_text(advice, r))}" if interval_text(advice, r) else "")
+            + f"</td><td>{esc(r['expect'])}</td></tr>" for r in advice.get("advice", [])]
     offered = ("<table><thead><tr><th>change</th><th>rule</th><th>evidence (the profile)</th><th>expected effect"
                "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>") if rows else \
         "<p>No rule of the catalog fired on this profile.</p>"
@@ -32,9 +35,14 @@ def _advice_section(advice: dict) -> str:
     refused = [f"<li><strong>{esc(r['change'])}</strong> (rule {esc(r['rule'])}): {esc(r['reason'])}. Evidence: "
                f"{esc(r['evidence'])}</li>" for r in advice.get("not_offered", [])]
     diagnoses = [f"<p class=\"diagnosis\"><strong>Diagnosis.</strong> {esc(d)}</p>" for d in advice.get("diagnoses", [])]
+    borderline = [f"<li><strong>{esc(r['change'])}</strong> (rule {esc(r['rule'])}): {esc(r['reason'])}</li>"
+                  for r in advice.get("borderline", [])]
+    warnings = "".join(f'<p class="note"><strong>Warning</strong>: {esc(w)}.</p>' for w in advice.get("warnings") or [])
     advised = " + ".join(advice.get("advised_changes") or []) or "no change"
-    return (f'<section id="advice"><h2>Advice</h2><p>Advised variant: <strong>{esc(advised)}</strong> (catalog '
-            f"<code>{esc(advice.get('catalog'))}</code>).</p>{offered}"
+    return (f'<section id="advice"><h2>Advice</h2>{warnings}<p>Advised variant: <strong>{esc(advised)}</strong> '
+            f"(catalog <code>{esc(advice.get('catalog'))}</code>).</p>{offered}"
+            + (f"<p>Borderline, not advised (the measure does not clear the rule's threshold across the measured "
+               f"iterations):</p><ul>{''.join(borderline)}</ul>" if borderline else "")
             + (f"<p>Also in the variant:</p><ul>{''.join(implied)}</ul>" if implied else "")
             + (f"<p>Not offered (the evidence holds, a precondition does not):</p><ul>{''.join(refused)}</ul>"
                if refused else "")
