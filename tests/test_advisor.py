@@ -196,7 +196,7 @@ def test_cuda_profile_with_idle_tensor_pipes_gets_tf32_first_and_counters_quoted
 
 
 # ------------------------------------------------------------------ per-iteration intervals and the machine's load
-# Issue 30, item 8: one model's attention share read 15.7% on a quiet machine and 6.5% with another job running, so
+# Advice that flipped with machine load: one model's attention share read 15.7% on a quiet machine and 6.5% with another job running, so
 # the 10% rule (attention_to_sdpa) advised the rewrite or not. A rule fires only when its measure clears the
 # threshold across the measured iterations (the interquartile range of its per-iteration values), is "borderline"
 # when that range straddles it, and a capture on a busy machine (run.json machine_load, docs/outputs.md) warns.

@@ -1,7 +1,7 @@
 """The machine's load during a measurement (capture.machine.other_cpu_load): the CPUs other processes kept busy,
 from /proc/stat less this process's and its parent's CPU time (proc(5): the ``cpu`` line, /proc/PID/stat fields
 14 and 15), judged busy above the CPUs spare beside the measurement's threads plus 0.5; recorded in run.json by
-every capture (docs/outputs.md, ``machine_load``) and said in the report (issue 30, item 8)."""
+every capture (docs/outputs.md, ``machine_load``) and said in the report."""
 
 from __future__ import annotations
 

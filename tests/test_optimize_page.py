@@ -61,7 +61,7 @@ def test_rewrite_pairs_sum_the_replaced_operators_in_the_rewritten_modules():
 
 
 def test_a_rejected_strong_generic_is_shown_rejected_and_the_recommendation_is_not_compared_with_it():
-    """Issue 30, item 7: the record of a measurement whose strong_generic failed its numerics against eager bf16
+    """A miscompiling strong_generic: the record of a measurement whose strong_generic failed its numerics against eager bf16
     (fields: docs/optimize.md#the-verification-record)."""
     from operator_profiler.optimize import ablation
 

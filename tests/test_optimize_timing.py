@@ -379,7 +379,7 @@ SOFTMAX_DIM_MINUS2 = {"kind": "custom", "compile": False, "factory": "timing_dou
 
 def test_a_miscompile_inside_the_bf16_tolerance_is_caught_against_eager_bf16_and_the_rejected_baseline_is_not_compared(
         doubles_on_path, tmp_path):
-    """Issue 30, item 7: strong_generic (compile + max-autotune + freezing + bf16) passed at the bf16 tolerance
+    """Reported from the field: strong_generic (compile + max-autotune + freezing + bf16) passed at the bf16 tolerance
     (max_rel 0.026 < 5e-2) although its compiler miscompiled, and became the baseline the recommendation was
     compared with. The fixture's ``compile`` miscompiles deterministically (the real bug does not reproduce here:
     tests/timing_doubles.py); its bf16 variants are checked against eager bf16 at twice eager bf16's own
@@ -489,7 +489,7 @@ BENCH = TESTS.parent / "benchmarks" / "bench_pgo.py"
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
 def test_a_stopped_benchmark_leaves_no_timing_worker_running(doubles_on_path, tmp_path, signal_name):
-    """Issue 30: SIGTERM to benchmarks/bench_pgo.py left its optimize.timing_worker child running, which then wrote
+    """Found on the way: SIGTERM to benchmarks/bench_pgo.py left its optimize.timing_worker child running, which then wrote
     into the next run's folder. SIGTERM: the benchmark kills its worker, says so in one line and exits 143; SIGKILL
     (no handler runs): the kernel ends the worker (PR_SET_PDEATHSIG). Either way no OUT.json appears."""
     import signal

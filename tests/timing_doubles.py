@@ -80,7 +80,7 @@ def build(model, inputs, changes, device, mode="infer"):
 
 # ------------------------------------------------------------------------------ a miscompile, deterministically
 
-#: torch 2.13's Inductor miscompiles attention with softmax(dim=-2) (pytorch#196468, as filed in issue 30: max_rel
+#: torch 2.13's Inductor miscompiles attention with softmax(dim=-2) (pytorch#196468, as reported from the field: max_rel
 #: 0.025 compiled at fp32, 0.026 compiled with bf16 autocast). The bug did not reproduce on this project's machine
 #: (torch 2.13.0+cpu, AVX2, no avx512_bf16: :func:`attention_softmax_dim_minus2` compiled lay max_rel 1.9e-7 from
 #: eager at fp32, and under bf16 autocast 4.1e-3 from eager bf16, itself 6.6e-3 from FP32 eager: correct), so
