@@ -42,7 +42,8 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
 DTYPE_CHANGES: tuple[str, ...] = ("bf16_autocast", "tf32")
 #: A variant that changes the dtype may lie this many times as far from the eager model in its dtype as that eager
 #: model lies from FP32 eager (max_rel; the cosine's distance from 1, which grows with the error squared, this
-#: factor squared). 2: two independent roundings of one output differ by about sqrt(2) times one of them.
+#: factor squared). 2: two correct computations differ by at most the sum of their errors, twice eager's when the
+#: variant is as accurate as eager (about sqrt(2) times one of them when the roundings are independent).
 IN_DTYPE_FACTOR = 2.0
 
 
