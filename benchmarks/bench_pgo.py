@@ -21,6 +21,9 @@ of ``--group-size`` that each include fp32_eager (20 variants of a 124M-paramete
 once; each group's speedups are against its own fp32_eager). Combinations whose preconditions fail on this
 machine (bf16 without native bf16) are listed as skipped with the reason. The estimated run time is printed
 before anything is measured.
+
+Stopped with SIGTERM or Ctrl-C, it kills the timing worker it is waiting for, prints one line and exits with 143
+(130); a worker also dies by itself when this process is killed outright (timing_worker.die_with_parent).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import gc
 import itertools
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -169,8 +173,11 @@ def _numerics(entry: dict) -> str:
     numerics = entry.get("numerics") or {}
     if not numerics:
         return "not checked"
+    in_dtype = entry.get("numerics_in_dtype") or {}
+    tight = (f"; vs {in_dtype['against'].split(' (')[0]} max_rel {in_dtype['max_rel']:.1e} <= "
+             f"{in_dtype['limits']['max_rel']:.1e}" if in_dtype.get("limits") else "")
     return f"{'ok' if numerics.get('ok') else 'FAIL'} (max_rel {numerics.get('max_rel', float('nan')):.1e}, " \
-           f"cos {numerics.get('cosine', float('nan')):.6f})"
+           f"cos {numerics.get('cosine', float('nan')):.6f}{tight})"
 
 
 def row(label: str, entry: dict | None) -> str:
@@ -216,10 +223,12 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
         print(f"    {step['change']:<16} {'+'.join(step['context']) or 'fp32_eager':>34} -> +{step['change']:<16} "
               f"{_figure(step['speedup']):<24} {step['decision']:<8} credit {_figure(step['credit'])}"
               + (f"  ({step['reason']})" if step["decision"] != "kept" else ""))
+    strong = (f", strong_generic REJECTED ({recommended['strong_generic_rejected']}): not compared with it"
+              if recommended.get("strong_generic_rejected") else
+              f", vs strong_generic {_figure(recommended.get('vs_strong_generic'))}"
+              f"{' SLOWER' if recommended.get('slower_than_strong_generic') else ''}")
     print(f"  recommended: {recommended['name']}"
-          + (f", vs strong_generic {_figure(recommended.get('vs_strong_generic'))}"
-             f"{' SLOWER' if recommended.get('slower_than_strong_generic') else ''}" if recommended.get("measured")
-             else " (not measured as a whole)"))
+          + (strong if recommended.get("measured") else " (not measured as a whole)"))
     summary = {"advised": advised, "best": None, "advised_vs_best": None}
     if best:
         summary["best"] = {"changes": best[3]["changes"], "speedup": best[3]["speedup"], "group": best[1]}
@@ -242,7 +251,26 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
     return summary
 
 
+def _stop(number, frame):
+    """SIGTERM as Ctrl-C: the KeyboardInterrupt unwinds through timing.measure, which kills its worker."""
+    _stop.number = number
+    raise KeyboardInterrupt
+
+
+_stop.number = signal.SIGINT
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        return _main()
+    except KeyboardInterrupt:
+        name = signal.Signals(_stop.number).name
+        print(f"bench_pgo: stopped by {name}; the running timing worker was stopped with it", file=sys.stderr)
+        return 128 + int(_stop.number)
+
+
+def _main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="gpt2,sdpa_attention")
     parser.add_argument("--advised", help="advised change ids, comma-separated (for every workload)")

@@ -11,6 +11,7 @@ import pytest
 
 from operator_profiler.errors import ConfigError
 from operator_profiler.optimize import advisor, evidence
+from operator_profiler.report import advice_view, optimize_page
 
 NO_BF16 = {"device": "cpu", "native_bf16": False, "flags": ["avx512f", "avx512_vnni"]}
 WITH_BF16 = {"device": "cpu", "native_bf16": True, "flags": ["avx512f", "avx512_bf16"]}
@@ -192,3 +193,133 @@ def test_cuda_profile_with_idle_tensor_pipes_gets_tf32_first_and_counters_quoted
     advice = advisor.advise(plain, advisor.load_catalog(), features, "gpt2")
     (rule,) = [r for r in advice["not_triggered"] if r["rule"] == "tf32_gemms"]
     assert "no tensor pipe counters" in rule["reason"]
+
+
+# ------------------------------------------------------------------ per-iteration intervals and the machine's load
+# Advice that flipped with machine load: one model's attention share read 15.7% on a quiet machine and 6.5% with another job running, so
+# the 10% rule (attention_to_sdpa) advised the rewrite or not. A rule fires only when its measure clears the
+# threshold across the measured iterations (the interquartile range of its per-iteration values), is "borderline"
+# when that range straddles it, and a capture on a busy machine (run.json machine_load, docs/outputs.md) warns.
+
+ITERATION_NS = 1_000_000
+
+
+def _iterated_attention(shares: list[float], machine_load: dict | None = None) -> evidence.Profile:
+    """One iteration per share: explicit attention (softmax 40%, bmm 60% of the share, module h.0.attn) and the
+    rest in an addmm of h.0.mlp, each iteration 1 ms of kernel time; the kernels carry their iteration as the
+    attribution table does (attribution/kernels.parquet, docs/outputs.md)."""
+    rows = []
+    for it, share in enumerate(shares):
+        attention = round(share * ITERATION_NS)
+        softmax = round(0.4 * attention)
+        for op, module, ns in (("aten::_softmax", "h.0.attn", softmax), ("aten::bmm", "h.0.attn", attention - softmax),
+                               ("aten::addmm", "h.0.mlp", ITERATION_NS - attention)):
+            rows.append({"kernel_id": len(rows), "operator": op, "module": module, "duration_ns": ns, "iteration": it})
+    kernels = pd.DataFrame(rows)
+    totals = kernels.groupby("operator")["duration_ns"].sum()
+    operators = _operators([{"operator": op, "time_ns": int(ns), "work_dtype": "float32"} for op, ns in totals.items()])
+    run = {"compiled": True, "mode": "inference", "versions": {"device": "cpu"}, "machine_load": machine_load}
+    coverage = {"iteration_time_ns": {str(i): ITERATION_NS for i in range(len(shares))}}
+    return evidence.Profile(operators, kernels, run, coverage)
+
+
+def _iqr(values: list[float]) -> tuple[float, float]:
+    import numpy as np
+
+    return float(np.percentile(values, 25)), float(np.percentile(values, 75))
+
+
+def _attention_rule(advice: dict) -> tuple[str, dict]:
+    for where in ("advice", "not_offered", "borderline", "not_triggered"):
+        for record in advice[where]:
+            if record["rule"] == "attention_to_sdpa":
+                return where, record
+    raise AssertionError("attention_to_sdpa is in no list")
+
+
+QUIET = [0.157 + (0.01 if i % 2 else -0.01) for i in range(30)]     # 14.7% .. 16.7%
+BUSY = [0.04, 0.07, 0.09, 0.11, 0.13, 0.16] * 5                    # every other figure on either side of 10%
+LOW = [0.065 + (0.005 if i % 3 else -0.005) for i in range(30)]     # 6.0% .. 7.0%
+
+
+def test_a_rule_fires_when_its_measure_clears_the_threshold_in_the_middle_half_of_the_iterations():
+    advice = advisor.advise(_iterated_attention(QUIET), advisor.load_catalog(), NO_BF16, "attn")
+    where, record = _attention_rule(advice)
+    assert where == "advice" and "sdpa_rewrite" in advice["advised_changes"]
+    low, high = _iqr(QUIET)
+    assert record["interval"]["low"] == pytest.approx(low, abs=1e-6)
+    assert record["interval"]["high"] == pytest.approx(high, abs=1e-6)
+    assert record["interval"]["iterations"] == 30
+    assert record["value"] == pytest.approx(sum(QUIET) / 30, abs=1e-6)  # equal iterations: the mean share
+    assert advice["measures"]["explicit_attention_share"]["interval"]["values"] == pytest.approx(QUIET, abs=1e-6)
+    assert advice["borderline"] == [] and advice["warnings"] == []
+    lines = "\n".join(advice_view.markdown_lines(advice))
+    assert f"across the measured iterations {low:.1%} to {high:.1%} (interquartile range over 30)" in lines
+
+
+def test_a_measure_straddling_the_threshold_across_iterations_is_borderline_and_not_advised():
+    advice = advisor.advise(_iterated_attention(BUSY), advisor.load_catalog(), NO_BF16, "attn")
+    where, record = _attention_rule(advice)
+    low, high = _iqr(BUSY)
+    assert low < 0.1 < high
+    assert where == "borderline" and "sdpa_rewrite" not in advice["advised_changes"]
+    assert record["reason"].startswith(f"borderline: explicit_attention_share [{low:.1%}, {high:.1%}] over 30 "
+                                       "iterations (interquartile range) against the rule's >= 0.1")
+    lines = "\n".join(advice_view.markdown_lines(advice))
+    assert "- borderline, not advised: sdpa_rewrite (rule `attention_to_sdpa`): borderline: " in lines
+    page = optimize_page._advice_section(advice)
+    assert "Borderline, not advised" in page and "explicit_attention_share [" in page
+
+
+def test_a_measure_below_the_threshold_across_iterations_does_not_trigger():
+    advice = advisor.advise(_iterated_attention(LOW), advisor.load_catalog(), NO_BF16, "attn")
+    where, record = _attention_rule(advice)
+    low, high = _iqr(LOW)
+    assert where == "not_triggered" and high < 0.1
+    assert f"[{low:.1%}, {high:.1%}] over 30 iterations (interquartile range); the rule needs >= 0.1" in record["reason"]
+
+
+def test_without_measured_iterations_a_rule_reads_the_single_figure_and_says_so():
+    profile = _iterated_attention(QUIET[:2])  # 2 iterations: fewer than evidence.MIN_INTERVAL_ITERATIONS
+    advice = advisor.advise(profile, advisor.load_catalog(), NO_BF16, "attn")
+    where, record = _attention_rule(advice)
+    assert where == "advice" and record["interval"] is None
+    assert record["interval_note"] == ("decided on the profile's single figure: 2 measured iteration(s) in the "
+                                       "attribution, fewer than 3")
+
+
+def test_per_iteration_shares_of_an_operator_measure_count_the_unattributed_time():
+    """fp32_gemm_share per iteration: the GEMM's kernel time over all of the iteration's kernels, unattributed ones
+    included (aggregate.operators_table's "(unattributed)" row)."""
+    gemm = [600_000, 500_000, 400_000, 300_000]
+    rows = []
+    for it, ns in enumerate(gemm):
+        for op, d in (("aten::addmm", ns), ("aten::gelu", 200_000), (None, ITERATION_NS - ns - 200_000)):
+            rows.append({"kernel_id": len(rows), "operator": op, "module": "m", "duration_ns": d, "iteration": it})
+    kernels = pd.DataFrame(rows)
+    operators = _operators([{"operator": "aten::addmm", "time_ns": sum(gemm), "work_dtype": "float32"},
+                            {"operator": "aten::gelu", "time_ns": 800_000, "work_dtype": "float32"},
+                            {"operator": "(unattributed)", "time_ns": 4 * ITERATION_NS - sum(gemm) - 800_000}])
+    profile = evidence.Profile(operators, kernels, {"versions": {"device": "cpu"}}, {})
+    measure = evidence.fp32_gemm_share(profile)
+    evidence.iteration_interval(measure, evidence.fp32_gemm_share, evidence.iteration_profiles(profile))
+    expected = [ns / ITERATION_NS for ns in gemm]
+    assert measure.interval["values"] == pytest.approx(expected)
+    assert (measure.interval["low"], measure.interval["high"]) == pytest.approx(_iqr(expected))
+
+
+BUSY_LOAD = {"other_cpu_load": 1.3, "usable_cpus": 2, "threads": 2, "threshold": 0.5, "busy": True, "window_s": 3.0}
+QUIET_LOAD = {**BUSY_LOAD, "other_cpu_load": 0.1, "busy": False}
+
+
+def test_a_capture_on_a_busy_machine_is_a_warning_in_the_advice_and_the_report():
+    advice = advisor.advise(_iterated_attention(QUIET, BUSY_LOAD), advisor.load_catalog(), NO_BF16, "attn")
+    assert advice["machine_load"] == BUSY_LOAD
+    (warning,) = advice["warnings"]
+    assert warning.startswith("the machine was busy during the capture: other processes kept 1.30 CPUs busy on "
+                              "average during the measured iterations (busy above 0.5: 2 usable CPUs, 2 torch "
+                              "thread(s))")
+    assert f"**Warning**: {warning}." in advice_view.markdown_lines(advice)
+    assert "<strong>Warning</strong>: the machine was busy during the capture" in optimize_page._advice_section(advice)
+    quiet = advisor.advise(_iterated_attention(QUIET, QUIET_LOAD), advisor.load_catalog(), NO_BF16, "attn")
+    assert quiet["warnings"] == [] and quiet["machine_load"] == QUIET_LOAD

@@ -1,5 +1,7 @@
 """compare_outputs: errors computed independently here (float64 by hand, torch's cosine_similarity), the
-per-dtype tolerance applied, and the outputs that cannot be judged (NaN/Inf, shapes, structure) rejected."""
+per-dtype tolerance applied, and the outputs that cannot be judged (NaN/Inf, shapes, structure) rejected;
+compare_in_dtype: a variant that changes the dtype judged against the eager model in that dtype at a bound derived
+from that model's own deviation from FP32 (docs/optimize.md#numerics)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import torch.nn.functional as F
 
 from operator_profiler.optimize.numerics import (
     DEFAULT_TOLERANCES,
+    compare_in_dtype,
     compare_outputs,
+    dtype_changes,
+    in_dtype_limits,
     variant_dtype,
 )
 
@@ -72,3 +77,54 @@ def test_tolerances_order_by_precision():
     rel = [DEFAULT_TOLERANCES[d]["max_rel"] for d in ("float32", "tf32", "float16", "bfloat16")]
     assert rel == sorted(rel)
     assert variant_dtype([]) == "float32"
+
+
+def test_the_dtype_changes_are_what_sets_the_dtype():
+    assert dtype_changes(["compile", "max_autotune", "freezing", "bf16_autocast"]) == ["bf16_autocast"]
+    assert dtype_changes(["tf32", "compile"]) == ["tf32"] and dtype_changes(["compile", "freezing"]) == []
+    assert variant_dtype(dtype_changes(["compile", "bf16_autocast"])) == "bfloat16"
+
+
+def test_a_miscompile_inside_the_bf16_tolerance_fails_against_eager_bf16():
+    """A miscompile hidden by the bf16 tolerance, with the figures reported from the field: eager bf16 lies 0.004 from FP32 eager; a compiled bf16 variant
+    lies 0.026 from FP32 (inside bf16's 5e-2) and 0.025 from eager bf16: beyond 2 x 0.004."""
+    reference = torch.linspace(-1.0, 1.0, 101, dtype=torch.float64)
+    eager_bf16 = reference.clone()
+    eager_bf16[10] += 0.004  # its own rounding: max_rel 0.004
+    miscompiled = eager_bf16.clone()
+    miscompiled[50] += 0.025  # a value near 0 moved by 0.025 of the largest magnitude (1.0)
+    loose = compare_outputs(reference, miscompiled, "bfloat16")
+    assert loose.ok and loose.max_rel == pytest.approx(0.025, rel=1e-9)
+    eager = compare_outputs(reference, eager_bf16, "bfloat16")
+    assert eager.max_rel == pytest.approx(0.004, rel=1e-9)
+    limits = in_dtype_limits(eager, "bfloat16")
+    assert limits["max_rel"] == pytest.approx(0.008, rel=1e-9) and limits["factor"] == 2.0
+    # cosine: 1 - 4 (1 - cos(eager)), capped at the float32 tolerance 0.9999
+    expected_cos = float(F.cosine_similarity(reference, eager_bf16, dim=0))
+    assert limits["min_cosine"] == pytest.approx(min(1 - 4 * (1 - expected_cos), 0.9999), abs=1e-12)
+    tight = compare_in_dtype(eager_bf16, miscompiled, "bfloat16", eager)
+    assert not tight.ok and tight.dtype == "bfloat16" and tight.max_rel == pytest.approx(0.025, rel=1e-9)
+    assert tight.reason.startswith("max_rel 0.025 exceeds the bound against eager bfloat16 (2 x eager bfloat16's own "
+                                   "max_rel 0.004 and cosine")
+    assert tight.reason.endswith("at least the float32 tolerance) 0.008")
+    # a correct variant: one more rounding of its own (0.005 <= 0.008) passes
+    correct = eager_bf16.clone()
+    correct[70] += 0.005
+    assert compare_in_dtype(eager_bf16, correct, "bfloat16", eager).ok
+
+
+def test_the_bound_is_never_looser_than_float32_nor_judged_without_an_eager_figure():
+    x = torch.tensor([1.0, 2.0, 3.0])
+    exact = compare_outputs(x, x.clone(), "bfloat16")  # the dtype changed nothing here: max_rel 0
+    limits = in_dtype_limits(exact, "bfloat16")
+    assert limits["max_rel"] == DEFAULT_TOLERANCES["float32"]["max_rel"]
+    assert limits["min_cosine"] == DEFAULT_TOLERANCES["float32"]["min_cosine"]
+    off = x.clone()
+    off[2] += 3e-3 * 1.0001  # max_rel 1e-3 of the largest (3.0): beyond 1e-4
+    assert not compare_in_dtype(x, off, "bfloat16", exact).ok
+    custom = {**DEFAULT_TOLERANCES, "bfloat16": {**DEFAULT_TOLERANCES["bfloat16"], "in_dtype_factor": 4.0}}
+    eager = compare_outputs(x, x * 1.01, "bfloat16")
+    assert in_dtype_limits(eager, "bfloat16", custom)["max_rel"] == pytest.approx(0.04, rel=1e-6)
+    unjudged = compare_outputs(x, torch.tensor([1.0, math.nan, 3.0]), "bfloat16")
+    with pytest.raises(ValueError, match="the eager model in bfloat16 could not be compared with FP32 eager"):
+        compare_in_dtype(x, x, "bfloat16", unjudged)

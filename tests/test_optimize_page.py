@@ -1,5 +1,6 @@
 """The optimize page's pairings: operators paired by the FX nodes their kernels compute (an operator Inductor
-replaced under freezing) and by the FX rewrites' records (new operator <- the operators it replaces)."""
+replaced under freezing) and by the FX rewrites' records (new operator <- the operators it replaces); a rejected
+baseline shown as rejected and never compared with."""
 
 from __future__ import annotations
 
@@ -57,3 +58,28 @@ def test_rewrite_pairs_sum_the_replaced_operators_in_the_rewritten_modules():
     assert pair["rewrites"] == 2 and pair["before_ms"] == pytest.approx((3.0 + 1.0) / 2)
     assert pair["after_ms"] == pytest.approx(3.0 / 2)
     assert pair["modules"] == ["transformer.h.0.attn", "transformer.h.1.attn"]
+
+
+def test_a_rejected_strong_generic_is_shown_rejected_and_the_recommendation_is_not_compared_with_it():
+    """A miscompiling strong_generic: the record of a measurement whose strong_generic failed its numerics against eager bf16
+    (fields: docs/optimize.md#the-verification-record)."""
+    from operator_profiler.optimize import ablation
+
+    reason = ("process 0: numerics: against eager bfloat16 (bf16_autocast, no other change): max_rel 0.025 exceeds "
+              "the bound against eager bfloat16 (...) 0.0132")
+    samples = [10.0 + 0.01 * i for i in range(20)]
+    result = {"workload": "w", "device": "cpu", "threads": 1, "repetitions": 20, "processes": 2,
+              "baseline": "fp32_eager", "warnings": [],
+              "variants": {"fp32_eager": {"changes": [], "rejected": None, "samples_ms": samples, "median_ms": 10.1,
+                                          "ci_ms": [10.05, 10.15], "speedup": None},
+                           "strong_generic": {"changes": ["compile", "max_autotune", "freezing", "bf16_autocast"],
+                                              "rejected": reason, "speedup": None,
+                                              "numerics": {"max_rel": 0.026, "cosine": 0.9995, "ok": True},
+                                              "numerics_in_dtype": {"against": "eager bfloat16", "ok": False,
+                                                                    "max_rel": 0.025}}}}
+    record = ablation.verification(result, [])
+    assert record["rejected_baselines"] == {"strong_generic": reason}
+    html = optimize_page._variants_section(record) + optimize_page._ablation_section(record)
+    assert f"rejected: {reason}" in html
+    assert "<strong>strong_generic was rejected</strong> (" + reason + "): the recommendation is not compared" in html
+    assert "against strong_generic" not in html

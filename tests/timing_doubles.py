@@ -6,12 +6,14 @@ Changes understood by :func:`build`: ``x4`` runs the forward 4 times per iterati
 ``unmet`` raises WorkloadError (an unmet precondition: the variant is rejected), ``crash`` raises RuntimeError
 while building (a worker failure), ``noisy`` adds 1e-3 to the output (fails the numerics check), ``die`` ends the
 process at once without a result (as the kernel's out-of-memory killer would), ``leaky`` sets a process-wide
-switch (the float32 matmul precision) and leaves it set.
+switch (the float32 matmul precision) and leaves it set, ``slow`` sleeps 120 s while building (a worker to stop
+mid-way).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import NamedTuple
 
 import torch
@@ -65,6 +67,8 @@ def build(model, inputs, changes, device, mode="infer"):
         raise WorkloadError("unmet: this machine lacks the feature")
     if "die" in changes:
         os._exit(3)
+    if "slow" in changes:
+        time.sleep(120)
     if "leaky" in changes:
         torch.set_float32_matmul_precision("medium")
     if "crash" in changes:
@@ -72,3 +76,58 @@ def build(model, inputs, changes, device, mode="infer"):
     return Repeated(model, inputs, 4 if "x4" in changes else 1, 1e-3 if "noisy" in changes else 0.0)
 
 
+
+
+# ------------------------------------------------------------------------------ a miscompile, deterministically
+
+#: torch 2.13's Inductor miscompiles attention with softmax(dim=-2) (pytorch#196468, as reported from the field: max_rel
+#: 0.025 compiled at fp32, 0.026 compiled with bf16 autocast). The bug did not reproduce on this project's machine
+#: (torch 2.13.0+cpu, AVX2, no avx512_bf16: :func:`attention_softmax_dim_minus2` compiled lay max_rel 1.9e-7 from
+#: eager at fp32, and under bf16 autocast 4.1e-3 from eager bf16, itself 6.6e-3 from FP32 eager: correct), so
+#: :func:`build_miscompiling`'s ``compile`` stands in for it deterministically: the output scaled by 1 + MISCOMPILE,
+#: i.e. max_rel 0.025 against whatever it is compared with, in any dtype, on any CPU.
+MISCOMPILE = 0.025
+
+
+class SoftmaxOverQueries(torch.nn.Module):
+    """Single-head attention whose softmax runs over dim -2 (the queries), the pattern of pytorch#196468."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.out = torch.nn.Linear(d_model, d_model)
+        self.scale = d_model ** -0.5
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        weights = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-2)
+        return self.out(weights @ v)
+
+
+def attention_softmax_dim_minus2(d_model: int = 32, seq_len: int = 8, batch_size: int = 2):
+    """A custom workload factory: (:class:`SoftmaxOverQueries`, (x,)), x of shape (batch_size, seq_len, d_model)."""
+    return SoftmaxOverQueries(d_model), (torch.randn(batch_size, seq_len, d_model),)
+
+
+class Miscompiled:
+    """The model run eagerly (under CPU bf16 autocast with ``bf16_autocast``, as optimize.changes applies it), its
+    output scaled by ``scale`` in float32 (1: unchanged)."""
+
+    def __init__(self, model, inputs, autocast: bool, scale: float):
+        self.model, self.inputs, self.autocast, self.scale = model, inputs, autocast, scale
+
+    def run(self):
+        with torch.autocast("cpu", torch.bfloat16, enabled=self.autocast):
+            out = self.model(*self.inputs)
+        return out.float() * self.scale if self.scale != 1.0 else out
+
+    def warm_up(self, n: int) -> None:
+        for _ in range(n):
+            self.run()
+
+
+def build_miscompiling(model, inputs, changes, device, mode="infer"):
+    """A variant builder with the real changes' ids whose ``compile`` miscompiles (:data:`MISCOMPILE`) and whose
+    ``bf16_autocast`` is real CPU autocast (whatever the CPU: no native-bf16 precondition); every other change
+    (``max_autotune``, ``freezing``, ``sdpa_rewrite``) leaves the model as it is, i.e. is exact."""
+    return Miscompiled(model, inputs, "bf16_autocast" in changes, 1.0 + MISCOMPILE if "compile" in changes else 1.0)

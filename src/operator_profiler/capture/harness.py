@@ -21,9 +21,14 @@ import torch
 from ..errors import DeviceUnavailable, from_user_exception
 from ..naming import (ITERATION_PREFIX, LAYER_PREFIX, MEASURED_RANGE, MODEL_RANGE, NVTX_DOMAIN, SHAPES_CHECK_SUFFIX,
                       SHAPES_ITERATION)
-from . import fx_module_paths, op_inputs, training, workloads
+from . import fx_module_paths, machine, op_inputs, training, workloads
 
 PROFILERS = ("torch", "cuda_profiler_api", "none")
+
+
+#: The shortest window over which a capture measures the other processes' load (s): a run of the measured
+#: iterations shorter than this waits, idle, until it has passed (run.json ``machine_load.waited_s``).
+LOAD_WINDOW_S = 0.5
 
 
 def resolve_device(requested: str) -> str:
@@ -546,7 +551,10 @@ def run_capture(
 
     Returns:
         The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
-        warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``settings``
+        warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``machine_load`` (how
+        many CPUs other processes kept busy on average during the measured iterations and the profiler's stop,
+        at least :data:`LOAD_WINDOW_S` (a shorter run waits, idle, ``waited_s``), and whether that made the
+        machine busy: :func:`operator_profiler.capture.machine.other_cpu_load`), ``settings``
         (:func:`_settings`: ``deterministic_requested``, cudnn.benchmark (always off), cudnn.deterministic,
         deterministic algorithms, cuBLAS workspace: identical in every run of a workload, so that the kernel
         invocation order is identical), ``measured_kernels`` and ``measured_kernels_source``, and for the
@@ -656,10 +664,21 @@ def run_capture(
 
     graphs_warm = _dynamo_graphs()
 
+    load_start: dict = {}
+    machine_load: dict = {}
+
     def measured_iterations() -> None:
+        load_start.update(machine.load_window_start())
         for i in range(harness["iterations"]):
             with emitter.range(f"{ITERATION_PREFIX}{i}"):
                 run_step(f"measured iteration {i}")
+
+    def measure_load() -> None:
+        """The other processes' load over the measured iterations and the profiler's stop, waiting (idle) until
+        LOAD_WINDOW_S have passed after a shorter run: a figure over a few ms would say nothing."""
+        waited = max(0.0, LOAD_WINDOW_S - (time.perf_counter() - load_start["wall"]))
+        time.sleep(waited)
+        machine_load.update(machine.other_cpu_load(load_start, torch.get_num_threads()), waited_s=round(waited, 3))
 
     measured_kernels: int | None = None
     window_inputs = shapes_inputs = None
@@ -678,6 +697,7 @@ def run_capture(
             with profile(activities=activities, record_shapes=window_shapes,
                          execution_trace_observer=window_inputs.observer if window_inputs else None) as prof:
                 measured_iterations()
+        measure_load()
         kernel_records = _export_gzipped_trace(prof, trace_path, window_inputs)
         if shapes_path is not None:
             with op_inputs.execution_trace(Path(shapes_path)) as shapes_inputs:
@@ -693,11 +713,13 @@ def run_capture(
     elif profiler == "cuda_profiler_api":
         with cuda_profiler_range(nvtx_ops=device == "cuda"):
             measured_iterations()
+        measure_load()
         kernels_source = "counted by the timeline reader (nsys capture range)"
         measured_range = measured_range_record()
     else:  # none, e.g. compile_artifacts: only the compilation matters
         measured_iterations()
-    measured_s = time.perf_counter() - t0
+        measure_load()
+    measured_s = time.perf_counter() - t0 - machine_load.get("waited_s", 0.0)  # not the wait for the load figure
     if compiled:
         _refuse_new_graphs(_dynamo_graphs() - graphs_warm, workload_name or workload.get("kind"), "measured")
 
@@ -730,6 +752,7 @@ def run_capture(
         "warmup": warmup,
         "warmup_s": round(warmup_s, 3),
         "measured_s": round(measured_s, 3),
+        "machine_load": machine_load,
         "settings": _settings(harness["deterministic"], model_cudnn_benchmark),
         "measured_kernels": measured_kernels,
         "measured_kernels_source": kernels_source,

@@ -167,3 +167,63 @@ def usable_cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+#: A window shorter than this gives no load figure by default: /proc/stat and os.times count clock ticks of 10 ms
+#: (per CPU), so over 0.25 s each figure is good to about 0.1 CPU, well inside the 0.5 CPU margin of "busy".
+MIN_LOAD_WINDOW_S = 0.25
+#: Other processes may keep the CPUs beside a measurement's threads busy, plus this much, before the machine counts
+#: as busy (the timing worker's and the captures' rule: docs/optimize.md, "A busy machine").
+BUSY_MARGIN_CPUS = 0.5
+
+
+def process_cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds process ``pid`` has used (user + system: fields 14 and 15 of ``/proc/PID/stat``, clock ticks;
+    proc(5)); None when unreadable (no such process, not Linux)."""
+    try:
+        text = (Path(proc) / str(pid) / "stat").read_text()
+        fields = text.rpartition(")")[2].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def load_window_start() -> dict:
+    """The start of a window over which :func:`other_cpu_load` measures the other processes' CPU use: the
+    machine's busy CPU seconds, this process's own and its parent's, and the wall clock."""
+    import time
+
+    own = os.times()
+    parent = os.getppid()
+    return {"busy": cpu_busy_seconds(), "own": own.user + own.system, "parent_pid": parent,
+            "parent": process_cpu_seconds(parent), "wall": time.perf_counter()}
+
+
+def other_cpu_load(start: dict, threads: int | None, min_window_s: float | None = None) -> dict:
+    """How many CPUs other processes kept busy on average since ``start`` (:func:`load_window_start`): the busy
+    time of all CPUs (/proc/stat) less this process's (every thread) and its parent's (a profiler that launched
+    it, such as nsys, is part of the measurement, not a load beside it), over the window's wall time.
+
+    Returns ``{"other_cpu_load", "usable_cpus", "threads", "threshold", "busy", "window_s", "how"}``:
+    ``other_cpu_load`` in CPUs (None when /proc/stat is unreadable or the window is shorter than
+    ``min_window_s``, default :data:`MIN_LOAD_WINDOW_S`); ``threshold`` = the usable CPUs beside ``threads`` (never below 0) plus
+    :data:`BUSY_MARGIN_CPUS`; ``busy`` = the load above it (None when the load is unknown)."""
+    import time
+
+    wall = time.perf_counter() - start["wall"]
+    busy_now, own = cpu_busy_seconds(), os.times()
+    parent_now = process_cpu_seconds(start["parent_pid"])
+    others = None
+    shortest = MIN_LOAD_WINDOW_S if min_window_s is None else min_window_s
+    if start["busy"] is not None and busy_now is not None and wall >= shortest:
+        spent = (own.user + own.system) - start["own"]
+        if start["parent"] is not None and parent_now is not None:
+            spent += parent_now - start["parent"]
+        others = round(max(0.0, (busy_now - start["busy"] - spent) / wall), 3)
+    usable = usable_cpus()
+    threads = threads or usable or 1
+    threshold = max(0, (usable or threads) - threads) + BUSY_MARGIN_CPUS
+    return {"other_cpu_load": others, "usable_cpus": usable, "threads": threads, "threshold": threshold,
+            "busy": None if others is None else others > threshold, "window_s": round(wall, 3),
+            "min_window_s": shortest,
+            "how": "/proc/stat busy CPU time less this process's and its parent's, over the window"}

@@ -103,7 +103,8 @@ def decide(result: dict, advised: list[str]) -> dict:
     a dropped one earns nothing (null). ``recommended``: the kept changes with what they require (a dropped change
     a kept one requires is added back, ``required_by``), with its figures when that change set was measured,
     and whether it is slower than ``strong_generic`` (point estimate below 1; ``significant`` when the whole
-    interval is).
+    interval is); a rejected ``strong_generic`` (its numerics failed: a miscompile) is never compared against:
+    ``vs_strong_generic`` null and ``strong_generic_rejected`` its reason.
 
     Returns ``{"advised", "steps", "kept", "dropped", "recommended"}`` (docs/optimize.md#verification).
     """
@@ -159,7 +160,9 @@ def decide(result: dict, advised: list[str]) -> dict:
         recommended.update(measured=True, variant=found[0], median_ms=entry.get("median_ms"), ci_ms=entry.get("ci_ms"),
                            speedup=entry.get("speedup"))
         strong = result["variants"].get("strong_generic")
-        if strong is not None and not strong.get("rejected"):
+        if strong is not None and strong.get("rejected"):  # a rejected baseline is never compared against
+            recommended.update(vs_strong_generic=None, strong_generic_rejected=strong["rejected"])
+        elif strong is not None:
             versus = _ratio(result, strong, entry)
             recommended.update(vs_strong_generic=versus, slower_than_strong_generic=versus["value"] < 1,
                                slower_significant=versus["ci"][1] < 1)
@@ -170,9 +173,17 @@ def verification(result: dict, advised: list[str]) -> dict:
     """The JSON-able ``verification`` record of one workload: the timing result per variant (without the raw
     samples), the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
     fields = ("changes", "rejected", "median_ms", "ci_ms", "speedup", "faults_per_iteration", "numerics",
-              "repetitions", "iterations_per_repetition", "rss_after_warmup_bytes", "checks", "rewrites")
+              "numerics_in_dtype", "repetitions", "iterations_per_repetition", "rss_after_warmup_bytes", "checks",
+              "rewrites")
     ablation = decide(result, advised)
     warnings = list(result.get("warnings", []))
+    rejected_baselines = {name: result["variants"][name]["rejected"] for name in BASELINE_NAMES
+                          if name in result["variants"] and result["variants"][name].get("rejected")}
+    for name, reason in rejected_baselines.items():
+        if any(w.startswith(f"baseline {name} was rejected") for w in warnings):
+            continue  # the timing result's own warning (its speedup baseline) says it already
+        warnings.append(f"baseline {name} was rejected ({reason}): it is reported as rejected and nothing is "
+                        "compared with it")
     recommended = ablation["recommended"]
     if not recommended["measured"]:
         warnings.append(f"the recommended variant {recommended['name']} was not measured as a whole (a change between "
@@ -183,6 +194,6 @@ def verification(result: dict, advised: list[str]) -> dict:
                         f"{v['value']:.3f}x [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]")
     return {"workload": result.get("workload"), "device": result.get("device"), "threads": result.get("threads"),
             "repetitions": result.get("repetitions"), "processes": result.get("processes"),
-            "baseline": result.get("baseline"),
+            "baseline": result.get("baseline"), "rejected_baselines": rejected_baselines,
             "variants": {name: {k: entry.get(k) for k in fields} for name, entry in result["variants"].items()},
             "ablation": ablation, "warnings": warnings}

@@ -1,8 +1,11 @@
 """The advisor: the rule catalog (``optimize/catalog.yaml``) evaluated over one attributed profile.
 
-Each rule reads one evidence measure (optimize/evidence.py); when its value is within the rule's bounds and the
-run matches the rule's ``when``, the rule's change is *offered* if the change's preconditions hold on this machine
-(optimize/changes.py), else listed as *not offered* with the reason. The advised variant is the offered changes in
+Each rule reads one evidence measure (optimize/evidence.py); when its value is within the rule's bounds across
+the measured iterations (the measure's interquartile range over them, and the profile's figure, all inside the
+bounds) and the run matches the rule's ``when``, the rule's change is *offered* if the change's preconditions hold
+on this machine (optimize/changes.py), else listed as *not offered* with the reason. A measure whose interval
+straddles a bound makes its rule *borderline*: listed, never advised (one figure must not decide what a busier
+minute of the machine would not). A capture on a busy machine (run.json ``machine_load``) is a warning. The advised variant is the offered changes in
 catalog order, plus the changes they need (``compile`` for freezing) and the workload's own compile setting.
 Errors: :class:`ConfigError` for a catalog that does not parse or names an unknown change/measure/key (file, rule
 and key named); :class:`InputError` (via results.read) for a missing profile file.
@@ -127,6 +130,31 @@ def _in_bounds(rule: Rule, value: float) -> bool:
     return (rule.min is None or value >= rule.min) and (rule.max is None or value <= rule.max)
 
 
+def _verdict(rule: Rule, m: evidence.Measure) -> str:
+    """``fires`` (the figure and the whole interval within the bounds), ``outside`` (the figure and the whole
+    interval outside them) or ``borderline`` (the interval straddles a bound, or the figure and the interval
+    disagree). Without an interval the figure alone decides (``fires``/``outside``)."""
+    if m.interval is None:
+        return "fires" if _in_bounds(rule, m.value) else "outside"
+    low, high = m.interval["low"], m.interval["high"]
+    if _in_bounds(rule, m.value) and _in_bounds(rule, low) and _in_bounds(rule, high):
+        return "fires"
+    disjoint = (rule.min is not None and high < rule.min) or (rule.max is not None and low > rule.max)
+    return "outside" if disjoint and not _in_bounds(rule, m.value) else "borderline"
+
+
+def load_warning(run: dict) -> str | None:
+    """The warning for a capture on a busy machine (run.json ``machine_load.busy``), else None."""
+    load = run.get("machine_load") or {}
+    if not load.get("busy"):
+        return None
+    return (f"the machine was busy during the capture: other processes kept {load['other_cpu_load']:.2f} CPUs busy "
+            f"on average during the measured iterations (busy above {load['threshold']:g}: {load.get('usable_cpus')} "
+            f"usable CPUs, {load.get('threads')} torch thread(s)); operator times were inflated and the shares the "
+            "rules read may have moved (a quiet and a busy capture of one model read its attention share as 15.7% "
+            "and 6.5%): capture again on a quiet machine before acting on this advice")
+
+
 def _bounds(rule: Rule) -> str:
     return " and ".join(part for part in (f">= {rule.min:g}" if rule.min is not None else "",
                                           f"<= {rule.max:g}" if rule.max is not None else "") if part)
@@ -158,15 +186,22 @@ def diagnoses(profile: evidence.Profile, measures: dict[str, evidence.Measure]) 
 
 def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workload: str,
            catalog: Path = CATALOG) -> dict:
-    """advice.json's content for one profile: offered, not offered and not triggered rules, the advised changes
-    (ordered) with each one's source, the measures quoted, and the diagnoses."""
+    """advice.json's content for one profile: offered, not offered, borderline and not triggered rules (each with
+    its measure's figure and per-iteration interval), the advised changes (ordered) with each one's source, the
+    measures quoted, the diagnoses, the capture's machine load and the warnings (a busy capture)."""
     from .vocabulary import CHANGES, MODES, precondition_problems
 
     measures = {name: fn(profile) for name, fn in evidence.MEASURES.items()}
-    offered, not_offered, not_triggered = [], [], []
+    per_iteration = evidence.iteration_profiles(profile)
+    read = {rule.measure for rule in rules if rule.enabled and _when_problem(rule, profile) is None}
+    for name in read:  # only the measures a rule reads: each costs one evaluation per iteration
+        evidence.iteration_interval(measures[name], evidence.MEASURES[name], per_iteration)
+    warnings = [w for w in [load_warning(profile.run)] if w]
+    offered, not_offered, not_triggered, borderline = [], [], [], []
     for rule in rules:
         m = measures[rule.measure]
         record = {"rule": rule.id, "change": rule.change, "measure": rule.measure, "value": m.value,
+                  "interval": m.interval and {k: m.interval[k] for k in ("low", "high", "median", "iterations")},
                   "bounds": _bounds(rule)}
         if not rule.enabled:
             not_triggered.append({**record, "reason": "disabled in the catalog"})
@@ -174,11 +209,21 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
         problem = _when_problem(rule, profile)
         if problem is None and m.value is None:
             problem = f"{rule.measure} is unknown: {m.note}"
-        if problem is None and not _in_bounds(rule, m.value):
-            problem = f"{m.quote()}; the rule needs {_bounds(rule)}"
+        verdict = _verdict(rule, m) if problem is None else None
+        if verdict == "outside":
+            problem = f"{m.quote()}, {m.interval_text()}; the rule needs {_bounds(rule)}"
         if problem is not None:
             not_triggered.append({**record, "reason": problem})
             continue
+        if verdict == "borderline":
+            borderline.append({**record, "evidence": m.quote(), "reason": (
+                f"borderline: {rule.measure} {m.interval_text()} against the rule's {_bounds(rule)} (the profile's "
+                f"figure {evidence._fmt(m.value, m.unit)}): the measure does not clear the threshold across the "
+                "iterations, so the change is not advised; capture again (more iterations, a quiet machine) to "
+                "decide")})
+            continue
+        if m.interval is None:
+            record["interval_note"] = (f"decided on the profile's single figure: {m.interval_note}")
         record.update(evidence=m.quote(), items=m.items[:evidence.QUOTED_ITEMS], expect=rule.expect,
                       operators=[i["operator"] for i in m.items if "operator" in i])
         # a change that needs torch.compile brings it along (the advised variant adds it)
@@ -208,7 +253,8 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
         "machine_features": {k: (sorted(v) if isinstance(v, (set, frozenset)) else v)
                              for k, v in features.items() if k != "cpu_flags"},
         "measures": {name: m.to_json() for name, m in measures.items()},
-        "advice": offered, "not_offered": not_offered, "not_triggered": not_triggered,
+        "advice": offered, "not_offered": not_offered, "not_triggered": not_triggered, "borderline": borderline,
         "advised_changes": advised, "sources": sources,
         "diagnoses": diagnoses(profile, measures),
+        "machine_load": profile.run.get("machine_load"), "warnings": warnings,
     }

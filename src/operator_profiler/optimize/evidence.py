@@ -80,13 +80,17 @@ class Profile:
 
 @dataclass
 class Measure:
-    """A measure's value (None: not computable here, ``note`` says why), what it is, and its quoted items."""
+    """A measure's value (None: not computable here, ``note`` says why), what it is, and its quoted items;
+    ``interval``: its spread over the measured iterations (:func:`iteration_interval`), None until computed or
+    when the profile has too few iterations (``interval_note`` says so)."""
 
     name: str
     value: float | None
     unit: str
     items: list[dict] = field(default_factory=list)
     note: str | None = None
+    interval: dict | None = None
+    interval_note: str | None = None
 
     def quote(self) -> str:
         """The evidence in words: the value and the operators that make it up."""
@@ -97,9 +101,17 @@ class Measure:
         more = f" (+{len(self.items) - QUOTED_ITEMS} more)" if len(self.items) > QUOTED_ITEMS else ""
         return head + (": " + "; ".join(parts) + more if parts else "") + (f" [{self.note}]" if self.note else "")
 
+    def interval_text(self) -> str:
+        """``[low, high] over N iterations`` in the measure's unit, or why there is none."""
+        if self.interval is None:
+            return f"no per-iteration interval ({self.interval_note or 'not computed'})"
+        low, high = self.interval["low"], self.interval["high"]
+        fmt = (lambda v: f"{v:.1%}") if self.unit == "share" else (lambda v: f"{v:.3g}")
+        return f"[{fmt(low)}, {fmt(high)}] over {self.interval['iterations']} iterations (interquartile range)"
+
     def to_json(self) -> dict:
         return {"value": self.value, "unit": self.unit, "items": self.items, "note": self.note,
-                "text": self.quote()}
+                "interval": self.interval, "interval_note": self.interval_note, "text": self.quote()}
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -299,6 +311,68 @@ MEASURES: dict[str, Callable[[Profile], Measure]] = {
                             conv_bn_share, explicit_attention_share, cast_share, gemm_far_below_ceiling_share,
                             launch_bound)
 }
+
+
+#: The spread over the measured iterations a rule's bounds are checked against: the interquartile range of the
+#: measure's per-iteration values (the middle half of the iterations; one slow iteration does not widen it, as
+#: aggregate.rank_overlaps reasons for the operators' ranks).
+INTERVAL_QUANTILES = (0.25, 0.75)
+#: Fewer measured iterations than this give no interval (a rule then reads the single figure, and says so).
+MIN_INTERVAL_ITERATIONS = 3
+
+
+def iteration_profiles(profile: Profile) -> dict[int, Profile]:
+    """One profile per measured iteration: the attribution's kernels of that iteration (``kernels["iteration"]``)
+    and the operators table with ``time_share`` replaced by each operator's share of that iteration's kernel time
+    (unattributed kernels are the ``(unattributed)`` row, as in aggregate.operators_table); every other column
+    (dtype, call length, ceiling fraction, counters) stays the whole profile's, so membership in a measure is
+    decided once. {} when the kernels carry no iteration."""
+    from ..aggregate import UNATTRIBUTED
+
+    kernels = profile.kernels
+    if "iteration" not in kernels or "duration_ns" not in kernels:
+        return {}
+    measured = kernels[kernels["iteration"].notna()]
+    if measured.empty:
+        return {}
+    iteration = measured["iteration"].astype("int64")
+    operator = measured["operator"].astype(object).where(measured["operator"].notna(), UNATTRIBUTED)
+    per_op = measured["duration_ns"].astype("float64").groupby([iteration, operator]).sum()
+    times = (profile.coverage or {}).get("iteration_time_ns") or {}
+    out = {}
+    for it in sorted(set(iteration)):
+        spent = per_op.loc[it]
+        total = float(spent.sum())
+        share = profile.operators["operator"].map(spent).fillna(0.0) / total if total else 0.0
+        out[it] = Profile(operators=profile.operators.assign(time_share=share),
+                          kernels=measured[(iteration == it).to_numpy()], run=profile.run,
+                          coverage={"iteration_time_ns": {str(it): times[str(it)]} if str(it) in times else {}},
+                          conv_layouts=profile.conv_layouts, shapes_note=profile.shapes_note)
+    return out
+
+
+def iteration_interval(measure: Measure, fn: Callable[[Profile], Measure], per_iteration: dict[int, Profile]) -> None:
+    """Set ``measure.interval`` from ``fn`` evaluated on each of ``per_iteration`` (:func:`iteration_profiles`):
+    ``{"low", "high", "median", "iterations", "values"}`` (the :data:`INTERVAL_QUANTILES` of the per-iteration
+    values, linear interpolation; ``values`` in iteration order), or ``interval_note`` when the measure is unknown,
+    the profile has fewer than :data:`MIN_INTERVAL_ITERATIONS` iterations, or an iteration's value is unknown."""
+    import numpy as np
+
+    if measure.value is None:
+        measure.interval_note = "the measure is unknown"
+        return
+    if len(per_iteration) < MIN_INTERVAL_ITERATIONS:
+        measure.interval_note = (f"{len(per_iteration)} measured iteration(s) in the attribution, fewer than "
+                                 f"{MIN_INTERVAL_ITERATIONS}")
+        return
+    values = [fn(p).value for p in per_iteration.values()]
+    if any(v is None for v in values):
+        measure.interval_note = "unknown in some iterations"
+        return
+    low, median, high = np.quantile(np.asarray(values, dtype=float), [INTERVAL_QUANTILES[0], 0.5,
+                                                                       INTERVAL_QUANTILES[1]])
+    measure.interval = {"low": float(low), "high": float(high), "median": float(median),
+                        "iterations": len(values), "values": [float(v) for v in values]}
 
 
 def conv_layouts(shapes_ranges: pd.DataFrame) -> dict[str, int]:

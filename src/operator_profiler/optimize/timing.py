@@ -4,10 +4,12 @@ bootstrap interval and speedups (docs/optimize.md#verification).
 
 :func:`measure` writes one spec per process and runs ``python -m operator_profiler.optimize.timing_worker
 SPEC.json OUT.json`` (:mod:`operator_profiler.optimize.timing_worker`) for each, never two at once (they would
-share the cores); each process builds, compiles and warms up every variant itself, so process-level luck
-(allocator state, page cache, code placement) shows up as spread between processes instead of deciding a
-comparison. The first process calibrates each variant's iterations per repetition (k, so that a repetition
-lasts at least ``min_repetition_s``); the later ones reuse its k.
+share the cores), and never one that outlives this process (an exception or signal here kills it; the worker
+also ends by itself when this process is killed outright: ``timing_worker.die_with_parent``). Each process
+builds, compiles and warms up every variant itself, so process-level luck (allocator state, page cache, code
+placement) shows up as spread between processes instead of deciding a comparison. The first process
+calibrates each variant's iterations per repetition (k, so that a repetition lasts at least
+``min_repetition_s``); the later ones reuse its k.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, WorkloadError
 from . import stats
-from .timing_worker import PROGRESS_PREFIX
+from .timing_worker import PARENT_ENV, PROGRESS_PREFIX
 
 #: ``build(model, inputs, changes, device, mode=...) -> Variant`` used by default (optimize.changes).
 DEFAULT_BUILD = "operator_profiler.optimize.changes:build_variant"
@@ -142,15 +144,23 @@ def _run_process(index: int, spec: dict, work_dir: Path, python: str, timeout_s:
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])  # the src/ folder this package was imported from
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+    env[PARENT_ENV] = str(os.getpid())  # the worker dies with this process (timing_worker.die_with_parent)
     name = spec["workload_name"]
     with open(log_path, "w") as log:
+        worker = subprocess.Popen([python, "-m", "operator_profiler.optimize.timing_worker", str(spec_path),
+                                   str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            completed = subprocess.run([python, "-m", "operator_profiler.optimize.timing_worker", str(spec_path),
-                                        str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                       timeout=timeout_s, check=False)
+            worker.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
             raise WorkloadError(f"timing of {name!r}: worker process {index} ran longer than {timeout_s} s "
                                 f"(last at variant {_last_variant(log_path)!r}); its log: {log_path}") from None
+        except BaseException:  # KeyboardInterrupt (SIGINT, or SIGTERM made one), SystemExit: no worker outlives us
+            worker.kill()
+            worker.wait()
+            raise
+    completed = worker
     outcome = json.loads(out_path.read_text()) if out_path.exists() else None
     if completed.returncode == 0 and outcome is not None and "error" not in outcome:
         return outcome
@@ -181,6 +191,8 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
                          if r["rejected"]), None)
         entry: dict[str, Any] = {"changes": changes, "rejected": rejected,
                                  "numerics": next((r.get("numerics") for r in per_process if r.get("numerics")), None),
+                                 "numerics_in_dtype": next((r.get("numerics_in_dtype") for r in per_process
+                                                            if r.get("numerics_in_dtype")), None),
                                  "checks": per_process[0].get("checks"), "rewrites": per_process[0].get("rewrites")}
         variants[name] = entry
         changed = next((r["process_settings_changed"] for r in per_process if r.get("process_settings_changed")), None)
@@ -275,7 +287,9 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
         high-water mark, ``getrusage`` ru_maxrss), ``torch``, ``other_cpu_load`` (CPUs other processes kept busy
         on average during its repetitions, from /proc/stat; null when unreadable or under 1 s) and ``usable_cpus``;
         per variant
-        ``changes``, ``rejected`` (null or the reason), ``numerics``, ``checks``, ``rewrites`` and, unless rejected,
+        ``changes``, ``rejected`` (null or the reason), ``numerics`` (against FP32 eager), ``numerics_in_dtype``
+        (a variant that changes the dtype and does more: against the eager model in that dtype, at the tight bound of
+        ``numerics.in_dtype_limits``; null otherwise), ``checks``, ``rewrites`` and, unless rejected,
         ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``iterations_per_repetition``
         (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
         (``minor``, ``major``, ``total`` medians over repetitions, ``per_process`` medians of the total),

@@ -12,6 +12,9 @@ A variant whose build or first warm-up call raises :class:`~operator_profiler.er
 precondition, freezing not applied) or whose numerics fail is recorded as rejected with the reason; any other
 exception ends the process with exit status 1 and OUT.json ``{"error", "variant", "phase", "traceback"}``.
 Progress lines ``opprof.timing: variant NAME: PHASE`` go to stderr, so a log names the variant a crash hit.
+
+The worker dies with its parent (:func:`die_with_parent`): a parent stopped by SIGTERM or SIGKILL (a benchmark
+stopped by hand, a job cancelled) never leaves a worker running that would write into a later run's folder.
 """
 
 from __future__ import annotations
@@ -24,19 +27,69 @@ import math
 import os
 import random
 import resource
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 PROGRESS_PREFIX = "opprof.timing: variant "
-#: Shorter windows make the other processes' load too coarse to judge (/proc/stat counts clock ticks of 10 ms).
+#: Repetitions shorter than this in all give no load figure (as before the captures measured theirs: 1 s).
 MIN_LOAD_WINDOW_S = 1.0
+#: The environment variable through which the parent passes its pid (:func:`die_with_parent`).
+PARENT_ENV = "OPPROF_TIMING_PARENT"
+#: How often the portable fallback of :func:`die_with_parent` looks at the parent (s).
+PARENT_POLL_S = 0.5
 
 
 def _say(variant: str, phase: str) -> None:
     print(f"{PROGRESS_PREFIX}{variant}: {phase}", file=sys.stderr, flush=True)
+
+
+def _parent_gone(parent: int | None) -> bool:
+    """Whether the process that started this one has ended (this process was re-parented: ``getppid`` is no
+    longer ``parent``); False when the parent is not known."""
+    return parent is not None and os.getppid() != parent
+
+
+def die_with_parent(parent: int | None) -> str:
+    """End this process when its parent ends, however the parent ends (SIGTERM, SIGKILL, a crash).
+
+    On Linux the kernel sends SIGKILL when the parent's thread that started this process exits (``prctl``
+    ``PR_SET_PDEATHSIG``, via ctypes); elsewhere (or where prctl fails) a daemon thread checks ``getppid`` every
+    :data:`PARENT_POLL_S` s and ends the process at once when it changed. ``parent``: the parent's pid as it gave
+    it (:data:`PARENT_ENV`); a parent that ended before the death signal was set (a race prctl cannot see) ends
+    this process here, with exit status 3. Returns the mechanism used: ``"prctl"``, ``"poll"``, or ``"none"``
+    (no parent given and no prctl: nothing watches)."""
+    if _parent_gone(parent):
+        print("opprof.timing: the parent process ended before this worker started; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    mechanism = "none"
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0:  # PR_SET_PDEATHSIG
+                mechanism = "prctl"
+        except (OSError, AttributeError):
+            pass
+    if mechanism == "prctl":
+        if _parent_gone(parent):  # it ended between the check above and prctl: no signal will come
+            os._exit(3)
+        return mechanism
+    if parent is None:
+        return mechanism
+
+    def watch() -> None:
+        while not _parent_gone(parent):
+            time.sleep(PARENT_POLL_S)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="opprof-parent-watch", daemon=True).start()
+    return "poll"
 
 
 def load_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -113,6 +166,55 @@ def _rss_bytes() -> int | None:
         return None
 
 
+def _eager_in_dtype(build: Callable[..., Any], model: Any, inputs: tuple, key: tuple[str, ...], device: str,
+                    mode: str, reference: Any, numerics: Any, dtype: str, tolerances: dict | None,
+                    sync: Callable[[], None]) -> dict:
+    """The eager model in the dtype the changes ``key`` set (built with those changes only, from its own copy of
+    the model), run once: ``{"changes", "output", "vs_fp32" (its NumericsResult against FP32 eager), "error"}``;
+    ``error`` the reason when it cannot be built (then no variant of that dtype can be judged in it)."""
+    from ..errors import WorkloadError
+
+    _say("+".join(key), "building the eager reference in its dtype")
+    try:
+        eager = build(copy.deepcopy(model), inputs, list(key), device, mode=mode)
+        output = eager.run()
+        sync()
+    except WorkloadError as exc:
+        return {"changes": list(key), "output": None, "vs_fp32": None, "error": f"build: {exc}"}
+    del eager
+    return {"changes": list(key), "output": output, "error": None,
+            "vs_fp32": numerics.compare_outputs(reference, output, dtype, tolerances)}
+
+
+def _check_in_dtype(numerics: Any, record: dict, changes: list[str], dtype: str, output: Any,
+                    cache: dict, make: Callable[[tuple[str, ...]], dict], tolerances: dict | None) -> str | None:
+    """A variant that changes the dtype and does more checked against the eager model in its dtype
+    (``numerics.compare_in_dtype``; numerics modules without it skip the check): ``record["numerics_in_dtype"]``
+    gets ``{"against", "max_abs", "max_rel", "cosine", "ok", "reason", "dtype", "eager_vs_fp32", "limits"}``.
+    Returns the rejection (``numerics: against eager ...``) or None."""
+    if not hasattr(numerics, "dtype_changes") or not hasattr(numerics, "compare_in_dtype"):
+        return None
+    key = tuple(numerics.dtype_changes(list(changes)))
+    if not key or set(key) == set(changes):  # float32, or the eager model in the dtype itself
+        return None
+    if key not in cache:
+        cache[key] = make(key)
+    eager = cache[key]
+    against = f"eager {dtype} ({' + '.join(key)}, no other change)"
+    if eager["error"] is not None:
+        record["numerics_in_dtype"] = {"against": against, "ok": False, "reason": eager["error"]}
+        return f"numerics: against {against}: cannot be judged, its {eager['error']}"
+    try:
+        check = numerics.compare_in_dtype(eager["output"], output, dtype, eager["vs_fp32"], tolerances)
+        limits = numerics.in_dtype_limits(eager["vs_fp32"], dtype, tolerances)
+    except ValueError as exc:
+        record["numerics_in_dtype"] = {"against": against, "ok": False, "reason": str(exc)}
+        return f"numerics: against {against}: {exc}"
+    record["numerics_in_dtype"] = {"against": against, **_numerics_record(check),
+                                   "eager_vs_fp32": _numerics_record(eager["vs_fp32"]), "limits": limits}
+    return None if check.ok else f"numerics: against {against}: {check.reason}"
+
+
 def run(spec: dict, state: dict) -> dict:
     """Measure the spec's variants in this process (module docstring); ``state`` tracks the variant and phase
     for the error record. Returns OUT.json's content."""
@@ -146,6 +248,7 @@ def run(spec: dict, state: dict) -> dict:
 
     variants: dict[str, Any] = {}
     records: dict[str, dict] = {}
+    in_dtype: dict[tuple[str, ...], dict] = {}  # dtype changes -> the eager model's output in that dtype
     given_k = spec.get("iterations_per_repetition") or {}
     for name, changes in spec["variants"].items():
         state["variant"] = name
@@ -185,11 +288,19 @@ def run(spec: dict, state: dict) -> dict:
                 state["phase"] = "numerics"
                 output = variant.run()
                 sync()
-                check = numerics.compare_outputs(reference, output, numerics.variant_dtype(list(changes)), tolerances)
+                dtype = numerics.variant_dtype(list(changes))
+                check = numerics.compare_outputs(reference, output, dtype, tolerances)
                 record["numerics"] = _numerics_record(check)
+                if record["numerics"]["ok"]:
+                    rejected = _check_in_dtype(
+                        numerics, record, changes, dtype, output, cache=in_dtype, tolerances=tolerances,
+                        make=lambda key: _eager_in_dtype(build, model, inputs, key, device, mode, reference,
+                                                         numerics, dtype, tolerances, sync))
+                else:
+                    rejected = f"numerics: {record['numerics']['reason']}"
                 del output
-                if not record["numerics"]["ok"]:
-                    record["rejected"] = f"numerics: {record['numerics']['reason']}"
+                if rejected:
+                    record["rejected"] = rejected
                     _say(name, f"rejected ({record['rejected']})")
                     del variant
                     gc.collect()
@@ -209,7 +320,7 @@ def run(spec: dict, state: dict) -> dict:
     state["phase"] = "interleaved repetitions"
     from ..capture import machine
 
-    busy_before, own_before, wall_before = machine.cpu_busy_seconds(), os.times(), time.perf_counter()
+    load_start = machine.load_window_start()
     rng = random.Random(spec["seed"] * 1009 + spec.get("process", 0))
     order = list(variants)
     with grad:
@@ -236,14 +347,10 @@ def run(spec: dict, state: dict) -> dict:
                 record["minor_faults"].append((minor1 - minor0) / k)
                 record["major_faults"].append((major1 - major0) / k)
     state["variant"] = None
-    elapsed = time.perf_counter() - wall_before
-    busy_after, own_after = machine.cpu_busy_seconds(), os.times()
-    others = None  # CPUs other processes kept busy on average during the repetitions (/proc/stat minus our own)
-    if busy_before is not None and busy_after is not None and elapsed >= MIN_LOAD_WINDOW_S:
-        own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
-        others = round(max(0.0, (busy_after - busy_before - own) / elapsed), 3)
+    # CPUs other processes kept busy on average during the repetitions (/proc/stat less this process and its parent)
+    load = machine.other_cpu_load(load_start, torch.get_num_threads(), min_window_s=MIN_LOAD_WINDOW_S)
     return {"process": spec.get("process", 0), "pid": os.getpid(), "device": device,
-            "other_cpu_load": others, "usable_cpus": machine.usable_cpus(),
+            "other_cpu_load": load["other_cpu_load"], "usable_cpus": load["usable_cpus"],
             "threads": torch.get_num_threads(), "torch": torch.__version__, "peak_rss_bytes": _peak_rss_bytes(),
             "variants": records}
 
@@ -254,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m operator_profiler.optimize.timing_worker SPEC.json OUT.json", file=sys.stderr)
         return 2
     spec_path, out_path = Path(args[0]), Path(args[1])
+    parent = int(os.environ[PARENT_ENV]) if os.environ.get(PARENT_ENV, "").isdigit() else None
+    watched = die_with_parent(parent)
+    print(f"opprof.timing: worker pid {os.getpid()}, parent {parent} (dies with it: {watched})", file=sys.stderr,
+          flush=True)
     state: dict = {"variant": None, "phase": "reading the spec"}
     try:
         outcome = run(json.loads(spec_path.read_text()), state)
@@ -264,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = {"error": f"{type(exc).__name__}: {exc}", "variant": state["variant"], "phase": state["phase"],
                    "traceback": text}
         status = 1
+    if _parent_gone(parent):  # nobody reads it, and the folder may already be a later run's
+        return 3
     tmp = out_path.with_name(out_path.name + ".partial")
     tmp.write_text(json.dumps(outcome) + "\n")
     os.replace(tmp, out_path)

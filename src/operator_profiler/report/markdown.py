@@ -491,6 +491,27 @@ def determinism_text(run: dict) -> str | None:
     return f"determinism: off (the model's own settings: production kernels); {benchmark}"
 
 
+def machine_load_text(run: dict | None) -> str | None:
+    """The machine's load during the measured iterations in words (run.json ``machine_load``,
+    capture.machine.other_cpu_load), bold when it was busy; None for a run.json without the record."""
+    load = (run or {}).get("machine_load")
+    if not load:
+        return None
+    others = load.get("other_cpu_load")
+    if others is None:
+        return (f"machine load during the measured iterations: not measured (a {load.get('window_s')} s window: "
+                f"/proc/stat unreadable, or the window under {load.get('min_window_s', 0.25)} s)")
+    where = (f"{load.get('usable_cpus')} usable CPUs, {load.get('threads')} torch thread(s): busy above "
+             f"{load.get('threshold'):g}")
+    if load.get("busy"):
+        return (f"**the machine was busy during the capture**: other processes kept {others:.2f} CPUs busy on "
+                f"average during the measured iterations ({where}), so operator times are inflated and their shares "
+                "may move (an OpenMP team waits for its descheduled thread at every operator); capture again on a "
+                "quiet machine before acting on the times or the advice")
+    return f"machine load: other processes kept {others:.2f} CPUs busy on average during the measured iterations " \
+           f"({where}): quiet"
+
+
 def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None = None,
                       clocks: dict | None = None, per_iteration_medians: bool = False) -> list[str]:
     """What was profiled and how, as Markdown bullet lines (``- ...``): model, device and versions,
@@ -515,6 +536,9 @@ def measurement_lines(run: dict | None, coverage: dict, diagnostics: dict | None
         f"- {counters_text(coverage)}",
         f"- clocks: {'not locked (CPU run)' if cpu else _clocks_text(clocks)}",
     ]
+    load = machine_load_text(run)
+    if load:
+        lines.append(f"- {load}")
     determinism = determinism_text(run)
     if determinism:
         lines.append(f"- {determinism}")

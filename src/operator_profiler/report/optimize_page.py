@@ -21,8 +21,11 @@ def _interval(value, ci, unit: str = "", digits: int = 3) -> str:
 
 
 def _advice_section(advice: dict) -> str:
+    from .advice_view import interval_text
+
     rows = [f"<tr><td><strong>{esc(r['change'])}</strong></td><td>{esc(r['rule'])}</td><td>{esc(r['evidence'])}"
-            f"</td><td>{esc(r['expect'])}</td></tr>" for r in advice.get("advice", [])]
+            + (f"; {esc(interval_text(advice, r))}" if interval_text(advice, r) else "")
+            + f"</td><td>{esc(r['expect'])}</td></tr>" for r in advice.get("advice", [])]
     offered = ("<table><thead><tr><th>change</th><th>rule</th><th>evidence (the profile)</th><th>expected effect"
                "</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>") if rows else \
         "<p>No rule of the catalog fired on this profile.</p>"
@@ -32,9 +35,14 @@ def _advice_section(advice: dict) -> str:
     refused = [f"<li><strong>{esc(r['change'])}</strong> (rule {esc(r['rule'])}): {esc(r['reason'])}. Evidence: "
                f"{esc(r['evidence'])}</li>" for r in advice.get("not_offered", [])]
     diagnoses = [f"<p class=\"diagnosis\"><strong>Diagnosis.</strong> {esc(d)}</p>" for d in advice.get("diagnoses", [])]
+    borderline = [f"<li><strong>{esc(r['change'])}</strong> (rule {esc(r['rule'])}): {esc(r['reason'])}</li>"
+                  for r in advice.get("borderline", [])]
+    warnings = "".join(f'<p class="note"><strong>Warning</strong>: {esc(w)}.</p>' for w in advice.get("warnings") or [])
     advised = " + ".join(advice.get("advised_changes") or []) or "no change"
-    return (f'<section id="advice"><h2>Advice</h2><p>Advised variant: <strong>{esc(advised)}</strong> (catalog '
-            f"<code>{esc(advice.get('catalog'))}</code>).</p>{offered}"
+    return (f'<section id="advice"><h2>Advice</h2>{warnings}<p>Advised variant: <strong>{esc(advised)}</strong> '
+            f"(catalog <code>{esc(advice.get('catalog'))}</code>).</p>{offered}"
+            + (f"<p>Borderline, not advised (the measure does not clear the rule's threshold across the measured "
+               f"iterations):</p><ul>{''.join(borderline)}</ul>" if borderline else "")
             + (f"<p>Also in the variant:</p><ul>{''.join(implied)}</ul>" if implied else "")
             + (f"<p>Not offered (the evidence holds, a precondition does not):</p><ul>{''.join(refused)}</ul>"
                if refused else "")
@@ -47,8 +55,12 @@ def _variant_rows(variants: dict, recommended: str | None) -> list[str]:
         faults = (v.get("faults_per_iteration") or {}).get("total")
         numerics = v.get("numerics") or {}
         speedup = v.get("speedup") or {}
+        in_dtype = v.get("numerics_in_dtype") or {}
         status = ("rejected: " + v["rejected"]) if v.get("rejected") else (
             "ok" if numerics.get("ok", True) else f"numerics: {numerics.get('reason')}")
+        if not v.get("rejected") and in_dtype.get("limits"):
+            status += (f"; against {in_dtype['against']}: max_rel {in_dtype['max_rel']:.2e} within "
+                       f"{in_dtype['limits']['max_rel']:.2e}")
         label = name + (" (recommended)" if name == recommended else "")
         rows.append(
             f"<td>{esc(label)}</td><td>{esc(' + '.join(v.get('changes') or []) or '(none)')}</td>"
@@ -81,7 +93,10 @@ def _variants_section(verification: dict) -> str:
             f"over {verification.get('processes')} processes (each builds and warms every variant), "
             f"{'torch default threads' if not threads else f'{threads} thread(s)'}, device "
             f"{esc(verification.get('device'))}. Baselines: {esc(_baselines_text(verification))}. Numerics against "
-            "the FP32 eager reference on fixed inputs.</p>" + table + extra + "</section>")
+            "the FP32 eager reference on fixed inputs, at the tolerance of the variant's dtype; a variant that "
+            "changes the dtype and does more is also checked against the eager model in that dtype at a tight bound "
+            "(twice that eager model's own deviation from FP32), so a compiler bug is not absorbed by the dtype's "
+            "tolerance.</p>" + table + extra + "</section>")
 
 
 def _baselines_text(verification: dict) -> str:
@@ -106,7 +121,9 @@ def _ablation_section(verification: dict) -> str:
                + (f", {_interval((rec.get('speedup') or {}).get('value'), (rec.get('speedup') or {}).get('ci'), 'x')}"
                   " over FP32 eager" if rec.get("speedup") else "")
                + (f"; against strong_generic {_interval(strong.get('value'), strong.get('ci'), 'x')}"
-                  if strong else "") + ".</p>")
+                  if strong else "")
+               + (f"; <strong>strong_generic was rejected</strong> ({esc(rec['strong_generic_rejected'])}): the "
+                  "recommendation is not compared with it" if rec.get("strong_generic_rejected") else "") + ".</p>")
     alone = [(name, v) for name, v in verification["variants"].items()
              if len(v.get("changes") or []) and name not in ("compile_default", "strong_generic")]
     return ('<section id="ablation"><h2>Ablation</h2><p>Each advised change is credited only with its own step: '
