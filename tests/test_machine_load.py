@@ -87,9 +87,12 @@ def test_a_capture_records_the_load_of_its_measured_iterations_and_the_report_sa
     assert load["other_cpu_load"] == pytest.approx(2.5, abs=0.05)
     assert load["usable_cpus"] == 2 and load["threshold"] == max(0, 2 - load["threads"]) + 0.5
     assert load["busy"] is True
-    # 3 tiny iterations take far less than 0.5 s: the capture waited, idle, and measured_s leaves the wait out
-    assert load["window_s"] >= harness.LOAD_WINDOW_S and load["waited_s"] > 0
-    assert run["measured_s"] < load["window_s"]
+    # 3 tiny iterations (and the profiler's stop) usually take less than 0.5 s: the capture then waited, idle, until
+    # the window lasted 0.5 s, and measured_s leaves the wait out (on a loaded machine they may take longer: no wait)
+    assert load["window_s"] >= harness.LOAD_WINDOW_S and load["waited_s"] >= 0
+    if load["waited_s"] > 0:
+        assert load["window_s"] == pytest.approx(harness.LOAD_WINDOW_S, abs=0.05)
+        assert run["measured_s"] < load["window_s"]
     text = report_md.machine_load_text(run)
     assert text.startswith(f"**the machine was busy during the capture**: other processes kept "
                            f"{load['other_cpu_load']:.2f} CPUs busy on average during the measured iterations (2 "
