@@ -164,8 +164,8 @@ FAKE_SMI = textwrap.dedent(r"""
             open(me, "w").close()
 
             def leave(*_):
-                os.remove(me)
-                evaporate(idx)
+                evaporate(idx)  # (clients() leaves this process out) before the marker goes: a test that waits
+                os.remove(me)   # for no client sees the driver's state after the last one left
                 sys.exit(0)
 
             signal.signal(signal.SIGTERM, leave)
