@@ -523,3 +523,18 @@ def test_a_measurement_records_the_size_each_gemm_ran_at(monkeypatch):
     assert record["settings"]["gemm_sizes"] == {"float32": 128, "bfloat16": 64}
     assert any(w.startswith("the bfloat16 GEMM is slow on this CPU") for w in record["warnings"])
     ceilings.validate_ceilings(record)
+
+
+def test_opprof_ceilings_checks_out_before_it_measures(tmp_path):
+    import time
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "adir").mkdir()
+    for out, says in ((tmp_path / "adir", "is a folder"), (afile / "x.json", "is a file, not a folder"),
+                      (Path("/proc/opprof-x.json"), "cannot write in /proc")):
+        t0 = time.monotonic()
+        result = run_opprof("ceilings", "--out", str(out), cwd=tmp_path)  # default sizes: a measurement would take a minute or more
+        assert result.returncode == 1 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert time.monotonic() - t0 < 30  # refused before measuring
+    assert afile.read_text() == "x"

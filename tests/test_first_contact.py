@@ -84,16 +84,30 @@ def test_the_budget_skips_what_it_cannot_fit_and_a_foreign_workdir_is_refused(tm
     proc = subprocess.run([sys.executable, str(SCRIPT), "--first-contact", "--workdir", str(work), "--budget-s",
                            "0.5"], capture_output=True, text=True, env=env, timeout=120)
     record = json.loads((work / "first-contact" / "first_contact.json").read_text())
-    assert [f["status"] for f in record["facts"]] == ["skipped"] * len(record["facts"])
+    assert [f["key"] for f in record["facts"]] == KEYS  # every fact, also those never reached
+    assert [f["status"] for f in record["facts"]] == ["skipped"] * len(KEYS)
     assert all("time budget ran out" in f["summary"] for f in record["facts"])
-    assert proc.returncode == 0  # nothing was found wrong; nothing was checked either, as every line says
+    # nothing was found wrong, but nothing was checked either: not a success
+    assert record["incomplete"] == KEYS and record["problems"] == [] and proc.returncode == 1
+    assert "NOT CHECKED for lack of time" in proc.stdout
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "data.txt").write_text("mine")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--first-contact", "--workdir", str(foreign)],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 1 and "was not made by gpu-check" in proc.stderr
+    assert proc.returncode == 2 and "was not made by gpu-check" in proc.stderr and "Traceback" not in proc.stderr
     assert (foreign / "data.txt").read_text() == "mine" and not (foreign / "first-contact").exists()
+    # a file, a folder under a file, nan and inf budgets, no cores: one line each, exit 2, nothing written
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv in (["--workdir", str(afile)], ["--workdir", str(afile / "sub")], ["--budget-s", "nan"],
+                 ["--budget-s", "inf"], ["--budget-s", "-5"], ["--cores", "0"], ["--iterations", "0"]):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--first-contact", *argv], capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (argv, proc.stderr)
+        assert proc.stderr.strip().splitlines()[-1].startswith(("gpu-check: error:", "usage:")) or \
+            "error:" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert afile.read_text() == "x"
 
 
 # What Kineto and ncu call the toy's window kernels (K0 fill, K1 cuBLAS GEMM, K2 Triton, K3 mul). Written out by
@@ -206,8 +220,9 @@ def test_counters_held_by_dcgm_stop_the_ncu_facts_with_the_fix(toy_ncu, monkeypa
     monkeypatch.setenv("FAKE_NCU_FAIL", "dcgm")
     contact = make()
     contact.ncu_runs()
-    (fact,) = contact.facts
+    fact, *rest = contact.facts
     assert fact.key == "ncu_counters" and fact.status == "problem" and "dcgmi profile --pause" in fact.summary
+    assert [f.key for f in rest] == KEYS[6:13] and {f.status for f in rest} == {"skipped"}
 
 
 def test_the_catalog_on_one_kernel_and_ncu_report_without_the_module(toy_ncu):
@@ -231,3 +246,46 @@ def test_the_catalog_on_one_kernel_and_ncu_report_without_the_module(toy_ncu):
                                                 if n not in in_the_csv]
     assert "dram__bytes.sum" in in_the_csv and "dram__bytes.sum" not in catalog.details["without_value"]
     assert report.key == "ncu_report" and report.status == "unknown"  # no extras/python beside the fake
+
+
+def _tools(folder: Path, script: str) -> dict:
+    folder.mkdir(parents=True)
+    for tool in ("ncu", "nvidia-smi", "nsys"):
+        (folder / tool).write_text(script)
+        (folder / tool).chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    env["PATH"] = os.pathsep.join([str(folder), str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def test_tools_answering_garbage_are_reported_never_a_crash(tmp_path):
+    env = _tools(tmp_path / "bin", "#!/bin/sh\nprintf '\\377\\376 garbage, ==ERROR== something\\n'\nexit 0\n")
+    work = tmp_path / "w"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--first-contact", "--workdir", str(work), "--budget-s", "120"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    record = json.loads((work / "first-contact" / "first_contact.json").read_text())
+    facts = {f["key"]: f for f in record["facts"]}
+    assert [f["key"] for f in record["facts"]] == KEYS and "Traceback" not in proc.stderr
+    versions = facts["versions"]["details"]
+    assert versions["driver"] is None and versions["ncu"] is None and versions["nsys"] is None
+    assert "garbage" in versions["ncu_said"] and "UnicodeDecodeError" not in json.dumps(record)
+    assert facts["gpu"]["status"] == "problem"  # no compute capability from garbage (and no CUDA torch here)
+    assert facts["nsys"]["status"] == "problem" and "gave no version" in facts["nsys"]["summary"]
+    assert (work / "first-contact" / "ncu-version.txt").exists()  # the garbage is kept as said
+
+
+def test_hanging_tools_stay_inside_the_budget(tmp_path):
+    import time
+
+    env = _tools(tmp_path / "bin", "#!/bin/sh\nsleep 1000 &\nwait\n")
+    work = tmp_path / "w"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--first-contact", "--workdir", str(work), "--budget-s", "12"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    took = time.monotonic() - t0
+    record = json.loads((work / "first-contact" / "first_contact.json").read_text())
+    assert took < 12 + 25  # the budget, plus interpreter start-up and the torch import of a loaded machine
+    assert record["duration_s"] <= 12 + 5
+    assert [f["key"] for f in record["facts"]] == KEYS and proc.returncode == 1
+    assert "no answer within" in record["facts"][0]["details"]["ncu_said"]

@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 from fake_tools import NCU_QUERY_GA100, NCU_QUERY_GH100, FakeNcu, FakeSmi
@@ -229,3 +230,67 @@ def test_the_report_lists_the_metrics_not_collected_and_the_cache_state():
     assert "warm caches" in analytic_and_measured(True, ["none"])
     assert "do not compare" in analytic_and_measured(True, ["all", "none"])
     assert "cache" not in analytic_and_measured(False, ["all"])
+
+
+def test_odd_ncu_texts_never_name_a_metric_ncu_did_not_name():
+    requested = ["sm__b.sum", "sm__b.avg.pct_of_peak_sustained_elapsed", "l1tex__t.sum", "dram__bytes.sum"]
+    said = availability.inaccessible_metrics
+    # a regex names what it matches, not every name of its base
+    assert said(r"==ERROR== Failed to find metric regex:^sm__b\.avg\.pct_of_peak_sustained_elapsed$",
+                requested)["not_found"] == ["sm__b.avg.pct_of_peak_sustained_elapsed"]
+    assert said(r"==ERROR== Failed to find metric regex:^(sm__b)\.(sum|avg)$", requested)["not_found"] == ["sm__b.sum"]
+    assert said("==ERROR== Failed to find metric regex:sm__b.*", requested)["not_found"] == requested[:2]
+    assert said("==ERROR== Failed to find metric 'dram__bytes.sum'.", requested)["not_found"] == ["dram__bytes.sum"]
+    # the list ends with its sentence: a comma in what follows names nothing
+    line = ("==WARNING== Unable to access the following 1 metrics: sm__b.sum. On MIG, l1tex__t.sum, and others "
+            "cannot be collected.")
+    assert said(line, requested)["unable"] == ["sm__b.sum"]
+    assert said("", requested) == {"unable": [], "not_found": []}
+
+
+def test_odd_query_texts():
+    parse = availability.parse_query_output
+    assert parse("") == {"chips": [], "device": None, "names": set(), "invalid": []}
+    crlf = "Chip gh100\r\n------ ----\r\nMetric Name   Metric Type\r\ndram__bytes.sum   Counter   byte   x\r\n"
+    assert parse(crlf)["names"] == {"dram__bytes.sum"} and parse(crlf)["chips"] == ["gh100"]
+    # a name printed with a trailing period is the name; an invalid list wrapped after a comma stays a list
+    text = ("Chip gh100\n==WARNING== The below metrics are either invalid or don't have suffixes.\nlaunch__a,launch__b,\n"
+            "launch__c\ndram__bytes.sum.   Counter   byte   x\n")
+    got = parse(text)
+    assert got["invalid"] == ["launch__a", "launch__b", "launch__c"] and got["names"] == {"dram__bytes.sum"}
+
+
+def test_an_answer_cut_short_is_an_error_and_never_cached(ncu, tmp_path):
+    cut = tmp_path / "cut.txt.gz"
+    lines = real_text(NCU_QUERY_GH100).splitlines(True)
+    with gzip.open(cut, "wt") as fh:
+        fh.writelines(lines[:2000])  # ncu stopped (killed, a full disk) after 2000 of its 4729 lines, exit 0 faked
+    os.environ["FAKE_NCU_QUERY"] = str(cut)
+    try:
+        record = availability.check_metrics(load_catalog().replay_metrics("hopper"), 0, (9, 0), "2024.1.1.0",
+                                            tmp_path / "cache")
+    finally:
+        os.environ["FAKE_NCU_QUERY"] = str(NCU_QUERY_GH100)
+    assert record["dropped"] == [] and record["collect"] == load_catalog().replay_metrics("hopper")
+    assert "an incomplete answer" in record["query"]["error"]
+    assert not list((tmp_path / "cache").glob("*.json"))
+
+
+def test_a_hanging_query_is_stopped_with_everything_it_started(tmp_path, monkeypatch):
+    import time
+
+    hang = tmp_path / "bin"
+    hang.mkdir()
+    pidfile = tmp_path / "child.pid"
+    (hang / "ncu").write_text(f"#!/bin/sh\nsleep 1000 &\necho $! > '{pidfile}'\nwait\n")
+    (hang / "ncu").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{hang}{os.pathsep}{os.environ['PATH']}")
+    t0 = time.monotonic()
+    record = availability.check_metrics(["dram__bytes.sum"], 0, (9, 0), "x", None, timeout_s=2)
+    assert time.monotonic() - t0 < 10  # both attempts (device, chip) within the 2 s, plus the kill
+    assert "no answer within the time limit" in record["query"]["error"]
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    stat = Path(f"/proc/{child}/stat")
+    # the tool's own child was killed with it (gone, or a zombie its new parent has not reaped yet)
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

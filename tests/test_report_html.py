@@ -91,6 +91,10 @@ OLD_FORCED = {k: v for k, v in FORCED.items() if k not in ("deterministic_reques
     ({**OFF, "deterministic_algorithms": True, "cudnn_benchmark_set_by_model": True},
      "determinism: not forced, but the model's or environment's own settings turn on deterministic algorithms "
      "(kernels may differ from production); cudnn.benchmark off (the model turned it on; the harness turned it off)"),
+    # requested, yet the flags show it was not in effect (QA: the line read "forced (as requested)")
+    ({**OFF, "deterministic_requested": True},
+     "determinism: requested (harness.deterministic) but NOT in effect: deterministic algorithms were off in the "
+     "measured iterations; cudnn.benchmark off"),
 ])
 def test_both_reports_say_which_determinism_the_iterations_ran_under(tmp_path, settings, line):
     write_results(tmp_path / "gpt2", CUDA_OPS, device="cuda")
@@ -695,3 +699,11 @@ def test_only_unattributed_kernels_means_no_operator_found(tmp_path):
     assert "<h3>No operator found: only unattributed kernels</h3>" in text
     kpis = dict(re.findall(r'<div class="k">([^<]+)</div><div class="v">([^<]+)</div>', text))
     assert kpis["operators"] == "none found"
+
+
+def test_a_cpu_report_says_nothing_of_cudnn():
+    from operator_profiler.report.markdown import determinism_text
+
+    cpu = {"versions": {"device": "cpu"}, "settings": OFF}
+    assert determinism_text(cpu) == "determinism: off (the model's own settings: production kernels)"
+    assert determinism_text({**cpu, "settings": FORCED}).endswith("kernels may differ from production")

@@ -296,6 +296,10 @@ def test_second_run_does_nothing(finished_run):
     result = snakemake(work, config, env=custom_env(work))
     assert result.returncode == 0
     assert "Nothing to be done" in result.stdout + result.stderr
+    # the GPU-only sections: on a CPU run an edit of them re-runs nothing (clocks locks nothing, ncu replays nothing)
+    for edit in ("clocks={policy: max, sudo: true}", "ncu={window: profiler_api, cache_control: none}"):
+        result = snakemake(work, config, "-n", "--config", edit, env=custom_env(work))
+        assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr, (edit, result.stdout[-2000:])
 
 
 @pytest.mark.workflow

@@ -14,7 +14,8 @@ rule select_clocks:
         slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
-            clocks=json.dumps(config["clocks"], sort_keys=True),
+            # on CPU nothing is locked: a clocks edit must not re-run the captures (target.json is the same)
+            clocks=json.dumps(config["clocks"] if GPU else {}, sort_keys=True),
             device=DEVICE,
         ),
         files=gpu_files,

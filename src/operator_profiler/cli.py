@@ -63,10 +63,37 @@ def _cmd_ceilings(args) -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     settings = {"gemm_n": args.gemm_n, "stream_mib": args.stream_mib, "runs": args.runs, "warmup": args.warmup,
                 "min_run_s": args.min_run_s, "trials": args.trials}
+    _check_out_file(Path(args.out))  # before a measurement of a minute or more, not after it
     record = ceilings.measure(device, settings, threads=args.threads)
     write_json(Path(args.out), record)
     print("\n".join(ceilings.summary_lines(record, warnings=False)))  # the warnings went to stderr (logging)
     print(f"-> {args.out}")
+
+
+def _check_out_file(out: Path) -> None:
+    """``--out`` can be written: not a folder, its parent a folder (created when missing) we may write in.
+
+    Raises:
+        InputError: naming ``--out`` and what is wrong."""
+    if out.is_dir():
+        raise InputError(f"--out {out} is a folder; give a file path (e.g. {out / 'ceilings.json'})")
+    parent = out.parent
+    for above in (parent, *parent.parents):
+        if above.exists():
+            if not above.is_dir():
+                raise InputError(f"--out {out}: {above} is a file, not a folder; choose another --out")
+            break
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot create {parent} ({exc.strerror or exc}); choose another --out") from None
+    import tempfile
+
+    try:  # (a folder of /proc passes os.access yet takes no file: try one)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".opprof-write-check-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write in {parent} ({exc.strerror or exc}); choose another --out") from None
 
 
 def _json_arg(text: str, what: str) -> dict:

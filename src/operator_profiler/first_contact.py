@@ -49,6 +49,9 @@ from pathlib import Path
 from .naming import measured_range_include
 
 FORMAT = "opprof.first_contact/1"
+#: The facts of the toy's ncu runs, in order (one step).
+NCU_RUN_KEYS = ("ncu_counters", "ncu_nvtx_window", "ncu_launch_skip_nvtx", "ncu_profiler_range",
+                "ncu_launch_skip_profiler_api", "ncu_kernel_names", "ncu_raw_page", "ncu_locale")
 STATUSES = ("ok", "problem", "unknown", "skipped")
 #: One step's subprocess limit (s); the whole run has ``budget_s``.
 STEP_TIMEOUT_S = 150
@@ -79,22 +82,21 @@ class Budget:
 
 
 def run(cmd: list[str], budget: Budget, env: dict | None = None, out: Path | None = None) -> tuple[int, str]:
-    """Run ``cmd`` (no shell) within the budget; (exit status, stdout + stderr); -1 with the reason on a timeout
-    or an OSError. ``out``: also write the text there (the capture set)."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget.timeout(), check=False,
-                              env={**os.environ, **(env or {})})
-        code, text = proc.returncode, (proc.stdout or "") + (proc.stderr or "")
-    except subprocess.TimeoutExpired as exc:
-        code = -1
-        text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        text += f"\n(timed out after {budget.timeout():.0f} s)"
-    except OSError as exc:
-        code, text = -1, f"{type(exc).__name__}: {exc}"
+    """Run ``cmd`` (no shell) within the budget (its whole process group is stopped at the limit); (exit status,
+    stdout + stderr, decoded leniently); -1 with the reason when it timed out or did not start. ``out``: also
+    write the text there (the capture set)."""
+    from .tool_runs import run_tool
+
+    done = run_tool(cmd, budget.timeout(), env={**os.environ, **(env or {})})
+    text = done.text
+    if done.timed_out:
+        text += f"\n(no answer within {budget.timeout():.0f} s: stopped with everything it started)"
+    if done.error:
+        text += f"\n{done.error}"
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(f"$ {' '.join(cmd)}\n(exit {code})\n{text}")
-    return code, text
+        out.write_text(f"$ {' '.join(cmd)}\n(exit {done.code})\n{text}", errors="replace")
+    return done.code, text
 
 
 def _first_error(text: str) -> str:
@@ -176,15 +178,32 @@ class FirstContact:
         print(fact.line(), flush=True)
         return fact
 
-    def step(self, key: str, checks: str, fn) -> None:
-        """Run ``fn`` (which adds its facts); an exception becomes a ``problem`` fact, no budget a ``skipped``."""
+    def step(self, keys: str | tuple[str, ...], checks: str, fn) -> None:
+        """Run ``fn``, which adds the facts ``keys``; whichever of them it did not add (no budget left, or it
+        raised) is added here: ``skipped`` for the budget, ``problem`` with the exception for the first, ``skipped``
+        for the rest. So every fact key is always in the record, in order."""
+        keys = (keys,) if isinstance(keys, str) else keys
+        before = len(self.facts)
         if self.budget.left() < 5:
-            self.add(Fact(key, "skipped", "the time budget ran out (--budget-s)", checks))
+            for key in keys:
+                self.add(Fact(key, "skipped", "the time budget ran out (--budget-s)", checks, {"budget": True}))
             return
+        error = None
         try:
             fn()
         except Exception as exc:  # a step's own failure is a fact, not the end of first contact
-            self.add(Fact(key, "problem", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}", checks))
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        added = {f.key for f in self.facts[before:]}
+        for key in keys:
+            if key in added:
+                continue
+            if error is not None:
+                self.add(Fact(key, "problem", error, checks))
+                error = None
+            elif self.budget.left() < 5:
+                self.add(Fact(key, "skipped", "the time budget ran out (--budget-s)", checks, {"budget": True}))
+            else:
+                self.add(Fact(key, "skipped", "not reached: an earlier fact of its step failed", checks))
 
     def all(self) -> list[Fact]:
         self.files.mkdir(parents=True, exist_ok=True)
@@ -193,7 +212,7 @@ class FirstContact:
         self.step("ncu_help", "docs/formats.md ncu GPU checks: ncu's defaults", self.ncu_help)
         self.step("ncu_metrics", "docs/gpu.md ncu replay: the chip's metrics", self.ncu_metrics)
         self.step("kineto_cuda", "a torch timeline on CUDA: the toy's window kernels", self.kineto_toy)
-        self.step("ncu_counters", "ncu may read the counters", self.ncu_runs)
+        self.step(NCU_RUN_KEYS, "ncu may read the counters", self.ncu_runs)
         self.step("ncu_catalog", "docs/formats.md ncu metrics: the catalog on hardware, replay passes", self.catalog)
         self.step("ncu_report", "docs/formats.md ncu GPU checks: one .ncu-rep read with ncu_report", self.ncu_report)
         self.step("nsys", "the nsys timeline (capture and export)", self.nsys)
@@ -219,7 +238,11 @@ class FirstContact:
                    # without NVIDIA's nvtx package the harness's ranges fall back to torch.cuda.nvtx's default domain
                    "nvtx_package": importlib.util.find_spec("nvtx") is not None,
                    "measured_range_include": measured_range_include()}
-        details["driver"], why = (self.smi_query("driver_version")[0] or [None])[0], ""
+        driver, why_driver = self.smi_query("driver_version")
+        details["driver"] = driver[0] if driver and re.fullmatch(r"\d+(\.\d+)+", driver[0]) else None
+        if details["driver"] is None:
+            details["driver_said"] = (driver[0] if driver else why_driver)[:200]
+        why = ""
         try:
             import torch
 
@@ -234,12 +257,19 @@ class FirstContact:
                 details[tool] = None
                 continue
             code, text = run([path, "--version"], self.budget, out=self.files / f"{tool}-version.txt")
-            found = re.search(r"(?:Version|version) (\S+)", text)
-            details[tool] = found.group(1) if found else f"unknown (exit {code})"
+            found = re.search(r"[Vv]ersion (\d+(?:\.\d+)+)", text) if code == 0 else None
+            details[tool] = found.group(1) if found else None
+            if found is None:
+                details[f"{tool}_said"] = ("no answer within the time limit" if code == -1 else
+                                           f"exit {code}: {_first_error(text)[:200]}")
         missing = [k for k in ("driver", "torch", "ncu") if not details.get(k)]
         status = "ok" if not missing and self.cuda else "problem"
-        summary = (f"driver {details.get('driver')}, torch {details.get('torch')} (CUDA {details.get('torch_cuda')}), "
-                   f"ncu {details.get('ncu')}, nsys {details.get('nsys') or 'absent'}")
+        def said(tool):
+            return details.get(tool) or (f"? ({details[tool + '_said']})" if details.get(tool + "_said") else
+                                         "not on PATH" if tool in ("ncu", "nsys") else "?")
+
+        summary = (f"driver {said('driver')}, torch {details.get('torch')} (CUDA {details.get('torch_cuda')}), "
+                   f"ncu {said('ncu')}, nsys {said('nsys')}")
         if not self.cuda:
             summary += "; torch sees no CUDA GPU"
         if missing:
@@ -301,11 +331,12 @@ class FirstContact:
         if self.ncu is None:
             self.add(Fact("ncu_metrics", "skipped", "ncu is not on PATH", checks))
             return
-        cc, source = compute_capability(f"cuda:{self.device}")
+        cc, source = compute_capability(f"cuda:{self.device}", self.budget.timeout())
         arch = arch_for_cc(f"{cc[0]}.{cc[1]}")
         catalog = load_catalog()
-        record = availability.check_metrics(catalog.replay_metrics(), self.device, cc, ncu_version(),
-                                            self.files / "ncu_metrics")
+        record = availability.check_metrics(catalog.replay_metrics(), self.device, cc,
+                                            ncu_version(self.budget.timeout()), self.files / "ncu_metrics",
+                                            timeout_s=self.budget.timeout())
         if "error" in record["query"]:
             self.add(Fact("ncu_metrics", "problem", f"ncu could not list the chip's metrics: {record['query']['error']}",
                           checks, record))
@@ -378,8 +409,7 @@ class FirstContact:
         checks = "ncu may read the counters"
         if self.ncu is None or not self.cuda or self.kineto is None:
             why = "ncu is not on PATH" if self.ncu is None else "no CUDA GPU" if not self.cuda else "no Kineto run"
-            for key in ("ncu_counters", "ncu_nvtx_window", "ncu_launch_skip_nvtx", "ncu_profiler_range",
-                        "ncu_launch_skip_profiler_api", "ncu_kernel_names", "ncu_raw_page", "ncu_locale"):
+            for key in NCU_RUN_KEYS:
                 self.add(Fact(key, "skipped", why, checks))
             return
         include = measured_range_include()
@@ -391,6 +421,8 @@ class FirstContact:
                       "ncu profiled the toy" if window is not None else (str(error) if error else _first_error(text)),
                       checks))
         if window is None:
+            for key in NCU_RUN_KEYS[1:]:
+                self.add(Fact(key, "skipped", "ncu did not profile the toy (ncu_counters)", checks))
             return
         expected = self.kineto
         self.add(judge_selection("ncu_nvtx_window", "docs/gpu.md ncu replay: the NVTX window filter", expected,
@@ -480,9 +512,10 @@ class FirstContact:
         if self.ncu is None or not self.cuda or self.kineto is None or "nvtx" not in self.reports:
             self.add(Fact("ncu_catalog", "skipped", "needs ncu, a CUDA GPU and the NVTX run", checks))
             return
-        cc, _ = compute_capability(f"cuda:{self.device}")
+        cc, _ = compute_capability(f"cuda:{self.device}", self.budget.timeout())
         record = check_metrics(load_catalog().replay_metrics(arch_for_cc(f"{cc[0]}.{cc[1]}")), self.device, cc,
-                               ncu_version(), self.files / "ncu_metrics")
+                               ncu_version(self.budget.timeout()), self.files / "ncu_metrics",
+                               timeout_s=self.budget.timeout())
         t0 = time.monotonic()
         names, text = self.ncu_collect("catalog", "--profile-from-start", "off", "--nvtx", "--nvtx-include",
                                        measured_range_include(), "--launch-skip", "1", "--launch-count", "1",
@@ -542,8 +575,10 @@ class FirstContact:
                           "this machine (timeline: torch works without it)", checks))
             return
         code, text = run([path, "--version"], self.budget)
-        self.add(Fact("nsys", "ok" if code == 0 else "problem", text.strip().splitlines()[-1] if text.strip() else
-                      f"exit {code}", checks))
+        found = re.search(r"[Vv]ersion (\d+(?:\.\d+)+)", text) if code == 0 else None
+        self.add(Fact("nsys", "ok" if found else "problem",
+                      f"nsys {found.group(1)}" if found else f"nsys --version gave no version (exit {code}): "
+                      f"{_first_error(text)[:200]}", checks))
 
     # --------------------------------------------------------------------------------------------- clocks
 
@@ -603,13 +638,15 @@ def _csv_names(text: str) -> list[str]:
 
 def first_contact(out: Path, budget_s: float = 300.0, device: int = 0) -> dict:
     """Run every step (:class:`FirstContact`), print one line per fact, write ``out/first_contact.json`` (format
-    :data:`FORMAT`: ``facts`` as :class:`Fact` dicts, ``duration_s``, ``problems``: their keys) and return it."""
+    :data:`FORMAT`: ``facts`` as :class:`Fact` dicts, ``duration_s``, ``problems`` and ``incomplete`` (skipped
+    for the budget): their keys) and return it."""
     t0 = time.monotonic()
     contact = FirstContact(out, budget_s, device)
     facts = contact.all()
     record = {"format": FORMAT, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "duration_s": round(time.monotonic() - t0, 1), "budget_s": budget_s,
               "facts": [asdict(f) for f in facts], "problems": [f.key for f in facts if f.status == "problem"],
+              "incomplete": [f.key for f in facts if f.status == "skipped" and f.details.get("budget")],
               "files": sorted(str(p.relative_to(out)) for p in Path(out).rglob("*") if p.is_file())}
     (Path(out) / "first_contact.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     return record

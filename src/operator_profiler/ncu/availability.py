@@ -76,10 +76,13 @@ def parse_query_output(text: str) -> dict:
         line = raw.rstrip()
         if not line.strip():
             continue
-        if expect_invalid:
+        if expect_invalid:  # one comma-separated line; a list wrapped after a comma goes on on the next line
+            tokens = [n.strip() for n in line.split(",") if n.strip()]
+            if tokens and all(re.fullmatch(r"[A-Za-z0-9_.]+", t) for t in tokens):
+                invalid += tokens
+                expect_invalid = line.rstrip().endswith(",")
+                continue
             expect_invalid = False
-            invalid += [n.strip() for n in line.split(",") if n.strip()]
-            continue
         if line.startswith("=="):
             expect_invalid = _INVALID in line
             continue
@@ -94,20 +97,17 @@ def parse_query_output(text: str) -> dict:
         if found:
             chips.append(found["chip"].lower())
             continue
-        token = line.split(None, 1)[0]
+        token = line.split(None, 1)[0].rstrip(".")  # (no metric name ends with a period)
         if _METRIC.match(token):
             names.add(token)
     return {"chips": chips, "device": device, "names": names, "invalid": invalid}
 
 
-def _run(cmd: list[str]) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return -1, f"no answer within {QUERY_TIMEOUT_S} s"
-    except OSError as exc:
-        return -1, str(exc)
-    return proc.returncode, (proc.stdout or "") + (proc.stderr or "")
+def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
+    from ..tool_runs import run_tool
+
+    done = run_tool(cmd, timeout_s)
+    return done.code, done.text + (f"\n{done.said()}" if done.timed_out or done.error else "")
 
 
 def _cache_path(cache_dir: Path, chip: str, ncu_version: str | None) -> Path:
@@ -128,12 +128,15 @@ def _cached(cache_dir: Path | None, chip: str | None, ncu_version: str | None, b
 
 
 def query_metrics(bases: list[str], device: int | str | None, cc: tuple[int, int] | None, ncu_version: str | None,
-                  cache_dir: Path | None = None, gpu_name: str | None = None) -> dict:
+                  cache_dir: Path | None = None, gpu_name: str | None = None,
+                  timeout_s: float = QUERY_TIMEOUT_S) -> dict:
     """The full metric names ncu knows for the profiled GPU, for the base metrics ``bases``.
 
     Asks the local device first (``--devices``), then, when that fails (no driver access, an older ncu), the chip
-    :data:`CHIP_FOR_CC` gives for ``cc``. A cached answer for the same chip, ncu version and bases is reused (the
-    chip is known before the query only through ``cc``). Returns ``{"chip", "chip_source", "ncu_version",
+    :data:`CHIP_FOR_CC` gives for ``cc``, each within ``timeout_s`` seconds together. An answer that lists neither a
+    full name nor an "invalid" entry for some queried base is incomplete (cut short) and is an error, never cached.
+    A cached answer for the same chip, ncu version and bases is reused (the chip is known before the query only
+    through ``cc``). Returns ``{"chip", "chip_source", "ncu_version",
     "device", "command", "names" (sorted list), "invalid", "bases", "cache", "from_cache"}``, or ``{"error":
     text, "commands": [...]}`` when ncu could not answer (the replay then keeps every name and says so)."""
     wanted = set(bases)
@@ -147,12 +150,24 @@ def query_metrics(bases: list[str], device: int | str | None, cc: tuple[int, int
     if guessed:
         attempts.append((f"compute capability {cc[0]}.{cc[1]}", query_command(sorted(wanted), chip=guessed)))
     errors = []
+    import time
+
+    deadline = time.monotonic() + timeout_s
     for source, cmd in attempts:
-        code, text = _run(cmd)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            errors.append(f"`{' '.join(cmd[:3])} ... {' '.join(cmd[-2:])}`: not run, no time left")
+            continue
+        code, text = _run(cmd, left)
         parsed = parse_query_output(text) if code == 0 else None
-        if not parsed or not parsed["chips"] or not parsed["names"]:
+        unanswered = sorted(b for b in wanted if parsed and b not in {base_name(n) for n in parsed["names"]}
+                            and b not in set(parsed["invalid"]))
+        if not parsed or not parsed["chips"] or not parsed["names"] or unanswered:
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             said = next((ln for ln in lines if ln.startswith("==ERROR==")), lines[-1] if lines else "no output")
+            if parsed and parsed["names"] and unanswered:
+                said = (f"an incomplete answer: {len(unanswered)} queried base(s) neither listed nor called invalid "
+                        f"({', '.join(unanswered[:3])}{', ...' if len(unanswered) > 3 else ''})")
             errors.append(f"`{' '.join(cmd[:3])} ... {' '.join(cmd[-2:])}` (exit {code}): {said}")
             continue
         chip = parsed["chips"][0]
@@ -169,7 +184,8 @@ def query_metrics(bases: list[str], device: int | str | None, cc: tuple[int, int
 
 
 def check_metrics(requested: list[str], device: int | str | None, cc: tuple[int, int] | None,
-                  ncu_version: str | None, cache_dir: Path | None = None, gpu_name: str | None = None) -> dict:
+                  ncu_version: str | None, cache_dir: Path | None = None, gpu_name: str | None = None,
+                  timeout_s: float = QUERY_TIMEOUT_S) -> dict:
     """Split ``requested`` (catalog order) into the names to collect and those the chip lacks.
 
     Returns the ``replay.json`` ``metrics`` record: ``requested``, ``collect`` (requested minus ``dropped``),
@@ -177,7 +193,8 @@ def check_metrics(requested: list[str], device: int | str | None, cc: tuple[int,
     suffix, :func:`checkable`), ``query`` (chip, ncu version, command, cache file, or the error), ``warnings``
     (one line listing the dropped names, or saying the check could not run)."""
     bases = sorted({base_name(n) for n in requested if checkable(n)})
-    answer = query_metrics(bases, device, cc, ncu_version, cache_dir, gpu_name) if bases else {"error": "nothing to check"}
+    answer = (query_metrics(bases, device, cc, ncu_version, cache_dir, gpu_name, timeout_s) if bases
+              else {"error": "nothing to check"})
     record = {"requested": list(requested), "collect": list(requested), "dropped": [],
               "unchecked": [n for n in requested if not checkable(n)], "warnings": []}
     if "error" in answer:
@@ -202,7 +219,30 @@ def check_metrics(requested: list[str], device: int | str | None, cc: tuple[int,
 # ------------------------------------------------------------------------------ what a replay said about metrics
 
 _UNABLE = re.compile(r"(?:Unable|Failed) to access the following (?:\d+ )?metrics?:?\s*(?P<names>.*)")
-_NOT_FOUND = re.compile(r"Failed to find metric\s+(?P<name>\S+)")
+_NOT_FOUND = re.compile(r"Failed to find metric\s+(?P<name>.+?)\s*$")
+
+
+def _listed(names: str) -> list[str]:
+    """The names of ``a, b, c.`` up to the end of that sentence (the MIG variant adds one after it)."""
+    cut = re.split(r"\.\s", names + " ", maxsplit=1)[0]
+    return [n.strip().strip("'\"").rstrip(".") for n in cut.split(",") if n.strip()]
+
+
+def _named_by(name: str, requested: list[str]) -> list[str]:
+    """The requested names one ``Failed to find metric NAME`` line names: NAME itself, or those its ``regex:`` form
+    matches (ncu's regexes here are plain ECMAScript ones, read with Python's ``re``; one that does not compile
+    falls back to its leading base name)."""
+    name = name.strip().strip("'\"")
+    if not name.startswith("regex:"):
+        name = name.strip("'\". ")
+        return [name] if name in requested else []
+    pattern = name.removeprefix("regex:")
+    try:
+        compiled = re.compile(pattern)
+    except re.error:
+        base = pattern.lstrip("^(").split("\\.", 1)[0].split("(", 1)[0].split("|", 1)[0]
+        return [n for n in requested if base_name(n) == base]
+    return [n for n in requested if compiled.search(n)]
 
 
 def inaccessible_metrics(output: str, requested: list[str]) -> dict:
@@ -211,25 +251,17 @@ def inaccessible_metrics(output: str, requested: list[str]) -> dict:
     ``{"unable": [...]}`` from ``==WARNING== Unable to access the following N metrics: a, b.`` (newer ncu: the
     collection went on without them) and ``==ERROR== Failed to access the following N metrics: a, b`` (older ncu:
     the collection failed), ``{"not_found": [...]}`` from ``==ERROR== Failed to find metric NAME`` (NAME may be
-    ``regex:^base\\.(sum|...)$``): each mapped back to the ``requested`` names it covers. Source: real ncu
-    output (docs/formats.md#ncu-metric-query)."""
+    ``regex:^base\\.(sum|...)$``, matched against the requested names): only ``requested`` names ncu named, never
+    another. Source: real ncu output (docs/formats.md#ncu-errors)."""
     wanted = set(requested)
     unable: list[str] = []
     not_found: list[str] = []
     for line in output.splitlines():
         found = _UNABLE.search(line)
         if found:
-            listed = [n.strip().rstrip(".") for n in found["names"].split(",")]
-            # the MIG variant appends a sentence after the list: keep only metric-shaped names
-            unable += [n.split(" ")[0].rstrip(".") for n in listed if n and _METRIC.match(n.split(" ")[0].rstrip("."))]
+            unable += [n for n in _listed(found["names"]) if n in wanted]
             continue
         found = _NOT_FOUND.search(line)
         if found:
-            name = found["name"]
-            if name.startswith("regex:"):
-                base = name.removeprefix("regex:").lstrip("^").split("\\.", 1)[0].split("(", 1)[0]
-                not_found += [n for n in requested if base_name(n) == base]
-            else:
-                not_found.append(name)
-    return {"unable": [n for n in dict.fromkeys(unable) if n in wanted],
-            "not_found": [n for n in dict.fromkeys(not_found) if n in wanted]}
+            not_found += _named_by(found["name"], requested)
+    return {"unable": list(dict.fromkeys(unable)), "not_found": list(dict.fromkeys(not_found))}

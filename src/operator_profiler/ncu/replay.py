@@ -290,20 +290,19 @@ def run_replay(plan: dict, metrics: dict | list[str], out_csv: Path, out_json: P
 _NCU_VERSION = re.compile(r"^Version (\S+)", re.MULTILINE)
 
 
-def ncu_version() -> str | None:
+def ncu_version(timeout_s: float = 60) -> str | None:
     """The version of the ``ncu`` on PATH (``2025.1.1.0``) from ``ncu --version``, whose last line reads
     ``Version 2025.1.1.0 (build 35528883) (public-release)``; None when it cannot be told (the report
     then says unknown). Source: the output of ``ncu --version`` (Nsight Compute CLI docs,
     https://docs.nvidia.com/nsight-compute/NsightComputeCli/index.html#general)."""
-    try:
-        proc = subprocess.run([NCU, "--version"], capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = _NCU_VERSION.search(proc.stdout) if proc.returncode == 0 else None
+    from ..tool_runs import run_tool
+
+    done = run_tool([NCU, "--version"], timeout_s)
+    found = _NCU_VERSION.search(done.text) if done.code == 0 else None
     return found.group(1) if found else None
 
 
-def compute_capability(device: str = "cuda") -> tuple[tuple[int, int], str]:
+def compute_capability(device: str = "cuda", timeout_s: float = 60) -> tuple[tuple[int, int], str]:
     """The compute capability of the GPU torch calls ``device``: ``((major, minor), source)``.
 
     From ``nvidia-smi -i ID --query-gpu=compute_cap`` (``9.0``; ID by :func:`~operator_profiler.capture.clocks.gpu_id`),
@@ -320,14 +319,16 @@ def compute_capability(device: str = "cuda") -> tuple[tuple[int, int], str]:
     smi = shutil.which("nvidia-smi")
     if smi is not None:
         try:
+            from ..tool_runs import run_tool
+
             idx = gpu_id(device)
-            proc = subprocess.run([smi, "-i", str(idx), "--query-gpu=compute_cap", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, check=False, timeout=60)
-            if proc.returncode != 0:
-                raise ValueError(f"exit {proc.returncode}")
-            major, minor = (int(v) for v in (proc.stdout or "").strip().splitlines()[0].strip().split("."))
+            done = run_tool([smi, "-i", str(idx), "--query-gpu=compute_cap", "--format=csv,noheader,nounits"],
+                            timeout_s)
+            if done.code != 0:
+                raise ValueError(f"exit {done.code}: {done.said()}")
+            major, minor = (int(v) for v in done.text.strip().splitlines()[0].strip().split("."))
             return (major, minor), "nvidia-smi compute_cap"
-        except (ValueError, IndexError, OSError, subprocess.TimeoutExpired) as exc:
+        except (ValueError, IndexError, OSError) as exc:
             said.append(f"nvidia-smi gave no compute_cap ({type(exc).__name__}: {exc})")
         except ClockError as exc:  # a device outside CUDA_VISIBLE_DEVICES
             said.append(str(exc))

@@ -478,17 +478,21 @@ def determinism_text(run: dict) -> str | None:
                                  ("cudnn_deterministic", "cuDNN deterministic")) if settings.get(key)]
     if settings.get("cublas_workspace_config"):
         on.append(f"cuBLAS workspace {settings['cublas_workspace_config']}")
+    cuda = ((run.get("versions") or {}).get("device")) != "cpu"  # (cuDNN and cuBLAS settings mean nothing on CPU)
     benchmark = "cudnn.benchmark " + ("on" if settings.get("cudnn_benchmark") else "off")
     if settings.get("cudnn_benchmark_set_by_model"):
         benchmark += " (the model turned it on; the harness turned it off)"
+    benchmark = f"; {benchmark}" if cuda or settings.get("cudnn_benchmark_set_by_model") else ""
     requested = settings.get("deterministic_requested")
+    if requested and not settings.get("deterministic_algorithms"):
+        return ("determinism: requested (harness.deterministic) but NOT in effect: deterministic algorithms were off "
+                f"in the measured iterations{benchmark}")
     if requested or (requested is None and on):
-        return (f"determinism: forced ({', '.join(on) or 'as requested'}): kernels may differ from production; "
-                f"{benchmark}")
+        return f"determinism: forced ({', '.join(on)}): kernels may differ from production{benchmark}"
     if on:
         return (f"determinism: not forced, but the model's or environment's own settings turn on {', '.join(on)} "
-                f"(kernels may differ from production); {benchmark}")
-    return f"determinism: off (the model's own settings: production kernels); {benchmark}"
+                f"(kernels may differ from production){benchmark}")
+    return f"determinism: off (the model's own settings: production kernels){benchmark}"
 
 
 def machine_load_text(run: dict | None) -> str | None:
