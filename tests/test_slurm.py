@@ -172,14 +172,17 @@ def test_slurm_run_gives_the_local_runs_deterministic_tables(runs, workload):
     assert classes and {p.name: p.read_bytes() for p in (slurm / "layers" / "classes").glob("*.json")} == classes
 
     # the capture records (versions, harness, thread count, deterministic settings, measured kernels), less
-    # the wall times of warm-up and measured window and the warm-up's timed record (warm-up runs until the
-    # iteration times settle: how many iterations that takes is a timing too), whose rule must agree
+    # the wall times of warm-up and measured window, the machine's load meanwhile, and the warm-up's timed record
+    # (warm-up runs until the iteration times settle: how many iterations that takes is a timing too), whose rule
+    # must agree
     rule = ("minimum", "maximum", "window", "tolerance")
     for name in ("run.json", "layers.json"):
         records = [json.loads((d / "capture" / name).read_text()) for d in (local, slurm)]
         if name == "run.json":
             assert [{k: r["warmup"][k] for k in rule} for r in records][0] == {k: records[1]["warmup"][k] for k in rule}
-            records = [{k: v for k, v in r.items() if k not in ("warmup_s", "measured_s", "warmup")} for r in records]
+            assert all(set(r["machine_load"]) >= {"other_cpu_load", "busy", "window_s"} for r in records)
+            records = [{k: v for k, v in r.items() if k not in ("warmup_s", "measured_s", "warmup", "machine_load")}
+                       for r in records]
         assert records[0] == records[1], name
     # the same report sections, whatever the times in them
     headings = [[line for line in (d / "report.md").read_text().splitlines() if line.startswith("#")]
