@@ -1,5 +1,5 @@
-"""The package's import graph: no import circle; the GPU job entry point stays free of pandas; ``opprof --help``
-and the no-op job import no heavy package (issue 33).
+"""The package's import graph: no import circle; the GPU job entry point stays free of pandas; ``opprof --help``,
+the no-op job and the rule scripts' import phase import no heavy package (issue 33).
 
 The graph is read from the source with ``ast`` (every ``import`` statement, also those inside functions: a lazy
 import that closes a circle is still a circle of concerns), independent of the modules' import-time behaviour;
@@ -130,3 +130,23 @@ def test_the_noop_job_imports_no_heavy_package(tmp_path):
     assert json.loads((tmp_path / "t.json").read_text())["policy"] == "none"
     assert (tmp_path / "job.log").read_text().startswith("job phases: start-up ")
 
+
+def test_the_rule_scripts_import_phase_imports_no_heavy_package():
+    """Every ``scripts/*.py``'s module-level imports (the job's import phase): the stage imports what it needs
+    when it runs (operator_profiler.stages), so a job pays only for the packages of its own work."""
+    scripts = sorted((ROOT / "scripts").glob("*.py"))
+    assert len(scripts) >= 10
+    for script in scripts:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        imports = "\n".join(ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)))
+        assert "operator_profiler" in imports, script.name
+        assert _heavy_imported(["-c", imports]) == [], script.name
+
+
+def test_a_stage_still_imports_what_its_work_needs():
+    """The lazy imports are inside the stages: calling one brings in pandas (the check above is not vacuous)."""
+    probe = ("import sys\nfrom operator_profiler import stages\nassert 'pandas' not in sys.modules\n"
+             "try:\n    stages.read_timeline('/nonexistent-timeline')\nexcept Exception as exc:\n"
+             "    print(type(exc).__name__)\nprint('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["InputError", "True"]
