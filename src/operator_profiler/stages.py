@@ -498,6 +498,8 @@ def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
     was decided, the instances a cross-layer kernel spans; DESIGN.md §3), for coverage.json and the report."""
     import numpy as np
 
+    from .layers import NO_SPANS
+
     if "membership" not in kl:
         return result
     by_id = kl.set_index(kl["kernel_id"].astype("int64"))
@@ -505,7 +507,10 @@ def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
     out = result.copy()
     out["membership"] = by_id["membership"].reindex(ids).to_numpy(dtype=object)
     spans = by_id["layers_spanned"].reindex(ids).to_numpy(dtype=object)
-    out["layers_spanned"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else [] for v in spans]
+    # Most kernels span no instance: they share one empty list (layers.NO_SPANS, never mutated); a fresh list per
+    # kernel took 0.9 s of `opprof attribute` at 1 M kernels.
+    out["layers_spanned"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) and len(v) else NO_SPANS
+                             for v in spans]
     return out
 
 
