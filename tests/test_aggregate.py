@@ -286,7 +286,7 @@ def test_layers_found_but_none_placed_is_said_not_called_no_layers():
 
 
 def test_external_id_disagreements_read_a_categorical_evidence_as_its_texts():
-    """Path (b)'s evidence is a categorical of a few texts: searched once per text (issue 33), the same answer as
+    """Path (b)'s evidence is a categorical of a few texts: searched once per text, the same answer as
     the plain strings. Kernels 1 and 3 disagree (30 + 5 ns), kernel 0 agrees, kernel 2 was not checked, kernel 4
     has no evidence."""
     agree = json.dumps({"correlation": {"external_id_check": "agrees"}})

@@ -1,5 +1,5 @@
 """The package's import graph: no import circle; the GPU job entry point stays free of pandas; ``opprof --help``,
-the no-op job and the rule scripts' import phase import no heavy package (issue 33).
+the no-op job and the rule scripts' import phase import no heavy package.
 
 The graph is read from the source with ``ast`` (every ``import`` statement, also those inside functions: a lazy
 import that closes a circle is still a circle of concerns), independent of the modules' import-time behaviour;
@@ -100,7 +100,7 @@ def test_the_gpu_job_entry_point_imports_no_pandas_and_no_analysis_code():
 
 
 #: Packages that take 0.1-1 s each to import (more on a loaded machine): a command that needs none of them must
-#: not pay for them at start-up (issue 33: ``opprof --help`` took 2.0 s, 1.6 s of it imports).
+#: not pay for them at start-up (``opprof --help`` took 2.0 s, 1.6 s of it imports, before they were lazy).
 HEAVY = ("torch", "pandas", "pyarrow", "numpy", "jsonschema", "yaml", "orjson", "sympy", "scipy")
 ROOT = PACKAGE.parents[1]
 

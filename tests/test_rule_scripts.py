@@ -1,7 +1,7 @@
 """The report rules' scripts (``scripts/report.py``, ``scripts/report_html.py``) run as Snakemake's ``script:`` runs
 them, without Snakemake: a fresh interpreter executes the script with a ``snakemake`` object in its globals.
 
-Since issue 33 their module level imports only the light package core and their work imports the rest
+Their module level imports only the light package core and their work imports the rest
 (``operator_profiler.results``, pandas): the job must still write its report, say in the ``job phases`` line
 that pandas came with the work, and end a user error with one FAILED line (no traceback of ours).
 """
@@ -49,7 +49,8 @@ def _run_script(name: str, folder: Path, out: Path, log: Path) -> subprocess.Com
     spec = {"rule": name, "wildcards": {"workload": "toy"}, "output": str(out), "log": str(log),
             "params": {"options": json.dumps({"top_operators": 5})},
             "input": {"coverage": str(folder / "coverage.json"), "operators": str(folder / "operators.parquet"),
-                      "modules": str(folder / "modules.parquet"), "layer_classes": str(folder / "layer_classes.parquet"),
+                      "modules": str(folder / "modules.parquet"),
+                      "layer_classes": str(folder / "layer_classes.parquet"),
                       "run": str(folder / "capture" / "run.json"), "diagnostics": "", "matching": "", "replays": [],
                       "clocks": str(folder / "capture" / "clocks_applied.json"), "phases": None, "advice": None}}
     return subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "scripts" / f"{name}.py"), json.dumps(spec)],
