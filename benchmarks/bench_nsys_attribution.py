@@ -37,7 +37,14 @@ Baseline, in the parent on the same (page-cached) file: SQLite running the docs/
 Goals, judged on read_nsys + kernel_layer_classes + attribute_nvtx and the child's peak RSS by the end of
 attribute_nvtx (the line also prints the peak of the whole measured part): 1M kernels loaded and
 attributed in <= 20 s with peak RSS <= 2 GB; and in <= 2x the time of the SQLite Q1 baseline
-of the same run, peak RSS <= 1.5 GB. The machine's load average is printed at the start and the end
+of the same run, peak RSS <= 1.5 GB.
+
+Then, on the same file, the commands as users run them (``command_runs.py``): ``opprof timeline --nsys`` and
+``opprof attribute`` on its folder, each a process of its own (wall and CPU time of the whole process: interpreter
+start, imports, the GPU projection, the parquet round trip, the ranges re-read; each one's peak RSS). Their
+baseline is what SQLite takes to hand Python the rows the reader needs: the Q1 join and the NVTX range rows
+(``Q_NVTX``), each fetched with ``fetchall``. Goals at 1M kernels: the two commands <= 2x that baseline, each
+command's peak RSS <= 1.5 GB. The machine's load average is printed at the start and the end
 (other processes on the cores inflate both sides of the ratio, not always alike). ``--profile``
 inflates the times.
 """
@@ -51,12 +58,16 @@ import os
 import resource
 import shutil
 import sqlite3
+import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from command_runs import describe, timeline_and_attribute  # noqa: E402  (the benchmarks folder is no package)
 
 DEFAULT_SOURCE = (Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "nsys"
                   / "extrap_concurrent_streams_nvtx_gtx1060_win_nsys2022.1.sqlite")
@@ -86,6 +97,10 @@ JOIN CUPTI_ACTIVITY_KIND_RUNTIME AS r
 JOIN StringIds AS kn ON kn.id = k.shortName
 JOIN StringIds AS rn ON rn.id = r.nameId
 """
+
+#: The NVTX rows the reader fetches (timeline/nsys.py ``_nvtx_sql``: push/pop and start/end ranges and the
+#: domain-creation rows); columns an export lacks are left out (``nvtx_query``).
+NVTX_COLUMNS = ("start", "end", "eventType", "globalTid", "endGlobalTid", "text", "textId", "domainId")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -399,6 +414,21 @@ def baseline(path: Path) -> tuple[float, int, float]:
     return seconds, len(rows), cpu
 
 
+def nvtx_baseline(path: Path) -> tuple[float, int, float]:
+    """Seconds SQLite takes to hand Python the NVTX rows the reader reads (``NVTX_COLUMNS`` of the range and
+    domain-creation rows, ``fetchall``), the rows, and the CPU seconds."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    conn.text_factory = lambda b: b.decode("utf-8", "replace")
+    have = {r[1] for r in conn.execute(f'PRAGMA table_info("{NVTX}")')}
+    columns = ", ".join(f'"{c}"' for c in NVTX_COLUMNS if c in have)
+    types = ", ".join(str(t) for t in (*RANGE_TYPES, DOMAIN_CREATE))
+    t0, c0 = time.perf_counter(), time.process_time()
+    rows = conn.execute(f'SELECT {columns} FROM "{NVTX}" WHERE eventType IN ({types})').fetchall()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    conn.close()
+    return seconds, len(rows), cpu
+
+
 def warm_page_cache(path: Path) -> None:
     with open(path, "rb") as fh:
         while fh.read(1 << 24):
@@ -476,7 +506,11 @@ def main() -> None:
             child.join()
             res = {"error": f"the measuring process died (exit code {child.exitcode})", "traceback": ""}
         child.join()
-        peak_mb = _maxrss_mb(resource.RUSAGE_CHILDREN)
+        peak_mb = _maxrss_mb(resource.RUSAGE_CHILDREN)  # (before the commands below: they are children too)
+        if "error" not in res:
+            nvtx_s, nvtx_rows, nvtx_cpu = nvtx_baseline(path)
+            with tempfile.TemporaryDirectory(prefix="bench-nsys-commands-") as work:
+                commands = timeline_and_attribute(path, "nsys", Path(work))
     finally:
         if res is None:  # generation or the baseline failed: release the waiting child
             conn.close()
@@ -525,6 +559,21 @@ def main() -> None:
     print(f"goal: timeline + attribution <= {GOAL_RATIO:.0f}x SQLite Q1, peak RSS <= 1.5 GB: {verdict} "
           f"({ratio:.2f}x: {total:.1f} s / {base_s:.1f} s; {rss_attr:,.0f} MB){note}; in CPU time (less "
           f"sensitive to other processes on the cores): {total_cpu / base_cpu:.2f}x ({total_cpu:.1f} s / {base_cpu:.1f} s)")
+    command_base = base_s + nvtx_s
+    print(f"as users run it (baseline: SQLite Q1 {base_s:.2f} s + the NVTX rows {nvtx_s:.2f} s = {command_base:.2f} s, "
+          f"{base_cpu + nvtx_cpu:.2f} s CPU; {nvtx_rows:,} NVTX rows):")
+    print("\n".join(describe(commands, "nsys")))
+    both = commands["both"]
+    each_rss = max(commands["timeline"]["peak_rss_mb"], commands["attribute"]["peak_rss_mb"])
+    ratio = both["wall_s"] / command_base
+    if n >= GOAL_KERNELS:
+        verdict = "MET" if ratio <= GOAL_RATIO and each_rss <= GOAL_RATIO_MB else "NOT MET"
+    else:
+        verdict = f"NOT JUDGED at {n:,} kernels"
+    print(f"goal: the two commands <= {GOAL_RATIO:.0f}x SQLite's rows (Q1 + NVTX), each command's peak RSS <= 1.5 GB: "
+          f"{verdict} ({ratio:.2f}x: {both['wall_s']:.1f} s / {command_base:.1f} s; {each_rss:,.0f} MB); in CPU time "
+          f"{both['cpu_s'] / (base_cpu + nvtx_cpu):.2f}x; commands / in-process timeline + attribution "
+          f"{both['wall_s'] / total:.2f}x")
     trees = res["trees"]
     print(f"enclosure structure, side by side on {trees['kernels']:,} kernels / {trees['ranges']:,} ranges: "
           f"vectorized {trees['vectorized_s']:.2f} s, intervaltree {trees['intervaltree_s']:.2f} s "

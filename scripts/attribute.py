@@ -8,11 +8,18 @@ import json
 from pathlib import Path
 
 from operator_profiler import stages
-from operator_profiler.attribution.nvtx import NvtxOptions
 from operator_profiler.rule_runner import run_rule
 
-fusion = snakemake.input.fusion_map or None
-kineto = Path(snakemake.input.kineto).parent if snakemake.input.kineto else None
-run_rule(snakemake.log[0], stages.attribute_files, Path(snakemake.input.kernels).parent,
-         snakemake.input.kernel_layers, fusion, snakemake.output.kernels, NvtxOptions.from_config(snakemake.params.nvtx),
-         kineto, list(snakemake.input.runs), json.loads(snakemake.params.workload))
+
+def attribute():
+    # imported here, in the job's work: the NVTX module pulls in pandas and pyarrow (operator_profiler.stages)
+    from operator_profiler.attribution.nvtx import NvtxOptions
+
+    fusion = snakemake.input.fusion_map or None
+    kineto = Path(snakemake.input.kineto).parent if snakemake.input.kineto else None
+    stages.attribute_files(Path(snakemake.input.kernels).parent, snakemake.input.kernel_layers, fusion,
+                           snakemake.output.kernels, NvtxOptions.from_config(snakemake.params.nvtx), kineto,
+                           list(snakemake.input.runs), json.loads(snakemake.params.workload))
+
+
+run_rule(snakemake.log[0], attribute)

@@ -6,12 +6,20 @@ watch_snakemake_job(snakemake)  # first: Ctrl-C from here on is one line, not a 
 import json
 
 from operator_profiler import stages
-from operator_profiler.results import ReportPaths
 from operator_profiler.rule_runner import run_rule
 
-i = snakemake.input
-paths = ReportPaths(i.coverage, i.operators, i.modules, i.layer_classes, run=i.run, diagnostics=i.diagnostics or None,
-                    matching=i.matching or None, replays=list(i.replays), clocks=i.clocks, phases=i.phases,
-                    attribution=getattr(i, "attribution", None), counters=getattr(i, "counters", None))
-run_rule(snakemake.log[0], stages.report_html_files, snakemake.wildcards.workload, paths,
-         json.loads(snakemake.params.options), snakemake.output[0])
+
+def report():
+    # imported here, in the job's work: operator_profiler.results pulls in pandas and pyarrow
+    from operator_profiler.results import ReportPaths
+
+    i = snakemake.input
+    paths = ReportPaths(i.coverage, i.operators, i.modules, i.layer_classes, run=i.run,
+                        diagnostics=i.diagnostics or None, matching=i.matching or None, replays=list(i.replays),
+                        clocks=i.clocks, phases=i.phases, attribution=getattr(i, "attribution", None),
+                        counters=getattr(i, "counters", None))
+    stages.report_html_files(snakemake.wildcards.workload, paths, json.loads(snakemake.params.options),
+                             snakemake.output[0])
+
+
+run_rule(snakemake.log[0], report)

@@ -283,3 +283,25 @@ def test_layers_found_but_none_placed_is_said_not_called_no_layers():
     assert "compile_scope: layers" in said and "No repeated submodules" not in said
     assert layer_summary(only_rest, {"layers": 0}).startswith("No repeated submodules")
     assert layer_summary(only_rest, None).startswith("No repeated submodules")
+
+
+def test_external_id_disagreements_read_a_categorical_evidence_as_its_texts():
+    """Path (b)'s evidence is a categorical of a few texts: searched once per text, the same answer as
+    the plain strings. Kernels 1 and 3 disagree (30 + 5 ns), kernel 0 agrees, kernel 2 was not checked, kernel 4
+    has no evidence."""
+    agree = json.dumps({"correlation": {"external_id_check": "agrees"}})
+    disagree = json.dumps({"correlation": {"external_id_check": "disagrees", "external_id": 7,
+                                           "external_id_op": "aten::mm"}})
+    unchecked = json.dumps({"nvtx": {"operator": "aten::mm"}})
+    frame = pd.DataFrame({"kernel_id": [0, 1, 2, 3, 4], "name": ["k0", "k1", "k2", "k3", "k4"],
+                          "operator": ["aten::add", "aten::add", None, "aten::mul", None],
+                          "duration_ns": [10, 30, 20, 5, 1],
+                          "evidence": [agree, disagree, unchecked, disagree, None]})
+    expected = {"checked": 3, "count": 2, "time_ns": 35, "examples": [
+        {"kernel_id": 1, "name": "k1", "operator": "aten::add", "external_id": 7, "external_id_op": "aten::mm"},
+        {"kernel_id": 3, "name": "k3", "operator": "aten::mul", "external_id": 7, "external_id_op": "aten::mm"}]}
+    assert agg.external_id_disagreements(frame) == expected
+    categorical = frame.assign(evidence=frame["evidence"].astype("category"))
+    assert agg.external_id_disagreements(categorical) == expected
+    none_checked = frame.assign(evidence=pd.Categorical([unchecked] * 4 + [None]))
+    assert agg.external_id_disagreements(none_checked) == {"checked": 0, "count": 0, "time_ns": 0, "examples": []}

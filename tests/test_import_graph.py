@@ -1,4 +1,5 @@
-"""The package's import graph: no import circle, and the GPU job entry point stays free of pandas.
+"""The package's import graph: no import circle; the GPU job entry point stays free of pandas; ``opprof --help``,
+the no-op job and the rule scripts' import phase import no heavy package.
 
 The graph is read from the source with ``ast`` (every ``import`` statement, also those inside functions: a lazy
 import that closes a circle is still a circle of concerns), independent of the modules' import-time behaviour;
@@ -8,6 +9,7 @@ import that closes a circle is still a circle of concerns), independent of the m
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +97,56 @@ def test_the_gpu_job_entry_point_imports_no_pandas_and_no_analysis_code():
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert "pandas" not in loaded
     assert not [m for m in loaded if m.startswith(("operator_profiler.attribution", "operator_profiler.timeline"))]
+
+
+#: Packages that take 0.1-1 s each to import (more on a loaded machine): a command that needs none of them must
+#: not pay for them at start-up (``opprof --help`` took 2.0 s, 1.6 s of it imports, before they were lazy).
+HEAVY = ("torch", "pandas", "pyarrow", "numpy", "jsonschema", "yaml", "orjson", "sympy", "scipy")
+ROOT = PACKAGE.parents[1]
+
+
+def _heavy_imported(args: list[str], **kwargs) -> list[str]:
+    """The ``HEAVY`` packages ``python -X importtime ARGS`` imported, run as a user runs it (a subprocess)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, cwd=ROOT,
+                          **kwargs)
+    names = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert names, proc.stderr[-2000:]  # importtime did report
+    return [name for name in HEAVY if name in names]
+
+
+def test_opprof_help_and_an_argument_error_import_no_heavy_package():
+    assert _heavy_imported(["-m", "operator_profiler.cli", "--help"]) == []
+    # an argument error (argparse exits 2) is also answered before any stage code is imported
+    assert _heavy_imported(["-m", "operator_profiler.cli", "attribute", "--out", "x.parquet"]) == []
+
+
+def test_the_noop_job_imports_no_heavy_package(tmp_path):
+    """A CPU run's select_clocks job (nothing to lock: it writes the target only), started the way the workflow's
+    shell rule starts it."""
+    params = json.dumps({"clocks": "{}", "device": "cpu"})
+    files = json.dumps({"wildcards": {"workload": "w"}, "input": {}, "output": {"target": str(tmp_path / "t.json")}})
+    args = ["-m", "operator_profiler.gpu_jobs", "select_clocks", params, files, str(tmp_path / "job.log")]
+    assert _heavy_imported(args) == []
+    assert json.loads((tmp_path / "t.json").read_text())["policy"] == "none"
+    assert (tmp_path / "job.log").read_text().startswith("job phases: start-up ")
+
+
+def test_the_rule_scripts_import_phase_imports_no_heavy_package():
+    """Every ``scripts/*.py``'s module-level imports (the job's import phase): the stage imports what it needs
+    when it runs (operator_profiler.stages), so a job pays only for the packages of its own work."""
+    scripts = sorted((ROOT / "scripts").glob("*.py"))
+    assert len(scripts) >= 10
+    for script in scripts:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        imports = "\n".join(ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)))
+        assert "operator_profiler" in imports, script.name
+        assert _heavy_imported(["-c", imports]) == [], script.name
+
+
+def test_a_stage_still_imports_what_its_work_needs():
+    """The lazy imports are inside the stages: calling one brings in pandas (the check above is not vacuous)."""
+    probe = ("import sys\nfrom operator_profiler import stages\nassert 'pandas' not in sys.modules\n"
+             "try:\n    stages.read_timeline('/nonexistent-timeline')\nexcept Exception as exc:\n"
+             "    print(type(exc).__name__)\nprint('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["InputError", "True"]

@@ -1,4 +1,10 @@
-"""``opprof``: every pipeline stage on files, outside Snakemake."""
+"""``opprof``: every pipeline stage on files, outside Snakemake.
+
+Each command imports the stage code it runs when it runs (``from . import stages`` and the like inside the
+``_cmd_*`` functions): pandas, pyarrow, jsonschema and torch cost 1-2 s to import, which ``opprof --help``, an
+argument error and the commands that need none of them should not pay. ``tests/test_import_graph.py`` checks
+which heavy packages ``opprof --help`` imports.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from . import stages
-from .attribution.nvtx import DEFAULT_OPERATOR_DOMAINS, NvtxOptions
-from .capture import jobs as capture
 from .errors import USER_ERRORS
 from .files import InputError
-from .report.html import html_output
-from .results import ReportPaths
 
 #: Appended to the error line when the user's own traceback was printed above it (capture.py looks for it).
 USER_TRACEBACK_ABOVE = " (the traceback is above)"
@@ -30,6 +31,7 @@ def _cmd_validate_config(args) -> None:
 
 
 def _cmd_capture(args) -> None:
+    from .capture import jobs as capture
     from .capture.harness import resolve_device
     from .config import load_config
 
@@ -142,6 +144,8 @@ def _cmd_run_harness(args) -> None:
 
 
 def _cmd_timeline(args) -> None:
+    from . import stages
+
     source = Path(args.kineto or args.nsys)
     if args.nsys and source.suffix.lower() in (".json", ".gz"):
         raise InputError(f"{source}: --nsys takes an nsys report (an 'nsys export --type sqlite' file or a .nsys-rep); "
@@ -155,6 +159,8 @@ def _cmd_timeline(args) -> None:
 
 
 def _cmd_ncu(args) -> None:
+    from . import stages
+
     table = stages.parse_ncu_files([Path(f) for f in args.files], Path(args.out))
     from .matching import KERNEL_COLUMNS
 
@@ -163,6 +169,8 @@ def _cmd_ncu(args) -> None:
 
 
 def _cmd_match(args) -> None:
+    from . import stages
+
     from .files import read_json_file
     from .matching import parse_process_map, parse_window_specs
 
@@ -190,11 +198,15 @@ def _cmd_match(args) -> None:
 
 
 def _cmd_fusion_map(args) -> None:
+    from . import stages
+
     fusion = stages.build_fusion_map(Path(args.inductor_dir), Path(args.out))
     print(f"{len(fusion)} call sites in {fusion['graph'].nunique() if len(fusion) else 0} graphs -> {args.out}")
 
 
 def _cmd_classify(args) -> None:
+    from . import stages
+
     out = Path(args.out)
     classes = stages.classify(Path(args.timeline), Path(args.layers), out / "instances.parquet",
                               out / "kernel_layers.parquet", out / "classes.json", out / "classes", args.verify,
@@ -205,6 +217,9 @@ def _cmd_classify(args) -> None:
 
 
 def _cmd_attribute(args) -> None:
+    from . import stages
+    from .attribution.nvtx import DEFAULT_OPERATOR_DOMAINS, NvtxOptions
+
     fusion = Path(args.fusion_map) if args.fusion_map else None
     if args.inductor_dir:
         fusion = stages.load_fusion_map_checked(Path(args.inductor_dir))
@@ -219,6 +234,8 @@ def _cmd_attribute(args) -> None:
 
 
 def _cmd_aggregate(args) -> None:
+    from . import stages
+
     out = Path(args.out)
     stages.aggregate_files(Path(args.attribution), Path(args.instances), Path(args.classes),
                            {"per_iteration": not args.totals, "device": args.device}, out / "operators.parquet", out / "operators.csv",
@@ -230,6 +247,9 @@ def _cmd_aggregate(args) -> None:
 
 
 def _cmd_report(args) -> None:
+    from . import stages
+    from .results import ReportPaths
+
     d = Path(args.results)
     # the capture writes clocks_applied.json beside run.json
     clocks = Path(args.run).parent / "clocks_applied.json" if args.run else Path("/nonexistent")
@@ -245,6 +265,10 @@ def _cmd_report(args) -> None:
 
 
 def _cmd_report_html(args) -> None:
+    from . import stages
+    from .report.html import html_output
+    from .results import ReportPaths
+
     folder = Path(args.results)
     out = html_output(args.out, results=folder)  # the text typed: '' and '.' are different mistakes
     paths = ReportPaths.of_folder(folder)
@@ -255,10 +279,11 @@ def _cmd_report_html(args) -> None:
 
 
 def _cmd_compare(args) -> None:
+    from . import stages
     from .report import html as report_html
     from .report.markdown import operators_phrase
 
-    out = html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
+    out = report_html.html_output(args.out, "compare.html")  # the text typed: '' and '.' are different mistakes
     table = stages.compare_files(Path(args.results_a), Path(args.results_b), out, force=args.force, top=args.top)
     change = report_html.operator_changes(table)  # the (unattributed) row is not an operator
     both = sum(change.get(c, 0) for c in ("slower", "faster", "same"))
@@ -273,6 +298,8 @@ def _cmd_compare(args) -> None:
 
 
 def _cmd_advise(args) -> None:
+    from . import stages
+
     folder = Path(args.results)
     if args.shapes and not Path(args.shapes).is_file():
         raise InputError(f"--shapes {args.shapes}: no such file; pass the capture's shapes iteration "
@@ -290,6 +317,8 @@ def _cmd_advise(args) -> None:
 
 
 def _cmd_trace(args) -> None:
+    from . import stages
+
     trace = stages.trace_files(Path(args.timeline), Path(args.attribution), Path(args.out),
                                Path(args.counters) if args.counters else None)
     other = trace["otherData"]

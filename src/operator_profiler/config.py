@@ -14,11 +14,16 @@ import re
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jsonschema
 import yaml
 from .errors import ConfigError
 from .optimize.variants import COMPILER_CHANGES
+
+# jsonschema is imported only where a config is validated (_matches, validate_config): importing it costs
+# 0.1-1 s (more on a loaded machine), which every command and job importing this module would pay otherwise.
+if TYPE_CHECKING:
+    import jsonschema
 
 
 #: Workload keys of the train step (schema: only with ``mode: train``).
@@ -28,6 +33,13 @@ TRAIN_KEYS = ("optimizer", "lr", "loss_fn")
 def load_schema() -> dict:
     text = resources.files("operator_profiler").joinpath("schemas/config.schema.yaml").read_text()
     return yaml.safe_load(text)
+
+
+def _matches(condition: dict, instance) -> bool:
+    """Whether ``instance`` is valid against the schema ``condition`` (an ``if`` branch)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(condition).is_valid(instance)
 
 
 def _resolve(schema: dict, root: dict) -> dict:
@@ -59,7 +71,7 @@ def fill_defaults(instance, schema: dict, root: dict | None = None):
                 fill_defaults(instance[key], extra, root)
     for branch in schema.get("allOf", []):
         condition = branch.get("if")
-        if condition is not None and jsonschema.Draft202012Validator(condition).is_valid(instance):
+        if condition is not None and _matches(condition, instance):
             fill_defaults(instance, branch.get("then", {}), root)
     return instance
 
@@ -97,7 +109,7 @@ def coerce_strings(instance, schema: dict, root: dict | None = None):
     subschemas = dict(schema.get("properties", {}))
     for branch in schema.get("allOf", []):
         condition = branch.get("if")
-        if condition is not None and jsonschema.Draft202012Validator(condition).is_valid(instance):
+        if condition is not None and _matches(condition, instance):
             for key, sub in branch.get("then", {}).get("properties", {}).items():
                 subschemas[key] = {**_resolve(subschemas.get(key, {}), root), **sub}
     extra = schema.get("additionalProperties")
@@ -119,7 +131,7 @@ def _allowed_keys(error: jsonschema.ValidationError, instance: dict, root: dict)
     allowed = set(schema.get("properties", {}))
     for branch in schema.get("allOf", []):
         condition = branch.get("if")
-        if condition is not None and jsonschema.Draft202012Validator(condition).is_valid(instance):
+        if condition is not None and _matches(condition, instance):
             allowed |= set(branch.get("then", {}).get("properties", {}))
     return allowed
 
@@ -210,6 +222,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
         ConfigError: unknown key, wrong type or value; the message gives the key path (e.g.
             ``workloads.gpt2.n_layr``), what is wrong, and the fix.
     """
+    import jsonschema
+
     schema = load_schema()
     filled = fill_defaults(coerce_strings(copy.deepcopy(config or {}), schema), schema)
     validator = jsonschema.Draft202012Validator(schema)

@@ -10,17 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
-
-from . import aggregate as agg
-from . import layers as layer_classes
-from . import tables
-from .attribution import inductor, nvtx
-from .attribution.correlation import enclosing_ops
-from .attribution.merge import attribute, fusion_map_warning, merge_fusion_by_name, merge_kineto_run
-from .attribution.transfer import pairing_warnings
 from .files import (
     InputError,
     read_json_file,
@@ -28,12 +19,14 @@ from .files import (
     write_parquet_atomic,
     write_text_atomic,
 )
-from . import results
 from .progress import stage_done
-from .results import ReportInputs, ReportPaths
-from .report import markdown as report_md
-from .timeline import kineto, nsys
-from .timeline import model as timeline_model
+
+if TYPE_CHECKING:  # annotations only: each function imports what it runs (see the module docstring)
+    import pandas as pd
+
+    from .attribution import nvtx
+    from .results import ReportPaths
+    from .timeline import model as timeline_model
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +49,8 @@ def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
     Raises:
         InductorArtifactError: no ``output_code.py`` anywhere under ``debug_dir``.
     """
+    from .attribution import inductor
+
     debug_dir = Path(debug_dir)
     if not debug_dir.is_dir():
         raise inductor.InductorArtifactError(
@@ -76,6 +71,7 @@ def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
 
 def build_fusion_map(debug_dir: Path, out: Path) -> pd.DataFrame:
     """The fusion map of ``debug_dir`` with each generated kernel's work (``work_*`` columns) -> ``out``."""
+    from .attribution import inductor
     from .work.fused_kernels import with_fused_work
 
     fusion = load_fusion_map_checked(debug_dir)
@@ -94,6 +90,8 @@ def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map
     each kernel belongs to) and, for compiled workloads, the fusion map's ``work_*`` columns; with an nsys
     timeline, ``kineto_dir`` is the torch.profiler run's timeline (the op ranges with shapes); ``shapes_trace``:
     the capture's shapes iteration (``capture/shapes.kineto.json.gz``) for a timeline recorded without shapes."""
+    from . import results
+    from .timeline import kineto
     from .work.assign import kernel_work
 
     t0 = time.perf_counter()
@@ -116,6 +114,8 @@ def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map
 
 def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
+    from . import results
+
     timeline_dir = Path(timeline_dir)
     hint = f"write the timeline first: opprof timeline (--kineto TRACE | --nsys REPORT) --out {timeline_dir}"
     kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint)
@@ -129,6 +129,9 @@ def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
     up parents and would never stop), a ``parent_id`` names no range of the table (rows filtered out), or a
     ``depth`` is not its parent's plus one (ids renumbered): a hand-edited table. The readers number ranges so
     that a parent's id is below its children's, which rules out a cycle without the doubling check."""
+    import numpy as np
+    import pandas as pd
+
     from .errors import InputError
     from .timeline.nesting import parent_cycle, parent_rows
 
@@ -210,6 +213,11 @@ def _export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect
         TimelineError: unreadable trace; a Kineto trace with neither kernels nor profiler ops; with
             ``expect_gpu``, a Kineto trace without GPU kernel records.
     """
+    from .attribution import nvtx
+    from .timeline import kineto
+    from .timeline import model as timeline_model
+    from .timeline import nsys
+
     trace = Path(trace)
     if kind is None:
         kind = "nsys" if trace.suffix.lower() in NSYS_SUFFIXES else "kineto"
@@ -253,6 +261,10 @@ def _export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect
 def _name_launch_operators(timeline: timeline_model.Timeline) -> None:
     """Name the op around each kernel launch that has no kernel record (docs/field-cases.md C04): its device
     time is unknown, which the report says per operator instead of showing 0."""
+    import pandas as pd
+
+    from .attribution.correlation import enclosing_ops
+
     missing = timeline.diagnostics.get("launches_without_kernel") or []
     if not missing:
         return
@@ -287,6 +299,9 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
     When ``layers_json`` names no layer and the fusion map was built from a debug dir with a TORCH_TRACE log,
     the layer instances that log shows are used (``fusion_map.attrs["layers"]``, with a warning).
     """
+    from . import layers as layer_classes
+    from . import results
+
     start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
     hint = ("it is written by the capture (capture/layers.json); for a trace captured elsewhere pass a "
@@ -337,6 +352,10 @@ def classify(timeline_dir: Path, layers_json: Path, out_instances: Path, out_ker
 
 def _read_fusion_map(fusion_map: Path | pd.DataFrame | None) -> pd.DataFrame | None:
     """A fusion map given as a ``fusion_map.parquet`` path (read and checked) or a loaded table; None stays None."""
+    import pandas as pd
+
+    from . import results
+
     if fusion_map is None or isinstance(fusion_map, pd.DataFrame):
         return fusion_map
     return results.read(results.FUSION_MAP, Path(fusion_map), hint="write it with: opprof fusion-map --inductor-dir DIR --out FILE", columns=("graph", "call_index", "profiler_name"))
@@ -376,6 +395,8 @@ def _check_run_counts(runs: list[Path], kernels: pd.DataFrame, workload: dict | 
     under nsys), and for the first run (the one this timeline comes from) the timeline reader's count too.
     CPU runs are skipped (their "kernels" are compute calls, not launches). With ``workload`` (the config's), each
     run must have captured that workload: a capture copied in from another workload or config is refused."""
+    from . import results
+
     counts: dict[str, int | None] = {}
     for i, path in enumerate(runs):
         run = results.read(results.RUN, Path(path), hint="run the capture rules")
@@ -422,6 +443,16 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
         InputError: unreadable inputs, tables from different timelines, a ``kineto_timeline``
             that is not a Kineto timeline, or runs with different kernel counts.
     """
+    import pandas as pd
+
+    from . import aggregate as agg
+    from . import layers as layer_classes
+    from . import tables
+    from .attribution import nvtx
+    from .attribution.merge import attribute, fusion_map_warning, merge_fusion_by_name, merge_kineto_run
+    from .attribution.transfer import pairing_warnings
+    from .timeline import model as timeline_model
+
     start = time.perf_counter()
     kernels, ranges = read_timeline(timeline_dir)
     stage_done(f"read {len(kernels):,} kernels and {len(ranges):,} ranges", start)
@@ -469,6 +500,10 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
 def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
     """The kernel_layers ``membership``/``layers_spanned`` as extra attribution columns (how each kernel's layer
     was decided, the instances a cross-layer kernel spans; DESIGN.md §3), for coverage.json and the report."""
+    import numpy as np
+
+    from .layers import NO_SPANS
+
     if "membership" not in kl:
         return result
     by_id = kl.set_index(kl["kernel_id"].astype("int64"))
@@ -476,7 +511,10 @@ def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
     out = result.copy()
     out["membership"] = by_id["membership"].reindex(ids).to_numpy(dtype=object)
     spans = by_id["layers_spanned"].reindex(ids).to_numpy(dtype=object)
-    out["layers_spanned"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else [] for v in spans]
+    # Most kernels span no instance: they share one empty list (layers.NO_SPANS, never mutated); a fresh list per
+    # kernel took 0.9 s of `opprof attribute` at 1 M kernels.
+    out["layers_spanned"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) and len(v) else NO_SPANS
+                             for v in spans]
     return out
 
 
@@ -486,6 +524,9 @@ def _kernel_layers_for(kernels: pd.DataFrame, ranges: pd.DataFrame, timeline_dir
     the timeline's layer ranges, and for a fusion map loaded from a debug dir captured outside the workflow the
     layer instances its TORCH_TRACE log shows (``fusion.attrs["layers"]``, :func:`.attribution.torch_trace.
     infer_layers`), each compiled kernel placed by its FX nodes."""
+    from . import layers as layer_classes
+    from . import results
+
     if kernel_layers is None:
         inferred = list(fusion.attrs.get("layers") or []) if fusion is not None else []
         if inferred:
@@ -510,6 +551,9 @@ def aggregate_files(attribution_path: Path, instances_path: Path, classes_path: 
     counters the matching refused, per reason and key (``coverage.json`` ``counters``); with ``work_path``
     (``work/kernels.parquet``) the work columns per operator, and with ``ceilings_path`` (``ceilings.json``) their
     roofline (:mod:`operator_profiler.roofline`; ``coverage.json`` ``work``)."""
+    from . import aggregate as agg
+    from . import results
+
     hint = "write it with opprof attribute / opprof classify (see opprof --help)"
     attribution = results.read(results.ATTRIBUTION, attribution_path, hint=hint)
     instances = results.read(results.INSTANCES, instances_path, hint=hint)
@@ -583,6 +627,9 @@ def _check_same_timeline(attribution: pd.DataFrame, attribution_path: Path, inst
 
 def report_files(workload: str, paths: ReportPaths, options: dict, out: Path) -> None:
     """The Markdown report of ``paths`` (:class:`operator_profiler.results.ReportInputs`)."""
+    from .report import markdown as report_md
+    from .results import ReportInputs
+
     inputs = ReportInputs.read(paths)
     write_text_atomic(out, report_md.render_markdown(workload, inputs, options["top_operators"]))
 
@@ -591,6 +638,7 @@ def report_html_files(workload: str, paths: ReportPaths, options: dict, out: Pat
     """``report.html``, self-contained (:func:`operator_profiler.report.html.render_html`), with the share of kernel
     time with counters when ``paths`` has the attribution and the matched counters (CUDA). Written atomically."""
     from .report import html as report_html
+    from .results import ReportInputs
 
     out = report_html.html_output(out, results=Path(paths.operators).parent)
     inputs = ReportInputs.read(paths, counters_time=True)
@@ -608,6 +656,8 @@ def compare_files(folder_a: Path, folder_b: Path, out: Path, force: bool = False
             their run.json, or the folder names without one) unless ``force``.
     """
     from .report import html as report_html
+    from .report import markdown as report_md
+    from .results import ReportInputs, ReportPaths
 
     out = report_html.html_output(out, "compare.html")
     profiles = []
@@ -655,7 +705,10 @@ def optimize_report_files(workload: str, base_folder: Path, variant_folder: Path
                           verification_path: Path, out: Path) -> None:
     """``optimize/report.html`` (report/optimize_page.py) and ``optimize/compare.html`` beside it (the base profile
     against the advised variant's, :func:`compare_files`). Raises InputError for a missing or wrong input."""
+    from . import results
+    from .report import markdown as report_md
     from .report import optimize_page
+    from .results import ReportInputs, ReportPaths
 
     out = Path(out)
     advice = read_json_file(Path(advice_path), "advice.json", "run the advise rule first", expect=dict)
@@ -686,6 +739,8 @@ def trace_files(timeline_dir: Path, attribution_path: Path, out: Path, counters_
     Raises:
         InputError: a missing or wrong input table, or an attribution of another timeline.
     """
+    from . import results
+    from . import tables
     from .report import trace as trace_export
 
     timeline_dir = Path(timeline_dir)
@@ -726,6 +781,8 @@ def parse_ncu_files(csv_paths: list[Path], out: Path) -> pd.DataFrame:
     """
     import tempfile
 
+    import pandas as pd
+
     from .ncu.csv_reader import counters_table, export_report_csv, read_ncu_csv
 
     frames, units = [], {}
@@ -764,6 +821,9 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
     whose docstring describes ``window`` and ``process_map``). With ``kernel_layers_path`` the counters of
     each layer class's measured instance are broadcast to the class's other instances by position
     (``counters_from`` names the measured kernel)."""
+    import pandas as pd
+
+    from . import results
     from .matching import broadcast_to_instances, match_invocations
     from .matching.broadcast import count_broadcast
 
@@ -830,6 +890,7 @@ def match_files(timeline_dir: Path, ncu_paths: list[Path], out_metrics: Path, ou
 
 def replay_window(paths: list[Path]) -> dict:
     """The matching window of the classes' ncu replays: ``{"sources": {cls: {"kernel_ids": [...]}}}``."""
+    from . import results
     from .ncu.plan import match_window
 
     return match_window({r["class"]: r for r in results.read_replay_records(paths)})

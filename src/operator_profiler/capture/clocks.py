@@ -17,8 +17,8 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
-from ..config import ConfigError
-from ..errors import ClockError, ClockPermissionError, ClocksInterrupted
+# ConfigError from errors, not config: config imports yaml and the schema machinery, which a clocks job never needs
+from ..errors import ClockError, ClockPermissionError, ClocksInterrupted, ConfigError
 from ..files import write_json
 
 log = logging.getLogger(__name__)
