@@ -351,6 +351,20 @@ class AlternatingRows(nn.Module):
 
 def alternating_rows():
     return AlternatingRows().eval(), (torch.randn(8, 16),)
+
+class StepScalar(nn.Module):
+    """A new float scalar every call, as AdamW's bias-corrected step size (addcdiv_(..., value=-lr / (1 - b1^t))):
+    the same ops and shapes, the same work, every call."""
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x.addcdiv(x, x.abs() + 1, value=-0.01 / (1 - 0.9 ** self.calls))
+
+def step_scalar():
+    return StepScalar().eval(), (torch.randn(4, 16),)
 '''
 
 
@@ -609,3 +623,14 @@ def test_nsys_work_takes_its_shapes_from_the_kineto_run_never_the_nvtx_texts(tmp
             # the calls named are the Kineto run's outermost ops (aten::linear around aten::mm), not the NVTX ranges
             missing = "no input shapes recorded (the trace was recorded without record_shapes)"
             assert set(by_op["work_note"]) == {f"aten::linear: {missing}", f"aten::relu: {missing}"}
+
+
+def test_a_float_scalar_that_changes_every_iteration_keeps_the_shapes_known(harness_capture):
+    """Field case (HF GPT-2's train step, transformers 5.23): AdamW on the CPU passes a new step size every step
+    (addcdiv_'s Scalar value), so the two shapes iterations' recorded inputs differed and every call's work was
+    unknown. A non-integral Scalar sizes nothing: the shapes check leaves its value out (docs/work.md)."""
+    _, _, work = harness_capture("step_scalar")
+    assert work["flops"].notna().all(), work.loc[work["flops"].isna(), "work_note"].unique()
+    per_iteration = work["flops"].sum() / ITERATIONS
+    # abs (64), + 1 (64), addcdiv: a multiply and an add per element (2 x 64)
+    assert per_iteration == 64 + 64 + 2 * 64
