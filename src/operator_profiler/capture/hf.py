@@ -122,7 +122,7 @@ def build_config(cfg: dict):
     # PretrainedConfig keeps an unknown keyword as an attribute (or drops it): a name its defaults and attribute map
     # do not know is a typo, which would leave the model at its default size
     known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}) or {})
-    unknown = sorted(k for k in overrides if k not in known)
+    unknown = sorted(k for k in overrides if k not in known and not hasattr(config_class, k))  # num_labels: a property
     if unknown:
         raise WorkloadError(f"model_type {model_type!r}: config override(s) {unknown} are not attributes of "
                             f"{config_class.__name__}; fix workloads.<name>.config")
