@@ -6,7 +6,8 @@
 - ``flops``: the profile's FLOPs per iteration by PyTorch's formulas against ``torch.utils.flop_counter.
   FlopCounterMode`` run here, independently, on the same model and inputs (built again from the config with the
   harness's seed; forward under no_grad in inference, forward + loss + backward in train mode; CPU flash attention
-  mapped to the registry's SDPA formula, as the work stage does);
+  mapped to the registry's SDPA formula, as the work stage does); a variant of the optimize workflow
+  (``<workload>+<changes>``: compiled, frozen...) against the eager model it was made from;
 - ``layer_classes``: per group of identical layers (layers.json ``found_by``), its instances and the layer classes
   they formed (``N/1``: N instances, one class);
 - ``unattributed_share``: the time share of ``(unattributed)`` in operators.csv;
@@ -44,7 +45,9 @@ def flop_counter_total(workload: dict, seed: int) -> int:
     from operator_profiler.work.op_calls import EXTRA_FORMULAS
 
     torch.manual_seed(seed)
-    model, inputs = build_workload(workload, torch.device("cpu"))
+    # the workload's model as built, without its changes: compiling, freezing, folding BatchNorm, rewriting
+    # attention into SDPA or autocasting change how the FLOPs run, not how many the model computes
+    model, inputs = build_workload({k: v for k, v in workload.items() if k != "changes"}, torch.device("cpu"))
     train = workload.get("mode", "inference") == "train"
     model.train(train)
     mapping = {getattr(torch.ops.aten, k.split("::")[1]): f() for k, f in EXTRA_FORMULAS.items()}
@@ -147,9 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ConfigError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from operator_profiler.optimize.variants import split_name, variant_workload
+
     names = args.workloads.split(",") if args.workloads else [
         n for n, w in config["workloads"].items() if w["kind"] == "transformers"]
-    unknown = [n for n in names if n not in config["workloads"]]
+    if not args.workloads:  # the variants the optimize workflow profiled (results/<workload>+<changes>/)
+        names += sorted(p.name for p in (args.workdir / "results").glob("*+*") if split_name(p.name)[0] in names)
+    workload_of = {n: variant_workload(config["workloads"][split_name(n)[0]], split_name(n)[1])
+                   for n in names if split_name(n)[0] in config["workloads"]}
+    unknown = [n for n in names if n not in workload_of]
     if unknown:
         print(f"error: --workloads {unknown} are not workloads of {args.config}", file=sys.stderr)
         return 2
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: no finished results in {folder} (run the workflow, or --run)")
             failed = True
             continue
-        record = measure(folder, config["workloads"][name], config["harness"]["seed"])
+        record = measure(folder, workload_of[name], config["harness"]["seed"])
         results[name] = record
         classes = ", ".join(g["n_over_classes"] for g in record["layer_classes"]) or "no layers"
         print(f"{name}: coverage {record['coverage_time']:.4f}, work known {record['work_known_share']:.4f}, "

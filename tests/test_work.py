@@ -634,3 +634,16 @@ def test_a_float_scalar_that_changes_every_iteration_keeps_the_shapes_known(harn
     per_iteration = work["flops"].sum() / ITERATIONS
     # abs (64), + 1 (64), addcdiv: a multiply and an add per element (2 x 64)
     assert per_iteration == 64 + 64 + 2 * 64
+
+
+def test_the_mkl_gemm_of_a_frozen_linear_counts_2mnk(tmp_path):
+    """Inductor freezing on the CPU prepacks a Linear's weight and calls mkl::_mkl_linear(input, packed, weight, bias,
+    batch): HF GPT-2's frozen variant had 41 % of its kernel time with unknown work ("no FLOP rule")."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch build has no MKL (no mkl::_mkl_linear)")
+    x, w, b = torch.randn(6, 16), torch.randn(8, 16), torch.randn(8)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 6)
+    torch.testing.assert_close(torch.ops.mkl._mkl_linear(x, packed, w, b, 6), F.linear(x, w, b))  # it is that GEMM
+    work = call_work("mkl::_mkl_linear", _calls(tmp_path, lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, 6),
+                                                "mkl::_mkl_linear"))
+    assert work.flops == work.flops_formula == 2 * 6 * 8 * 16

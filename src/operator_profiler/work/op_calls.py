@@ -528,7 +528,22 @@ def _sdpa_cpu_backward():
     return formula
 
 
+def _mkl_linear():
+    """``mkl::_mkl_linear(input, packed_weight, orig_weight, bias, batch_size)``: the GEMM Inductor freezing runs for a
+    Linear whose weight it prepacked for MKL (a frozen fp32 model on the CPU): ``input [..., K] @ orig_weight^T``
+    (``orig_weight [N, K]``), 2 * M * N * K as ``aten::mm``'s formula counts it (the bias add is not counted there
+    either)."""
+
+    def formula(inp, packed, orig, *args, out_val=None, **kwargs):
+        shape, weight = _shape(inp), _shape(orig)
+        rows = math.prod(shape[:-1])
+        return 2 * rows * weight[0] * weight[1]
+
+    return formula
+
+
 EXTRA_FORMULAS = {
+    "mkl::_mkl_linear": _mkl_linear,
     "aten::_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu,
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward,
     "aten::scaled_dot_product_attention": _sdpa_cpu,
