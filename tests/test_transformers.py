@@ -79,6 +79,45 @@ def test_each_family_is_built_from_its_config_with_inputs_from_the_config(no_net
     assert gpt2.lm_head.weight is gpt2.transformer.wte.weight
 
 
+#: Families beyond the five, as a user would name them (tiny widths): encoder-decoders, decoders with GQA, rotary
+#: or parallel attention, encoders, hierarchical vision models. DeiT's image-classification task maps to two classes
+#: (with and without the distillation teacher): transformers picked by config.architectures and failed on None.
+OTHER_FAMILIES = {
+    "t5": ("seq2seq-lm", {"num_layers": 2, "num_decoder_layers": 2, "d_model": 32, "d_ff": 64, "num_heads": 2,
+                          "d_kv": 16, "vocab_size": 128}, "T5ForConditionalGeneration", 3),
+    "bart": ("seq2seq-lm", {"encoder_layers": 2, "decoder_layers": 2, "d_model": 32, "encoder_ffn_dim": 64,
+                            "decoder_ffn_dim": 64, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+                            "vocab_size": 128, "max_position_embeddings": 64}, "BartForConditionalGeneration", 3),
+    "mistral": ("causal-lm", {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+                              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128},
+                "MistralForCausalLM", 2),
+    "gpt_neox": ("causal-lm", {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+                               "num_attention_heads": 2, "vocab_size": 128}, "GPTNeoXForCausalLM", 2),
+    "distilbert": ("masked-lm", {"n_layers": 2, "dim": 32, "hidden_dim": 64, "n_heads": 2, "vocab_size": 128},
+                   "DistilBertForMaskedLM", 2),
+    "convnext": ("image-classification", {"depths": [1, 2], "hidden_sizes": [8, 16], "num_stages": 2},
+                 "ConvNextForImageClassification", 1),
+    "deit": ("image-classification", {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+                                      "intermediate_size": 64, "image_size": 32, "patch_size": 8},
+             "DeiTForImageClassification", 1),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(OTHER_FAMILIES))
+def test_other_families_build_and_run_from_their_config(model_type, no_network):
+    task, config, cls, n_inputs = OTHER_FAMILIES[model_type]
+    workload = {"kind": "transformers", "model_type": model_type, "task": task, "config": config, "seq_len": 16}
+    if task == "image-classification":
+        workload = {**{k: v for k, v in workload.items() if k != "seq_len"}, "image_size": 32}
+    workload = validate_config({"workloads": {model_type: workload}}, "test")["workloads"][model_type]
+    torch.manual_seed(0)
+    model, inputs = workloads.build_workload(workload, torch.device("cpu"))
+    assert type(model).__name__ == cls and len(inputs) == n_inputs
+    with torch.no_grad():
+        out = model.eval()(*inputs)
+    assert out["logits"].shape[0] == 1 and torch.isfinite(out["logits"]).all()
+
+
 def test_the_same_seed_builds_the_same_weights_and_inputs():
     def build():
         torch.manual_seed(3)

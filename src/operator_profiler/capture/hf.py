@@ -234,6 +234,11 @@ def build_transformers(cfg: dict, device: torch.device) -> tuple[nn.Module, tupl
             model = auto.from_pretrained(cfg["path"], config=config, local_files_only=True,
                                          attn_implementation=attn, dtype=dtype)
         else:
+            if getattr(config, "architectures", None) is None:
+                # a task with several classes (DeiT's image classification: with and without the distillation
+                # teacher) is picked by config.architectures, which transformers iterates even when it is None
+                # (TypeError); empty, it takes the task's default class, the first
+                config.architectures = []
             model = auto.from_config(config, attn_implementation=attn, dtype=dtype)
     except ValueError as exc:
         text = _first_line(exc)
