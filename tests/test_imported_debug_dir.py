@@ -209,3 +209,16 @@ def test_a_debug_dir_without_its_torch_trace_log_gets_no_module_paths(captured, 
     fusion = inductor.load_fusion_map(bare)
     assert fusion["module_paths"].map(len).eq(0).all() and fusion["module_paths_scope"].isna().all()
     assert fusion.attrs["layers"] == []
+
+
+def test_an_inductor_dir_that_does_not_exist_is_named_as_such(captured, tmp_path):
+    """A mistyped --inductor-dir said "no Inductor debug directory (no output_code.py) found", as for a folder
+    without compiled graphs (a QA user's finding): it now says the folder does not exist, in one line, exit 1."""
+    folder = captured[0]
+    assert run_opprof("timeline", "--kineto", folder / "trace.json", "--out", tmp_path / "tl",
+                      cwd=tmp_path).returncode == 0
+    done = run_opprof("attribute", "--timeline", tmp_path / "tl", "--inductor-dir", tmp_path / "no_such_dir",
+                      "--out", tmp_path / "attribution.parquet", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"{tmp_path / 'no_such_dir'}: no such folder" in done.stderr
+    assert not (tmp_path / "attribution.parquet").exists()

@@ -360,11 +360,11 @@ USER = {
     "zoo/unused.py": "raise SystemExit('never imported')\n",
 }
 LOADED = r"""
-import json, sys
+import importlib, json, sys
 from pathlib import Path
 folder = Path(sys.argv[1]).resolve()
 sys.path.insert(0, str(folder))
-module = __import__(sys.argv[2])
+module = importlib.import_module(sys.argv[2])
 module.build(4)
 print(json.dumps(sorted(str(Path(m.__file__).resolve()) for m in list(sys.modules.values())
                         if getattr(m, "__file__", None) and Path(m.__file__).resolve().is_relative_to(folder))))
@@ -422,3 +422,26 @@ def test_an_installed_package_is_not_followed_and_a_computed_import_takes_the_fi
     assert module_sources("plain", search) == [str((folder / "plain.py").resolve())]
     assert set(module_sources("plugins", search)) == {str((folder / n).resolve()) for n in (
         "plain.py", "user_helper.py", "plugins.py", "plugin_a.py", "deep/more.py")}
+
+
+def test_nested_namespace_packages_are_followed_without_importing_them(tmp_path):
+    """PEP 420 namespace packages (folders without ``__init__.py``) nested two deep: the path finder's
+    ``_NamespacePath`` of ``nspkg.sub`` recomputes itself from ``sys.modules['nspkg']``, which nothing imported,
+    and building the DAG failed with KeyError: 'nspkg' (a QA user's factory ``import nspkg.sub.deep``). The
+    closure is what Python loads, for an import of them and for a factory inside one."""
+    from operator_profiler.workflow_inputs import module_sources
+
+    folder = _user_folder(tmp_path / "user", {
+        "fac.py": "import nspkg.sub.deep as deep\n\n\ndef build(n):\n    return deep.VALUE * n\n",
+        "nspkg/sub/deep.py": "from nspkg.sub import helper\nVALUE = helper.X\n",
+        "nspkg/sub/helper.py": "X = 3\n",
+        "nspkg/sub/unused.py": "X = 4\n",
+        "onlyns/inner/m.py": "from . import sibling\n\n\ndef build(n):\n    return sibling.Y + n\n",
+        "onlyns/inner/sibling.py": "Y = 1\n",
+    }).resolve()
+    expected = {str(folder / n) for n in ("fac.py", "nspkg/sub/deep.py", "nspkg/sub/helper.py")}
+    assert _loaded(folder, "fac") == expected  # the fixture is what it says
+    assert set(module_sources("fac", [str(folder), *sys.path])) == expected
+    inner = {str(folder / "onlyns" / "inner" / n) for n in ("m.py", "sibling.py")}
+    assert _loaded(folder, "onlyns.inner.m") == inner
+    assert set(module_sources("onlyns.inner.m", [str(folder)])) == inner

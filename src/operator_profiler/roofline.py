@@ -165,8 +165,14 @@ def with_roofline(table: pd.DataFrame, ceilings: dict | None, key: str = "operat
             if exceeded:  # its data cannot stay in cache between its reads: the bandwidth is the roof
                 detail += (f"; its {per_call / 2**20:.3g} MiB per call exceed the {cache / 2**20:.3g} MiB cache: "
                            + above_ceiling("bandwidth", fraction))
-            elif fraction > 1:  # a working set that stays in cache is read faster than DRAM streams
-                detail += "; above the measured bandwidth: its data is served from cache"
+            elif fraction > 1 and cache is not None and per_call is not None:
+                # a working set that stays in cache is read faster than DRAM streams
+                detail += (f"; above the measured bandwidth: its {per_call / 2**20:.3g} MiB per call fit the "
+                           f"{cache / 2**20:.3g} MiB cache, served from there")
+            elif fraction > 1:  # no cache size (or no call count) to tell a cached working set from a bad ceiling
+                detail += ("; above the measured bandwidth: whether its data stays in cache is not known (" +
+                           ("the ceilings record no last-level cache size" if cache is None else
+                            "its bytes per call are not known") + "), so the ceiling may be under-measured")
             cols["roofline"][i] = f"{r[key]}: {fraction:.0%} of memory bandwidth, memory-bound ({detail})"
         else:
             cols["roofline"][i] = f"{r[key]}: " + (

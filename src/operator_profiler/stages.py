@@ -57,6 +57,10 @@ def load_fusion_map_checked(debug_dir: Path) -> pd.DataFrame:
         InductorArtifactError: no ``output_code.py`` anywhere under ``debug_dir``.
     """
     debug_dir = Path(debug_dir)
+    if not debug_dir.is_dir():
+        raise inductor.InductorArtifactError(
+            f"{debug_dir}: no such folder; pass the folder torch.compile wrote with TORCH_COMPILE_DEBUG=1 (its "
+            "torchinductor/ or a parent of it)")
     if not inductor.find_graph_dirs(debug_dir):
         raise inductor.InductorArtifactError(
             f"{debug_dir}: no Inductor debug directory (no output_code.py) found; pass the folder "

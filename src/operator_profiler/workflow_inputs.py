@@ -19,6 +19,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -368,17 +369,38 @@ def _find_module(dotted: str, search_path: list[str] | None) -> list:
     specs, locations = [], search_path
     parts = dotted.split(".")
     for i in range(len(parts)):
+        name = ".".join(parts[:i + 1])
         try:
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), locations)
+            spec = importlib.machinery.PathFinder.find_spec(name, locations)
+        except KeyError:
+            # a namespace package inside a namespace package: the path finder found no module or regular
+            # package of that name and builds a _NamespacePath, which looks its parent up in sys.modules
+            folders = [str(Path(base or ".") / parts[i]) for base in (locations if locations is not None
+                                                                     else sys.path)
+                       if (Path(base or ".") / parts[i]).is_dir()]
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True) if folders else None
+            if spec is not None:
+                spec.submodule_search_locations = folders
         except (ImportError, ValueError):
             spec = None
         if spec is None:
             break
         specs.append(spec)
-        locations = spec.submodule_search_locations
-        if locations is None:  # a plain module: nothing below it
+        if spec.submodule_search_locations is None:  # a plain module: nothing below it
             break
+        locations = _plain_locations(spec, locations, parts[i])
     return specs
+
+
+def _plain_locations(spec, parent_locations: list[str] | None, part: str) -> list[str]:
+    """A package's search locations as a list of folders. A namespace package's (PEP 420: no ``__init__.py``)
+    is a ``_NamespacePath`` that recomputes itself from its parent module in ``sys.modules``, which nothing here
+    imported (iterating it raises KeyError): its folders are then ``part`` in each of the parent's locations."""
+    try:
+        return list(spec.submodule_search_locations)
+    except (KeyError, ImportError, AttributeError):
+        bases = parent_locations if parent_locations is not None else sys.path
+        return [str(Path(base or ".") / part) for base in bases if (Path(base or ".") / part).is_dir()]
 
 
 def _imports_of(tree: ast.AST, package: str) -> tuple[set[str], bool]:

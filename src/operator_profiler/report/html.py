@@ -583,6 +583,12 @@ def roofline_axis(points: pd.DataFrame, ceilings: roofline_view.Ceilings) -> tup
     return 10 ** math.floor(math.log10(low)), 10 ** math.ceil(math.log10(max(high, low * 100)))
 
 
+def _served_from_cache(r: dict) -> bool:
+    """Whether the operator's reading (roofline.with_roofline) found its bytes per call within the recorded
+    cache: only then is a rate above the bandwidth said to come from cache."""
+    return isinstance(r.get("roofline"), str) and "served from there" in r["roofline"]
+
+
 def _roofline_hover(r: dict, iterations: int, ceilings: roofline_view.Ceilings, moves_only: bool) -> str:
     """A roofline point's hover: the operator, its time per iteration, its rates and intensity (a data-movement
     operator: its bytes/s and their share of the bandwidth), its place against the ceiling."""
@@ -594,7 +600,9 @@ def _roofline_hover(r: dict, iterations: int, ceilings: roofline_view.Ceilings, 
         if ceilings.bandwidth:
             fraction = bytes_s / ceilings.bandwidth
             lines.append(f"data movement only: {bytes_s / 1e9:.3g} GB/s = {fraction * 100:.0f} % of bandwidth"
-                         + (" (above it: served from cache)" if fraction > 1 else ""))
+                         + ((" (above it: served from cache)" if _served_from_cache(r) else
+                             " (above it: cache use not known, the ceiling may be under-measured)")
+                            if fraction > 1 else ""))
         else:
             lines.append(f"data movement only: {bytes_s / 1e9:.3g} GB/s (no measured bandwidth)")
         return hover_text(*lines, f"{roofline_view.si(r['bytes'] / iterations, 'B')} / iteration, 0 FLOP")
@@ -606,7 +614,8 @@ def _roofline_hover(r: dict, iterations: int, ceilings: roofline_view.Ceilings, 
         exceeded = not _missing(r.get("ceiling_exceeded")) and bool(r.get("ceiling_exceeded"))
         lines.append(f"{roofline_view.percent(r['ceiling_fraction'])} of {r['ceiling']} ({r['bound']}-bound)"
                      + ("; above the measured ceiling: likely measured low (re-measure)" if exceeded else
-                        "; above the measured bandwidth: served from cache" if r["ceiling_fraction"] > 1
+                        ("; above the measured bandwidth: served from cache" if _served_from_cache(r) else
+                         "; above the measured bandwidth: cache use not known") if r["ceiling_fraction"] > 1
                         and r["bound"] == "memory" else ""))
     else:
         lines.append(roofline_view.reading(r) or "no ceiling")
@@ -730,8 +739,9 @@ def _roofline_section(operators: pd.DataFrame, coverage: dict, run: dict | None,
                    + "), marker area proportional to its share of kernel time, colour by its bound. An operator on "
                    "its roof runs at the ceiling; under the sloped memory roof it is memory-bound, under a flat "
                    "compute ceiling compute-bound (the ridge point is where they meet). Above the memory roof "
-                   "(over 100 % of the bandwidth) its data is served from cache, which the bandwidth benchmark, "
-                   "sized beyond the caches, does not measure. Triangles at the left edge: operators that only move "
+                   "(over 100 % of the bandwidth) an operator whose bytes per call fit the cache is served from there, "
+                   "which the bandwidth benchmark, sized beyond the caches, does not measure; its hover says when "
+                   "the cache size is not known. Triangles at the left edge: operators that only move "
                    "data (0 FLOP cannot sit on a log axis), drawn at y = their bytes/s × the edge's intensity, so "
                    "their height against the memory roof is their share of the bandwidth.</p>")
         plot = caption + _figure(roofline_figure(rows, ceilings, per_it), "fig-roofline")

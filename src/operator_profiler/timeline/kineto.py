@@ -993,8 +993,9 @@ def _repeat_warnings(repeats: dict) -> list[str]:
     out = []
     if repeats["kernel_records"]:
         out.append(f"{repeats['kernel_records']} kernel record(s) repeat another record in every field (name, device, "
-                   "stream, start, duration, correlation id, grid, block): the trace holds them twice (corrupt, or "
-                   "merged from overlapping traces); each kernel is counted once (counts.duplicate_kernel_records)")
+                   "stream, start, duration, correlation id, grid, block): the trace holds those kernels more than once "
+                   "(corrupt, or merged from overlapping traces); each kernel is counted once "
+                   "(counts.duplicate_kernel_records)")
     if repeats["launch_records"]:
         out.append(f"{repeats['launch_records']} launch call record(s) repeat another record in every field: read "
                    "once (counts.duplicate_launch_records)")
