@@ -380,12 +380,30 @@ def test_every_hf_workload_meets_the_goals(hf_run, name):
 
 @pytest.mark.workflow
 def test_hf_eager_attention_is_advised_to_sdpa_and_sdpa_models_are_left_alone(hf_run):
+    """The attention rule reads HF's eager attention (softmax and the two matmuls in each encoder layer) and no
+    attention in SDPA models. Whether its share clears the 10 % threshold is a timing: with 2 measured iterations
+    on a loaded 2-core machine one descheduled GEMM took 80 % of the time, so the firing is checked against the
+    share the advice read, not assumed; the rewrite itself is profiled below whatever the advice said."""
     results = hf_run / "results"
-    advised = {name: json.loads((results / name / "advice.json").read_text())["advised_changes"]
-               for name in TINY_HF["workloads"]}
-    assert "sdpa_rewrite" in advised["hf_bert_eager"]
+    advice = {name: json.loads((results / name / "advice.json").read_text()) for name in TINY_HF["workloads"]}
+
+    def attention_reading(a: dict) -> str:
+        fired = [e for e in a["advice"] if e.get("rule") == "attention_to_sdpa"]
+        if fired:
+            assert "sdpa_rewrite" in a["advised_changes"]
+            return fired[0]["evidence"]
+        entry = next(e for key in ("borderline", "not_triggered") for e in a[key]
+                     if e.get("rule") == "attention_to_sdpa")
+        assert "sdpa_rewrite" not in a["advised_changes"]
+        if float(entry["value"]) >= 0.1 and entry.get("interval") is None:
+            raise AssertionError(f"the share cleared the threshold, yet the rule did not fire: {entry}")
+        return entry["reason"]
+
+    eager = attention_reading(advice["hf_bert_eager"])
+    assert "aten::_softmax" in eager and "bert.encoder.layer.0, bert.encoder.layer.1" in eager, eager
     for sdpa_model in ("hf_gpt2", "hf_llama", "hf_bert", "hf_vit"):
-        assert "sdpa_rewrite" not in advised[sdpa_model], advised[sdpa_model]
+        assert "sdpa_rewrite" not in advice[sdpa_model]["advised_changes"]
+        assert "0.0% of kernel time [no softmax outside fused attention]" in attention_reading(advice[sdpa_model])
     variant = results / "hf_bert_eager+sdpa_rewrite"
     run = json.loads((variant / "capture" / "run.json").read_text())
     done = [r for r in run["rewrites"] if r.get("new_node")]
