@@ -323,3 +323,21 @@ def test_a_capture_on_a_busy_machine_is_a_warning_in_the_advice_and_the_report()
     assert "<strong>Warning</strong>: the machine was busy during the capture" in optimize_page._advice_section(advice)
     quiet = advisor.advise(_iterated_attention(QUIET, QUIET_LOAD), advisor.load_catalog(), NO_BF16, "attn")
     assert quiet["warnings"] == [] and quiet["machine_load"] == QUIET_LOAD
+
+
+def test_convolutions_on_the_slow_path_are_convolutions():
+    """torch runs a 1x1 convolution of a batch-1 input on one thread through aten::_slow_conv2d_forward, not oneDNN:
+    87 % of a 1-thread capture of a tiny HF ResNet, which the rules did not count as convolution time (conv_bn_share
+    8.8 %, nothing advised). Every convolution backend aten::_convolution dispatches to counts."""
+    rows = [{"operator": "aten::_slow_conv2d_forward", "time_ns": 8_700_000, "work_dtype": "float32"},
+            {"operator": "aten::native_batch_norm", "time_ns": 300_000, "work_dtype": "float32"},
+            {"operator": "aten::mkldnn_convolution", "time_ns": 300_000, "work_dtype": "float32"},
+            {"operator": "aten::thnn_conv2d", "time_ns": 100_000, "work_dtype": "float32"},
+            {"operator": "aten::slow_conv_dilated2d", "time_ns": 100_000, "work_dtype": "float32"},
+            {"operator": "aten::relu", "time_ns": 500_000, "work_dtype": "float32"}]
+    profile = _profile(_operators(rows), compiled=False)
+    total = sum(r["time_ns"] for r in rows)
+    assert evidence.conv_bn_share(profile).value == pytest.approx((total - 500_000) / total)
+    assert evidence.fp32_gemm_share(profile).value == pytest.approx((total - 800_000) / total)
+    advice = advisor.advise(profile, advisor.load_catalog(), NO_BF16, "resnet")
+    assert "conv_bn_fold" in advice["advised_changes"]

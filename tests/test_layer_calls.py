@@ -79,6 +79,24 @@ def albert():
 
 def nested():
     return Nested(), (torch.randn(2, 8),)
+
+class Stages(nn.Module):
+    """Two stages of two blocks each, 8 and 16 wide (HF ResNet's stages): the same kernel names in every block."""
+    def __init__(self):
+        super().__init__()
+        self.narrow = nn.ModuleList([Blk(8) for _ in range(2)])
+        self.widen = nn.Linear(8, 16)
+        self.wide = nn.ModuleList([Blk(16) for _ in range(2)])
+    def forward(self, x):
+        for blk in self.narrow:
+            x = blk(x)
+        x = self.widen(x)
+        for blk in self.wide:
+            x = blk(x)
+        return x
+
+def stages():
+    return Stages(), (torch.randn(2, 8),)
 '''
 
 ITERATIONS = 2
@@ -135,3 +153,14 @@ def test_a_layer_inside_a_layer_takes_its_own_kernels(capture):
         assert (assigned[kernels.loc[in_outer & ~in_inner, "kernel_id"]] == block).all()
     names = {c["module_class"] for c in classes.values()}
     assert {"Outer", "Expert"} <= names
+
+
+def test_layers_of_other_widths_with_the_same_kernels_are_other_classes(capture):
+    """On the CPU a kernel has no grid, so the blocks of two stages of other widths had the same signature and
+    formed one class (HF ResNet-50's four stages): counters measured on an 8-wide block would have stood for the
+    16-wide ones. Each stage is a class of its own, N/1 within it."""
+    timeline, found, (_, _, classes) = capture("stages")
+    assert [l["path"] for l in found] == ["narrow.0", "narrow.1", "wide.0", "wide.1"]
+    blocks = sorted((c for name, c in classes.items() if name != layers.REST_CLASS), key=lambda c: c["instances"])
+    assert [c["instances"] for c in blocks] == [["narrow.0", "narrow.1"], ["wide.0", "wide.1"]]
+    assert blocks[0]["signature"] == blocks[1]["signature"]  # the kernels alike: only the shapes tell them apart

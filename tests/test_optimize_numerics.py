@@ -128,3 +128,19 @@ def test_the_bound_is_never_looser_than_float32_nor_judged_without_an_eager_figu
     unjudged = compare_outputs(x, torch.tensor([1.0, math.nan, 3.0]), "bfloat16")
     with pytest.raises(ValueError, match="the eager model in bfloat16 could not be compared with FP32 eager"):
         compare_in_dtype(x, x, "bfloat16", unjudged)
+
+
+def test_a_hugging_face_kv_cache_in_the_output_is_compared_tensor_by_tensor():
+    """A causal LM profiled with use_cache: true returns its KV cache (transformers 5's Cache: ``layers``, each with
+    ``keys`` and ``values`` tensors) beside the logits: compared like the other outputs, never refused or skipped."""
+    from types import SimpleNamespace
+
+    from operator_profiler.optimize.numerics import compare_outputs
+
+    def output(scale):
+        cache = SimpleNamespace(layers=[SimpleNamespace(keys=torch.ones(2, 3) * scale, values=torch.full((2, 3), 2.0))])
+        return {"logits": torch.ones(4), "past_key_values": cache}
+
+    assert compare_outputs(output(1.0), output(1.0), "float32").ok
+    moved = compare_outputs(output(1.0), output(1.5), "float32")
+    assert not moved.ok and moved.max_abs == 0.5 and moved.max_rel == 0.25  # largest |reference| is the values' 2.0

@@ -129,7 +129,6 @@ def test_each_mask_form_rewrites_to_an_equal_sdpa(mask):
 
 
 @pytest.mark.parametrize("case, reason_part", [
-    ({"dropout": 0.1}, "dropout"),
     ({"reuse": True}, "also used"),
     ({"fill": -1e4}, "not -inf"),
 ])
@@ -143,6 +142,64 @@ def test_unsafe_attention_is_not_rewritten_and_says_why(case, reason_part):
     assert "new_node" not in records[0]
     assert _count(graphs, F.scaled_dot_product_attention) == 0
     torch.testing.assert_close(out, reference, rtol=0, atol=0)
+
+
+def test_dropout_that_drops_is_not_rewritten_and_dropout_in_eval_mode_is():
+    """Dropout between softmax and the second matmul: in training mode it drops (SDPA without dropout_p would
+    differ: skipped); in eval mode (training=False in Dynamo's graph) it is the identity, part of the chain."""
+    q, k, v = _qkv()
+    model = _Attention(dropout=0.1).train()
+    records, graphs, _ = _dynamo_rewrite(model, (q, k, v, torch.zeros(1)), passes.attention_to_sdpa)
+    assert len(records) == 1 and "dropout" in records[0]["skipped"]
+    assert _count(graphs, F.scaled_dot_product_attention) == 0
+    model.eval()
+    with torch.no_grad():
+        reference = model(q, k, v, torch.zeros(1))
+    records, graphs, out = _dynamo_rewrite(model, (q, k, v, torch.zeros(1)), passes.attention_to_sdpa)
+    assert [r.get("skipped") for r in records] == [None] and "aten::dropout" in records[0]["replaced_ops"]
+    assert _count(graphs, F.scaled_dot_product_attention) == 1 and _count(graphs, F.dropout) == 0
+    _assert_fp32_equal(reference, out)
+
+
+class _HFEagerAttention(nn.Module):
+    """Hugging Face's eager attention as transformers 5 writes it (``eager_attention_forward`` of Llama, BERT,
+    ViT; GPT-2's casts with ``.type``): scale by a float, additive float mask, ``softmax(dim=-1, dtype=float32)``,
+    a cast back to q's dtype, ``dropout(p, training=self.training)``, then the second matmul."""
+
+    def __init__(self, softmax_dtype=torch.float32, cast: str = "to", p: float = 0.1):
+        super().__init__()
+        self.softmax_dtype, self.cast, self.p = softmax_dtype, cast, p
+
+    def forward(self, q, k, v, mask):
+        scores = torch.matmul(q, k.transpose(2, 3)) * 0.125 + mask
+        probs = F.softmax(scores, dim=-1, dtype=self.softmax_dtype)
+        probs = probs.to(q.dtype) if self.cast == "to" else probs.type(v.dtype)
+        probs = F.dropout(probs, p=self.p, training=self.training)
+        return torch.matmul(probs, v)
+
+
+@pytest.mark.parametrize("cast", ["to", "type"])
+def test_hugging_face_eager_attention_becomes_sdpa(cast):
+    q, k, v = _qkv()
+    mask = torch.zeros(2, 1, 6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), torch.finfo(torch.float32).min)
+    model = _HFEagerAttention(cast=cast).eval()
+    with torch.no_grad():
+        reference = model(q, k, v, mask)
+    records, graphs, out = _dynamo_rewrite(model, (q, k, v, mask), passes.attention_to_sdpa)
+    assert [r.get("skipped") for r in records] == [None]
+    assert records[0]["replaced_ops"][:4] == ["aten::matmul", "aten::mul", "aten::add", "aten::softmax"]
+    assert records[0]["attn_mask"] is not None and records[0]["scale"] == 0.125 and not records[0]["is_causal"]
+    assert _count(graphs, F.scaled_dot_product_attention) == 1 and _count(graphs, F.softmax) == 0
+    _assert_fp32_equal(reference, out)
+
+
+def test_hugging_face_attention_in_bf16_with_an_fp32_softmax_is_not_rewritten():
+    """softmax(dtype=float32) of bf16 scores, cast back: SDPA in bf16 is not provably that computation."""
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv())
+    mask = torch.zeros(2, 1, 6, 6, dtype=torch.bfloat16)
+    records, graphs, _ = _dynamo_rewrite(_HFEagerAttention().eval(), (q, k, v, mask), passes.attention_to_sdpa)
+    assert len(records) == 1 and "softmax with dtype=torch.float32" in records[0]["skipped"]
+    assert _count(graphs, F.scaled_dot_product_attention) == 0
 
 
 def test_attention_sdpa_cannot_express_is_not_rewritten():

@@ -7,6 +7,7 @@ the shapes, or by PyTorch's FlopCounterMode running the same model).
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pandas as pd
@@ -354,6 +355,20 @@ class AlternatingRows(nn.Module):
 
 def alternating_rows():
     return AlternatingRows().eval(), (torch.randn(8, 16),)
+
+class StepScalar(nn.Module):
+    """A new float scalar every call, as AdamW's bias-corrected step size (addcdiv_(..., value=-lr / (1 - b1^t))):
+    the same ops and shapes, the same work, every call."""
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x.addcdiv(x, x.abs() + 1, value=-0.01 / (1 - 0.9 ** self.calls))
+
+def step_scalar():
+    return StepScalar().eval(), (torch.randn(4, 16),)
 '''
 
 
@@ -612,3 +627,112 @@ def test_nsys_work_takes_its_shapes_from_the_kineto_run_never_the_nvtx_texts(tmp
             # the calls named are the Kineto run's outermost ops (aten::linear around aten::mm), not the NVTX ranges
             missing = "no input shapes recorded (the trace was recorded without record_shapes)"
             assert set(by_op["work_note"]) == {f"aten::linear: {missing}", f"aten::relu: {missing}"}
+
+
+def test_a_float_scalar_that_changes_every_iteration_keeps_the_shapes_known(harness_capture):
+    """Field case (HF GPT-2's train step, transformers 5.23): AdamW on the CPU passes a new step size every step
+    (addcdiv_'s Scalar value), so the two shapes iterations' recorded inputs differed and every call's work was
+    unknown. A non-integral Scalar sizes nothing: the shapes check leaves its value out (docs/work.md)."""
+    _, _, work = harness_capture("step_scalar")
+    assert work["flops"].notna().all(), work.loc[work["flops"].isna(), "work_note"].unique()
+    per_iteration = work["flops"].sum() / ITERATIONS
+    # abs (64), + 1 (64), addcdiv: a multiply and an add per element (2 x 64)
+    assert per_iteration == 64 + 64 + 2 * 64
+
+
+def test_the_mkl_gemm_of_a_frozen_linear_counts_2mnk(tmp_path):
+    """Inductor freezing on the CPU prepacks a Linear's weight and calls mkl::_mkl_linear(input, packed, weight, bias,
+    batch): HF GPT-2's frozen variant had 41 % of its kernel time with unknown work ("no FLOP rule")."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch build has no MKL (no mkl::_mkl_linear)")
+    x, w, b = torch.randn(6, 16), torch.randn(8, 16), torch.randn(8)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, 6)
+    torch.testing.assert_close(torch.ops.mkl._mkl_linear(x, packed, w, b, 6), F.linear(x, w, b))  # it is that GEMM
+    work = call_work("mkl::_mkl_linear", _calls(tmp_path, lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, 6),
+                                                "mkl::_mkl_linear"))
+    assert work.flops == work.flops_formula == 2 * 6 * 8 * 16
+
+
+FROZEN_MODELS = '''
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    """Conv-BN-ReLU, a dilated conv with a residual add and ReLU, a transposed conv, max pooling, a Linear: what
+    Inductor's CPU freezing turns into prepacked oneDNN and MKL calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=2, dilation=2)
+        self.up = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(4 * 16 * 16, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.conv2(y) + y)
+        y = self.pool(self.up(y))
+        return self.fc(y.flatten(1))
+
+
+def net():
+    torch.manual_seed(0)
+    return Net().eval(), (torch.randn(2, 3, 16, 16),)
+'''
+
+
+def test_a_frozen_cpu_model_has_the_work_of_every_kernel(tmp_path):
+    """HF ResNet-50 with compile + freezing had 99.5 % of its kernel time with unknown work, HF GPT-2's 59 %:
+    Inductor's CPU freezing calls mkldnn::_convolution_pointwise (an epilogue named by strings, an opaque prepacked
+    weight) and mkl::_mkl_linear (a packed weight of another shape), which the meta replay cannot rebuild, and its
+    generated kernels read the frozen parameters, module-level constants of output_code.py that were not sized.
+    Through the workflow's own capture and stages: every kernel's FLOPs and bytes known; per iteration the
+    prepacked calls count exactly FlopCounterMode's count of the eager model (conv, dilated conv, transposed conv,
+    addmm), their fused epilogue one FLOP per output element and op."""
+    from conftest import importable_module, torch_flags_kept
+
+    from operator_profiler.capture import jobs as capture
+    from operator_profiler.optimize.variants import variant_workload
+    from operator_profiler.work.op_calls import PACKED_WEIGHT_OPS
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    harness = {"seed": 0, "warmup": 1, "iterations": 1}
+    out = tmp_path / "run"
+    with importable_module(tmp_path, "frozen_models", FROZEN_MODELS), torch_flags_kept():
+        workload = variant_workload({"kind": "custom", "factory": "frozen_models:net"}, ["compile", "freezing"])
+        capture.compile_artifacts(workload, harness, "cpu", out / "inductor", workload_name="net")
+        # the workflow compiles and captures in two processes, each numbering Inductor's graphs from 0 (the
+        # profiler's kernel names, graph_0_cpp_fused_relu_0, carry that number): so do the two here
+        torch._inductor.compile_fx._graph_counter = itertools.count(0)
+        capture.capture_timeline("net", workload, harness, "cpu", "torch", out / "trace.json.gz", out / "run.json",
+                                 out / "layers.json", out / "clocks.json", out_shapes=out / "shapes.json.gz")
+        model, inputs = __import__("frozen_models").net()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
+    stages.export_timeline(out / "trace.json.gz", out / "timeline")
+    attribution = stages.attribute_files(out / "timeline", None, out / "fusion_map.parquet",
+                                         out / "attribution.parquet")
+    work = stages.work_files(out / "timeline", out / "attribution.parquet", out / "work.parquet",
+                             fusion_map_path=out / "fusion_map.parquet", shapes_trace=out / "shapes.json.gz")
+    assert work["flops"].notna().all() and work["bytes"].notna().all(), work["work_note"].dropna().unique()
+    by_op = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
+    prepacked = by_op[by_op["operator"].isin(list(PACKED_WEIGHT_OPS))]
+    assert set(prepacked["operator"]) >= {"mkldnn::_convolution_pointwise", "mkl::_mkl_linear"}
+    assert prepacked["flops_formula"].sum() == harness["iterations"] * counter.get_total_flops() > 0
+
+    ranges = read_kineto(out / "shapes.json.gz").ranges
+    calls = ranges[ranges["name"].isin(list(PACKED_WEIGHT_OPS))]
+    first = {}
+    for name, shapes in zip(calls["name"], calls["input_shapes"]):
+        first.setdefault(name, call_work(name, shapes))
+    conv1 = first["mkldnn::_convolution_pointwise"]  # conv1 + the folded BN (a bias now) + ReLU
+    positions = 2 * 8 * 16 * 16
+    assert conv1.flops_formula == 2 * 2 * 16 * 16 * 8 * 3 * 9 and conv1.flops - conv1.flops_formula == positions
+    assert conv1.bytes_read == 4 * (2 * 3 * 16 * 16 + 8 * 3 * 9 + 8) and conv1.bytes_written == 4 * positions
+    linear = first["mkl::_mkl_linear"]  # the logical [10, 1024] weight, not MKL's packed blob
+    assert linear.flops == 2 * 2 * 1024 * 10
+    assert 4 * (2 * 1024 + 10 * 1024) <= linear.bytes_read <= 4 * (2 * 1024 + 10 * 1024 + 10)

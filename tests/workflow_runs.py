@@ -85,3 +85,42 @@ def copy_repo(dest: Path) -> Path:
         shutil.copytree(ROOT / part, dest / part, ignore=ignore)
     shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
     return dest
+
+
+# Hugging Face transformers models (kind: transformers), tiny: 2 layers (ResNet: stages of 3, whose last two
+# layers are alike), small widths, each family's own config keys. tests/test_transformers.py runs them once.
+TINY_HF_MODELS = {
+    "hf_gpt2": {"kind": "transformers", "model_type": "gpt2", "task": "causal-lm", "seq_len": 16,
+                "config": {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32}},
+    "hf_llama": {"kind": "transformers", "model_type": "llama", "task": "causal-lm", "seq_len": 16,
+                 "config": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 128,
+                            "max_position_embeddings": 64}},
+    "hf_bert": {"kind": "transformers", "model_type": "bert", "task": "masked-lm", "seq_len": 16,
+                "config": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+                           "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 64}},
+    "hf_vit": {"kind": "transformers", "model_type": "vit", "task": "image-classification",
+               "config": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+                          "intermediate_size": 64, "image_size": 32, "patch_size": 8}},
+    "hf_resnet": {"kind": "transformers", "model_type": "resnet", "task": "image-classification", "image_size": 32,
+                  "config": {"depths": [3, 3], "hidden_sizes": [16, 32], "embedding_size": 8}},
+}
+TINY_HF = {
+    "device": "cpu",
+    "harness": {"seed": 0, "warmup": 1, "iterations": ITERATIONS},
+    "ceilings": TINY["ceilings"],
+    "workloads": {
+        **TINY_HF_MODELS,
+        # compiled per layer (layer ranges around each compiled layer: one class per group of identical layers)
+        "hf_llama_layers": {**TINY_HF_MODELS["hf_llama"], "compile": True, "compile_scope": "layers"},
+        # HF's eager attention: the attention rule advises sdpa_rewrite (an SDPA model is left alone)
+        # (128 tokens: the attention's score matrices dominate its time, so the share the rule reads stays far
+        # above its 10 % threshold on a loaded machine too; at 16 tokens one slow GELU call on a busy machine took
+        # 83 % of the time and the share read 3 %)
+        "hf_bert_eager": {**TINY_HF_MODELS["hf_bert"], "attn_implementation": "eager", "seq_len": 128,
+                          "config": {**TINY_HF_MODELS["hf_bert"]["config"], "max_position_embeddings": 160}},
+    },
+}
+#: The advised variants the test run profiles beside (results/<workload>+<change>/): the rewrite of HF's eager
+#: attention into SDPA, and conv-BN folding inside HF ResNet (which cannot be FX-traced whole).
+TINY_HF_VARIANTS = ("hf_bert_eager+sdpa_rewrite", "hf_resnet+conv_bn_fold")

@@ -196,6 +196,8 @@ def _cross_field_problems(config: dict, given: dict | None = None) -> list[str]:
             if w["seq_len"] > w["n_positions"]:
                 problems.append(f"at '{where}': seq_len ({w['seq_len']}) exceeds n_positions ({w['n_positions']}); "
                                 "lower seq_len or raise n_positions")
+        elif w.get("kind") == "transformers":
+            problems += _transformers_problems(where, w)
         elif w.get("kind") == "sdpa_attention" and w["d_model"] % w["n_head"]:
             problems.append(f"at '{where}': d_model ({w['d_model']}) must be a multiple of n_head ({w['n_head']})")
     known = config.get("workloads", {})
@@ -212,6 +214,32 @@ def _cross_field_problems(config: dict, given: dict | None = None) -> list[str]:
             re.compile(pattern)
         except re.error as exc:
             problems.append(f"at 'nvtx.ignore_ranges[{index}]': {pattern!r} is not a regular expression ({exc})")
+    return problems
+
+
+#: The package extra that installs transformers (kept equal to capture/hf.py's EXTRA, which imports torch).
+TRANSFORMERS_EXTRA = "pip install -e '.[transformers]'"
+
+
+def _transformers_problems(where: str, w: dict) -> list[str]:
+    """A ``kind: transformers`` workload's problems the config can tell without importing torch or transformers:
+    the package missing (naming the extra), a ``path`` that is not a local checkpoint folder (a hub name: nothing is
+    downloaded)."""
+    import importlib.util
+    import os
+
+    problems = []
+    if importlib.util.find_spec("transformers") is None:
+        problems.append(f"at '{where}': kind transformers needs the transformers package, which is not installed in "
+                        f"this Python environment; install the project's extra: {TRANSFORMERS_EXTRA}")
+    path = w.get("path")
+    if not w.get("model_type") and not path:
+        problems.append(f"at '{where}': kind transformers needs model_type (a transformers model type, e.g. gpt2, "
+                        "llama, bert, vit, resnet: built from its config) or path (a local checkpoint folder)")
+    if path and not os.path.isdir(path):
+        problems.append(f"at '{where}.path': {path!r} is not a local folder; Operator Profiler never downloads a "
+                        "model (a hub name is refused): download it yourself and set path to its folder, or build "
+                        "it from its config with model_type and no path")
     return problems
 
 

@@ -8,7 +8,8 @@ FX nodes of two layer instances (block i's residual add with block i+1's layer n
 outside every layer, is a *cross-layer* kernel: it belongs to no instance (class ``rest``) and lists the
 instances it spans (``layers_spanned``). Its *signature* is the ordered
 sequence of its kernels' ``(match_key, grid, block)`` in the first measured iteration; instances with
-identical signatures form a *layer class*, whose representative is the first instance in execution
+identical signatures and identical parameter and input shapes (layers.json: kernels of the same names and grids
+can run layers of other widths) form a *layer class*, whose representative is the first instance in execution
 order. Kernels outside every layer form the class ``rest``. Counters measured on a representative are
 later broadcast to the other instances by position within the layer.
 """
@@ -342,7 +343,8 @@ def classify_layers(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: list[di
     kl, codes, labels, first_iteration = _instance_table(kernels, assigned)
     first_rows = np.flatnonzero(kl["iteration"].to_numpy() == first_iteration)
     signatures = _signatures(kernels, first_rows, codes, labels)
-    classes, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class)
+    classes, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class,
+                                 layers)
     kl["layer_class"] = pa.array(class_of, type=pa.string()).take(pa.array(codes)).to_pandas().array
     for entry in classes.values():
         # What ncu replays: the representative; with ``verify`` also a second instance, whose
@@ -393,25 +395,43 @@ def kernel_layer_classes(kernels: pd.DataFrame, ranges: pd.DataFrame, layers: li
         # Its class name is fixed: no signature needed. (Like an instance, rest has a class only when it
         # has kernels in the first measured iteration.)
         signatures[REST_CLASS] = []
-    _, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class)
+    _, class_of = _classes(signatures, labels, codes, kl["module"].to_numpy(dtype=object), module_class,
+                           layers)
     kl["layer_class"] = pa.array(class_of, type=pa.string()).take(pa.array(codes)).to_pandas().array
     return _kernel_table(kl, assigned)
 
 
+def _instance_shapes(label: str, layers_by_path: dict[str, dict]) -> str | None:
+    """An instance's (``path`` or ``path#k``) parameter shapes and the input shapes of its call (layers.json),
+    as one text; None when layers.json does not record the module."""
+    layer = layers_by_path.get(label.partition("#")[0])
+    if layer is None:
+        return None
+    call = _instance_call(label, {layer["path"]: layer.get("calls") or []})
+    return json.dumps([layer.get("param_shapes"), (call or {}).get("input_shapes")], sort_keys=True)
+
+
 def _classes(signatures: dict[str, list], labels: list, codes: np.ndarray, modules: np.ndarray,
-             module_class: dict[str, str]) -> tuple[dict[str, dict], np.ndarray]:
-    """Instances with identical signatures -> one class each; ``rest`` its own class. Returns the classes
+             module_class: dict[str, str], layers: list[dict] | None = None
+             ) -> tuple[dict[str, dict], np.ndarray]:
+    """Instances with identical signatures and identical shapes (:func:`_instance_shapes` from ``layers``,
+    layers.json) -> one class each; ``rest`` its own class. Returns the classes
     (class name -> canonical dict, without ``replay_instances``) and the class of each instance code
     (object array indexed by code; None for an instance without a signature: no kernel in the first
     measured iteration)."""
     classes: dict[str, dict] = {}
     instance_class: dict[str, str] = {}
     module_of = _module_of_instance(labels, codes, modules)
+    layers_by_path = {l["path"]: l for l in layers or []}
     # In execution order (signatures were filled in kernel order): the representative of a class is
     # its first instance to run.
     for label in (p for p in signatures if p != REST_CLASS):
         mclass = module_class.get(module_of.get(label), "Layer")
-        cls = _class_name(mclass, signatures[label])
+        shapes = _instance_shapes(label, layers_by_path)
+        # Kernels alike are not work alike: without grids (CPU kernels) or with grids that do not tell sizes
+        # apart, layers of other widths (two ResNet stages) ran the same kernel names; counters measured on one
+        # must never stand for the other, so their parameter and input shapes are part of the class.
+        cls = _class_name(mclass, signatures[label] if shapes is None else [*signatures[label], ["shapes", shapes]])
         entry = classes.setdefault(
             cls,
             {"class": cls, "module_class": mclass, "signature": signatures[label],

@@ -517,7 +517,8 @@ def run_capture(
             process's own settings stay.
         device: ``cpu`` or ``cuda`` (already resolved).
         trace_path: where to write the gzipped Kineto trace (``profiler == "torch"``).
-        layers_path: ``layers.json``: ``[{"path", "class", "param_shapes", "calls"}]`` in execution order.
+        layers_path: ``layers.json``: ``[{"path", "class", "param_shapes", "found_by", "calls"}]`` in execution
+            order (``found_by``: the container and group that made it a layer, :func:`workloads.find_layers`).
         run_path: ``run.json``: versions, device, config slice, timings, NVTX backend.
         inductor_dir: TORCH_COMPILE_DEBUG root for compiled workloads (debug artifacts + provenance).
         workload_name: the workload's name in the config (for error messages; default: its kind).
@@ -727,7 +728,7 @@ def run_capture(
         layers_path.parent.mkdir(parents=True, exist_ok=True)
         layers_path.write_text(
             json.dumps(
-                [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes,
+                [{"path": l.path, "class": l.cls, "param_shapes": l.param_shapes, "found_by": l.found_by,
                   "calls": layer_inputs.get(l.path)} for l in layers],
                 indent=1,
             )

@@ -9,6 +9,7 @@ Which submodules are *layers* (repeated blocks whose instances form layer classe
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ import torch.nn.functional as F
 from ..errors import WorkloadError, from_user_exception
 
 #: Folders whose frames are never "the user's code" in an error's traceback (errors.user_frame).
-LIBRARY_DIRS = (os.path.dirname(torch.__file__),)
+LIBRARY_DIRS = (os.path.dirname(torch.__file__),) + tuple(
+    os.path.dirname(spec.origin) for spec in [importlib.util.find_spec("transformers")] if spec and spec.origin)
 
 # --------------------------------------------------------------------------------------- GPT-2
 
@@ -374,6 +376,13 @@ def build_custom(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
     return model.to(device), tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
+def build_transformers(cfg: dict, device: torch.device) -> tuple[nn.Module, tuple]:
+    """A Hugging Face transformers model (``kind: transformers``): :func:`operator_profiler.capture.hf.build_transformers`."""
+    from . import hf
+
+    return hf.build_transformers(cfg, device)
+
+
 BUILDERS: dict[str, Callable[[dict, torch.device], tuple[nn.Module, tuple]]] = {
     "gpt2": build_gpt2,
     "sdpa_attention": build_sdpa_attention,
@@ -383,6 +392,7 @@ BUILDERS: dict[str, Callable[[dict, torch.device], tuple[nn.Module, tuple]]] = {
     "mlp": build_mlp,
     "depthwise_separable": build_depthwise_separable,
     "custom": build_custom,
+    "transformers": build_transformers,
 }
 
 
@@ -407,6 +417,8 @@ class LayerInstance:
     path: str  # module path, e.g. "transformer.h.3"
     cls: str  # Python class name, e.g. "Block"
     param_shapes: dict[str, list[int]]  # parameter name -> shape
+    # how it was found: the container and its group of identical children (layers.json ``found_by``)
+    found_by: str = ""
 
 
 def _param_shapes(module: nn.Module) -> dict[str, list[int]]:
@@ -418,7 +430,9 @@ def find_layers(model: nn.Module) -> list[LayerInstance]:
     least two members of the same class and identical parameter shapes (GPT-2's ``transformer.h.*``).
 
     The outermost such container wins (blocks inside blocks are not layers of their own), so layer
-    ranges never nest. Returned in module (= execution) order.
+    ranges never nest. No table of model families: HF's ``model.layers``, ``transformer.h``, ``encoder.layer``,
+    ``vit.layers`` and a ResNet stage's ``layers`` (its first, downsampling, layer differs from the rest and stays
+    out) are found alike. Each instance says how it was found (``found_by``). Returned in module (= execution) order.
     """
     layers: list[LayerInstance] = []
     claimed: list[str] = []
@@ -436,10 +450,14 @@ def find_layers(model: nn.Module) -> list[LayerInstance]:
         repeated = [g for g in groups.values() if len(g) >= 2 and _param_shapes(g[0][1])]
         if not repeated:
             continue
+        container = f"{type(module).__module__.split('.')[0]}.{type(module).__name__}".replace("torch.", "nn.")
         for name, child in children:
-            if any(child is c for g in repeated for _, c in g):
+            group = next((g for g in repeated if any(child is c for _, c in g)), None)
+            if group is not None:
                 child_path = f"{path}.{name}" if path else name
-                layers.append(LayerInstance(child_path, type(child).__name__, _param_shapes(child)))
+                found_by = (f"{container} {path or '(the model)'}: {len(group)} of its {len(children)} children are "
+                            f"{type(child).__name__} with identical parameter shapes")
+                layers.append(LayerInstance(child_path, type(child).__name__, _param_shapes(child), found_by))
                 claimed.append(child_path)
     return layers
 

@@ -124,12 +124,18 @@ def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str
             raise WorkloadError("conv_bn_fold needs the model in eval mode (BatchNorm's running statistics)")
         try:
             traced = torch.fx.symbolic_trace(model)
-        except Exception as exc:  # any tracing failure (control flow on values...) means the fold cannot apply
-            raise WorkloadError(f"conv_bn_fold: the model cannot be FX-traced ({type(exc).__name__}: {exc}); "
-                                "drop the change (freezing folds conv-BN inside Inductor)") from exc
-        traced.eval()
-        records = passes.fold_conv_bn(traced)
-        model = traced
+        except Exception as exc:  # any tracing failure (control flow on values...): fold inside traceable parts
+            records, untraced = _fold_in_subtrees(model)
+            if not records:
+                raise WorkloadError(f"conv_bn_fold: the model cannot be FX-traced ({type(exc).__name__}: "
+                                    f"{str(exc).splitlines()[0] if str(exc) else ''}), and no part of it holding a "
+                                    "BatchNorm2d can"
+                                    + (f" ({', '.join(untraced[:3])})" if untraced else "")
+                                    + "; drop the change (freezing folds conv-BN inside Inductor)") from exc
+        else:
+            traced.eval()
+            records = passes.fold_conv_bn(traced)
+            model = traced
     if "channels_last" in chosen:
         model = model.to(memory_format=torch.channels_last)
         inputs = _to_channels_last(tuple(inputs))
@@ -138,6 +144,40 @@ def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str
     except AttributeError:  # pragma: no cover - a module refusing attributes
         pass
     return model, tuple(inputs)
+
+
+def _fold_in_subtrees(model: nn.Module) -> tuple[list[dict], list[str]]:
+    """conv_bn_fold on a model that cannot be FX-traced whole (a Hugging Face model's forward builds its output
+    container from Python control flow): each module with a BatchNorm2d child (HF ResNet's ``ResNetConvLayer`` and
+    ``ResNetShortCut``: conv, norm, activation) is traced on its own with ``torch.fx.symbolic_trace``, folded
+    (:func:`passes.fold_conv_bn`, its conditions inside that module: a conv whose output leaves it is never folded)
+    and put back in place (a GraphModule of the same class name and qualified names), so the containers above it,
+    and the layers found in them, stay. Returns the records (``module_path``, ``folded_module`` and ``subtree``
+    qualified from the root) and the modules holding a BatchNorm2d that could not be traced."""
+    records: list[dict] = []
+    untraced: list[str] = []
+    parents = []
+    for path, module in model.named_modules():
+        if any(isinstance(c, nn.BatchNorm2d) for c in module.children()) and path:
+            parents.append(path)
+    for path in parents:
+        child = model.get_submodule(path)
+        try:
+            traced = torch.fx.symbolic_trace(child)
+        except Exception:  # noqa: BLE001 - control flow on values, proxies iterated...
+            untraced.append(path)
+            continue
+        traced.train(child.training)
+        found = passes.fold_conv_bn(traced)
+        for record in found:
+            record["module_path"] = f"{path}.{record['module_path']}"
+            if "folded_module" in record:
+                record["folded_module"] = f"{path}.{record['folded_module']}"
+            record["subtree"] = path
+        if any("new_node" in r for r in found):
+            passes._set_submodule(model, path, traced)
+        records += found
+    return records, untraced
 
 
 def prepared_rewrites(model: nn.Module) -> list[dict]:

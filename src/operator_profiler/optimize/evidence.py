@@ -23,6 +23,15 @@ GEMM_OPS = frozenset({
     "aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d",
     "aten::mkldnn_convolution", "aten::cudnn_convolution", "aten::conv_transpose1d", "aten::conv_transpose2d",
     "aten::conv_transpose3d", "aten::_convolution_pointwise", "mkldnn::_convolution_pointwise",
+    "mkldnn::_convolution_pointwise_", "mkldnn::_convolution_transpose_pointwise",
+    # the backends aten::_convolution dispatches to besides oneDNN and cuDNN: the slow (thnn) path runs every
+    # 1x1 convolution of a batch-1 input on one thread (HF ResNet's bottlenecks: 87 % of a 1-thread capture)
+    "aten::_slow_conv2d_forward", "aten::thnn_conv2d", "aten::slow_conv3d", "aten::slow_conv3d_forward",
+    "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d", "aten::slow_conv_transpose2d",
+    "aten::slow_conv_transpose3d", "aten::_nnpack_spatial_convolution", "aten::_conv_depthwise2d",
+    "aten::conv_depthwise3d", "aten::mkldnn_convolution_transpose", "aten::cudnn_convolution_transpose",
+    "aten::cudnn_convolution_relu", "aten::cudnn_convolution_add_relu", "aten::miopen_convolution",
+    "aten::miopen_depthwise_convolution", "aten::miopen_convolution_transpose", "aten::convolution_overrideable",
     "mkldnn::_linear_pointwise", "mkl::_mkl_linear",
     "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
     "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",

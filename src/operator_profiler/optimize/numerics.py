@@ -92,6 +92,14 @@ def _flatten(value: Any, where: str = "output") -> list[tuple[str, torch.Tensor]
         return [item for k in sorted(value, key=str) for item in _flatten(value[k], f"{where}[{k!r}]")]
     if hasattr(value, "to_tuple"):  # ModelOutput-like containers
         return _flatten(value.to_tuple(), where)
+    layers = getattr(value, "layers", None)
+    if isinstance(layers, (list, tuple)) and all(hasattr(layer, "keys") and hasattr(layer, "values")
+                                                 for layer in layers):
+        # a Hugging Face KV cache (transformers 5's Cache: per layer the keys and values tensors), returned by a
+        # model profiled with use_cache: true
+        return [item for i, layer in enumerate(layers)
+                for name in ("keys", "values")
+                for item in _flatten(getattr(layer, name), f"{where}.layers[{i}].{name}")]
     raise TypeError(f"{where}: cannot compare a {type(value).__name__} (tensors, tuples, lists or dicts of them)")
 
 

@@ -208,8 +208,15 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
         chain.insert(0, qk)
         q, k = qk.args[0], qk.args[1].args[0]
         skip = _attention_skip_reason(chain, mask_op, mask_value, dim, dtype, q)
-        users = list(softmax.users)
-        pv = users[0] if len(users) == 1 and _is(users[0], _MATMUL) and users[0].args[0] is softmax else None
+        # no-op steps between softmax and the second matmul (Hugging Face's eager attention: a cast to the dtype
+        # the probabilities already have, dropout with training=False): part of the chain, removed with it
+        tail, identities = softmax, []
+        while len(tail.users) == 1 and _identity_step(next(iter(tail.users)), node_dtype(softmax) or dtype
+                                                      or node_dtype(q)):
+            tail = next(iter(tail.users))
+            identities.append(tail)
+        users = list(tail.users)
+        pv = users[0] if len(users) == 1 and _is(users[0], _MATMUL) and users[0].args[0] is tail else None
         if skip is None and pv is not None:
             skip = _operand_skip_reason(q, k, pv.args[1], mask_op)
         if skip is None and pv is None:
@@ -223,8 +230,9 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
                 skip = "the softmax is not followed by a matmul with v"
         if skip is not None:
             records.append({"pass": "attention_to_sdpa", "skipped": skip,
-                            "replaced_nodes": [n.name for n in chain], "module_path": _module_path(chain)})
+                            "replaced_nodes": [n.name for n in chain + identities], "module_path": _module_path(chain)})
             continue
+        chain += identities
         chain.append(pv)
         v = pv.args[1]
         causal, _tril = (False, None)
@@ -272,6 +280,20 @@ def attention_to_sdpa(gm: fx.GraphModule) -> list[dict]:
     return records
 
 
+def _identity_step(node: Any, dtype: Any) -> bool:
+    """``node`` returns its input unchanged: a cast to ``dtype``, the dtype it already has (``x.to(dtype)``,
+    ``x.type(dtype)``, no other argument), or dropout that does not drop (``training=False`` or ``p == 0``)."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method" and node.target in ("to", "type") and len(node.args) == 2 and not node.kwargs:
+        return isinstance(node.args[1], torch.dtype) and dtype is not None and node.args[1] == dtype
+    if _is(node, _DROPOUT) and node.target is not torch.dropout:
+        p = _arg(node, 1, "p", 0.5)
+        training = _arg(node, 2, "training", True)
+        return _number(p) and (training is False or float(p) == 0.0) and not _arg(node, 3, "inplace", False)
+    return False
+
+
 def _other(add: fx.Node) -> Any:
     """The additive mask of ``scores + mask``: the operand that is not the scaled scores (the second one)."""
     return add.args[1] if len(add.args) > 1 else add.kwargs.get("other")
@@ -294,7 +316,7 @@ def _attention_skip_reason(chain: list[fx.Node], mask_op: fx.Node | None, mask_v
     softmax = chain[-1]
     if not _last_dim(softmax.args[0], dim):
         return f"softmax over dim {dim!r}, not the last (key) dimension"
-    if dtype is not None:
+    if dtype is not None and dtype != node_dtype(q):  # softmax(dtype=q's dtype) is plain softmax (HF's eager attention)
         return f"softmax with dtype={dtype}: SDPA computes in the inputs' dtype"
     if mask_op is not None and _is(mask_op, _MASKED_FILL) and not _is_neg_inf(mask_value):
         return f"masked_fill value {mask_value!r} is not -inf: SDPA's bool mask means -inf"

@@ -130,7 +130,12 @@ def base_op(op: str) -> tuple[str, bool]:
 PRIMS = {"prims::iota": FlopRule(0, "output"), "prims::convert_element_type": FlopRule(0, "output"),
          "prims::broadcast_in_dim": FlopRule(0, "output"), "prims::device_put": FlopRule(0, "output"),
          "prims::inductor_random": FlopRule(0, "output"), "prims::inductor_seeds": FlopRule(0, "output"),
-         "prims::inductor_lookup_seed": FlopRule(0, "output"), "prims::fma": FlopRule(2, "output")}
+         "prims::inductor_lookup_seed": FlopRule(0, "output"), "prims::fma": FlopRule(2, "output"),
+         "prims::inductor_force_stride_order": FlopRule(0, "output"),
+         # Inductor's max pooling (the max and the offset of the max in its window): one comparison per input
+         # element, as aten::max_pool2d_with_indices above; turning offsets into indices moves data
+         "prims::_low_memory_max_pool_with_offsets": FlopRule(1, "input"),
+         "prims::_low_memory_max_pool_offsets_to_indices": FlopRule(0, "output")}
 
 
 def rule_for(op: str) -> FlopRule | None:

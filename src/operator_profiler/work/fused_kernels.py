@@ -49,11 +49,18 @@ _NODE_RE = re.compile(r'^\s*(\w+)(?:\s*:\s*"([a-z0-9]+)\[([^\]]*)\]")?\s*=\s*tor
 _HOP_RE = re.compile(r'^\s*(\w+)(?:\s*:\s*"([a-z0-9]+)\[([^\]]*)\]")?\s*=\s*torch\.ops\.(higher_order)\.(\w+)\((.*)$',
                      re.M)
 _PLACEHOLDER_RE = re.compile(r'(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"')
+# a constant of a frozen graph: `add_tensor: "f32[8]" = self._frozen_param24` (a get_attr node: no arithmetic)
+_CONSTANT_NODE_RE = re.compile(r'^\s*(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"\s*=\s*self\.(\w+)\s*$', re.M)
 _BUFFER_RE = re.compile(r"^(\w+)\s*=\s*empty_strided_\w+\((.*)\)\s*$")
 # `buf1 = buf0; del buf0  # reuse`; `buf20 = reinterpret_tensor(buf23, (2, 16, 64), (3072, 192, 1), 0)  # alias`
 _ALIAS_RE = re.compile(r"^(\w+)\s*=\s*(\w+)\s*(?:;\s*del\s+\w+\s*)?#\s*(?:reuse|alias)")
 _VIEW_RE = re.compile(r"^(\w+)\s*=\s*reinterpret_tensor\((.*)\)\s*(?:;\s*del\s+\w+\s*)?(?:#.*)?$")
 _ASSERT_RE = re.compile(r"^assert_size_stride\((\w+),\s*(\(.*?\)),")
+#: A constant of the compiled graph at module level (freezing's ``_frozen_param3``, a lifted constant), its device,
+#: dtype, size and stride in the comment Inductor writes: ``_frozen_param3 = None  # device(type='cpu')
+#: torch.float32 (768,) (1,) 7f8e...``.
+_CONSTANT_RE = re.compile(r"^(\w+) = None  # device\(type='\w+'(?:, index=\d+)?\) torch\.(\w+) \(([\d, ]*)\) "
+                          r"\(([\d, ]*)\)", re.M)
 _CPP_SIGNATURE_RE = re.compile(r'extern\s+"C"\s+void\s+kernel\(([^)]*)\)', re.S)
 _TRITON_SIGNATURE_RE = re.compile(r"def\s+(triton_\w*)\(([^)]*)\)")
 _PTR_RE = re.compile(r"\b((?:in_out|in|out)_ptr\d+)\b")
@@ -72,20 +79,25 @@ def fused_kernel_work(graph_dir: Path, fusion_map: pd.DataFrame) -> pd.DataFrame
     nodes, placeholders = _fx_nodes(graph_dir)
     sites = _call_sites(text, code_path)
     params = _kernel_params(text)
-    buffers: dict[str, tuple[tuple, str | None]] = {n: (shape, dtype) for n, (dtype, shape) in placeholders.items()}
+    buffers: dict[str, tuple[tuple, str | None]] = {m.group(1): (_shape(m.group(3)), m.group(2))
+                                                    for m in _CONSTANT_RE.finditer(text)}
+    buffers.update({n: (shape, dtype) for n, (dtype, shape) in placeholders.items()})
     rows = []
     rows_of_graph = fusion_map[fusion_map["graph"] == graph_dir.name]
     by_index = {int(r["call_index"]): r for r in rows_of_graph.to_dict("records")}
     listing: dict[str, int] = {}  # post-grad node -> how many generated kernels of the graph list it
+    extern_nodes: set[str] = set()  # nodes an extern or fallback call of the graph lists: that call computes them
     for r in by_index.values():
         if r.get("kind") in ("cpp", "triton"):
             for name in set(_listed(r)):
                 listing[name] = listing.get(name, 0) + 1
+        else:
+            extern_nodes.update(_listed(r))
     for call_index, (line, kernel, kdef) in enumerate(_walk(sites, buffers)):
         row = by_index.get(call_index)
         if row is None or kdef.kind not in ("cpp", "triton"):
             continue
-        flops, dtype, note, formula_flops = _node_flops(row, nodes, placeholders, listing)
+        flops, dtype, note, formula_flops = _node_flops(row, nodes, placeholders, listing, extern_nodes)
         read, written, byte_note = _argument_bytes(line, kernel, params.get(kernel), buffers)
         if dtype is None:  # a kernel that only moves data: the dtype of what it moves
             dtype = next((d for _, d, _ in params.get(kernel) or [] if d and d.startswith(("float", "bfloat"))), None)
@@ -260,6 +272,8 @@ def _fx_nodes(graph_dir: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
         if sig:
             for m in _PLACEHOLDER_RE.finditer(sig.group(1)):
                 placeholders[m.group(1)] = (_FX_DTYPES.get(m.group(2)), _shape(m.group(3)))
+        for m in _CONSTANT_NODE_RE.finditer(text):  # read like an input: no arithmetic of its own
+            placeholders[m.group(1)] = (_FX_DTYPES.get(m.group(2)), _shape(m.group(3)))
         for regex in (_NODE_RE, _HOP_RE):
             for m in regex.finditer(text):
                 first = re.match(r"\s*(\w+)", m.group(6))
@@ -312,13 +326,17 @@ def _listed(row: dict) -> list:
     return list(post_grad) if post_grad is not None and len(post_grad) else (list(source) if source is not None else [])
 
 
-def _node_flops(row: dict, nodes: dict, placeholders: dict, listing: dict | None = None
-                ) -> tuple[float | None, str | None, str | None, float]:
+def _node_flops(row: dict, nodes: dict, placeholders: dict, listing: dict | None = None,
+                extern_nodes: set | frozenset = frozenset()) -> tuple[float | None, str | None, str | None, float]:
     """(FLOPs, dtype, note, the part of the FLOPs PyTorch's formulas counted) of one generated kernel's nodes;
     ``listing``: node -> how many generated kernels of the graph list it (a formula op listed by more than one
-    is unknown)."""
+    is unknown); ``extern_nodes``: nodes an extern or fallback call of the graph lists, whose work is that
+    call's (a frozen conv's fused ReLU, listed by the kernel that lays out its input too)."""
     listed = _listed(row)
-    wanted = [n for n in listed if n in nodes]
+    wanted = [n for n in listed if n in nodes and n not in extern_nodes]
+    if not wanted and listed and all(n in placeholders or n in extern_nodes for n in listed):
+        # it reads inputs or constants for a call that computes elsewhere (a layout copy, a bias copy): no arithmetic
+        return 0.0, None, None, 0.0
     if not wanted:
         return None, None, ("no FX nodes recorded for this call site (torch 2.13 writes Inductor's provenance for "
                             "forward graphs only, and this kernel has no Source Nodes comment): its FLOPs are "

@@ -129,6 +129,8 @@ def _call_work(name: str, input_shapes: str) -> CallWork:
     dtype = _call_dtype(types, recorded)
     if name in flop_rules.NO_WORK_OPS:
         return CallWork(0.0, 0.0, 0.0, 0.0, "movement", dtype)
+    if name in PACKED_WEIGHT_OPS:
+        return _packed_weight_work(name, dims, types, concrete, recorded, dtype)
     try:
         overload, args, kwargs, read_bytes = _rebuild(name, dims, types, concrete, strides, dtype, recorded)
     except NotReplayable as exc:
@@ -537,3 +539,100 @@ EXTRA_FORMULAS = {
     "aten::_scaled_dot_product_fused_attention_overrideable": _sdpa_cpu,
     "aten::_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_cpu_backward,
 }
+
+
+#: The GEMMs and convolutions Inductor's CPU freezing calls with a prepacked weight (oneDNN's ``mkldnn::*_pointwise``,
+#: MKL's ``mkl::_mkl_linear``), their element-wise epilogue fused in (``attr``: relu, gelu ...; ``binary_attr``:
+#: add ...). Their work comes from the recorded shapes, not a meta replay: the packed weight is an opaque blob
+#: (``_mkl_linear``'s is [1459233, 1] for a [2, 32] weight; oneDNN's has strides [1, 0, 0, 0]) and the epilogue
+#: is named by strings. Per op: argument positions by argument count (schemas of torch 2.13's
+#: ``torch.ops.mkldnn``/``torch.ops.mkl``): the input, the weight (its logical shape: ``_mkl_linear``'s
+#: ``ORI_W``), the bias, a binary epilogue's other operand, the padding/stride/dilation/groups of a convolution,
+#: the epilogue's strings, and whether the other operand is the output (in-place ``_convolution_pointwise_``).
+PACKED_WEIGHT_OPS = {
+    # name: {argument count: positions}
+    "mkldnn::_convolution_pointwise": {
+        10: dict(x=0, w=1, b=2, padding=3, stride=4, dilation=5, groups=6, unary=7),
+        13: dict(x=0, other=1, w=2, b=3, padding=4, stride=5, dilation=6, groups=7, binary=8, unary=10)},
+    "mkldnn::_convolution_pointwise_": {
+        13: dict(other=0, x=1, w=2, b=3, padding=4, stride=5, dilation=6, groups=7, binary=8, unary=10,
+                 in_place=True)},
+    "mkldnn::_convolution_transpose_pointwise": {
+        11: dict(x=0, w=1, b=2, padding=3, output_padding=4, stride=5, dilation=6, groups=7, unary=8,
+                 transposed=True)},
+    "mkldnn::_linear_pointwise": {
+        6: dict(x=0, w=1, b=2, unary=3),
+        5: dict(x=0, other=1, w=2, b=3, binary=4)},
+    "mkl::_mkl_linear": {5: dict(x=0, w=2, b=3)},
+}
+
+
+def _packed_weight_work(name, dims, types, concrete, recorded, dtype) -> CallWork:
+    """FLOPs and ideal bytes of a :data:`PACKED_WEIGHT_OPS` call. The GEMM or convolution counts what
+    ``torch.utils.flop_counter`` counts for ``aten::mm``/``aten::convolution`` of the same shapes (2 * M * N * K;
+    2 * N * C_out * C_in/groups * kernel elements * output positions, input positions for a transposed one; no
+    bias), its epilogue one FLOP per output element per element-wise op (as :mod:`.flop_rules` counts the eager
+    ops it replaces). Bytes: input, logical weight, bias and other operand read, the output written."""
+    positions = PACKED_WEIGHT_OPS[name].get(len(dims))
+    if positions is None:
+        return CallWork(None, None, None, None, None, dtype,
+                        f"{name} with {len(dims)} arguments: not a schema this version knows")
+    values = (recorded or {}).get("values")
+
+    def value(key):
+        i = positions[key]
+        if values is not None and values[i] is not None:
+            return values[i]
+        return _parse_scalar(concrete[i]) if concrete[i] not in ("", None) else None
+
+    def shape(key):
+        i = positions.get(key)
+        d = dims[i] if i is not None else None
+        return list(d) if isinstance(d, list) and d and all(isinstance(v, int) for v in d) else None
+
+    x, w = shape("x"), shape("w")
+    if x is None or w is None:
+        return CallWork(None, None, None, None, None, dtype, f"{name}: the input or weight shape was not recorded")
+    if "padding" in positions:
+        spatial = len(w) - 2
+        try:
+            padding, stride, dilation = (list(value(k)) for k in ("padding", "stride", "dilation"))
+            groups = int(value("groups"))
+            if positions.get("transposed"):
+                out_pad = list(value("output_padding"))
+                out_spatial = [(size - 1) * s - 2 * p + d * (k - 1) + op + 1 for size, s, p, d, k, op in
+                               zip(x[2:], stride, padding, dilation, w[2:], out_pad)]
+                out = [x[0], w[1] * groups, *out_spatial]
+                positions_counted = math.prod(x[2:])
+            else:
+                out_spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, s, p, d, k in
+                               zip(x[2:], stride, padding, dilation, w[2:])]
+                out = [x[0], w[0], *out_spatial]
+                positions_counted = math.prod(out_spatial)
+        except (TypeError, ValueError):
+            return CallWork(None, None, None, None, None, dtype,
+                            f"{name}: padding, stride, dilation or groups were not recorded")
+        if len(x) != spatial + 2 or any(v <= 0 for v in out[2:]):
+            return CallWork(None, None, None, None, None, dtype, f"{name}: input {x} and weight {w} do not fit")
+        formula = 2 * x[0] * positions_counted * math.prod(w)  # w: C_out x C_in/groups x kernel (or transposed)
+    else:
+        if x[-1] != w[-1] or len(w) != 2:
+            return CallWork(None, None, None, None, None, dtype, f"{name}: input {x} and weight {w} do not fit")
+        out = [*x[:-1], w[0]]
+        formula = 2 * math.prod(x[:-1]) * w[0] * w[1]
+    epilogue = 0
+    for key in ("binary", "unary"):
+        if key not in positions:
+            continue
+        attr = value(key)
+        if attr is None and values is None:
+            return CallWork(None, None, None, None, None, dtype,
+                            f"{name}: its fused element-wise op ({key} attr) was not recorded")
+        epilogue += 0 if attr in (None, "", "none") else 1
+    torch = _torch()
+    itemsize = torch.empty((), dtype=getattr(torch, dtype or "float32")).element_size()
+    operands = [x, w, shape("b"), shape("other")]
+    read = sum(math.prod(s) for s in operands if s is not None) * itemsize
+    written = math.prod(out) * itemsize
+    flops = float(formula + epilogue * math.prod(out))
+    return CallWork(flops, float(formula), float(read), float(written), "pytorch_formula", dtype)

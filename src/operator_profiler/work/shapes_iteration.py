@@ -37,6 +37,35 @@ def _calls_by_thread(ranges: pd.DataFrame, tops: np.ndarray, iteration: np.ndarr
     return out
 
 
+def _comparable(text):
+    """A call's recorded inputs as the shapes check compares them: the text (``[shapes, types, concrete inputs,
+    strides]``, docs/formats.md#kineto-record_shapes) with the value of every ``Scalar`` input that is a non-integral
+    number left out. Such a value never sizes anything, and a train step's optimizer passes a new one every step
+    (AdamW's bias-corrected step size: ``addcdiv_(..., value=-lr / (1 - beta1^t))``), which would otherwise make every
+    train profile's shapes "change between iterations". Integral values (an ``arange`` end, a repeat count) stay."""
+    if not isinstance(text, str) or "Scalar" not in text:
+        return text
+    import json
+
+    try:
+        parsed = json.loads(text)
+        types, concrete = parsed[1], parsed[2]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return text
+    if not isinstance(types, list) or not isinstance(concrete, list):
+        return text
+    kept = list(concrete)
+    for i, (kind, value) in enumerate(zip(types, concrete)):
+        if kind == "Scalar" and isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if number != number or number in (float("inf"), float("-inf")) or not number.is_integer():
+                kept[i] = "(float scalar)"
+    return json.dumps([parsed[0], types, kept, *parsed[3:]])
+
+
 def shapes_for_measured_calls(ranges: pd.DataFrame, shapes_ranges: pd.DataFrame) -> tuple[pd.Series, dict[int, str]]:
     """The ``input_shapes`` of ``ranges`` (by position), filled from ``shapes_ranges`` (the shapes trace's
     timeline ranges) where the measured call has none; and a note per outermost op call left without shapes."""
@@ -69,7 +98,8 @@ def shapes_for_measured_calls(ranges: pd.DataFrame, shapes_ranges: pd.DataFrame)
         again = _calls_by_thread(shapes_ranges, shape_tops, None, (int(c["pid"]), int(c["start_ns"]), int(c["end_ns"])))
         for key, first in recorded.items():
             second = again.get(key, [])
-            if [(shape_names[r], shape_text[r]) for r in first] != [(shape_names[r], shape_text[r]) for r in second]:
+            if [(shape_names[r], _comparable(shape_text[r])) for r in first] != \
+                    [(shape_names[r], _comparable(shape_text[r])) for r in second]:
                 varying.add(key)
     names = ranges["name"].to_numpy(dtype=object)
     for (it, pid, tid), ids in measured.items():
