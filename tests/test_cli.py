@@ -155,6 +155,7 @@ def test_attribute_with_an_inductor_dir_without_graphs_fails(tmp_path):
     d = tmp_path / "d"
     res = opprof("timeline", "--kineto", COMPILED, "--out", d, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
+    (tmp_path / "nothing").mkdir()  # a folder, without compiled graphs (a missing one is named as such)
     res = opprof("attribute", "--timeline", d, "--out", d / "attr.parquet", "--inductor-dir", tmp_path / "nothing",
                  cwd=tmp_path)
     assert res.returncode == 1 and "no Inductor debug directory" in res.stderr and "Traceback" not in res.stderr

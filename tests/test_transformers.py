@@ -1,5 +1,5 @@
-"""Hugging Face transformers models as workloads (``kind: transformers``: capture/hf.py; docs/config.md#hugging-face-
-transformers): built from their configs with no download, their inputs, their layers found without a per-model
+"""Hugging Face transformers models as workloads (``kind: transformers``: capture/hf.py;
+docs/config.md#hugging-face-transformers): built from their configs with no download, their inputs, their layers found without a per-model
 table, the config's one-line refusals, the rewrites on their modules, and the tiny configs of all five families
 (GPT-2, Llama, BERT, ViT, ResNet) through the real workflow, once, against figures computed here independently
 (FlopCounterMode on the same model, parameter counts from the architectures' formulas).
