@@ -49,6 +49,11 @@ _NODE_RE = re.compile(r'^\s*(\w+)(?:\s*:\s*"([a-z0-9]+)\[([^\]]*)\]")?\s*=\s*tor
 _HOP_RE = re.compile(r'^\s*(\w+)(?:\s*:\s*"([a-z0-9]+)\[([^\]]*)\]")?\s*=\s*torch\.ops\.(higher_order)\.(\w+)\((.*)$',
                      re.M)
 _PLACEHOLDER_RE = re.compile(r'(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"')
+# a call of something other than an operator: a post-grad pattern's replacement (`fn_1: "f32[2, 8, 16, 16]" =
+# torch__inductor_fx_passes_mkldnn_fusion_fn(arg11_1, ...)`, which an extern call of the graph runs): its
+# annotation sizes what reads it; its work is unknown unless an extern call lists it (op `opaque::<callee>`)
+_OPAQUE_RE = re.compile(r'^\s*(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"\s*=\s*(?!torch\.ops\.)([A-Za-z_][\w.]*)\((.*)$',
+                        re.M)
 # a constant of a frozen graph: `add_tensor: "f32[8]" = self._frozen_param24` (a get_attr node: no arithmetic)
 _CONSTANT_NODE_RE = re.compile(r'^\s*(\w+)\s*:\s*"([a-z0-9]+)\[([^\]]*)\]"\s*=\s*self\.(\w+)\s*$', re.M)
 _BUFFER_RE = re.compile(r"^(\w+)\s*=\s*empty_strided_\w+\((.*)\)\s*$")
@@ -274,6 +279,10 @@ def _fx_nodes(graph_dir: Path) -> tuple[dict[str, tuple], dict[str, tuple]]:
                 placeholders[m.group(1)] = (_FX_DTYPES.get(m.group(2)), _shape(m.group(3)))
         for m in _CONSTANT_NODE_RE.finditer(text):  # read like an input: no arithmetic of its own
             placeholders[m.group(1)] = (_FX_DTYPES.get(m.group(2)), _shape(m.group(3)))
+        for m in _OPAQUE_RE.finditer(text):
+            first = re.match(r"\s*(\w+)", m.group(5))
+            nodes[m.group(1)] = (_FX_DTYPES.get(m.group(2)), _shape(m.group(3)), f"opaque::{m.group(4)}",
+                                 first.group(1) if first else None, _call_arguments(m.group(5)))
         for regex in (_NODE_RE, _HOP_RE):
             for m in regex.finditer(text):
                 first = re.match(r"\s*(\w+)", m.group(6))
