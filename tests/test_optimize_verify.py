@@ -1,5 +1,5 @@
-"""verify.refine_borderline: a dropped step whose point estimate shows a gain is measured again and decided on the
-pooled repetitions (timing.measure replaced here by seeded samples: the real measurement is tests/
+"""verify.refine_borderline: an undecided change (its interval reaches 1, its median is a gain) is kept, measured
+again and decided on the pooled repetitions (timing.measure replaced here by seeded samples: the real measurement is tests/
 test_optimize_timing.py's)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ def _variant(changes, samples):
     return {"changes": changes, "rejected": None, "samples_ms": samples, "median_ms": float(np.median(samples))}
 
 
-def test_a_borderline_step_is_measured_again_and_kept_once_its_interval_leaves_1(monkeypatch, tmp_path):
+def test_an_undecided_change_is_kept_measured_again_and_kept_once_its_interval_leaves_1(monkeypatch, tmp_path):
     rng = np.random.default_rng(3)
-    # 20 noisy repetitions: freezing's step (100 -> 95 ms) is borderline
+    # 20 noisy repetitions: removing freezing (95 -> 100 ms) is undecided
     result = {"variants": {"fp32_eager": _variant([], rng.normal(120, 12, 20).tolist()),
                            "compile_default": _variant(["compile"], rng.normal(100, 10, 20).tolist()),
                            "compile+freezing": _variant(["compile", "freezing"], rng.normal(95, 10, 20).tolist())},
@@ -23,7 +23,9 @@ def test_a_borderline_step_is_measured_again_and_kept_once_its_interval_leaves_1
     advised = ["compile", "freezing"]
     before = ablation.verification(result, advised)["ablation"]
     step = {s["change"]: s for s in before["steps"]}["freezing"]
-    assert step["decision"] == "dropped" and step["speedup"]["value"] > 1 >= step["speedup"]["ci"][0]
+    assert step["decision"] == "undecided" and step["credit"]["value"] > 1 >= step["credit"]["ci"][0]
+    assert before["kept"] == ["compile", "freezing"] and before["undecided"] == ["freezing"]
+    assert "kept, undecided" in step["reason"] and before["recommended"]["changes"] == ["compile", "freezing"]
     calls = []
 
     def measure(spec, work_dir=None, **kwargs):  # quieter repetitions of the same variants
@@ -37,7 +39,7 @@ def test_a_borderline_step_is_measured_again_and_kept_once_its_interval_leaves_1
     assert calls[0] == ["compile+freezing", "compile_default", "fp32_eager"] and len(rounds) == len(calls)
     after = ablation.verification(result, advised)["ablation"]
     step = {s["change"]: s for s in after["steps"]}["freezing"]
-    assert step["decision"] == "kept" and step["speedup"]["ci"][0] > 1
+    assert step["decision"] == "kept" and step["credit"]["ci"][0] > 1 and after["undecided"] == []
     assert result["variants"]["compile+freezing"]["repetitions"] == 20 + 40 * len(calls)
 
 
