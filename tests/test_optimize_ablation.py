@@ -212,7 +212,8 @@ def test_dropping_two_changes_that_stand_in_for_each_other_is_checked_against_th
              f(["channels_last"]): 95.0, f(["conv_bn_fold"]): 97.0, f(["compile", "sdpa_rewrite"]): 60.0,
              f(["compile", "sdpa_rewrite", "channels_last"]): 60.0, f(advised): 51.0,
              f(["sdpa_rewrite", "channels_last", "conv_bn_fold"]): 90.0,
-             f(["compile", "channels_last", "conv_bn_fold"]): 50.0, f(["compile", "sdpa_rewrite", "conv_bn_fold"]): 50.0}
+             f(["compile", "channels_last", "conv_bn_fold"]): 50.0,
+             f(["compile", "sdpa_rewrite", "conv_bn_fold"]): 50.0}
     result = _result(_planned(advised, means))
     decision = ablation.decide(result, advised)
     assert [d["change"] for d in decision["dropped"]] == ["sdpa_rewrite", "channels_last"]

@@ -1,6 +1,6 @@
 """verify.refine_borderline: an undecided change (its interval reaches 1, its median is a gain) is kept, measured
-again and decided on the pooled repetitions (timing.measure replaced here by seeded samples: the real measurement is tests/
-test_optimize_timing.py's)."""
+again and decided on the pooled repetitions; verify's second round measures a kept set beside the full advised set
+(timing.measure replaced here by seeded samples: the real measurement is tests/test_optimize_timing.py's)."""
 
 from __future__ import annotations
 

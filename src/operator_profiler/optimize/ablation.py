@@ -156,16 +156,18 @@ def _prefix_steps(result: dict, advised: list[str]) -> list[dict]:
     return steps
 
 
-def _interaction(step_ratio: dict | None, credit: dict | None) -> str | None:
-    """A sentence when the leave-one-out credit and the prefix step differ (disjoint intervals); None otherwise."""
+def _interaction(step_ratio: dict | None, credit: dict | None, others: list[str] = ()) -> str | None:
+    """A sentence when the leave-one-out credit and the prefix step differ (disjoint intervals); None otherwise.
+    ``others``: the advised changes removed with it (they need it), named in the sentence."""
     if not step_ratio or not credit:
         return None
+    also = f"; removing it removes {', '.join(others)} too" if others else ""
     if credit["ci"][0] > step_ratio["ci"][1]:
         return (f"interacts: its credit in the full set {figure(credit)} exceeds its step in the advised order "
-                f"{figure(step_ratio)} (it pays together with changes after it)")
+                f"{figure(step_ratio)} (it pays together with other changes{also})")
     if credit["ci"][1] < step_ratio["ci"][0]:
         return (f"interacts: its credit in the full set {figure(credit)} is below its step in the advised order "
-                f"{figure(step_ratio)} (changes after it take over part of its gain)")
+                f"{figure(step_ratio)} (other changes take over part of its gain{also})")
     return None
 
 
@@ -235,7 +237,7 @@ def decide(result: dict, advised: list[str]) -> dict:
                 }[step["decision"]]
                 if step["decision"] != "dropped":
                     step["credit"] = credit
-                step["interaction"] = _interaction(p["speedup"], credit)
+                step["interaction"] = _interaction(p["speedup"], credit, others)
         else:
             step["compared"] = [p["context"], p["with"]]
             if p["implied"]:

@@ -1,7 +1,8 @@
 """``results/<workload>/optimize/report.html``: the advice with its evidence, the variants against the baselines
 (wall time medians with 95 % intervals, page faults, numerics), the ablation with each change's credit (the loss
 when it is removed from the full advised set, beside its step in the advised order) and the recommendation's
-decision trail, the rewrites paired with the operators they replace, before/after per operator, and the optimized profile's coverage.
+decision trail, the rewrites paired with the operators they replace, before/after per operator, and the optimized
+profile's coverage.
 Self-contained (the report.html page style; no figure, so no plotly.js)."""
 
 from __future__ import annotations
