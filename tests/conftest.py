@@ -66,15 +66,21 @@ def need_real(path: Path, *more: Path) -> Path:
 def torch_flags_kept():
     """Restores on leaving the process-wide torch flags a capture sets (cuDNN benchmark, always; with
     harness.deterministic also deterministic algorithms, their fill of uninitialized memory, cuDNN deterministic
-    and CUBLAS_WORKSPACE_CONFIG), so that the tests after it run unaffected."""
+    and CUBLAS_WORKSPACE_CONFIG; a variant's Inductor freezing and Dynamo allow_rnn, which the harness sets for its
+    process), so that the tests after it run unaffected (a frozen capture left freezing on for the next test's
+    compiles: its GEMMs became mkl::_mkl_linear and its compile and capture no longer shared a cached graph)."""
     import torch
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
 
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
              torch.utils.deterministic.fill_uninitialized_memory, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    compiler = (inductor_config.freezing, dynamo_config.allow_rnn)
     try:
         yield
     finally:
+        inductor_config.freezing, dynamo_config.allow_rnn = compiler
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[2], saved[3]
         torch.utils.deterministic.fill_uninitialized_memory = saved[4]

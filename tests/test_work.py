@@ -704,12 +704,21 @@ def test_a_frozen_cpu_model_has_the_work_of_every_kernel(tmp_path):
     out = tmp_path / "run"
     with importable_module(tmp_path, "frozen_models", FROZEN_MODELS), torch_flags_kept():
         workload = variant_workload({"kind": "custom", "factory": "frozen_models:net"}, ["compile", "freezing"])
-        capture.compile_artifacts(workload, harness, "cpu", out / "inductor", workload_name="net")
         # the workflow compiles and captures in two processes, each numbering Inductor's graphs from 0 (the
-        # profiler's kernel names, graph_0_cpp_fused_relu_0, carry that number): so do the two here
-        torch._inductor.compile_fx._graph_counter = itertools.count(0)
-        capture.capture_timeline("net", workload, harness, "cpu", "torch", out / "trace.json.gz", out / "run.json",
-                                 out / "layers.json", out / "clocks.json", out_shapes=out / "shapes.json.gz")
+        # profiler's kernel names, graph_0_cpp_fused_relu_0, carry that number): so do the two here, and the
+        # process's own numbering goes on afterwards as if they had not run (later tests compile in this process)
+        import torch._inductor.compile_fx as compile_fx
+
+        counter = compile_fx._graph_counter
+        try:
+            compile_fx._graph_counter = itertools.count(0)
+            capture.compile_artifacts(workload, harness, "cpu", out / "inductor", workload_name="net")
+            compile_fx._graph_counter = itertools.count(0)
+            capture.capture_timeline("net", workload, harness, "cpu", "torch", out / "trace.json.gz",
+                                     out / "run.json", out / "layers.json", out / "clocks.json",
+                                     out_shapes=out / "shapes.json.gz")
+        finally:
+            compile_fx._graph_counter = counter
         model, inputs = __import__("frozen_models").net()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(*inputs)
