@@ -15,9 +15,9 @@ the ``sdpa_attention`` kind); ``--quick`` runs tiny sizes (a smoke run, minutes)
 run one after another. The advised change list comes from ``--advice`` (a path, ``{workload}`` replaced by the
 workload's name: the ``advise`` rule's ``advice.json``, key ``advised_changes``) or ``--advised`` (ids, comma-
 separated, for every workload). The first measurement of a workload is the ablation plan (baselines, each
-advised change alone, the cumulative prefixes: optimize.ablation.plan); the exhaustive search measures every
-valid combination of {compile, max_autotune, freezing, bf16_autocast, sdpa_rewrite} not measured yet, in groups
-of ``--group-size`` that each include fp32_eager (20 variants of a 124M-parameter model do not fit in memory at
+advised change alone, the cumulative prefixes, the full set without each change: optimize.ablation.plan); the
+exhaustive search measures every valid combination of {compile, max_autotune, freezing, bf16_autocast,
+sdpa_rewrite} not measured yet, in groups of ``--group-size`` that each include fp32_eager (20 variants of a 124M-parameter model do not fit in memory at
 once; each group's speedups are against its own fp32_eager). Combinations whose preconditions fail on this
 machine (bf16 without native bf16) are listed as skipped with the reason. The estimated run time is printed
 before anything is measured.
@@ -218,17 +218,20 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
     label = "best of search" if searched else "best measured"
     if best:
         print(row(label, best[3]) + f"   (group {best[1]})")
-    print("  ablation (cumulative, advised order):")
+    print("  ablation (step: cumulative, advised order; credit: the loss when removed from the full advised set):")
     for step in record["ablation"]["steps"]:
         print(f"    {step['change']:<16} {'+'.join(step['context']) or 'fp32_eager':>34} -> +{step['change']:<16} "
-              f"{_figure(step['speedup']):<24} {step['decision']:<8} credit {_figure(step['credit'])}"
-              + (f"  ({step['reason']})" if step["decision"] != "kept" else ""))
+              f"{_figure(step['speedup']):<24} {step['decision']:<9} credit {_figure(step['credit'])}"
+              + (f"  ({step['reason']})" if step["decision"] != "kept" or not step["credit"] else "")
+              + (f"  [{step['interaction']}]" if step.get("interaction") else ""))
     strong = (f", strong_generic REJECTED ({recommended['strong_generic_rejected']}): not compared with it"
               if recommended.get("strong_generic_rejected") else
               f", vs strong_generic {_figure(recommended.get('vs_strong_generic'))}"
               f"{' SLOWER' if recommended.get('slower_than_strong_generic') else ''}")
     print(f"  recommended: {recommended['name']}"
-          + (strong if recommended.get("measured") else " (not measured as a whole)"))
+          + (strong if recommended.get("measured") else " (not measured as a whole)")
+          + (f"; instead of {ablation.variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}"
+             if recommended.get("instead_of") else ""))
     summary = {"advised": advised, "best": None, "advised_vs_best": None}
     if best:
         summary["best"] = {"changes": best[3]["changes"], "speedup": best[3]["speedup"], "group": best[1]}

@@ -1,6 +1,6 @@
 """The optimize page's pairings: operators paired by the FX nodes their kernels compute (an operator Inductor
 replaced under freezing) and by the FX rewrites' records (new operator <- the operators it replaces); a rejected
-baseline shown as rejected and never compared with."""
+baseline shown as rejected and never compared with; the ablation's credits, interactions and decision trail."""
 
 from __future__ import annotations
 
@@ -83,3 +83,32 @@ def test_a_rejected_strong_generic_is_shown_rejected_and_the_recommendation_is_n
     assert f"rejected: {reason}" in html
     assert "<strong>strong_generic was rejected</strong> (" + reason + "): the recommendation is not compared" in html
     assert "against strong_generic" not in html
+
+
+def test_the_ablation_shows_each_credit_beside_its_step_the_interactions_and_the_decision_trail(monkeypatch):
+    import numpy as np
+
+    from operator_profiler.optimize import ablation
+
+    monkeypatch.setattr(ablation, "requirements", lambda change: {"freezing": ("compile",),
+                                                                  "max_autotune": ("compile",)}.get(change, ()))
+    rng = np.random.default_rng(1)
+    means = {"fp32_eager": ([], 100.0), "compile_default": (["compile"], 95.0),
+             "strong_generic": (["compile", "max_autotune", "freezing"], 20.0),
+             "compile+freezing": (["compile", "freezing"], 95.0), "bf16_autocast": (["bf16_autocast"], 55.0),
+             "compile+bf16_autocast": (["compile", "bf16_autocast"], 60.0),
+             "compile+freezing+bf16_autocast": (["compile", "freezing", "bf16_autocast"], 32.0)}
+    result = {"workload": "w", "device": "cpu", "threads": 1, "repetitions": 20, "processes": 2,
+              "baseline": "fp32_eager", "warnings": [], "seed": 0,
+              "variants": {name: {"changes": changes, "rejected": None, "samples_ms": rng.normal(m, 0.5, 20).tolist(),
+                                  "median_ms": m, "ci_ms": [m - 1, m + 1], "speedup": None}
+                           for name, (changes, m) in means.items()}}
+    record = ablation.verification(result, ["compile", "freezing", "bf16_autocast"])
+    html = optimize_page._ablation_section(record)
+    assert ">loss when removed: the full set's speedup [95% CI]</th>" in html
+    assert "<td>compile+bf16_autocast</td>" in html  # freezing's leave-one-out variant
+    assert "<strong>interacts: its credit in the full set" in html
+    assert "Decision trail:</p><ol><li>the full advised set compile+freezing+bf16_autocast verified" in html
+    # strong_generic (5x) is faster than the advised set (3.1x): recommended instead, with the reason
+    assert "Recommended: <strong>compile + max_autotune + freezing</strong>" in html
+    assert "<strong>instead of compile + freezing + bf16_autocast</strong>: strong_generic is faster than" in html

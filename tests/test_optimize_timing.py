@@ -94,7 +94,12 @@ def test_the_plan_has_the_baselines_each_change_alone_and_the_cumulative_prefixe
         # alone: compile is compile_default; freezing alone needs compile; the SDPA rewrite alone is eager
         "compile+freezing": ["compile", "freezing"], "sdpa_rewrite": ["sdpa_rewrite"],
         # cumulative: [compile] and [compile, freezing] are already there
-        "compile+freezing+sdpa_rewrite": ["compile", "freezing", "sdpa_rewrite"]}
+        "compile+freezing+sdpa_rewrite": ["compile", "freezing", "sdpa_rewrite"],
+        # the full set without each change: without compile (and freezing, which needs it) is the SDPA rewrite
+        # alone, without the rewrite is compile + freezing; only the one without freezing is new
+        "compile+sdpa_rewrite": ["compile", "sdpa_rewrite"]}
+    assert ablation.leave_one_out(["compile", "freezing", "sdpa_rewrite"], "compile") == (
+        ["sdpa_rewrite"], ["compile", "freezing"])
     # advised in another order: freezing first brings compile with it
     assert list(ablation.plan(["freezing", "bf16_autocast"], {"fp32_eager": []})) == [
         "fp32_eager", "compile+freezing", "bf16_autocast", "compile+freezing+bf16_autocast"]
@@ -113,59 +118,89 @@ def _synthetic(means_ms: dict[str, tuple[list[str], float]], rejected: dict[str,
     return {"variants": variants, "warnings": [], "seed": 0}
 
 
-def test_decide_keeps_steps_that_show_a_gain_and_drops_the_sdpa_rewrite_that_gains_nothing_once_compiled(
+def test_decide_credits_each_change_with_the_loss_when_it_is_removed_and_drops_the_sdpa_rewrite_that_costs(
         fixed_requirements):
     result = _synthetic({
         "fp32_eager": ([], 100.0), "compile_default": (["compile"], 80.0),
         "strong_generic": (["compile", "max_autotune", "freezing"], 55.0),
+        "sdpa_rewrite": (["sdpa_rewrite"], 97.0),
         "compile+sdpa_rewrite": (["compile", "sdpa_rewrite"], 80.0),  # the rewrite adds nothing once compiled
-        "compile+freezing+sdpa_rewrite": (["compile", "freezing", "sdpa_rewrite"], 50.0),
+        "compile+freezing+sdpa_rewrite": (["compile", "freezing", "sdpa_rewrite"], 52.0),  # and costs with freezing
         "compile+freezing": (["compile", "freezing"], 50.0)})
     decision = ablation.decide(result, ["compile", "sdpa_rewrite", "freezing"])
     by_change = {step["change"]: step for step in decision["steps"]}
-    assert decision["kept"] == ["compile", "freezing"]
+    assert decision["basis"] == "leave_one_out"
+    assert decision["kept"] == ["compile", "freezing"] and decision["undecided"] == []
     assert [d["change"] for d in decision["dropped"]] == ["sdpa_rewrite"]
     sdpa = by_change["sdpa_rewrite"]
     assert sdpa["decision"] == "dropped" and sdpa["credit"] is None
-    assert sdpa["speedup"]["ci"][0] <= 1.0 <= sdpa["speedup"]["ci"][1]
+    assert sdpa["leave_one_out"]["without"] == ["compile", "freezing"] and sdpa["leave_one_out"]["speedup"]["value"] < 1
+    assert decision["dropped"][0]["speedup"] == sdpa["leave_one_out"]["speedup"]
+    # the prefix step is still measured and reported: the rewrite on top of compile
     assert sdpa["context"] == ["compile"] and sdpa["with"] == ["compile", "sdpa_rewrite"]
-    compile_step = by_change["compile"]["credit"]
-    assert compile_step["value"] == pytest.approx(
-        np.median(result["variants"]["fp32_eager"]["samples_ms"]) /
-        np.median(result["variants"]["compile_default"]["samples_ms"]))
-    assert 1.2 < compile_step["ci"][0] and compile_step["ci"][1] < 1.3  # 100 / 80 = 1.25
-    # freezing's credit is its own step on top of compile + sdpa_rewrite: 80 / 50 = 1.6
-    assert by_change["freezing"]["credit"]["ci"][0] > 1.5 and by_change["freezing"]["context"] == [
-        "compile", "sdpa_rewrite"]
+    assert sdpa["speedup"]["ci"][0] <= 1.0 <= sdpa["speedup"]["ci"][1]
+    # compile's credit: the full set against the set without compile and freezing (which needs it): 97 / 52
+    compile_step = by_change["compile"]
+    assert compile_step["leave_one_out"]["removes"] == ["compile", "freezing"]
+    assert compile_step["credit"]["value"] == pytest.approx(
+        np.median(result["variants"]["sdpa_rewrite"]["samples_ms"]) /
+        np.median(result["variants"]["compile+freezing+sdpa_rewrite"]["samples_ms"]))
+    # freezing's credit: the full set against compile + sdpa_rewrite: 80 / 52
+    assert 1.5 < by_change["freezing"]["credit"]["ci"][0] and by_change["freezing"]["credit"]["ci"][1] < 1.6
     recommended = decision["recommended"]
     assert recommended["changes"] == ["compile", "freezing"] and recommended["measured"] is True
+    assert recommended["source"] == "advised_without_dropped" and recommended["vs_advised"]["value"] > 1.0
     assert recommended["vs_strong_generic"]["value"] > 1.0
     assert recommended["slower_than_strong_generic"] is False
+    assert recommended["trail"][0].startswith("the full advised set compile+freezing+sdpa_rewrite verified")
+    assert recommended["trail"][-1].startswith("recommended: compile+freezing")
 
 
-def test_decide_drops_a_rejected_step_flags_a_recommendation_slower_than_strong_generic_and_warns(fixed_requirements):
+def test_a_rejected_full_set_is_decided_by_its_steps_and_a_faster_strong_generic_is_recommended_instead(
+        fixed_requirements):
     result = _synthetic({
         "fp32_eager": ([], 100.0), "compile_default": (["compile"], 80.0),
         "strong_generic": (["compile", "max_autotune", "freezing"], 40.0),
         "compile+bf16_autocast": (["compile", "bf16_autocast"], 60.0)},
         rejected={"compile+bf16_autocast": "numerics: max abs error 0.3 > 0.05"})
     decision = ablation.decide(result, ["compile", "bf16_autocast"])
+    assert decision["basis"] == "prefix_step"
     assert decision["kept"] == ["compile"]
     assert decision["dropped"] == [{"change": "bf16_autocast", "reason": "rejected: numerics: max abs error 0.3 > 0.05",
                                     "speedup": None}]
     recommended = decision["recommended"]
-    assert recommended["variant"] == "compile_default"
-    assert recommended["slower_than_strong_generic"] is True and recommended["slower_significant"] is True
+    # compile alone measured 1.25x; strong_generic 2.5x: its whole interval lies above compile's
+    assert recommended["source"] == "strong_generic" and recommended["variant"] == "strong_generic"
+    assert recommended["changes"] == ["compile", "max_autotune", "freezing"]
+    assert recommended["instead_of"]["variant"] == "compile_default"
+    assert recommended["instead_of"]["vs_strong_generic"]["ci"][1] < 1
+    assert recommended["reason"].startswith("strong_generic is faster than compile_default")
+    assert recommended["slower_than_strong_generic"] is False
     record = ablation.verification(result, ["compile", "bf16_autocast"])
-    assert any("slower than strong_generic" in w for w in record["warnings"])
+    assert any(w.startswith("the recommendation is compile+max_autotune+freezing (strong_generic) instead of compile")
+               for w in record["warnings"])
+    assert not any("is slower than strong_generic" in w for w in record["warnings"])
     assert "samples_ms" not in record["variants"]["fp32_eager"]
 
 
-def test_a_kept_change_brings_back_the_dropped_change_it_requires(fixed_requirements):
+def test_removing_a_change_removes_what_needs_it_and_on_the_step_basis_a_kept_change_brings_back_what_it_requires(
+        fixed_requirements):
     result = _synthetic({"fp32_eager": ([], 100.0), "compile_default": (["compile"], 100.0),
                          "compile+freezing": (["compile", "freezing"], 60.0)})
     decision = ablation.decide(result, ["compile", "freezing"])
-    assert decision["kept"] == ["freezing"] and decision["dropped"][0]["change"] == "compile"
+    compile_step = decision["steps"][0]
+    assert compile_step["leave_one_out"]["without"] == [] and compile_step["leave_one_out"]["variant"] == "fp32_eager"
+    assert "(with freezing, which needs it)" in compile_step["reason"]
+    assert decision["kept"] == ["compile", "freezing"]
+    # the full set rejected: the steps decide; compile's step is a loss, freezing's a gain: compile comes back
+    result = _synthetic({"fp32_eager": ([], 100.0), "compile_default": (["compile"], 102.0),
+                         "compile+freezing": (["compile", "freezing"], 60.0),
+                         "compile+freezing+bf16_autocast": (["compile", "freezing", "bf16_autocast"], 40.0)},
+                        rejected={"compile+freezing+bf16_autocast": "numerics: max abs error 0.3 > 0.05"})
+    decision = ablation.decide(result, ["compile", "freezing", "bf16_autocast"])
+    assert decision["basis"] == "prefix_step"
+    assert decision["kept"] == ["freezing"] and [d["change"] for d in decision["dropped"]] == [
+        "compile", "bf16_autocast"]
     assert decision["recommended"]["changes"] == ["compile", "freezing"]
     assert decision["recommended"]["required_by"] == {"compile": ["freezing"]}
 

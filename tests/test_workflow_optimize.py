@@ -141,12 +141,21 @@ def test_verification_measures_baselines_and_the_ablation_and_the_page_shows_the
         assert v["faults_per_iteration"]["total"] is not None
     steps = verification["ablation"]["steps"]
     assert [s["change"] for s in steps] == advice["advised_changes"]
-    for step in steps:  # credit only for a step whose interval lies above 1
-        assert (step["decision"] == "kept") == (step["credit"] is not None)
-        if step["decision"] == "kept":
-            assert step["speedup"]["ci"][0] > 1
+    for step in steps:  # kept on an interval above 1, undecided on a median gain, dropped earns nothing
+        assert step["decision"] in ("kept", "undecided", "dropped")
+        if step["decision"] == "dropped":
+            assert step["credit"] is None
+        elif step["decision"] == "undecided":
+            assert step["credit"]["value"] > 1 >= step["credit"]["ci"][0]
+        elif step["credit"] is not None:
+            assert step["credit"]["ci"][0] > 1
     recommended = verification["ablation"]["recommended"]
-    assert set(recommended["changes"]) <= set(advice["advised_changes"]) | {"compile"}
+    strong = set(verification["baselines"]["strong_generic"])
+    if recommended["source"] == "strong_generic":
+        assert set(recommended["changes"]) == strong
+    else:
+        assert set(recommended["changes"]) <= set(advice["advised_changes"]) | {"compile"}
+    assert recommended["trail"] and not recommended.get("slower_than_strong_generic")
     page = (work / "results" / NAME / "optimize" / "report.html").read_text()
     for section in ("Advice", "Variants and baselines", "Ablation", "Before and after, per operator",
                     "Coverage of the optimized profile"):

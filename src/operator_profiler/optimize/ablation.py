@@ -1,10 +1,14 @@
 """The ablation of an advised change list: which variants to measure (:func:`plan`), which changes earn their
-place (:func:`decide`) and the ``verification`` record that joins both with the timing result
-(:func:`verification`; fields in docs/optimize.md#verification).
+place (:func:`decide`), what is recommended (:func:`recommend`) and the ``verification`` record that joins them
+with the timing result (:func:`verification`; fields in docs/optimize.md#verification).
 
-A change gets credit only for its own measured effect in the context it is applied: the step from the
-cumulative prefix without it to the prefix with it (advised order). A step whose speedup interval does not
-lie above 1 drops the change from the recommended variant and earns it nothing.
+A change's credit is what is lost when it is removed from the full advised set (leave-one-out): the full set
+against the set without it. A change is dropped only when removing it is not slower; a change whose interval
+reaches 1 while its median is a gain is kept and called undecided; one whose leave-one-out variant was not
+measured is kept (the conservative choice). The cumulative prefix steps (advised order) are measured and
+reported beside it: a change whose leave-one-out credit differs from its prefix step (disjoint intervals)
+interacts with the others. The recommendation is never slower than the full advised variant or than
+``strong_generic`` when those verify; "slower" means the ratio's whole interval lies below 1.
 """
 
 from __future__ import annotations
@@ -54,14 +58,23 @@ def default_baselines(native_bf16: bool, mode: str = "infer") -> dict[str, list[
     return {"fp32_eager": [], "compile_default": ["compile"], "strong_generic": closure(strong)}
 
 
+def leave_one_out(advised: list[str], change: str) -> tuple[list[str], list[str]]:
+    """``(without, removes)``: the full advised set without ``change`` (closed under requirements) and the advised
+    changes that go with it (``change`` and every advised change that requires it: freezing goes with compile)."""
+    removes = [a for a in advised if change in closure([a])]
+    return closure([a for a in advised if a not in removes]), removes
+
+
 def plan(advised: list[str], baselines: dict[str, list[str]]) -> dict[str, list[str]]:
     """The variants an ablation of ``advised`` measures: name -> changes.
 
     The ``baselines`` under their own names; each advised change **alone**, i.e. on top of FP32 eager together
-    with only what it requires to make sense (:func:`requirements`: freezing alone = compile + freezing); and
-    the **cumulative** prefixes ``advised[:1]``, ``advised[:2]``, ... (each closed under requirements). A change
-    set measured once: a variant equal to a baseline or to another entry is not repeated (:func:`decide` finds
-    variants by their change set, not by name). Other names are :func:`variant_name`.
+    with only what it requires to make sense (:func:`requirements`: freezing alone = compile + freezing); the
+    **cumulative** prefixes ``advised[:1]``, ``advised[:2]``, ... (each closed under requirements); and the full
+    advised set **without each change** (:func:`leave_one_out`: at most one more variant per advised change; the
+    one without the last change is the previous prefix). A change set is measured once: a variant equal to a
+    baseline or to another entry is not repeated (:func:`decide` finds variants by their change set, not by
+    name). Other names are :func:`variant_name`.
     """
     variants: dict[str, list[str]] = {}
     seen: set[frozenset[str]] = set()
@@ -78,6 +91,9 @@ def plan(advised: list[str], baselines: dict[str, list[str]]) -> dict[str, list[
         add(variant_name([change]), closure([change]))
     for end in range(1, len(advised) + 1):
         add(variant_name(advised[:end]), closure(advised[:end]))
+    for change in advised:
+        without, _ = leave_one_out(advised, change)
+        add(variant_name(without), without)
     return variants
 
 
@@ -87,86 +103,258 @@ def _find(result: dict, changes: Iterable[str]) -> tuple[str, dict] | None:
                 None)
 
 
+def _verified(result: dict, changes: Iterable[str]) -> tuple[str, dict] | None:
+    """The measured, not rejected variant with ``changes``; None otherwise."""
+    found = _find(result, changes)
+    return found if found is not None and not found[1].get("rejected") and found[1].get("samples_ms") else None
+
+
 def _ratio(result: dict, before: dict, after: dict) -> dict:
     settings = {k: result[k] for k in ("confidence", "resamples", "seed") if k in result}
     ratio = stats.speedup_interval(before["samples_ms"], after["samples_ms"], **settings)
     return {"value": ratio["speedup"], "ci": [ratio["low"], ratio["high"]], "shows_gain": ratio["shows_gain"]}
 
 
-def decide(result: dict, advised: list[str]) -> dict:
-    """Walk the cumulative prefixes of ``advised`` in ``result`` (:func:`operator_profiler.optimize.timing.measure`).
+def figure(ratio: dict | None) -> str:
+    """``1.234x [1.100, 1.300]``; ``-`` for None."""
+    return "-" if not ratio else f"{ratio['value']:.3f}x [{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}]"
 
-    Step i compares the prefix with ``advised[i]`` against the context before it (the previous prefix that was
-    not rejected; FP32 eager first): the change is **kept** when the step's speedup interval lies above 1, else
-    **dropped** with the figure (also when the prefix with it was rejected or not measured). A change an earlier
-    one already required is decided with it (``implied``). A kept change's ``credit`` is its step's speedup;
-    a dropped one earns nothing (null). ``recommended``: the kept changes with what they require (a dropped change
-    a kept one requires is added back, ``required_by``), with its figures when that change set was measured,
-    and whether it is slower than ``strong_generic`` (point estimate below 1; ``significant`` when the whole
-    interval is); a rejected ``strong_generic`` (its numerics failed: a miscompile) is never compared against:
-    ``vs_strong_generic`` null and ``strong_generic_rejected`` its reason.
 
-    Returns ``{"advised", "steps", "kept", "dropped", "recommended"}`` (docs/optimize.md#verification).
-    """
+def _judge(ratio: dict) -> str:
+    """kept (the interval lies above 1), undecided (it reaches 1, the median is a gain) or dropped."""
+    if ratio["ci"][0] > 1:
+        return "kept"
+    return "undecided" if ratio["value"] > 1 else "dropped"
+
+
+def _prefix_steps(result: dict, advised: list[str]) -> list[dict]:
+    """Step i: the prefix with ``advised[i]`` against the context before it (the previous prefix that was not
+    rejected; FP32 eager first); ``speedup`` its ratio, ``problem`` why there is none, ``implied`` when an
+    earlier change already required it."""
     steps: list[dict] = []
     context = _find(result, [])
     context_changes: list[str] = []
-    kept: list[str] = []
-    dropped: list[dict] = []
     for end, change in enumerate(advised, 1):
         with_changes = closure(advised[:end])
         step: dict[str, Any] = {"change": change, "context": closure(context_changes), "with": with_changes,
-                                "speedup": None, "decision": None, "credit": None, "reason": None}
+                                "speedup": None, "problem": None, "implied": False}
         steps.append(step)
         if set(with_changes) == set(closure(context_changes)) and context is not None:
-            step.update(decision="implied", reason="already required by an earlier change")
+            step["implied"] = True
             continue
         found = _find(result, with_changes)
         if context is None or context[1].get("rejected"):
-            step.update(decision="dropped", reason="its context was not measured or was rejected")
+            step["problem"] = "its context was not measured or was rejected"
         elif found is None:
-            step.update(decision="dropped", reason=f"variant {variant_name(with_changes)} was not measured")
+            step["problem"] = f"variant {variant_name(with_changes)} was not measured"
         elif found[1].get("rejected"):
-            step.update(decision="dropped", reason=f"rejected: {found[1]['rejected']}")
+            step["problem"] = f"rejected: {found[1]['rejected']}"
         else:
             step["speedup"] = _ratio(result, context[1], found[1])
-            figure = f"{step['speedup']['value']:.3f}x [{step['speedup']['ci'][0]:.3f}, {step['speedup']['ci'][1]:.3f}]"
-            if step["speedup"]["shows_gain"]:
-                step.update(decision="kept", credit=step["speedup"], reason=f"step {figure}")
-            else:
-                step.update(decision="dropped", reason=f"step {figure}: the interval does not lie above 1")
-        if step["decision"] == "kept":
-            kept.append(change)
-        else:
-            dropped.append({"change": change, "reason": step["reason"], "speedup": step["speedup"]})
         if found is not None and not found[1].get("rejected"):
             context, context_changes = found, with_changes
-    for step in steps:  # an implied change stands or falls with the change that required it
-        if step["decision"] == "implied":
-            keep = any(step["change"] in closure([k]) for k in kept)
-            step["decision"] = "kept" if keep else "dropped"
-            if keep:
-                kept.append(step["change"])
+    return steps
+
+
+def _interaction(step_ratio: dict | None, credit: dict | None, others: list[str] = ()) -> str | None:
+    """A sentence when the leave-one-out credit and the prefix step differ (disjoint intervals); None otherwise.
+    ``others``: the advised changes removed with it (they need it), named in the sentence."""
+    if not step_ratio or not credit:
+        return None
+    also = f"; removing it removes {', '.join(others)} too" if others else ""
+    if credit["ci"][0] > step_ratio["ci"][1]:
+        return (f"interacts: its credit in the full set {figure(credit)} exceeds its step in the advised order "
+                f"{figure(step_ratio)} (it pays together with other changes{also})")
+    if credit["ci"][1] < step_ratio["ci"][0]:
+        return (f"interacts: its credit in the full set {figure(credit)} is below its step in the advised order "
+                f"{figure(step_ratio)} (other changes take over part of its gain{also})")
+    return None
+
+
+def decide(result: dict, advised: list[str]) -> dict:
+    """Decide every change of ``advised`` in ``result`` (:func:`operator_profiler.optimize.timing.measure`).
+
+    When the full advised set verified (measured, not rejected), each change is decided by **leave-one-out**: its
+    ``credit`` is the full set's speedup over the full set without it (:func:`leave_one_out`). The change is
+    ``kept`` when that interval lies above 1, ``undecided`` (and kept) when the interval reaches 1 but the median
+    is a gain, ``dropped`` when the median is not a gain (removing it is not slower); kept, with the reason, when
+    the set without it was not measured (the conservative choice) or was rejected (the change is needed). When the
+    full set did not verify, the cumulative prefix steps decide by the same rule (a rejected or unmeasured step
+    drops its change; a change an earlier one already required stands or falls with it).
+
+    Every step also carries the prefix step (``context``, ``with``, ``speedup``: the prefix with the change
+    against the previous prefix not rejected, advised order), ``basis`` (leave_one_out, prefix_step,
+    not_measured, rejected_without_it, implied), ``compared`` ([without, with] change sets the decision compared),
+    ``leave_one_out`` (``without``, ``removes``, ``variant``, ``speedup``, ``rejected``; null on the prefix basis)
+    and ``interaction`` (a sentence when the credit and the step's intervals are disjoint, else null).
+
+    Returns ``{"advised", "basis", "steps", "kept", "undecided", "dropped", "interactions", "recommended"}``
+    (``kept`` includes the undecided ones; ``recommended``: :func:`recommend`; docs/optimize.md#verification).
+    """
+    full = closure(advised)
+    full_found = _verified(result, full)
+    prefix = _prefix_steps(result, advised)
+    basis = "leave_one_out" if full_found is not None else "prefix_step"
+    trail: list[str] = []
+    if advised and full_found is not None:
+        trail.append(f"the full advised set {variant_name(full)} verified"
+                     + (f" ({figure(full_found[1]['speedup'])} over FP32 eager)" if full_found[1].get("speedup")
+                        else "") + ": each change is decided by removing it from the full set")
+    elif advised:
+        why = "was rejected" if _find(result, full) is not None else "was not measured"
+        trail.append(f"the full advised set {variant_name(full)} {why}: each change is decided by its step in the "
+                     "advised order")
+    steps: list[dict] = []
+    for p in prefix:
+        step: dict[str, Any] = {"change": p["change"], "context": p["context"], "with": p["with"],
+                                "speedup": p["speedup"], "decision": None, "credit": None, "reason": None,
+                                "basis": basis, "compared": None, "leave_one_out": None, "interaction": None}
+        steps.append(step)
+        if basis == "leave_one_out":
+            without, removes = leave_one_out(advised, p["change"])
+            found = _find(result, without)
+            loo: dict[str, Any] = {"without": without, "removes": removes,
+                                   "variant": found[0] if found else None, "speedup": None,
+                                   "rejected": found[1].get("rejected") if found else None}
+            step.update(leave_one_out=loo, compared=[without, full])
+            others = [r for r in removes if r != p["change"]]
+            also = f" (with {', '.join(others)}, which need{'s' if len(others) == 1 else ''} it)" if others else ""
+            if found is None:
+                step.update(decision="kept", basis="not_measured",
+                            reason=f"the full set without it{also} ({variant_name(without)}) was not measured: kept, "
+                                   "the conservative choice")
+            elif found[1].get("rejected"):
+                step.update(decision="kept", basis="rejected_without_it",
+                            reason=f"the full set without it{also} was rejected ({found[1]['rejected']}): kept")
             else:
+                credit = loo["speedup"] = _ratio(result, found[1], full_found[1])
+                step["decision"] = _judge(credit)
+                step["reason"] = {
+                    "kept": f"removing it{also} is slower: the full set is {figure(credit)} over {found[0]}",
+                    "undecided": f"removing it{also}: the full set is {figure(credit)} over {found[0]}; the interval "
+                                 "reaches 1 but the median is a gain: kept, undecided",
+                    "dropped": f"removing it{also} is not slower: the full set is {figure(credit)} over {found[0]}",
+                }[step["decision"]]
+                if step["decision"] != "dropped":
+                    step["credit"] = credit
+                step["interaction"] = _interaction(p["speedup"], credit, others)
+        else:
+            step["compared"] = [p["context"], p["with"]]
+            if p["implied"]:
+                step.update(basis="implied", reason="already required by an earlier change")
+            elif p["speedup"] is None:
+                step.update(decision="dropped", reason=p["problem"])
+            else:
+                step["decision"] = _judge(p["speedup"])
+                step["reason"] = {"kept": f"step {figure(p['speedup'])}",
+                                  "undecided": f"step {figure(p['speedup'])}: the interval reaches 1 but the median "
+                                               "is a gain: kept, undecided",
+                                  "dropped": f"step {figure(p['speedup'])}: its median is no gain"}[step["decision"]]
+                if step["decision"] != "dropped":
+                    step["credit"] = p["speedup"]
+    in_set = [s["change"] for s in steps if s["decision"] in ("kept", "undecided")]
+    for step in steps:  # an implied change stands or falls with the change that required it
+        if step["basis"] == "implied":
+            keep = any(step["change"] in closure([k]) for k in in_set)
+            step["decision"] = "kept" if keep else "dropped"
+            if not keep:
                 step["reason"] = "required only by changes that were dropped"
-                dropped.append({"change": step["change"], "reason": step["reason"], "speedup": None})
-    recommended_changes = closure(kept)
-    required_by = {c: [k for k in kept if c in closure([k]) and c != k] for c in recommended_changes if c not in kept}
-    recommended: dict[str, Any] = {"changes": recommended_changes, "name": variant_name(recommended_changes),
-                                   "required_by": required_by, "measured": False}
-    found = _find(result, recommended_changes)
-    if found is not None and not found[1].get("rejected"):
-        entry = found[1]
-        recommended.update(measured=True, variant=found[0], median_ms=entry.get("median_ms"), ci_ms=entry.get("ci_ms"),
-                           speedup=entry.get("speedup"))
-        strong = result["variants"].get("strong_generic")
-        if strong is not None and strong.get("rejected"):  # a rejected baseline is never compared against
-            recommended.update(vs_strong_generic=None, strong_generic_rejected=strong["rejected"])
-        elif strong is not None:
-            versus = _ratio(result, strong, entry)
-            recommended.update(vs_strong_generic=versus, slower_than_strong_generic=versus["value"] < 1,
-                               slower_significant=versus["ci"][1] < 1)
-    return {"advised": list(advised), "steps": steps, "kept": kept, "dropped": dropped, "recommended": recommended}
+    kept = [s["change"] for s in steps if s["decision"] in ("kept", "undecided")]
+    dropped = [{"change": s["change"], "reason": s["reason"],
+                "speedup": (s["leave_one_out"] or {}).get("speedup") if s["leave_one_out"] else s["speedup"]}
+               for s in steps if s["decision"] == "dropped"]
+    trail += [f"{s['change']}: {s['decision']}: {s['reason']}" for s in steps]
+    candidate = closure(kept)
+    required_by = {c: [k for k in kept if c in closure([k]) and c != k] for c in candidate if c not in kept}
+    for change, by in required_by.items():
+        trail.append(f"{change} is back in: {', '.join(by)} require(s) it")
+    recommended = recommend(result, candidate, advised, required_by, trail)
+    return {"advised": list(advised), "basis": basis, "steps": steps, "kept": kept,
+            "undecided": [s["change"] for s in steps if s["decision"] == "undecided"], "dropped": dropped,
+            "interactions": [{"change": s["change"], "step": s["speedup"], "credit": s["credit"] or
+                              (s["leave_one_out"] or {}).get("speedup"), "note": s["interaction"]}
+                             for s in steps if s["interaction"]],
+            "recommended": recommended}
+
+
+def recommend(result: dict, candidate: list[str], advised: list[str], required_by: dict | None = None,
+              trail: list[str] | None = None, final: bool = False) -> dict:
+    """The recommendation from the decided ``candidate`` change set, with its figures when it was measured in
+    ``result`` and never slower than what was measured beside it: when the full advised set verified and the
+    candidate is slower than it (the ratio's whole interval below 1), the full advised set is recommended; when
+    ``strong_generic`` verified and is faster than the recommendation (the ratio's whole interval above 1), its
+    set is recommended instead, saying why. A rejected ``strong_generic`` (a miscompile) is never compared
+    against: ``vs_strong_generic`` null and ``strong_generic_rejected`` its reason. ``final``: an unmeasured
+    candidate (no second round to measure it) gives way to the full advised set when that verified.
+
+    Returns ``{"changes", "name", "required_by", "measured", "source", "reason", "trail"}`` (``source``: advised,
+    advised_without_dropped, full_advised or strong_generic) and, when measured, ``variant``, ``median_ms``,
+    ``ci_ms``, ``speedup``, ``vs_advised`` (against the full advised set, when it differs), ``vs_strong_generic``,
+    ``slower_than_strong_generic`` and ``slower_significant`` (both: the whole interval below 1), ``instead_of``
+    (the set it replaced, with the comparison, when a guard replaced one).
+    """
+    full = closure(advised)
+    trail = list(trail or [])
+    source = "advised" if frozenset(candidate) == frozenset(full) else "advised_without_dropped"
+    rec: dict[str, Any] = {"changes": list(candidate), "name": variant_name(candidate),
+                           "required_by": dict(required_by or {}), "measured": False, "source": source,
+                           "reason": None, "trail": trail}
+    full_found = _verified(result, full)
+    found = _verified(result, candidate)
+    if found is None and final and full_found is not None and frozenset(candidate) != frozenset(full):
+        trail.append(f"{variant_name(candidate)} could not be measured: recommending the full advised set "
+                     f"{variant_name(full)}, which was")
+        rec.update(changes=list(full), name=variant_name(full), required_by={}, source="full_advised",
+                   reason=f"{variant_name(candidate)} was not measured", instead_of={"changes": list(candidate)})
+        found = full_found
+    if found is None:
+        trail.append(f"recommended {variant_name(candidate)}, not measured as a whole")
+        return rec
+
+    def use(entry: tuple[str, dict]) -> None:
+        rec.update(measured=True, variant=entry[0], median_ms=entry[1].get("median_ms"),
+                   ci_ms=entry[1].get("ci_ms"), speedup=entry[1].get("speedup"))
+
+    use(found)
+    if full_found is not None and frozenset(rec["changes"]) != frozenset(full):
+        versus = rec["vs_advised"] = _ratio(result, full_found[1], found[1])
+        if versus["ci"][1] < 1:
+            reason = (f"{found[0]} is slower than the full advised set {full_found[0]}: {figure(versus)}, the whole "
+                      "interval below 1")
+            trail.append(reason + ": recommending the full advised set")
+            rec.update(changes=list(full), name=variant_name(full), required_by={}, source="full_advised",
+                       reason=reason, vs_advised=None,
+                       instead_of={"changes": list(candidate), "variant": found[0], "vs_advised": versus})
+            found = full_found
+            use(found)
+        else:
+            trail.append(f"{found[0]} against the full advised set {full_found[0]}: {figure(versus)}, not slower")
+    strong = result["variants"].get("strong_generic")
+    if strong is not None and strong.get("rejected"):  # a rejected baseline is never compared against
+        rec.update(vs_strong_generic=None, strong_generic_rejected=strong["rejected"])
+        trail.append(f"strong_generic was rejected ({strong['rejected']}): not compared with it")
+    elif strong is not None and strong.get("samples_ms"):
+        versus = _ratio(result, strong, found[1])
+        if versus["ci"][1] < 1 and frozenset(strong["changes"]) != frozenset(rec["changes"]):
+            reason = (f"strong_generic is faster than {found[0]}: {found[0]} is {figure(versus)} of it, the whole "
+                      "interval below 1")
+            trail.append(reason + f": recommending strong_generic's changes ({' + '.join(strong['changes'])})")
+            rec.update(changes=list(strong["changes"]), name=variant_name(strong["changes"]), required_by={},
+                       reason=reason, instead_of={"changes": list(rec["changes"]), "variant": found[0],
+                                                  "source": rec["source"], "vs_strong_generic": versus},
+                       source="strong_generic")
+            rec.pop("vs_advised", None)
+            use(("strong_generic", strong))
+            versus = _ratio(result, strong, strong)
+        else:
+            trail.append(f"{found[0]} against strong_generic: {figure(versus)}, "
+                         + ("the same set" if frozenset(strong["changes"]) == frozenset(rec["changes"]) else
+                            "not slower"))
+        slower = versus["ci"][1] < 1
+        rec.update(vs_strong_generic=versus, slower_than_strong_generic=slower, slower_significant=slower)
+    trail.append(f"recommended: {rec['name']}"
+                 + (f", {figure(rec['speedup'])} over FP32 eager" if rec.get("speedup") else ""))
+    return rec
 
 
 def verification(result: dict, advised: list[str]) -> dict:
@@ -192,6 +380,9 @@ def verification(result: dict, advised: list[str]) -> dict:
         v = recommended["vs_strong_generic"]
         warnings.append(f"the recommended variant {recommended['name']} is slower than strong_generic: "
                         f"{v['value']:.3f}x [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]")
+    if recommended.get("source") in ("strong_generic", "full_advised"):
+        warnings.append(f"the recommendation is {recommended['name']} ({recommended['source']}) instead of "
+                        f"{variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")
     return {"workload": result.get("workload"), "device": result.get("device"), "threads": result.get("threads"),
             "repetitions": result.get("repetitions"), "processes": result.get("processes"),
             "baseline": result.get("baseline"), "rejected_baselines": rejected_baselines,

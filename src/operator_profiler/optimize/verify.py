@@ -24,8 +24,9 @@ def tolerances(configured: dict | None) -> dict:
     return merged
 
 
-#: A dropped step is borderline when its point estimate shows a gain and its interval still reaches 1: such steps
-#: are measured again (more repetitions, new processes) this many times at most before the decision stands.
+#: A decision is borderline (undecided) when its interval reaches 1 while its median is a gain: such decisions are
+#: measured again (more repetitions, new processes) this many times at most; a change still undecided then is kept
+#: and called undecided (optimize.ablation).
 REFINE_ROUNDS = 2
 
 
@@ -55,20 +56,20 @@ def _speedups(result: dict) -> None:
 
 def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Path, rounds: int = REFINE_ROUNDS,
                       progress=None, **measure_kwargs) -> list[dict]:
-    """Measure the borderline steps of the ablation again until they decide (their interval leaves 1) or
-    ``rounds`` are spent: each round times the two variants of every borderline step (and FP32 eager) interleaved
-    in ``spec``'s processes, and pools the new repetitions into ``result``. A step that stays borderline is
-    dropped (the rule stands: a change is kept only on an interval above 1). ``measure_kwargs`` go to
+    """Measure the undecided changes of the ablation again until they decide (their interval leaves 1) or
+    ``rounds`` are spent: each round times the two change sets every undecided decision compared (the full advised
+    set and the set without the change; on the prefix basis the step's two prefixes) and FP32 eager, interleaved
+    in ``spec``'s processes, and pools the new repetitions into ``result``. A change that stays undecided is kept
+    and called undecided (its median is a gain: it is never dropped silently). ``measure_kwargs`` go to
     :func:`timing.measure` (build, numerics). Returns one record per round."""
     done = []
     for index in range(rounds):
         record = ablation.verification(result, advised)
         names = set()
         for step in record["ablation"]["steps"]:
-            speedup = step.get("speedup") or {}
-            if step["decision"] != "dropped" or not speedup or speedup["value"] <= 1 or speedup["ci"][0] > 1:
+            if step["decision"] != "undecided" or not step.get("compared"):
                 continue
-            for changes in (step["context"], step["with"]):
+            for changes in step["compared"]:
                 found = ablation._find(result, changes)
                 if found is not None:
                     names.add(found[0])
@@ -77,7 +78,7 @@ def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Pa
         names.add(result.get("baseline") or "fp32_eager")
         variants = {name: result["variants"][name]["changes"] for name in sorted(names)}
         if progress:
-            progress(f"borderline steps: measuring {', '.join(sorted(names))} again (round {index + 1})")
+            progress(f"undecided changes: measuring {', '.join(sorted(names))} again (round {index + 1})")
         extra = timing.measure({**spec, "variants": variants}, work_dir=Path(work_dir) / f"refine{index + 1}",
                                **measure_kwargs)
         for name, entry in extra["variants"].items():
@@ -97,7 +98,8 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     ``workload``: the workload's config slice (its own compile setting and changes are what the variants
     replace: every variant is built from the eager FP32 model with its own change list). When the recommended
     variant (the kept changes) is not one of the measured change sets, it is measured in a second round with
-    FP32 eager and the strong baseline, so its figures are never quoted unmeasured."""
+    FP32 eager, the full advised set and the strong baseline, and recommended only when neither of them is faster
+    (optimize.ablation.recommend), so its figures are never quoted unmeasured."""
     from .vocabulary import machine_features
 
     features = features or machine_features(device)
@@ -131,17 +133,32 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
             "again on a quiet machine before trusting a speedup"))
     recommended = record["ablation"]["recommended"]
     if not recommended["measured"] and recommended["changes"]:
-        again = {"fp32_eager": [], recommended["name"]: recommended["changes"],
-                 "strong_generic": baselines["strong_generic"]}
+        # the kept changes as a whole (two or more dropped), measured beside FP32 eager, the full advised set (when
+        # it verified) and strong_generic, so that neither can be faster than what is recommended
+        again = {"fp32_eager": [], recommended["name"]: recommended["changes"]}
+        full = ablation.closure(advised)
+        if ablation._verified(result, full) is not None and frozenset(full) != frozenset(recommended["changes"]):
+            again[ablation.variant_name(full)] = full
+        if frozenset(baselines["strong_generic"]) not in {frozenset(c) for c in again.values()}:
+            again["strong_generic"] = baselines["strong_generic"]
         second = timing.measure({**spec, "variants": again}, work_dir=work_dir / "round2")
         entry = second["variants"][recommended["name"]]
-        recommended.update(measured=not entry.get("rejected"), round=2, variant=recommended["name"],
-                           median_ms=entry.get("median_ms"), ci_ms=entry.get("ci_ms"), speedup=entry.get("speedup"),
-                           rejected=entry.get("rejected"))
+        trail = list(recommended.get("trail") or [])
+        if trail and trail[-1].startswith("recommended "):
+            trail[-1] = f"{recommended['name']} was measured in a second round with " + ", ".join(
+                n for n in again if n != recommended["name"])
+        chosen = ablation.recommend(second, recommended["changes"], advised, recommended.get("required_by"), trail,
+                                    final=True)
+        chosen.update(round=2, rejected=entry.get("rejected"))
+        record["ablation"]["recommended"] = recommended = chosen
         record["round2"] = {name: {k: v.get(k) for k in ("changes", "rejected", "median_ms", "ci_ms", "speedup",
                                                          "faults_per_iteration", "numerics")}
                             for name, v in second["variants"].items()}
         record["warnings"] = [w for w in record["warnings"] if "was not measured as a whole" not in w]
+        if recommended.get("source") in ("strong_generic", "full_advised"):
+            record["warnings"].append(
+                f"the recommendation is {recommended['name']} ({recommended['source']}) instead of "
+                f"{ablation.variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")
         record["warnings"] += second.get("warnings", [])
     record["advice"] = {r["change"]: {"rule": r["rule"], "evidence": r["evidence"], "expect": r["expect"]}
                         for r in advice.get("advice", [])}

@@ -1,6 +1,8 @@
 """``results/<workload>/optimize/report.html``: the advice with its evidence, the variants against the baselines
-(wall time medians with 95 % intervals, page faults, numerics), the ablation with each change's own credit, the
-rewrites paired with the operators they replace, before/after per operator, and the optimized profile's coverage.
+(wall time medians with 95 % intervals, page faults, numerics), the ablation with each change's credit (the loss
+when it is removed from the full advised set, beside its step in the advised order) and the recommendation's
+decision trail, the rewrites paired with the operators they replace, before/after per operator, and the optimized
+profile's coverage.
 Self-contained (the report.html page style; no figure, so no plotly.js)."""
 
 from __future__ import annotations
@@ -109,27 +111,53 @@ def _ablation_section(verification: dict) -> str:
     rows = []
     for step in ablation["steps"]:
         speedup = step.get("speedup") or {}
+        loo = step.get("leave_one_out") or {}
+        credit = loo.get("speedup") or {}
+        without = loo.get("variant") or (" + ".join(loo["without"]) or "fp32 eager" if loo.get("without") is not None
+                                         else "")
         rows.append(f"<td>{esc(step['change'])}</td><td>{esc(' + '.join(step['context']) or 'fp32 eager')}</td>"
                     + page._num_cell(speedup.get("value"), _interval(speedup.get("value"), speedup.get("ci"), "x"))
-                    + f"<td>{esc(step['decision'])}</td><td>{esc(step.get('reason'))}</td>")
+                    + f"<td>{esc(without)}</td>"
+                    + page._num_cell(credit.get("value"), _interval(credit.get("value"), credit.get("ci"), "x"))
+                    + f"<td>{esc(step['decision'])}</td><td>{esc(step.get('reason'))}"
+                    + (f"; <strong>{esc(step['interaction'])}</strong>" if step.get("interaction") else "")
+                    + "</td>")
     table = page._table([("change (advised order)", "text"), ("on top of", "text"),
-                         ("its own step: speedup [95% CI]", "num"), ("decision", "text"), ("why", "text")],
-                        rows, "ablation", sortable=False)
+                         ("its step: speedup [95% CI]", "num"), ("the full set without it", "text"),
+                         ("loss when removed: the full set's speedup [95% CI]", "num"), ("decision", "text"),
+                         ("why", "text")], rows, "ablation", sortable=False)
     rec = ablation["recommended"]
     strong = rec.get("vs_strong_generic") or {}
     verdict = (f"<p>Recommended: <strong>{esc(' + '.join(rec['changes']) or 'no change')}</strong>"
                + (f", {_interval((rec.get('speedup') or {}).get('value'), (rec.get('speedup') or {}).get('ci'), 'x')}"
                   " over FP32 eager" if rec.get("speedup") else "")
                + (f"; against strong_generic {_interval(strong.get('value'), strong.get('ci'), 'x')}"
-                  if strong else "")
+                  if strong and rec.get("source") != "strong_generic" else "")
                + (f"; <strong>strong_generic was rejected</strong> ({esc(rec['strong_generic_rejected'])}): the "
-                  "recommendation is not compared with it" if rec.get("strong_generic_rejected") else "") + ".</p>")
+                  "recommendation is not compared with it" if rec.get("strong_generic_rejected") else "")
+               + (f"; <strong>instead of {esc(' + '.join(rec['instead_of']['changes']) or 'no change')}</strong>: "
+                  f"{esc(rec.get('reason'))}" if rec.get("instead_of") else "") + ".</p>")
+    trail = rec.get("trail") or []
+    trail_html = ("<p>Decision trail:</p><ol>" + "".join(f"<li>{esc(line)}</li>" for line in trail) + "</ol>"
+                  if trail else "")
     alone = [(name, v) for name, v in verification["variants"].items()
              if len(v.get("changes") or []) and name not in ("compile_default", "strong_generic")]
-    return ('<section id="ablation"><h2>Ablation</h2><p>Each advised change is credited only with its own step: '
-            "the cumulative variant with it against the one without it, in the advised order. A step whose "
-            "interval does not lie above 1 drops the change and earns it nothing.</p>" + table + verdict
-            + f"<p>{len(alone)} variants with changes measured (each change alone, and cumulative).</p></section>")
+    basis = ablation.get("basis", "prefix_step")
+    rule = ("Each advised change is credited with the loss when it is removed from the full advised set (the full "
+            "set against the set without it, and without the advised changes that need it). It is kept when that "
+            "interval lies above 1, kept and called <em>undecided</em> when the interval reaches 1 but the median "
+            "is a gain, and dropped only when removing it is not slower; a change whose set without it was not "
+            "measured is kept. Its step in the advised order is shown beside it: a change whose credit and step "
+            "intervals are disjoint interacts with the others. The recommendation is never slower than the full "
+            "advised variant or than strong_generic (slower: the whole interval of the ratio below 1).") \
+        if basis == "leave_one_out" else (
+            "The full advised set did not verify, so each change is decided by its step in the advised order: the "
+            "cumulative variant with it against the one without it. It is kept when the step's interval lies "
+            "above 1, kept and called <em>undecided</em> when the interval reaches 1 but the median is a gain, "
+            "dropped otherwise (or when the variant with it was rejected).")
+    return (f'<section id="ablation"><h2>Ablation</h2><p>{rule}</p>' + table + verdict + trail_html
+            + f"<p>{len(alone)} variants with changes measured (each change alone, cumulative, and the full set "
+              "without each change).</p></section>")
 
 
 #: What names the profiled operators of a rewrite's new op contain.
