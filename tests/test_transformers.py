@@ -22,6 +22,7 @@ from workflow_runs import ITERATIONS, ROOT, TINY_HF, TINY_HF_MODELS, TINY_HF_VAR
 
 from operator_profiler.capture import workloads
 from operator_profiler.config import ConfigError, validate_config
+from operator_profiler.errors import WorkloadError
 
 if not __import__("importlib").util.find_spec("transformers"):
     if os.environ.get("CI"):
@@ -158,6 +159,32 @@ def test_a_local_checkpoint_folder_is_loaded_with_its_weights(tmp_path, no_netwo
     assert type(loaded).__name__ == "GPT2LMHeadModel"
     for (key, a), b in zip(saved.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), key
+
+
+def test_a_typo_in_the_overrides_of_a_local_checkpoint_is_refused(tmp_path, no_network):
+    """With ``path`` the overrides went to AutoConfig.from_pretrained, which keeps any keyword: ``n_layrs`` was
+    accepted silently (a QA user's finding), unlike with model_type."""
+    torch.manual_seed(0)
+    saved, _ = workloads.build_workload(_workload("hf_gpt2"), torch.device("cpu"))
+    type(saved).__bases__[0].save_pretrained(saved, tmp_path / "mine")
+    cfg = validate_config({"workloads": {"mine": {"kind": "transformers", "path": str(tmp_path / "mine"),
+                                                  "config": {"n_layrs": 1}, "seq_len": 16}}}, "test")
+    with pytest.raises(WorkloadError) as err:
+        workloads.build_workload(cfg["workloads"]["mine"], torch.device("cpu"))
+    assert "['n_layrs'] are not attributes of GPT2Config (did you mean 'n_layer'?)" in str(err.value)
+
+
+def test_overrides_that_contradict_each_other_are_a_user_error_in_one_line(no_network):
+    """Whisper with a vocabulary of 128 keeps its default pad_token_id 50257: its embedding asserts "Padding_idx must
+    be within num_embeddings", which reached the user as an internal error with a traceback."""
+    cfg = validate_config({"workloads": {"w": {"kind": "transformers", "model_type": "whisper", "task": "base",
+                                               "config": {"vocab_size": 128, "d_model": 32, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+                                                          "encoder_layers": 1, "decoder_layers": 1}}}}, "test")
+    with pytest.raises(WorkloadError) as err:
+        workloads.build_workload(cfg["workloads"]["w"], torch.device("cpu"))
+    text = str(err.value)
+    assert "transformers cannot build it from this config: AssertionError: Padding_idx" in text
+    assert "\n" not in text
 
 
 # ------------------------------------------------------------------------------------------------ refusals

@@ -746,3 +746,19 @@ def test_a_frozen_cpu_model_has_the_work_of_every_kernel(tmp_path):
     linear = first["mkl::_mkl_linear"]  # the logical [10, 256] weight, not MKL's packed blob
     assert linear.flops == 2 * 2 * 256 * 10
     assert 4 * (2 * 256 + 10 * 256) <= linear.bytes_read <= 4 * (2 * 256 + 10 * 256 + 10)
+
+
+def test_the_backward_of_a_slice_or_select_moves_data(tmp_path):
+    """A Llama-family train step's rotary embedding slices q and k: autograd runs aten::slice_backward (a zero-filled
+    gradient of the input's size, the slice copied in), which had no rule, so 5.7 % of a tiny Qwen2 train step's
+    time had unknown work (a QA user's run). It and select_backward move data: 0 FLOPs, the gradient read and
+    the input-sized gradient written."""
+    grad = torch.randn(4, 8)
+    work = call_work("aten::slice_backward", _calls(
+        tmp_path, lambda: torch.ops.aten.slice_backward(grad, [4, 16], 1, 0, 8, 1), "aten::slice_backward"))
+    assert (work.flops, work.flops_rule) == (0, "movement")
+    assert work.bytes_read == 4 * 4 * 8 and work.bytes_written == 4 * 4 * 16
+    row = torch.randn(8)
+    work = call_work("aten::select_backward", _calls(
+        tmp_path, lambda: torch.ops.aten.select_backward(row, [4, 8], 0, 2), "aten::select_backward"))
+    assert (work.flops, work.bytes_written) == (0, 4 * 4 * 8)

@@ -98,9 +98,11 @@ def build_config(cfg: dict):
         if problem:
             raise WorkloadError(problem)
         try:
-            config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, **overrides)
+            saved = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, TypeError) as exc:
             raise WorkloadError(f"path {path!r}: transformers cannot read its config.json: {_first_line(exc)}") from None
+        _refuse_unknown_overrides(type(saved), overrides, f"path {path!r} ({saved.model_type})")
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, **overrides)
         if cfg.get("model_type") and cfg["model_type"] != config.model_type:
             raise WorkloadError(f"path {path!r} holds a {config.model_type!r} model, and the workload says model_type "
                                 f"{cfg['model_type']!r}; remove model_type or fix it")
@@ -118,15 +120,22 @@ def build_config(cfg: dict):
         config = config_class(**overrides)
     except (TypeError, ValueError, AttributeError) as exc:
         raise WorkloadError(f"model_type {model_type!r}: the config overrides {sorted(overrides)} are refused by "
-                            f"{config_class.__name__}: {_first_line(exc)}; fix workloads.<name>.config") from None
-    # PretrainedConfig keeps an unknown keyword as an attribute (or drops it): a name its defaults and attribute map
-    # do not know is a typo, which would leave the model at its default size
+                            f"{config_class.__name__}: {_first_line(exc)}; fix the workload's config:") from None
+    _refuse_unknown_overrides(config_class, overrides, f"model_type {model_type!r}")
+    return _no_cache(config, overrides)
+
+
+def _refuse_unknown_overrides(config_class, overrides: dict, what: str) -> None:
+    """PretrainedConfig keeps an unknown keyword as an attribute (or drops it): a name its defaults and attribute
+    map do not know is a typo, which would leave the model at its default size (or, with ``path``, at the saved
+    one). Raises WorkloadError naming the unknown keys and the closest known ones."""
     known = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}) or {})
     unknown = sorted(k for k in overrides if k not in known and not hasattr(config_class, k))  # num_labels: a property
     if unknown:
-        raise WorkloadError(f"model_type {model_type!r}: config override(s) {unknown} are not attributes of "
-                            f"{config_class.__name__}; fix workloads.<name>.config")
-    return _no_cache(config, overrides)
+        close = sorted({m for k in unknown for m in difflib.get_close_matches(k, sorted(known), n=2)})
+        raise WorkloadError(f"{what}: config override(s) {unknown} are not attributes of {config_class.__name__}"
+                            + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
+                            + "; fix the workload's config:")
 
 
 def _no_cache(config, overrides: dict):
@@ -251,6 +260,12 @@ def build_transformers(cfg: dict, device: torch.device) -> tuple[nn.Module, tupl
         raise WorkloadError(f"{what}: {text}") from None
     except ImportError as exc:  # a model needing a package transformers lacks here
         raise WorkloadError(f"{what}: {_first_line(exc)}") from None
+    except (AssertionError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+        # a config whose values contradict each other (whisper's pad_token_id 50257 beyond a vocab_size of 128:
+        # "Padding_idx must be within num_embeddings"): the user's config, not a bug of this program
+        raise WorkloadError(f"{what}: transformers cannot build it from this config: {type(exc).__name__}: "
+                            f"{_first_line(exc)}; check the workload's config: overrides against each other "
+                            "(token ids within vocab_size, widths divisible by the head count)") from None
     except OSError as exc:
         raise WorkloadError(f"{what}: cannot load it: {_first_line(exc)}") from None
     model = model.to(device=device, dtype=dtype)

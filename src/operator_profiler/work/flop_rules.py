@@ -86,6 +86,8 @@ MOVEMENT = _ops("""
     slice_scatter select_scatter as_strided_scatter diagonal_scatter index_put index_put_ _unsafe_index
     _unsafe_index_put split_copy split_with_sizes_copy unbind_copy masked_select masked_scatter index_copy
     index_fill take put col2im im2col rand randn randint normal uniform random _fused_dropout
+    slice_backward select_backward diagonal_backward unfold_backward index_select_backward gather_backward
+    narrow_copy permute_copy transpose_copy view_copy repeat_interleave
     """)
 
 #: In-place ops that overwrite their ``self`` without reading it (its bytes are written, not read).
