@@ -376,6 +376,10 @@ def test_every_hf_workload_meets_the_goals(hf_run, name):
     """Coverage, work known, FLOPs against FlopCounterMode run here, every operator named, identical layers in one
     class each (eager, and compiled per layer)."""
     folder = hf_run / "results" / name
+    described = json.loads((folder / "capture" / "run.json").read_text())["transformers_model"]
+    assert described["model_type"] == TINY_HF["workloads"][name]["model_type"] and described["class"].endswith(
+        ("LMHeadModel", "ForCausalLM", "ForMaskedLM", "ForImageClassification"))
+    assert described["inputs"] and described["transformers"] == __import__("transformers").__version__
     coverage = json.loads((folder / "coverage.json").read_text())
     assert coverage["coverage_time"] >= 0.99
     assert coverage["work"]["known_time_share"] >= 0.99

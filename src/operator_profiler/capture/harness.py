@@ -589,6 +589,11 @@ def run_capture(
         _configure_inductor(inductor_dir, device)
     dev = torch.device(device)
     model, inputs = workloads.build_workload(workload, dev)
+    hf_model = None
+    if workload.get("kind") == "transformers":  # what the config resolved to: class, model type, attention, inputs
+        from . import hf
+
+        hf_model = {**hf.describe(model), "transformers": __import__("transformers").__version__}
     model_cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
     torch.backends.cudnn.benchmark = False  # off whatever the factory set (_seed_everything says why)
     model, compile_notes = _unwrap_precompiled(model, workload, workload_name or workload.get("kind"))
@@ -737,6 +742,7 @@ def run_capture(
     run = {
         "versions": _versions(device),
         "workload": workload,
+        "transformers_model": hf_model,
         "harness": given_harness,
         "compiled": compiled,
         **compile_record,
