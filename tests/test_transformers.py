@@ -187,6 +187,19 @@ def test_overrides_that_contradict_each_other_are_a_user_error_in_one_line(no_ne
     assert "\n" not in text
 
 
+def test_a_multimodal_model_is_refused_in_one_line(no_network):
+    """CLIP's main input is input_ids, so it passed the main-input check and then ran without pixel values: a
+    traceback from inside transformers during the warm-up (a QA user's finding)."""
+    tiny = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    cfg = validate_config({"workloads": {"w": {"kind": "transformers", "model_type": "clip", "task": "base",
+                                               "config": {"text_config": tiny, "vision_config": {
+                                                   **tiny, "image_size": 32, "patch_size": 8}}}}}, "test")
+    with pytest.raises(WorkloadError) as err:
+        workloads.build_workload(cfg["workloads"]["w"], torch.device("cpu"))
+    assert "clip: a multimodal model (its config has vision_config)" in str(err.value)
+    assert "kind: custom" in str(err.value)
+
+
 # ------------------------------------------------------------------------------------------------ refusals
 
 

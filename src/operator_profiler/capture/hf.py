@@ -184,6 +184,13 @@ def make_inputs(model: nn.Module, cfg: dict, device: torch.device, train: bool) 
     batch = int(cfg["batch_size"])
     task = cfg["task"]
     inputs: dict[str, torch.Tensor] = {}
+    # a multimodal model (CLIP, LLaVA, Whisper's encoder-decoder with audio) takes its main input and another
+    # modality's: token ids alone would leave pixel values (or audio features) None inside its forward
+    others = sorted(k for k in ("vision_config", "audio_config", "speech_config") if getattr(config, k, None) is not None)
+    if others and main == "input_ids":
+        raise WorkloadError(f"{config.model_type}: a multimodal model (its config has {', '.join(others)}); kind "
+                            "transformers makes one modality's inputs only; profile it with kind: custom and a "
+                            "factory that makes all its inputs")
     if main == "input_ids":
         vocab = _int(config, "vocab_size") or _int(getattr(config, "get_text_config", lambda: config)(), "vocab_size")
         if vocab is None:
