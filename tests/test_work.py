@@ -693,6 +693,7 @@ def test_a_frozen_cpu_model_has_the_work_of_every_kernel(tmp_path):
     prepacked calls count exactly FlopCounterMode's count of the eager model (conv, dilated conv, transposed conv,
     addmm), their fused epilogue one FLOP per output element and op."""
     from conftest import importable_module, torch_flags_kept
+    from workflow_runs import analyse_compiled_capture
 
     from operator_profiler.capture import jobs as capture
     from operator_profiler.optimize.variants import variant_workload
@@ -722,12 +723,7 @@ def test_a_frozen_cpu_model_has_the_work_of_every_kernel(tmp_path):
         model, inputs = __import__("frozen_models").net()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(*inputs)
-    stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
-    stages.export_timeline(out / "trace.json.gz", out / "timeline")
-    attribution = stages.attribute_files(out / "timeline", None, out / "fusion_map.parquet",
-                                         out / "attribution.parquet")
-    work = stages.work_files(out / "timeline", out / "attribution.parquet", out / "work.parquet",
-                             fusion_map_path=out / "fusion_map.parquet", shapes_trace=out / "shapes.json.gz")
+    attribution, work = analyse_compiled_capture(out)
     assert work["flops"].notna().all() and work["bytes"].notna().all(), work["work_note"].dropna().unique()
     by_op = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
     prepacked = by_op[by_op["operator"].isin(list(PACKED_WEIGHT_OPS))]

@@ -229,8 +229,8 @@ def test_compiled_attention_and_gemm_count_the_registry_formulas(tmp_path):
     262,144 FLOPs and the projection 2*m*n*k, the same formulas as the eager calls (only the ops PyTorch's
     formulas count: the fused kernels add their per-element FLOPs apart, in ``flops`` not ``flops_formula``)."""
     from conftest import importable_module, torch_flags_kept
+    from workflow_runs import analyse_compiled_capture
 
-    from operator_profiler import stages
     from operator_profiler.capture import jobs as capture
 
     workload = {"kind": "custom", "factory": "formula_models:attention", "kwargs": {}, "compile": True}
@@ -241,12 +241,7 @@ def test_compiled_attention_and_gemm_count_the_registry_formulas(tmp_path):
         capture.capture_timeline("a", workload, {"seed": 0, "warmup": 1, "iterations": iterations}, "cpu", "torch",
                                  out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json",
                                  out_shapes=out / "shapes.json.gz")
-    stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
-    stages.export_timeline(out / "trace.json.gz", out / "timeline")
-    attribution = stages.attribute_files(out / "timeline", None, out / "fusion_map.parquet",
-                                         out / "attribution.parquet")
-    work = stages.work_files(out / "timeline", out / "attribution.parquet", out / "work.parquet",
-                             fusion_map_path=out / "fusion_map.parquet", shapes_trace=out / "shapes.json.gz")
+    attribution, work = analyse_compiled_capture(out)
     by_op = attribution[["kernel_id", "operator"]].merge(work, on="kernel_id")
     formula = (by_op[by_op["flops_formula"] > 0].groupby("operator")["flops_formula"].sum() / iterations).to_dict()
     assert formula.pop("aten::_scaled_dot_product_flash_attention_for_cpu") == 262_144, by_op.to_string()

@@ -124,3 +124,18 @@ TINY_HF = {
 #: The advised variants the test run profiles beside (results/<workload>+<change>/): the rewrite of HF's eager
 #: attention into SDPA, and conv-BN folding inside HF ResNet (which cannot be FX-traced whole).
 TINY_HF_VARIANTS = ("hf_bert_eager+sdpa_rewrite", "hf_resnet+conv_bn_fold")
+
+
+def analyse_compiled_capture(out: Path):
+    """The analysis stages in process on a compiled capture under ``out`` (``inductor/`` from compile_artifacts,
+    ``trace.json.gz`` and ``shapes.json.gz`` from capture_timeline): fusion map, timeline, attribution and work,
+    written beside them. Returns (attribution, work)."""
+    from operator_profiler import stages
+
+    stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
+    stages.export_timeline(out / "trace.json.gz", out / "timeline")
+    attribution = stages.attribute_files(out / "timeline", None, out / "fusion_map.parquet",
+                                         out / "attribution.parquet")
+    work = stages.work_files(out / "timeline", out / "attribution.parquet", out / "work.parquet",
+                             fusion_map_path=out / "fusion_map.parquet", shapes_trace=out / "shapes.json.gz")
+    return attribution, work
