@@ -375,9 +375,7 @@ def _find_module(dotted: str, search_path: list[str] | None) -> list:
         except KeyError:
             # a namespace package inside a namespace package: the path finder found no module or regular
             # package of that name and builds a _NamespacePath, which looks its parent up in sys.modules
-            folders = [str(Path(base or ".") / parts[i]) for base in (locations if locations is not None
-                                                                     else sys.path)
-                       if (Path(base or ".") / parts[i]).is_dir()]
+            folders = _subfolders(locations, parts[i])
             spec = importlib.machinery.ModuleSpec(name, None, is_package=True) if folders else None
             if spec is not None:
                 spec.submodule_search_locations = folders
@@ -399,8 +397,13 @@ def _plain_locations(spec, parent_locations: list[str] | None, part: str) -> lis
     try:
         return list(spec.submodule_search_locations)
     except (KeyError, ImportError, AttributeError):
-        bases = parent_locations if parent_locations is not None else sys.path
-        return [str(Path(base or ".") / part) for base in bases if (Path(base or ".") / part).is_dir()]
+        return _subfolders(parent_locations, part)
+
+
+def _subfolders(bases: list[str] | None, part: str) -> list[str]:
+    """The folders named ``part`` in each of ``bases`` (default ``sys.path``): a namespace package's locations."""
+    return [str(Path(base or ".") / part) for base in (bases if bases is not None else sys.path)
+            if (Path(base or ".") / part).is_dir()]
 
 
 def _imports_of(tree: ast.AST, package: str) -> tuple[set[str], bool]:
