@@ -78,19 +78,19 @@ def advised_changes(args, workload: str) -> list[str]:
 
 
 def preconditions(device: str):
-    """``(features, problems(changes) -> list[str], source)`` from optimize.changes; without it the preconditions
+    """``(features, problems(changes) -> list[str], source)`` from transforms.changes; without it the preconditions
     are not checked (every combination is measured and a failing build is rejected by the worker)."""
     try:
-        from operator_profiler.optimize.changes import machine_features, precondition_problems
+        from operator_profiler.transforms.changes import machine_features, precondition_problems
     except ImportError as exc:
         from operator_profiler.capture import machine
 
         native = bool(machine.native_bf16(machine.cpu_info().get("flags") or [])) if device == "cpu" else False
         return ({"native_bf16": native}, lambda changes, mode: [],
-                f"preconditions not checked: operator_profiler.optimize.changes is not importable ({exc})")
+                f"preconditions not checked: operator_profiler.transforms.changes is not importable ({exc})")
     features = machine_features(device)
     return (features, lambda changes, mode: precondition_problems(changes, device, mode, features),
-            f"preconditions from operator_profiler.optimize.changes ({features.get('native_bf16_source')})")
+            f"preconditions from operator_profiler.transforms.changes ({features.get('native_bf16_source')})")
 
 
 def search_space(problems, mode: str) -> tuple[list[list[str]], list[dict]]:

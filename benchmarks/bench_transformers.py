@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ConfigError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from operator_profiler.optimize.variants import split_name, variant_workload
+    from operator_profiler.transforms.variants import split_name, variant_workload
 
     names = args.workloads.split(",") if args.workloads else [
         n for n, w in config["workloads"].items() if w["kind"] == "transformers"]

@@ -150,3 +150,20 @@ def test_a_stage_still_imports_what_its_work_needs():
              "    print(type(exc).__name__)\nprint('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["InputError", "True"]
+
+
+#: The modules that may import the optimizer: the entry points that run its jobs and commands. Everything else
+#: (capture/, transforms/, the analysis) lies below it; the model changes the harness applies live in transforms/.
+OPTIMIZER_USERS = {"operator_profiler.stages", "operator_profiler.gpu_jobs", "operator_profiler.cli"}
+
+
+def test_nothing_below_the_optimizer_imports_it():
+    modules = _modules()
+    importers = {m for m, p in modules.items() if not m.startswith("operator_profiler.optimize")
+                 and any(t.startswith("operator_profiler.optimize") for t in _imported(m, p, modules))}
+    assert importers <= OPTIMIZER_USERS, sorted(importers - OPTIMIZER_USERS)
+    transforms = {m: _imported(m, p, modules) for m, p in modules.items() if m.startswith("operator_profiler.transforms")}
+    assert set(transforms) >= {"operator_profiler.transforms.changes", "operator_profiler.transforms.vocabulary"}
+    upward = {m: sorted(t for t in ts if t.startswith(("operator_profiler.capture", "operator_profiler.optimize")))
+              for m, ts in transforms.items()}
+    assert not any(upward.values()), upward

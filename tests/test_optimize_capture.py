@@ -14,7 +14,7 @@ from conftest import torch_flags_kept
 from operator_profiler.capture import harness
 from operator_profiler.config import ConfigError, validate_config
 from operator_profiler.errors import WorkloadError
-from operator_profiler.optimize import variants, vocabulary
+from operator_profiler.transforms import variants, vocabulary
 from operator_profiler.timeline import kineto
 
 HARNESS = {"seed": 0, "warmup": 2, "warmup_max": 2, "iterations": 2}
@@ -65,7 +65,7 @@ def test_freezing_of_a_compiled_mlp_is_checked_and_prepacks_every_linear(tmp_pat
     run, timeline = _capture(tmp_path, {**TINY_MLP, "changes": ["freezing"]}, "mlp+freezing")
     linears = 2 * TINY_MLP["n_block"]
     assert run["compiled"] is True and run["change_checks"]["freezing"]["prepacked"] >= linears
-    assert run["compile_backend"].startswith("optimize.changes.RewriteBackend")
+    assert run["compile_backend"].startswith("transforms.changes.RewriteBackend")
     names = set(timeline.ranges["name"])
     # prepacked weights: the GEMMs run as MKL/oneDNN linear calls, not aten::addmm
     assert names & {"mkl::_mkl_linear", "mkldnn::_linear_pointwise"}

@@ -14,7 +14,7 @@ from torch import nn
 
 from operator_profiler.capture.workloads import GPT2, ConvStack, LSTMEncoder
 from operator_profiler.errors import WorkloadError
-from operator_profiler.optimize import changes as ch
+from operator_profiler.transforms import changes as ch
 from operator_profiler.optimize.numerics import (
     DEFAULT_TOLERANCES,
     compare_outputs,

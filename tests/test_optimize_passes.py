@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from operator_profiler.capture.workloads import GPT2, ConvStack
-from operator_profiler.optimize import passes
+from operator_profiler.transforms import passes
 from operator_profiler.optimize.numerics import DEFAULT_TOLERANCES, compare_outputs
 
 
@@ -309,7 +309,7 @@ def test_a_float_padding_mask_inverted_by_logical_not_stays_inverted():
     import torch
     import torch.nn.functional as F
 
-    from operator_profiler.optimize import passes
+    from operator_profiler.transforms import passes
 
     class PadAttention(torch.nn.Module):
         def forward(self, q, k, v, pad):

@@ -292,7 +292,7 @@ def test_the_layers_of_hf_module_trees_are_found_without_a_table(workload, confi
 def test_freezing_prepacks_every_weight_of_hf_gpt2_with_its_tied_lm_head():
     """Inductor freezing on HF GPT-2 (Conv1D projections, a tied LM head, buffers): every weight GEMM prepacked
     (4 per block and the LM head), numerics within float32's tolerance of eager."""
-    from operator_profiler.optimize import changes
+    from operator_profiler.transforms import changes
     from operator_profiler.optimize.numerics import compare_outputs
 
     torch.manual_seed(0)
@@ -314,7 +314,7 @@ def test_bf16_autocast_runs_hf_llama_in_bfloat16_within_its_tolerance():
     """bf16 autocast on HF Llama (RMSNorm's fp32 upcast, rotary buffers): the logits come out of a bf16 GEMM and lie
     within bfloat16's tolerance of FP32 eager. Told the machine has native bf16 (the precondition), so the check
     runs on every CPU, emulated where it has none."""
-    from operator_profiler.optimize import changes
+    from operator_profiler.transforms import changes
     from operator_profiler.optimize.numerics import compare_outputs
 
     torch.manual_seed(0)
@@ -331,7 +331,7 @@ def test_bf16_autocast_runs_hf_llama_in_bfloat16_within_its_tolerance():
 
 
 def test_conv_bn_fold_folds_every_batchnorm_of_hf_resnet_and_keeps_its_layers():
-    from operator_profiler.optimize import changes
+    from operator_profiler.transforms import changes
     from operator_profiler.optimize.numerics import compare_outputs
 
     torch.manual_seed(0)

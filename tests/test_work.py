@@ -696,7 +696,7 @@ def test_a_frozen_cpu_model_has_the_work_of_every_kernel(tmp_path):
     from workflow_runs import analyse_compiled_capture
 
     from operator_profiler.capture import jobs as capture
-    from operator_profiler.optimize.variants import variant_workload
+    from operator_profiler.transforms.variants import variant_workload
     from operator_profiler.work.op_calls import PACKED_WEIGHT_OPS
 
     if not torch.backends.mkldnn.is_available():

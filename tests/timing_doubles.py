@@ -1,6 +1,6 @@
 """Stand-ins for the optimizer's ``build_variant`` and numerics module, which the timing worker imports by name
 in its own process (tests put this folder on PYTHONPATH): the timing tests then measure real torch models
-without depending on optimize.changes / optimize.numerics.
+without depending on transforms.changes / optimize.numerics.
 
 Changes understood by :func:`build`: ``x4`` runs the forward 4 times per iteration (4x the work, same output),
 ``unmet`` raises WorkloadError (an unmet precondition: the variant is rejected), ``crash`` raises RuntimeError
@@ -110,7 +110,7 @@ def attention_softmax_dim_minus2(d_model: int = 32, seq_len: int = 8, batch_size
 
 
 class Miscompiled:
-    """The model run eagerly (under CPU bf16 autocast with ``bf16_autocast``, as optimize.changes applies it), its
+    """The model run eagerly (under CPU bf16 autocast with ``bf16_autocast``, as transforms.changes applies it), its
     output scaled by ``scale`` in float32 (1: unchanged)."""
 
     def __init__(self, model, inputs, autocast: bool, scale: float):

@@ -85,7 +85,7 @@ WORKLOADS = sorted(config["workloads"])
 # A variant of a workload (the optimize workflow, workflow/optimize.smk) is named <workload>+<change>+...: the
 # workload's config with those changes added (workload_config); any workload's results folder can be one.
 from operator_profiler.config import load_schema
-from operator_profiler.optimize.variants import (
+from operator_profiler.transforms.variants import (
     split_name,
     variant_name,
     variant_workload,
@@ -98,7 +98,7 @@ CHANGE_IDS = load_schema()["$defs"]["workload"]["properties"]["changes"]["items"
 
 def workload_config(name):
     """The config slice of workload ``name``: a workload of the config, or <workload>+<change>+... (its
-    changes added after the workload's own: operator_profiler.optimize.variants)."""
+    changes added after the workload's own: operator_profiler.transforms.variants)."""
     base, changes = split_name(name)
     unknown = [c for c in changes if c not in CHANGE_IDS]
     if unknown:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 from .errors import ConfigError
-from .optimize.variants import COMPILER_CHANGES
+from .transforms.variants import COMPILER_CHANGES
 
 # jsonschema is imported only where a config is validated (_matches, validate_config): importing it costs
 # 0.1-1 s (more on a loaded machine), which every command and job importing this module would pay otherwise.

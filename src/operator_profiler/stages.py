@@ -687,7 +687,7 @@ def advise_files(folder: Path, out: Path, catalog: Path | None = None, shapes_tr
     layouts) by the rule catalog ``catalog`` (default: the package's optimize/catalog.yaml). Written atomically;
     returns its content. Raises ConfigError for a bad catalog, InputError for a missing or wrong profile file."""
     from .optimize import advisor
-    from .optimize.vocabulary import machine_features
+    from .transforms.vocabulary import machine_features
 
     t0 = time.perf_counter()
     catalog = Path(catalog) if catalog else advisor.CATALOG

@@ -250,7 +250,7 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
         workloads.WorkloadError: see :func:`compile_kwargs`.
     """
     kwargs = compile_kwargs(workload)
-    if backend is not None:  # the workload's changes (optimize.changes.rewrite_backend: options, FX rewrites)
+    if backend is not None:  # the workload's changes (transforms.changes.rewrite_backend: options, FX rewrites)
         kwargs = {"backend": backend}
     scope = workload.get("compile_scope", "model")
     if scope not in COMPILE_SCOPES:
@@ -282,7 +282,7 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
             model._compiled_call_impl = call_in_model_range
     if backend is not None:
         return {"compile_scope": scope, "compile_mode": None, "compile_options": dict(backend.options) or None,
-                "compile_backend": f"optimize.changes.RewriteBackend(inner={backend.inner!r})"}
+                "compile_backend": f"transforms.changes.RewriteBackend(inner={backend.inner!r})"}
     return {"compile_scope": scope, "compile_mode": kwargs.get("mode"), "compile_options": kwargs.get("options")}
 
 
@@ -423,7 +423,7 @@ def _versions(device: str) -> dict:
 
 
 class _Changes:
-    """A workload's ``changes`` (optimize/changes.py) as the harness applies them: preconditions checked first, the
+    """A workload's ``changes`` (transforms/changes.py) as the harness applies them: preconditions checked first, the
     process settings, the model's preparation, the compile backend (FX rewrites, Inductor options, freezing), the
     forward context, and after warm-up the checks that they really happened (freezing prepacked the weights)."""
 
@@ -436,7 +436,7 @@ class _Changes:
             return
         # the workload's own compile: true is the change "compile" (what freezing or max_autotune build on)
         self.ids += ["compile"] if workload.get("compile") and "compile" not in self.ids else []
-        from ..optimize import changes as vocabulary
+        from ..transforms import changes as vocabulary
 
         self.vocabulary = vocabulary
         mode = "train" if train else "infer"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from . import stats
-from .vocabulary import CHANGES
+from ..transforms.vocabulary import CHANGES
 
 #: The change ids in their canonical order (a variant's changes are listed in this order).
 CATALOG_ORDER = tuple(CHANGES)
@@ -24,7 +24,7 @@ BASELINE_NAMES = ("fp32_eager", "compile_default", "strong_generic")
 
 
 def requirements(change: str) -> tuple[str, ...]:
-    """The changes ``change`` needs to make sense: the change ids among its ``needs`` (optimize.vocabulary; its
+    """The changes ``change`` needs to make sense: the change ids among its ``needs`` (transforms.vocabulary; its
     other needs, e.g. inference or native bf16, are preconditions, not changes); () for an unknown id."""
     entry = CHANGES.get(change)
     return () if entry is None else tuple(c for c in CHANGES if c in entry.needs)

@@ -3,7 +3,7 @@
 Each rule reads one evidence measure (optimize/evidence.py); when its value is within the rule's bounds across
 the measured iterations (the measure's interquartile range over them, and the profile's figure, all inside the
 bounds) and the run matches the rule's ``when``, the rule's change is *offered* if the change's preconditions hold
-on this machine (optimize/changes.py), else listed as *not offered* with the reason. A measure whose interval
+on this machine (transforms/changes.py), else listed as *not offered* with the reason. A measure whose interval
 straddles a bound makes its rule *borderline*: listed, never advised (one figure must not decide what a busier
 minute of the machine would not). A capture on a busy machine (run.json ``machine_load``) is a warning. The advised variant is the offered changes in
 catalog order, plus the changes they need (``compile`` for freezing) and the workload's own compile setting.
@@ -44,7 +44,7 @@ class Rule:
 
 def load_catalog(path: Path = CATALOG) -> list[Rule]:
     """The catalog's rules in advised order (``order``, then id). Raises ConfigError naming the file, rule, key."""
-    from .vocabulary import CHANGES
+    from ..transforms.vocabulary import CHANGES
 
     path = Path(path)
     try:
@@ -189,7 +189,7 @@ def advise(profile: evidence.Profile, rules: list[Rule], features: dict, workloa
     """advice.json's content for one profile: offered, not offered, borderline and not triggered rules (each with
     its measure's figure and per-iteration interval), the advised changes (ordered) with each one's source, the
     measures quoted, the diagnoses, the capture's machine load and the warnings (a busy capture)."""
-    from .vocabulary import CHANGES, MODES, precondition_problems
+    from ..transforms.vocabulary import CHANGES, MODES, precondition_problems
 
     measures = {name: fn(profile) for name, fn in evidence.MEASURES.items()}
     per_iteration = evidence.iteration_profiles(profile)

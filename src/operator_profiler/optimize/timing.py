@@ -26,8 +26,8 @@ from ..errors import ConfigError, WorkloadError
 from . import stats
 from .timing_worker import PARENT_ENV, PROGRESS_PREFIX
 
-#: ``build(model, inputs, changes, device, mode=...) -> Variant`` used by default (optimize.changes).
-DEFAULT_BUILD = "operator_profiler.optimize.changes:build_variant"
+#: ``build(model, inputs, changes, device, mode=...) -> Variant`` used by default (transforms.changes).
+DEFAULT_BUILD = "operator_profiler.transforms.changes:build_variant"
 #: Module with ``compare_outputs``, ``variant_dtype`` and ``DEFAULT_TOLERANCES`` used by default.
 DEFAULT_NUMERICS = "operator_profiler.optimize.numerics"
 #: What a fair speed comparison needs (docs/optimize.md#verification): at least this many repetitions over at
@@ -87,7 +87,7 @@ def check_importable(build: str, numerics: str | None) -> None:
             importlib.import_module(numerics)
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"cannot load the variant builder {build!r} or the numerics module {numerics!r} ({exc}); "
-                          "the defaults come with the optimizer (operator_profiler.optimize.changes and .numerics): "
+                          "the defaults come with the optimizer (operator_profiler.transforms.changes and .numerics): "
                           "use a checkout that has them, or pass build='package.module:function' and a numerics "
                           "module of your own") from None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..files import read_json_file, write_json
 from . import ablation, stats, timing
-from .vocabulary import MODES
+from ..transforms.vocabulary import MODES
 
 
 
@@ -100,13 +100,13 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     variant (the kept changes) is not one of the measured change sets, it is measured in a second round with
     FP32 eager, the full advised set and the strong baseline, and recommended only when neither of them is faster
     (optimize.ablation.recommend), so its figures are never quoted unmeasured."""
-    from .vocabulary import machine_features
+    from ..transforms.vocabulary import machine_features
 
     features = features or machine_features(device)
     mode = MODES.get(workload.get("mode", "inference"), "infer")
     advised = list(advice["advised_changes"])
     # The model as FP32 eager builds it: the variants carry their own compile settings (whole-model
-    # torch.compile through optimize.changes; a workload's compile_scope/compile_mode/compile_options are the
+    # torch.compile through transforms.changes; a workload's compile_scope/compile_mode/compile_options are the
     # profile's, not the measurement's).
     base = {k: v for k, v in workload.items()
             if k not in ("changes", "compile_scope", "compile_mode", "compile_options")}

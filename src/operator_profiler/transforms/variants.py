@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 #: Changes that only exist inside torch.compile with Inductor: a variant with one of them compiles
-#: (optimize/changes.py: each has "compile" among its needs).
+#: (transforms/changes.py: each has "compile" among its needs).
 COMPILER_CHANGES = ("compile", "max_autotune", "cuda_graphs", "freezing", "keep_rnn_library")
 SEPARATOR = "+"
 
