@@ -5,7 +5,7 @@ and numerics against the FP32 eager reference.
 
     python benchmarks/bench_pgo.py --advised compile,freezing [--workloads gpt2,sdpa_attention]
         [--advice 'results/{workload}/advice.json'] [--repetitions 20] [--processes 2] [--threads N]
-        [--group-size 5] [--no-search] [--quick] [--device cpu|cuda|auto] [--out bench_pgo.json]
+        [--group-size 5] [--no-search] [--quick] [--device cpu|cuda|auto] [--out bench_pgo.json] [--force-int8]
         [--build module:function]
 
 Goal sizes: GPT-2 small (12 layers, width 768, 12 heads, vocab 50257, n_positions 1024, batch 1, sequence 128,
@@ -17,10 +17,13 @@ workload's name: the ``advise`` rule's ``advice.json``, key ``advised_changes``)
 separated, for every workload). The first measurement of a workload is the ablation plan (baselines, each
 advised change alone, the cumulative prefixes, the full set without each change: optimize.ablation.plan); the
 exhaustive search measures every valid combination of {compile, max_autotune, freezing, bf16_autocast,
-sdpa_rewrite} not measured yet, in groups of ``--group-size`` that each include fp32_eager (20 variants of a 124M-parameter model do not fit in memory at
+sdpa_rewrite, int8_dynamic} not measured yet, in groups of ``--group-size`` that each include fp32_eager (20 variants of a 124M-parameter model do not fit in memory at
 once; each group's speedups are against its own fp32_eager). Combinations whose preconditions fail on this
-machine (bf16 without native bf16) are listed as skipped with the reason. The estimated run time is printed
-before anything is measured.
+machine (bf16 without native bf16, int8 without VNNI/AMX) are listed as skipped with the reason; when int8 is
+skipped so, the benchmark says why it is not advised here, with the figures measured on a CPU without VNNI
+(``--force-int8`` measures its combinations anyway, :data:`operator_profiler.transforms.vocabulary.FORCE_INT8_ENV`
+set for the workers, to state whether it pays on this CPU). Numerics of a workload whose output is logits include
+the top-1 agreement. The estimated run time is printed before anything is measured.
 
 Stopped with SIGTERM or Ctrl-C, it kills the timing worker it is waiting for, prints one line and exits with 143
 (130); a worker also dies by itself when this process is killed outright (timing_worker.die_with_parent).
@@ -53,7 +56,7 @@ QUICK = {
                        "batch_size": 2, "seq_len": 32},
 }
 #: The catalog's settings the exhaustive search combines.
-SEARCH = ("compile", "max_autotune", "freezing", "bf16_autocast", "sdpa_rewrite")
+SEARCH = ("compile", "max_autotune", "freezing", "bf16_autocast", "sdpa_rewrite", "int8_dynamic")
 
 
 def advised_changes(args, workload: str) -> list[str]:
@@ -176,8 +179,32 @@ def _numerics(entry: dict) -> str:
     in_dtype = entry.get("numerics_in_dtype") or {}
     tight = (f"; vs {in_dtype['against'].split(' (')[0]} max_rel {in_dtype['max_rel']:.1e} <= "
              f"{in_dtype['limits']['max_rel']:.1e}" if in_dtype.get("limits") else "")
+    top1 = (f", top-1 {numerics['top1_agreement']:.2%} of {numerics.get('top1_positions')}"
+            if numerics.get("top1_agreement") is not None else "")
     return f"{'ok' if numerics.get('ok') else 'FAIL'} (max_rel {numerics.get('max_rel', float('nan')):.1e}, " \
-           f"cos {numerics.get('cosine', float('nan')):.6f}{tight})"
+           f"cos {numerics.get('cosine', float('nan')):.6f}{top1}{tight})"
+
+
+def int8_verdict(results: list[dict], skipped: list[dict]) -> str | None:
+    """One line on int8_dynamic: why it is not advised here (its precondition, with the figures it measured on a
+    CPU without VNNI) when it was skipped, else its best measured combination against the best without it."""
+    if any("int8_dynamic" in item["changes"] for item in skipped):
+        reason = next(item["reason"] for item in skipped if "int8_dynamic" in item["changes"])
+        return (f"not advised on this CPU: {reason.split('; ')[0]} (--force-int8 measures it here)")
+    measured = [(entry["speedup"]["value"], entry) for result in results for entry in result["variants"].values()
+                if entry.get("speedup") and not entry.get("rejected")]
+    with_int8 = [m for m in measured if "int8_dynamic" in m[1]["changes"]]
+    rejected = [entry for result in results for entry in result["variants"].values()
+                if entry.get("rejected") and "int8_dynamic" in entry["changes"]]
+    if not with_int8:
+        return (f"every int8 variant was rejected ({rejected[0]['rejected']})" if rejected else None)
+    best, entry = max(with_int8, key=lambda m: m[0])
+    other = max((m for m in measured if "int8_dynamic" not in m[1]["changes"]), key=lambda m: m[0], default=None)
+    top1 = (entry.get("numerics") or {}).get("top1_agreement")
+    return (f"best with int8 {'+'.join(entry['changes'])} {best:.2f}x"
+            + (f" (top-1 agreement {top1:.2%})" if top1 is not None else "")
+            + (f" against the best without it {'+'.join(other[1]['changes'])} {other[0]:.2f}x" if other else "")
+            + (f"; {len(rejected)} int8 variant(s) rejected, e.g. {rejected[0]['rejected']}" if rejected else ""))
 
 
 def row(label: str, entry: dict | None) -> str:
@@ -248,6 +275,9 @@ def report(name: str, workload: dict, advised: list[str], results: list[dict], r
                 print(row("", entry))
     for item in skipped:
         print(f"  skipped {'+'.join(item['changes'])}: {item['reason']}")
+    int8 = int8_verdict(results, skipped)
+    if int8:
+        print(f"  int8: {int8}")
     for index, result in enumerate(results):
         for warning in (record["warnings"] if index == 0 else result["warnings"]):
             print(f"  warning{' (search group %d)' % index if index else ''}: {warning}")
@@ -294,6 +324,8 @@ def _main() -> int:
     parser.add_argument("--numerics", default=timing.DEFAULT_NUMERICS, help="numerics module")
     parser.add_argument("--work-dir", default="results/bench_pgo", help="specs, worker logs and results")
     parser.add_argument("--out", help="write every result and verification record here (JSON)")
+    parser.add_argument("--force-int8", action="store_true",
+                        help="measure int8_dynamic on a CPU without VNNI/AMX (where it is not offered)")
     args = parser.parse_args()
     if args.compile_estimate_s is None:
         args.compile_estimate_s = 45.0 if args.quick else 120.0
@@ -305,6 +337,12 @@ def _main() -> int:
     if unknown:
         sys.exit(f"bench_pgo: unknown workload(s) {unknown}; choose among {sorted(sizes)}")
     mode = "infer"
+    if args.force_int8:  # read by machine_features, here and in the timing workers this process starts
+        import os
+
+        from operator_profiler.transforms.vocabulary import FORCE_INT8_ENV
+
+        os.environ[FORCE_INT8_ENV] = "1"
     try:
         from operator_profiler.capture.harness import resolve_device
 

@@ -214,6 +214,21 @@ def weight_gemm_share(profile: Profile) -> Measure:
     return measure
 
 
+#: GEMMs of a linear layer (a weight operand, no convolution): what int8_dynamic quantizes.
+LINEAR_GEMM_OPS = WEIGHT_GEMM_OPS - CONV_OPS
+
+
+def fp32_linear_share(profile: Profile) -> Measure:
+    """GEMMs of linear layers (LINEAR_GEMM_OPS: a weight operand, no convolution) computing in float32
+    (``work_dtype``): what dynamic int8 quantization of nn.Linear moves to int8 GEMMs."""
+    ops = profile.operators
+    linear = _ops(profile, LINEAR_GEMM_OPS)
+    dtype = ops.get("work_dtype", pd.Series(None, index=ops.index))
+    unknown = linear & dtype.isna()
+    note = (f"{int(unknown.sum())} linear GEMM operator(s) of unknown dtype not counted" if unknown.any() else None)
+    return _share_of(profile, linear & (dtype == "float32"), "fp32_linear_share", _ceiling_text, note)
+
+
 def eager_small_op_share(profile: Profile) -> Measure:
     """Non-GEMM operators whose calls average under SHORT_CALL_NS: what fusion removes (eager runs only)."""
     ops = profile.operators
@@ -316,7 +331,8 @@ def launch_bound(profile: Profile) -> Measure:
 
 
 MEASURES: dict[str, Callable[[Profile], Measure]] = {
-    f.__name__: f for f in (fp32_gemm_share, tensor_idle_gemm_share, spill_share, weight_gemm_share, eager_small_op_share, rnn_share, nchw_conv_share,
+    f.__name__: f for f in (fp32_gemm_share, tensor_idle_gemm_share, spill_share, weight_gemm_share, fp32_linear_share,
+                            eager_small_op_share, rnn_share, nchw_conv_share,
                             conv_bn_share, explicit_attention_share, cast_share, gemm_far_below_ceiling_share,
                             launch_bound)
 }

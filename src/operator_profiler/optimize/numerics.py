@@ -18,6 +18,18 @@ about one dtype rounding of the output (measured: GPT-2 of the case studies, com
 autocast, max_rel 2.98e-3 against eager bf16's own 3.02e-3 from FP32), a miscompile by what the compiler got
 wrong (torch 2.13's Inductor on attention with softmax(dim=-2), pytorch#196468: max_rel 0.025 at fp32, 0.026
 with bf16, inside bfloat16's 5e-2).
+
+int8 (int8_dynamic: int8 weights per tensor, activations quantized per call to 7 bits: torch.ao's dynamic
+Linear passes ``reduce_range=True``, fbgemm's guard against 16-bit overflow of u8 x s8 products without VNNI): a
+weight rounds by up to half a step of max|w|/127 (~4e-3 of the largest weight), an activation by half a step of its
+range/127, and the errors add up over the layers: measured on GPT-2 small (12 layers, random weights) max_rel 2.6e-2 and cosine 0.99964 against FP32
+eager. ``max_rel <= 1e-1`` and ``cosine >= 0.999`` leave about 4x / 3x headroom there; a wrong scale or a
+layer left unquantized with the wrong weights moves values by O(1). Max_rel and cosine do not say whether the
+task survives: for logits the **top-1 agreement** (:func:`top1_agreement`, the fraction of positions whose argmax,
+the predicted token or class, equals FP32 eager's) is stated for every variant, and int8 requires at least 99 %
+(``min_top1_agreement``). Not bf16 by default: a random-weight model's top-1 is decided by tiny margins (GPT-2
+small here: median gap between the two largest logits 0.10 for a logit spread of 0.58), and eager bf16 autocast
+itself agreed on 98.0 % of 512 positions there; set ``min_top1_agreement`` for bfloat16 to require it.
 """
 
 from __future__ import annotations
@@ -29,17 +41,26 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_TOLERANCES", "DTYPE_CHANGES", "IN_DTYPE_FACTOR", "NumericsResult", "compare_in_dtype",
-           "compare_outputs", "dtype_changes", "in_dtype_limits", "variant_dtype"]
+__all__ = ["DEFAULT_TOLERANCES", "DTYPE_CHANGES", "IN_DTYPE_FACTOR", "LOGITS_KINDS", "MIN_TOP1_AGREEMENT",
+           "NumericsResult", "compare_in_dtype", "compare_outputs", "dtype_changes", "in_dtype_limits",
+           "output_is_logits", "top1_agreement", "variant_dtype"]
 
+#: The task-level check of a workload whose output is logits (an LM or classification head): the fraction of
+#: positions (every row of the logits' last dimension) whose argmax, the top-1 token or class, is the reference's.
+#: Stated for every variant of such a workload; required (``min_top1_agreement``) of int8 by default, of another
+#: dtype when its tolerance sets it (module docstring: why not of bf16 by default).
+MIN_TOP1_AGREEMENT = 0.99
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "float32": {"max_rel": 1e-4, "min_cosine": 0.9999},
     "tf32": {"max_rel": 1e-2, "min_cosine": 0.9999},
     "float16": {"max_rel": 1e-2, "min_cosine": 0.9995},
     "bfloat16": {"max_rel": 5e-2, "min_cosine": 0.999},
+    "int8": {"max_rel": 1e-1, "min_cosine": 0.999, "min_top1_agreement": MIN_TOP1_AGREEMENT},
 }
 #: The changes that make a variant compute in another dtype than float32 (:func:`variant_dtype`'s inverse).
-DTYPE_CHANGES: tuple[str, ...] = ("bf16_autocast", "tf32")
+DTYPE_CHANGES: tuple[str, ...] = ("int8_dynamic", "bf16_autocast", "tf32")
+#: Built-in workload kinds whose output is logits (GPT-2's LM head); a Hugging Face output with ``logits`` is too.
+LOGITS_KINDS = frozenset({"gpt2"})
 #: A variant that changes the dtype may lie this many times as far from the eager model in its dtype as that eager
 #: model lies from FP32 eager (max_rel; the cosine's distance from 1, which grows with the error squared, this
 #: factor squared). 2: two correct computations differ by at most the sum of their errors, twice eager's when the
@@ -52,7 +73,9 @@ class NumericsResult:
     """``max_abs``: largest |candidate - reference| (output units); ``max_rel``: ``max_abs`` divided by the
     largest |reference| over all outputs (not element-wise: near-zero reference elements would make any rounding
     look huge); ``cosine``: cosine similarity of the flattened outputs (1.0 when both are all zero); ``ok``: within
-    the dtype's tolerance; ``reason``: why not (None when ok)."""
+    the dtype's tolerance; ``reason``: why not (None when ok); for logits (:func:`output_is_logits`)
+    ``top1_agreement`` (:func:`top1_agreement`), ``top1_positions`` (how many positions it counts) and
+    ``min_top1_agreement`` (the bound it was held to), else None."""
 
     max_abs: float
     max_rel: float
@@ -60,15 +83,54 @@ class NumericsResult:
     ok: bool
     reason: str | None
     dtype: str
+    top1_agreement: float | None = None
+    top1_positions: int | None = None
+    min_top1_agreement: float | None = None
 
     def as_dict(self) -> dict:
         return {"max_abs": self.max_abs, "max_rel": self.max_rel, "cosine": self.cosine, "ok": self.ok,
-                "reason": self.reason, "dtype": self.dtype}
+                "reason": self.reason, "dtype": self.dtype, "top1_agreement": self.top1_agreement,
+                "top1_positions": self.top1_positions, "min_top1_agreement": self.min_top1_agreement}
+
+
+def output_is_logits(workload: Mapping | None, output: Any) -> bool:
+    """Whether a workload's output is logits, judged by top-1 agreement too: a built-in kind of
+    :data:`LOGITS_KINDS`, or an output holding ``logits`` (a Hugging Face ModelOutput or a dict)."""
+    if workload and workload.get("kind") in LOGITS_KINDS:
+        return True
+    if isinstance(output, Mapping):
+        return isinstance(output.get("logits"), torch.Tensor)
+    return isinstance(getattr(output, "logits", None), torch.Tensor)
+
+
+def _logits(value: Any) -> torch.Tensor:
+    """The logits of an output: its ``logits`` entry or attribute, else its first tensor."""
+    found = value.get("logits") if isinstance(value, Mapping) else getattr(value, "logits", None)
+    if isinstance(found, torch.Tensor):
+        return found
+    return _flatten(value)[0][1]
+
+
+def top1_agreement(reference: Any, candidate: Any) -> tuple[float, int]:
+    """The top-1 agreement of two outputs' logits (:func:`_logits`): the fraction of positions (rows over the
+    last dimension: every token of every sequence of the batch) where ``argmax`` over the last dimension is the
+    same, and the number of positions. Raises ValueError when the logits' shapes differ or have no last
+    dimension."""
+    ref, cand = _logits(reference), _logits(candidate)
+    if tuple(ref.shape) != tuple(cand.shape) or ref.dim() == 0 or ref.shape[-1] == 0:
+        raise ValueError(f"logits of shape {tuple(cand.shape)} against the reference's {tuple(ref.shape)}")
+    ref_top = ref.detach().to("cpu", torch.float64).argmax(dim=-1).reshape(-1)
+    cand_top = cand.detach().to("cpu", torch.float64).argmax(dim=-1).reshape(-1)
+    positions = int(ref_top.numel())
+    return (float((ref_top == cand_top).sum()) / positions if positions else 1.0), positions
 
 
 def variant_dtype(changes: Iterable[str]) -> str:
-    """The dtype a variant is judged at: bfloat16 with bf16_autocast, tf32 with tf32, else float32."""
+    """The dtype a variant is judged at: int8 with int8_dynamic (its linear layers compute in int8: the coarsest
+    rounding of the variant whatever else it has), bfloat16 with bf16_autocast, tf32 with tf32, else float32."""
     changes = set(changes)
+    if "int8_dynamic" in changes:
+        return "int8"
     if "bf16_autocast" in changes:
         return "bfloat16"
     if "tf32" in changes:
@@ -108,14 +170,29 @@ def _result(max_abs: float, max_rel: float, cosine: float, reason: str | None, d
 
 
 def compare_outputs(reference: Any, candidate: Any, dtype: str,
-                    tolerances: Mapping[str, Mapping[str, float]] = DEFAULT_TOLERANCES) -> NumericsResult:
+                    tolerances: Mapping[str, Mapping[str, float]] = DEFAULT_TOLERANCES,
+                    logits: bool = False) -> NumericsResult:
     """Compare a variant's output with the reference (tensors or nested tuples/lists/dicts, flattened in order),
     in float64. Not ok, with the reason: a different structure or shape, NaN/Inf in the candidate where the
     reference is finite (or any in the reference: it cannot be judged), max_rel or cosine outside the
-    tolerance of ``dtype``. Raises KeyError naming the known dtypes for a dtype without a tolerance."""
+    tolerance of ``dtype``, or, with ``logits`` (the output is logits: :func:`output_is_logits`; the agreement is
+    then computed and stated whatever the dtype), a top-1 agreement below the tolerance's ``min_top1_agreement``
+    when it has one (int8's: :data:`MIN_TOP1_AGREEMENT`). Raises KeyError naming the known dtypes for a dtype
+    without a tolerance."""
     if dtype not in tolerances:
         raise KeyError(f"no numerics tolerance for dtype {dtype!r}; known: {', '.join(sorted(tolerances))}")
-    return _compare(reference, candidate, dtype, tolerances[dtype], f"the {dtype} tolerance")
+    result = _compare(reference, candidate, dtype, tolerances[dtype], f"the {dtype} tolerance")
+    if not logits or not math.isfinite(result.max_rel):  # not logits, or already failed on structure/NaN
+        return result
+    required = tolerances[dtype].get("min_top1_agreement")
+    bound = None if required is None else float(required)
+    agreement, positions = top1_agreement(reference, candidate)
+    reason = result.reason
+    if reason is None and bound is not None and agreement < bound:
+        reason = (f"top-1 agreement of the logits {agreement:.2%} ({positions} positions) below the {dtype} "
+                  f"tolerance {bound:.2%}")
+    return NumericsResult(result.max_abs, result.max_rel, result.cosine, reason is None, reason, dtype,
+                          agreement, positions, bound)
 
 
 def in_dtype_limits(eager_vs_fp32: NumericsResult, dtype: str,

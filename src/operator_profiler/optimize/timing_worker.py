@@ -128,9 +128,14 @@ def _jsonable(value: Any) -> Any:
 
 
 def _numerics_record(result: Any) -> dict:
-    """``NumericsResult`` -> ``{"max_abs", "max_rel", "cosine", "ok", "reason"}``."""
-    return {field: _jsonable(getattr(result, field, None))
-            for field in ("max_abs", "max_rel", "cosine", "ok", "reason", "dtype")}
+    """``NumericsResult`` -> ``{"max_abs", "max_rel", "cosine", "ok", "reason", "dtype"}``, with
+    ``top1_agreement``, ``top1_positions`` and ``min_top1_agreement`` when the result has them (logits)."""
+    record = {field: _jsonable(getattr(result, field, None))
+              for field in ("max_abs", "max_rel", "cosine", "ok", "reason", "dtype")}
+    if getattr(result, "top1_agreement", None) is not None:
+        record.update({field: _jsonable(getattr(result, field)) for field in
+                       ("top1_agreement", "top1_positions", "min_top1_agreement")})
+    return record
 
 
 def _process_settings() -> dict:
@@ -245,6 +250,9 @@ def run(spec: dict, state: dict) -> dict:
     grad = contextlib.nullcontext() if mode != "infer" else torch.no_grad()
     with grad:
         reference = model(*inputs) if numerics is not None else None
+    # logits (an LM or classification head) are also judged by their top-1 agreement with the reference
+    logits = {"logits": True} if numerics is not None and hasattr(numerics, "output_is_logits") and \
+        numerics.output_is_logits(spec["workload"], reference) else {}
 
     variants: dict[str, Any] = {}
     records: dict[str, dict] = {}
@@ -289,7 +297,7 @@ def run(spec: dict, state: dict) -> dict:
                 output = variant.run()
                 sync()
                 dtype = numerics.variant_dtype(list(changes))
-                check = numerics.compare_outputs(reference, output, dtype, tolerances)
+                check = numerics.compare_outputs(reference, output, dtype, tolerances, **logits)
                 record["numerics"] = _numerics_record(check)
                 if record["numerics"]["ok"]:
                     rejected = _check_in_dtype(

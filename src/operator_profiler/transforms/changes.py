@@ -114,7 +114,8 @@ def _to_channels_last(value: Any) -> Any:
 def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str) -> tuple[nn.Module, tuple]:
     """Rewrites that act on the module, before compilation: conv_bn_fold (a ``torch.fx.symbolic_trace`` of the
     model, :func:`passes.fold_conv_bn`; the model must be in eval mode; its records are in
-    :func:`prepared_rewrites`), then channels_last (model and 4-D floating inputs). The model is changed in place
+    :func:`prepared_rewrites`), int8_dynamic (:func:`quantize_linear_dynamic`, eval mode; one record per quantized
+    layer), then channels_last (model and 4-D floating inputs). The model is changed in place
     or replaced (the traced GraphModule keeps the submodules' qualified names); deep-copy it first to keep it.
     Raises WorkloadError when the model cannot be traced or is in training mode."""
     chosen = set(canonical(changes))
@@ -136,6 +137,11 @@ def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str
             traced.eval()
             records = passes.fold_conv_bn(traced)
             model = traced
+    if "int8_dynamic" in chosen:
+        if model.training:
+            raise WorkloadError("int8_dynamic needs the model in eval mode (inference: quantized layers do not train)")
+        model, quantized = quantize_linear_dynamic(model)
+        records += quantized
     if "channels_last" in chosen:
         model = model.to(memory_format=torch.channels_last)
         inputs = _to_channels_last(tuple(inputs))
@@ -144,6 +150,41 @@ def prepare(model: nn.Module, inputs: tuple, changes: Iterable[str], device: str
     except AttributeError:  # pragma: no cover - a module refusing attributes
         pass
     return model, tuple(inputs)
+
+
+#: The operator a quantized layer runs instead of the Linear's (aten::linear / addmm): fbgemm's dynamic linear.
+INT8_LINEAR_OP = "quantized::linear_dynamic"
+
+
+def quantize_linear_dynamic(model: nn.Module) -> tuple[nn.Module, list[dict]]:
+    """int8_dynamic: every ``nn.Linear`` of ``model`` (in eval mode) becomes a dynamically quantized Linear
+    (``torch.ao.quantization.quantize_dynamic``, qint8 weights per tensor, each call quantizes its activations
+    to uint8 with the range it sees; the x86/fbgemm engine), in place. Chosen by measurement over PT2E with
+    Inductor's X86InductorQuantizer (docs/optimize.md, "int8_dynamic"). torch.ao's deprecation warning is
+    silenced here: the API is the one torch 2.13 still ships (PT2E moved to torchao). Returns the model and one
+    record per quantized layer (``pass`` "quantize_dynamic", ``module_path``, ``new_op``, ``replaced_ops``); a
+    model without nn.Linear is refused (WorkloadError: nothing to quantize)."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    linears = [path for path, module in model.named_modules() if type(module) is nn.Linear]
+    if not linears:
+        raise WorkloadError("int8_dynamic: the model has no nn.Linear layer to quantize")
+    engine = torch.backends.quantized.engine
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+        model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model, [{"pass": "quantize_dynamic", "module_path": path, "new_node": path, "new_op": INT8_LINEAR_OP,
+                    "replaced_ops": ["aten::linear"], "engine": engine} for path in linears]
+
+
+def quantized_linear_count(model: nn.Module) -> int:
+    """How many layers of ``model`` are dynamically quantized Linears (``torch.ao.nn.quantized.dynamic.Linear``)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+    return sum(1 for m in model.modules() if isinstance(m, DynamicQuantizedLinear))
 
 
 def _fold_in_subtrees(model: nn.Module) -> tuple[list[dict], list[str]]:

@@ -4,6 +4,7 @@ preconditions, and what this machine offers them (:func:`machine_features`). How
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -14,7 +15,7 @@ class Change:
     """One change: ``id``; ``summary`` (one line); ``kind``: "setting" | "compiler" | "rewrite"; ``devices``: where
     it applies ({"cpu", "cuda"}); ``needs``: preconditions among "inference" (not mode train), "compile" (the
     variant also has the ``compile`` change), "cuda", "native_bf16" (CPU avx512_bf16 or amx_bf16; CUDA
-    capability >= 8.0), "static_shapes"."""
+    capability >= 8.0), "native_int8" (CPU avx512_vnni, avx_vnni or amx_int8), "static_shapes"."""
 
     id: str
     summary: str
@@ -50,11 +51,24 @@ CHANGES: dict[str, Change] = {c.id: c for c in [
     _change("keep_rnn_library", "keep nn.LSTM/GRU/RNN as the library kernel (cuDNN / oneDNN) when compiling: "
             "torch._dynamo.config.allow_rnn False, Dynamo breaks the graph there instead of unrolling",
             "compiler", needs=["compile"]),
+    _change("int8_dynamic", "dynamic int8 quantization of nn.Linear (torch.ao quantize_dynamic: int8 weights, "
+            "activations quantized per call, fbgemm/x86 kernels)", "rewrite", devices=["cpu"],
+            needs=["inference", "native_int8"]),
 ]}
 
 #: run.json's ``mode`` (the workload's) -> the mode the preconditions name ("infer": inference).
 MODES = {"inference": "infer", "train": "train"}
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: CPU flags of int8 dot-product instructions (VNNI: vpdpbusd; AMX tiles). Without them an int8 GEMM multiplies
+#: through 16-bit intermediates (vpmaddubsw + vpmaddwd) and pays a per-call activation quantization.
+_CPU_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: Set to 1 to treat this CPU as having int8 dot products (measure int8_dynamic where it is not offered; the
+#: features' source says it was forced).
+FORCE_INT8_ENV = "OPPROF_FORCE_INT8"
+#: Why int8_dynamic is refused without VNNI/AMX: what it measured on a CPU without them (docs/optimize.md).
+NO_INT8_MEASURED = ("on a 2-core AMD EPYC with AVX2 only, GPT-2 small (batch 1, sequence 128) ran 1.67x faster "
+                    "than FP32 eager with it, slower than compile + freezing (1.84x), far from the 3.5x "
+                    "int8 pays with VNNI")
 
 
 def canonical(changes: Iterable[str]) -> tuple[str, ...]:
@@ -81,8 +95,10 @@ def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str] | None:
 def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
     """What the preconditions need to know of this machine for ``device`` ("cpu" or "cuda"):
     ``native_bf16`` (bool), ``native_bf16_source`` (the flags or capability it was read from), ``cuda`` (a CUDA
-    device is usable), and on CPU ``cpu_flags`` (from ``cpuinfo``, None when unreadable), on CUDA
-    ``capability`` ((major, minor) of device 0)."""
+    device is usable), ``native_int8`` and ``native_int8_source`` (CPU: int8 dot products, VNNI or AMX; forced on
+    by the environment variable :data:`FORCE_INT8_ENV` set to 1; CUDA: False, int8_dynamic is a CPU change), and
+    on CPU ``cpu_flags`` (from ``cpuinfo``, None when unreadable), on CUDA ``capability`` ((major, minor) of device
+    0)."""
     features: dict[str, Any] = {"device": device}
     if device == "cpu":
         flags = _cpu_flags(cpuinfo)
@@ -91,6 +107,13 @@ def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
                         native_bf16_source=(f"{cpuinfo} flags: {', '.join(found)}" if found else
                                             f"{cpuinfo} has neither {' nor '.join(_CPU_BF16_FLAGS)}"
                                             if flags is not None else f"{cpuinfo} unreadable"))
+        int8 = sorted(set(flags or ()) & set(_CPU_INT8_FLAGS))
+        source = (f"{cpuinfo} flags: {', '.join(int8)}" if int8 else
+                  f"{cpuinfo} has none of {', '.join(_CPU_INT8_FLAGS)}" if flags is not None else
+                  f"{cpuinfo} unreadable")
+        forced = os.environ.get(FORCE_INT8_ENV) == "1" and not int8
+        features.update(native_int8=bool(int8) or forced,
+                        native_int8_source=f"forced by {FORCE_INT8_ENV}=1 ({source})" if forced else source)
         features["cuda"] = False
         return features
     import torch
@@ -100,6 +123,8 @@ def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
     capability = torch.cuda.get_device_capability() if available else None
     features["capability"] = capability
     features["native_bf16"] = bool(capability and capability >= (8, 0))
+    features["native_int8"] = False
+    features["native_int8_source"] = "int8_dynamic runs on CPU only"
     features["native_bf16_source"] = (f"CUDA capability {capability[0]}.{capability[1]} (bf16 needs >= 8.0)"
                                       if capability else "no CUDA device")
     return features
@@ -131,6 +156,10 @@ def precondition_problems(changes: Iterable[str], device: str, mode: str, featur
                 problems.append(f"{change_id} needs native bf16 on {device} "
                                 f"({features.get('native_bf16_source', 'machine features unknown')}): "
                                 "bf16 would be emulated and slower than fp32")
+            elif need == "native_int8" and device in change.devices and not features.get("native_int8"):
+                problems.append(f"{change_id} needs int8 dot products on {device}, VNNI or AMX "
+                                f"({features.get('native_int8_source', 'machine features unknown')}): without "
+                                f"them the int8 GEMMs do not pay ({NO_INT8_MEASURED})")
             elif need == "static_shapes" and not static_shapes:
                 problems.append(f"{change_id} needs static input shapes (a CUDA graph replays fixed shapes)")
     return problems
