@@ -225,3 +225,39 @@ def test_the_catalog_offers_int8_only_with_vnni():
     assert "int8_dynamic" not in advice["advised_changes"]
     (refused,) = [r for r in advice["not_offered"] if r["change"] == "int8_dynamic"]
     assert "VNNI or AMX" in refused["reason"] and vocabulary.NO_INT8_MEASURED in refused["reason"]
+
+
+# ------------------------------------------------------------------------------------------ timing worker
+
+TINY_GPT2 = {"kind": "gpt2", "compile": False, "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64,
+             "n_positions": 32, "batch_size": 4, "seq_len": 16}
+
+
+def test_the_timing_worker_states_the_top1_agreement_and_rejects_a_wrong_int8_variant(tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    from operator_profiler.optimize import timing
+
+    tests = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tests), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, "1")  # int8 builds on this CPU without VNNI, to be judged
+    spec = {"workload": TINY_GPT2, "workload_name": "tiny_gpt2", "threads": 1, "repetitions": 4, "processes": 2,
+            "min_repetition_s": 0.01, "warmup": {"minimum": 2, "maximum": 6, "window": 2, "tolerance": 0.5},
+            "variants": {"fp32_eager": [], "int8_dynamic": ["int8_dynamic"],
+                         "wrong": ["int8_dynamic", "flip_top1"]}}
+    result = timing.measure(spec, build="int8_doubles:build", numerics="operator_profiler.optimize.numerics",
+                            work_dir=tmp_path)
+    got = result["variants"]
+    eager = got["fp32_eager"]["numerics"]
+    assert eager["top1_agreement"] == 1.0 and eager["top1_positions"] == 4 * 16
+    assert eager["min_top1_agreement"] is None  # stated, not required, at float32
+    int8 = got["int8_dynamic"]["numerics"]
+    assert int8["dtype"] == "int8" and int8["min_top1_agreement"] == 0.99 and int8["top1_positions"] == 64
+    assert (got["int8_dynamic"]["rejected"] is None) is (int8["top1_agreement"] >= 0.99 and int8["ok"])
+    wrong = got["wrong"]
+    # 6 of the 64 positions (the closest calls) flipped by the double, on top of what int8 flipped itself
+    assert wrong["numerics"]["top1_agreement"] < 0.99
+    assert wrong["numerics"]["max_rel"] <= 0.1 and wrong["numerics"]["cosine"] >= 0.999  # within the int8 tolerance
+    assert wrong["rejected"].startswith("process 0: numerics: top-1 agreement of the logits ")
+    assert "below the int8 tolerance 99.00%" in wrong["rejected"]
