@@ -22,7 +22,7 @@ from operator_profiler.optimize.numerics import (
 )
 
 IDS = ["compile", "max_autotune", "cuda_graphs", "freezing", "bf16_autocast", "tf32", "channels_last",
-       "sdpa_rewrite", "conv_bn_fold", "cast_pair_cancel", "keep_rnn_library"]
+       "sdpa_rewrite", "conv_bn_fold", "cast_pair_cancel", "keep_rnn_library", "int8_dynamic"]
 
 
 def _this_cpu_flags() -> set[str]:

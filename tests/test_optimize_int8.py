@@ -261,3 +261,17 @@ def test_the_timing_worker_states_the_top1_agreement_and_rejects_a_wrong_int8_va
     assert wrong["numerics"]["max_rel"] <= 0.1 and wrong["numerics"]["cosine"] >= 0.999  # within the int8 tolerance
     assert wrong["rejected"].startswith("process 0: numerics: top-1 agreement of the logits ")
     assert "below the int8 tolerance 99.00%" in wrong["rejected"]
+
+
+def test_the_optimize_page_states_the_top1_agreement_per_variant():
+    from operator_profiler.report import optimize_page
+
+    numerics = {"max_rel": 0.026, "cosine": 0.99964, "ok": False, "dtype": "int8", "top1_agreement": 0.948,
+                "top1_positions": 128, "min_top1_agreement": 0.99,
+                "reason": "top-1 agreement of the logits 94.80% (128 positions) below the int8 tolerance 99.00%"}
+    rows = optimize_page._variant_rows({
+        "int8_dynamic": {"changes": ["int8_dynamic"], "numerics": numerics, "rejected": None},
+        "fp32_eager": {"changes": [], "numerics": {"max_rel": 0.0, "cosine": 1.0, "ok": True, "top1_agreement": 1.0,
+                                                   "top1_positions": 128, "min_top1_agreement": None}}}, None)
+    assert "top-1 agreement 94.80% of 128 positions (at least 99% required)" in rows[0]
+    assert "top-1 agreement 100.00% of 128 positions</td>" in rows[1]

@@ -69,12 +69,12 @@ def test_outputs_that_cannot_pass(candidate, reason):
 def test_a_non_finite_reference_cannot_be_judged_and_unknown_dtypes_are_refused():
     result = compare_outputs(torch.tensor([math.nan]), torch.tensor([math.nan]), "float32")
     assert not result.ok and "the reference has NaN/Inf" in result.reason
-    with pytest.raises(KeyError, match="known: bfloat16, float16, float32, tf32"):
-        compare_outputs(torch.zeros(1), torch.zeros(1), "int8")
+    with pytest.raises(KeyError, match="known: bfloat16, float16, float32, int8, tf32"):
+        compare_outputs(torch.zeros(1), torch.zeros(1), "float8")
 
 
 def test_tolerances_order_by_precision():
-    rel = [DEFAULT_TOLERANCES[d]["max_rel"] for d in ("float32", "tf32", "float16", "bfloat16")]
+    rel = [DEFAULT_TOLERANCES[d]["max_rel"] for d in ("float32", "tf32", "float16", "bfloat16", "int8")]
     assert rel == sorted(rel)
     assert variant_dtype([]) == "float32"
 

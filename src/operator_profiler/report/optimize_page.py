@@ -63,6 +63,10 @@ def _variant_rows(variants: dict, recommended: str | None) -> list[str]:
         if not v.get("rejected") and in_dtype.get("limits"):
             status += (f"; against {in_dtype['against']}: max_rel {in_dtype['max_rel']:.2e} within "
                        f"{in_dtype['limits']['max_rel']:.2e}")
+        if numerics.get("top1_agreement") is not None:  # logits: the task-level agreement, per variant
+            required = numerics.get("min_top1_agreement")
+            status += (f"; top-1 agreement {numerics['top1_agreement']:.2%} of {numerics.get('top1_positions')} "
+                       "positions" + (f" (at least {required:.0%} required)" if required is not None else ""))
         label = name + (" (recommended)" if name == recommended else "")
         rows.append(
             f"<td>{esc(label)}</td><td>{esc(' + '.join(v.get('changes') or []) or '(none)')}</td>"
