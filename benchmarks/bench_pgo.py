@@ -93,7 +93,8 @@ def preconditions(device: str):
                 f"preconditions not checked: operator_profiler.transforms.changes is not importable ({exc})")
     features = machine_features(device)
     return (features, lambda changes, mode: precondition_problems(changes, device, mode, features),
-            f"preconditions from operator_profiler.transforms.changes ({features.get('native_bf16_source')})")
+            f"preconditions from operator_profiler.transforms.changes ({features.get('native_bf16_source')}; int8: "
+            f"{features.get('native_int8_source')})")
 
 
 def search_space(problems, mode: str) -> tuple[list[list[str]], list[dict]]:
