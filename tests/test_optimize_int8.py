@@ -275,3 +275,26 @@ def test_the_optimize_page_states_the_top1_agreement_per_variant():
                                                    "top1_positions": 128, "min_top1_agreement": None}}}, None)
     assert "top-1 agreement 94.80% of 128 positions (at least 99% required)" in rows[0]
     assert "top-1 agreement 100.00% of 128 positions</td>" in rows[1]
+
+
+# ------------------------------------------------------------------------------------------ capture harness
+
+
+def test_the_harness_refuses_int8_here_or_profiles_the_quantized_operators(tmp_path, monkeypatch):
+    from test_optimize_capture import TINY_GPT2 as GPT2_SLICE
+    from test_optimize_capture import _capture
+
+    monkeypatch.delenv(vocabulary.FORCE_INT8_ENV, raising=False)
+    if not ch.machine_features("cpu")["native_int8"]:  # this VM: refused before anything runs, with the reason
+        with pytest.raises(WorkloadError) as info:
+            _capture(tmp_path / "refused", {**GPT2_SLICE, "changes": ["int8_dynamic"]}, "gpt2+int8_dynamic")
+        assert "gpt2+int8_dynamic" in str(info.value) and "avx512_vnni" in str(info.value)
+        assert not (tmp_path / "refused" / "run.json").exists()
+        monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, "1")
+    (tmp_path / "forced").mkdir()
+    run, timeline = _capture(tmp_path / "forced", {**GPT2_SLICE, "changes": ["int8_dynamic"]}, "gpt2+int8_dynamic")
+    assert run["changes"] == ["int8_dynamic"]
+    quantized = [r for r in run["rewrites"] if r["pass"] == "quantize_dynamic"]
+    assert len(quantized) == 4 * GPT2_SLICE["n_layer"] + 1
+    names = set(timeline.ranges["name"])
+    assert ch.INT8_LINEAR_OP in names and not names & {"aten::addmm", "aten::linear"}
