@@ -112,6 +112,28 @@ def test_int8_gpt2_quantizes_its_projections_and_lm_head_under_compile(tmp_path)
     assert variant.run().shape == (2, 8, 64)
 
 
+def test_int8_quantizes_a_hugging_face_gpt2s_conv1d_projections_not_only_its_lm_head(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    vnni = _features(tmp_path, "avx2 avx512_vnni")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    conv1d = [p for p, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+    assert len(conv1d) == 2 * 4  # c_attn, attn.c_proj, c_fc, mlp.c_proj per block
+    idx = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        before = model(idx).logits
+        converted = ch.transposed_linears_to_linear(model)
+        after = model(idx).logits
+    assert converted == set(conv1d)
+    assert torch.allclose(before, after, rtol=1e-5, atol=1e-6)  # the Linear computes what the Conv1D did
+    model = transformers.GPT2LMHeadModel(config).eval()
+    variant = ch.build_variant(model, (idx,), ["int8_dynamic"], "cpu", features=vnni)
+    assert ch.quantized_linear_count(variant.model) == 2 * 4 + 1
+    replaced = {r["module_path"]: r["replaced_ops"] for r in variant.rewrites}
+    assert replaced["transformer.h.1.mlp.c_fc"] == ["aten::addmm"] and replaced["lm_head"] == ["aten::linear"]
+
+
 def test_int8_needs_a_linear_layer(tmp_path):
     vnni = _features(tmp_path, "avx2 avx512_vnni")
     with pytest.raises(WorkloadError, match="no nn.Linear"):

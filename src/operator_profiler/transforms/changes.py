@@ -168,16 +168,46 @@ def quantize_linear_dynamic(model: nn.Module) -> tuple[nn.Module, list[dict]]:
 
     from torch.ao.quantization import quantize_dynamic
 
+    converted = transposed_linears_to_linear(model)
     linears = [path for path, module in model.named_modules() if type(module) is nn.Linear]
     if not linears:
-        raise WorkloadError("int8_dynamic: the model has no nn.Linear layer to quantize")
+        raise WorkloadError("int8_dynamic: the model has no nn.Linear layer (nor a Hugging Face Conv1D) to quantize")
     engine = torch.backends.quantized.engine
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
         model = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
     return model, [{"pass": "quantize_dynamic", "module_path": path, "new_node": path, "new_op": INT8_LINEAR_OP,
-                    "replaced_ops": ["aten::linear"], "engine": engine} for path in linears]
+                    "replaced_ops": ["aten::addmm" if path in converted else "aten::linear"], "engine": engine}
+                   for path in linears]
+
+
+def _is_transposed_linear(module: nn.Module) -> bool:
+    """A Hugging Face ``Conv1D`` (GPT-2, GPT, ...): ``addmm(bias, x, weight)`` with ``weight`` of shape
+    (in, out) = (``nx``, ``nf``), a Linear with its weight transposed. Recognised by class name and shape, so
+    transformers need not be importable."""
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))
+            and isinstance(getattr(module, "bias", None), torch.Tensor))
+
+
+def transposed_linears_to_linear(model: nn.Module) -> set[str]:
+    """Replaces each Hugging Face ``Conv1D`` of ``model`` by the ``nn.Linear`` it computes (weight transposed,
+    same bias; exact in float32: the same products and sums), in place, so int8_dynamic quantizes GPT-2's
+    projections and not only its LM head. Returns the module paths replaced."""
+    replaced = set()
+    for path, module in list(model.named_modules()):
+        if not path or not _is_transposed_linear(module):
+            continue
+        linear = nn.Linear(module.nx, module.nf, device=module.weight.device, dtype=module.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(module.weight.t())
+            linear.bias.copy_(module.bias)
+        parent_path, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent_path) if parent_path else model, name, linear)
+        replaced.add(path)
+    return replaced
 
 
 def quantized_linear_count(model: nn.Module) -> int:
