@@ -297,10 +297,19 @@ def all_cores(wildcards):
     return workflow.cores
 
 
+#: harness.threads (docs/config.md): the captures' and the verification's torch threads; None: the defaults (a
+#: capture's job threads, every usable CPU for verify_variants). Absent from the harness params when not given, so
+#: that a config without it keeps its cached captures.
+HARNESS_THREADS = config["harness"].get("threads")
+
+
 def capture_threads():
-    """capture_timeline's threads (1 unless --set-threads or a profile's set-threads give it more), for
+    """The captures' threads: harness.threads when set (the harness sets torch's count itself), else
+    capture_timeline's threads (1 unless --set-threads or a profile's set-threads give it more), for
     measure_ceilings (workflow/ceilings.smk, included after capture.smk): the ceilings are measured with the threads
     the captures run with (Snakemake sets OMP_NUM_THREADS, which torch follows)."""
+    if HARNESS_THREADS:
+        return HARNESS_THREADS
     cores = rules.capture_timeline.rule.resources["_cores"]
     value = getattr(cores, "value", cores)
     if isinstance(value, int):

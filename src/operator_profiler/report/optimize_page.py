@@ -98,7 +98,21 @@ def _variants_section(verification: dict) -> str:
             "the FP32 eager reference on fixed inputs, at the tolerance of the variant's dtype; a variant that "
             "changes the dtype and does more is also checked against the eager model in that dtype at a tight bound "
             "(twice that eager model's own deviation from FP32), so a compiler bug is not absorbed by the dtype's "
-            "tolerance.</p>" + table + extra + "</section>")
+            "tolerance.</p>" + _threads_html(verification) + table + extra + "</section>")
+
+
+def _threads_html(verification: dict) -> str:
+    """The thread count the variants ran with, where it came from, and FP32 eager's scaling from 1 thread to it
+    (verification.json ``thread_scaling``, optimize.verify.thread_scaling)."""
+    scaling = verification.get("thread_scaling")
+    if not scaling:
+        return ""
+    source = verification.get("threads_source")
+    strong = scaling.get("verdict") == "single_thread"
+    text = esc(scaling.get("text"))
+    return (f'<p id="threads">Threads: {esc(scaling.get("threads"))}'
+            + (f" ({esc(source)})" if source else "") + ". "
+            + (f"<strong>{text}</strong>" if strong else text) + ".</p>")
 
 
 def _baselines_text(verification: dict) -> str:
