@@ -117,3 +117,14 @@ def test_the_optimize_page_states_the_thread_count_and_the_scaling():
     html = _threads_html({"thread_scaling": scaling, "threads_source": "usable CPUs"})
     assert "Threads: 2 (usable CPUs)" in html and "<strong>" in html and "too small" in html
     assert _threads_html({}) == ""
+
+
+def test_a_busy_machine_or_a_slower_threaded_run_is_said():
+    rng = np.random.default_rng(2)
+    one, slow = rng.normal(1.0, 0.02, 20).tolist(), rng.normal(5.0, 0.1, 20).tolist()
+    said = verify.thread_scaling(_entry(one), _entry(slow), 2, busy=True)
+    assert said["verdict"] == "single_thread" and "and is slower with 2" in said["text"]
+    assert said["busy"] and "measure again on a quiet machine" in said["text"]
+    assert verify._busy({"threads": 2, "processes_info": [{"other_cpu_load": 1.2, "usable_cpus": 2}]})
+    assert not verify._busy({"threads": 1, "processes_info": [{"other_cpu_load": 1.2, "usable_cpus": 2}]})
+    assert not verify._busy(None)

@@ -86,6 +86,7 @@ WORKLOADS = sorted(config["workloads"])
 # workload's config with those changes added (workload_config); any workload's results folder can be one.
 from operator_profiler.config import load_schema
 from operator_profiler.transforms.variants import (
+    advised_variant,
     split_name,
     variant_name,
     variant_workload,
@@ -329,13 +330,8 @@ def optimize_report_inputs(wildcards):
     """The advised variant's profile (results/<workload>+<changes>/), named by advice.json (checkpoint advise)."""
     with open(checkpoints.advise.get(workload=wildcards.workload).output[0]) as f:
         advised = json.load(f)["advised_changes"]
-    own = workload_config(wildcards.workload)
-    new = [
-        c
-        for c in advised
-        if c not in own.get("changes", []) and not (c == "compile" and own["compile"])
-    ]
-    folder = f"results/{variant_name(wildcards.workload, new)}"
+    name, _ = advised_variant(wildcards.workload, workload_config(wildcards.workload), advised)
+    folder = f"results/{name}"
     return {
         "variant_report": f"{folder}/report.md",
         "variant_html": f"{folder}/report.html",

@@ -90,14 +90,29 @@ def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Pa
     return done
 
 
+def _busy(timed: dict | None) -> bool:
+    """Whether other processes kept more CPUs busy than the spare ones beside the threads (plus the margin) in
+    any process of a timing result (timing.busy_machine_warnings's rule)."""
+    from ..capture.machine import BUSY_MARGIN_CPUS
+
+    threads = (timed or {}).get("threads") or 1
+    for info in (timed or {}).get("processes_info") or []:
+        others = info.get("other_cpu_load")
+        if others is not None and others > max(0, (info.get("usable_cpus") or threads) - threads) + BUSY_MARGIN_CPUS:
+            return True
+    return False
+
+
 def thread_scaling(one: dict | None, many: dict | None, threads: int, confidence: float = stats.CONFIDENCE,
-                   resamples: int = stats.RESAMPLES, seed: int = 0) -> dict:
+                   resamples: int = stats.RESAMPLES, seed: int = 0, busy: bool = False) -> dict:
     """How FP32 eager scales from 1 thread to ``threads``: ``one`` and ``many`` are its timing entries at 1 and at
     ``threads`` threads (``samples_ms``). Returns verification.json's ``thread_scaling``: ``threads``,
     ``one_thread_ms``/``threads_ms`` (medians), ``speedup`` (median at 1 / median at ``threads``) with its ``ci``,
     ``per_thread`` (speedup / threads), ``verdict`` (``scales``: the interval lies above 1; ``single_thread``: the
     interval reaches 1 or lies below it, so the model is too small to use more than one thread; ``one_thread``: only
-    one thread was used; ``unknown``: a side was rejected) and ``text``, the sentence the optimize page shows."""
+    one thread was used; ``unknown``: a side was rejected), ``busy`` (other processes kept CPUs busy while either
+    side was timed: ``text`` then says the verdict needs a quiet machine) and ``text``, the sentence the optimize
+    page shows."""
     if threads <= 1:
         return {"threads": threads, "verdict": "one_thread",
                 "text": "measured with 1 thread (harness.threads or the usable CPUs): no scaling to compare"}
@@ -108,18 +123,23 @@ def thread_scaling(one: dict | None, many: dict | None, threads: int, confidence
     ratio = stats.speedup_interval(one["samples_ms"], many["samples_ms"], confidence, resamples, seed)
     speedup, low, high = ratio["speedup"], ratio["low"], ratio["high"]
     record = {"threads": threads, "one_thread_ms": one.get("median_ms"), "threads_ms": many.get("median_ms"),
-              "speedup": speedup, "ci": [low, high], "per_thread": speedup / threads}
+              "speedup": speedup, "ci": [low, high], "per_thread": speedup / threads, "busy": busy}
     figures = (f"FP32 eager took {one.get('median_ms'):.3g} ms per iteration at 1 thread and "
-               f"{many.get('median_ms'):.3g} ms at {threads} (speedup {speedup:.2f}x, {confidence:.0%} CI "
-               f"{low:.2f}-{high:.2f})")
+               f"{many.get('median_ms'):.3g} ms at {threads} (speedup {speedup:.3g}x, {confidence:.0%} CI "
+               f"{low:.3g}-{high:.3g})")
     if ratio["shows_gain"]:
         record.update(verdict="scales", text=f"{figures}: the model uses the {threads} threads "
                                              f"({speedup / threads:.0%} of a linear speedup)")
     else:
+        slower = f", and is slower with {threads}" if high < 1 else ""
         record.update(verdict="single_thread", text=(
-            f"{figures}: the model is too small to use more than one thread (its operators' work does not pay for "
-            f"the threads' start and join at every operator); run it with torch.set_num_threads(1) and use the other "
-            f"cores for other requests (one process per core), or set harness.threads: 1"))
+            f"{figures}: the model is too small to use more than one thread{slower} (its operators' work does not "
+            "pay for the threads' start and join at every operator); run it with torch.set_num_threads(1) and use "
+            "the other cores for other requests (one process per core), or set harness.threads: 1"))
+    if busy:
+        record["text"] += ("; other processes kept CPUs busy while it was timed, which slows the threaded run most "
+                           "(its threads wait for a descheduled one at every operator): measure again on a quiet "
+                           "machine before trusting this")
     return record
 
 
@@ -205,10 +225,11 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
                                        work_dir=work_dir / "one_thread", progress=progress)
         record["warnings"] += [f"1-thread round: {w}" for w in scaling_round.get("warnings", [])]
     record["threads_source"] = threads_source
+    busy = _busy(result) or _busy(scaling_round)
     record["thread_scaling"] = thread_scaling(
         (scaling_round or {}).get("variants", {}).get("fp32_eager"), result["variants"].get("fp32_eager"),
         int(threads or result.get("threads") or 1), result.get("confidence", stats.CONFIDENCE),
-        result.get("resamples", stats.RESAMPLES), result.get("seed", 0))
+        result.get("resamples", stats.RESAMPLES), result.get("seed", 0), busy=busy)
     record["advice"] = {r["change"]: {"rule": r["rule"], "evidence": r["evidence"], "expect": r["expect"]}
                         for r in advice.get("advice", [])}
     record["sources"] = advice.get("sources", {})
