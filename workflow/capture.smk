@@ -100,7 +100,11 @@ rule compile_artifacts:
             # matter (Inductor generates other code under deterministic algorithms, and parallelizes its CPU loops
             # for the thread count it compiles with: the same settings as the captures).
             harness=json.dumps(
-                {k: config["harness"][k] for k in ("seed", "deterministic", "threads") if k in config["harness"]},
+                {
+                    k: config["harness"][k]
+                    for k in ("seed", "deterministic", "threads")
+                    if k in config["harness"]
+                },
                 sort_keys=True,
             ),
             device=DEVICE,

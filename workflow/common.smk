@@ -330,7 +330,9 @@ def optimize_report_inputs(wildcards):
     """The advised variant's profile (results/<workload>+<changes>/), named by advice.json (checkpoint advise)."""
     with open(checkpoints.advise.get(workload=wildcards.workload).output[0]) as f:
         advised = json.load(f)["advised_changes"]
-    name, _ = advised_variant(wildcards.workload, workload_config(wildcards.workload), advised)
+    name, _ = advised_variant(
+        wildcards.workload, workload_config(wildcards.workload), advised
+    )
     folder = f"results/{name}"
     return {
         "variant_report": f"{folder}/report.md",
