@@ -69,7 +69,7 @@ def test_optimize_advises_profiles_the_variant_verifies_and_writes_the_page(opti
     assert "freezing" in run["changes"] and (variant / "operators.parquet").is_file()
     assert (variant / "inductor" / "fusion_map.parquet").is_file()  # compiled: the fusion map path ran
     verification = json.loads((base / "optimize" / "verification.json").read_text())
-    assert verification["threads"] == THREADS and verification["threads_source"] == "harness.threads"
+    assert verification["threads"] == THREADS and verification["threads_source"] == "--threads"
     scaling = verification["thread_scaling"]
     assert scaling["verdict"] in (("scales", "single_thread", "unknown") if THREADS > 1 else ("one_thread",))
     trail = verification["ablation"]["recommended"]["trail"]
@@ -79,7 +79,7 @@ def test_optimize_advises_profiles_the_variant_verifies_and_writes_the_page(opti
     assert (base / "optimize" / "compare.html").is_file()
     out = result.stdout
     assert "advised: " in out and "recommended: " in out and f"  1. {trail[0]}" in out
-    assert f"threads: {THREADS} (harness.threads): {scaling['text']}" in out
+    assert f"threads: {THREADS} (--threads): {scaling['text']}" in out
     assert f"optimize page: results/{NAME}/optimize/report.html" in out
 
 

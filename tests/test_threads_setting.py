@@ -117,6 +117,9 @@ def test_the_optimize_page_states_the_thread_count_and_the_scaling():
     html = _threads_html({"thread_scaling": scaling, "threads_source": "usable CPUs"})
     assert "Threads: 2 (usable CPUs)" in html and "<strong>" in html and "too small" in html
     assert _threads_html({}) == ""
+    from operator_profiler.report.optimize_page import _threads_kpi
+
+    assert _threads_kpi({"thread_scaling": scaling}) == [("threads", "2: too small for more than 1")]
 
 
 def test_a_busy_machine_or_a_slower_threaded_run_is_said():
@@ -128,3 +131,45 @@ def test_a_busy_machine_or_a_slower_threaded_run_is_said():
     assert verify._busy({"threads": 2, "processes_info": [{"other_cpu_load": 1.2, "usable_cpus": 2}]})
     assert not verify._busy({"threads": 1, "processes_info": [{"other_cpu_load": 1.2, "usable_cpus": 2}]})
     assert not verify._busy(None)
+
+
+def _job_params(stdout: str, rule: str) -> tuple[int, dict]:
+    """A job of a dry run with -p: its threads and the params JSON its gpu_jobs command runs with."""
+    import re
+    import shlex
+
+    block = stdout.split(f"rule {rule}:", 1)[1]
+    threads = re.search(r"^    threads: (\d+)$", block, re.M)
+    command = next(line for line in block.splitlines() if f"operator_profiler.gpu_jobs {rule}" in line)
+    argv = shlex.split(command.split("Shell command:", 1)[-1].strip())
+    return int(threads.group(1)) if threads else 1, json.loads(argv[argv.index(rule) + 1])
+
+
+@pytest.mark.workflow
+def test_the_workflow_gives_the_setting_to_the_captures_the_ceilings_and_the_verification(tmp_path):
+    """harness.threads reaches every job whose result depends on it as a params value (a change re-runs it):
+    the captures (the whole harness), compile_artifacts, the ceilings and verify_variants; the capture jobs hold
+    that many cores."""
+    import yaml
+    from workflow_runs import custom_env, snakemake
+
+    threads = min(2, USABLE)
+    raw = {"device": "cpu", "workloads": {"mlp": {"kind": "mlp", "compile": True, "width": 8, "n_block": 1,
+                                                  "batch_size": 1, "seq_len": 4}},
+           "optimize": {"workloads": ["mlp"]}}
+    config, default = tmp_path / "config.yaml", tmp_path / "default.yaml"
+    config.write_text(yaml.safe_dump({**raw, "harness": {"threads": threads}}))
+    default.write_text(yaml.safe_dump(raw))
+    plan = snakemake(tmp_path / "work", config, "-n", "-p", env=custom_env(tmp_path), cores=2)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    held, capture = _job_params(plan.stdout, "capture_timeline")
+    assert held == threads and json.loads(capture["harness"])["threads"] == threads
+    held, compiled = _job_params(plan.stdout, "compile_artifacts")
+    assert held == threads and json.loads(compiled["harness"]) == {"seed": 0, "deterministic": False,
+                                                                   "threads": threads}
+    assert _job_params(plan.stdout, "measure_ceilings")[1]["threads"] == threads
+    assert _job_params(plan.stdout, "verify_variants")[1]["threads"] == threads
+    plan = snakemake(tmp_path / "work2", default, "-n", "-p", env=custom_env(tmp_path), cores=2)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "threads" not in json.loads(_job_params(plan.stdout, "capture_timeline")[1]["harness"])
+    assert _job_params(plan.stdout, "verify_variants")[1]["threads"] is None  # every usable CPU, resolved by the job

@@ -1017,12 +1017,14 @@ def optimize_folder(folder: Path, config: dict, catalog: Path | None = None, thr
                           target if device == "cuda" and target.is_file() else None,
                           ceilings if ceilings.is_file() else None)
     out = folder / "optimize"
+    source = ("--threads" if threads else "harness.threads" if config["harness"].get("threads") else
+              "the profile's harness.threads" if run["harness"].get("threads") else None)
     threads = threads or config["harness"].get("threads") or run["harness"].get("threads")
     progress(f"verifying on {device}: the ablation of the advised changes, interleaved wall time")
     record = verify_variants_job(name, _json.dumps(workload, sort_keys=True),
                                  _json.dumps(config["optimize"], sort_keys=True), device,
                                  str(folder / "advice.json"), str(out / "verification.json"), threads,
-                                 progress=progress)
+                                 progress=progress, threads_source=source)
     optimize_report_files(name, folder, variant_folder, folder / "advice.json", out / "verification.json",
                           out / "report.html")
     return record

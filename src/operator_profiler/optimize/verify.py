@@ -155,9 +155,9 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     FP32 eager, the full advised set and the strong baseline, and recommended only when neither of them is faster
     (optimize.ablation.recommend), so its figures are never quoted unmeasured.
 
-    ``threads``: every timing process's torch threads (None: torch's default); with more than one, FP32 eager is
-    also timed at 1 thread (its own round, after the ablation's) and :func:`thread_scaling` says whether the model
-    uses the threads. ``threads_source`` says where the count came from (``harness.threads``, ``usable CPUs``).
+    ``threads``: every timing process's torch threads (None: torch's default); with more than one on CPU, FP32
+    eager is also timed at 1 thread (its own round, after the ablation's) and :func:`thread_scaling` says whether
+    the model uses the threads (on CUDA: ``verdict`` ``not_measured``). ``threads_source`` says where the count came from (``harness.threads``, ``usable CPUs``).
     ``progress``: called with one line per timing process started."""
     from ..transforms.vocabulary import machine_features
 
@@ -220,7 +220,7 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
                 f"{ablation.variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")
         record["warnings"] += second.get("warnings", [])
     scaling_round = None
-    if threads and threads > 1:
+    if threads and threads > 1 and device == "cpu":
         scaling_round = timing.measure({**spec, "threads": 1, "variants": {"fp32_eager": []}},
                                        work_dir=work_dir / "one_thread", progress=progress)
         record["warnings"] += [f"1-thread round: {w}" for w in scaling_round.get("warnings", [])]
@@ -229,7 +229,9 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     record["thread_scaling"] = thread_scaling(
         (scaling_round or {}).get("variants", {}).get("fp32_eager"), result["variants"].get("fp32_eager"),
         int(threads or result.get("threads") or 1), result.get("confidence", stats.CONFIDENCE),
-        result.get("resamples", stats.RESAMPLES), result.get("seed", 0), busy=busy)
+        result.get("resamples", stats.RESAMPLES), result.get("seed", 0), busy=busy) if device == "cpu" else {
+        "threads": threads, "verdict": "not_measured",
+        "text": f"on {device} the operators run on the GPU: the CPU threads' scaling is not measured"}
     record["advice"] = {r["change"]: {"rule": r["rule"], "evidence": r["evidence"], "expect": r["expect"]}
                         for r in advice.get("advice", [])}
     record["sources"] = advice.get("sources", {})
@@ -248,10 +250,12 @@ def verification_threads(configured: int | None) -> tuple[int, str]:
 
 
 def verify_variants_job(workload_name: str, workload_json: str, optimize_json: str, device: str, advice_path: str,
-                        out_path: str, threads: int | None = None, progress=None) -> dict:
+                        out_path: str, threads: int | None = None, progress=None,
+                        threads_source: str | None = None) -> dict:
     """The rule's work (and ``opprof optimize``'s): read advice.json, measure with ``threads`` (harness.threads;
     None: every usable CPU, :func:`verification_threads`), write verification.json (atomically; the processes' specs
-    and logs go beside it in ``timing/``). Returns the record."""
+    and logs go beside it in ``timing/``; ``threads_source``: where a given count came from, default
+    ``harness.threads``). Returns the record."""
     from ..capture.harness import resolve_device
 
     device = resolve_device(device)
@@ -259,6 +263,7 @@ def verify_variants_job(workload_name: str, workload_json: str, optimize_json: s
     out = Path(out_path)
     count, source = verification_threads(threads)
     record = verify(workload_name, json.loads(workload_json), json.loads(optimize_json), device, advice,
-                    out.parent / "timing", count, threads_source=source, progress=progress)
+                    out.parent / "timing", count, threads_source=threads_source if threads else source,
+                    progress=progress)
     write_json(out, record)
     return record
