@@ -26,6 +26,8 @@ rule capture_timeline:
         "results/{workload}/benchmarks/capture_timeline.tsv"
     conda:
         "../envs/torch.yaml"
+    # harness.threads: the job holds the cores the harness's torch threads use (1 when not set)
+    threads: HARNESS_THREADS or 1
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,
@@ -58,6 +60,7 @@ rule capture_kineto:
         "results/{workload}/benchmarks/capture_kineto.tsv"
     conda:
         "../envs/torch.yaml"
+    threads: HARNESS_THREADS or 1
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,
@@ -86,16 +89,22 @@ rule compile_artifacts:
         "results/{workload}/benchmarks/compile_artifacts.tsv"
     conda:
         "../envs/torch.yaml"
+    threads: HARNESS_THREADS or 1
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,
     params:
         job=gpu_job(
             workload=workload_params,
-            # 1 warm-up + 1 iteration whatever the harness says: only the seed and the determinism matter (Inductor
-            # generates other code under deterministic algorithms: the same setting as the captures).
+            # 1 warm-up + 1 iteration whatever the harness says: only the seed, the determinism and the threads
+            # matter (Inductor generates other code under deterministic algorithms, and parallelizes its CPU loops
+            # for the thread count it compiles with: the same settings as the captures).
             harness=json.dumps(
-                {k: config["harness"][k] for k in ("seed", "deterministic")},
+                {
+                    k: config["harness"][k]
+                    for k in ("seed", "deterministic", "threads")
+                    if k in config["harness"]
+                },
                 sort_keys=True,
             ),
             device=DEVICE,

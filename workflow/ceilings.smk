@@ -3,7 +3,7 @@
 # `--forcerun measure_ceilings`, or a `ceilings:` edit). DESIGN.md, "Machine ceilings".
 # (Snakemake caps a job's threads at --cores: a capture given more threads than the run's cores runs with the cores.)
 CEILINGS_THREADS = capture_threads()
-if isinstance(run_cores(), int) and run_cores() >= 1:
+if not HARNESS_THREADS and isinstance(run_cores(), int) and run_cores() >= 1:
     CEILINGS_THREADS = min(CEILINGS_THREADS, run_cores())
 # What identifies the machine (CPU model and count, GPUs from nvidia-smi -L on CUDA, the torch version, the
 # threads), read now without importing torch: a params value, so a change re-runs the measurement.

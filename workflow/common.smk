@@ -86,6 +86,7 @@ WORKLOADS = sorted(config["workloads"])
 # workload's config with those changes added (workload_config); any workload's results folder can be one.
 from operator_profiler.config import load_schema
 from operator_profiler.transforms.variants import (
+    advised_variant,
     split_name,
     variant_name,
     variant_workload,
@@ -297,10 +298,19 @@ def all_cores(wildcards):
     return workflow.cores
 
 
+#: harness.threads (docs/config.md): the captures' and the verification's torch threads; None: the defaults (a
+#: capture's job threads, every usable CPU for verify_variants). Absent from the harness params when not given, so
+#: that a config without it keeps its cached captures.
+HARNESS_THREADS = config["harness"].get("threads")
+
+
 def capture_threads():
-    """capture_timeline's threads (1 unless --set-threads or a profile's set-threads give it more), for
+    """The captures' threads: harness.threads when set (the harness sets torch's count itself), else
+    capture_timeline's threads (1 unless --set-threads or a profile's set-threads give it more), for
     measure_ceilings (workflow/ceilings.smk, included after capture.smk): the ceilings are measured with the threads
     the captures run with (Snakemake sets OMP_NUM_THREADS, which torch follows)."""
+    if HARNESS_THREADS:
+        return HARNESS_THREADS
     cores = rules.capture_timeline.rule.resources["_cores"]
     value = getattr(cores, "value", cores)
     if isinstance(value, int):
@@ -320,13 +330,10 @@ def optimize_report_inputs(wildcards):
     """The advised variant's profile (results/<workload>+<changes>/), named by advice.json (checkpoint advise)."""
     with open(checkpoints.advise.get(workload=wildcards.workload).output[0]) as f:
         advised = json.load(f)["advised_changes"]
-    own = workload_config(wildcards.workload)
-    new = [
-        c
-        for c in advised
-        if c not in own.get("changes", []) and not (c == "compile" and own["compile"])
-    ]
-    folder = f"results/{variant_name(wildcards.workload, new)}"
+    name, _ = advised_variant(
+        wildcards.workload, workload_config(wildcards.workload), advised
+    )
+    folder = f"results/{name}"
     return {
         "variant_report": f"{folder}/report.md",
         "variant_html": f"{folder}/report.html",

@@ -19,6 +19,7 @@ rule replay_ncu:
         "results/{workload}/benchmarks/replay_ncu/{cls}.tsv"
     conda:
         "../envs/torch.yaml"
+    threads: HARNESS_THREADS or 1
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,

@@ -24,7 +24,8 @@ checkpoint advise:
         "../scripts/advise.py"
 
 
-# Wall time must not share the cores with another job: the measurement takes them all.
+# Wall time must not share the cores with another job: the measurement takes them all (and times the variants
+# with harness.threads, by default every usable CPU).
 rule verify_variants:
     input:
         advice="results/{workload}/advice.json",
@@ -47,6 +48,9 @@ rule verify_variants:
             workload=workload_params,
             optimize=json.dumps(config["optimize"], sort_keys=True),
             device=DEVICE,
+            # harness.threads (None: every usable CPU, resolved by the job where it runs); a params value, so
+            # changing it measures again
+            threads=HARNESS_THREADS,
         ),
         files=gpu_files,
     shell:

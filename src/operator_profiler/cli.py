@@ -316,6 +316,35 @@ def _cmd_advise(args) -> None:
     print(f"advised variant: {' + '.join(advice['advised_changes']) or 'no change'} -> {args.out}")
 
 
+def _cmd_optimize(args) -> None:
+    from . import stages
+    from .config import ConfigError, load_config, threads_problem, validate_config
+
+    if args.catalog and not Path(args.catalog).is_file():
+        raise InputError(f"--catalog {args.catalog}: no such file; pass a rule catalog YAML or leave --catalog out")
+    if args.threads is not None and threads_problem(args.threads):
+        raise ConfigError(f"--threads: {threads_problem(args.threads)}")
+    config = load_config(Path(args.config)) if args.config else validate_config({}, "the defaults")
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    record = stages.optimize_folder(Path(args.results), config, Path(args.catalog) if args.catalog else None,
+                                    args.threads, progress)
+    recommended = record["ablation"]["recommended"]
+    speedup = recommended.get("speedup") or {}
+    figure = (f" ({speedup['value']:.2f}x over FP32 eager, 95% CI {speedup['ci'][0]:.2f}-{speedup['ci'][1]:.2f})"
+              if speedup.get("value") is not None and speedup.get("ci") else "")
+    print(f"recommended: {' + '.join(recommended.get('changes') or []) or 'no change'}{figure}")
+    for index, line in enumerate(recommended.get("trail") or [], 1):
+        print(f"  {index}. {line}")
+    scaling = record.get("thread_scaling") or {}
+    print(f"threads: {scaling.get('threads')} ({record.get('threads_source')}): {scaling.get('text')}")
+    for warning in record.get("warnings") or []:
+        print(f"warning: {warning}")
+    print(f"optimize page: {Path(args.results) / 'optimize' / 'report.html'}")
+
+
 def _cmd_trace(args) -> None:
     from . import stages
 
@@ -547,6 +576,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workload", help="the workload's name (default: the folder's name)")
     s.add_argument("--out", "-o", required=True, help="advice.json to write")
     s.set_defaults(func=_cmd_advise)
+
+    s = sub.add_parser("optimize", help="advise -> profile the advised variant -> verify, for one finished profile",
+                       description="For a finished profile (results/<workload>/ of a workflow run), what the "
+                                   "workflow does for a workload under optimize.workloads, in this process: "
+                                   "advice.json, the advised variant profiled into results/<workload>+<changes>/ "
+                                   "(kept when already finished), its verification (numerics, interleaved wall "
+                                   "time, ablation) in optimize/verification.json, and optimize/report.html with "
+                                   "the recommendation's decision trail. Prints the recommendation, its trail and "
+                                   "how the model scales with threads.")
+    s.add_argument("--results", required=True, help="results/<workload>/ of a finished profile")
+    s.add_argument("--config", help="the config the profile was made with, for its optimize, dedup, nvtx, aggregate "
+                                    "sections and harness.threads (default: the defaults)")
+    s.add_argument("--catalog", help="a rule catalog YAML (default: the config's optimize.catalog, else the "
+                                     "package's optimize/catalog.yaml)")
+    s.add_argument("--threads", type=_positive_int, help="torch threads for the verification (default: the config's "
+                                                         "harness.threads, else the profile's, else every usable CPU)")
+    s.set_defaults(func=_cmd_optimize)
 
     s = sub.add_parser("trace", help="Chrome/Perfetto trace.json: kernels with their operator, module and counters")
     s.add_argument("--timeline", required=True, help="timeline directory (kernels, ranges, launches parquet)")

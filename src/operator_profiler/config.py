@@ -209,12 +209,52 @@ def _cross_field_problems(config: dict, given: dict | None = None) -> list[str]:
     if isinstance(h.get("warmup"), int) and isinstance(h.get("warmup_max"), int) and h["warmup_max"] < h["warmup"]:
         problems.append(f"at 'harness': warmup_max ({h['warmup_max']}) is below warmup ({h['warmup']}), the least "
                         "warm-up; raise warmup_max or lower warmup")
+    problem = threads_problem(h.get("threads"))
+    if problem:
+        problems.append(f"at 'harness.threads': {problem}")
     for index, pattern in enumerate(config.get("nvtx", {}).get("ignore_ranges", [])):
         try:
             re.compile(pattern)
         except re.error as exc:
             problems.append(f"at 'nvtx.ignore_ranges[{index}]': {pattern!r} is not a regular expression ({exc})")
     return problems
+
+
+def usable_cpus() -> int | None:
+    """The CPUs this process may run on (its affinity: a cgroup or SLURM allocation narrows it); None if unknown."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def threads_problem(threads, usable: int | None = None) -> str | None:
+    """Why ``harness.threads`` cannot run here (below 1, or more than the usable CPUs), or None (null: the default;
+    a value of the wrong type is the schema's to report)."""
+    if threads is None or isinstance(threads, bool) or not isinstance(threads, int):
+        return None
+    if threads < 1:
+        return f"{threads} threads: give 1 or more, or leave it out (the default)"
+    usable = usable if usable is not None else usable_cpus()
+    if usable is not None and threads > usable:
+        return (f"{threads} threads, more than the {usable} CPUs this process may use (its affinity): threads beyond "
+                f"the cores wait for each other at every operator; give at most {usable}, or leave it out (the "
+                "default)")
+    return None
+
+
+def resolved_threads(threads: int | None, usable: int | None = None) -> int:
+    """The verification's thread count: ``harness.threads`` when set (refused with ConfigError when
+    :func:`threads_problem` finds one), else every usable CPU."""
+    problem = threads_problem(threads, usable)
+    if problem:
+        raise ConfigError(f"at 'harness.threads': {problem}")
+    if threads:
+        return int(threads)
+    usable = usable if usable is not None else usable_cpus()
+    return usable or 1
 
 
 #: The package extra that installs transformers (kept equal to capture/hf.py's EXTRA, which imports torch).

@@ -74,7 +74,7 @@ def _verify_variants(j):
     from .optimize.verify import verify_variants_job
 
     return verify_variants_job, (j.wildcards.workload, j.params.workload, j.params.optimize, j.params.device,
-                                 j.input.advice, j.output.verification)
+                                 j.input.advice, j.output.verification, getattr(j.params, "threads", None))
 
 
 RULES = {

@@ -904,3 +904,127 @@ def _replay_windows_checked(sources: dict, matched: pd.DataFrame, diagnostics: d
         check_replay_windows(sources, matched, diagnostics)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+
+
+#: What ``opprof optimize`` needs in a finished profile's folder (the advise rule's inputs).
+OPTIMIZE_NEEDS = ("capture/run.json", "operators.parquet", "attribution/kernels.parquet", "coverage.json")
+
+
+def finished_profile(folder: Path) -> dict:
+    """The ``run.json`` of the finished profile in results folder ``folder``, checked for what ``opprof optimize``
+    needs: the advise rule's inputs (:data:`OPTIMIZE_NEEDS`), the workload's config slice, the harness settings and
+    the device it ran on, and a torch.profiler timeline (the variant is profiled in process with torch.profiler).
+    Raises InputError (one line: what is missing and what to do)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"--results {folder}: no such folder; pass results/<workload>/ of a finished profile")
+    missing = [name for name in OPTIMIZE_NEEDS if not (folder / name).is_file()]
+    if missing:
+        raise InputError(f"--results {folder}: not a finished profile ({', '.join(missing)} missing); run the "
+                         "workflow for this workload first (snakemake --cores all)")
+    run = read_json_file(folder / "capture/run.json", "run.json", "capture the workload again", expect=dict)
+    lacks = [key for key, kind in (("workload", dict), ("harness", dict), ("versions", dict))
+             if not isinstance(run.get(key), kind)]
+    if not lacks and not isinstance(run["workload"].get("kind"), str):
+        lacks.append("workload.kind")
+    if not lacks and run["versions"].get("device") not in ("cpu", "cuda"):
+        lacks.append("versions.device")
+    if lacks:
+        raise InputError(f"--results {folder}: capture/run.json lacks {', '.join(lacks)} (the workload's config "
+                         "slice, the harness settings and the device it ran on): it was not written by this "
+                         "version's capture; run the workflow for this workload again")
+    if run.get("timeline", "torch") != "torch":
+        raise InputError(f"--results {folder}: captured with {run['timeline']}; opprof optimize profiles the "
+                         "variant with torch.profiler, whose profile would not compare: list the workload under "
+                         "optimize.workloads and run the workflow")
+    return run
+
+
+def profile_files(workload_name: str, workload: dict, harness: dict, device: str, out: Path, options: dict,
+                  clocks_target: Path | None = None, ceilings: Path | None = None) -> None:
+    """Profile one workload into results folder ``out`` in this process, as the workflow's rules do on a
+    torch.profiler timeline (same files, same stage functions): capture_timeline, compile_artifacts and
+    build_fusion_map (compiled workloads), export_timeline, classify_layers, attribute, compute_work, aggregate.
+    ``options``: the config sections ``dedup``, ``nvtx``, ``aggregate`` (a validated config's); ``clocks_target``:
+    clocks/target.json on CUDA (the base profile's); ``ceilings``: the machine's ceilings.json, when measured."""
+    from .attribution.nvtx import NvtxOptions
+    from .capture import jobs as capture
+
+    out = Path(out)
+    cap = out / "capture"
+    trace, shapes = cap / "timeline.kineto.json.gz", cap / "shapes.kineto.json.gz"
+    capture.capture_timeline(workload_name, workload, harness, device, "torch", trace, cap / "run.json",
+                             cap / "layers.json", cap / "clocks_applied.json", clocks_target, "torch", shapes)
+    fusion = None
+    if workload.get("compile"):
+        compile_harness = {k: harness[k] for k in ("seed", "deterministic", "threads") if k in harness}
+        capture.compile_artifacts(workload, compile_harness, device, out / "inductor" / "debug", clocks_target,
+                                  out / "inductor" / "clocks_applied.json", workload_name)
+        fusion = out / "inductor" / "fusion_map.parquet"
+        build_fusion_map(out / "inductor" / "debug", fusion)
+    export_timeline(trace, out / "timeline", None, device == "cuda")
+    layers = out / "layers"
+    classify(out / "timeline", cap / "layers.json", layers / "instances.parquet", layers / "kernel_layers.parquet",
+             layers / "classes.json", layers / "classes", options["dedup"]["verify"], layers / "replay", fusion)
+    attribution = out / "attribution" / "kernels.parquet"
+    attribute_files(out / "timeline", layers / "kernel_layers.parquet", fusion, attribution,
+                    NvtxOptions.from_config(options["nvtx"]), None, [cap / "run.json"], workload)
+    work_files(out / "timeline", attribution, out / "work" / "kernels.parquet", fusion_map_path=fusion,
+               shapes_trace=shapes)
+    aggregate_files(attribution, layers / "instances.parquet", layers / "classes.json",
+                    {**options["aggregate"], "device": device}, out / "operators.parquet", out / "operators.csv",
+                    out / "modules.parquet", out / "layer_classes.parquet", out / "coverage.json",
+                    out_phases=out / "phases.parquet", work_path=out / "work" / "kernels.parquet",
+                    ceilings_path=ceilings)
+
+
+def optimize_folder(folder: Path, config: dict, catalog: Path | None = None, threads: int | None = None,
+                    progress=None) -> dict:
+    """``opprof optimize``: for the finished profile in results folder ``folder`` (results/<workload>/), what the
+    workflow's optimize path does for a workload under ``optimize.workloads``: advise (``advice.json``), profile
+    the advised variant into results/<workload>+<changes>/ (:func:`profile_files`; kept when already finished),
+    verify it (``optimize/verification.json``, with ``threads``, else ``config``'s harness.threads, else the
+    profile's, else every usable CPU) and write ``optimize/report.html`` and ``optimize/compare.html``;
+    ``progress``: called with one line per step. ``config``: a validated config (its ``optimize``,
+    ``dedup``, ``nvtx``, ``aggregate`` sections and ``harness.threads``). Returns the verification record.
+    Raises InputError (a folder that is not a finished profile), ConfigError, WorkloadError."""
+    import json as _json
+
+    from .optimize.verify import verify_variants_job
+    from .transforms.variants import advised_variant, variant_workload
+
+    progress = progress or (lambda line: None)
+    folder = Path(folder)
+    run = finished_profile(folder)
+    name = folder.resolve().name
+    workload, device = run["workload"], run["versions"]["device"]
+    shapes = folder / "capture" / "shapes.kineto.json.gz"
+    advice = advise_files(folder, folder / "advice.json", catalog or config["optimize"].get("catalog"),
+                          shapes if shapes.is_file() else None, name)
+    variant, new = advised_variant(name, workload, advice["advised_changes"])
+    progress(f"advised: {' + '.join(advice['advised_changes']) or 'no change'} -> variant {variant}")
+    variant_folder = folder.parent / variant
+    if new:
+        try:
+            finished_profile(variant_folder)
+            progress(f"{variant_folder}: already profiled, kept")
+        except InputError:
+            progress(f"profiling {variant} into {variant_folder}")
+            target = folder / "clocks" / "target.json"
+            ceilings = folder.parent / "ceilings" / f"{device}.json"
+            # the base profile's harness (its threads included): the two profiles compare
+            profile_files(variant, variant_workload(workload, new), run["harness"], device, variant_folder, config,
+                          target if device == "cuda" and target.is_file() else None,
+                          ceilings if ceilings.is_file() else None)
+    out = folder / "optimize"
+    source = ("--threads" if threads else "harness.threads" if config["harness"].get("threads") else
+              "the profile's harness.threads" if run["harness"].get("threads") else None)
+    threads = threads or config["harness"].get("threads") or run["harness"].get("threads")
+    progress(f"verifying on {device}: the ablation of the advised changes, interleaved wall time")
+    record = verify_variants_job(name, _json.dumps(workload, sort_keys=True),
+                                 _json.dumps(config["optimize"], sort_keys=True), device,
+                                 str(folder / "advice.json"), str(out / "verification.json"), threads,
+                                 progress=progress, threads_source=source)
+    optimize_report_files(name, folder, variant_folder, folder / "advice.json", out / "verification.json",
+                          out / "report.html")
+    return record

@@ -327,7 +327,8 @@ def _copy(kwargs: dict) -> dict:
 
 def harness_settings(harness: dict) -> dict:
     """``harness`` with the schema's defaults filled in for missing keys (``seed``, ``warmup``, ``warmup_max``,
-    ``steady_window``, ``steady_tolerance``, ``iterations``, ``deterministic``; workflow/schemas/config.schema.yaml),
+    ``steady_window``, ``steady_tolerance``, ``iterations``, ``deterministic``; ``threads`` stays absent when not given;
+    workflow/schemas/config.schema.yaml),
     so a direct caller gets the workflow's warm-up rule and determinism setting.
 
     Raises:
@@ -336,7 +337,7 @@ def harness_settings(harness: dict) -> dict:
     """
     import jsonschema
 
-    from ..config import ConfigError, fill_defaults, load_schema
+    from ..config import ConfigError, fill_defaults, load_schema, threads_problem
 
     schema = load_schema()["properties"]["harness"]
     settings = fill_defaults(dict(harness), schema)
@@ -347,7 +348,21 @@ def harness_settings(harness: dict) -> dict:
     if settings["warmup_max"] < settings["warmup"]:
         raise ConfigError(f"harness.warmup_max ({settings['warmup_max']}) is below harness.warmup "
                           f"({settings['warmup']}); raise warmup_max or lower warmup")
+    problem = threads_problem(settings.get("threads"))
+    if problem:
+        raise ConfigError(f"invalid harness settings at harness.threads: {problem}")
     return settings
+
+
+def apply_threads(threads: int | None) -> dict:
+    """Set torch's intra-op threads to ``threads`` (``harness.threads``) when given; None leaves the process's
+    own count (OMP_NUM_THREADS, which Snakemake sets to the job's threads: 1 for a capture unless set-threads).
+    Returns run.json's ``threads``: ``{"count", "requested", "source"}``."""
+    if threads:
+        torch.set_num_threads(int(threads))
+    return {"count": torch.get_num_threads(), "requested": threads,
+            "source": "harness.threads" if threads else
+            ("OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "torch default")}
 
 
 def _median(values: list[float]) -> float:
@@ -511,7 +526,7 @@ def run_capture(
     Args:
         workload: the workload's config slice (``kind``, sizes, ``compile``, ``mode``).
         harness: ``{"seed", "warmup", "warmup_max", "steady_window", "steady_tolerance", "iterations",
-            "deterministic"}`` (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at
+            "deterministic", "threads"}`` (missing keys take the schema's defaults, :func:`harness_settings`): warm-up runs at
             least ``warmup`` iterations, then until steady (:func:`warm_up_until_steady`), at most ``warmup_max``;
             ``deterministic`` (default false) forces deterministic algorithms (:func:`_seed_everything`), else the
             process's own settings stay.
@@ -551,7 +566,8 @@ def run_capture(
             Kineto run beside an nsys timeline, whose times are not the measured ones).
 
     Returns:
-        The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``warmup`` (the
+        The ``run.json`` content. Besides versions and config (``harness`` as given) it holds ``threads`` (torch's
+        thread count the iterations ran with, :func:`apply_threads`), ``warmup`` (the
         warm-up actually run and whether it became steady, :func:`warm_up_until_steady`), ``machine_load`` (how
         many CPUs other processes kept busy on average during the measured iterations and the profiler's stop,
         at least :data:`LOAD_WINDOW_S` (a shorter run waits, idle, ``waited_s``), and whether that made the
@@ -583,6 +599,7 @@ def run_capture(
     trace_path = Path(trace_path) if trace_path is not None else None
     inductor_dir = Path(inductor_dir) if inductor_dir is not None else None
     given_harness, harness = harness, harness_settings(harness)
+    threads = apply_threads(harness.get("threads"))
     _seed_everything(harness["seed"], device, harness["deterministic"])
     compiled = bool(workload.get("compile", False))
     if compiled:
@@ -744,6 +761,7 @@ def run_capture(
         "workload": workload,
         "transformers_model": hf_model,
         "harness": given_harness,
+        "threads": threads,
         "compiled": compiled,
         **compile_record,
         "compile_notes": compile_notes,

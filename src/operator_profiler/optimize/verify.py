@@ -90,8 +90,62 @@ def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Pa
     return done
 
 
+def _busy(timed: dict | None) -> bool:
+    """Whether other processes kept more CPUs busy than the spare ones beside the threads (plus the margin) in
+    any process of a timing result (timing.busy_machine_warnings's rule)."""
+    from ..capture.machine import BUSY_MARGIN_CPUS
+
+    threads = (timed or {}).get("threads") or 1
+    for info in (timed or {}).get("processes_info") or []:
+        others = info.get("other_cpu_load")
+        if others is not None and others > max(0, (info.get("usable_cpus") or threads) - threads) + BUSY_MARGIN_CPUS:
+            return True
+    return False
+
+
+def thread_scaling(one: dict | None, many: dict | None, threads: int, confidence: float = stats.CONFIDENCE,
+                   resamples: int = stats.RESAMPLES, seed: int = 0, busy: bool = False) -> dict:
+    """How FP32 eager scales from 1 thread to ``threads``: ``one`` and ``many`` are its timing entries at 1 and at
+    ``threads`` threads (``samples_ms``). Returns verification.json's ``thread_scaling``: ``threads``,
+    ``one_thread_ms``/``threads_ms`` (medians), ``speedup`` (median at 1 / median at ``threads``) with its ``ci``,
+    ``per_thread`` (speedup / threads), ``verdict`` (``scales``: the interval lies above 1; ``single_thread``: the
+    interval reaches 1 or lies below it, so the model is too small to use more than one thread; ``one_thread``: only
+    one thread was used; ``unknown``: a side was rejected), ``busy`` (other processes kept CPUs busy while either
+    side was timed: ``text`` then says the verdict needs a quiet machine) and ``text``, the sentence the optimize
+    page shows."""
+    if threads <= 1:
+        return {"threads": threads, "verdict": "one_thread",
+                "text": "measured with 1 thread (harness.threads or the usable CPUs): no scaling to compare"}
+    if not one or not many or one.get("rejected") or many.get("rejected") or not one.get("samples_ms") \
+            or not many.get("samples_ms"):
+        return {"threads": threads, "verdict": "unknown",
+                "text": f"FP32 eager could not be timed at 1 and at {threads} threads: its thread scaling is unknown"}
+    ratio = stats.speedup_interval(one["samples_ms"], many["samples_ms"], confidence, resamples, seed)
+    speedup, low, high = ratio["speedup"], ratio["low"], ratio["high"]
+    record = {"threads": threads, "one_thread_ms": one.get("median_ms"), "threads_ms": many.get("median_ms"),
+              "speedup": speedup, "ci": [low, high], "per_thread": speedup / threads, "busy": busy}
+    figures = (f"FP32 eager took {one.get('median_ms'):.3g} ms per iteration at 1 thread and "
+               f"{many.get('median_ms'):.3g} ms at {threads} (speedup {speedup:.3g}x, {confidence:.0%} CI "
+               f"{low:.3g}-{high:.3g})")
+    if ratio["shows_gain"]:
+        record.update(verdict="scales", text=f"{figures}: the model uses the {threads} threads "
+                                             f"({speedup / threads:.0%} of a linear speedup)")
+    else:
+        slower = f", and is slower with {threads}" if high < 1 else ""
+        record.update(verdict="single_thread", text=(
+            f"{figures}: the model is too small to use more than one thread{slower} (its operators' work does not "
+            "pay for the threads' start and join at every operator); run it with torch.set_num_threads(1) and use "
+            "the other cores for other requests (one process per core), or set harness.threads: 1"))
+    if busy:
+        record["text"] += ("; other processes kept CPUs busy while it was timed, which slows the threaded run most "
+                           "(its threads wait for a descheduled one at every operator): measure again on a quiet "
+                           "machine before trusting this")
+    return record
+
+
 def verify(workload_name: str, workload: dict, optimize: dict, device: str, advice: dict, work_dir: Path,
-           threads: int | None = None, features: dict | None = None) -> dict:
+           threads: int | None = None, features: dict | None = None, threads_source: str | None = None,
+           progress=None) -> dict:
     """Measure the ablation of ``advice``'s advised changes against the baselines; returns the verification
     record (optimize.ablation.verification) with the advice's evidence per change beside it.
 
@@ -99,7 +153,12 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     replace: every variant is built from the eager FP32 model with its own change list). When the recommended
     variant (the kept changes) is not one of the measured change sets, it is measured in a second round with
     FP32 eager, the full advised set and the strong baseline, and recommended only when neither of them is faster
-    (optimize.ablation.recommend), so its figures are never quoted unmeasured."""
+    (optimize.ablation.recommend), so its figures are never quoted unmeasured.
+
+    ``threads``: every timing process's torch threads (None: torch's default); with more than one on CPU, FP32
+    eager is also timed at 1 thread (its own round, after the ablation's) and :func:`thread_scaling` says whether
+    the model uses the threads (on CUDA: ``verdict`` ``not_measured``). ``threads_source`` says where the count came from (``harness.threads``, ``usable CPUs``).
+    ``progress``: called with one line per timing process started."""
     from ..transforms.vocabulary import machine_features
 
     features = features or machine_features(device)
@@ -117,8 +176,8 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     baselines = ablation.default_baselines(bool(features.get("native_bf16")), mode)
     variants = ablation.plan(advised, baselines)
     load_before = os.getloadavg()[0]
-    result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1")
-    refined = refine_borderline(spec, result, advised, work_dir)
+    result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1", progress=progress)
+    refined = refine_borderline(spec, result, advised, work_dir, progress=progress)
     record = ablation.verification(result, advised)
     record["refined"] = refined
     record["load"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
@@ -141,7 +200,7 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
             again[ablation.variant_name(full)] = full
         if frozenset(baselines["strong_generic"]) not in {frozenset(c) for c in again.values()}:
             again["strong_generic"] = baselines["strong_generic"]
-        second = timing.measure({**spec, "variants": again}, work_dir=work_dir / "round2")
+        second = timing.measure({**spec, "variants": again}, work_dir=work_dir / "round2", progress=progress)
         entry = second["variants"][recommended["name"]]
         trail = list(recommended.get("trail") or [])
         if trail and trail[-1].startswith("recommended "):
@@ -160,6 +219,19 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
                 f"the recommendation is {recommended['name']} ({recommended['source']}) instead of "
                 f"{ablation.variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")
         record["warnings"] += second.get("warnings", [])
+    scaling_round = None
+    if threads and threads > 1 and device == "cpu":
+        scaling_round = timing.measure({**spec, "threads": 1, "variants": {"fp32_eager": []}},
+                                       work_dir=work_dir / "one_thread", progress=progress)
+        record["warnings"] += [f"1-thread round: {w}" for w in scaling_round.get("warnings", [])]
+    record["threads_source"] = threads_source
+    busy = _busy(result) or _busy(scaling_round)
+    record["thread_scaling"] = thread_scaling(
+        (scaling_round or {}).get("variants", {}).get("fp32_eager"), result["variants"].get("fp32_eager"),
+        int(threads or result.get("threads") or 1), result.get("confidence", stats.CONFIDENCE),
+        result.get("resamples", stats.RESAMPLES), result.get("seed", 0), busy=busy) if device == "cpu" else {
+        "threads": threads, "verdict": "not_measured",
+        "text": f"on {device} the operators run on the GPU: the CPU threads' scaling is not measured"}
     record["advice"] = {r["change"]: {"rule": r["rule"], "evidence": r["evidence"], "expect": r["expect"]}
                         for r in advice.get("advice", [])}
     record["sources"] = advice.get("sources", {})
@@ -168,16 +240,30 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     return record
 
 
+def verification_threads(configured: int | None) -> tuple[int, str]:
+    """The verification's thread count and where it came from: ``harness.threads`` when set, else every usable CPU
+    of this process (its affinity). Raises ConfigError for a count this machine cannot run (below 1, above the
+    usable CPUs)."""
+    from ..config import resolved_threads
+
+    return resolved_threads(configured), "harness.threads" if configured else "usable CPUs"
+
+
 def verify_variants_job(workload_name: str, workload_json: str, optimize_json: str, device: str, advice_path: str,
-                        out_path: str) -> None:
-    """The rule's work: read advice.json, measure, write verification.json (atomically; the processes' specs and
-    logs go beside it in ``timing/``)."""
+                        out_path: str, threads: int | None = None, progress=None,
+                        threads_source: str | None = None) -> dict:
+    """The rule's work (and ``opprof optimize``'s): read advice.json, measure with ``threads`` (harness.threads;
+    None: every usable CPU, :func:`verification_threads`), write verification.json (atomically; the processes' specs
+    and logs go beside it in ``timing/``; ``threads_source``: where a given count came from, default
+    ``harness.threads``). Returns the record."""
     from ..capture.harness import resolve_device
 
     device = resolve_device(device)
     advice = read_json_file(Path(advice_path), "advice.json", "run the advise rule first")
     out = Path(out_path)
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or None
+    count, source = verification_threads(threads)
     record = verify(workload_name, json.loads(workload_json), json.loads(optimize_json), device, advice,
-                    out.parent / "timing", threads)
+                    out.parent / "timing", count, threads_source=threads_source if threads else source,
+                    progress=progress)
     write_json(out, record)
+    return record

@@ -102,7 +102,34 @@ def _variants_section(verification: dict) -> str:
             "the FP32 eager reference on fixed inputs, at the tolerance of the variant's dtype; a variant that "
             "changes the dtype and does more is also checked against the eager model in that dtype at a tight bound "
             "(twice that eager model's own deviation from FP32), so a compiler bug is not absorbed by the dtype's "
-            "tolerance.</p>" + table + extra + "</section>")
+            "tolerance.</p>" + _threads_html(verification) + table + extra + "</section>")
+
+
+#: The page's one-word summary of verification.json thread_scaling verdicts (optimize.verify.thread_scaling).
+_THREAD_VERDICTS = {"scales": "{n}: the model uses them", "single_thread": "{n}: too small for more than 1",
+                    "one_thread": "1", "unknown": "{n}: scaling unknown", "not_measured": "{n}"}
+
+
+def _threads_kpi(verification: dict) -> list[tuple[str, str]]:
+    scaling = verification.get("thread_scaling")
+    if not scaling:
+        return []
+    verdict = _THREAD_VERDICTS.get(scaling.get("verdict"), str(scaling.get("verdict")))
+    return [("threads", verdict.format(n=scaling.get("threads")))]
+
+
+def _threads_html(verification: dict) -> str:
+    """The thread count the variants ran with, where it came from, and FP32 eager's scaling from 1 thread to it
+    (verification.json ``thread_scaling``, optimize.verify.thread_scaling)."""
+    scaling = verification.get("thread_scaling")
+    if not scaling:
+        return ""
+    source = verification.get("threads_source")
+    strong = scaling.get("verdict") == "single_thread"
+    text = esc(scaling.get("text"))
+    return (f'<p id="threads">Threads: {esc(scaling.get("threads"))}'
+            + (f" ({esc(source)})" if source else "") + ". "
+            + (f"<strong>{text}</strong>" if strong else text) + ".</p>")
 
 
 def _baselines_text(verification: dict) -> str:
@@ -313,7 +340,7 @@ def render_optimize(workload: str, advice: dict, verification: dict, compare: pd
         ("speedup (wall, vs FP32 eager)", _interval(speedup.get("value"), speedup.get("ci"), "x") or "n/a"),
         ("optimized coverage", "" if variant_coverage.get("coverage_time") is None
          else f"{variant_coverage['coverage_time']:.1%}"),
-    ])
+    ] + _threads_kpi(verification))
     warn_html = ("<section id=\"warnings\"><h2>Warnings</h2><ul>" + "".join(f"<li>{esc(w)}</li>" for w in warnings)
                  + "</ul></section>") if warnings else ""
     body = (kpis + _advice_section(advice) + _variants_section(verification) + _ablation_section(verification)

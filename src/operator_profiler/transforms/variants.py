@@ -14,6 +14,15 @@ def variant_name(workload: str, changes: list[str]) -> str:
     return SEPARATOR.join([workload, *changes])
 
 
+def advised_variant(workload_name: str, workload: dict, advised: list[str]) -> tuple[str, list[str]]:
+    """The advised variant of ``workload_name`` (config slice ``workload``): its name (the results folder the
+    workflow and ``opprof optimize`` profile it into; the workload's own when nothing is new) and the advised
+    changes it does not have yet (not its own ``changes``, nor ``compile`` when it compiles already)."""
+    own = workload.get("changes", [])
+    new = [c for c in advised if c not in own and not (c == "compile" and workload.get("compile"))]
+    return variant_name(workload_name, new), new
+
+
 def variant_workload(workload: dict, changes: list[str]) -> dict:
     """The config slice of ``workload`` with ``changes`` added after its own (each once); ``compile`` becomes true
     when a change needs torch.compile."""
