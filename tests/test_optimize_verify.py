@@ -230,3 +230,8 @@ def test_a_kept_set_measured_in_a_second_round_gives_way_to_the_full_advised_set
     assert any("measured in a second round" in line for line in recommended["trail"])
     assert any(w.startswith(f"the recommendation is {full} (full_advised)") for w in record["warnings"])
     assert not any("was not measured as a whole" in w for w in record["warnings"])
+    # every decision and guard was decided on the first measurements: no extra round, none owed
+    assert record["refined"] == [] and record["measure_more"]["rounds"] == 0
+    assert record["measure_more"]["stopped"] == "decided" and record["measure_more"]["round2"]["stopped"] == "decided"
+    assert all(step["measurement"]["extra_rounds"] == 0 for step in record["ablation"]["steps"])
+    assert [g["outcome"] for g in recommended["guards"]] == ["slower", "not slower"]
