@@ -109,7 +109,8 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
             progress(f"undecided: {', '.join(sorted(todo))}: measuring {', '.join(names)} again (round {ran}, "
                      f"{spent:.0f} of {budget_s:g} s spent)")
         round_started = clock()
-        extra = timing.measure({**spec, "variants": variants}, work_dir=Path(work_dir) / f"{label}{ran}",
+        base = {k: v for k, v in spec.items() if k != "baseline"}  # the baseline may not be among them
+        extra = timing.measure({**base, "variants": variants}, work_dir=Path(work_dir) / f"{label}{ran}",
                                **measure_kwargs)
         pooled = [name for name, entry in extra["variants"].items()
                   if not entry.get("rejected") and entry.get("samples_ms")]
