@@ -427,6 +427,41 @@ def test_a_machine_busy_in_every_process_keeps_the_samples_with_a_warning_once_t
                        work_dir=tmp_path)
 
 
+def test_a_round_measured_more_discards_its_busy_process_and_pools_the_quiet_ones(doubles_on_path, tmp_path):
+    """The first measurement keeps its busy process 0 (no re-measurement allowed) with a warning; a round measured
+    more (verify.measure_more, with one re-measurement allowed) discards its busy process 0, runs process 1 in its
+    place and pools processes 1 and 2 into the first samples; the verification record lists the discarded one."""
+    from operator_profiler.optimize import verify
+
+    variants = {"fp32_eager": [], "x4": ["x4", "busy:0"]}
+    result = timing.measure(_spec(variants, repetitions=4), build="timing_doubles:build", numerics=None,
+                            work_dir=tmp_path / "first")
+    assert result["discarded_processes"] == [] and [p["process"] for p in result["processes_info"]] == [0, 1]
+    assert any(w.startswith("process 0: other processes kept") and w.endswith(
+        "(kept: the 0 re-measurement(s) allowed (busy_remeasure) were spent without a quiet process)")
+        for w in result["warnings"])
+    first = {name: list(entry["samples_ms"]) for name, entry in result["variants"].items()}
+
+    def pending(current):
+        return {"x4": ["fp32_eager", "x4"]} if current["variants"]["x4"]["repetitions"] < 8 else {}
+
+    more = verify.measure_more({**_spec(variants, repetitions=4), "busy_remeasure": 1}, result, pending, tmp_path,
+                               budget_s=600, build="timing_doubles:build", numerics=None)
+    assert more["rounds"] == 1 and more["stopped"] == "decided"
+    [round_] = result["refined"]
+    assert [(d["process"], d["replaced_by"]) for d in round_["discarded_processes"]] == [(0, 1)]
+    assert round_["repetitions"] == {"fp32_eager": 4, "x4": 4} and round_["processes"] == {"fp32_eager": 2, "x4": 2}
+    for name in variants:
+        entry = result["variants"][name]
+        assert entry["samples_ms"] == first[name] + _out_samples(tmp_path / "refine1", 1, name) + _out_samples(
+            tmp_path / "refine1", 2, name)
+        assert entry["repetitions"] == 8 and entry["processes"] == 4
+        assert entry["median_ms"] == pytest.approx(float(np.median(entry["samples_ms"])))
+    record = ablation.verification(result, [])
+    assert [d["process"] for d in record["discarded_processes"]] == [0] and record["measure_more"] == more
+    assert record["variants"]["x4"]["processes"] == 4
+
+
 # ------------------------------------------------------------------ a miscompile hidden by a dtype's tolerance
 
 #: The outputs the worker compares, derived independently of it in a fresh process (1 thread, the spec's seed 0
