@@ -4,7 +4,9 @@ with the timing result (:func:`verification`; fields in docs/optimize.md#verific
 
 A change's credit is what is lost when it is removed from the full advised set (leave-one-out): the full set
 against the set without it. A change is dropped only when removing it is not slower; a change whose interval
-reaches 1 while its median is a gain is kept and called undecided; one whose leave-one-out variant was not
+reaches 1 while its median is a gain is kept and called undecided (:func:`borderline` names such comparisons, the
+guards' too, for :func:`operator_profiler.optimize.verify.measure_more` to measure again within a time budget;
+each decision reports the repetitions and processes it rests on); one whose leave-one-out variant was not
 measured is kept (the conservative choice). The cumulative prefix steps (advised order) are measured and
 reported beside it: a change whose leave-one-out credit differs from its prefix step (disjoint intervals)
 interacts with the others. The recommendation is never slower than the full advised variant or than
