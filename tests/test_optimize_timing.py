@@ -389,7 +389,8 @@ def test_a_busy_process_is_measured_again_and_its_samples_are_not_used(doubles_o
     """Process 0 reports other processes keeping the CPUs busy: it is discarded and run again as process 1 (which
     calibrates k, as the first process kept); the second slot is process 2. The samples are those of 1 and 2."""
     result = timing.measure({**_spec({"fp32_eager": [], "x4": ["x4", "busy:0"]}, repetitions=4),
-                             "busy_remeasure": timing.BUSY_REMEASURE}, build="timing_doubles:build", numerics="timing_doubles", work_dir=tmp_path)
+                             "busy_remeasure": timing.BUSY_REMEASURE}, build="timing_doubles:build",
+                            numerics="timing_doubles", work_dir=tmp_path)
     import timing_doubles
 
     assert [p["process"] for p in result["processes_info"]] == [1, 2]

@@ -448,8 +448,8 @@ def verification(result: dict, advised: list[str]) -> dict:
     borderline decisions (``refined``, ``measure_more``: :func:`operator_profiler.optimize.verify.measure_more`),
     the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
     fields = ("changes", "rejected", "median_ms", "ci_ms", "speedup", "faults_per_iteration", "numerics",
-              "numerics_in_dtype", "repetitions", "processes", "iterations_per_repetition", "rss_after_warmup_bytes", "checks",
-              "rewrites")
+              "numerics_in_dtype", "repetitions", "processes", "iterations_per_repetition", "rss_after_warmup_bytes",
+              "checks", "rewrites")
     ablation = decide(result, advised)
     warnings = list(result.get("warnings", []))
     rejected_baselines = {name: result["variants"][name]["rejected"] for name in BASELINE_NAMES

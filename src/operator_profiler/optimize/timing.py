@@ -39,9 +39,9 @@ MIN_REPETITIONS, MIN_PROCESSES = 20, 2
 FAULT_THRESHOLD = 100.0
 #: Processes a measurement may run beyond its ``processes`` to replace ones during whose repetitions other
 #: processes kept the CPUs busy (:func:`busy_load`); a busy process is discarded when its replacement is quiet.
-#: One replaces a process that met a passing load; on a machine busy all along more would only multiply the time (with
-#: 2 allowed, the workflow test's verification on 2 cores shared with other jobs ran 4 processes of about 3 min
-#: each instead of 2, every one busy).
+#: One replaces a process that met a passing load; on a machine busy all along more would only multiply the
+#: time (with 2 allowed, the workflow test's verification on 2 cores shared with other jobs ran 4 processes of
+#: about 3 min each instead of 2, every one busy).
 BUSY_REMEASURE = 1
 
 DEFAULTS: dict[str, Any] = {
