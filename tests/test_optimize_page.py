@@ -134,11 +134,12 @@ def test_the_ablation_shows_the_extra_rounds_of_a_decision_and_the_discarded_bus
                      "variants": ["compile+freezing", "compile_default"], "seconds": 64.0},
                     {"round": 2, "of": "refine", "decisions": ["freezing"],
                      "variants": ["compile+freezing", "compile_default"], "seconds": 66.4}],
-        "discarded_processes": [{"process": 0, "other_cpu_load": 1.8, "spare": 0, "replaced_by": 2}]}
+        "discarded_processes": [{"process": 0, "other_cpu_load": 1.8, "spare": 0, "replaced_by": 2,
+                                 "measurement": "refine1"}]}
     html = optimize_page._ablation_section(record)
     assert "<td>60 / 60 (6 / 6 processes), 2 more rounds</td>" in html
     assert ("<p>Borderline decisions measured again: 2 round(s), 130 s of the 120 s budget; still undecided: "
             "freezing (budget).</p>") in html
     assert "Rounds: 1 (refine) for freezing: compile+freezing, compile_default, 64 s; 2 (refine)" in html
-    assert ("Processes discarded because other processes kept the CPUs busy: process 0 (1.8 CPUs busy, 0 spare; "
-            "process 2 kept in its place).") in html
+    assert ("Processes discarded because other processes kept the CPUs busy: refine1 process 0 (1.8 CPUs busy, 0 "
+            "spare; process 2 kept in its place).") in html

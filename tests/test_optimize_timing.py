@@ -459,7 +459,8 @@ def test_a_round_measured_more_discards_its_busy_process_and_pools_the_quiet_one
         assert entry["repetitions"] == 8 and entry["processes"] == 4
         assert entry["median_ms"] == pytest.approx(float(np.median(entry["samples_ms"])))
     record = ablation.verification(result, [])
-    assert [d["process"] for d in record["discarded_processes"]] == [0] and record["measure_more"] == more
+    assert [(d["process"], d["measurement"]) for d in record["discarded_processes"]] == [(0, "refine1")]
+    assert record["measure_more"] == more
     assert record["variants"]["x4"]["processes"] == 4
 
 

@@ -85,14 +85,17 @@ def test_an_undecided_change_is_kept_measured_again_and_kept_once_its_interval_l
     assert result["variants"]["fp32_eager"]["repetitions"] == 20
     spent = record["measure_more"]["spent_s"]
     assert record["measure_more"] == {"budget_s": verify.DECISION_BUDGET_S, "spent_s": spent, "rounds": 1,
-                                      "max_rounds": verify.MAX_ROUNDS, "stopped": "decided", "undecided": []}
-    assert record["discarded_processes"] == [busy] and "process 0: busy" in record["warnings"]
+                                      "max_rounds": verify.MAX_ROUNDS, "stopped": "decided", "undecided": [],
+                                      "next_estimate_s": None}
+    assert record["discarded_processes"] == [{**busy, "measurement": "refine1"}]
+    assert "process 0: busy" in record["warnings"]
     assert record["variants"]["compile+freezing"]["processes"] == 4
 
 
 def test_a_step_still_undecided_when_the_budget_is_spent_is_kept_and_says_so(monkeypatch, tmp_path):
-    """Each round takes 50 s (the clock): with a budget of 120 s rounds start at 0, 50 and 100 s, none at 150 s.
-    The extra samples of both variants are as noisy as the first ones: freezing stays undecided and is kept."""
+    """Each round takes 50 s (the clock) for its 2 variants: with a budget of 120 s the first round starts (no
+    estimate yet), the second too (50 s spent + 50 s estimated fit), a third would end at 150 s: not started. The
+    extra samples of both variants are as noisy as the first ones: freezing stays undecided and is kept."""
     rng = np.random.default_rng(7)
     first = {"compile_default": rng.normal(100, 30, 20).tolist(), "compile+freezing": rng.normal(99, 30, 20).tolist()}
     clock, calls, extra = Clock(50.0), [], {}
@@ -120,18 +123,20 @@ def test_a_step_still_undecided_when_the_budget_is_spent_is_kept_and_says_so(mon
                                budget_s=120, clock=clock)
     pooled = {n: first[n] + extra[n] for n in extra}
     credit = stats.speedup_interval(pooled["compile_default"], pooled["compile+freezing"])
-    assert credit["speedup"] > 1 >= credit["low"]  # still undecided on the pooled 80 repetitions each
-    assert len(calls) == 3 and all(c == ["compile+freezing", "compile_default"] for c in calls)
-    assert more == {"budget_s": 120, "spent_s": 150.0, "rounds": 3, "max_rounds": verify.MAX_ROUNDS,
-                    "stopped": "budget", "undecided": ["freezing"]}
+    assert credit["speedup"] > 1 >= credit["low"]  # still undecided on the pooled 60 repetitions each
+    assert len(calls) == 2 and all(c == ["compile+freezing", "compile_default"] for c in calls)
+    assert more == {"budget_s": 120, "spent_s": 100.0, "rounds": 2, "max_rounds": verify.MAX_ROUNDS,
+                    "stopped": "budget", "undecided": ["freezing"], "next_estimate_s": 50.0}
+    assert [(r["estimate_s"], r["seconds"]) for r in result["refined"]] == [(0.0, 50.0), (50.0, 50.0)]
     decision = ablation.decide(result, advised)
     step = _steps(decision)["freezing"]
     assert step["decision"] == "undecided" and decision["kept"] == advised and decision["undecided"] == ["freezing"]
     assert decision["recommended"]["changes"] == advised
-    assert step["measurement"]["repetitions"] == [80, 80] and step["measurement"]["processes"] == [8, 8]
-    assert step["reason"].endswith("kept, undecided; still undecided after 3 more round(s) (80 and 80 repetitions "
-                                   "over 8 and 8 processes): the decision budget of 120 s was spent")
-    assert any(line.startswith("freezing: undecided: ") and line.endswith("was spent")
+    assert step["measurement"]["repetitions"] == [60, 60] and step["measurement"]["processes"] == [6, 6]
+    assert step["reason"].endswith("kept, undecided; still undecided after 2 more round(s) (60 and 60 repetitions "
+                                   "over 6 and 6 processes): the decision budget (120 s, 100 s spent) allows no "
+                                   "further round (the next would take about 50 s)")
+    assert any(line.startswith("freezing: undecided: ") and line.endswith("(the next would take about 50 s)")
                for line in decision["recommended"]["trail"])
     # no budget: nothing is measured again, the change is kept undecided all the same
     calls.clear()
@@ -139,7 +144,15 @@ def test_a_step_still_undecided_when_the_budget_is_spent_is_kept_and_says_so(mon
     assert verify.refine_borderline({"workload": {}}, result, advised, tmp_path, budget_s=0) == []
     step = _steps(ablation.decide(result, advised))["freezing"]
     assert calls == [] and step["decision"] == "undecided" and step["measurement"]["extra_rounds"] == 0
-    assert step["reason"].endswith("; not measured more: the decision budget of 0 s was spent")
+    assert step["reason"].endswith("; not measured more: the decision budget (0 s, 0 s spent) allows no further "
+                                   "round")
+    # a round estimated from the measurement before (70 s per variant, 2 variants) that would not fit: none
+    result = fresh()
+    verify.refine_borderline({"workload": {}}, result, advised, tmp_path, budget_s=120, seconds_per_variant=70.0)
+    step = _steps(ablation.decide(result, advised))["freezing"]
+    assert calls == [] and result["measure_more"]["next_estimate_s"] == 140.0 and step["decision"] == "undecided"
+    assert step["reason"].endswith("; not measured more: the decision budget (120 s, 0 s spent) allows no further "
+                                   "round (the next would take about 140 s)")
     with pytest.raises(ConfigError, match="decision budget must be 0 s or more"):
         verify.refine_borderline({"workload": {}}, fresh(), advised, tmp_path, budget_s=-1)
 

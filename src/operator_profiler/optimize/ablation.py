@@ -141,7 +141,9 @@ def _more_text(result: dict, measurement: dict, decision: str) -> str:
     rounds = measurement["extra_rounds"]
     if decision != "undecided":
         return f" (decided after {rounds} more round(s) of measurement: {counts})" if rounds else ""
-    why = {"budget": f"the decision budget of {more.get('budget_s', 0):g} s was spent",
+    why = {"budget": f"the decision budget ({more.get('budget_s', 0):g} s, {more.get('spent_s', 0):.0f} s spent) "
+                     "allows no further round" + (f" (the next would take about {more['next_estimate_s']:.0f} s)"
+                                                  if more.get("next_estimate_s") else ""),
            "rounds": f"the {more.get('max_rounds')} rounds allowed were run",
            "rejected": "a compared variant was rejected when measured again"}.get(more.get("stopped"))
     if not more:
@@ -474,7 +476,8 @@ def verification(result: dict, advised: list[str]) -> dict:
             "repetitions": result.get("repetitions"), "processes": result.get("processes"),
             "baseline": result.get("baseline"), "rejected_baselines": rejected_baselines,
             "variants": {name: {k: entry.get(k) for k in fields} for name, entry in result["variants"].items()},
-            "discarded_processes": list(result.get("discarded_processes") or []) + [
-                d for r in result.get("refined") or [] for d in r.get("discarded_processes") or []],
+            "discarded_processes": [{**d, "measurement": "first"} for d in result.get("discarded_processes") or []]
+            + [{**d, "measurement": f"{r.get('of', 'refine')}{r['round']}"} for r in result.get("refined") or []
+               for d in r.get("discarded_processes") or []],
             "refined": list(result.get("refined") or []), "measure_more": result.get("measure_more"),
             "ablation": ablation, "warnings": warnings}

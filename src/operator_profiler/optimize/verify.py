@@ -27,8 +27,8 @@ def tolerances(configured: dict | None) -> dict:
 
 
 #: Seconds a workload's verification may spend measuring borderline decisions again (config
-#: ``optimize.decision_budget_s``): a round starts only while the extra rounds so far took less, so the last one
-#: may end past it; 0 measures nothing again.
+#: ``optimize.decision_budget_s``): a round starts only when the rounds so far plus its estimate (seconds per
+#: variant of the last measurement, times its variants) fit in it; 0 measures nothing again.
 DECISION_BUDGET_S = 120.0
 #: Extra rounds at most, whatever the budget (a fast workload's rounds take seconds).
 MAX_ROUNDS = 8
@@ -66,7 +66,7 @@ def _speedups(result: dict) -> None:
 def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, list[str]]], work_dir: Path,
                  budget_s: float = DECISION_BUDGET_S, progress: Callable[[str], None] | None = None,
                  label: str = "refine", max_rounds: int = MAX_ROUNDS, clock: Callable[[], float] = time.monotonic,
-                 **measure_kwargs) -> dict:
+                 seconds_per_variant: float | None = None, **measure_kwargs) -> dict:
     """Measure the variants of undecided comparisons again, one round after another, until none is left, the
     budget is spent or ``max_rounds`` rounds ran.
 
@@ -74,15 +74,19 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
     :func:`operator_profiler.optimize.ablation.borderline`). Each round measures only the variants they compare
     (:func:`timing.measure` with ``spec``'s processes and repetitions, in ``work_dir/<label>N``: new processes, one
     after another, busy ones measured again there) and pools the new repetitions into ``result`` (medians,
-    intervals and speedups again; page faults stay the first measurement's). A round starts only while the rounds
-    so far took less than ``budget_s`` (s, wall time; 0: none), so the last one may end past it.
-    ``measure_kwargs`` go to :func:`timing.measure` (build, numerics).
+    intervals and speedups again; page faults stay the first measurement's). A round starts only when the rounds
+    so far plus its estimate fit in ``budget_s`` (s, wall time; 0: none): the estimate is its variants times the
+    seconds per variant of the last round, or of ``seconds_per_variant`` (the measurement before, s) for the first
+    (none given: 0, the first round starts whenever the budget is above 0); an estimate can be short (a busy
+    process measured again), so a round may still end past the budget. ``measure_kwargs`` go to
+    :func:`timing.measure` (build, numerics).
 
     Appends one record per round to ``result["refined"]`` (``round``, ``of`` = ``label``, ``decisions`` (the keys
-    it was run for), ``variants``, ``seconds``, ``repetitions`` and ``processes`` per variant measured,
-    ``discarded_processes``) and returns ``result["measure_more"]``: ``{"budget_s", "spent_s", "rounds",
-    "max_rounds", "stopped", "undecided"}`` (``stopped``: ``decided``, ``budget``, ``rounds`` or ``rejected`` (a
-    compared variant was rejected when measured again); ``undecided``: the keys still pending).
+    it was run for), ``variants``, ``estimate_s``, ``seconds``, ``repetitions`` and ``processes`` per variant
+    measured, ``discarded_processes``) and returns ``result["measure_more"]``: ``{"budget_s", "spent_s", "rounds",
+    "max_rounds", "stopped", "undecided", "next_estimate_s"}`` (``stopped``: ``decided``, ``budget``, ``rounds``
+    or ``rejected`` (a compared variant was rejected when measured again); ``undecided``: the keys still pending;
+    ``next_estimate_s``: the estimate of the round that did not fit, when the budget stopped it, else null).
 
     Raises:
         ConfigError: a negative budget.
@@ -94,15 +98,17 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
         raise ConfigError(f"the decision budget must be 0 s or more, got {budget_s}")
     rounds = result.setdefault("refined", [])
     started, spent, ran, stopped = clock(), 0.0, 0, "decided"
+    per_variant, estimate = seconds_per_variant or 0.0, None
     todo = pending(result)
     while todo:
-        if spent >= budget_s:
+        names = sorted({name for pair in todo.values() for name in pair})
+        estimate = per_variant * len(names)
+        if spent >= budget_s or spent + estimate > budget_s:
             stopped = "budget"
             break
         if ran >= max_rounds:
             stopped = "rounds"
             break
-        names = sorted({name for pair in todo.values() for name in pair})
         variants = {name: result["variants"][name]["changes"] for name in names}
         ran += 1
         if progress:
@@ -120,10 +126,11 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
         result["warnings"] = list(result.get("warnings", [])) + list(extra.get("warnings", []))
         spent = clock() - started
         rounds.append({"round": ran, "of": label, "decisions": sorted(todo), "variants": names,
-                       "seconds": round(clock() - round_started, 3),
+                       "estimate_s": round(estimate, 3), "seconds": round(clock() - round_started, 3),
                        "repetitions": {n: extra["variants"][n].get("repetitions") for n in pooled},
                        "processes": {n: extra["variants"][n].get("processes") for n in pooled},
                        "discarded_processes": list(extra.get("discarded_processes") or [])})
+        per_variant = (clock() - round_started) / len(names)
         if len(pooled) < len(names):
             stopped = "rejected"
             todo = pending(result)
@@ -131,7 +138,8 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
         todo = pending(result)
     result["measure_more"] = {"budget_s": budget_s, "spent_s": round(spent, 3), "rounds": ran,
                               "max_rounds": max_rounds, "stopped": stopped if todo else "decided",
-                              "undecided": sorted(todo)}
+                              "undecided": sorted(todo),
+                              "next_estimate_s": round(estimate, 3) if todo and stopped == "budget" else None}
     return result["measure_more"]
 
 
@@ -184,9 +192,11 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     baselines = ablation.default_baselines(bool(features.get("native_bf16")), mode)
     variants = ablation.plan(advised, baselines)
     load_before = os.getloadavg()[0]
+    started = time.monotonic()
     result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1")
     budget = float(optimize.get("decision_budget_s", DECISION_BUDGET_S))
-    refine_borderline(spec, result, advised, work_dir, budget)
+    refine_borderline(spec, result, advised, work_dir, budget,
+                      seconds_per_variant=(time.monotonic() - started) / max(1, len(variants)))
     record = ablation.verification(result, advised)
     record["load"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
                       "cpus": os.cpu_count()}
@@ -208,7 +218,9 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
             again[ablation.variant_name(full)] = full
         if frozenset(baselines["strong_generic"]) not in {frozenset(c) for c in again.values()}:
             again["strong_generic"] = baselines["strong_generic"]
+        started = time.monotonic()
         second = timing.measure({**spec, "variants": again}, work_dir=work_dir / "round2")
+        second_s = time.monotonic() - started
         entry = second["variants"][recommended["name"]]
         trail = list(recommended.get("trail") or [])
         if trail and trail[-1].startswith("recommended "):
@@ -223,10 +235,12 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
         first_more = result["measure_more"]
         more = measure_more(spec, second, lambda current: ablation.borderline({"recommended": choose(current)}),
                             work_dir, max(0.0, budget - first_more["spent_s"]), label="round2-refine",
-                            max_rounds=max(0, MAX_ROUNDS - first_more["rounds"]))
+                            max_rounds=max(0, MAX_ROUNDS - first_more["rounds"]),
+                            seconds_per_variant=second_s / max(1, len(again)))
         record["refined"] = record["refined"] + second["refined"]
-        record["discarded_processes"] += list(second.get("discarded_processes") or []) + [
-            d for r in second["refined"] for d in r.get("discarded_processes") or []]
+        record["discarded_processes"] += [{**d, "measurement": "round2"} for d in second.get("discarded_processes") or []]
+        record["discarded_processes"] += [{**d, "measurement": f"{r['of']}{r['round']}"} for r in second["refined"]
+                                          for d in r.get("discarded_processes") or []]
         record["measure_more"] = {**first_more, "spent_s": round(first_more["spent_s"] + more["spent_s"], 3),
                                   "rounds": first_more["rounds"] + more["rounds"],
                                   "round2": more}

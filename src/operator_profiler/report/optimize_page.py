@@ -149,7 +149,8 @@ def _more_section(verification: dict) -> str:
             f"{esc(', '.join(r.get('variants') or []))}, {r.get('seconds', 0):.0f} s" for r in rounds) + ".")
     if discarded:
         parts.append("Processes discarded because other processes kept the CPUs busy: " + "; ".join(
-            f"process {d['process']} ({d['other_cpu_load']:.1f} CPUs busy, {d['spare']} spare; process "
+            (f"{esc(d['measurement'])} " if d.get("measurement") else "")
+            + f"process {d['process']} ({d['other_cpu_load']:.1f} CPUs busy, {d['spare']} spare; process "
             f"{d['replaced_by']} kept in its place)" for d in discarded) + ".")
     return "".join(f"<p>{p}</p>" for p in parts)
 
