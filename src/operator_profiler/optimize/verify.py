@@ -238,7 +238,8 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
                             max_rounds=max(0, MAX_ROUNDS - first_more["rounds"]),
                             seconds_per_variant=second_s / max(1, len(again)))
         record["refined"] = record["refined"] + second["refined"]
-        record["discarded_processes"] += [{**d, "measurement": "round2"} for d in second.get("discarded_processes") or []]
+        record["discarded_processes"] += [{**d, "measurement": "round2"}
+                                          for d in second.get("discarded_processes") or []]
         record["discarded_processes"] += [{**d, "measurement": f"{r['of']}{r['round']}"} for r in second["refined"]
                                           for d in r.get("discarded_processes") or []]
         record["measure_more"] = {**first_more, "spent_s": round(first_more["spent_s"] + more["spent_s"], 3),
