@@ -73,6 +73,10 @@ def test_a_change_whose_gain_only_appears_with_another_is_kept_and_reported_as_a
     assert freezing["speedup"]["ci"][0] <= 1  # its step in the advised order: the old ablation dropped it
     assert freezing["decision"] == "kept" and freezing["leave_one_out"]["variant"] == "compile+bf16_autocast"
     assert freezing["credit"]["ci"][0] > 1.8  # 60 / 32
+    # what the decision rests on: the two variants it compared, 30 repetitions each, no extra round (decided)
+    assert freezing["measurement"] == {"variants": ["compile+bf16_autocast", "compile+freezing+bf16_autocast"],
+                                       "repetitions": [30, 30], "processes": [None, None], "extra_rounds": 0}
+    assert ablation.borderline(decision) == {}
     assert freezing["interaction"].startswith("interacts: its credit in the full set")
     assert "freezing" in [i["change"] for i in decision["interactions"]]
     assert _steps(decision)["bf16_autocast"]["interaction"] is None  # its step is its leave-one-out

@@ -112,3 +112,34 @@ def test_the_ablation_shows_each_credit_beside_its_step_the_interactions_and_the
     # strong_generic (5x) is faster than the advised set (3.1x): recommended instead, with the reason
     assert "Recommended: <strong>compile + max_autotune + freezing</strong>" in html
     assert "<strong>instead of compile + freezing + bf16_autocast</strong>: strong_generic is faster than" in html
+    # each decision's repetitions (the two variants it compared), the guards with theirs
+    assert ">repetitions: without / with it</th>" in html
+    assert html.count("<td>20 / 20</td>") == 3
+    assert ("<li>against strong_generic (strong_generic vs compile+freezing+bf16_autocast): "
+            in html and "<strong>slower</strong>; repetitions 20 / 20</li>" in html)
+    assert "Processes discarded" not in html and "Borderline decisions measured again" not in html
+
+
+def test_the_ablation_shows_the_extra_rounds_of_a_decision_and_the_discarded_busy_processes():
+    record = {"ablation": {"basis": "leave_one_out", "steps": [
+        {"change": "freezing", "context": ["compile"], "speedup": None, "decision": "undecided",
+         "reason": "kept, undecided; still undecided after 2 more round(s)", "interaction": None,
+         "leave_one_out": {"variant": "compile_default", "without": ["compile"], "speedup": None},
+         "measurement": {"variants": ["compile_default", "compile+freezing"], "repetitions": [60, 60],
+                         "processes": [6, 6], "extra_rounds": 2}}],
+        "recommended": {"changes": ["compile", "freezing"], "trail": [], "guards": []}},
+        "variants": {}, "measure_more": {"budget_s": 120, "spent_s": 130.4, "rounds": 2, "stopped": "budget",
+                                         "undecided": ["freezing"]},
+        "refined": [{"round": 1, "of": "refine", "decisions": ["freezing"],
+                     "variants": ["compile+freezing", "compile_default"], "seconds": 64.0},
+                    {"round": 2, "of": "refine", "decisions": ["freezing"],
+                     "variants": ["compile+freezing", "compile_default"], "seconds": 66.4}],
+        "discarded_processes": [{"process": 0, "other_cpu_load": 1.8, "spare": 0, "replaced_by": 2,
+                                 "measurement": "refine1"}]}
+    html = optimize_page._ablation_section(record)
+    assert "<td>60 / 60 (6 / 6 processes), 2 more rounds</td>" in html
+    assert ("<p>Borderline decisions measured again: 2 round(s), 130 s of the 120 s budget; still undecided: "
+            "freezing (budget).</p>") in html
+    assert "Rounds: 1 (refine) for freezing: compile+freezing, compile_default, 64 s; 2 (refine)" in html
+    assert ("Processes discarded because other processes kept the CPUs busy: refine1 process 0 (1.8 CPUs busy, 0 "
+            "spare; process 2 kept in its place).") in html

@@ -5,6 +5,7 @@ check are the stand-ins of tests/timing_doubles.py, imported by the workers from
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -259,8 +260,10 @@ def _leaky_numerics(workload: dict) -> dict:
 
 
 def _spec(variants: dict, repetitions: int = 20) -> dict:
+    """A spec for ``variants`` of the tiny MLP; no busy process is measured again (this machine's own load would
+    change which processes are kept) unless a test sets ``busy_remeasure`` (the ``busy`` doubles)."""
     return {"workload": TINY_MLP, "workload_name": "tiny_mlp", "variants": variants, "threads": 1,
-            "repetitions": repetitions, "processes": 2, "min_repetition_s": 0.04,
+            "repetitions": repetitions, "processes": 2, "min_repetition_s": 0.04, "busy_remeasure": 0,
             "warmup": {"minimum": 2, "maximum": 12, "window": 3, "tolerance": 0.2}}
 
 
@@ -375,6 +378,90 @@ def test_a_process_that_shared_its_cpus_with_other_processes_is_warned_about():
         "process 1: other processes kept 1.8 CPUs busy on average during the repetitions (0 spare beside its 2 "
         "thread(s)): the times are inflated and noisy (an OpenMP team waits for its descheduled thread at every "
         "operator); measure on a quiet machine or with fewer threads"]
+
+
+def _out_samples(folder, process: int, variant: str) -> list[float]:
+    """The samples a worker process wrote into its OUT.json for ``variant``."""
+    return json.loads((folder / f"process-{process}.out.json").read_text())["variants"][variant]["samples_ms"]
+
+
+def test_a_busy_process_is_measured_again_and_its_samples_are_not_used(doubles_on_path, tmp_path):
+    """Process 0 reports other processes keeping the CPUs busy: it is discarded and run again as process 1 (which
+    calibrates k, as the first process kept); the second slot is process 2. The samples are those of 1 and 2."""
+    result = timing.measure({**_spec({"fp32_eager": [], "x4": ["x4", "busy:0"]}, repetitions=4),
+                             "busy_remeasure": timing.BUSY_REMEASURE}, build="timing_doubles:build",
+                            numerics="timing_doubles", work_dir=tmp_path)
+    import timing_doubles
+
+    assert [p["process"] for p in result["processes_info"]] == [1, 2]
+    [thrown] = result["discarded_processes"]
+    assert thrown["process"] == 0 and thrown["other_cpu_load"] == timing_doubles.BUSY_OTHERS
+    assert thrown["replaced_by"] == 1 and thrown["threads"] == 1
+    assert thrown["spare"] == max(0, result["processes_info"][0]["usable_cpus"] - 1)
+    for name in ("fp32_eager", "x4"):
+        entry = result["variants"][name]
+        assert entry["samples_ms"] == _out_samples(tmp_path, 1, name) + _out_samples(tmp_path, 2, name)
+        assert entry["repetitions"] == 4 and entry["processes"] == 2
+        process1 = json.loads((tmp_path / "process-1.out.json").read_text())["variants"][name]
+        assert entry["iterations_per_repetition"] == [process1["iterations_per_repetition"]] * 2
+    assert (f"process 0: other processes kept {timing_doubles.BUSY_OTHERS:.1f} CPUs busy on average during the "
+            f"repetitions ({thrown['spare']} spare beside its 1 thread(s)): discarded, its samples unused (process 1 "
+            "kept in its place)") in result["warnings"]
+    assert not any("re-measurement(s) allowed" in w for w in result["warnings"])
+
+
+def test_a_machine_busy_in_every_process_keeps_the_samples_with_a_warning_once_the_re_measurements_are_spent(
+        doubles_on_path, tmp_path):
+    """Every process is busy and one re-measurement is allowed: slot 0 runs processes 0 and 1 (equally busy: the
+    first is kept), slot 1 has none left: process 2 is kept as it is; both kept ones are warned about."""
+    spec = {**_spec({"fp32_eager": [], "busy": ["busy"]}, repetitions=2), "busy_remeasure": 1}
+    result = timing.measure(spec, build="timing_doubles:build", numerics=None, work_dir=tmp_path)
+    assert [p["process"] for p in result["processes_info"]] == [0, 2]
+    assert [(d["process"], d["replaced_by"]) for d in result["discarded_processes"]] == [(1, 0)]
+    assert result["variants"]["busy"]["samples_ms"] == _out_samples(tmp_path, 0, "busy") + _out_samples(
+        tmp_path, 2, "busy")
+    kept = [w for w in result["warnings"] if w.endswith("(kept: the 1 re-measurement(s) allowed (busy_remeasure) "
+                                                        "were spent without a quiet process)")]
+    assert [w.split(":")[0] for w in kept] == ["process 0", "process 2"]
+    with pytest.raises(ConfigError, match="busy_remeasure must be 0 or more"):
+        timing.measure({**spec, "busy_remeasure": -1}, build="timing_doubles:build", numerics=None,
+                       work_dir=tmp_path)
+
+
+def test_a_round_measured_more_discards_its_busy_process_and_pools_the_quiet_ones(doubles_on_path, tmp_path):
+    """The first measurement keeps its busy process 0 (no re-measurement allowed) with a warning; a round measured
+    more (verify.measure_more, with one re-measurement allowed) discards its busy process 0, runs process 1 in its
+    place and pools processes 1 and 2 into the first samples; the verification record lists the discarded one."""
+    from operator_profiler.optimize import verify
+
+    variants = {"fp32_eager": [], "x4": ["x4", "busy:0"]}
+    result = timing.measure(_spec(variants, repetitions=4), build="timing_doubles:build", numerics=None,
+                            work_dir=tmp_path / "first")
+    assert result["discarded_processes"] == [] and [p["process"] for p in result["processes_info"]] == [0, 1]
+    assert any(w.startswith("process 0: other processes kept") and w.endswith(
+        "(kept: the 0 re-measurement(s) allowed (busy_remeasure) were spent without a quiet process)")
+        for w in result["warnings"])
+    first = {name: list(entry["samples_ms"]) for name, entry in result["variants"].items()}
+
+    def pending(current):
+        return {"x4": ["fp32_eager", "x4"]} if current["variants"]["x4"]["repetitions"] < 8 else {}
+
+    more = verify.measure_more({**_spec(variants, repetitions=4), "busy_remeasure": 1}, result, pending, tmp_path,
+                               budget_s=600, build="timing_doubles:build", numerics=None)
+    assert more["rounds"] == 1 and more["stopped"] == "decided"
+    [round_] = result["refined"]
+    assert [(d["process"], d["replaced_by"]) for d in round_["discarded_processes"]] == [(0, 1)]
+    assert round_["repetitions"] == {"fp32_eager": 4, "x4": 4} and round_["processes"] == {"fp32_eager": 2, "x4": 2}
+    for name in variants:
+        entry = result["variants"][name]
+        assert entry["samples_ms"] == first[name] + _out_samples(tmp_path / "refine1", 1, name) + _out_samples(
+            tmp_path / "refine1", 2, name)
+        assert entry["repetitions"] == 8 and entry["processes"] == 4
+        assert entry["median_ms"] == pytest.approx(float(np.median(entry["samples_ms"])))
+    record = ablation.verification(result, [])
+    assert [(d["process"], d["measurement"]) for d in record["discarded_processes"]] == [(0, "refine1")]
+    assert record["measure_more"] == more
+    assert record["variants"]["x4"]["processes"] == 4
 
 
 # ------------------------------------------------------------------ a miscompile hidden by a dtype's tolerance

@@ -149,6 +149,12 @@ def test_verification_measures_baselines_and_the_ablation_and_the_page_shows_the
             assert step["credit"]["value"] > 1 >= step["credit"]["ci"][0]
         elif step["credit"] is not None:
             assert step["credit"]["ci"][0] > 1
+        measurement = step["measurement"]  # what the decision rests on: >= 20 repetitions of each variant it compared
+        assert all(n is None or n >= 20 for n in measurement["repetitions"])
+        assert measurement["extra_rounds"] == sum(step["change"] in r["decisions"] for r in verification["refined"])
+    more = verification["measure_more"]
+    assert more["budget_s"] == 120 and more["stopped"] in ("decided", "budget", "rounds", "rejected")
+    assert isinstance(verification["discarded_processes"], list)
     recommended = verification["ablation"]["recommended"]
     strong = set(verification["baselines"]["strong_generic"])
     if recommended["source"] == "strong_generic":
@@ -157,6 +163,7 @@ def test_verification_measures_baselines_and_the_ablation_and_the_page_shows_the
         assert set(recommended["changes"]) <= set(advice["advised_changes"]) | {"compile"}
     assert recommended["trail"] and not recommended.get("slower_than_strong_generic")
     page = (work / "results" / NAME / "optimize" / "report.html").read_text()
+    assert ">repetitions: without / with it</th>" in page
     for section in ("Advice", "Variants and baselines", "Ablation", "Before and after, per operator",
                     "Coverage of the optimized profile"):
         assert f">{section}</h2>" in page, section

@@ -7,7 +7,9 @@ Changes understood by :func:`build`: ``x4`` runs the forward 4 times per iterati
 while building (a worker failure), ``noisy`` adds 1e-3 to the output (fails the numerics check), ``die`` ends the
 process at once without a result (as the kernel's out-of-memory killer would), ``leaky`` sets a process-wide
 switch (the float32 matmul precision) and leaves it set, ``slow`` sleeps 120 s while building (a worker to stop
-mid-way).
+mid-way), ``busy`` makes the process report that other processes kept :data:`BUSY_OTHERS` CPUs busy during its
+repetitions (every process; ``busy:0,2``: only processes 0 and 2, the others then report a quiet machine, 0 CPUs,
+whatever the machine running the test does), as a machine shared with other jobs would.
 """
 
 from __future__ import annotations
@@ -21,6 +23,32 @@ import torch
 from operator_profiler.errors import WorkloadError
 
 DEFAULT_TOLERANCES = {"float32": {"atol": 1e-5, "rtol": 1e-4}}
+#: The load a ``busy`` process reports (CPUs kept busy by other processes): more than any machine's spare CPUs.
+BUSY_OTHERS = 64.0
+
+
+def _process_index() -> int:
+    """This worker's process index, from its spec (``timing_worker SPEC.json OUT.json``)."""
+    import json
+    import sys
+
+    return int(json.loads(open(sys.argv[1]).read()).get("process", 0))
+
+
+def _report_busy(changes) -> None:
+    """``busy`` / ``busy:I,J``: this process's load figure says the machine was busy (module docstring)."""
+    wanted = next((c for c in changes if c == "busy" or c.startswith("busy:")), None)
+    if wanted is None:
+        return
+    busy = wanted == "busy" or _process_index() in {int(i) for i in wanted.partition(":")[2].split(",")}
+    from operator_profiler.capture import machine
+
+    real = machine.other_cpu_load
+
+    def busy_load(start, threads, min_window_s=None):
+        return {**real(start, threads, min_window_s=min_window_s), "other_cpu_load": BUSY_OTHERS if busy else 0.0}
+
+    machine.other_cpu_load = busy_load
 
 
 class NumericsResult(NamedTuple):
@@ -63,6 +91,7 @@ class Repeated:
 
 
 def build(model, inputs, changes, device, mode="infer"):
+    _report_busy(changes)
     if "unmet" in changes:
         raise WorkloadError("unmet: this machine lacks the feature")
     if "die" in changes:

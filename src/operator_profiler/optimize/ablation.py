@@ -4,7 +4,9 @@ with the timing result (:func:`verification`; fields in docs/optimize.md#verific
 
 A change's credit is what is lost when it is removed from the full advised set (leave-one-out): the full set
 against the set without it. A change is dropped only when removing it is not slower; a change whose interval
-reaches 1 while its median is a gain is kept and called undecided; one whose leave-one-out variant was not
+reaches 1 while its median is a gain is kept and called undecided (:func:`borderline` names such comparisons, the
+guards' too, for :func:`operator_profiler.optimize.verify.measure_more` to measure again within a time budget;
+each decision reports the repetitions and processes it rests on); one whose leave-one-out variant was not
 measured is kept (the conservative choice). The cumulative prefix steps (advised order) are measured and
 reported beside it: a change whose leave-one-out credit differs from its prefix step (disjoint intervals)
 interacts with the others. The recommendation is never slower than the full advised variant or than
@@ -115,6 +117,41 @@ def _ratio(result: dict, before: dict, after: dict) -> dict:
     return {"value": ratio["speedup"], "ci": [ratio["low"], ratio["high"]], "shows_gain": ratio["shows_gain"]}
 
 
+def _measurement(result: dict, found: list[tuple[str, dict] | None], key: str) -> dict:
+    """What a decision's comparison rests on, per compared variant (``found``: (name, entry) or None):
+    ``variants`` (names, null where not measured), ``repetitions`` and ``processes`` (the samples pooled in the
+    comparison and the worker processes they come from; null where rejected or not measured) and ``extra_rounds``
+    (the rounds of :func:`operator_profiler.optimize.verify.measure_more` run for the decision ``key``)."""
+    def count(entry: tuple[str, dict] | None, field: str) -> int | None:
+        if entry is None or entry[1].get("rejected") or not entry[1].get("samples_ms"):
+            return None
+        value = entry[1].get(field)
+        return len(entry[1]["samples_ms"]) if field == "repetitions" and value is None else value
+
+    return {"variants": [f[0] if f else None for f in found], "repetitions": [count(f, "repetitions") for f in found],
+            "processes": [count(f, "processes") for f in found],
+            "extra_rounds": sum(1 for r in result.get("refined") or [] if key in r.get("decisions", ()))}
+
+
+def _more_text(result: dict, measurement: dict, decision: str) -> str:
+    """What measuring more did for one decision (empty when no extra round ran and none was owed)."""
+    more = result.get("measure_more") or {}
+    counts = (f"{' and '.join(str(n) for n in measurement['repetitions'] if n is not None)} repetitions over "
+              f"{' and '.join(str(n) for n in measurement['processes'] if n is not None)} processes")
+    rounds = measurement["extra_rounds"]
+    if decision != "undecided":
+        return f" (decided after {rounds} more round(s) of measurement: {counts})" if rounds else ""
+    why = {"budget": f"the decision budget ({more.get('budget_s', 0):g} s, {more.get('spent_s', 0):.0f} s spent) "
+                     "allows no further round" + (f" (the next would take about {more['next_estimate_s']:.0f} s)"
+                                                  if more.get("next_estimate_s") else ""),
+           "rounds": f"the {more.get('max_rounds')} rounds allowed were run",
+           "rejected": "a compared variant was rejected when measured again"}.get(more.get("stopped"))
+    if not more:
+        return ""
+    return (f"; still undecided after {rounds} more round(s) ({counts})" + (f": {why}" if why else "")
+            if rounds else (f"; not measured more: {why}" if why else ""))
+
+
 def figure(ratio: dict | None) -> str:
     """``1.234x [1.100, 1.300]``; ``-`` for None."""
     return "-" if not ratio else f"{ratio['value']:.3f}x [{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}]"
@@ -185,6 +222,8 @@ def decide(result: dict, advised: list[str]) -> dict:
     Every step also carries the prefix step (``context``, ``with``, ``speedup``: the prefix with the change
     against the previous prefix not rejected, advised order), ``basis`` (leave_one_out, prefix_step,
     not_measured, rejected_without_it, implied), ``compared`` ([without, with] change sets the decision compared),
+    ``measurement`` (:func:`_measurement`: per compared set its variant, repetitions and processes, and the extra
+    rounds measured for this decision; the reason says when they decided it or when it stayed undecided and why),
     ``leave_one_out`` (``without``, ``removes``, ``variant``, ``speedup``, ``rejected``; null on the prefix basis)
     and ``interaction`` (a sentence when the credit and the step's intervals are disjoint, else null).
 
@@ -208,7 +247,8 @@ def decide(result: dict, advised: list[str]) -> dict:
     for p in prefix:
         step: dict[str, Any] = {"change": p["change"], "context": p["context"], "with": p["with"],
                                 "speedup": p["speedup"], "decision": None, "credit": None, "reason": None,
-                                "basis": basis, "compared": None, "leave_one_out": None, "interaction": None}
+                                "basis": basis, "compared": None, "measurement": None, "leave_one_out": None,
+                                "interaction": None}
         steps.append(step)
         if basis == "leave_one_out":
             without, removes = leave_one_out(advised, p["change"])
@@ -216,7 +256,8 @@ def decide(result: dict, advised: list[str]) -> dict:
             loo: dict[str, Any] = {"without": without, "removes": removes,
                                    "variant": found[0] if found else None, "speedup": None,
                                    "rejected": found[1].get("rejected") if found else None}
-            step.update(leave_one_out=loo, compared=[without, full])
+            step.update(leave_one_out=loo, compared=[without, full],
+                        measurement=_measurement(result, [found, full_found], p["change"]))
             others = [r for r in removes if r != p["change"]]
             also = f" (with {', '.join(others)}, which need{'s' if len(others) == 1 else ''} it)" if others else ""
             if found is None:
@@ -234,12 +275,14 @@ def decide(result: dict, advised: list[str]) -> dict:
                     "undecided": f"removing it{also}: the full set is {figure(credit)} over {found[0]}; the interval "
                                  "reaches 1 but the median is a gain: kept, undecided",
                     "dropped": f"removing it{also} is not slower: the full set is {figure(credit)} over {found[0]}",
-                }[step["decision"]]
+                }[step["decision"]] + _more_text(result, step["measurement"], step["decision"])
                 if step["decision"] != "dropped":
                     step["credit"] = credit
                 step["interaction"] = _interaction(p["speedup"], credit, others)
         else:
             step["compared"] = [p["context"], p["with"]]
+            step["measurement"] = _measurement(result, [_find(result, p["context"]), _find(result, p["with"])],
+                                               p["change"])
             if p["implied"]:
                 step.update(basis="implied", reason="already required by an earlier change")
             elif p["speedup"] is None:
@@ -250,6 +293,7 @@ def decide(result: dict, advised: list[str]) -> dict:
                                   "undecided": f"step {figure(p['speedup'])}: the interval reaches 1 but the median "
                                                "is a gain: kept, undecided",
                                   "dropped": f"step {figure(p['speedup'])}: its median is no gain"}[step["decision"]]
+                step["reason"] += _more_text(result, step["measurement"], step["decision"])
                 if step["decision"] != "dropped":
                     step["credit"] = p["speedup"]
     in_set = [s["change"] for s in steps if s["decision"] in ("kept", "undecided")]
@@ -277,6 +321,43 @@ def decide(result: dict, advised: list[str]) -> dict:
             "recommended": recommended}
 
 
+def _guard(result: dict, against: str, other: tuple[str, dict], candidate: tuple[str, dict], versus: dict) -> dict:
+    """One guard's comparison of the recommendation (``candidate``) with ``other`` (the full advised set or
+    strong_generic): ``{"against", "ratio", "outcome", **measurement}``; ``ratio`` is median(other) /
+    median(candidate); ``outcome`` ``slower`` (its whole interval below 1: the guard replaces the candidate),
+    ``undecided`` (the median says slower, the interval reaches 1: the candidate stays, measured more when the
+    budget allows) or ``not slower``."""
+    outcome = "slower" if versus["ci"][1] < 1 else ("undecided" if versus["value"] < 1 else "not slower")
+    return {"against": against, "ratio": versus, "outcome": outcome,
+            **_measurement(result, [other, candidate], f"guard:{against}")}
+
+
+def _guard_text(result: dict, guard: dict) -> str:
+    """The end of a guard's trail line that did not replace the candidate."""
+    if guard["outcome"] != "undecided":
+        return "not slower" + _more_text(result, guard, "kept")
+    return "the median says slower but the interval reaches 1: not replaced, undecided" + _more_text(
+        result, guard, "undecided")
+
+
+def borderline(decision: dict) -> dict[str, list[str]]:
+    """The undecided comparisons of a :func:`decide` record that more repetitions could decide: the key of each
+    (an advised change for its step, ``guard:full_advised`` / ``guard:strong_generic`` for a guard whose median
+    says the recommendation is slower while its interval reaches 1) -> the names of the two variants it compared.
+    Implied steps and comparisons with a variant that was not measured or was rejected are left out."""
+    pending: dict[str, list[str]] = {}
+    for step in decision.get("steps") or []:
+        names = (step.get("measurement") or {}).get("variants") or []
+        counted = (step.get("measurement") or {}).get("repetitions") or []
+        if step["decision"] == "undecided" and step["basis"] != "implied" and len(names) == 2 \
+                and None not in names and None not in counted:
+            pending[step["change"]] = list(names)
+    for guard in (decision.get("recommended") or {}).get("guards") or []:
+        if guard["outcome"] == "undecided" and None not in guard["variants"]:
+            pending[f"guard:{guard['against']}"] = list(guard["variants"])
+    return pending
+
+
 def recommend(result: dict, candidate: list[str], advised: list[str], required_by: dict | None = None,
               trail: list[str] | None = None, final: bool = False) -> dict:
     """The recommendation from the decided ``candidate`` change set, with its figures when it was measured in
@@ -291,7 +372,8 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
     advised_without_dropped, full_advised or strong_generic) and, when measured, ``variant``, ``median_ms``,
     ``ci_ms``, ``speedup``, ``vs_advised`` (against the full advised set, when it differs), ``vs_strong_generic``,
     ``slower_than_strong_generic`` and ``slower_significant`` (both: the whole interval below 1), ``instead_of``
-    (the set it replaced, with the comparison, when a guard replaced one).
+    (the set it replaced, with the comparison, when a guard replaced one), ``guards`` (each guard's comparison:
+    :func:`_guard`).
     """
     full = closure(advised)
     trail = list(trail or [])
@@ -316,8 +398,10 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
                    ci_ms=entry[1].get("ci_ms"), speedup=entry[1].get("speedup"))
 
     use(found)
+    rec["guards"] = guards = []
     if full_found is not None and frozenset(rec["changes"]) != frozenset(full):
         versus = rec["vs_advised"] = _ratio(result, full_found[1], found[1])
+        guards.append(_guard(result, "full_advised", full_found, found, versus))
         if versus["ci"][1] < 1:
             reason = (f"{found[0]} is slower than the full advised set {full_found[0]}: {figure(versus)}, the whole "
                       "interval below 1")
@@ -328,13 +412,16 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
             found = full_found
             use(found)
         else:
-            trail.append(f"{found[0]} against the full advised set {full_found[0]}: {figure(versus)}, not slower")
+            trail.append(f"{found[0]} against the full advised set {full_found[0]}: {figure(versus)}, "
+                         + _guard_text(result, guards[-1]))
     strong = result["variants"].get("strong_generic")
     if strong is not None and strong.get("rejected"):  # a rejected baseline is never compared against
         rec.update(vs_strong_generic=None, strong_generic_rejected=strong["rejected"])
         trail.append(f"strong_generic was rejected ({strong['rejected']}): not compared with it")
     elif strong is not None and strong.get("samples_ms"):
         versus = _ratio(result, strong, found[1])
+        if frozenset(strong["changes"]) != frozenset(rec["changes"]):
+            guards.append(_guard(result, "strong_generic", ("strong_generic", strong), found, versus))
         if versus["ci"][1] < 1 and frozenset(strong["changes"]) != frozenset(rec["changes"]):
             reason = (f"strong_generic is faster than {found[0]}: {found[0]} is {figure(versus)} of it, the whole "
                       "interval below 1")
@@ -349,7 +436,7 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
         else:
             trail.append(f"{found[0]} against strong_generic: {figure(versus)}, "
                          + ("the same set" if frozenset(strong["changes"]) == frozenset(rec["changes"]) else
-                            "not slower"))
+                            _guard_text(result, guards[-1])))
         slower = versus["ci"][1] < 1
         rec.update(vs_strong_generic=versus, slower_than_strong_generic=slower, slower_significant=slower)
     trail.append(f"recommended: {rec['name']}"
@@ -359,10 +446,12 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
 
 def verification(result: dict, advised: list[str]) -> dict:
     """The JSON-able ``verification`` record of one workload: the timing result per variant (without the raw
-    samples), the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
+    samples), the processes discarded as busy (the first measurement's and the extra rounds'), the extra rounds of
+    borderline decisions (``refined``, ``measure_more``: :func:`operator_profiler.optimize.verify.measure_more`),
+    the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
     fields = ("changes", "rejected", "median_ms", "ci_ms", "speedup", "faults_per_iteration", "numerics",
-              "numerics_in_dtype", "repetitions", "iterations_per_repetition", "rss_after_warmup_bytes", "checks",
-              "rewrites")
+              "numerics_in_dtype", "repetitions", "processes", "iterations_per_repetition", "rss_after_warmup_bytes",
+              "checks", "rewrites")
     ablation = decide(result, advised)
     warnings = list(result.get("warnings", []))
     rejected_baselines = {name: result["variants"][name]["rejected"] for name in BASELINE_NAMES
@@ -387,4 +476,8 @@ def verification(result: dict, advised: list[str]) -> dict:
             "repetitions": result.get("repetitions"), "processes": result.get("processes"),
             "baseline": result.get("baseline"), "rejected_baselines": rejected_baselines,
             "variants": {name: {k: entry.get(k) for k in fields} for name, entry in result["variants"].items()},
+            "discarded_processes": [{**d, "measurement": "first"} for d in result.get("discarded_processes") or []]
+            + [{**d, "measurement": f"{r.get('of', 'refine')}{r['round']}"} for r in result.get("refined") or []
+               for d in r.get("discarded_processes") or []],
+            "refined": list(result.get("refined") or []), "measure_more": result.get("measure_more"),
             "ablation": ablation, "warnings": warnings}

@@ -37,6 +37,12 @@ MIN_REPETITIONS, MIN_PROCESSES = 20, 2
 #: from each other) before the result warns (100 faults of 4 KiB pages = 400 KiB touched for the first time per
 #: iteration: an allocator returning and re-faulting memory, e.g. bf16 weight casts in every call).
 FAULT_THRESHOLD = 100.0
+#: Processes a measurement may run beyond its ``processes`` to replace ones during whose repetitions other
+#: processes kept the CPUs busy (:func:`busy_load`); a busy process is discarded when its replacement is quiet.
+#: One replaces a process that met a passing load; on a machine busy all along more would only multiply the
+#: time (with 2 allowed, the workflow test's verification on 2 cores shared with other jobs ran 4 processes of
+#: about 3 min each instead of 2, every one busy).
+BUSY_REMEASURE = 1
 
 DEFAULTS: dict[str, Any] = {
     "device": "cpu",
@@ -51,6 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "fault_threshold": FAULT_THRESHOLD,
     "confidence": stats.CONFIDENCE,
     "resamples": stats.RESAMPLES,
+    "busy_remeasure": BUSY_REMEASURE,
 }
 
 
@@ -110,6 +117,8 @@ def _settings(spec: dict) -> dict:
     if merged["baseline"] not in merged["variants"]:
         raise ConfigError(f"timing spec: baseline {merged['baseline']!r} is not one of the variants "
                           f"{sorted(merged['variants'])}")
+    if int(merged["busy_remeasure"]) < 0:
+        raise ConfigError(f"timing spec: busy_remeasure must be 0 or more, got {merged['busy_remeasure']}")
     if merged["processes"] < 1 or merged["repetitions"] < merged["processes"]:
         raise ConfigError(f"timing spec: need at least one repetition per process (repetitions "
                           f"{merged['repetitions']}, processes {merged['processes']})")
@@ -205,7 +214,7 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
         faults = [mi + ma for r in per_process for mi, ma in zip(r["minor_faults"], r["major_faults"])]
         interval = stats.median_interval(samples, settings["confidence"], settings["resamples"], settings["seed"])
         entry.update(
-            samples_ms=samples, repetitions=len(samples),
+            samples_ms=samples, repetitions=len(samples), processes=len(per_process),
             iterations_per_repetition=[r["iterations_per_repetition"] for r in per_process],
             median_ms=interval["median"], ci_ms=[interval["low"], interval["high"]],
             faults_per_iteration={
@@ -245,19 +254,62 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
     return {"variants": variants, "warnings": warnings}
 
 
+def busy_load(outcome: dict) -> dict | None:
+    """How busy the machine was during one process's repetitions, when busy: ``{"other_cpu_load", "spare",
+    "threads"}`` (CPUs) when other processes kept more CPUs busy (``other_cpu_load``) than the spare ones beside
+    its threads plus :data:`operator_profiler.capture.machine.BUSY_MARGIN_CPUS` (0.5); None when quiet or when the
+    load is unknown (unreadable, or repetitions under 1 s in all)."""
+    from ..capture.machine import BUSY_MARGIN_CPUS
+
+    others, threads = outcome.get("other_cpu_load"), outcome["threads"]
+    spare = max(0, (outcome.get("usable_cpus") or threads) - threads)
+    if others is None or others <= spare + BUSY_MARGIN_CPUS:
+        return None
+    return {"other_cpu_load": others, "spare": spare, "threads": threads}
+
+
 def busy_machine_warnings(outcomes: list[dict]) -> list[str]:
     """One warning per process during whose repetitions other processes kept more CPUs busy (``other_cpu_load``)
-    than the spare ones beside its threads plus 0.5."""
+    than the spare ones beside its threads plus 0.5 (:func:`busy_load`)."""
     warnings = []
     for outcome in outcomes:
-        others, threads = outcome.get("other_cpu_load"), outcome["threads"]
-        spare = max(0, (outcome.get("usable_cpus") or threads) - threads)
-        if others is not None and others > spare + 0.5:
-            warnings.append(f"process {outcome['process']}: other processes kept {others:.1f} CPUs busy on average "
-                            f"during the repetitions ({spare} spare beside its {threads} thread(s)): the times are "
-                            "inflated and noisy (an OpenMP team waits for its descheduled thread at every operator); "
-                            "measure on a quiet machine or with fewer threads")
+        busy = busy_load(outcome)
+        if busy is not None:
+            warnings.append(f"process {outcome['process']}: other processes kept {busy['other_cpu_load']:.1f} CPUs "
+                            f"busy on average during the repetitions ({busy['spare']} spare beside its "
+                            f"{busy['threads']} thread(s)): the times are inflated and noisy (an OpenMP team waits "
+                            "for its descheduled thread at every operator); measure on a quiet machine or with fewer "
+                            "threads")
     return warnings
+
+
+def _slot(settings: dict, slot: int, repetitions: int, calibrated: dict, start: int, allowed: int, run: Callable,
+          progress: Callable[[str], None] | None) -> tuple[dict, list[dict]]:
+    """Run process slot ``slot`` (``repetitions`` repetitions), first as process ``start``, again as the next
+    process while it was busy (:func:`busy_load`) and fewer than ``allowed`` re-measurements were run. Returns
+    ``(kept, discarded)``: the first quiet process, else the least busy one (its samples kept with the busy
+    warning); every other one discarded, ``{"process", "pid", "other_cpu_load", "usable_cpus", "threads",
+    "spare", "replaced_by"}``."""
+    attempts: list[dict] = []
+    while True:
+        index = start + len(attempts)
+        if progress:
+            again = (f" (again: process {attempts[-1]['process']} was busy, other processes kept "
+                     f"{attempts[-1]['other_cpu_load']:.1f} CPUs busy)" if attempts else "")
+            progress(f"{settings['workload_name']}: process {slot + 1}/{settings['processes']}, "
+                     f"{len(settings['variants'])} variants, {repetitions} repetitions{again}")
+        outcome = run(index, {**settings, "process": index, "repetitions": repetitions,
+                              "iterations_per_repetition": calibrated})
+        attempts.append(outcome)
+        if busy_load(outcome) is None or len(attempts) > allowed:
+            break
+    kept = next((o for o in attempts if busy_load(o) is None), None) or min(
+        attempts, key=lambda o: busy_load(o)["other_cpu_load"] - busy_load(o)["spare"])
+    discarded = [{"process": o["process"], "pid": o.get("pid"), "other_cpu_load": o.get("other_cpu_load"),
+                  "usable_cpus": o.get("usable_cpus"), "threads": o.get("threads"),
+                  "spare": busy_load(o)["spare"], "replaced_by": kept["process"]}
+                 for o in attempts if o is not kept]
+    return kept, discarded
 
 
 def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numerics: str | None = DEFAULT_NUMERICS,
@@ -273,7 +325,8 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
             ``min_repetition_s`` (s), ``warmup`` (``minimum``, ``maximum``, ``window``, ``tolerance``:
             :func:`operator_profiler.capture.harness.warm_up_until_steady`), ``tolerances`` (numerics, per dtype;
             None: the numerics module's defaults), ``fault_threshold`` (faults per iteration), ``confidence``,
-            ``resamples``: :data:`DEFAULTS`.
+            ``resamples``, ``busy_remeasure`` (processes this measurement may run beyond ``processes`` to replace
+            busy ones: :func:`busy_load`): :data:`DEFAULTS`.
         build: ``build(model, inputs, changes, device, mode=...) -> Variant`` or its ``"module:function"``.
         numerics: module with ``compare_outputs``, ``variant_dtype``, ``DEFAULT_TOLERANCES``; None: no check.
         work_dir: where specs, results and logs of the processes go (default: a new temporary folder, kept).
@@ -282,15 +335,21 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
 
     Returns:
         ``{"workload", "device", "mode", "threads", "repetitions", "processes", "seed", "baseline",
-        "min_repetition_s", "fault_threshold", "confidence", "resamples", "processes_info", "variants", "warnings",
-        "work_dir"}``; ``processes_info`` per process ``process``, ``pid``, ``peak_rss_bytes`` (its resident set's
+        "min_repetition_s", "fault_threshold", "confidence", "resamples", "processes_info", "discarded_processes",
+        "busy_remeasure", "variants", "warnings", "work_dir"}``. A process during whose repetitions other processes
+        kept the CPUs busy (:func:`busy_load`) is run again as a new process, at most ``busy_remeasure`` times per
+        measurement: the first quiet one is kept, else the least busy one (with a warning); the others are listed
+        in ``discarded_processes`` (``process``, ``pid``, ``other_cpu_load``, ``usable_cpus``, ``threads``,
+        ``spare``, ``replaced_by``: the process kept in its place) and their samples are not used.
+        ``processes_info`` per kept process ``process``, ``pid``, ``peak_rss_bytes`` (its resident set's
         high-water mark, ``getrusage`` ru_maxrss), ``torch``, ``other_cpu_load`` (CPUs other processes kept busy
         on average during its repetitions, from /proc/stat; null when unreadable or under 1 s) and ``usable_cpus``;
         per variant
         ``changes``, ``rejected`` (null or the reason), ``numerics`` (against FP32 eager), ``numerics_in_dtype``
         (a variant that changes the dtype and does more: against the eager model in that dtype, at the tight bound of
         ``numerics.in_dtype_limits``; null otherwise), ``checks``, ``rewrites`` and, unless rejected,
-        ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``iterations_per_repetition``
+        ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``processes`` (the processes
+        its samples come from), ``iterations_per_repetition``
         (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
         (``minor``, ``major``, ``total`` medians over repetitions, ``per_process`` medians of the total),
         ``warmup`` (per process), ``rss_after_warmup_bytes`` (per process: the resident set after this variant's
@@ -308,19 +367,28 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
     work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="opprof-timing-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     outcomes: list[dict] = []
+    discarded: list[dict] = []
     calibrated: dict[str, int] = {}
-    for index, repetitions in enumerate(_split(settings["repetitions"], settings["processes"])):
-        if progress:
-            progress(f"{settings['workload_name']}: process {index + 1}/{settings['processes']}, "
-                     f"{len(settings['variants'])} variants, {repetitions} repetitions")
-        process_spec = {**settings, "process": index, "repetitions": repetitions,
-                        "iterations_per_repetition": calibrated}
-        outcome = _run_process(index, process_spec, work_dir, python, timeout_s)
+    next_index = 0
+
+    def run(index: int, process_spec: dict) -> dict:
+        return _run_process(index, process_spec, work_dir, python, timeout_s)
+
+    for slot, repetitions in enumerate(_split(settings["repetitions"], settings["processes"])):
+        allowed = int(settings["busy_remeasure"]) - len(discarded)
+        outcome, thrown = _slot(settings, slot, repetitions, calibrated, next_index, max(0, allowed), run, progress)
+        next_index += 1 + len(thrown)
+        discarded += thrown
         calibrated = {name: r["iterations_per_repetition"] for name, r in outcome["variants"].items()
                       if not r["rejected"]} if not calibrated else calibrated
         outcomes.append(outcome)
     merged = _merge(settings, outcomes)
-    warnings = merged["warnings"] + busy_machine_warnings(outcomes)
+    warnings = merged["warnings"] + [
+        f"process {d['process']}: other processes kept {d['other_cpu_load']:.1f} CPUs busy on average during the "
+        f"repetitions ({d['spare']} spare beside its {d['threads']} thread(s)): discarded, its samples "
+        f"unused (process {d['replaced_by']} kept in its place)" for d in discarded]
+    warnings += [w + f" (kept: the {settings['busy_remeasure']} re-measurement(s) allowed (busy_remeasure) were spent "
+                 "without a quiet process)" for w in busy_machine_warnings(outcomes)]
     if settings["repetitions"] < MIN_REPETITIONS or settings["processes"] < MIN_PROCESSES:
         warnings.insert(0, f"{settings['repetitions']} repetitions over {settings['processes']} process(es): below "
                            f"the {MIN_REPETITIONS} over {MIN_PROCESSES} a fair comparison needs; an indication only")
@@ -331,4 +399,5 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
             "confidence": settings["confidence"], "resamples": settings["resamples"],
             "processes_info": [{k: o.get(k) for k in ("process", "pid", "peak_rss_bytes", "torch", "other_cpu_load",
                                                       "usable_cpus")} for o in outcomes],
+            "discarded_processes": discarded, "busy_remeasure": int(settings["busy_remeasure"]),
             "variants": merged["variants"], "warnings": warnings, "work_dir": str(work_dir)}

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 from ..files import read_json_file, write_json
 from . import ablation, stats, timing
@@ -24,17 +26,24 @@ def tolerances(configured: dict | None) -> dict:
     return merged
 
 
-#: A decision is borderline (undecided) when its interval reaches 1 while its median is a gain: such decisions are
-#: measured again (more repetitions, new processes) this many times at most; a change still undecided then is kept
-#: and called undecided (optimize.ablation).
-REFINE_ROUNDS = 2
+#: Seconds a workload's verification may spend measuring borderline decisions again (config
+#: ``optimize.decision_budget_s``): a round starts only when the rounds so far plus its estimate (seconds per
+#: variant of the last measurement, times its variants) fit in it; 0 measures nothing again.
+DECISION_BUDGET_S = 120.0
+#: Extra rounds at most, whatever the budget (a fast workload's rounds take seconds).
+MAX_ROUNDS = 8
 
 
-def _refresh(result: dict, name: str, samples: list[float]) -> None:
-    """Pool ``samples`` into variant ``name`` of a timing result: its median, interval and speedup again."""
+def _refresh(result: dict, name: str, extra: dict) -> None:
+    """Pool the samples of ``extra`` (the same variant measured in new processes) into variant ``name`` of a timing
+    result: its repetitions, processes, k per process, median and interval again."""
     entry = result["variants"][name]
-    entry["samples_ms"] = list(entry["samples_ms"]) + list(samples)
+    entry["samples_ms"] = list(entry["samples_ms"]) + list(extra["samples_ms"])
     entry["repetitions"] = len(entry["samples_ms"])
+    entry["processes"] = (entry.get("processes") or len(entry.get("iterations_per_repetition") or [])) + (
+        extra.get("processes") or len(extra.get("iterations_per_repetition") or []))
+    entry["iterations_per_repetition"] = list(entry.get("iterations_per_repetition") or []) + list(
+        extra.get("iterations_per_repetition") or [])
     interval = stats.median_interval(entry["samples_ms"], result.get("confidence", stats.CONFIDENCE),
                                      result.get("resamples", stats.RESAMPLES), result.get("seed", 0))
     entry["median_ms"], entry["ci_ms"] = interval["median"], [interval["low"], interval["high"]]
@@ -54,40 +63,98 @@ def _speedups(result: dict) -> None:
                             "ci": [ratio["low"], ratio["high"]], "shows_gain": ratio["shows_gain"]}
 
 
-def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Path, rounds: int = REFINE_ROUNDS,
-                      progress=None, **measure_kwargs) -> list[dict]:
-    """Measure the undecided changes of the ablation again until they decide (their interval leaves 1) or
-    ``rounds`` are spent: each round times the two change sets every undecided decision compared (the full advised
-    set and the set without the change; on the prefix basis the step's two prefixes) and FP32 eager, interleaved
-    in ``spec``'s processes, and pools the new repetitions into ``result``. A change that stays undecided is kept
-    and called undecided (its median is a gain: it is never dropped silently). ``measure_kwargs`` go to
-    :func:`timing.measure` (build, numerics). Returns one record per round."""
-    done = []
-    for index in range(rounds):
-        record = ablation.verification(result, advised)
-        names = set()
-        for step in record["ablation"]["steps"]:
-            if step["decision"] != "undecided" or not step.get("compared"):
-                continue
-            for changes in step["compared"]:
-                found = ablation._find(result, changes)
-                if found is not None:
-                    names.add(found[0])
-        if not names:
+def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, list[str]]], work_dir: Path,
+                 budget_s: float = DECISION_BUDGET_S, progress: Callable[[str], None] | None = None,
+                 label: str = "refine", max_rounds: int = MAX_ROUNDS, clock: Callable[[], float] = time.monotonic,
+                 seconds_per_variant: float | None = None, **measure_kwargs) -> dict:
+    """Measure the variants of undecided comparisons again, one round after another, until none is left, the
+    budget is spent or ``max_rounds`` rounds ran.
+
+    ``pending(result)`` gives the undecided comparisons (key -> the two variant names, e.g.
+    :func:`operator_profiler.optimize.ablation.borderline`). Each round measures only the variants they compare
+    (:func:`timing.measure` with ``spec``'s processes and repetitions, in ``work_dir/<label>N``: new processes, one
+    after another, busy ones measured again there) and pools the new repetitions into ``result`` (medians,
+    intervals and speedups again; page faults stay the first measurement's). A round starts only when the rounds
+    so far plus its estimate fit in ``budget_s`` (s, wall time; 0: none): the estimate is its variants times the
+    seconds per variant of the last round, or of ``seconds_per_variant`` (the measurement before, s) for the first
+    (none given: 0, the first round starts whenever the budget is above 0); an estimate can be short (a busy
+    process measured again), so a round may still end past the budget. ``measure_kwargs`` go to
+    :func:`timing.measure` (build, numerics).
+
+    Appends one record per round to ``result["refined"]`` (``round``, ``of`` = ``label``, ``decisions`` (the keys
+    it was run for), ``variants``, ``estimate_s``, ``seconds``, ``repetitions`` and ``processes`` per variant
+    measured, ``discarded_processes``) and returns ``result["measure_more"]``: ``{"budget_s", "spent_s", "rounds",
+    "max_rounds", "stopped", "undecided", "next_estimate_s"}`` (``stopped``: ``decided``, ``budget``, ``rounds``
+    or ``rejected`` (a compared variant was rejected when measured again); ``undecided``: the keys still pending;
+    ``next_estimate_s``: the estimate of the round that did not fit, when the budget stopped it, else null).
+
+    Raises:
+        ConfigError: a negative budget.
+        WorkloadError: a worker process failed (:func:`timing.measure`).
+    """
+    from ..errors import ConfigError
+
+    if budget_s < 0:
+        raise ConfigError(f"the decision budget must be 0 s or more, got {budget_s}")
+    rounds = result.setdefault("refined", [])
+    started, spent, ran, stopped = clock(), 0.0, 0, "decided"
+    per_variant, estimate = seconds_per_variant or 0.0, None
+    todo = pending(result)
+    while todo:
+        names = sorted({name for pair in todo.values() for name in pair})
+        estimate = per_variant * len(names)
+        if spent >= budget_s or spent + estimate > budget_s:
+            stopped = "budget"
             break
-        names.add(result.get("baseline") or "fp32_eager")
-        variants = {name: result["variants"][name]["changes"] for name in sorted(names)}
+        if ran >= max_rounds:
+            stopped = "rounds"
+            break
+        variants = {name: result["variants"][name]["changes"] for name in names}
+        ran += 1
         if progress:
-            progress(f"undecided changes: measuring {', '.join(sorted(names))} again (round {index + 1})")
-        extra = timing.measure({**spec, "variants": variants}, work_dir=Path(work_dir) / f"refine{index + 1}",
+            progress(f"undecided: {', '.join(sorted(todo))}: measuring {', '.join(names)} again (round {ran}, "
+                     f"{spent:.0f} of {budget_s:g} s spent)")
+        round_started = clock()
+        base = {k: v for k, v in spec.items() if k != "baseline"}  # the baseline may not be among them
+        extra = timing.measure({**base, "variants": variants}, work_dir=Path(work_dir) / f"{label}{ran}",
                                **measure_kwargs)
-        for name, entry in extra["variants"].items():
-            if not entry.get("rejected"):
-                _refresh(result, name, entry["samples_ms"])
+        pooled = [name for name, entry in extra["variants"].items()
+                  if not entry.get("rejected") and entry.get("samples_ms")]
+        for name in pooled:
+            _refresh(result, name, extra["variants"][name])
         _speedups(result)
         result["warnings"] = list(result.get("warnings", [])) + list(extra.get("warnings", []))
-        done.append({"round": index + 1, "variants": sorted(names)})
-    return done
+        spent = clock() - started
+        rounds.append({"round": ran, "of": label, "decisions": sorted(todo), "variants": names,
+                       "estimate_s": round(estimate, 3), "seconds": round(clock() - round_started, 3),
+                       "repetitions": {n: extra["variants"][n].get("repetitions") for n in pooled},
+                       "processes": {n: extra["variants"][n].get("processes") for n in pooled},
+                       "discarded_processes": list(extra.get("discarded_processes") or [])})
+        per_variant = (clock() - round_started) / len(names)
+        if len(pooled) < len(names):
+            stopped = "rejected"
+            todo = pending(result)
+            break
+        todo = pending(result)
+    result["measure_more"] = {"budget_s": budget_s, "spent_s": round(spent, 3), "rounds": ran,
+                              "max_rounds": max_rounds, "stopped": stopped if todo else "decided",
+                              "undecided": sorted(todo),
+                              "next_estimate_s": round(estimate, 3) if todo and stopped == "budget" else None}
+    return result["measure_more"]
+
+
+def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Path,
+                      budget_s: float = DECISION_BUDGET_S, progress: Callable[[str], None] | None = None,
+                      **kwargs) -> list[dict]:
+    """Measure the ablation's undecided decisions again (:func:`measure_more` with
+    :func:`operator_profiler.optimize.ablation.borderline`): a leave-one-out credit (or a prefix step) whose
+    interval reaches 1 while its median is a gain, and a guard whose median says the recommendation is slower
+    while its interval reaches 1. Each round measures only the two variants of each such comparison. A change
+    still undecided when the budget is spent is kept and called undecided (its median is a gain: it is never
+    dropped silently), and its reason says so. Returns ``result["refined"]`` (one record per round)."""
+    measure_more(spec, result, lambda current: ablation.borderline(ablation.decide(current, advised)), work_dir,
+                 budget_s, progress, **kwargs)
+    return result["refined"]
 
 
 def _busy(timed: dict | None) -> bool:
@@ -158,7 +225,15 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     ``threads``: every timing process's torch threads (None: torch's default); with more than one on CPU, FP32
     eager is also timed at 1 thread (its own round, after the ablation's) and :func:`thread_scaling` says whether
     the model uses the threads (on CUDA: ``verdict`` ``not_measured``). ``threads_source`` says where the count came from (``harness.threads``, ``usable CPUs``).
-    ``progress``: called with one line per timing process started."""
+    ``progress``: called with one line per timing process started.
+
+    Borderline decisions are measured more (:func:`refine_borderline`, then the second round's guards with
+    :func:`measure_more`) within ``optimize["decision_budget_s"]`` (s, default :data:`DECISION_BUDGET_S`) in
+    all; the record's ``refined`` lists the extra rounds and ``measure_more`` the budget's use.
+
+    Raises:
+        ConfigError: a negative decision budget.
+        WorkloadError: a worker process failed (:func:`timing.measure`)."""
     from ..transforms.vocabulary import machine_features
 
     features = features or machine_features(device)
@@ -176,10 +251,12 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
     baselines = ablation.default_baselines(bool(features.get("native_bf16")), mode)
     variants = ablation.plan(advised, baselines)
     load_before = os.getloadavg()[0]
+    started = time.monotonic()
     result = timing.measure({**spec, "variants": variants}, work_dir=work_dir / "round1", progress=progress)
-    refined = refine_borderline(spec, result, advised, work_dir, progress=progress)
+    budget = float(optimize.get("decision_budget_s", DECISION_BUDGET_S))
+    refine_borderline(spec, result, advised, work_dir, budget, progress=progress,
+                      seconds_per_variant=(time.monotonic() - started) / max(1, len(variants)))
     record = ablation.verification(result, advised)
-    record["refined"] = refined
     record["load"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
                       "cpus": os.cpu_count()}
     busy = max(load_before, os.getloadavg()[0])
@@ -200,18 +277,39 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
             again[ablation.variant_name(full)] = full
         if frozenset(baselines["strong_generic"]) not in {frozenset(c) for c in again.values()}:
             again["strong_generic"] = baselines["strong_generic"]
+        started = time.monotonic()
         second = timing.measure({**spec, "variants": again}, work_dir=work_dir / "round2", progress=progress)
+        second_s = time.monotonic() - started
         entry = second["variants"][recommended["name"]]
         trail = list(recommended.get("trail") or [])
         if trail and trail[-1].startswith("recommended "):
             trail[-1] = f"{recommended['name']} was measured in a second round with " + ", ".join(
                 n for n in again if n != recommended["name"])
-        chosen = ablation.recommend(second, recommended["changes"], advised, recommended.get("required_by"), trail,
-                                    final=True)
+
+        def choose(current: dict) -> dict:
+            return ablation.recommend(current, recommended["changes"], advised, recommended.get("required_by"),
+                                      trail, final=True)
+
+        # an undecided guard of the second round is measured more with what is left of the budget
+        first_more = result["measure_more"]
+        more = measure_more(spec, second, lambda current: ablation.borderline({"recommended": choose(current)}),
+                            work_dir, max(0.0, budget - first_more["spent_s"]), label="round2-refine",
+                            max_rounds=max(0, MAX_ROUNDS - first_more["rounds"]),
+                            seconds_per_variant=second_s / max(1, len(again)), progress=progress)
+        record["refined"] = record["refined"] + second["refined"]
+        record["discarded_processes"] += [{**d, "measurement": "round2"}
+                                          for d in second.get("discarded_processes") or []]
+        record["discarded_processes"] += [{**d, "measurement": f"{r['of']}{r['round']}"} for r in second["refined"]
+                                          for d in r.get("discarded_processes") or []]
+        record["measure_more"] = {**first_more, "spent_s": round(first_more["spent_s"] + more["spent_s"], 3),
+                                  "rounds": first_more["rounds"] + more["rounds"],
+                                  "round2": more}
+        chosen = choose(second)
         chosen.update(round=2, rejected=entry.get("rejected"))
         record["ablation"]["recommended"] = recommended = chosen
         record["round2"] = {name: {k: v.get(k) for k in ("changes", "rejected", "median_ms", "ci_ms", "speedup",
-                                                         "faults_per_iteration", "numerics")}
+                                                         "faults_per_iteration", "numerics", "repetitions",
+                                                         "processes")}
                             for name, v in second["variants"].items()}
         record["warnings"] = [w for w in record["warnings"] if "was not measured as a whole" not in w]
         if recommended.get("source") in ("strong_generic", "full_advised"):

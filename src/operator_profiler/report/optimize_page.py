@@ -137,6 +137,55 @@ def _baselines_text(verification: dict) -> str:
                      for name, changes in (verification.get("baselines") or {}).items())
 
 
+def _measured_text(measurement: dict | None) -> str:
+    """``60 / 60 (4 / 4 processes), 1 more round``: the repetitions and processes of the two variants a decision
+    compared (without, with; ``-`` where not measured) and its extra rounds; empty without a measurement."""
+    if not measurement:
+        return ""
+    def pair(values):
+        return " / ".join("-" if v is None else str(v) for v in values or [])
+
+    rounds = measurement.get("extra_rounds") or 0
+    processes = measurement.get("processes") or []
+    return (pair(measurement.get("repetitions"))
+            + (f" ({pair(processes)} processes)" if any(v is not None for v in processes) else "")
+            + (f", {rounds} more round{'s' if rounds != 1 else ''}" if rounds else ""))
+
+
+def _guards_text(recommended: dict) -> str:
+    """One sentence per guard of the recommendation: the ratio, its outcome and what it rests on."""
+    names = {"full_advised": "the full advised set", "strong_generic": "strong_generic"}
+    items = [f"<li>against {esc(names.get(g['against'], g['against']))} ({esc(' vs '.join(g['variants']))}): "
+             f"{esc(_interval(g['ratio']['value'], g['ratio']['ci'], 'x'))}, <strong>{esc(g['outcome'])}</strong>; "
+             f"repetitions {esc(_measured_text(g))}</li>" for g in recommended.get("guards") or []]
+    return ("<p>Guards (the other variant's median over the recommendation's: slower when the whole interval lies "
+            "below 1, undecided when only the median does):</p><ul>" + "".join(items) + "</ul>") if items else ""
+
+
+def _more_section(verification: dict) -> str:
+    """What measuring borderline decisions again took: the rounds, the budget, what stayed undecided, and the
+    processes discarded because other processes kept the CPUs busy."""
+    more = verification.get("measure_more") or {}
+    rounds = verification.get("refined") or []
+    discarded = verification.get("discarded_processes") or []
+    parts = []
+    if more:
+        parts.append(f"Borderline decisions measured again: {more.get('rounds', 0)} round(s), "
+                     f"{more.get('spent_s', 0):.0f} s of the {more.get('budget_s', 0):g} s budget"
+                     + (f"; still undecided: {esc(', '.join(more['undecided']))} ({esc(more.get('stopped'))})"
+                        if more.get("undecided") else "") + ".")
+    if rounds:
+        parts.append("Rounds: " + "; ".join(
+            f"{r['round']} ({esc(r.get('of', 'refine'))}) for {esc(', '.join(r.get('decisions') or []))}: "
+            f"{esc(', '.join(r.get('variants') or []))}, {r.get('seconds', 0):.0f} s" for r in rounds) + ".")
+    if discarded:
+        parts.append("Processes discarded because other processes kept the CPUs busy: " + "; ".join(
+            (f"{esc(d['measurement'])} " if d.get("measurement") else "")
+            + f"process {d['process']} ({d['other_cpu_load']:.1f} CPUs busy, {d['spare']} spare; process "
+            f"{d['replaced_by']} kept in its place)" for d in discarded) + ".")
+    return "".join(f"<p>{p}</p>" for p in parts)
+
+
 def _ablation_section(verification: dict) -> str:
     ablation = verification["ablation"]
     rows = []
@@ -150,12 +199,14 @@ def _ablation_section(verification: dict) -> str:
                     + page._num_cell(speedup.get("value"), _interval(speedup.get("value"), speedup.get("ci"), "x"))
                     + f"<td>{esc(without)}</td>"
                     + page._num_cell(credit.get("value"), _interval(credit.get("value"), credit.get("ci"), "x"))
+                    + f"<td>{esc(_measured_text(step.get('measurement')))}</td>"
                     + f"<td>{esc(step['decision'])}</td><td>{esc(step.get('reason'))}"
                     + (f"; <strong>{esc(step['interaction'])}</strong>" if step.get("interaction") else "")
                     + "</td>")
     table = page._table([("change (advised order)", "text"), ("on top of", "text"),
                          ("its step: speedup [95% CI]", "num"), ("the full set without it", "text"),
-                         ("loss when removed: the full set's speedup [95% CI]", "num"), ("decision", "text"),
+                         ("loss when removed: the full set's speedup [95% CI]", "num"),
+                         ("repetitions: without / with it", "text"), ("decision", "text"),
                          ("why", "text")], rows, "ablation", sortable=False)
     rec = ablation["recommended"]
     strong = rec.get("vs_strong_generic") or {}
@@ -186,7 +237,10 @@ def _ablation_section(verification: dict) -> str:
             "cumulative variant with it against the one without it. It is kept when the step's interval lies "
             "above 1, kept and called <em>undecided</em> when the interval reaches 1 but the median is a gain, "
             "dropped otherwise (or when the variant with it was rejected).")
-    return (f'<section id="ablation"><h2>Ablation</h2><p>{rule}</p>' + table + verdict + trail_html
+    rule += (" A borderline decision (undecided) is measured again, only its two variants, in new processes, round "
+             "after round within the decision budget; the repetitions column counts what each decision rests on.")
+    return (f'<section id="ablation"><h2>Ablation</h2><p>{rule}</p>' + table + _more_section(verification)
+            + verdict + _guards_text(rec) + trail_html
             + f"<p>{len(alone)} variants with changes measured (each change alone, cumulative, and the full set "
               "without each change).</p></section>")
 
