@@ -66,9 +66,10 @@ def read_json_file(path: Path, what: str, hint: str, expect: type | None = None)
 
 
 def read_parquet_file(path: Path, what: str, hint: str, columns: tuple[str, ...] = (), nullable_ints: bool = False,
-                      omit: tuple[str, ...] = ()):
+                      omit: tuple[str, ...] = (), categorical: tuple[str, ...] = ()):
     """Read a parquet table and check that it has ``columns``; the columns named in ``omit`` are not read (a stage
-    that never uses them: they are still required where ``columns`` names them).
+    that never uses them: they are still required where ``columns`` names them); the string columns named in
+    ``categorical`` are read as categoricals (few distinct values over many rows, as the readers hold them).
 
     Raises:
         InputError: missing file, not a parquet file, or a required column absent (the wrong table).
@@ -81,9 +82,11 @@ def read_parquet_file(path: Path, what: str, hint: str, columns: tuple[str, ...]
     if not path.is_file():
         raise _missing(path, what, hint)
     try:
-        if omit:
-            names = pq.read_schema(path).names
-            table = pq.read_table(path, columns=[c for c in names if c not in omit])
+        if omit or categorical:
+            schema = pq.read_schema(path)
+            names = schema.names
+            dictionary = [c for c in categorical if c in names and pa.types.is_string(schema.field(c).type)]
+            table = pq.read_table(path, columns=[c for c in names if c not in omit], read_dictionary=dictionary or None)
             table_names = names
         else:
             table = pq.read_table(path)
