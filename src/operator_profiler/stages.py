@@ -516,8 +516,8 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                     disagreements["checked"])
     stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     result = _with_membership(result, kl)
-    # The timeline's tables are done with: freed before the result is converted for writing, which is the peak of
-    # a big capture's `opprof attribute` (1M kernels, 2M ranges: 1.86 -> see docs/DESIGN.md, Speed).
+    # The timeline's tables are done with: freed before the result is converted for writing, which was the peak of
+    # a big capture's `opprof attribute` (docs/DESIGN.md, "The commands' peak RSS, cut").
     del kernels, ranges, kl
     release_free_memory()
     tables.write_table(result, tables.ATTRIBUTION, out)
