@@ -11,7 +11,9 @@ job's wall seconds as Snakemake measured it) and the last ``job phases:`` line o
 interpreter and Snakemake's script preamble), imports (from there to the rule's work: the package modules the
 script imports), work (the rest, lazy imports inside the work included; the line names the packages first
 imported there, e.g. torch). "outside" is the benchmark's wall time less the three: Snakemake's own cost
-around the process. A job whose log has no such line (a failed job, or a run before the line existed) counts
+around the process. "share" is the rule's total start-up share: (start-up + imports + outside) / wall, what
+the rule's jobs spent on anything but their work, summed over its jobs (the total row: over all rules). A job
+whose log has no such line (a failed job, or a run before the line existed) counts
 in "jobs" and "wall" only. ``--time-imports`` also times, each in a fresh interpreter, the import of every
 package some job imported during its work, so a lazy import's share of "work" can be read off.
 
@@ -127,6 +129,13 @@ def time_script_imports(root: Path, sources: list[Path], repeat: int) -> None:
         print(f"{script.name:<28}{cells}   " + " | ".join(best[s][2] for s in sources))
 
 
+def share(row) -> str:
+    """The start-up share of a rule's (or the total's) timed jobs: (start-up + imports + outside) / wall, in %."""
+    if not row.get("timed_wall"):
+        return "?"
+    return f"{100 * (row['startup'] + row['imports'] + row['outside']) / row['timed_wall']:.0f}%"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path.cwd(), help="the workflow folder (results/, logs/)")
@@ -169,6 +178,7 @@ def main() -> None:
         found = phases(log)
         if found and found["startup"] is not None:
             row["timed"] += 1
+            row["timed_wall"] = row.get("timed_wall", 0.0) + wall
             for key in ("startup", "imports", "work"):
                 row[key] += found[key]
             row["outside"] = row.get("outside", 0.0) + wall - found["startup"] - found["imports"] - found["work"]
@@ -178,7 +188,7 @@ def main() -> None:
                          "workflow first, or pass --run")
 
     print(f"{'rule':<24}{'jobs':>5}{'wall s':>9}{'start-up':>10}{'imports':>9}{'work':>8}{'outside':>9}"
-          f"  imported during the work")
+          f"{'share':>7}  imported during the work")
     totals = collections.Counter()
     for rule, row in sorted(rows.items(), key=lambda kv: -kv[1]["wall"]):
         totals["jobs"] += row["jobs"]
@@ -188,14 +198,16 @@ def main() -> None:
                                                             ("outside", 9)))
             for k in ("startup", "imports", "work", "outside"):
                 totals[k] += row[k]
+            totals["timed_wall"] += row["timed_wall"]
+            split += f"{share(row):>7}"
             untimed = row["jobs"] - row["timed"]
             late = ", ".join(f"{p} ({n})" for p, n in row["late"].most_common())
             note = late + (f"  [{untimed} job(s) without a phases line]" if untimed else "")
         else:
-            split, note = f"{'?':>10}{'?':>9}{'?':>8}{'?':>9}", "(no phases line in the logs)"
+            split, note = f"{'?':>10}{'?':>9}{'?':>8}{'?':>9}{'?':>7}", "(no phases line in the logs)"
         print(f"{rule:<24}{row['jobs']:>5}{row['wall']:>9.1f}{split}  {note}")
     print(f"{'total':<24}{totals['jobs']:>5}{totals['wall']:>9.1f}{totals['startup']:>10.1f}{totals['imports']:>9.1f}"
-          f"{totals['work']:>8.1f}{totals['outside']:>9.1f}")
+          f"{totals['work']:>8.1f}{totals['outside']:>9.1f}{share(totals) if totals['timed_wall'] else '?':>7}")
     if args.time_imports:
         late = sorted(set().union(*(set(r["late"]) for r in rows.values())))
         for package in late:

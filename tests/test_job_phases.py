@@ -66,7 +66,9 @@ def test_the_bench_tool_sums_benchmarks_and_phases_per_rule(tmp_path):
             ("attribute", "parse_ncu", "report", "total")}
     # attribute: 2 jobs, 6.0 s wall = start-up 1.0 + imports 2.0 + work 2.0 + outside 1.0
     assert rows["attribute"][1:7] == ["2", "6.0", "1.0", "2.0", "2.0", "1.0"]
-    assert "torch (1)" in " ".join(rows["attribute"][7:])
+    assert rows["attribute"][7] == "67%"  # start-up share: (1.0 + 2.0 + 1.0) / 6.0
+    assert "torch (1)" in " ".join(rows["attribute"][8:])
     assert rows["parse_ncu"][1:7] == ["1", "4.0", "0.2", "0.8", "2.0", "1.0"]  # logs/parse_ncu/gpt2/Block-1.log
     assert rows["report"][1:3] == ["1", "1.0"] and rows["report"][3] == "?"
     assert rows["total"][1:3] == ["4", "11.0"]
+    assert rows["total"][-1] == "60%"  # (4.0 + 2.0) / 10.0 s: the timed jobs only

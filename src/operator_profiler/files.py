@@ -65,8 +65,11 @@ def read_json_file(path: Path, what: str, hint: str, expect: type | None = None)
     return value
 
 
-def read_parquet_file(path: Path, what: str, hint: str, columns: tuple[str, ...] = (), nullable_ints: bool = False):
-    """Read a parquet table and check that it has ``columns``.
+def read_parquet_file(path: Path, what: str, hint: str, columns: tuple[str, ...] = (), nullable_ints: bool = False,
+                      omit: tuple[str, ...] = (), categorical: tuple[str, ...] = ()):
+    """Read a parquet table and check that it has ``columns``; the columns named in ``omit`` are not read (a stage
+    that never uses them: they are still required where ``columns`` names them); the string columns named in
+    ``categorical`` are read as categoricals (few distinct values over many rows, as the readers hold them).
 
     Raises:
         InputError: missing file, not a parquet file, or a required column absent (the wrong table).
@@ -79,10 +82,18 @@ def read_parquet_file(path: Path, what: str, hint: str, columns: tuple[str, ...]
     if not path.is_file():
         raise _missing(path, what, hint)
     try:
-        table = pq.read_table(path)
+        if omit or categorical:
+            schema = pq.read_schema(path)
+            names = schema.names
+            dictionary = [c for c in categorical if c in names and pa.types.is_string(schema.field(c).type)]
+            table = pq.read_table(path, columns=[c for c in names if c not in omit], read_dictionary=dictionary or None)
+            table_names = names
+        else:
+            table = pq.read_table(path)
+            table_names = table.column_names
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path} ({what}) is not a readable parquet file ({exc}); {hint}") from None
-    absent = [c for c in columns if c not in table.column_names]
+    absent = [c for c in columns if c not in table_names]
     if absent:
         raise InputError(f"{path} is not {what}: columns {absent} are missing; {hint}")
     if nullable_ints:

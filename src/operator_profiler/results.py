@@ -82,10 +82,11 @@ ADVICE = Artifact("advice.json", "an advice.json", "write it with: opprof advise
 
 
 def read(artifact: Artifact, path: Path | str, columns: tuple[str, ...] | None = None, hint: str | None = None,
-         nullable_ints: bool | None = None):
+         nullable_ints: bool | None = None, omit: tuple[str, ...] = (), categorical: tuple[str, ...] = ()):
     """Read ``path`` as ``artifact`` (a DataFrame, or the JSON value), checked: it exists, parses, and has the
     artifact's columns (``columns`` instead, where a stage needs fewer) or JSON type; int64 columns nullable as the
-    artifact says unless ``nullable_ints`` says otherwise.
+    artifact says unless ``nullable_ints`` says otherwise; the columns in ``omit`` are not read (still checked), the
+    string columns in ``categorical`` are read as categoricals.
 
     Raises:
         InputError: naming the file, what it should be and how to make it (``hint`` instead of the artifact's).
@@ -94,7 +95,8 @@ def read(artifact: Artifact, path: Path | str, columns: tuple[str, ...] | None =
     if artifact.is_json:
         return read_json_file(Path(path), artifact.what, hint, expect=artifact.expect)
     return read_parquet_file(Path(path), artifact.what, hint, artifact.columns if columns is None else columns,
-                             nullable_ints=artifact.nullable_ints if nullable_ints is None else nullable_ints)
+                             nullable_ints=artifact.nullable_ints if nullable_ints is None else nullable_ints,
+                             omit=omit, categorical=categorical)
 
 
 def read_optional(artifact: Artifact, path: Path | str | None, **kwargs):

@@ -112,14 +112,29 @@ def work_files(timeline_dir: Path, attribution_path: Path, out: Path, fusion_map
     return work
 
 
-def read_timeline(timeline_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder."""
+#: Timeline columns the attribution never reads (the matching's kernel names, the nsys reader's own record of the
+#: export's ids and types): ``opprof attribute`` leaves them unread, 1M kernels and 2M ranges: 0.1 GB less held.
+NOT_ATTRIBUTED = {"kernels": ("mangled_name", "short_name", "graph_id", "gpu_id"),
+                  "ranges": ("end_tid", "sizes", "event_type", "domain_id")}
+
+#: Timeline string columns of few distinct values, read as the readers hold them in memory: categoricals (1M kernels
+#: and 2M ranges: 0.15 GB less than a string per row).
+FEW_VALUES = {"kernels": ("activity", "source", "launch_api", "grid", "block"), "ranges": ("domain", "kind")}
+
+
+def read_timeline(timeline_dir: Path, omit: dict[str, tuple[str, ...]] | None = None,
+                  categorical: dict[str, tuple[str, ...]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``kernels.parquet`` and ``ranges.parquet`` of a timeline folder; ``omit``: per table, columns not to read
+    (:data:`NOT_ATTRIBUTED`); ``categorical``: per table, string columns read as categoricals (:data:`FEW_VALUES`)."""
     from . import results
 
     timeline_dir = Path(timeline_dir)
+    omit, categorical = omit or {}, categorical or {}
     hint = f"write the timeline first: opprof timeline (--kineto TRACE | --nsys REPORT) --out {timeline_dir}"
-    kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint)
-    ranges = results.read(results.RANGES, timeline_dir / "ranges.parquet", hint=hint)
+    kernels = results.read(results.KERNELS, timeline_dir / "kernels.parquet", hint=hint,
+                           omit=omit.get("kernels", ()), categorical=categorical.get("kernels", ()))
+    ranges = results.read(results.RANGES, timeline_dir / "ranges.parquet", hint=hint, omit=omit.get("ranges", ()),
+                          categorical=categorical.get("ranges", ()))
     _check_range_tree(ranges, timeline_dir / "ranges.parquet")
     return kernels, ranges
 
@@ -137,7 +152,9 @@ def _check_range_tree(ranges: pd.DataFrame, path: Path) -> None:
 
     fix = "ranges.parquet is written by opprof timeline: write it again rather than editing it"
     ids = ranges["range_id"].to_numpy(dtype=np.int64)
-    repeated = pd.Index(ids).duplicated()
+    # Ids in ascending order (as the readers write them) repeat none; only other tables are hashed (2M ranges: 0.3 GB).
+    ascending = len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
+    repeated = np.zeros(len(ids), dtype=bool) if ascending else pd.Index(ids).duplicated()
     if repeated.any():
         raise InputError(f"{path}: range_id {int(ids[repeated][0])} names more than one range "
                          f"({int(repeated.sum())} repeated ids); {fix}")
@@ -214,6 +231,7 @@ def _export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect
             ``expect_gpu``, a Kineto trace without GPU kernel records.
     """
     from .attribution import nvtx
+    from .heap import release_free_memory
     from .timeline import kineto
     from .timeline import model as timeline_model
     from .timeline import nsys
@@ -232,10 +250,14 @@ def _export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect
         start = time.perf_counter()
         timeline.diagnostics["gpu_activities"] = timeline_model.gpu_activity_summary(timeline.activities, timeline.ranges)
         projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
-        nsys.write_nsys_timeline(timeline, out_dir)
+        projected = len(projection)
+        release_free_memory()  # (what the projection freed)
+        # Written and dropped before the timeline tables are converted for writing (1M kernels: 0.2 GB less at once).
         write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
-        stage_done(f"wrote the timeline tables and the GPU projection of {len(projection):,} ranges to {out_dir}",
-                  start)
+        del projection
+        release_free_memory()
+        nsys.write_nsys_timeline(timeline, out_dir)
+        stage_done(f"wrote the timeline tables and the GPU projection of {projected:,} ranges to {out_dir}", start)
         return timeline
     timeline = kineto.read_kineto(trace)
     stage_done(f"read {_read_counts(timeline)}", start)
@@ -451,10 +473,11 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
     from .attribution import nvtx
     from .attribution.merge import attribute, fusion_map_warning, merge_fusion_by_name, merge_kineto_run
     from .attribution.transfer import pairing_warnings
+    from .heap import release_free_memory
     from .timeline import model as timeline_model
 
     start = time.perf_counter()
-    kernels, ranges = read_timeline(timeline_dir)
+    kernels, ranges = read_timeline(timeline_dir, omit=NOT_ATTRIBUTED, categorical=FEW_VALUES)
     stage_done(f"read {len(kernels):,} kernels and {len(ranges):,} ranges", start)
     start = time.perf_counter()
     if runs:
@@ -493,6 +516,10 @@ def attribute_files(timeline_dir: Path, kernel_layers: Path | None, fusion_map: 
                     disagreements["checked"])
     stage_done(f"attributed {len(result):,} kernels ({int(result['operator'].notna().sum()):,} to an operator)", start)
     result = _with_membership(result, kl)
+    # The timeline's tables are done with: freed before the result is converted for writing, which was the peak of
+    # a big capture's `opprof attribute` (docs/DESIGN.md, "The commands' peak RSS, cut").
+    del kernels, ranges, kl
+    release_free_memory()
     tables.write_table(result, tables.ATTRIBUTION, out)
     return result
 
@@ -508,13 +535,19 @@ def _with_membership(result: pd.DataFrame, kl: pd.DataFrame) -> pd.DataFrame:
         return result
     by_id = kl.set_index(kl["kernel_id"].astype("int64"))
     ids = result["kernel_id"].astype("int64").to_numpy()
-    out = result.copy()
+    out = result.copy(deep=False)  # (new columns only: the result's own are not copied, 1M kernels: 0.2 GB)
     out["membership"] = by_id["membership"].reindex(ids).to_numpy(dtype=object)
     spans = by_id["layers_spanned"].reindex(ids).to_numpy(dtype=object)
     # Most kernels span no instance: they share one empty list (layers.NO_SPANS, never mutated); a fresh list per
-    # kernel took 0.9 s of `opprof attribute` at 1 M kernels.
-    out["layers_spanned"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) and len(v) else NO_SPANS
-                             for v in spans]
+    # kernel took 0.9 s of `opprof attribute` at 1 M kernels, and testing each kernel's entry 0.65 s: only the
+    # entries that are not that list already are looked at.
+    shown = np.empty(len(spans), dtype=object)
+    shown.fill(NO_SPANS)
+    for i in [i for i, v in enumerate(spans) if v is not NO_SPANS]:
+        v = spans[i]
+        if isinstance(v, (list, tuple, np.ndarray)) and len(v):
+            shown[i] = list(v)
+    out["layers_spanned"] = shown
     return out
 
 

@@ -773,32 +773,43 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype="int64" if c not in ("name", "domain", "kind") else object)
                              for c in columns})
     k = np.concatenate(pairs_k)
+    del pairs_k
     r = np.concatenate(pairs_r)
+    del pairs_r
     if found.captured.any():  # a range both around the launch and the capture counts the kernel once
         unique = pd.DataFrame({"k": k, "r": r}).drop_duplicates()
         k, r = unique["k"].to_numpy(), unique["r"].to_numpy()
-    pairs = pd.DataFrame(
-        {
-            "row": r, "stream": kernels["stream"].to_numpy(dtype=np.int64)[k],
-            "start": kernels["start_ns"].to_numpy(dtype=np.int64)[k], "end": kernels["end_ns"].to_numpy(dtype=np.int64)[k],
-            "dur": kernels["duration_ns"].to_numpy(dtype=np.int64)[k],
-        }
-    )
-    agg = pairs.groupby(["row", "stream"], sort=True).agg(
-        gpu_start_ns=("start", "min"), gpu_end_ns=("end", "max"), kernel_count=("start", "size"), gpu_time_ns=("dur", "sum")
-    ).reset_index()
-    rows = agg["row"].to_numpy()
+        del unique
+    # One group per (range row, stream), in that order, aggregated over the sorted pairs (what a pandas groupby of a
+    # pairs table gave, with a fraction of its memory: 1M kernels, 5M pairs, 0.5 -> 0.2 GB at once).
+    stream = kernels["stream"].to_numpy(dtype=np.int64)[k]
+    order = np.lexsort((stream, r))
+    k, r, stream = k[order], r[order], stream[order]
+    del order
+    first = np.flatnonzero(np.concatenate(([True], (r[1:] != r[:-1]) | (stream[1:] != stream[:-1]))))
+    rows, group_stream = r[first], stream[first]
+    del r, stream
+
+    def per_group(column: str, reduce) -> np.ndarray:
+        return reduce.reduceat(kernels[column].to_numpy(dtype=np.int64)[k], first)
+
+    agg = {"stream": group_stream, "gpu_start_ns": per_group("start_ns", np.minimum),
+           "gpu_end_ns": per_group("end_ns", np.maximum), "kernel_count": np.diff(np.append(first, len(k))),
+           "gpu_time_ns": per_group("duration_ns", np.add)}
+    range_id, cpu_start, cpu_end = index.range_id[rows], index.start[rows], index.end[rows]
+    del k, index, found  # (the range index and the enclosure are done with: freed before the table is built)
+    release_free_memory()
     sel = ranges[["name", "domain", "kind", "pid", "tid", "depth"]].iloc[rows]  # only what the table shows
     out = pd.DataFrame(
         {
-            "range_id": index.range_id[rows], "name": sel["name"].array, "domain": sel["domain"].astype("str").array,
+            "range_id": range_id, "name": sel["name"].array, "domain": sel["domain"].astype("str").array,
             "kind": sel["kind"].astype("str").array, "pid": sel["pid"].to_numpy(dtype=np.int64),
             "tid": sel["tid"].to_numpy(dtype=np.int64), "depth": sel["depth"].to_numpy(dtype=np.int64),
-            "stream": agg["stream"].to_numpy(), "cpu_start_ns": index.start[rows],
-            "cpu_end_ns": index.end[rows], "gpu_start_ns": agg["gpu_start_ns"].to_numpy(),
-            "gpu_end_ns": agg["gpu_end_ns"].to_numpy(), "kernel_count": agg["kernel_count"].to_numpy(dtype=np.int64),
-            "gpu_time_ns": agg["gpu_time_ns"].to_numpy(dtype=np.int64),
-        }
+            "stream": agg["stream"], "cpu_start_ns": cpu_start, "cpu_end_ns": cpu_end,
+            "gpu_start_ns": agg["gpu_start_ns"], "gpu_end_ns": agg["gpu_end_ns"],
+            "projected_duration_ns": agg["gpu_end_ns"] - agg["gpu_start_ns"],
+            "kernel_count": agg["kernel_count"].astype(np.int64), "gpu_time_ns": agg["gpu_time_ns"].astype(np.int64),
+        },
+        copy=False,
     )
-    out["projected_duration_ns"] = out["gpu_end_ns"] - out["gpu_start_ns"]
-    return out[columns]
+    return out if list(out.columns) == columns else out[columns]
