@@ -185,7 +185,7 @@ def test_an_undecided_change_is_kept_and_called_undecided_and_an_undecided_loss_
     assert decision["recommended"]["changes"] == advised
     assert any(line.startswith("freezing: undecided: ") for line in decision["recommended"]["trail"])
     # a median loss within the noise: removing it is not slower, so it is dropped, with the figure
-    result = _result(_planned(advised, {f(): 200.0, f(["compile"]): 100.0, f(["compile", "freezing"]): 103.0,
+    result = _result(_planned(advised, {f(): 200.0, f(["compile"]): 100.0, f(["compile", "freezing"]): 101.0,
                                         f(STRONG): 110.0}), spread=0.1, n=10, seed=3)
     decision = ablation.decide(result, advised)
     freezing = _steps(decision)["freezing"]
@@ -227,3 +227,52 @@ def test_dropping_two_changes_that_stand_in_for_each_other_is_checked_against_th
     final = ablation.recommend(result, ["compile", "conv_bn_fold"], advised, final=True)
     assert final["source"] == "full_advised" and final["measured"] is True
     assert final["changes"] == ablation.closure(advised)
+
+
+def test_a_recommendation_slower_than_fp32_eager_gives_way_to_the_fastest_faster_variant_or_to_no_change():
+    f = frozenset
+    advised = ["compile", "freezing"]
+    # compile+freezing and strong_generic both slower than doing nothing (0.74x and 0.67x of FP32 eager)
+    means = {f(): 100.0, f(["compile"]): 140.0, f(["compile", "freezing"]): 135.0, f(STRONG): 150.0}
+    result = _result(_planned(advised, means))
+    recommended = ablation.recommend(result, advised, advised)
+    eager = result["variants"]["fp32_eager"]["samples_ms"]
+    slow = result["variants"]["compile+freezing"]["samples_ms"]
+    guard = next(g for g in recommended["guards"] if g["against"] == "fp32_eager")
+    assert guard["outcome"] == "slower" and guard["variants"] == ["fp32_eager", "compile+freezing"]
+    assert guard["ratio"]["value"] == pytest.approx(np.median(eager) / np.median(slow))
+    assert guard["ratio"]["value"] == pytest.approx(100 / 135, rel=0.02) and guard["ratio"]["ci"][1] < 1
+    assert recommended["source"] == "fp32_eager" and recommended["changes"] == []
+    assert recommended["name"] == "fp32_eager" and recommended["variant"] == "fp32_eager"
+    assert recommended["median_ms"] == pytest.approx(np.median(eager))
+    assert recommended["instead_of"]["changes"] == advised
+    assert recommended["reason"].startswith("compile+freezing is slower than FP32 eager (fp32_eager, no change): 0.7")
+    assert any(line.endswith("no verified variant is faster than FP32 eager; recommending FP32 eager (no change)")
+               for line in recommended["trail"])
+    assert recommended["trail"][-1].startswith("recommended: fp32_eager")
+    strong = result["variants"]["strong_generic"]["samples_ms"]
+    assert recommended["vs_strong_generic"]["value"] == pytest.approx(np.median(strong) / np.median(eager))
+    assert recommended["slower_than_strong_generic"] is False
+    record = ablation.verification(result, advised)
+    assert record["ablation"]["recommended"]["source"] == "fp32_eager"
+    assert any(w.startswith("the recommendation is fp32_eager (fp32_eager) instead of ") for w in record["warnings"])
+    # two verified variants faster than FP32 eager: the faster of them (1.25x) is recommended, not the 1.11x one
+    result = _result({"fp32_eager": ([], 100.0), "compile_default": (["compile"], 140.0),
+                      "compile+freezing": (["compile", "freezing"], 135.0), "sdpa_rewrite": (["sdpa_rewrite"], 80.0),
+                      "channels_last": (["channels_last"], 90.0), "strong_generic": (STRONG, 150.0)})
+    recommended = ablation.recommend(result, advised, advised)
+    assert recommended["source"] == "faster_variant" and recommended["changes"] == ["sdpa_rewrite"]
+    assert recommended["variant"] == "sdpa_rewrite"
+    fast = result["variants"]["sdpa_rewrite"]["samples_ms"]
+    eager = result["variants"]["fp32_eager"]["samples_ms"]
+    assert recommended["speedup"]["value"] == pytest.approx(np.median(eager) / np.median(fast))
+    assert any("recommending the fastest verified variant faster than FP32 eager, sdpa_rewrite (1.2" in line
+               for line in recommended["trail"])
+    # a median below 1 whose interval reaches 1: not replaced, undecided, and measured more
+    result = _result(_planned(advised, {f(): 100.0, f(["compile"]): 100.0, f(["compile", "freezing"]): 101.0,
+                                        f(STRONG): 130.0}), spread=0.1, n=20, seed=5)
+    recommended = ablation.recommend(result, advised, advised)
+    guard = next(g for g in recommended["guards"] if g["against"] == "fp32_eager")
+    assert guard["ratio"]["value"] < 1 <= guard["ratio"]["ci"][1] and guard["outcome"] == "undecided"
+    assert recommended["changes"] == advised and recommended["source"] == "advised"
+    assert ablation.borderline({"recommended": recommended})["guard:fp32_eager"] == ["fp32_eager", "compile+freezing"]

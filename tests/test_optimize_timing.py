@@ -282,14 +282,18 @@ def test_two_processes_measure_interleaved_variants_with_faults_numerics_and_rej
     assert eager["speedup"]["value"] == 1.0
     assert eager["ci_ms"][0] <= eager["median_ms"] <= eager["ci_ms"][1]
     assert eager["median_ms"] == pytest.approx(float(np.median(eager["samples_ms"])))
-    for entry in (eager, x4):
+    for name, entry in (("fp32_eager", eager), ("x4", x4)):
         faults = entry["faults_per_iteration"]
         assert set(faults) == {"minor", "major", "total", "per_process"} and len(faults["per_process"]) == 2
         assert faults["minor"] >= 0 and faults["major"] >= 0
         assert entry["numerics"]["ok"] is True and entry["numerics"]["max_abs"] == 0.0
         assert len(entry["iterations_per_repetition"]) == 2
-        # k calibrated once (process 0) and reused by process 1; each repetition >= min_repetition_s
-        assert entry["iterations_per_repetition"][0] == entry["iterations_per_repetition"][1]
+        # k calibrated by process 0 and reused by process 1 unless its own is larger; repetitions >= half the minimum
+        k0, k1 = entry["iterations_per_repetition"]
+        calibration = json.loads((tmp_path / "process-1.out.json").read_text())["variants"][name]["calibration"]
+        assert calibration["given"] == k0 and k1 == max(k0, calibration["own"]) >= k0
+        assert calibration["own"] == int(np.ceil(0.04 / calibration["per_iteration_s"]))
+        assert all(d >= 0.02 for d in entry["median_repetition_s"])
     assert x4["iterations_per_repetition"][0] < eager["iterations_per_repetition"][0]
     assert result["variants"]["unmet"]["rejected"] == "process 0: build: unmet: this machine lacks the feature"
     noisy = result["variants"]["noisy"]
@@ -402,8 +406,13 @@ def test_a_busy_process_is_measured_again_and_its_samples_are_not_used(doubles_o
         entry = result["variants"][name]
         assert entry["samples_ms"] == _out_samples(tmp_path, 1, name) + _out_samples(tmp_path, 2, name)
         assert entry["repetitions"] == 4 and entry["processes"] == 2
-        process1 = json.loads((tmp_path / "process-1.out.json").read_text())["variants"][name]
-        assert entry["iterations_per_repetition"] == [process1["iterations_per_repetition"]] * 2
+        k0, k1, k2 = (json.loads((tmp_path / f"process-{i}.out.json").read_text())["variants"][name]
+                      ["iterations_per_repetition"] for i in range(3))
+        # the replacement reuses the discarded process's k unless its own is larger; process 2 the largest so far
+        given = [json.loads((tmp_path / f"process-{i}.spec.json").read_text())["iterations_per_repetition"]
+                 for i in range(3)]
+        assert given[0] == {} and given[1][name] == k0 and given[2][name] == max(k0, k1)
+        assert k1 >= k0 and k2 >= max(k0, k1) and entry["iterations_per_repetition"] == [k1, k2]
     assert (f"process 0: other processes kept {timing_doubles.BUSY_OTHERS:.1f} CPUs busy on average during the "
             f"repetitions ({thrown['spare']} spare beside its 1 thread(s)): discarded, its samples unused (process 1 "
             "kept in its place)") in result["warnings"]
@@ -683,3 +692,70 @@ def test_without_prctl_a_worker_watches_its_parent_and_ends_with_it():
         assert _gone_within(child, 5.0), "the child outlived its parent"
     finally:
         parent.kill()
+
+
+def test_k_is_calibrated_from_the_fastest_warm_up_iteration_and_a_given_k_too_small_here_is_raised():
+    """Under load the warm-up's last iterations of a 0.2 ms model took 33-36 ms but one 0.2 ms: their median gave
+    k = ceil(0.1 / 0.034) = 3 (1 ms repetitions); the fastest gives ceil(0.1 / 0.0002) = 500."""
+    from operator_profiler.optimize.timing_worker import calibrate
+
+    loaded = [2.5, 0.05, 0.034, 0.0002, 0.036, 0.033, 0.035]
+    assert calibrate(loaded, 5, 0.1) == {"k": 500, "own": 500, "given": None, "per_iteration_s": 0.0002}
+    assert calibrate(loaded, 5, 0.1, given=3)["k"] == 500  # an earlier process's k too small here: its own
+    assert calibrate(loaded, 5, 0.1, given=800) == {"k": 800, "own": 500, "given": 800, "per_iteration_s": 0.0002}
+    assert calibrate([0.03, 0.025, 0.04], 3, 0.1)["k"] == 4  # ceil(0.1 / 0.025)
+
+
+def _fake_process(ks: dict[int, dict[str, int]], busy: set[int], repetition_s: float = 0.12):
+    """A stand-in for :func:`timing._run_process`: process ``i`` calibrates ``ks[i]`` (its own k per variant) and
+    keeps a larger given one, as the worker does; the processes in ``busy`` report 64 other CPUs busy."""
+    specs = []
+
+    def run(index, spec, work_dir, python, timeout_s):
+        specs.append(spec)
+        given = spec["iterations_per_repetition"]
+        variants = {}
+        for name in spec["variants"]:
+            k = max(ks[index][name], given.get(name, 0))
+            variants[name] = {"changes": [], "rejected": None, "iterations_per_repetition": k,
+                              "samples_ms": [repetition_s / k * 1e3] * spec["repetitions"],
+                              "repetition_s": [repetition_s] * spec["repetitions"],
+                              "minor_faults": [0.0] * spec["repetitions"], "major_faults": [0.0] * spec["repetitions"],
+                              "warmup": {"steady": True},
+                              "seconds": {"build": 1.0, "warmup": 0.5,
+                                          "repetitions": repetition_s * spec["repetitions"]}}
+        return {"process": index, "pid": 100 + index, "device": "cpu", "threads": 2, "usable_cpus": 2,
+                "other_cpu_load": 64.0 if index in busy else 0.0, "torch": "x", "peak_rss_bytes": 1,
+                "variants": variants, "wall_s": 10.0}
+
+    return run, specs
+
+
+def test_a_replacement_for_a_busy_process_reuses_the_sane_k_and_short_repetitions_are_warned_about(
+        doubles_on_path, tmp_path, monkeypatch):
+    """Process 0 is busy and discarded with k 532 / 1031; its replacement calibrated 3 under load: it and process 2
+    run the discarded process's k, so their repetitions last the minimum."""
+    run, specs = _fake_process({0: {"fp32_eager": 532, "x4": 1031}, 1: {"fp32_eager": 3, "x4": 3},
+                                2: {"fp32_eager": 3, "x4": 3}}, busy={0})
+    monkeypatch.setattr(timing, "_run_process", run)
+    spec = {**_spec({"fp32_eager": [], "x4": ["x4"]}, repetitions=4), "busy_remeasure": 1, "min_repetition_s": 0.1}
+    result = timing.measure(spec, build="timing_doubles:build", numerics=None, work_dir=tmp_path)
+    assert [s["process"] for s in specs] == [0, 1, 2]
+    assert [s["iterations_per_repetition"] for s in specs] == [{}, {"fp32_eager": 532, "x4": 1031},
+                                                              {"fp32_eager": 532, "x4": 1031}]
+    assert result["variants"]["fp32_eager"]["iterations_per_repetition"] == [532, 532]
+    assert result["variants"]["x4"]["iterations_per_repetition"] == [1031, 1031]
+    assert result["discarded_processes"][0]["iterations_per_repetition"] == {"fp32_eager": 532, "x4": 1031}
+    assert result["variants"]["x4"]["median_repetition_s"] == [0.12, 0.12]
+    assert result["variants"]["x4"]["seconds"][0] == {"build": 1.0, "warmup": 0.5, "repetitions": 0.24}
+    assert result["processes_info"][0]["wall_s"] == 10.0
+    assert not any("repetitions lasted" in w for w in result["warnings"])
+    # repetitions of 1 ms (k = 3 of 0.33 ms) against a minimum of 0.1 s: a warning per variant and process
+    run, specs = _fake_process({i: {"fp32_eager": 3} for i in range(2)}, busy=set(), repetition_s=0.001)
+    monkeypatch.setattr(timing, "_run_process", run)
+    result = timing.measure({**spec, "variants": {"fp32_eager": []}}, build="timing_doubles:build", numerics=None,
+                            work_dir=tmp_path)
+    short = [w for w in result["warnings"] if "repetitions lasted" in w]
+    assert short == [f"fp32_eager: process {i}'s repetitions lasted 1 ms (median, 3 iterations each), under 0.5 of "
+                     "min_repetition_s (0.1 s): its samples are timer and scheduling noise; measure again on a quiet "
+                     "machine" for i in (0, 1)]

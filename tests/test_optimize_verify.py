@@ -172,8 +172,9 @@ def test_an_undecided_guard_is_measured_more_and_a_faster_strong_generic_then_re
               "baseline": "fp32_eager"}
     advised = ["compile", "freezing"]
     before = ablation.decide(result, advised)
-    [guard] = before["recommended"]["guards"]
+    guard, eager_guard = before["recommended"]["guards"]
     assert guard["against"] == "strong_generic" and guard["outcome"] == "undecided"
+    assert eager_guard["against"] == "fp32_eager" and eager_guard["outcome"] == "not slower"
     assert guard["ratio"]["value"] < 1 <= guard["ratio"]["ci"][1] and before["recommended"]["source"] == "advised"
     assert ablation.borderline(before) == {"guard:strong_generic": ["strong_generic", "compile+freezing"]}
     assert any("not replaced, undecided" in line for line in before["recommended"]["trail"])
@@ -195,7 +196,8 @@ def test_an_undecided_guard_is_measured_more_and_a_faster_strong_generic_then_re
                                     first["compile+freezing"] + extra["compile+freezing"])
     assert versus["high"] < 1 and recommended["source"] == "strong_generic"
     assert recommended["instead_of"]["vs_strong_generic"]["ci"][1] == versus["high"]
-    [guard] = recommended["guards"]
+    guard, eager_guard = recommended["guards"]
+    assert eager_guard["against"] == "fp32_eager" and eager_guard["outcome"] == "not slower"
     assert guard["outcome"] == "slower" and guard["extra_rounds"] == 1 and guard["repetitions"] == [60, 60]
 
 
@@ -247,4 +249,62 @@ def test_a_kept_set_measured_in_a_second_round_gives_way_to_the_full_advised_set
     assert record["refined"] == [] and record["measure_more"]["rounds"] == 0
     assert record["measure_more"]["stopped"] == "decided" and record["measure_more"]["round2"]["stopped"] == "decided"
     assert all(step["measurement"]["extra_rounds"] == 0 for step in record["ablation"]["steps"])
-    assert [g["outcome"] for g in recommended["guards"]] == ["slower", "not slower"]
+    assert [(g["against"], g["outcome"]) for g in recommended["guards"]] == [
+        ("full_advised", "slower"), ("strong_generic", "not slower"), ("fp32_eager", "not slower")]
+
+
+def test_the_first_round_is_estimated_from_what_the_variants_measured_again_cost_not_the_average_variant(
+        monkeypatch, tmp_path):
+    """The first measurement averaged 64 s per variant over 3 (strong_generic's max-autotune compile took 180 s):
+    that average said a round of 2 variants takes 128 s, over the 120 s budget. The two variants measured again
+    cost per process 20 + 1 + 3 s and 22 + 1 + 3 s (build, warm-up, repetitions) and a process 5 s besides: 2
+    processes x (5 + 24 + 26) s = 110 s, which fits."""
+    rng = np.random.default_rng(7)
+    first = {"compile_default": rng.normal(100, 30, 20).tolist(), "compile+freezing": rng.normal(99, 30, 20).tolist()}
+    cost = {"fp32_eager": (0.5, 0.5, 3.0), "compile_default": (20.0, 1.0, 3.0), "compile+freezing": (22.0, 1.0, 3.0),
+            "strong_generic": (180.0, 10.0, 10.0)}
+
+    def seconds(name):
+        build, warmup, repetitions = cost[name]
+        return {"build": build, "warmup": warmup, "repetitions": repetitions}
+
+    def measured(variants: dict, samples: dict) -> dict:
+        entries = {n: {**_variant(c, samples[n]), "seconds": [seconds(n)] * 2} for n, c in variants.items()}
+        wall = 5.0 + sum(sum(cost[n]) for n in variants)
+        return {"variants": entries, "warnings": [], "seed": 0, "baseline": "fp32_eager",
+                "processes_info": [{"process": i, "wall_s": wall} for i in range(2)]}
+
+    result = measured({"fp32_eager": [], "compile_default": ["compile"], "compile+freezing": ["compile", "freezing"],
+                       "strong_generic": ["compile", "max_autotune", "freezing"]},
+                      {"fp32_eager": rng.normal(300, 3, 20).tolist(), "strong_generic": rng.normal(200, 3, 20).tolist(),
+                       **first})
+    costs, overhead = verify.variant_costs(result)
+    assert costs == {"fp32_eager": 4.0, "compile_default": 24.0, "compile+freezing": 26.0, "strong_generic": 200.0}
+    assert overhead == 5.0
+    clock, calls = Clock(110.0), []
+
+    def measure(spec, work_dir=None, **kwargs):
+        calls.append(sorted(spec["variants"]))
+        clock.now += clock.step
+        shared = rng.normal(100, 30, 20)
+        return measured(spec["variants"], {"compile_default": shared.tolist(),
+                                           "compile+freezing": (shared * 0.99).tolist()})
+
+    monkeypatch.setattr(verify.timing, "measure", measure)
+    advised = ["compile", "freezing"]
+    assert ablation.borderline(ablation.decide(result, advised)) == {"freezing": ["compile_default",
+                                                                                  "compile+freezing"]}
+    more = verify.refine_borderline({"workload": {}, "processes": 2}, result, advised, tmp_path, budget_s=120,
+                                    seconds_per_variant=(200 + 4 + 24 + 26) / 4 * 2, clock=clock)
+    assert calls == [["compile+freezing", "compile_default"]]
+    assert more[0]["estimate_s"] == 2 * (5.0 + 24.0 + 26.0) == 110.0
+    # the next round would take as long again: 110 + 110 s is over the budget
+    assert result["measure_more"]["stopped"] == "budget" and result["measure_more"]["next_estimate_s"] == 110.0
+    # variants without recorded seconds: the seconds per variant of the measurement before, as before
+    for entry in result["variants"].values():
+        entry.pop("seconds")
+    result.pop("refined"), result.pop("processes_info")
+    calls.clear()
+    verify.refine_borderline({"workload": {}, "processes": 2}, result, advised, tmp_path, budget_s=120,
+                             seconds_per_variant=64.0, clock=clock)
+    assert calls == [] and result["measure_more"]["next_estimate_s"] == 128.0

@@ -10,12 +10,13 @@ each decision reports the repetitions and processes it rests on); one whose leav
 measured is kept (the conservative choice). The cumulative prefix steps (advised order) are measured and
 reported beside it: a change whose leave-one-out credit differs from its prefix step (disjoint intervals)
 interacts with the others. The recommendation is never slower than the full advised variant or than
-``strong_generic`` when those verify; "slower" means the ratio's whole interval lies below 1.
+``strong_generic`` when those verify, nor than FP32 eager (doing nothing); "slower" means the ratio's whole
+interval lies below 1.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from . import stats
 from ..transforms.vocabulary import CHANGES
@@ -23,6 +24,8 @@ from ..transforms.vocabulary import CHANGES
 #: The change ids in their canonical order (a variant's changes are listed in this order).
 CATALOG_ORDER = tuple(CHANGES)
 BASELINE_NAMES = ("fp32_eager", "compile_default", "strong_generic")
+#: The ``source`` of a recommendation a guard put in place of the decided set (:func:`recommend`).
+REPLACING_SOURCES = ("full_advised", "strong_generic", "faster_variant", "fp32_eager")
 
 
 def requirements(change: str) -> tuple[str, ...]:
@@ -364,12 +367,15 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
     ``result`` and never slower than what was measured beside it: when the full advised set verified and the
     candidate is slower than it (the ratio's whole interval below 1), the full advised set is recommended; when
     ``strong_generic`` verified and is faster than the recommendation (the ratio's whole interval above 1), its
-    set is recommended instead, saying why. A rejected ``strong_generic`` (a miscompile) is never compared
-    against: ``vs_strong_generic`` null and ``strong_generic_rejected`` its reason. ``final``: an unmeasured
+    set is recommended instead, saying why; when FP32 eager verified and the recommendation is slower than it
+    (its speedup interval wholly below 1), the fastest verified variant faster than FP32 eager, else FP32 eager
+    itself (no change) is recommended (:func:`_eager_guard`). A rejected ``strong_generic`` (a miscompile) is never
+    compared against: ``vs_strong_generic`` null and ``strong_generic_rejected`` its reason. ``final``: an unmeasured
     candidate (no second round to measure it) gives way to the full advised set when that verified.
 
     Returns ``{"changes", "name", "required_by", "measured", "source", "reason", "trail"}`` (``source``: advised,
-    advised_without_dropped, full_advised or strong_generic) and, when measured, ``variant``, ``median_ms``,
+    advised_without_dropped, full_advised, strong_generic, faster_variant or fp32_eager) and, when measured,
+    ``variant``, ``median_ms``,
     ``ci_ms``, ``speedup``, ``vs_advised`` (against the full advised set, when it differs), ``vs_strong_generic``,
     ``slower_than_strong_generic`` and ``slower_significant`` (both: the whole interval below 1), ``instead_of``
     (the set it replaced, with the comparison, when a guard replaced one), ``guards`` (each guard's comparison:
@@ -439,9 +445,58 @@ def recommend(result: dict, candidate: list[str], advised: list[str], required_b
                             _guard_text(result, guards[-1])))
         slower = versus["ci"][1] < 1
         rec.update(vs_strong_generic=versus, slower_than_strong_generic=slower, slower_significant=slower)
+    found = _eager_guard(result, rec, found, guards, trail, use)
     trail.append(f"recommended: {rec['name']}"
                  + (f", {figure(rec['speedup'])} over FP32 eager" if rec.get("speedup") else ""))
     return rec
+
+
+def _eager_guard(result: dict, rec: dict, found: tuple[str, dict], guards: list[dict], trail: list[str],
+                 use: Callable[[tuple[str, dict]], None]) -> tuple[str, dict]:
+    """The last guard of :func:`recommend`: a recommendation (with changes) whose speedup over FP32 eager lies
+    wholly below 1 is slower than doing nothing and is never recommended; the fastest other verified variant whose
+    speedup over FP32 eager lies wholly above 1 replaces it (``source`` ``faster_variant``), else FP32 eager, no
+    change (``source`` ``fp32_eager``). Its median below 1 with the interval reaching 1: ``undecided``, not
+    replaced, measured more (:func:`borderline`). Returns the (name, entry) recommended."""
+    eager = _verified(result, [])
+    if eager is None or not rec["changes"] or found[0] == eager[0]:
+        return found
+    versus = _ratio(result, eager[1], found[1])
+    guards.append(_guard(result, "fp32_eager", eager, found, versus))
+    if versus["ci"][1] >= 1:
+        trail.append(f"{found[0]} against FP32 eager ({eager[0]}): {figure(versus)}, "
+                     + _guard_text(result, guards[-1]))
+        return found
+    faster = []
+    for name, entry in result["variants"].items():
+        if name == eager[0] or name == found[0] or entry.get("rejected") or not entry.get("samples_ms"):
+            continue
+        ratio = _ratio(result, eager[1], entry)
+        if ratio["ci"][0] > 1:
+            faster.append((ratio["value"], name, entry, ratio))
+    reason = (f"{found[0]} is slower than FP32 eager ({eager[0]}, no change): {figure(versus)}, the whole interval "
+              "below 1")
+    instead = {"changes": list(rec["changes"]), "variant": found[0], "source": rec["source"], "vs_fp32_eager": versus}
+    if faster:
+        _, name, entry, ratio = max(faster, key=lambda f: f[0])
+        trail.append(reason + f": recommending the fastest verified variant faster than FP32 eager, {name} "
+                     f"({figure(ratio)} over FP32 eager)")
+        rec.update(changes=list(entry["changes"]), name=variant_name(entry["changes"]), required_by={},
+                   source="faster_variant", reason=reason, instead_of=instead)
+        chosen = (name, entry)
+    else:
+        trail.append(reason + ": no verified variant is faster than FP32 eager; recommending FP32 eager (no change)")
+        rec.update(changes=[], name=variant_name([]), required_by={}, source="fp32_eager", reason=reason,
+                   instead_of=instead)
+        chosen = eager
+    rec.pop("vs_advised", None)
+    use(chosen)
+    strong = result["variants"].get("strong_generic")
+    if rec.get("vs_strong_generic") is not None and strong is not None and strong.get("samples_ms"):
+        versus = _ratio(result, strong, chosen[1])  # the comparison of what is recommended now
+        slower = versus["ci"][1] < 1
+        rec.update(vs_strong_generic=versus, slower_than_strong_generic=slower, slower_significant=slower)
+    return chosen
 
 
 def verification(result: dict, advised: list[str]) -> dict:
@@ -450,8 +505,8 @@ def verification(result: dict, advised: list[str]) -> dict:
     borderline decisions (``refined``, ``measure_more``: :func:`operator_profiler.optimize.verify.measure_more`),
     the ablation (:func:`decide`) and every warning (docs/optimize.md#verification)."""
     fields = ("changes", "rejected", "median_ms", "ci_ms", "speedup", "faults_per_iteration", "numerics",
-              "numerics_in_dtype", "repetitions", "processes", "iterations_per_repetition", "rss_after_warmup_bytes",
-              "checks", "rewrites")
+              "numerics_in_dtype", "repetitions", "processes", "iterations_per_repetition", "median_repetition_s",
+              "seconds", "rss_after_warmup_bytes", "checks", "rewrites")
     ablation = decide(result, advised)
     warnings = list(result.get("warnings", []))
     rejected_baselines = {name: result["variants"][name]["rejected"] for name in BASELINE_NAMES
@@ -469,7 +524,7 @@ def verification(result: dict, advised: list[str]) -> dict:
         v = recommended["vs_strong_generic"]
         warnings.append(f"the recommended variant {recommended['name']} is slower than strong_generic: "
                         f"{v['value']:.3f}x [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]")
-    if recommended.get("source") in ("strong_generic", "full_advised"):
+    if recommended.get("source") in REPLACING_SOURCES:
         warnings.append(f"the recommendation is {recommended['name']} ({recommended['source']}) instead of "
                         f"{variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")
     return {"workload": result.get("workload"), "device": result.get("device"), "threads": result.get("threads"),

@@ -9,7 +9,9 @@ also ends by itself when this process is killed outright: ``timing_worker.die_wi
 builds, compiles and warms up every variant itself, so process-level luck (allocator state, page cache, code
 placement) shows up as spread between processes instead of deciding a comparison. The first process
 calibrates each variant's iterations per repetition (k, so that a repetition lasts at least
-``min_repetition_s``); the later ones reuse its k.
+``min_repetition_s``, from the fastest of its last warm-up iterations: ``timing_worker.calibrate``); the later
+ones reuse the largest k calibrated so far (a discarded busy process's too), or their own when that is larger;
+a process whose repetitions still lasted under half the minimum gets a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,6 +46,9 @@ FAULT_THRESHOLD = 100.0
 #: time (with 2 allowed, the workflow test's verification on 2 cores shared with other jobs ran 4 processes of
 #: about 3 min each instead of 2, every one busy).
 BUSY_REMEASURE = 1
+#: A process whose median repetition of a variant lasted under this fraction of ``min_repetition_s`` gets a
+#: warning (:func:`short_repetition_warnings`): its k was too small for the machine.
+SHORT_REPETITION_FRACTION = 0.5
 
 DEFAULTS: dict[str, Any] = {
     "device": "cpu",
@@ -155,6 +161,7 @@ def _run_process(index: int, spec: dict, work_dir: Path, python: str, timeout_s:
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
     env[PARENT_ENV] = str(os.getpid())  # the worker dies with this process (timing_worker.die_with_parent)
     name = spec["workload_name"]
+    started = time.monotonic()
     with open(log_path, "w") as log:
         worker = subprocess.Popen([python, "-m", "operator_profiler.optimize.timing_worker", str(spec_path),
                                    str(out_path)], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -172,6 +179,7 @@ def _run_process(index: int, spec: dict, work_dir: Path, python: str, timeout_s:
     completed = worker
     outcome = json.loads(out_path.read_text()) if out_path.exists() else None
     if completed.returncode == 0 and outcome is not None and "error" not in outcome:
+        outcome["wall_s"] = round(time.monotonic() - started, 3)  # the whole process: start, imports, every variant
         return outcome
     if outcome is not None and "error" in outcome:
         raise WorkloadError(f"timing of {name!r}: worker process {index} failed on variant {outcome['variant']!r} "
@@ -216,6 +224,9 @@ def _merge(settings: dict, outcomes: list[dict]) -> dict:
         entry.update(
             samples_ms=samples, repetitions=len(samples), processes=len(per_process),
             iterations_per_repetition=[r["iterations_per_repetition"] for r in per_process],
+            median_repetition_s=[round(_median(r["repetition_s"]), 6) if r.get("repetition_s") else None
+                                 for r in per_process],
+            seconds=[r.get("seconds") for r in per_process],
             median_ms=interval["median"], ci_ms=[interval["low"], interval["high"]],
             faults_per_iteration={
                 "minor": _median([f for r in per_process for f in r["minor_faults"]]),
@@ -293,13 +304,17 @@ def _slot(settings: dict, slot: int, repetitions: int, calibrated: dict, start: 
     attempts: list[dict] = []
     while True:
         index = start + len(attempts)
+        # a replacement reuses the larger k of the processes before it: load only slows iterations, so a k
+        # calibrated under load is too small, never too large (timing_worker.calibrate)
+        given = _largest_k([{"variants": {n: {"iterations_per_repetition": k} for n, k in calibrated.items()}},
+                            *attempts])
         if progress:
             again = (f" (again: process {attempts[-1]['process']} was busy, other processes kept "
                      f"{attempts[-1]['other_cpu_load']:.1f} CPUs busy)" if attempts else "")
             progress(f"{settings['workload_name']}: process {slot + 1}/{settings['processes']}, "
                      f"{len(settings['variants'])} variants, {repetitions} repetitions{again}")
         outcome = run(index, {**settings, "process": index, "repetitions": repetitions,
-                              "iterations_per_repetition": calibrated})
+                              "iterations_per_repetition": given})
         attempts.append(outcome)
         if busy_load(outcome) is None or len(attempts) > allowed:
             break
@@ -307,9 +322,38 @@ def _slot(settings: dict, slot: int, repetitions: int, calibrated: dict, start: 
         attempts, key=lambda o: busy_load(o)["other_cpu_load"] - busy_load(o)["spare"])
     discarded = [{"process": o["process"], "pid": o.get("pid"), "other_cpu_load": o.get("other_cpu_load"),
                   "usable_cpus": o.get("usable_cpus"), "threads": o.get("threads"),
-                  "spare": busy_load(o)["spare"], "replaced_by": kept["process"]}
+                  "spare": busy_load(o)["spare"], "replaced_by": kept["process"],
+                  "iterations_per_repetition": _largest_k([o])}
                  for o in attempts if o is not kept]
     return kept, discarded
+
+
+def _largest_k(outcomes: list[dict]) -> dict[str, int]:
+    """Per variant the largest iterations per repetition of ``outcomes`` (rejected variants left out)."""
+    largest: dict[str, int] = {}
+    for outcome in outcomes:
+        for name, record in outcome["variants"].items():
+            if not record.get("rejected") and record.get("iterations_per_repetition"):
+                largest[name] = max(largest.get(name, 0), int(record["iterations_per_repetition"]))
+    return largest
+
+
+def short_repetition_warnings(settings: dict, outcomes: list[dict]) -> list[str]:
+    """One warning per variant and process whose repetitions lasted less than
+    :data:`SHORT_REPETITION_FRACTION` of ``min_repetition_s`` (their median): a k too small for this machine
+    (calibrated while other processes kept the CPUs busy), whose samples timer and scheduling noise decide."""
+    warnings = []
+    floor = settings["min_repetition_s"] * SHORT_REPETITION_FRACTION
+    for outcome in outcomes:
+        for name, record in outcome["variants"].items():
+            durations = record.get("repetition_s") or []
+            if not record.get("rejected") and durations and _median(durations) < floor:
+                warnings.append(
+                    f"{name}: process {outcome['process']}'s repetitions lasted {_median(durations) * 1e3:.3g} ms "
+                    f"(median, {record['iterations_per_repetition']} iterations each), under "
+                    f"{SHORT_REPETITION_FRACTION:g} of min_repetition_s ({settings['min_repetition_s']:g} s): "
+                    "its samples are timer and scheduling noise; measure again on a quiet machine")
+    return warnings
 
 
 def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numerics: str | None = DEFAULT_NUMERICS,
@@ -340,17 +384,22 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
         kept the CPUs busy (:func:`busy_load`) is run again as a new process, at most ``busy_remeasure`` times per
         measurement: the first quiet one is kept, else the least busy one (with a warning); the others are listed
         in ``discarded_processes`` (``process``, ``pid``, ``other_cpu_load``, ``usable_cpus``, ``threads``,
-        ``spare``, ``replaced_by``: the process kept in its place) and their samples are not used.
+        ``spare``, ``replaced_by``: the process kept in its place, ``iterations_per_repetition``: its k per
+        variant, which the later processes reuse when larger) and their samples are not used.
         ``processes_info`` per kept process ``process``, ``pid``, ``peak_rss_bytes`` (its resident set's
         high-water mark, ``getrusage`` ru_maxrss), ``torch``, ``other_cpu_load`` (CPUs other processes kept busy
-        on average during its repetitions, from /proc/stat; null when unreadable or under 1 s) and ``usable_cpus``;
+        on average during its repetitions, from /proc/stat; null when unreadable or under 1 s), ``usable_cpus`` and
+        ``wall_s`` (the process's wall time, s);
         per variant
         ``changes``, ``rejected`` (null or the reason), ``numerics`` (against FP32 eager), ``numerics_in_dtype``
         (a variant that changes the dtype and does more: against the eager model in that dtype, at the tight bound of
         ``numerics.in_dtype_limits``; null otherwise), ``checks``, ``rewrites`` and, unless rejected,
         ``samples_ms`` (each repetition's time per iteration, ms), ``repetitions``, ``processes`` (the processes
         its samples come from), ``iterations_per_repetition``
-        (k per process), ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
+        (k per process), ``median_repetition_s`` (per process, the median repetition's wall time, s),
+        ``seconds`` (per process ``{"build", "warmup", "repetitions"}``: s spent building and compiling it, warming
+        it up and checking its numerics, and in its repetitions),
+        ``median_ms``, ``ci_ms`` ([low, high] of the median), ``faults_per_iteration``
         (``minor``, ``major``, ``total`` medians over repetitions, ``per_process`` medians of the total),
         ``warmup`` (per process), ``rss_after_warmup_bytes`` (per process: the resident set after this variant's
         warm-up, with every variant built before it) and ``speedup`` (``vs``, ``value`` = median(baseline)/median(variant), ``ci``,
@@ -379,11 +428,13 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
         outcome, thrown = _slot(settings, slot, repetitions, calibrated, next_index, max(0, allowed), run, progress)
         next_index += 1 + len(thrown)
         discarded += thrown
-        calibrated = {name: r["iterations_per_repetition"] for name, r in outcome["variants"].items()
-                      if not r["rejected"]} if not calibrated else calibrated
+        # the next processes reuse the largest k seen so far per variant (discarded busy processes' included)
+        calibrated = _largest_k([{"variants": {n: {"iterations_per_repetition": k} for n, k in calibrated.items()}},
+                                 outcome, *({"variants": {n: {"iterations_per_repetition": k} for n, k in
+                                                          d["iterations_per_repetition"].items()}} for d in thrown)])
         outcomes.append(outcome)
     merged = _merge(settings, outcomes)
-    warnings = merged["warnings"] + [
+    warnings = merged["warnings"] + short_repetition_warnings(settings, outcomes) + [
         f"process {d['process']}: other processes kept {d['other_cpu_load']:.1f} CPUs busy on average during the "
         f"repetitions ({d['spare']} spare beside its {d['threads']} thread(s)): discarded, its samples "
         f"unused (process {d['replaced_by']} kept in its place)" for d in discarded]
@@ -398,6 +449,6 @@ def measure(spec: dict, build: str | Callable[..., Any] = DEFAULT_BUILD, numeric
             "min_repetition_s": settings["min_repetition_s"], "fault_threshold": settings["fault_threshold"],
             "confidence": settings["confidence"], "resamples": settings["resamples"],
             "processes_info": [{k: o.get(k) for k in ("process", "pid", "peak_rss_bytes", "torch", "other_cpu_load",
-                                                      "usable_cpus")} for o in outcomes],
+                                                      "usable_cpus", "wall_s")} for o in outcomes],
             "discarded_processes": discarded, "busy_remeasure": int(settings["busy_remeasure"]),
             "variants": merged["variants"], "warnings": warnings, "work_dir": str(work_dir)}

@@ -220,6 +220,21 @@ def _check_in_dtype(numerics: Any, record: dict, changes: list[str], dtype: str,
     return None if check.ok else f"numerics: against {against}: {check.reason}"
 
 
+def calibrate(times_s: list[float], window: int, min_repetition_s: float, given: int | None = None) -> dict:
+    """Iterations per repetition (k) so that a repetition lasts at least ``min_repetition_s``, from the warm-up's
+    iteration times: the fastest of the last ``window`` (another process's load only ever slows an iteration, so
+    the fastest is the least disturbed; their median, under load, was inflated 100-fold and gave k = 3 for a
+    0.2 ms model: 1 ms repetitions). ``given`` (the k of an earlier process) is kept unless it is smaller than
+    this process's own k, i.e. would make a repetition shorter than the minimum here: then this process's k is used.
+
+    Returns ``{"k", "own", "given", "per_iteration_s"}``."""
+    last = [t for t in times_s[-window:] if t > 0]
+    fastest = min(last) if last else 0.0
+    own = max(1, math.ceil(min_repetition_s / max(fastest, 1e-9)))
+    k = max(int(given), own) if given else own
+    return {"k": k, "own": own, "given": int(given) if given else None, "per_iteration_s": fastest}
+
+
 def run(spec: dict, state: dict) -> dict:
     """Measure the spec's variants in this process (module docstring); ``state`` tracks the variant and phase
     for the error record. Returns OUT.json's content."""
@@ -262,6 +277,7 @@ def run(spec: dict, state: dict) -> dict:
         state["variant"] = name
         record = records[name] = {"changes": list(changes), "rejected": None}
         settings_before = _process_settings()
+        variant_started = time.perf_counter()
         try:
             state["phase"] = "building"
             _say(name, "building")
@@ -275,6 +291,7 @@ def run(spec: dict, state: dict) -> dict:
             record["rejected"] = f"build: {exc}"
             _say(name, f"rejected ({exc})")
             continue
+        build_s = time.perf_counter() - variant_started
         changed = {k: [settings_before.get(k), v] for k, v in _process_settings().items()
                    if settings_before.get(k, v) != v}
         if changed:  # the parent warns: the variants timed after it in this process ran with these switches
@@ -320,9 +337,12 @@ def run(spec: dict, state: dict) -> dict:
         record["warmup"] = warmup
         record["rss_after_warmup_bytes"] = _rss_bytes()  # every variant built so far is resident too
         record["peak_rss_after_warmup_bytes"] = _peak_rss_bytes()
-        per_iteration = sorted(times[-warm["window"]:])[len(times[-warm["window"]:]) // 2] if times else 0.0
-        k = int(given_k.get(name) or max(1, math.ceil(spec["min_repetition_s"] / max(per_iteration, 1e-9))))
-        record.update(iterations_per_repetition=k, samples_ms=[], minor_faults=[], major_faults=[])
+        calibration = calibrate(times, warm["window"], spec["min_repetition_s"], given_k.get(name))
+        k = calibration["k"]
+        record.update(iterations_per_repetition=k, calibration=calibration, samples_ms=[], minor_faults=[],
+                      major_faults=[], repetition_s=[],
+                      seconds={"build": round(build_s, 6),
+                               "warmup": round(time.perf_counter() - variant_started - build_s, 6)})
         variants[name] = variant
 
     state["phase"] = "interleaved repetitions"
@@ -352,9 +372,13 @@ def run(spec: dict, state: dict) -> dict:
                 finally:
                     gc.enable()
                 record["samples_ms"].append(elapsed / k * 1e3)
+                record["repetition_s"].append(elapsed)
                 record["minor_faults"].append((minor1 - minor0) / k)
                 record["major_faults"].append((major1 - major0) / k)
     state["variant"] = None
+    for record in records.values():
+        if "repetition_s" in record:
+            record["seconds"]["repetitions"] = round(sum(record["repetition_s"]), 6)
     # CPUs other processes kept busy on average during the repetitions (/proc/stat less this process and its parent)
     load = machine.other_cpu_load(load_start, torch.get_num_threads(), min_window_s=MIN_LOAD_WINDOW_S)
     return {"process": spec.get("process", 0), "pid": os.getpid(), "device": device,

@@ -27,8 +27,8 @@ def tolerances(configured: dict | None) -> dict:
 
 
 #: Seconds a workload's verification may spend measuring borderline decisions again (config
-#: ``optimize.decision_budget_s``): a round starts only when the rounds so far plus its estimate (seconds per
-#: variant of the last measurement, times its variants) fit in it; 0 measures nothing again.
+#: ``optimize.decision_budget_s``): a round starts only when the rounds so far plus its estimate (what the variants
+#: it measures cost in their last measurement: :func:`variant_costs`) fit in it; 0 measures nothing again.
 DECISION_BUDGET_S = 120.0
 #: Extra rounds at most, whatever the budget (a fast workload's rounds take seconds).
 MAX_ROUNDS = 8
@@ -63,6 +63,28 @@ def _speedups(result: dict) -> None:
                             "ci": [ratio["low"], ratio["high"]], "shows_gain": ratio["shows_gain"]}
 
 
+def variant_costs(measured: dict) -> tuple[dict[str, float], float | None]:
+    """What one more process of each variant of a timing result (:func:`timing.measure`) would cost, from what its
+    processes recorded: per variant the mean over its processes of the seconds the worker spent building and
+    compiling it, warming it up (numerics included) and in its repetitions (``seconds``), and the seconds a process
+    spends besides its variants (``processes_info`` ``wall_s`` less every variant's seconds in it: starting,
+    importing torch, building the workload, the rejected variants), their mean; None when not recorded. Variants
+    that recorded no ``seconds`` are left out."""
+    costs: dict[str, float] = {}
+    per_process: dict[int, float] = {}
+    for name, entry in (measured.get("variants") or {}).items():
+        seconds = [s for s in entry.get("seconds") or [] if s]
+        if entry.get("rejected") or not seconds:
+            continue
+        totals = [sum(s.get(k) or 0.0 for k in ("build", "warmup", "repetitions")) for s in seconds]
+        costs[name] = sum(totals) / len(totals)
+        for i, total in enumerate(totals):
+            per_process[i] = per_process.get(i, 0.0) + total
+    walls = [(i, info.get("wall_s")) for i, info in enumerate(measured.get("processes_info") or [])]
+    overhead = [max(0.0, wall - per_process.get(i, 0.0)) for i, wall in walls if wall is not None]
+    return costs, (sum(overhead) / len(overhead) if overhead else None)
+
+
 def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, list[str]]], work_dir: Path,
                  budget_s: float = DECISION_BUDGET_S, progress: Callable[[str], None] | None = None,
                  label: str = "refine", max_rounds: int = MAX_ROUNDS, clock: Callable[[], float] = time.monotonic,
@@ -75,10 +97,13 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
     (:func:`timing.measure` with ``spec``'s processes and repetitions, in ``work_dir/<label>N``: new processes, one
     after another, busy ones measured again there) and pools the new repetitions into ``result`` (medians,
     intervals and speedups again; page faults stay the first measurement's). A round starts only when the rounds
-    so far plus its estimate fit in ``budget_s`` (s, wall time; 0: none): the estimate is its variants times the
-    seconds per variant of the last round, or of ``seconds_per_variant`` (the measurement before, s) for the first
-    (none given: 0, the first round starts whenever the budget is above 0); an estimate can be short (a busy
-    process measured again), so a round may still end past the budget. ``measure_kwargs`` go to
+    so far plus its estimate fit in ``budget_s`` (s, wall time; 0: none): the estimate is what its variants
+    cost in the latest measurement of each (:func:`variant_costs`: the worker's seconds per variant for building,
+    warming up and its repetitions, plus a process's own start), times the processes of ``spec``; where a variant
+    recorded no seconds, its variants times the seconds per variant of the last round, or of
+    ``seconds_per_variant`` (the measurement before, s) for the first (none given: 0, the first round starts
+    whenever the budget is above 0). An estimate can be short (a busy process measured again), so a round may
+    still end past the budget. ``measure_kwargs`` go to
     :func:`timing.measure` (build, numerics).
 
     Appends one record per round to ``result["refined"]`` (``round``, ``of`` = ``label``, ``decisions`` (the keys
@@ -99,10 +124,15 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
     rounds = result.setdefault("refined", [])
     started, spent, ran, stopped = clock(), 0.0, 0, "decided"
     per_variant, estimate = seconds_per_variant or 0.0, None
+    costs, overhead = variant_costs(result)
+    processes = int(spec.get("processes") or timing.DEFAULTS["processes"])
     todo = pending(result)
     while todo:
         names = sorted({name for pair in todo.values() for name in pair})
-        estimate = per_variant * len(names)
+        if all(name in costs for name in names):  # what these variants cost, not the measurement's average
+            estimate = processes * ((overhead or 0.0) + sum(costs[name] for name in names))
+        else:
+            estimate = per_variant * len(names)
         if spent >= budget_s or spent + estimate > budget_s:
             stopped = "budget"
             break
@@ -131,6 +161,9 @@ def measure_more(spec: dict, result: dict, pending: Callable[[dict], dict[str, l
                        "processes": {n: extra["variants"][n].get("processes") for n in pooled},
                        "discarded_processes": list(extra.get("discarded_processes") or [])})
         per_variant = (clock() - round_started) / len(names)
+        extra_costs, extra_overhead = variant_costs(extra)
+        costs.update(extra_costs)
+        overhead = extra_overhead if extra_overhead is not None else overhead
         if len(pooled) < len(names):
             stopped = "rejected"
             todo = pending(result)
@@ -312,7 +345,7 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
                                                          "processes")}
                             for name, v in second["variants"].items()}
         record["warnings"] = [w for w in record["warnings"] if "was not measured as a whole" not in w]
-        if recommended.get("source") in ("strong_generic", "full_advised"):
+        if recommended.get("source") in ablation.REPLACING_SOURCES:
             record["warnings"].append(
                 f"the recommendation is {recommended['name']} ({recommended['source']}) instead of "
                 f"{ablation.variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")

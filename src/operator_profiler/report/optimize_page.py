@@ -154,7 +154,8 @@ def _measured_text(measurement: dict | None) -> str:
 
 def _guards_text(recommended: dict) -> str:
     """One sentence per guard of the recommendation: the ratio, its outcome and what it rests on."""
-    names = {"full_advised": "the full advised set", "strong_generic": "strong_generic"}
+    names = {"full_advised": "the full advised set", "strong_generic": "strong_generic",
+             "fp32_eager": "FP32 eager (no change)"}
     items = [f"<li>against {esc(names.get(g['against'], g['against']))} ({esc(' vs '.join(g['variants']))}): "
              f"{esc(_interval(g['ratio']['value'], g['ratio']['ci'], 'x'))}, <strong>{esc(g['outcome'])}</strong>; "
              f"repetitions {esc(_measured_text(g))}</li>" for g in recommended.get("guards") or []]
