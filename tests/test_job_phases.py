@@ -72,3 +72,18 @@ def test_the_bench_tool_sums_benchmarks_and_phases_per_rule(tmp_path):
     assert rows["report"][1:3] == ["1", "1.0"] and rows["report"][3] == "?"
     assert rows["total"][1:3] == ["4", "11.0"]
     assert rows["total"][-1] == "60%"  # (4.0 + 2.0) / 10.0 s: the timed jobs only
+
+
+def test_a_finished_job_exits_0_with_its_log_atexit_handlers_and_output_flushed(tmp_path):
+    # exit_finished_job skips only the interpreter's teardown: the log is complete, an atexit handler runs,
+    # buffered stdout reaches the pipe, the status is 0.
+    log = tmp_path / "job.log"
+    code = ("import atexit, sys; from operator_profiler import job_phases as j; j.script_started(); "
+            "from operator_profiler.rule_runner import exit_finished_job, run_rule; "
+            "atexit.register(lambda: print('atexit ran')); "
+            f"run_rule({str(log)!r}, lambda: print('work done', end='')); print(' (buffered)', end=''); "
+            "exit_finished_job(); print('not reached')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "work done (buffered)atexit ran\n"
+    assert log.read_text().splitlines()[-1].startswith(job_phases.PHASES_PREFIX)

@@ -117,3 +117,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    from .rule_runner import exit_finished_job
+
+    exit_finished_job()  # only after a successful job: a failed one exited in main with its status

@@ -3,8 +3,11 @@ Ctrl-C, the user's own traceback kept in the log."""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
+import threading
 import traceback
 from typing import Callable
 
@@ -70,3 +73,23 @@ def run_rule(log_path: str, func: Callable, *args, user_error_hint: str | None =
             for handler in list(root.handlers):
                 if getattr(handler, "stream", None) is log:
                     root.removeHandler(handler)
+
+
+def exit_finished_job() -> None:
+    """End a job's process once :func:`run_rule` has returned (the work done, its outputs and log written and
+    closed): as on a normal exit the non-daemon threads are joined, the ``atexit`` handlers run and the streams
+    are flushed; then the process exits with status 0 without the interpreter's teardown, which frees every module
+    and object one by one: after torch and torch.compile, 1.2-1.9 s of CPU time per job (2 cores, load 2). Only a
+    job's entry point calls it (``python -m operator_profiler.gpu_jobs``, the scripts of compute_work and
+    build_fusion_map), never a function a test runs in its own process."""
+    for thread in threading.enumerate():  # as a normal exit does first: wait for the non-daemon threads
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(0)
