@@ -142,3 +142,10 @@ def test_help_lists_the_command():
     from operator_profiler.cli import build_parser
 
     assert "optimize" in build_parser().format_help()
+
+
+def test_a_file_or_an_empty_results_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    _one_line_error(run_opprof("optimize", "--results", "afile", cwd=tmp_path), "--results afile: not a folder")
+    _one_line_error(run_opprof("optimize", "--results", "", cwd=tmp_path), "--results is empty")
+    _one_line_error(run_opprof("optimize", "--results", "  ", cwd=tmp_path), "--results is empty")

@@ -320,6 +320,8 @@ def _cmd_optimize(args) -> None:
     from . import stages
     from .config import ConfigError, load_config, threads_problem, validate_config
 
+    if not args.results.strip():
+        raise InputError("--results is empty; pass results/<workload>/ of a finished profile")
     if args.catalog and not Path(args.catalog).is_file():
         raise InputError(f"--catalog {args.catalog}: no such file; pass a rule catalog YAML or leave --catalog out")
     if args.threads is not None and threads_problem(args.threads):

@@ -949,6 +949,8 @@ def finished_profile(folder: Path) -> dict:
     the device it ran on, and a torch.profiler timeline (the variant is profiled in process with torch.profiler).
     Raises InputError (one line: what is missing and what to do)."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--results {folder}: not a folder; pass results/<workload>/ of a finished profile")
     if not folder.is_dir():
         raise InputError(f"--results {folder}: no such folder; pass results/<workload>/ of a finished profile")
     missing = [name for name in OPTIMIZE_NEEDS if not (folder / name).is_file()]
