@@ -6,6 +6,7 @@ folder that is missing, unfinished or whose run.json lacks the workload."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -40,7 +41,9 @@ def profiled(tmp_path_factory):
     raw = _config(work)
     (work / "config.yaml").write_text(yaml.safe_dump(raw))
     config = validate_config(raw)
-    stages.profile_files(NAME, config["workloads"][NAME], HARNESS, "cpu", work / "results" / NAME, config)
+    # as a Snakemake job without harness.threads runs it: OMP_NUM_THREADS=1 (torch's default here may be more)
+    stages.profile_files(NAME, config["workloads"][NAME], HARNESS, "cpu", work / "results" / NAME, config,
+                         env=dict.fromkeys(stages.THREAD_ENV, "1"))
     return work
 
 
@@ -49,6 +52,8 @@ def optimized(profiled):
     mp = pytest.MonkeyPatch()
     # max_autotune (in the strong baseline) with only ATen's GEMMs: nothing to benchmark (the workers inherit it)
     mp.setenv("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS", "ATEN")
+    for key in stages.THREAD_ENV:  # the variant's thread count must come from the base profile, not from here
+        mp.delenv(key, raising=False)
     try:
         result = run_opprof("optimize", "--results", f"results/{NAME}", "--config", "config.yaml",
                             "--threads", THREADS, cwd=profiled)
@@ -68,6 +73,14 @@ def test_optimize_advises_profiles_the_variant_verifies_and_writes_the_page(opti
     run = json.loads((variant / "capture" / "run.json").read_text())
     assert "freezing" in run["changes"] and (variant / "operators.parquet").is_file()
     assert (variant / "inductor" / "fusion_map.parquet").is_file()  # compiled: the fusion map path ran
+    # capture and compile in processes of their own, as the workflow's jobs: the fusion map names the graphs the
+    # timeline ran, every kernel attributed
+    coverage_text = (variant / "coverage.json").read_text()
+    assert json.loads(coverage_text)["coverage_time"] == 1.0 and "fusion_map_mismatch" not in coverage_text
+    # the base profile's recorded thread count and its source (OMP_NUM_THREADS=1, as Snakemake sets it)
+    base_run = json.loads((base / "capture" / "run.json").read_text())
+    assert base_run["threads"] == {"count": 1, "requested": None, "source": "OMP_NUM_THREADS"}
+    assert run["threads"] == base_run["threads"] and run["harness"] == base_run["harness"]
     verification = json.loads((base / "optimize" / "verification.json").read_text())
     assert verification["threads"] == THREADS and verification["threads_source"] == "--threads"
     scaling = verification["thread_scaling"]
@@ -91,7 +104,9 @@ def test_a_second_run_keeps_the_finished_variant_profile(optimized, monkeypatch)
 
     recorded = json.loads((work / "results" / NAME / "optimize" / "verification.json").read_text())
 
-    def fake_job(*args, **kwargs):
+    def fake_job(*args, **kwargs):  # the run removed the previous verification.json first: written again
+        Path(args[5]).parent.mkdir(parents=True, exist_ok=True)
+        Path(args[5]).write_text(json.dumps(recorded))
         return recorded
 
     monkeypatch.setattr(verify, "verify_variants_job", fake_job)
@@ -99,6 +114,90 @@ def test_a_second_run_keeps_the_finished_variant_profile(optimized, monkeypatch)
     result = run_opprof("optimize", "--results", f"results/{NAME}", "--config", "config.yaml", cwd=work)
     assert result.returncode == 0, result.stderr
     assert "already profiled, kept" in result.stdout
+
+
+def _copy(work, tmp_path):
+    import shutil
+
+    shutil.copytree(work / "results", tmp_path / "results")
+    shutil.copy(work / "config.yaml", tmp_path / "config.yaml")
+    return tmp_path
+
+
+@pytest.mark.workflow
+def test_a_variant_folder_holding_another_profile_is_profiled_again(optimized, monkeypatch, tmp_path):
+    """The base profile copied into the variant's folder (files present, another workload slice): removed and
+    profiled again, at the base profile's thread environment; the page then compares the real variant."""
+    import shutil
+
+    from operator_profiler.optimize import verify
+
+    work, _ = optimized
+    here = _copy(work, tmp_path)
+    advice = json.loads((here / "results" / NAME / "advice.json").read_text())
+    variant = f"{NAME}+{'+'.join(advice['advised_changes'])}"
+    shutil.rmtree(here / "results" / variant)
+    shutil.copytree(here / "results" / NAME, here / "results" / variant)
+    (here / "results" / variant / "stale.txt").write_text("eager")
+    recorded = json.loads((work / "results" / NAME / "optimize" / "verification.json").read_text())
+    calls = []
+
+    def fake_profile(name, workload, harness, device, out, options, *args, env=None):
+        calls.append((name, workload["changes"], harness, env, (out / "stale.txt").exists()))
+        shutil.copytree(work / "results" / variant, out)
+
+    def fake_job(*args, **kwargs):
+        Path(args[5]).parent.mkdir(parents=True, exist_ok=True)
+        Path(args[5]).write_text(json.dumps(recorded))
+        return recorded
+
+    monkeypatch.setattr(verify, "verify_variants_job", fake_job)
+    monkeypatch.setattr(stages, "profile_files", fake_profile)
+    result = run_opprof("optimize", "--results", f"results/{NAME}", "--config", "config.yaml", cwd=here)
+    assert result.returncode == 0, result.stderr
+    assert "not this variant's profile (its workload slice is another" in result.stdout
+    assert "already profiled, kept" not in result.stdout
+    assert calls == [(variant, advice["advised_changes"], HARNESS, dict.fromkeys(stages.THREAD_ENV, "1"), False)]
+    assert not (here / "results" / variant / "stale.txt").exists()
+    run = json.loads((here / "results" / variant / "capture" / "run.json").read_text())
+    assert run["changes"] == advice["advised_changes"]
+
+
+@pytest.mark.workflow
+def test_a_failed_run_leaves_no_verification_or_page_of_other_advice(optimized, monkeypatch, tmp_path):
+    """The verification fails (injected): the previous run's verification.json, pages and timing/ are gone, and
+    advice.json is the new advice (nothing describes other advice)."""
+    from operator_profiler.errors import CaptureError
+    from operator_profiler.optimize import verify
+
+    work, _ = optimized
+    here = _copy(work, tmp_path)
+    out = here / "results" / NAME / "optimize"
+    (out / "timing" / "round1").mkdir(parents=True, exist_ok=True)  # a previous run's timing (the test order)
+    (out / "timing" / "round1" / "old.json").write_text("{}")
+    assert all((out / name).exists() for name in ("verification.json", "report.html", "compare.html", "timing"))
+    (here / "results" / NAME / "advice.json").write_text(json.dumps({"advised_changes": ["old"], "advice": []}))
+
+    def failing(*args, **kwargs):
+        raise CaptureError("injected failure")
+
+    monkeypatch.setattr(verify, "verify_variants_job", failing)
+    result = run_opprof("optimize", "--results", f"results/{NAME}", "--config", "config.yaml", cwd=here)
+    assert result.returncode == 1 and "injected failure" in result.stderr
+    assert "removed the previous run's verification.json, report.html, compare.html, timing" in result.stdout
+    assert not any((out / name).exists() for name in ("verification.json", "report.html", "compare.html", "timing"))
+    advice = json.loads((here / "results" / NAME / "advice.json").read_text())
+    assert "freezing" in advice["advised_changes"]
+
+
+def test_the_thread_environment_follows_the_base_profiles_record():
+    assert stages.thread_env({"threads": {"count": 1, "requested": None, "source": "OMP_NUM_THREADS"}}) == \
+        dict.fromkeys(stages.THREAD_ENV, "1")
+    assert stages.thread_env({"threads": {"count": 3, "requested": 3, "source": "harness.threads"}}) == \
+        dict.fromkeys(stages.THREAD_ENV, "3")
+    assert stages.thread_env({"threads": {"count": 2, "requested": None, "source": "torch default"}}) == \
+        {"OMP_NUM_THREADS": None}
+    assert stages.thread_env({}) == {}
 
 
 def _one_line_error(result, *says):
@@ -142,3 +241,10 @@ def test_help_lists_the_command():
     from operator_profiler.cli import build_parser
 
     assert "optimize" in build_parser().format_help()
+
+
+def test_a_file_or_an_empty_results_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    _one_line_error(run_opprof("optimize", "--results", "afile", cwd=tmp_path), "--results afile: not a folder")
+    _one_line_error(run_opprof("optimize", "--results", "", cwd=tmp_path), "--results is empty")
+    _one_line_error(run_opprof("optimize", "--results", "  ", cwd=tmp_path), "--results is empty")

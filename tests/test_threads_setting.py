@@ -173,3 +173,26 @@ def test_the_workflow_gives_the_setting_to_the_captures_the_ceilings_and_the_ver
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert "threads" not in json.loads(_job_params(plan.stdout, "capture_timeline")[1]["harness"])
     assert _job_params(plan.stdout, "verify_variants")[1]["threads"] is None  # every usable CPU, resolved by the job
+
+
+def test_the_rules_verification_with_harness_threads_names_where_the_count_came_from(monkeypatch, tmp_path):
+    """The workflow's verify_variants job passes harness.threads and no source: verification.json says
+    ``harness.threads`` (the page then reads "Threads: 1 (harness.threads)"), not null."""
+    from operator_profiler.gpu_jobs import _verify_variants, parse_job
+
+    def measure(spec, work_dir=None, **kwargs):
+        return {"variants": {n: _entry([10.0 + 0.01 * i for i in range(20)]) for n in spec["variants"]},
+                "warnings": [], "seed": 0, "baseline": "fp32_eager", "threads": spec["threads"]}
+
+    monkeypatch.setattr(verify.timing, "measure", measure)
+    advice = tmp_path / "advice.json"
+    advice.write_text(json.dumps({"advised_changes": ["compile"], "advice": []}))
+    out = tmp_path / "optimize" / "verification.json"
+    job = parse_job(json.dumps({"workload": json.dumps({"kind": "mlp"}), "device": "cpu", "threads": 1,
+                                "optimize": json.dumps({"repetitions": 20, "processes": 2})}),
+                    json.dumps({"wildcards": {"workload": "w"}, "input": {"advice": str(advice)},
+                                "output": {"verification": str(out)}}))
+    func, args = _verify_variants(job)
+    func(*args)
+    record = json.loads(out.read_text())
+    assert record["threads"] == 1 and record["threads_source"] == "harness.threads"

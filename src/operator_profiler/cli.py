@@ -320,6 +320,8 @@ def _cmd_optimize(args) -> None:
     from . import stages
     from .config import ConfigError, load_config, threads_problem, validate_config
 
+    if not args.results.strip():
+        raise InputError("--results is empty; pass results/<workload>/ of a finished profile")
     if args.catalog and not Path(args.catalog).is_file():
         raise InputError(f"--catalog {args.catalog}: no such file; pass a rule catalog YAML or leave --catalog out")
     if args.threads is not None and threads_problem(args.threads):
@@ -579,9 +581,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("optimize", help="advise -> profile the advised variant -> verify, for one finished profile",
                        description="For a finished profile (results/<workload>/ of a workflow run), what the "
-                                   "workflow does for a workload under optimize.workloads, in this process: "
+                                   "workflow does for a workload under optimize.workloads, outside Snakemake: "
                                    "advice.json, the advised variant profiled into results/<workload>+<changes>/ "
-                                   "(kept when already finished), its verification (numerics, interleaved wall "
+                                   "(capture and compile each in a process of its own, as the workflow's jobs, at "
+                                   "the base profile's recorded threads; kept only when its capture/run.json is "
+                                   "this variant's, else profiled again), its verification (numerics, interleaved wall "
                                    "time, ablation) in optimize/verification.json, and optimize/report.html with "
                                    "the recommendation's decision trail. Prints the recommendation, its trail and "
                                    "how the model scales with threads.")
@@ -591,7 +595,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--catalog", help="a rule catalog YAML (default: the config's optimize.catalog, else the "
                                      "package's optimize/catalog.yaml)")
     s.add_argument("--threads", type=_positive_int, help="torch threads for the verification (default: the config's "
-                                                         "harness.threads, else the profile's, else every usable CPU)")
+                                                         "harness.threads, else the profile's, else every usable "
+                                                         "CPU); the variant's capture keeps the base profile's")
     s.set_defaults(func=_cmd_optimize)
 
     s = sub.add_parser("trace", help="Chrome/Perfetto trace.json: kernels with their operator, module and counters")

@@ -8,6 +8,7 @@ partial output.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -943,12 +944,19 @@ def _replay_windows_checked(sources: dict, matched: pd.DataFrame, diagnostics: d
 OPTIMIZE_NEEDS = ("capture/run.json", "operators.parquet", "attribution/kernels.parquet", "coverage.json")
 
 
+#: What ``opprof optimize`` (and the workflow's verify_variants, optimize_report rules) write in
+#: results/<workload>/optimize/: removed before a new run advises.
+OPTIMIZE_OUTPUTS = ("verification.json", "report.html", "compare.html", "timing")
+
+
 def finished_profile(folder: Path) -> dict:
     """The ``run.json`` of the finished profile in results folder ``folder``, checked for what ``opprof optimize``
     needs: the advise rule's inputs (:data:`OPTIMIZE_NEEDS`), the workload's config slice, the harness settings and
     the device it ran on, and a torch.profiler timeline (the variant is profiled in process with torch.profiler).
     Raises InputError (one line: what is missing and what to do)."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--results {folder}: not a folder; pass results/<workload>/ of a finished profile")
     if not folder.is_dir():
         raise InputError(f"--results {folder}: no such folder; pass results/<workload>/ of a finished profile")
     missing = [name for name in OPTIMIZE_NEEDS if not (folder / name).is_file()]
@@ -973,26 +981,91 @@ def finished_profile(folder: Path) -> dict:
     return run
 
 
+#: The thread variables Snakemake sets to a job's ``threads`` (its shell's environment); the captures read
+#: OMP_NUM_THREADS (capture/harness.py ``apply_threads``).
+THREAD_ENV = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def thread_env(run: dict) -> dict[str, str | None]:
+    """The thread environment a profile's capture ran under, from its run.json ``threads`` (``{"count",
+    "requested", "source"}``): the recorded count in :data:`THREAD_ENV` (as Snakemake sets them for the job),
+    or OMP_NUM_THREADS unset (None) when the capture ran at torch's default count. Empty when not recorded."""
+    threads = run.get("threads") if isinstance(run.get("threads"), dict) else {}
+    if threads.get("source") == "torch default":
+        return {"OMP_NUM_THREADS": None}
+    count = threads.get("count")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return dict.fromkeys(THREAD_ENV, str(count))
+    return {}
+
+
+def _run_job(rule: str, params: dict, files: dict, log: Path, env: dict[str, str | None] | None) -> None:
+    """Run the workflow rule ``rule``'s job in its own Python process, as its Snakemake job does
+    (``python -m operator_profiler.gpu_jobs RULE PARAMS FILES LOG``: a fresh process, so that Inductor's graph
+    counters and torch's thread settings start as in the workflow), with ``env`` applied (None: unset).
+    Raises CaptureError with the job's FAILED line (the log holds the rest)."""
+    import json as _json
+    import os
+    import subprocess
+    import sys
+
+    from .errors import CaptureError
+
+    environ = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+    src = str(Path(__file__).resolve().parent.parent)
+    environ["PYTHONPATH"] = os.pathsep.join([src] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    log.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "operator_profiler.gpu_jobs", rule, _json.dumps(params, sort_keys=True),
+                           _json.dumps(files, sort_keys=True), str(log)], env=environ, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode == 130:
+        raise KeyboardInterrupt
+    if done.returncode:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        failed = next((line for line in reversed(lines) if "FAILED" in line or "interrupted" in line),
+                      lines[-1] if lines else f"exit status {done.returncode}")
+        raise CaptureError(f"{rule} of {files['wildcards']['workload']}: {failed.strip()} (log: {log})")
+
+
 def profile_files(workload_name: str, workload: dict, harness: dict, device: str, out: Path, options: dict,
-                  clocks_target: Path | None = None, ceilings: Path | None = None) -> None:
-    """Profile one workload into results folder ``out`` in this process, as the workflow's rules do on a
-    torch.profiler timeline (same files, same stage functions): capture_timeline, compile_artifacts and
-    build_fusion_map (compiled workloads), export_timeline, classify_layers, attribute, compute_work, aggregate.
+                  clocks_target: Path | None = None, ceilings: Path | None = None,
+                  env: dict[str, str | None] | None = None) -> None:
+    """Profile one workload into results folder ``out`` as the workflow's rules do on a torch.profiler timeline
+    (same files, same stage functions): capture_timeline and compile_artifacts (compiled workloads) each in its
+    own process, as their Snakemake jobs run (a capture and a compile in one process would number Inductor's
+    graphs apart, and the fusion map would match no kernel), with ``env`` (:func:`thread_env`: the thread
+    variables Snakemake gives the jobs); then, in this process, build_fusion_map, export_timeline,
+    classify_layers, attribute, compute_work, aggregate. The jobs' logs go to ``out``/logs/.
     ``options``: the config sections ``dedup``, ``nvtx``, ``aggregate`` (a validated config's); ``clocks_target``:
     clocks/target.json on CUDA (the base profile's); ``ceilings``: the machine's ceilings.json, when measured."""
     from .attribution.nvtx import NvtxOptions
-    from .capture import jobs as capture
 
     out = Path(out)
     cap = out / "capture"
     trace, shapes = cap / "timeline.kineto.json.gz", cap / "shapes.kineto.json.gz"
-    capture.capture_timeline(workload_name, workload, harness, device, "torch", trace, cap / "run.json",
-                             cap / "layers.json", cap / "clocks_applied.json", clocks_target, "torch", shapes)
+    clocks = str(clocks_target) if clocks_target else None
+    _run_job("capture_timeline",
+             {"workload": _dumps(workload), "harness": _dumps(harness), "device": device, "timeline": "torch",
+              "timeline_requested": "torch"},
+             {"wildcards": {"workload": workload_name}, "input": {"clocks": clocks},
+              "output": {"trace": str(trace), "run": str(cap / "run.json"), "layers": str(cap / "layers.json"),
+                         "clocks": str(cap / "clocks_applied.json"), "shapes": str(shapes)}},
+             out / "logs" / "capture_timeline.log", env)
     fusion = None
     if workload.get("compile"):
         compile_harness = {k: harness[k] for k in ("seed", "deterministic", "threads") if k in harness}
-        capture.compile_artifacts(workload, compile_harness, device, out / "inductor" / "debug", clocks_target,
-                                  out / "inductor" / "clocks_applied.json", workload_name)
+        _run_job("compile_artifacts",
+                 {"workload": _dumps(workload), "harness": _dumps(compile_harness), "device": device},
+                 {"wildcards": {"workload": workload_name}, "input": {"clocks": clocks},
+                  "output": {"debug": str(out / "inductor" / "debug"),
+                             "clocks": str(out / "inductor" / "clocks_applied.json")}},
+                 out / "logs" / "compile_artifacts.log", env)
         fusion = out / "inductor" / "fusion_map.parquet"
         build_fusion_map(out / "inductor" / "debug", fusion)
     export_timeline(trace, out / "timeline", None, device == "cuda")
@@ -1011,11 +1084,40 @@ def profile_files(workload_name: str, workload: dict, harness: dict, device: str
                     ceilings_path=ceilings)
 
 
+def _dumps(value) -> str:
+    import json as _json
+
+    return _json.dumps(value, sort_keys=True)
+
+
+def variant_mismatch(variant_folder: Path, workload: dict, harness: dict, base_run: dict) -> str | None:
+    """Why the profile in ``variant_folder`` is not the advised variant's (config slice ``workload``, profiled with
+    the base profile's ``harness``, its recorded thread count and device, and this torch): one phrase, or None
+    when its run.json matches (and it is finished: :func:`finished_profile`)."""
+    try:
+        run = finished_profile(variant_folder)
+    except InputError as exc:
+        return str(exc).split(": ", 1)[-1].split(";")[0]
+    if run.get("workload") != workload:
+        return "its workload slice is another (changes, compile or settings differ)"
+    if run.get("harness") != harness:
+        return "its harness settings differ from the base profile's"
+    ours, theirs = base_run.get("threads") or {}, run.get("threads") or {}
+    if (ours.get("count"), ours.get("requested")) != (theirs.get("count"), theirs.get("requested")):
+        return (f"it ran at {theirs.get('count')} threads, the base profile at {ours.get('count')}")
+    versions, base_versions = run.get("versions") or {}, base_run.get("versions") or {}
+    for key in ("device", "device_name", "torch", "torch_git", "cuda_runtime"):
+        if versions.get(key) != base_versions.get(key):
+            return f"its {key} ({versions.get(key)}) is not the base profile's ({base_versions.get(key)})"
+    return None
+
+
 def optimize_folder(folder: Path, config: dict, catalog: Path | None = None, threads: int | None = None,
                     progress=None) -> dict:
     """``opprof optimize``: for the finished profile in results folder ``folder`` (results/<workload>/), what the
     workflow's optimize path does for a workload under ``optimize.workloads``: advise (``advice.json``), profile
-    the advised variant into results/<workload>+<changes>/ (:func:`profile_files`; kept when already finished),
+    the advised variant into results/<workload>+<changes>/ (:func:`profile_files`, at the base profile's recorded threads; kept when
+    its run.json is this variant's, else removed and profiled again),
     verify it (``optimize/verification.json``, with ``threads``, else ``config``'s harness.threads, else the
     profile's, else every usable CPU) and write ``optimize/report.html`` and ``optimize/compare.html``;
     ``progress``: called with one line per step. ``config``: a validated config (its ``optimize``,
@@ -1032,24 +1134,38 @@ def optimize_folder(folder: Path, config: dict, catalog: Path | None = None, thr
     name = folder.resolve().name
     workload, device = run["workload"], run["versions"]["device"]
     shapes = folder / "capture" / "shapes.kineto.json.gz"
+    out = folder / "optimize"
+    # The previous run's verification and pages describe the previous advice: gone before advice.json is
+    # replaced, so that after a failure or Ctrl-C no file describes other advice than advice.json.
+    removed = [entry for entry in OPTIMIZE_OUTPUTS if (out / entry).exists()]
+    for entry in removed:
+        if (out / entry).is_dir():
+            shutil.rmtree(out / entry)
+        else:
+            (out / entry).unlink()
+    if removed:
+        progress(f"{out}: removed the previous run's {', '.join(removed)}")
     advice = advise_files(folder, folder / "advice.json", catalog or config["optimize"].get("catalog"),
                           shapes if shapes.is_file() else None, name)
     variant, new = advised_variant(name, workload, advice["advised_changes"])
     progress(f"advised: {' + '.join(advice['advised_changes']) or 'no change'} -> variant {variant}")
     variant_folder = folder.parent / variant
     if new:
-        try:
-            finished_profile(variant_folder)
+        variant_slice = variant_workload(workload, new)
+        why = variant_mismatch(variant_folder, variant_slice, run["harness"], run) if variant_folder.exists() else None
+        if variant_folder.exists() and why is None:
             progress(f"{variant_folder}: already profiled, kept")
-        except InputError:
+        else:
+            if why is not None:
+                progress(f"{variant_folder}: not this variant's profile ({why}); removed, profiling it again")
+                shutil.rmtree(variant_folder)
             progress(f"profiling {variant} into {variant_folder}")
             target = folder / "clocks" / "target.json"
             ceilings = folder.parent / "ceilings" / f"{device}.json"
-            # the base profile's harness (its threads included): the two profiles compare
-            profile_files(variant, variant_workload(workload, new), run["harness"], device, variant_folder, config,
+            # the base profile's harness and recorded thread count (its environment): the two profiles compare
+            profile_files(variant, variant_slice, run["harness"], device, variant_folder, config,
                           target if device == "cuda" and target.is_file() else None,
-                          ceilings if ceilings.is_file() else None)
-    out = folder / "optimize"
+                          ceilings if ceilings.is_file() else None, env=thread_env(run))
     source = ("--threads" if threads else "harness.threads" if config["harness"].get("threads") else
               "the profile's harness.threads" if run["harness"].get("threads") else None)
     threads = threads or config["harness"].get("threads") or run["harness"].get("threads")

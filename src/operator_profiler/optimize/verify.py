@@ -394,7 +394,7 @@ def verify_variants_job(workload_name: str, workload_json: str, optimize_json: s
     out = Path(out_path)
     count, source = verification_threads(threads)
     record = verify(workload_name, json.loads(workload_json), json.loads(optimize_json), device, advice,
-                    out.parent / "timing", count, threads_source=threads_source if threads else source,
+                    out.parent / "timing", count, threads_source=(threads_source or source) if threads else source,
                     progress=progress)
     write_json(out, record)
     return record
