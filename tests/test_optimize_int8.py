@@ -322,3 +322,29 @@ def test_the_harness_refuses_int8_here_or_profiles_the_quantized_operators(tmp_p
     assert len(quantized) == 4 * GPT2_SLICE["n_layer"] + 1
     names = set(timeline.ranges["name"])
     assert ch.INT8_LINEAR_OP in names and not names & {"aten::addmm", "aten::linear"}
+
+
+def test_a_freezing_variant_recompiled_after_an_int8_variant_ran_in_the_same_process_is_frozen(monkeypatch):
+    # Variants share Dynamo's cache per code object: once the int8 variant (a graph break at each quantized Linear)
+    # has run, the compile+freezing variant's next call compiles another graph; it too must be frozen.
+    import torch
+
+    from operator_profiler.capture import workloads
+    from operator_profiler.transforms.changes import build_variant
+
+    monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, "1")
+    model, inputs = workloads.build_workload({**TINY_GPT2, "batch_size": 1}, torch.device("cpu"))
+    frozen = build_variant(model, inputs, ["compile", "freezing"], "cpu")
+    int8 = build_variant(model, inputs, ["compile", "freezing", "int8_dynamic"], "cpu")
+    frozen.warm_up(1)
+    assert len(frozen.backend.graphs) == 1
+    int8.warm_up(1)
+    for _ in range(2):
+        frozen.run()
+        int8.run()
+    assert torch.is_grad_enabled() and torch._inductor.config.freezing is False  # nothing leaks out of the calls
+    assert len(frozen.backend.graphs) == 2  # the recompile during the repetitions
+    assert [g["freezing_on"] for g in frozen.backend.graphs] == [True, True]
+    assert [g["param_inputs"] for g in frozen.backend.graphs] == [0, 0]
+    assert frozen.checks["freezing"]["graphs"] == 2 and frozen.checks["freezing"]["frozen"] == 2
+    assert int8.checks["freezing"]["frozen"] == len(int8.backend.graphs) >= 2
