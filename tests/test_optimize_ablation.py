@@ -227,3 +227,14 @@ def test_dropping_two_changes_that_stand_in_for_each_other_is_checked_against_th
     final = ablation.recommend(result, ["compile", "conv_bn_fold"], advised, final=True)
     assert final["source"] == "full_advised" and final["measured"] is True
     assert final["changes"] == ablation.closure(advised)
+
+
+def test_an_interval_bound_on_the_other_side_of_1_never_prints_as_1():
+    from operator_profiler.figures import apart
+    from operator_profiler.report import optimize_page
+
+    assert ablation.figure({"value": 1.07, "ci": [1.00003, 1.14]}) == "1.070x [1.00003, 1.140]"
+    assert ablation.figure({"value": 0.95, "ci": [0.9, 0.99998]}) == "0.950x [0.900, 0.99998]"
+    assert ablation.figure({"value": 1.0, "ci": [1.0, 1.2]}) == "1.000x [1.000, 1.200]"  # exactly 1 stays short
+    assert optimize_page._interval(1.07, [1.00003, 1.14], "x") == "1.070x [1.00003, 1.140]"
+    assert apart(1.004, digits=2) == "1.004" and apart(1.006, digits=2) == "1.01"

@@ -348,3 +348,13 @@ def test_a_freezing_variant_recompiled_after_an_int8_variant_ran_in_the_same_pro
     assert [g["param_inputs"] for g in frozen.backend.graphs] == [0, 0]
     assert frozen.checks["freezing"]["graphs"] == 2 and frozen.checks["freezing"]["frozen"] == 2
     assert int8.checks["freezing"]["frozen"] == len(int8.backend.graphs) >= 2
+
+
+def test_the_optimize_page_prints_the_required_agreement_and_an_agreement_just_below_it_apart():
+    from operator_profiler.report import optimize_page
+
+    numerics = {"max_rel": 0.02, "cosine": 0.9999, "ok": False, "dtype": "int8", "top1_agreement": 0.99497,
+                "top1_positions": 20000, "min_top1_agreement": 0.995}
+    (row,) = optimize_page._variant_rows({"int8_dynamic": {"changes": ["int8_dynamic"], "numerics": numerics,
+                                                          "rejected": None}}, None)
+    assert "top-1 agreement 99.497% of 20000 positions (at least 99.5% required)" in row

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..figures import apart
 from . import html as page
 from .html import esc
 
 
 def _interval(value, ci, unit: str = "", digits: int = 3) -> str:
+    """``1.234x [1.100, 1.300]``; a figure within rounding of 1 gets more digits (figures.apart), so a bound on
+    the other side of 1 never prints as 1."""
     if value is None:
         return ""
-    text = f"{value:.{digits}f}{unit}"
+    text = f"{apart(value, digits=digits)}{unit}"
     if ci and None not in ci:
-        text += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+        text += f" [{apart(ci[0], digits=digits)}, {apart(ci[1], digits=digits)}]"
     return text
 
 
@@ -65,8 +68,12 @@ def _variant_rows(variants: dict, recommended: str | None) -> list[str]:
                        f"{in_dtype['limits']['max_rel']:.2e}")
         if numerics.get("top1_agreement") is not None:  # logits: the task-level agreement, per variant
             required = numerics.get("min_top1_agreement")
-            status += (f"; top-1 agreement {numerics['top1_agreement']:.2%} of {numerics.get('top1_positions')} "
-                       "positions" + (f" (at least {required:.0%} required)" if required is not None else ""))
+            agreement = numerics["top1_agreement"]
+            # the requirement with all its digits (0.995: 99.5 %, not 100 %); the agreement with enough digits
+            # that one just below or above it never prints as the requirement
+            shown = apart(agreement, required if required is not None else 1.0, 2, 100)
+            status += (f"; top-1 agreement {shown}% of {numerics.get('top1_positions')} positions"
+                       + (f" (at least {required * 100:g}% required)" if required is not None else ""))
         label = name + (" (recommended)" if name == recommended else "")
         rows.append(
             f"<td>{esc(label)}</td><td>{esc(' + '.join(v.get('changes') or []) or '(none)')}</td>"
