@@ -109,7 +109,21 @@ def _variants_section(verification: dict) -> str:
             "the FP32 eager reference on fixed inputs, at the tolerance of the variant's dtype; a variant that "
             "changes the dtype and does more is also checked against the eager model in that dtype at a tight bound "
             "(twice that eager model's own deviation from FP32), so a compiler bug is not absorbed by the dtype's "
-            "tolerance.</p>" + _threads_html(verification) + table + extra + "</section>")
+            "tolerance.</p>" + _threads_html(verification) + _int8_html(verification) + table + extra + "</section>")
+
+
+def _int8_html(verification: dict) -> str:
+    """Where int8_dynamic variants were measured: what the int8 precondition was read from (the CPU flags, or
+    forced by OPPROF_FORCE_INT8 on a CPU without int8 dot products, said loudly)."""
+    measured = [v for group in (verification.get("variants") or {}, verification.get("round2") or {})
+                for v in group.values() if "int8_dynamic" in (v.get("changes") or [])]
+    source = (verification.get("machine_features") or {}).get("native_int8_source")
+    if not measured or not source:
+        return ""
+    if source.startswith("forced"):
+        return (f'<p class="warning"><strong>int8_dynamic was measured where it is not offered: {esc(source)}.'
+                "</strong> Its speed here says little about a CPU with int8 dot products.</p>")
+    return f"<p>int8_dynamic: int8 dot products from {esc(source)}.</p>"
 
 
 #: The page's one-word summary of verification.json thread_scaling verdicts (optimize.verify.thread_scaling).
