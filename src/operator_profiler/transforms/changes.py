@@ -361,7 +361,6 @@ def freezing_applied(backend: RewriteBackend, model: nn.Module | None = None, de
 # compile Dynamo starts runs with torch._inductor.config.freezing on (restored when the compile ends).
 _FREEZING_CALLS = [0]
 _FREEZING_SAVED: list = []
-_FREEZING_HOOKED = [False]
 
 
 def _freezing_call_done() -> None:
@@ -385,13 +384,14 @@ def _freezing_compile_end(_args: Any = None) -> None:
 
 def _hook_freezing() -> None:
     """Register the compile-start/end callbacks that switch Inductor freezing on for the compiles a freezing
-    variant's call starts (once per process)."""
-    if not _FREEZING_HOOKED[0]:
-        from torch._dynamo.callback import callback_handler
+    variant's call starts: at each such call, since torch._dynamo.reset() clears Dynamo's callbacks (a list
+    scan of a few entries, far cheaper than a config patch)."""
+    from torch._dynamo.callback import callback_handler
 
+    if _freezing_compile_start not in callback_handler.start_callbacks:
         callback_handler.register_start_callback(_freezing_compile_start)
+    if _freezing_compile_end not in callback_handler.end_callbacks:
         callback_handler.register_end_callback(_freezing_compile_end)
-        _FREEZING_HOOKED[0] = True
 
 
 
@@ -439,6 +439,7 @@ class Variant:
             if dynamo_config.allow_rnn != wanted:
                 stack.enter_context(dynamo_config.patch(allow_rnn=wanted))
         if self.settings["freezing"]:
+            _hook_freezing()
             _FREEZING_CALLS[0] += 1
             stack.callback(_freezing_call_done)
         if "tf32" in self.changes:  # a process setting, scoped to this variant's calls (variants interleave)
@@ -476,8 +477,6 @@ def build_variant(model: nn.Module, inputs: tuple, changes: Iterable[str], devic
     model, inputs = prepare(model, tuple(inputs), order, device)
     backend = None
     runner: Callable = model
-    if settings["freezing"]:
-        _hook_freezing()
     if settings["needs_backend"]:
         backend = rewrite_backend(order, inner="inductor" if settings["compile"] else "eager")
         runner = torch.compile(model, backend=backend)
