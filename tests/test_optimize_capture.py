@@ -103,5 +103,20 @@ def test_config_refuses_compiler_changes_on_an_eager_workload_and_unknown_optimi
         validate_config({"workloads": {"gpt2": {"kind": "gpt2"}}, "optimize": {"repetitions": 5}})
     config = validate_config({"workloads": {"gpt2": {"kind": "gpt2"}}})
     assert config["optimize"] == {"workloads": [], "catalog": None, "repetitions": 20, "processes": 2,
+                                  "decision_budget_s": 120,
                                   "tolerances": {}}
     assert json.dumps(config)  # plain JSON (the verify rule's params)
+
+
+def test_the_advised_variant_is_named_in_the_order_the_verification_names_it():
+    from operator_profiler.optimize import ablation
+
+    advised = ["compile", "freezing", "int8_dynamic", "sdpa_rewrite"]  # the advisor's order
+    name, new = variants.advised_variant("g", {"kind": "gpt2"}, advised)
+    assert name == "g+compile+freezing+sdpa_rewrite+int8_dynamic"
+    assert new == ["compile", "freezing", "sdpa_rewrite", "int8_dynamic"]
+    assert name == "g+" + ablation.variant_name(advised)
+    # the workload's own changes and compile are not repeated
+    assert variants.advised_variant("gq", {"kind": "gpt2", "compile": True, "changes": ["int8_dynamic"]},
+                                    ["int8_dynamic", "freezing", "compile", "sdpa_rewrite"]) == \
+        ("gq+freezing+sdpa_rewrite", ["freezing", "sdpa_rewrite"])

@@ -5,6 +5,8 @@ deliberately wrong variant rejected by the agreement alone (docs/optimize.md, "i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -318,7 +320,94 @@ def test_the_harness_refuses_int8_here_or_profiles_the_quantized_operators(tmp_p
     (tmp_path / "forced").mkdir()
     run, timeline = _capture(tmp_path / "forced", {**GPT2_SLICE, "changes": ["int8_dynamic"]}, "gpt2+int8_dynamic")
     assert run["changes"] == ["int8_dynamic"]
+    # what the int8 precondition was read from, in the capture's run.json (forced on a CPU without VNNI/AMX)
+    assert run["change_checks"]["int8_dynamic"] == {
+        "native_int8": True, "native_int8_source": ch.machine_features("cpu")["native_int8_source"]}
+    if os.environ.get(vocabulary.FORCE_INT8_ENV):
+        assert run["change_checks"]["int8_dynamic"]["native_int8_source"].startswith("forced by OPPROF_FORCE_INT8=1")
     quantized = [r for r in run["rewrites"] if r["pass"] == "quantize_dynamic"]
     assert len(quantized) == 4 * GPT2_SLICE["n_layer"] + 1
     names = set(timeline.ranges["name"])
     assert ch.INT8_LINEAR_OP in names and not names & {"aten::addmm", "aten::linear"}
+
+
+def test_a_freezing_variant_recompiled_after_an_int8_variant_ran_in_the_same_process_is_frozen(monkeypatch):
+    # Variants share Dynamo's cache per code object: once the int8 variant (a graph break at each quantized Linear)
+    # has run, the compile+freezing variant's next call compiles another graph; it too must be frozen.
+    import torch
+
+    from operator_profiler.capture import workloads
+    from operator_profiler.transforms.changes import build_variant
+
+    monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, "1")
+    model, inputs = workloads.build_workload({**TINY_GPT2, "batch_size": 1}, torch.device("cpu"))
+    frozen = build_variant(model, inputs, ["compile", "freezing"], "cpu")
+    int8 = build_variant(model, inputs, ["compile", "freezing", "int8_dynamic"], "cpu")
+    frozen.warm_up(1)
+    assert len(frozen.backend.graphs) == 1
+    int8.warm_up(1)
+    for _ in range(2):
+        frozen.run()
+        int8.run()
+    assert torch.is_grad_enabled() and torch._inductor.config.freezing is False  # nothing leaks out of the calls
+    assert len(frozen.backend.graphs) == 2  # the recompile during the repetitions
+    assert [g["freezing_on"] for g in frozen.backend.graphs] == [True, True]
+    assert [g["param_inputs"] for g in frozen.backend.graphs] == [0, 0]
+    assert frozen.checks["freezing"]["graphs"] == 2 and frozen.checks["freezing"]["frozen"] == 2
+    assert int8.checks["freezing"]["frozen"] == len(int8.backend.graphs) >= 2
+
+
+def test_the_optimize_page_prints_the_required_agreement_and_an_agreement_just_below_it_apart():
+    from operator_profiler.report import optimize_page
+
+    numerics = {"max_rel": 0.02, "cosine": 0.9999, "ok": False, "dtype": "int8", "top1_agreement": 0.99497,
+                "top1_positions": 20000, "min_top1_agreement": 0.995}
+    (row,) = optimize_page._variant_rows({"int8_dynamic": {"changes": ["int8_dynamic"], "numerics": numerics,
+                                                          "rejected": None}}, None)
+    assert "top-1 agreement 99.497% of 20000 positions (at least 99.5% required)" in row
+
+
+def test_forcing_int8_takes_the_usual_spellings_and_refuses_any_other(tmp_path, monkeypatch):
+    from operator_profiler.errors import WorkloadError
+
+    flags = "fpu sse avx2"  # no VNNI, no AMX
+    for value in ("1", "true", "YES", " on "):
+        monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, value)
+        got = _features(tmp_path, flags)
+        assert vocabulary.force_int8() is True and got["native_int8"] is True
+        assert got["native_int8_source"].startswith(f"forced by OPPROF_FORCE_INT8={value} (")
+    for value in ("", "0", "false", "No", "off"):
+        monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, value)
+        assert vocabulary.force_int8() is False and _features(tmp_path, flags)["native_int8"] is False
+    monkeypatch.setenv(vocabulary.FORCE_INT8_ENV, "2")
+    with pytest.raises(WorkloadError) as info:
+        _features(tmp_path, flags)
+    assert str(info.value).startswith("OPPROF_FORCE_INT8='2': set it to 1") and "\n" not in str(info.value)
+
+
+def test_the_optimize_page_says_int8_was_forced():
+    from operator_profiler.report import optimize_page
+
+    source = "forced by OPPROF_FORCE_INT8=1 (/proc/cpuinfo has none of avx512_vnni, avx_vnni, amx_int8)"
+    record = {"variants": {"compile+int8_dynamic": {"changes": ["compile", "int8_dynamic"]}},
+              "machine_features": {"native_int8": True, "native_int8_source": source}}
+    assert optimize_page._int8_html(record) == (
+        f'<p class="warning"><strong>int8_dynamic was measured where it is not offered: {source}.</strong> Its '
+        "speed here says little about a CPU with int8 dot products.</p>")
+    assert optimize_page._int8_html({**record, "variants": {"compile": {"changes": ["compile"]}}}) == ""
+
+
+def test_the_verification_refuses_an_advice_made_with_int8_forced_once_it_no_longer_is(tmp_path):
+    from operator_profiler.errors import WorkloadError
+    from operator_profiler.optimize import verify
+
+    forced = "forced by OPPROF_FORCE_INT8=1 (/proc/cpuinfo has none of avx512_vnni, avx_vnni, amx_int8)"
+    advice = {"advised_changes": ["int8_dynamic"], "advice": [],
+              "machine_features": {"native_int8": True, "native_int8_source": forced}}
+    now = {"native_bf16": False, "native_int8": False,
+           "native_int8_source": "/proc/cpuinfo has none of avx512_vnni, avx_vnni, amx_int8"}
+    with pytest.raises(WorkloadError) as info:
+        verify.verify("g", {"kind": "gpt2"}, {"repetitions": 2, "processes": 1}, "cpu", advice, tmp_path,
+                      features=now)
+    assert str(info.value).startswith(f"g: the advice was made with int8 {forced!r}, the verification runs with")
+    assert "snakemake --forcerun advise" in str(info.value)

@@ -300,7 +300,7 @@ def test_a_narrowing_round_trip_is_never_cancelled():
 
 
 def test_numerics_tolerances_cover_each_dtype():
-    assert set(DEFAULT_TOLERANCES) == {"float32", "bfloat16", "float16", "tf32"}
+    assert set(DEFAULT_TOLERANCES) == {"float32", "bfloat16", "float16", "tf32", "int8"}
 
 
 def test_a_float_padding_mask_inverted_by_logical_not_stays_inverted():

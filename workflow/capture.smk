@@ -34,6 +34,7 @@ rule capture_timeline:
     params:
         job=gpu_job(
             workload=workload_params,
+            int8_forced=int8_forced,
             harness=json.dumps(config["harness"], sort_keys=True),
             device=DEVICE,
             timeline=TIMELINE,
@@ -67,6 +68,7 @@ rule capture_kineto:
     params:
         job=gpu_job(
             workload=workload_params,
+            int8_forced=int8_forced,
             harness=json.dumps(config["harness"], sort_keys=True),
             device=DEVICE,
         ),
@@ -100,6 +102,7 @@ rule compile_artifacts:
     params:
         job=gpu_job(
             workload=workload_params,
+            int8_forced=int8_forced,
             # 1 warm-up + 1 iteration whatever the harness says: only the seed, the determinism and the threads
             # matter (Inductor generates other code under deterministic algorithms, and parallelizes its CPU loops
             # for the thread count it compiles with: the same settings as the captures).

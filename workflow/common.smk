@@ -85,6 +85,13 @@ WORKLOADS = sorted(config["workloads"])
 # A variant of a workload (the optimize workflow, workflow/optimize.smk) is named <workload>+<change>+...: the
 # workload's config with those changes added (workload_config); any workload's results folder can be one.
 from operator_profiler.config import load_schema
+from operator_profiler.errors import WorkloadError
+from operator_profiler.transforms.vocabulary import force_int8
+
+try:
+    force_int8()  # OPPROF_FORCE_INT8 neither on nor off: one line now, not a traceback per rule
+except WorkloadError as exc:
+    sys.exit(f"Error: {exc}")
 from operator_profiler.transforms.variants import (
     advised_variant,
     split_name,
@@ -139,13 +146,19 @@ def gpu_shell(rule):
 
 
 def gpu_job(**params):
-    """A GPU rule's params as one JSON string (callables evaluated with the wildcards). It depends on
-    the wildcards only, so Snakemake's params trigger compares it (a params function of input or
-    output is "derived" and not compared): a config edit re-runs the rule."""
+    """A GPU rule's params as one JSON string (callables evaluated with the wildcards; a callable's None
+    leaves its key out). It depends on the wildcards only, so Snakemake's params trigger compares it (a
+    params function of input or output is "derived" and not compared): a config edit re-runs the
+    rule."""
 
     def spec(wildcards):
+        values = {k: (v(wildcards) if callable(v) else v) for k, v in params.items()}
         return json.dumps(
-            {k: (v(wildcards) if callable(v) else v) for k, v in params.items()},
+            {
+                k: v
+                for k, v in values.items()
+                if v is not None or not callable(params[k])
+            },
             sort_keys=True,
         )
 
@@ -196,6 +209,21 @@ def custom_model_source(wildcards):
 def workload_params(wildcards):
     """The workload's config slice as a deterministic string (a params change reruns the capture)."""
     return json.dumps(workload_config(wildcards.workload), sort_keys=True)
+
+
+def int8_forced(wildcards):
+    """True while OPPROF_FORCE_INT8 is on (it forces int8_dynamic where it is not offered) and the workload
+    has int8_dynamic among its changes, else None (left out of the params): forcing it, or no longer
+    forcing it, re-runs the workload's captures. A value neither on nor off fails here.
+    """
+    changes = workload_config(wildcards.workload).get("changes") or []
+    return True if "int8_dynamic" in changes and force_int8() else None
+
+
+def int8_forced_anywhere(wildcards):
+    """True while OPPROF_FORCE_INT8 forces int8 (it decides what the advice offers and what the verification
+    measures), else None (left out of the params)."""
+    return True if force_int8() else None
 
 
 def is_compiled(workload):

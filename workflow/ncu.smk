@@ -28,6 +28,7 @@ rule replay_ncu:
     params:
         job=gpu_job(
             workload=workload_params,
+            int8_forced=int8_forced,
             harness=json.dumps(config["harness"], sort_keys=True),
             device=DEVICE,
             ncu=config["ncu"],

@@ -46,6 +46,7 @@ rule verify_variants:
     params:
         job=gpu_job(
             workload=workload_params,
+            int8_forced=int8_forced_anywhere,
             optimize=json.dumps(config["optimize"], sort_keys=True),
             device=DEVICE,
             # harness.threads (None: every usable CPU, resolved by the job where it runs); a params value, so

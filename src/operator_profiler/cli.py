@@ -335,8 +335,10 @@ def _cmd_optimize(args) -> None:
                                     args.threads, progress)
     recommended = record["ablation"]["recommended"]
     speedup = recommended.get("speedup") or {}
-    figure = (f" ({speedup['value']:.2f}x over FP32 eager, 95% CI {speedup['ci'][0]:.2f}-{speedup['ci'][1]:.2f})"
-              if speedup.get("value") is not None and speedup.get("ci") else "")
+    from .figures import apart
+
+    figure = (f" ({apart(speedup['value'], digits=2)}x over FP32 eager, 95% CI {apart(speedup['ci'][0], digits=2)}-"
+              f"{apart(speedup['ci'][1], digits=2)})" if speedup.get("value") is not None and speedup.get("ci") else "")
     print(f"recommended: {' + '.join(recommended.get('changes') or []) or 'no change'}{figure}")
     for index, line in enumerate(recommended.get("trail") or [], 1):
         print(f"  {index}. {line}")

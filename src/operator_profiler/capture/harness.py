@@ -455,7 +455,8 @@ class _Changes:
 
         self.vocabulary = vocabulary
         mode = "train" if train else "infer"
-        problems = vocabulary.precondition_problems(self.ids, device, mode, vocabulary.machine_features(device))
+        self.features = vocabulary.machine_features(device)
+        problems = vocabulary.precondition_problems(self.ids, device, mode, self.features)
         if problems:
             raise workloads.WorkloadError(f"workload {label}: its changes cannot apply here: " + "; ".join(problems))
         if workload.get("compile_mode", "default") not in (None, "default"):
@@ -495,13 +496,20 @@ class _Changes:
         return self.vocabulary.forward_context(self.ids, self.device) if self.ids else contextlib.nullcontext()
 
     def check(self, model) -> dict:
-        """After warm-up: that freezing froze (raises FreezingNotApplied, a WorkloadError, naming the change)."""
+        """After warm-up: that freezing froze (raises FreezingNotApplied, a WorkloadError, naming the change);
+        with int8_dynamic, what the int8 precondition was read from (``native_int8_source``: the CPU flags, or
+        ``forced by OPPROF_FORCE_INT8=...`` where it was forced)."""
+        checks: dict = {}
+        if self.ids and "int8_dynamic" in self.ids:
+            checks["int8_dynamic"] = {"native_int8": self.features.get("native_int8"),
+                                      "native_int8_source": self.features.get("native_int8_source")}
         if not self.ids or not self.settings["freezing"]:
-            return {}
+            return checks
         try:
-            return {"freezing": self.vocabulary.freezing_applied(self._backend, model, self.device)}
+            checks["freezing"] = self.vocabulary.freezing_applied(self._backend, model, self.device)
         except workloads.WorkloadError as exc:
             raise workloads.WorkloadError(f"workload {self.label}: {exc}") from None
+        return checks
 
     def rewrites(self) -> list[dict]:
         return self._prepared + (list(self._backend.rewrites) if self._backend is not None else [])

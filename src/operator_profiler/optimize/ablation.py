@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from . import stats
+from ..figures import apart
 from ..transforms.vocabulary import CHANGES
 
 #: The change ids in their canonical order (a variant's changes are listed in this order).
@@ -156,8 +157,11 @@ def _more_text(result: dict, measurement: dict, decision: str) -> str:
 
 
 def figure(ratio: dict | None) -> str:
-    """``1.234x [1.100, 1.300]``; ``-`` for None."""
-    return "-" if not ratio else f"{ratio['value']:.3f}x [{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}]"
+    """``1.234x [1.100, 1.300]`` (more digits for a figure within rounding of 1, :func:`apart`); ``-`` for
+    None."""
+    if not ratio:
+        return "-"
+    return f"{apart(ratio['value'])}x [{apart(ratio['ci'][0])}, {apart(ratio['ci'][1])}]"
 
 
 def _judge(ratio: dict) -> str:
@@ -523,7 +527,7 @@ def verification(result: dict, advised: list[str]) -> dict:
     if recommended.get("slower_than_strong_generic"):
         v = recommended["vs_strong_generic"]
         warnings.append(f"the recommended variant {recommended['name']} is slower than strong_generic: "
-                        f"{v['value']:.3f}x [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]")
+                        f"{figure(v)}")
     if recommended.get("source") in REPLACING_SOURCES:
         warnings.append(f"the recommendation is {recommended['name']} ({recommended['source']}) instead of "
                         f"{variant_name(recommended['instead_of']['changes'])}: {recommended['reason']}")

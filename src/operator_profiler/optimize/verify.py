@@ -12,6 +12,7 @@ from typing import Callable
 
 from ..files import read_json_file, write_json
 from . import ablation, stats, timing
+from ..errors import WorkloadError
 from ..transforms.vocabulary import MODES
 
 
@@ -266,10 +267,18 @@ def verify(workload_name: str, workload: dict, optimize: dict, device: str, advi
 
     Raises:
         ConfigError: a negative decision budget.
-        WorkloadError: a worker process failed (:func:`timing.measure`)."""
-    from ..transforms.vocabulary import machine_features
+        WorkloadError: a worker process failed (:func:`timing.measure`); the advice was made with int8 forced
+            (OPPROF_FORCE_INT8) and the verification runs without, or the other way round."""
+    from ..transforms.vocabulary import FORCE_INT8_ENV, machine_features
 
     features = features or machine_features(device)
+    advised_on = (advice.get("machine_features") or {}).get("native_int8_source")
+    if advised_on is not None and features.get("native_int8_source") is not None and \
+            advised_on.startswith("forced") != features["native_int8_source"].startswith("forced"):
+        # OPPROF_FORCE_INT8 set for one and not the other: what the advice offers is not what would be measured
+        raise WorkloadError(f"{workload_name}: the advice was made with int8 {advised_on!r}, the verification "
+                            f"runs with {features['native_int8_source']!r}: advise again with {FORCE_INT8_ENV} as "
+                            "it is now (snakemake --forcerun advise, or delete advice.json)")
     mode = MODES.get(workload.get("mode", "inference"), "infer")
     advised = list(advice["advised_changes"])
     # The model as FP32 eager builds it: the variants carry their own compile settings (whole-model

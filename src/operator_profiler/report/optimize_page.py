@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..figures import apart
 from . import html as page
 from .html import esc
 
 
 def _interval(value, ci, unit: str = "", digits: int = 3) -> str:
+    """``1.234x [1.100, 1.300]``; a figure within rounding of 1 gets more digits (figures.apart), so a bound on
+    the other side of 1 never prints as 1."""
     if value is None:
         return ""
-    text = f"{value:.{digits}f}{unit}"
+    text = f"{apart(value, digits=digits)}{unit}"
     if ci and None not in ci:
-        text += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+        text += f" [{apart(ci[0], digits=digits)}, {apart(ci[1], digits=digits)}]"
     return text
 
 
@@ -65,8 +68,12 @@ def _variant_rows(variants: dict, recommended: str | None) -> list[str]:
                        f"{in_dtype['limits']['max_rel']:.2e}")
         if numerics.get("top1_agreement") is not None:  # logits: the task-level agreement, per variant
             required = numerics.get("min_top1_agreement")
-            status += (f"; top-1 agreement {numerics['top1_agreement']:.2%} of {numerics.get('top1_positions')} "
-                       "positions" + (f" (at least {required:.0%} required)" if required is not None else ""))
+            agreement = numerics["top1_agreement"]
+            # the requirement with all its digits (0.995: 99.5 %, not 100 %); the agreement with enough digits
+            # that one just below or above it never prints as the requirement
+            shown = apart(agreement, required if required is not None else 1.0, 2, 100)
+            status += (f"; top-1 agreement {shown}% of {numerics.get('top1_positions')} positions"
+                       + (f" (at least {required * 100:g}% required)" if required is not None else ""))
         label = name + (" (recommended)" if name == recommended else "")
         rows.append(
             f"<td>{esc(label)}</td><td>{esc(' + '.join(v.get('changes') or []) or '(none)')}</td>"
@@ -102,7 +109,21 @@ def _variants_section(verification: dict) -> str:
             "the FP32 eager reference on fixed inputs, at the tolerance of the variant's dtype; a variant that "
             "changes the dtype and does more is also checked against the eager model in that dtype at a tight bound "
             "(twice that eager model's own deviation from FP32), so a compiler bug is not absorbed by the dtype's "
-            "tolerance.</p>" + _threads_html(verification) + table + extra + "</section>")
+            "tolerance.</p>" + _threads_html(verification) + _int8_html(verification) + table + extra + "</section>")
+
+
+def _int8_html(verification: dict) -> str:
+    """Where int8_dynamic variants were measured: what the int8 precondition was read from (the CPU flags, or
+    forced by OPPROF_FORCE_INT8 on a CPU without int8 dot products, said loudly)."""
+    measured = [v for group in (verification.get("variants") or {}, verification.get("round2") or {})
+                for v in group.values() if "int8_dynamic" in (v.get("changes") or [])]
+    source = (verification.get("machine_features") or {}).get("native_int8_source")
+    if not measured or not source:
+        return ""
+    if source.startswith("forced"):
+        return (f'<p class="warning"><strong>int8_dynamic was measured where it is not offered: {esc(source)}.'
+                "</strong> Its speed here says little about a CPU with int8 dot products.</p>")
+    return f"<p>int8_dynamic: int8 dot products from {esc(source)}.</p>"
 
 
 #: The page's one-word summary of verification.json thread_scaling verdicts (optimize.verify.thread_scaling).

@@ -357,6 +357,43 @@ def freezing_applied(backend: RewriteBackend, model: nn.Module | None = None, de
 
 # ------------------------------------------------------------------------------------------------ variants
 
+# How many freezing variants' calls are running (nested calls count once each); while it is above 0, every
+# compile Dynamo starts runs with torch._inductor.config.freezing on (restored when the compile ends).
+_FREEZING_CALLS = [0]
+_FREEZING_SAVED: list = []
+
+
+def _freezing_call_done() -> None:
+    _FREEZING_CALLS[0] -= 1
+
+
+def _freezing_compile_start(_args: Any = None) -> None:
+    if _FREEZING_CALLS[0] > 0:
+        from torch._inductor import config as inductor_config
+
+        _FREEZING_SAVED.append(inductor_config.freezing)
+        inductor_config.freezing = True
+
+
+def _freezing_compile_end(_args: Any = None) -> None:
+    if _FREEZING_SAVED:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.freezing = _FREEZING_SAVED.pop()
+
+
+def _hook_freezing() -> None:
+    """Register the compile-start/end callbacks that switch Inductor freezing on for the compiles a freezing
+    variant's call starts: at each such call, since torch._dynamo.reset() clears Dynamo's callbacks (a list
+    scan of a few entries, far cheaper than a config patch)."""
+    from torch._dynamo.callback import callback_handler
+
+    if _freezing_compile_start not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_freezing_compile_start)
+    if _freezing_compile_end not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_freezing_compile_end)
+
+
 
 @dataclass
 class Variant:
@@ -389,17 +426,22 @@ class Variant:
             stack.enter_context(torch.no_grad())
         # Dynamo reads allow_rnn and Inductor's freezing setting when it traces (the first call, a recompile). A
         # config patch costs ~60-100 us a call, so allow_rnn is patched only when the process setting differs,
-        # and freezing only at the first call: a later recompile without it is caught by the check in run().
+        # and freezing is not patched per call: the call only marks that it wants freezing (a plain counter) and
+        # Dynamo's compile-start callback switches the setting on for whatever Dynamo compiles during the call:
+        # the first call and any later recompile alike. Later compiles do happen: variants in one process share
+        # Dynamo's cache per code object (Block.forward is one code object for every variant's copy), so once a
+        # variant breaks its graph (int8_dynamic breaks at each quantized Linear), another variant's call can
+        # reach a frame compiled for a different model, fail its guards and compile that frame anew.
         wanted = self.settings["allow_rnn"]
         if wanted is not None:
             from torch._dynamo import config as dynamo_config
 
             if dynamo_config.allow_rnn != wanted:
                 stack.enter_context(dynamo_config.patch(allow_rnn=wanted))
-        if self.settings["freezing"] and self._calls == 0:
-            from torch._inductor import config as inductor_config
-
-            stack.enter_context(inductor_config.patch(freezing=True))
+        if self.settings["freezing"]:
+            _hook_freezing()
+            _FREEZING_CALLS[0] += 1
+            stack.callback(_freezing_call_done)
         if "tf32" in self.changes:  # a process setting, scoped to this variant's calls (variants interleave)
             stack.callback(restore_process_settings, apply_process_settings(self.changes, self.device))
         stack.enter_context(forward_context(self.changes, self.device))

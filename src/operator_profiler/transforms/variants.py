@@ -17,9 +17,16 @@ def variant_name(workload: str, changes: list[str]) -> str:
 def advised_variant(workload_name: str, workload: dict, advised: list[str]) -> tuple[str, list[str]]:
     """The advised variant of ``workload_name`` (config slice ``workload``): its name (the results folder the
     workflow and ``opprof optimize`` profile it into; the workload's own when nothing is new) and the advised
-    changes it does not have yet (not its own ``changes``, nor ``compile`` when it compiles already)."""
+    changes it does not have yet (not its own ``changes``, nor ``compile`` when it compiles already), in the
+    canonical (catalog) order of transforms.vocabulary.CHANGES whatever order they were advised in, the order the
+    verification names its variants in (optimize.ablation.variant_name). An id the catalog does not know keeps
+    its advised place after the known ones."""
+    from .vocabulary import CHANGES
+
     own = workload.get("changes", [])
     new = [c for c in advised if c not in own and not (c == "compile" and workload.get("compile"))]
+    rank = {c: i for i, c in enumerate(CHANGES)}
+    new = sorted(dict.fromkeys(new), key=lambda c: (rank.get(c, len(rank)), new.index(c)))
     return variant_name(workload_name, new), new
 
 

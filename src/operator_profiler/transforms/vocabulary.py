@@ -62,9 +62,26 @@ _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: CPU flags of int8 dot-product instructions (VNNI: vpdpbusd; AMX tiles). Without them an int8 GEMM multiplies
 #: through 16-bit intermediates (vpmaddubsw + vpmaddwd) and pays a per-call activation quantization.
 _CPU_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-#: Set to 1 to treat this CPU as having int8 dot products (measure int8_dynamic where it is not offered; the
-#: features' source says it was forced).
+#: Set to 1 (or true/yes/on) to treat this CPU as having int8 dot products (measure int8_dynamic where it is not
+#: offered; the features' source says it was forced); 0/false/no/off or empty is off; any other value is refused.
 FORCE_INT8_ENV = "OPPROF_FORCE_INT8"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def force_int8() -> bool:
+    """Whether :data:`FORCE_INT8_ENV` forces int8 on: 1/true/yes/on (any case) yes; unset, empty, 0/false/no/off
+    no. Raises WorkloadError (one line) for any other value, so a typo never silently measures without it."""
+    value = os.environ.get(FORCE_INT8_ENV)
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise WorkloadError(f"{FORCE_INT8_ENV}={value!r}: set it to 1 (or true, yes, on) to force int8_dynamic, to 0 "
+                        "(or false, no, off) or unset it not to")
 #: Why int8_dynamic is refused without VNNI/AMX: what it measured on a CPU without them (docs/optimize.md).
 NO_INT8_MEASURED = ("measured on a 2-core AMD EPYC with AVX2 only, GPT-2 small (batch 1, sequence 128, random "
                     "weights) ran 1.7x to 2.1x faster than FP32 eager with it on a busy machine, short of the "
@@ -97,7 +114,7 @@ def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
     """What the preconditions need to know of this machine for ``device`` ("cpu" or "cuda"):
     ``native_bf16`` (bool), ``native_bf16_source`` (the flags or capability it was read from), ``cuda`` (a CUDA
     device is usable), ``native_int8`` and ``native_int8_source`` (CPU: int8 dot products, VNNI or AMX; forced on
-    by the environment variable :data:`FORCE_INT8_ENV` set to 1; CUDA: False, int8_dynamic is a CPU change), and
+    by the environment variable :data:`FORCE_INT8_ENV` (:func:`force_int8`); CUDA: False, int8_dynamic is a CPU change), and
     on CPU ``cpu_flags`` (from ``cpuinfo``, None when unreadable), on CUDA ``capability`` ((major, minor) of device
     0)."""
     features: dict[str, Any] = {"device": device}
@@ -112,9 +129,10 @@ def machine_features(device: str, cpuinfo: str = "/proc/cpuinfo") -> dict:
         source = (f"{cpuinfo} flags: {', '.join(int8)}" if int8 else
                   f"{cpuinfo} has none of {', '.join(_CPU_INT8_FLAGS)}" if flags is not None else
                   f"{cpuinfo} unreadable")
-        forced = os.environ.get(FORCE_INT8_ENV) == "1" and not int8
+        forced = force_int8() and not int8
         features.update(native_int8=bool(int8) or forced,
-                        native_int8_source=f"forced by {FORCE_INT8_ENV}=1 ({source})" if forced else source)
+                        native_int8_source=(f"forced by {FORCE_INT8_ENV}={os.environ[FORCE_INT8_ENV]} ({source})"
+                                            if forced else source))
         features["cuda"] = False
         return features
     import torch
