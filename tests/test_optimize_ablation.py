@@ -229,7 +229,6 @@ def test_dropping_two_changes_that_stand_in_for_each_other_is_checked_against_th
     assert final["changes"] == ablation.closure(advised)
 
 
-<<<<<<< HEAD
 def test_a_recommendation_slower_than_fp32_eager_gives_way_to_the_fastest_faster_variant_or_to_no_change():
     f = frozenset
     advised = ["compile", "freezing"]
@@ -277,7 +276,8 @@ def test_a_recommendation_slower_than_fp32_eager_gives_way_to_the_fastest_faster
     assert guard["ratio"]["value"] < 1 <= guard["ratio"]["ci"][1] and guard["outcome"] == "undecided"
     assert recommended["changes"] == advised and recommended["source"] == "advised"
     assert ablation.borderline({"recommended": recommended})["guard:fp32_eager"] == ["fp32_eager", "compile+freezing"]
-=======
+
+
 def test_an_interval_bound_on_the_other_side_of_1_never_prints_as_1():
     from operator_profiler.figures import apart
     from operator_profiler.report import optimize_page
@@ -287,4 +287,3 @@ def test_an_interval_bound_on_the_other_side_of_1_never_prints_as_1():
     assert ablation.figure({"value": 1.0, "ci": [1.0, 1.2]}) == "1.000x [1.000, 1.200]"  # exactly 1 stays short
     assert optimize_page._interval(1.07, [1.00003, 1.14], "x") == "1.070x [1.00003, 1.140]"
     assert apart(1.004, digits=2) == "1.004" and apart(1.006, digits=2) == "1.01"
->>>>>>> fix-int8

@@ -89,13 +89,13 @@ rule compile_artifacts:
         "logs/compile_artifacts/{workload}.log",
     benchmark:
         "results/{workload}/benchmarks/compile_artifacts.tsv"
-    conda:
-        "../envs/torch.yaml"
-    threads: HARNESS_THREADS or 1
     # First among the jobs ready at once: the longest job of a compiled workload, at the head of its chain
     # (build_fusion_map, attribute, compute_work, ...); started last, the run waits on that chain at its end.
     # Only the order changes, no result (a priority is no rerun trigger).
     priority: 1
+    conda:
+        "../envs/torch.yaml"
+    threads: HARNESS_THREADS or 1
     resources:
         gpu=GPU,
         slurm_extra=GPU_SLURM_EXTRA,
