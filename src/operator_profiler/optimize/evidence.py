@@ -167,14 +167,20 @@ def _ops(profile: Profile, ops: frozenset) -> pd.Series:
     return profile.operators["operator"].map(lambda op: _member(op, ops))
 
 
+def _fp32_share(profile: Profile, ops_set: frozenset, name: str, what: str) -> Measure:
+    """The share of the operators in ``ops_set`` computing in float32 (``work_dtype``, from the recorded shapes);
+    those of unknown dtype are not counted, and the note says how many (``what`` names them)."""
+    ops = profile.operators
+    member = _ops(profile, ops_set)
+    dtype = ops.get("work_dtype", pd.Series(None, index=ops.index))
+    unknown = member & dtype.isna()
+    note = (f"{int(unknown.sum())} {what}(s) of unknown dtype not counted" if unknown.any() else None)
+    return _share_of(profile, member & (dtype == "float32"), name, _ceiling_text, note)
+
+
 def fp32_gemm_share(profile: Profile) -> Measure:
     """GEMM-like operators computing in float32 (dtype from the recorded shapes: ``work_dtype``)."""
-    ops = profile.operators
-    gemm = _ops(profile, GEMM_OPS)
-    dtype = ops.get("work_dtype", pd.Series(None, index=ops.index))
-    unknown = gemm & dtype.isna()
-    note = (f"{int(unknown.sum())} GEMM operator(s) of unknown dtype not counted" if unknown.any() else None)
-    return _share_of(profile, gemm & (dtype == "float32"), "fp32_gemm_share", _ceiling_text, note)
+    return _fp32_share(profile, GEMM_OPS, "fp32_gemm_share", "GEMM operator")
 
 
 #: A GEMM whose tensor pipes are active under this % of peak (ncu ``tensor_pipe_active``) leaves them idle.
@@ -221,12 +227,7 @@ LINEAR_GEMM_OPS = WEIGHT_GEMM_OPS - CONV_OPS
 def fp32_linear_share(profile: Profile) -> Measure:
     """GEMMs of linear layers (LINEAR_GEMM_OPS: a weight operand, no convolution) computing in float32
     (``work_dtype``): what dynamic int8 quantization of nn.Linear moves to int8 GEMMs."""
-    ops = profile.operators
-    linear = _ops(profile, LINEAR_GEMM_OPS)
-    dtype = ops.get("work_dtype", pd.Series(None, index=ops.index))
-    unknown = linear & dtype.isna()
-    note = (f"{int(unknown.sum())} linear GEMM operator(s) of unknown dtype not counted" if unknown.any() else None)
-    return _share_of(profile, linear & (dtype == "float32"), "fp32_linear_share", _ceiling_text, note)
+    return _fp32_share(profile, LINEAR_GEMM_OPS, "fp32_linear_share", "linear GEMM operator")
 
 
 def eager_small_op_share(profile: Profile) -> Measure:
