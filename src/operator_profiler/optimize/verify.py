@@ -193,15 +193,10 @@ def refine_borderline(spec: dict, result: dict, advised: list[str], work_dir: Pa
 
 def _busy(timed: dict | None) -> bool:
     """Whether other processes kept more CPUs busy than the spare ones beside the threads (plus the margin) in
-    any process of a timing result (timing.busy_machine_warnings's rule)."""
-    from ..capture.machine import BUSY_MARGIN_CPUS
-
+    any process of a timing result (:func:`timing.busy_load`, the rule the measurement itself applies)."""
     threads = (timed or {}).get("threads") or 1
-    for info in (timed or {}).get("processes_info") or []:
-        others = info.get("other_cpu_load")
-        if others is not None and others > max(0, (info.get("usable_cpus") or threads) - threads) + BUSY_MARGIN_CPUS:
-            return True
-    return False
+    return any(timing.busy_load({**info, "threads": threads}) is not None
+               for info in (timed or {}).get("processes_info") or [])
 
 
 def thread_scaling(one: dict | None, many: dict | None, threads: int, confidence: float = stats.CONFIDENCE,
