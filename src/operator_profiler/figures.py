@@ -13,3 +13,14 @@ def apart(x: float, pivot: float = 1.0, digits: int = 3, scale: float = 1.0, mos
         if x == pivot or digits >= most or text != f"{pivot * scale:.{digits}f}":
             return text
         digits += 1
+
+
+def interval(value: float | None, ci: list | None, unit: str = "", digits: int = 3) -> str:
+    """``1.234x [1.100, 1.300]`` (``unit`` after the value); each figure through :func:`apart`, so a bound on the
+    other side of 1 never prints as 1. ``""`` for no value; the bracket only with both bounds known."""
+    if value is None:
+        return ""
+    text = f"{apart(value, digits=digits)}{unit}"
+    if ci and None not in ci:
+        text += f" [{apart(ci[0], digits=digits)}, {apart(ci[1], digits=digits)}]"
+    return text

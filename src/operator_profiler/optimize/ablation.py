@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from . import stats
-from ..figures import apart
+from ..figures import interval
 from ..transforms.vocabulary import CHANGES
 
 #: The change ids in their canonical order (a variant's changes are listed in this order).
@@ -157,11 +157,11 @@ def _more_text(result: dict, measurement: dict, decision: str) -> str:
 
 
 def figure(ratio: dict | None) -> str:
-    """``1.234x [1.100, 1.300]`` (more digits for a figure within rounding of 1, :func:`apart`); ``-`` for
+    """``1.234x [1.100, 1.300]`` (more digits for a figure within rounding of 1: figures.interval); ``-`` for
     None."""
     if not ratio:
         return "-"
-    return f"{apart(ratio['value'])}x [{apart(ratio['ci'][0])}, {apart(ratio['ci'][1])}]"
+    return interval(ratio["value"], ratio["ci"], "x")
 
 
 def _judge(ratio: dict) -> str:

@@ -9,20 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..figures import apart
+from ..figures import apart, interval as _interval
 from . import html as page
 from .html import esc
-
-
-def _interval(value, ci, unit: str = "", digits: int = 3) -> str:
-    """``1.234x [1.100, 1.300]``; a figure within rounding of 1 gets more digits (figures.apart), so a bound on
-    the other side of 1 never prints as 1."""
-    if value is None:
-        return ""
-    text = f"{apart(value, digits=digits)}{unit}"
-    if ci and None not in ci:
-        text += f" [{apart(ci[0], digits=digits)}, {apart(ci[1], digits=digits)}]"
-    return text
 
 
 def _advice_section(advice: dict) -> str:
