@@ -180,20 +180,33 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
     zero-length event exactly at its parent's end. So an event that starts inside the open range on
     top of the stack is its child even if it ends later (self times then subtract only the overlap),
     and a zero-length event at the top's end is still inside it; a positive-length event that starts
-    exactly when the top ends is its next sibling.
+    exactly when the top ends is its next sibling. The rows come back in nesting order (pid, tid,
+    start, end descending, ``order``; a late-recorded parent before its child, see
+    :func:`_tolerate_early_children`) with ``range_id`` their position and ``parent_id`` the parent's.
     """
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
     ranges = _tolerate_early_children(ranges, NEST_TOLERANCE_NS)
-    # One pass over Python lists (numpy scalar access would dominate the loop); the stack holds positions
-    # and, beside them, their ends.
     pids, tids = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
     new_thread = np.ones(len(ranges), dtype=bool)
     new_thread[1:] = (pids[1:] != pids[:-1]) | (tids[1:] != tids[:-1])
-    starts, ends = ranges["start_ns"].to_numpy().tolist(), ranges["end_ns"].to_numpy().tolist()
-    depth, parent = [0] * len(ranges), [-1] * len(ranges)
+    depth, parent = _stack_nesting(new_thread, ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy())
+    ranges = ranges.reset_index(drop=True)
+    ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
+    ranges["depth"] = depth
+    ranges["parent_id"] = pd.arrays.IntegerArray(np.maximum(parent, 0), parent < 0)
+    return ranges
+
+
+def _stack_nesting_loop(new_thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_stack_nesting` as the explicit stack it stands for, one range at a time (the reference, and the
+    reading of ranges that end before they start)."""
+    # One pass over Python lists (numpy scalar access would dominate the loop); the stack holds positions
+    # and, beside them, their ends.
+    starts, ends = np.asarray(starts).tolist(), np.asarray(ends).tolist()
+    depth, parent = [0] * len(starts), [-1] * len(starts)
     stack: list[int] = []
     stack_ends: list[int] = []
-    for i, (new, start, end) in enumerate(zip(new_thread.tolist(), starts, ends)):
+    for i, (new, start, end) in enumerate(zip(np.asarray(new_thread).tolist(), starts, ends)):
         if new:
             stack.clear()
             stack_ends.clear()
@@ -206,12 +219,57 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
             parent[i] = stack[-1]
         stack.append(i)
         stack_ends.append(end)
-    ranges = ranges.reset_index(drop=True)
-    ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
-    ranges["depth"] = np.array(depth, dtype=np.int64)
-    parent = np.array(parent, dtype=np.int64)
-    ranges["parent_id"] = pd.arrays.IntegerArray(np.maximum(parent, 0), parent < 0)
-    return ranges
+    return np.array(depth, dtype=np.int64), np.array(parent, dtype=np.int64)
+
+
+def _stack_nesting(new_thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(depth, parent position or -1) of ranges in nesting order (``new_thread`` True where a thread's rows begin;
+    ``starts``/``ends`` int64 ns), as an explicit stack per thread gives them: each range pops the ranges on top
+    of the stack that it closes, then is the child of the top and is pushed; a range closes one that ends before
+    it starts, or exactly at its start unless it is zero-length (see :func:`_nest`).
+
+    Computed for all ranges at once: the stack left for range i is its parent chain, and a range popped before i
+    ends before the range that popped it closes (``t = start + (end != start) <= end``), so the parent of i is the
+    last earlier range of its thread with ``end >= t_i``. Found by pointer jumping (a candidate that i closes is
+    replaced by its own candidate: the ranges between the two end before the candidate's t, so before i's),
+    after the ranges that end after every earlier one are settled at once; a depth is the length of the parent
+    chain (list ranking). Ranges that end before they start break ``t <= end``: then the loop itself
+    (:func:`_stack_nesting_loop`) reads them."""
+    start, end = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    n = len(start)
+    if not n or (end < start).any():
+        return _stack_nesting_loop(new_thread, start, end)
+    new_thread = np.asarray(new_thread, dtype=bool)
+    closes = start + (end != start)  # t: a range closes those ending before it (<= end: no overflow)
+    cand = np.arange(-1, n - 1, dtype=np.int64)
+    cand[new_thread] = -1
+    thread_no = np.cumsum(new_thread, dtype=np.int64) - 1
+    lo = int(start.min())
+    span = int(end.max()) - lo + 1  # (Python ints: the int64 difference can overflow)
+    if int(thread_no[-1]) + 1 <= np.iinfo(np.int64).max // span:
+        # A range that closes every earlier one of its thread has no parent (a thread's top-level ranges):
+        # (thread, time) packed in one int64, compared with the largest end before it.
+        offset = thread_no * span
+        end_key = (end - lo) + offset
+        before = np.empty(n, dtype=np.int64)
+        before[0] = -1
+        np.maximum.accumulate(end_key[:-1], out=before[1:])
+        cand[before < (closes - lo) + offset] = -1
+        del offset, end_key, before
+    todo = np.flatnonzero(cand >= 0)
+    while len(todo):
+        todo = todo[end[cand[todo]] < closes[todo]]
+        cand[todo] = cand[cand[todo]]
+        todo = todo[cand[todo] >= 0]
+    depth = (cand >= 0).astype(np.int64)
+    ancestor = cand.copy()
+    live = np.flatnonzero(ancestor >= 0)
+    while len(live):
+        up = ancestor[live]
+        depth[live] += depth[up]
+        ancestor[live] = ancestor[up]
+        live = live[ancestor[live] >= 0]
+    return depth, cand
 
 
 def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
