@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -305,3 +306,17 @@ def test_external_id_disagreements_read_a_categorical_evidence_as_its_texts():
     assert agg.external_id_disagreements(categorical) == expected
     none_checked = frame.assign(evidence=pd.Categorical([unchecked] * 4 + [None]))
     assert agg.external_id_disagreements(none_checked) == {"checked": 0, "count": 0, "time_ns": 0, "examples": []}
+
+
+def test_evidence_search_of_an_object_column_equals_the_row_by_row_search():
+    """An object evidence column (path (a)'s shared texts) is searched once per distinct text: the same answer
+    as ``astype(str).str.contains`` row by row, nulls (None, NaN) and values that are not texts included."""
+    text = '"external_id_check": '
+    agree = json.dumps({"correlation": {"external_id_check": "agrees"}})
+    other = json.dumps({"nvtx": {"operator": "aten::mm"}})
+    for values in ([agree, other, agree, None, other], [agree, float("nan"), None, other],
+                   [agree, 1, True, 1.0, other], [agree, ["unhashable"], other], [], [None, None]):
+        evidence = pd.Series(values, dtype=object)
+        for probe in (text, "nan", "None", "1"):
+            want = evidence.astype(str).str.contains(probe, regex=False).to_numpy(dtype=bool)
+            assert np.array_equal(agg._evidence_contains(evidence, probe), want), (values, probe)

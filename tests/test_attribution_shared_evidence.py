@@ -126,3 +126,27 @@ def test_group_codes_equal_a_tuple_numbering_on_random_columns():
     seen: dict = {}
     expected = [seen.setdefault(row, len(seen)) for row in zip(*(c.tolist() for c in columns))]
     assert group_codes(columns).tolist() == expected
+
+
+def test_range_name_tests_run_once_per_distinct_name_equal_the_per_row_test():
+    """``RangeNames.test`` (a string test per distinct name, spread by the codes) gives the per-row answer."""
+    names = pd.Series(["aten::mm", "CompiledFunction", "aten::mm", "ProfilerStep#3", "", "aten::add_"] * 3,
+                      dtype="str")
+    codes = RangeNames(names)
+    for test in (lambda s: s.str.match(r"^aten::").to_numpy(dtype=bool),
+                 lambda s: s.str.startswith("Compiled").to_numpy(dtype=bool)):
+        assert np.array_equal(codes.test(names.dtype, test), test(names))
+    assert codes.test(names.dtype, lambda s: s.str.match("x").to_numpy(dtype=bool)).dtype == bool
+    assert RangeNames(pd.Series([], dtype="str")).test("str", lambda s: s.str.match("x").to_numpy(dtype=bool)).size == 0
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+def test_range_kind_test_equals_the_text_comparison(categorical):
+    """``_is_kind`` reads a categorical kind column from its codes: the answer of ``astype(str) == kind``."""
+    from operator_profiler.attribution.correlation import _is_kind
+
+    kind = pd.Series(["cpu_op", "user_annotation", None, "cpu_op", "python_function"], dtype="str")
+    if categorical:
+        kind = kind.astype("category")
+    for value in ("cpu_op", "user_annotation", "nvtx_push_pop", "nan"):
+        assert np.array_equal(_is_kind(kind, value), (kind.astype(str) == value).to_numpy(dtype=bool))

@@ -181,3 +181,23 @@ def test_times_beyond_int64_ns_are_an_error_not_a_wrap(tmp_path):
     events[0]["ts"] = 100_000_000_000_000  # + 1e17 ns: fits
     path.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": base}))
     assert int(read_kineto(path).ranges["start_ns"].iloc[0]) == base + 100_000_000_000_000 * 1000
+
+
+def test_event_categories_and_odd_names_are_read_as_the_dict_loop_reads_them(tmp_path):
+    """A typed chunk counts the events of each category by code: the dict loop's counts, a missing category
+    (null) and the text "None" (both written "None") included, in file order; a name that is null or absent in a
+    typed chunk reads as the dict loop reads it ("None", "") and is reported with the first such event's index."""
+    events = [_x("cpu_op", "aten::add", 10, 5), _x("None", "odd", 11, 1), _x(None, "no_cat", 12, 1),
+              {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 13},
+              _x("cpu_op", None, 14, 1), {k: v for k, v in _x("cpu_op", "x", 15, 1).items() if k != "name"},
+              _x("user_annotation", "ProfilerStep#1", 9, 20), _x("cpu_op", "aten::mul", 16, 1)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events + events}))
+    assert _chunk_kinds(path)[0] == "_Event"
+    t = _same_tables(path)
+    categories = t.diagnostics["event_categories"]
+    assert categories["cpu_op"] == 8 and categories["cpu_instant_event"] == 2 and categories["user_annotation"] == 2
+    assert categories["None"] == 2  # the null and the "None" categories both read "None" (2 events each)
+    names = t.ranges.sort_values("start_ns", kind="stable")["name"].tolist()
+    assert "None" in names and "" in names
+    assert any("name is not a string" in w and "(first: traceEvents[4])" in w for w in t.warnings)

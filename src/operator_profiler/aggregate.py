@@ -379,12 +379,28 @@ def _evidence_contains(evidence: pd.Series, text: str) -> np.ndarray:
 
     A categorical evidence column (path (b)'s: a few distinct texts for a million kernels) is searched once per
     distinct text and the answers spread by the codes: ``astype(str)`` would build a string per kernel (0.6 s of
-    ``opprof attribute`` at 1 M nsys kernels)."""
+    ``opprof attribute`` at 1 M nsys kernels). So is an object column of texts (path (a)'s, shared strings)."""
     if isinstance(evidence.dtype, pd.CategoricalDtype):
         in_text = np.asarray(evidence.cat.categories.astype(str).str.contains(text, regex=False), dtype=bool)
         codes = evidence.cat.codes.to_numpy()
         null_contains = text in "nan"  # what astype(str) made of a missing evidence
         return np.where(codes >= 0, in_text[np.maximum(codes, 0)] if len(in_text) else False, null_contains)
+    if evidence.dtype == object:
+        # Path (a)'s evidence: one JSON text per kernel, most of them shared: searched once per distinct text.
+        try:
+            codes, distinct = pd.factorize(evidence.to_numpy())
+        except TypeError:  # an unhashable value: searched row by row below
+            distinct = None
+        # (only texts: equal values of other types, 1 and True, would share a code but not a text)
+        if distinct is not None and all(v.__class__ is str for v in distinct):
+            found = np.zeros(len(codes), dtype=bool)
+            if len(distinct):
+                found = pd.Series(distinct, dtype=object).astype(str).str.contains(text, regex=False).to_numpy(
+                    dtype=bool)[codes]
+            missing = codes < 0
+            if missing.any():  # (nulls read as astype(str) reads them)
+                found[missing] = evidence[missing].astype(str).str.contains(text, regex=False).to_numpy(dtype=bool)
+            return found
     return evidence.astype(str).str.contains(text, regex=False).to_numpy(dtype=bool)
 
 

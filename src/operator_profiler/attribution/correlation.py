@@ -70,6 +70,13 @@ class RangeNames(Sequence):
     def __len__(self) -> int:
         return len(self.codes)
 
+    def test(self, dtype, test) -> np.ndarray:
+        """``test`` (elementwise: a Series of names -> a boolean array) of every range's name, run once per
+        distinct name (a Series of ``dtype``, the column's) and spread by the codes."""
+        if not len(self.distinct):
+            return np.zeros(len(self.codes), dtype=bool)
+        return np.asarray(test(pd.Series(self.distinct, dtype=dtype)), dtype=bool)[self.codes]
+
     def take(self, positions: np.ndarray) -> np.ndarray:
         """Object array of the names at ``positions`` (None where a position is -1)."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -78,6 +85,14 @@ class RangeNames(Sequence):
         if found.any():
             out[found] = np.array(self.distinct, dtype=object)[self.codes[positions[found]]]
         return out
+
+
+def _is_kind(kind: pd.Series, value: str) -> np.ndarray:
+    """Per row, whether ``kind`` (a range kind column; null is no kind) is ``value``: ``kind.astype(str) == value``,
+    read from a categorical's codes without building a string per row."""
+    if isinstance(kind.dtype, pd.CategoricalDtype):
+        return (kind == value).to_numpy(dtype=bool)
+    return (kind.astype(str) == value).to_numpy(dtype=bool)
 
 
 class _ThreadRanges:
@@ -276,13 +291,13 @@ def find_ops(kernels: pd.DataFrame, ranges: pd.DataFrame) -> OpTable:
     r_end = ranges["end_ns"].astype("Int64").fillna(-1).astype("int64").to_numpy()  # never closed: encloses nothing
     parent_ids = ranges["parent_id"].astype("Int64").fillna(-1).astype("int64").to_numpy()
     r_parent = np.where(parent_ids >= 0, position.reindex(parent_ids).fillna(-1).to_numpy(dtype=np.int64), -1)
-    names = RangeNames(ranges["name"].astype(str))
     name_s = ranges["name"].astype(str)
-    is_cpu_op = (ranges["kind"].astype(str) == "cpu_op").to_numpy()
-    is_dispatcher = is_cpu_op & name_s.str.match(DISPATCHER_OP).to_numpy(dtype=bool)
-    is_region = name_s.str.startswith(COMPILED_GRAPH_PREFIX).to_numpy(dtype=bool)
-    is_annotation = ((ranges["kind"].astype(str) == "user_annotation").to_numpy()
-                     & ~name_s.str.match(NOT_AN_OPERATOR_ANNOTATION).to_numpy(dtype=bool))
+    names = RangeNames(name_s)
+    is_cpu_op = _is_kind(ranges["kind"], "cpu_op")
+    is_dispatcher = is_cpu_op & names.test(name_s.dtype, lambda s: s.str.match(DISPATCHER_OP).to_numpy(dtype=bool))
+    is_region = names.test(name_s.dtype, lambda s: s.str.startswith(COMPILED_GRAPH_PREFIX).to_numpy(dtype=bool))
+    is_annotation = (_is_kind(ranges["kind"], "user_annotation")
+                     & ~names.test(name_s.dtype, lambda s: s.str.match(NOT_AN_OPERATOR_ANNOTATION).to_numpy(dtype=bool)))
     is_layer = ranges["layer"].notna().to_numpy() if "layer" in ranges else np.zeros(m, dtype=bool)
     flow_fwd = (position.reindex(ranges["forward_range_id"].astype("Int64").fillna(-1).astype("int64"))
                 .fillna(-1).to_numpy(dtype=np.int64) if "forward_range_id" in ranges else np.full(m, -1))

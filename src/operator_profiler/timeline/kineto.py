@@ -180,20 +180,33 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
     zero-length event exactly at its parent's end. So an event that starts inside the open range on
     top of the stack is its child even if it ends later (self times then subtract only the overlap),
     and a zero-length event at the top's end is still inside it; a positive-length event that starts
-    exactly when the top ends is its next sibling.
+    exactly when the top ends is its next sibling. The rows come back in nesting order (pid, tid,
+    start, end descending, ``order``; a late-recorded parent before its child, see
+    :func:`_tolerate_early_children`) with ``range_id`` their position and ``parent_id`` the parent's.
     """
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns", "order"], ascending=[True, True, True, False, True])
     ranges = _tolerate_early_children(ranges, NEST_TOLERANCE_NS)
-    # One pass over Python lists (numpy scalar access would dominate the loop); the stack holds positions
-    # and, beside them, their ends.
     pids, tids = ranges["pid"].to_numpy(), ranges["tid"].to_numpy()
     new_thread = np.ones(len(ranges), dtype=bool)
     new_thread[1:] = (pids[1:] != pids[:-1]) | (tids[1:] != tids[:-1])
-    starts, ends = ranges["start_ns"].to_numpy().tolist(), ranges["end_ns"].to_numpy().tolist()
-    depth, parent = [0] * len(ranges), [-1] * len(ranges)
+    depth, parent = _stack_nesting(new_thread, ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy())
+    ranges = ranges.reset_index(drop=True)
+    ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
+    ranges["depth"] = depth
+    ranges["parent_id"] = pd.arrays.IntegerArray(np.maximum(parent, 0), parent < 0)
+    return ranges
+
+
+def _stack_nesting_loop(new_thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_stack_nesting` as the explicit stack it stands for, one range at a time (the reference, and the
+    reading of ranges that end before they start)."""
+    # One pass over Python lists (numpy scalar access would dominate the loop); the stack holds positions
+    # and, beside them, their ends.
+    starts, ends = np.asarray(starts).tolist(), np.asarray(ends).tolist()
+    depth, parent = [0] * len(starts), [-1] * len(starts)
     stack: list[int] = []
     stack_ends: list[int] = []
-    for i, (new, start, end) in enumerate(zip(new_thread.tolist(), starts, ends)):
+    for i, (new, start, end) in enumerate(zip(np.asarray(new_thread).tolist(), starts, ends)):
         if new:
             stack.clear()
             stack_ends.clear()
@@ -206,12 +219,57 @@ def _nest(ranges: pd.DataFrame) -> pd.DataFrame:
             parent[i] = stack[-1]
         stack.append(i)
         stack_ends.append(end)
-    ranges = ranges.reset_index(drop=True)
-    ranges["range_id"] = np.arange(len(ranges), dtype=np.int64)
-    ranges["depth"] = np.array(depth, dtype=np.int64)
-    parent = np.array(parent, dtype=np.int64)
-    ranges["parent_id"] = pd.arrays.IntegerArray(np.maximum(parent, 0), parent < 0)
-    return ranges
+    return np.array(depth, dtype=np.int64), np.array(parent, dtype=np.int64)
+
+
+def _stack_nesting(new_thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(depth, parent position or -1) of ranges in nesting order (``new_thread`` True where a thread's rows begin;
+    ``starts``/``ends`` int64 ns), as an explicit stack per thread gives them: each range pops the ranges on top
+    of the stack that it closes, then is the child of the top and is pushed; a range closes one that ends before
+    it starts, or exactly at its start unless it is zero-length (see :func:`_nest`).
+
+    Computed for all ranges at once: the stack left for range i is its parent chain, and a range popped before i
+    ends before the range that popped it closes (``t = start + (end != start) <= end``), so the parent of i is the
+    last earlier range of its thread with ``end >= t_i``. Found by pointer jumping (a candidate that i closes is
+    replaced by its own candidate: the ranges between the two end before the candidate's t, so before i's),
+    after the ranges that end after every earlier one are settled at once; a depth is the length of the parent
+    chain (list ranking). Ranges that end before they start break ``t <= end``: then the loop itself
+    (:func:`_stack_nesting_loop`) reads them."""
+    start, end = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    n = len(start)
+    if not n or (end < start).any():
+        return _stack_nesting_loop(new_thread, start, end)
+    new_thread = np.asarray(new_thread, dtype=bool)
+    closes = start + (end != start)  # t: a range closes those ending before it (<= end: no overflow)
+    cand = np.arange(-1, n - 1, dtype=np.int64)
+    cand[new_thread] = -1
+    thread_no = np.cumsum(new_thread, dtype=np.int64) - 1
+    lo = int(start.min())
+    span = int(end.max()) - lo + 1  # (Python ints: the int64 difference can overflow)
+    if int(thread_no[-1]) + 1 <= np.iinfo(np.int64).max // span:
+        # A range that closes every earlier one of its thread has no parent (a thread's top-level ranges):
+        # (thread, time) packed in one int64, compared with the largest end before it.
+        offset = thread_no * span
+        end_key = (end - lo) + offset
+        before = np.empty(n, dtype=np.int64)
+        before[0] = -1
+        np.maximum.accumulate(end_key[:-1], out=before[1:])
+        cand[before < (closes - lo) + offset] = -1
+        del offset, end_key, before
+    todo = np.flatnonzero(cand >= 0)
+    while len(todo):
+        todo = todo[end[cand[todo]] < closes[todo]]
+        cand[todo] = cand[cand[todo]]
+        todo = todo[cand[todo] >= 0]
+    depth = (cand >= 0).astype(np.int64)
+    ancestor = cand.copy()
+    live = np.flatnonzero(ancestor >= 0)
+    while len(live):
+        up = ancestor[live]
+        depth[live] += depth[up]
+        ancestor[live] = ancestor[up]
+        live = live[ancestor[live] >= 0]
+    return depth, cand
 
 
 def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
@@ -548,12 +606,15 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     memory_correlations: set[int] = set()
     memory_rows: list[tuple | None] = []
     categories: Counter = Counter()
+    category_code: dict = {}  # (typed chunks) category -> code, and the bulk kind of each code (BULK_KIND)
+    category_kind: list[int] = []
     # what the reader repaired or left out, by kind: [count, index of the first event] (warned at the end)
     anomalies: dict[str, list] = {}
 
     def anomaly(kind: str, count: int, index: int) -> None:
         seen = anomalies.setdefault(kind, [0, index])
         seen[0] += count
+        seen[1] = min(seen[1], index)  # (a typed chunk reports its kinds of events one after the other)
 
     shared: dict[str, str] = {}
     to_ns, int_or_null = _to_ns, _int_or_null
@@ -606,19 +667,39 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             text = xyz_cache[key] = text if text is None else shared.setdefault(text, text)
         return text
 
-    def names_of(rows: list, first: int = 0) -> list[str]:
+    def names_of(rows: list, index, first: int) -> list[str]:
+        """The names of typed events ``rows`` (``index``: their positions in the chunk, which starts at event
+        ``first``) as the dict loop reads them: absent "", any other non-string by its text (reported with the first
+        one's index in traceEvents)."""
         names = [e.name for e in rows]
+        if set(map(type, names)) == {str}:  # (the common case, one pass in C)
+            return names
         odd = [i for i, n in enumerate(names) if n.__class__ is not str and n is not _UNSET]
         if odd:
-            anomaly("name", len(odd), first)
+            anomaly("name", len(odd), first + int(index[odd[0]]))
         return [n if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
 
     def typed_chunk(events: list, first: int) -> None:
         """The events of a chunk decoded as :class:`_Event` into the columns, a column at a time."""
-        categories.update([e.cat for e in events])
+        # Each event's category as a code (one dict lookup an event), counted by bincount; a category met for the
+        # first time gets its code and its place in ``categories`` in file order, as counting them one by one would.
+        code_of = category_code.get
+        codes = [code_of(e.cat, -1) for e in events]
+        if -1 in codes:
+            for e in events:
+                if e.cat not in category_code:
+                    category_code[e.cat] = len(category_code)
+                    category_kind.append(BULK_KIND.get(e.cat, 0))
+                    categories[e.cat] += 0
+            codes = [code_of(e.cat) for e in events]
+        codes = np.array(codes, dtype=np.intp)
+        counts = np.bincount(codes, minlength=len(category_code))
+        for cat, code in category_code.items():
+            if counts[code]:
+                categories[cat] += int(counts[code])
         # what each event is (0: none of the bulk kinds), then the positions of each kind, in file order
-        kind_of = BULK_KIND.get
-        kinds = np.array([kind_of(e.cat, 0) if e.ph == "X" else 0 for e in events], dtype=np.int8)
+        kinds = np.array(category_kind, dtype=np.int8)[codes]
+        kinds[np.array([e.ph != "X" for e in events], dtype=bool)] = 0
         in_ranges, in_launches, in_kernels = (np.flatnonzero(kinds == k).tolist() for k in (1, 2, 3))
         if (kinds == 0).any():  # memcpy/memset and flow events, one at a time (few)
             for i in np.flatnonzero(kinds == 0).tolist():
@@ -655,7 +736,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             r_tid.add(tid)
             r_start.add(start)
             r_end.add(end)
-            r_name.pending.extend(names_of(rows, first + in_ranges[0]))
+            r_name.pending.extend(names_of(rows, in_order, first))
             r_kind.pending.extend([RANGE_CATEGORIES[e.cat] for e in rows])
             r_seq.add(_int_column([a.seq for a in args]))
             r_fwd.add(_int_column([a.fwd for a in args]))
@@ -671,7 +752,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             l_tid.add(_int_column([e.tid for e in rows]))
             l_start.add(start)
             l_end.add(end)
-            l_api.pending.extend(names_of(rows, first + in_launches[0]))
+            l_api.pending.extend(names_of(rows, in_launches, first))
             l_corr.add(_int_column([a.correlation for a in args]))
             l_ext.add(_int_column([a.ext if a.ext is not None else a.ext_lower
                                          for a in args]))
@@ -686,7 +767,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                                             for e, a in zip(rows, args)]))
             k_stream.add(_int_column([e.tid if (v := a.stream) is _UNSET else v
                                             for e, a in zip(rows, args)]))
-            k_name.pending.extend(names_of(rows, first + in_kernels[0]))
+            k_name.pending.extend(names_of(rows, in_kernels, first))
             k_start.add(start)
             k_end.add(np.where(valid, end, start))
             k_corr.add(_int_column([a.correlation for a in args]))
@@ -1057,7 +1138,20 @@ def _has_gpu_activity(trace: dict, categories: Counter, launches: pd.DataFrame) 
     """A trace recorded with CUDA activities, even when it holds no kernel record (counter mode)."""
     if trace.get("deviceProperties") or categories.get("cuda_profiler_range"):
         return True
-    return bool(len(launches)) and bool(launches["api"].str.contains(KERNEL_LAUNCH_API).any())
+    return bool(len(launches)) and bool(_kernel_launch_calls(launches["api"]).any())
+
+
+def _kernel_launch_calls(api: pd.Series):
+    """Per launch call, whether its API (:data:`KERNEL_LAUNCH_API`) launches a kernel: ``api.str.contains``, run once
+    per distinct API name (a handful for millions of calls) and spread by the codes (a bool array); that Series
+    itself where the answers are not all booleans (nulls in an object column)."""
+    codes, distinct = pd.factorize(api, use_na_sentinel=False)
+    if not len(distinct):
+        return np.zeros(len(api), dtype=bool)
+    found = pd.Series(distinct, dtype=api.dtype).str.contains(KERNEL_LAUNCH_API)
+    if found.dtype != bool:
+        return api.str.contains(KERNEL_LAUNCH_API)
+    return found.to_numpy()[codes]
 
 
 def _bind_fwdbwd_flows(ranges: pd.DataFrame, flows: list[tuple]) -> pd.arrays.IntegerArray:
@@ -1086,9 +1180,12 @@ def _diagnostics(path: Path, trace: dict, categories: Counter, kernels: pd.DataF
     orphans = int(gpu["launch_start_ns"].isna().sum()) if len(gpu) else 0
     null_corr = int((gpu["correlation_id"].fillna(0) <= 0).sum()) if len(gpu) else 0
     invalid = int((~gpu["valid_time"].astype(bool)).sum()) if len(gpu) and "valid_time" in gpu else 0
-    kernel_launch = launches[launches["api"].str.contains(KERNEL_LAUNCH_API)] if len(launches) else launches
-    with_kernel = set(gpu["correlation_id"].dropna().astype("int64")) if len(gpu) else set()
-    without = kernel_launch[~kernel_launch["correlation_id"].isin(with_kernel | memory_correlations)
+    kernel_launch = launches[_kernel_launch_calls(launches["api"])] if len(launches) else launches
+    # correlation ids of a kernel or memcpy/memset record (an array: a set of a million ints costs 0.1 s)
+    with_kernel = np.concatenate([gpu["correlation_id"].dropna().to_numpy(dtype=np.int64) if len(gpu) else
+                                  np.zeros(0, dtype=np.int64),
+                                  np.fromiter(memory_correlations, dtype=np.int64, count=len(memory_correlations))])
+    without = kernel_launch[~kernel_launch["correlation_id"].isin(with_kernel)
                             & kernel_launch["correlation_id"].notna()] if len(kernel_launch) else kernel_launch
     if gpu_trace and not len(gpu):
         ranges_n = categories.get("cuda_profiler_range", 0)
