@@ -5,6 +5,7 @@ holds only a note; and the library's compile_artifacts (the debug output alone) 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,7 +22,7 @@ HARNESS = {"seed": 0, "warmup": 1, "warmup_max": 1, "iterations": 2}
 
 
 def _capture(tmp_path, workload):
-    out = tmp_path / "w"
+    out = Path(tmp_path) / "w"
     with torch_flags_kept():
         capture.capture_timeline("w", workload, HARNESS, "cpu", "torch", out / "capture" / "timeline.kineto.json.gz",
                                  out / "capture" / "run.json", out / "capture" / "layers.json",
@@ -31,8 +32,13 @@ def _capture(tmp_path, workload):
     return out
 
 
-def test_the_fusion_map_names_every_generated_kernel_of_the_trace(tmp_path):
-    out = _capture(tmp_path, MLP)
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return _capture(tmp_path_factory.mktemp("compiled"), MLP)
+
+
+def test_the_fusion_map_names_every_generated_kernel_of_the_trace(compiled):
+    out = compiled
     debug = out / "inductor" / "debug"
     assert not list(out.glob("inductor/*.partial"))  # renamed into place
     graphs = inductor.find_graph_dirs(debug)
@@ -72,3 +78,4 @@ def test_the_nsys_capture_itself_takes_no_debug_output(tmp_path):
     with pytest.raises(ValueError, match="Kineto run beside it"):
         capture.capture_timeline("w", MLP, HARNESS, "cuda", "nsys", tmp_path / "t.nsys-rep", tmp_path / "run.json",
                                  tmp_path / "layers.json", tmp_path / "clocks.json", out_debug=tmp_path / "debug")
+
