@@ -245,6 +245,28 @@ def test_capture_kineto_runs_torch_profiler_inside_locked_clocks(smi, target, tm
     assert sorted(p.name for p in cap.iterdir()) == ["kineto.json.gz", "kineto_clocks_applied.json", "kineto_run.json"]
 
 
+def test_the_kineto_run_beside_nsys_writes_its_compiles_debug_output_inside_locked_clocks(smi, target, tmp_path,
+                                                                                          monkeypatch):
+    """Beside an nsys timeline the Kineto run's compile gives the debug output (one compile, under the lock its
+    autotuning must see); it is renamed into place only after the run."""
+    def fake_run_capture(workload, harness_cfg, device, trace, layers, run, inductor_dir=None, **kw):
+        assert smi.read()["gpus"]["0"]["locked_sm"] == 1755
+        assert Path(inductor_dir).name == "debug.partial"
+        (Path(inductor_dir) / "g").mkdir()
+        (Path(inductor_dir) / "g" / "output_code.py").write_text("")
+        Path(trace).write_bytes(b"gz")
+        Path(run).write_text("{}")
+        return {"measured_s": 0.5}
+
+    monkeypatch.setattr(harness, "run_capture", fake_run_capture)
+    cap, out = tmp_path / "capture", tmp_path / "inductor" / "debug"
+    cap.mkdir()
+    capture.capture_kineto("w", {**WORKLOAD, "compile": True}, HARNESS, "cuda", cap / "kineto.json.gz",
+                           cap / "kineto_run.json", cap / "kineto_clocks_applied.json", target, out_debug=out)
+    assert (out / "g" / "output_code.py").is_file() and not (tmp_path / "inductor" / "debug.partial").exists()
+    assert smi.calls()[-2:] == RESTORE
+
+
 def test_compile_artifacts_on_cuda_locks_clocks(smi, target, tmp_path, monkeypatch):
     def fake_run_capture(workload, harness_cfg, device, trace, layers, run, inductor_dir=None, **kw):
         assert smi.read()["gpus"]["0"]["locked_sm"] == 1755
@@ -254,7 +276,8 @@ def test_compile_artifacts_on_cuda_locks_clocks(smi, target, tmp_path, monkeypat
 
     monkeypatch.setattr(harness, "run_capture", fake_run_capture)
     out = tmp_path / "inductor" / "debug"
-    capture.compile_artifacts(WORKLOAD, {"seed": 0}, "cuda", out, target, tmp_path / "inductor" / "clocks_applied.json")
+    capture.compile_artifacts({**WORKLOAD, "compile": True}, {"seed": 0}, "cuda", out, target,
+                              tmp_path / "inductor" / "clocks_applied.json")
     assert (out / "g" / "output_code.py").is_file()
     assert smi.calls()[-2:] == RESTORE
     assert json.loads((tmp_path / "inductor" / "clocks_applied.json").read_text())["restored"] is True
