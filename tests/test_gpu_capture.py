@@ -245,6 +245,28 @@ def test_capture_kineto_runs_torch_profiler_inside_locked_clocks(smi, target, tm
     assert sorted(p.name for p in cap.iterdir()) == ["kineto.json.gz", "kineto_clocks_applied.json", "kineto_run.json"]
 
 
+def test_the_kineto_run_beside_nsys_writes_its_compiles_debug_output_inside_locked_clocks(smi, target, tmp_path,
+                                                                                          monkeypatch):
+    """Beside an nsys timeline the Kineto run's compile gives the debug output (one compile, under the lock its
+    autotuning must see); it is renamed into place only after the run."""
+    def fake_run_capture(workload, harness_cfg, device, trace, layers, run, inductor_dir=None, **kw):
+        assert smi.read()["gpus"]["0"]["locked_sm"] == 1755
+        assert Path(inductor_dir).name == "debug.partial"
+        (Path(inductor_dir) / "g").mkdir()
+        (Path(inductor_dir) / "g" / "output_code.py").write_text("")
+        Path(trace).write_bytes(b"gz")
+        Path(run).write_text("{}")
+        return {"measured_s": 0.5}
+
+    monkeypatch.setattr(harness, "run_capture", fake_run_capture)
+    cap, out = tmp_path / "capture", tmp_path / "inductor" / "debug"
+    cap.mkdir()
+    capture.capture_kineto("w", {**WORKLOAD, "compile": True}, HARNESS, "cuda", cap / "kineto.json.gz",
+                           cap / "kineto_run.json", cap / "kineto_clocks_applied.json", target, out_debug=out)
+    assert (out / "g" / "output_code.py").is_file() and not (tmp_path / "inductor" / "debug.partial").exists()
+    assert smi.calls()[-2:] == RESTORE
+
+
 def test_compile_artifacts_on_cuda_locks_clocks(smi, target, tmp_path, monkeypatch):
     def fake_run_capture(workload, harness_cfg, device, trace, layers, run, inductor_dir=None, **kw):
         assert smi.read()["gpus"]["0"]["locked_sm"] == 1755
@@ -254,7 +276,8 @@ def test_compile_artifacts_on_cuda_locks_clocks(smi, target, tmp_path, monkeypat
 
     monkeypatch.setattr(harness, "run_capture", fake_run_capture)
     out = tmp_path / "inductor" / "debug"
-    capture.compile_artifacts(WORKLOAD, {"seed": 0}, "cuda", out, target, tmp_path / "inductor" / "clocks_applied.json")
+    capture.compile_artifacts({**WORKLOAD, "compile": True}, {"seed": 0}, "cuda", out, target,
+                              tmp_path / "inductor" / "clocks_applied.json")
     assert (out / "g" / "output_code.py").is_file()
     assert smi.calls()[-2:] == RESTORE
     assert json.loads((tmp_path / "inductor" / "clocks_applied.json").read_text())["restored"] is True
@@ -499,7 +522,15 @@ DRY_CONFIG = {
         "lstm": {"kind": "lstm", "input_size": 8, "hidden_size": 16, "num_layers": 1, "batch_size": 1, "seq_len": 4},
     },
 }
-GPU_RULES = ("select_clocks", "capture_timeline", "capture_kineto", "compile_artifacts", "measure_ceilings")
+GPU_RULES = ("select_clocks", "capture_timeline", "capture_kineto", "measure_ceilings")
+
+
+def _job_block(stdout: str, rule: str) -> str:
+    """The text of the dry run's job blocks of ``rule`` (its input, output, wildcards ... lines), joined."""
+    import re
+
+    blocks = re.split(r"\n(?:rule|checkpoint|localrule) ", stdout)[1:]
+    return "\n".join(b for b in blocks if b.split(":", 1)[0].strip() == rule)
 
 
 def _dry_run(tmp_path: Path, path_dirs: list[Path], *config: str) -> subprocess.CompletedProcess:
@@ -519,9 +550,13 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
     assert result.returncode == 0, result.stderr[-3000:]
     counts = job_counts(result.stdout)
     assert {rule: counts.get(rule) for rule in GPU_RULES} == {
-        "select_clocks": 2, "capture_timeline": 2, "capture_kineto": 2, "compile_artifacts": 1, "measure_ceilings": 1}
+        "select_clocks": 2, "capture_timeline": 2, "capture_kineto": 2, "measure_ceilings": 1}
+    # one compile per workload: the Kineto run beside nsys writes the compiled workload's debug output
+    assert "compile_artifacts" not in counts, counts
     for rule in ("export_timeline", "export_kineto_timeline", "classify_layers", "build_fusion_map"):
         assert counts.get(rule) == (1 if rule == "build_fusion_map" else 2), (rule, counts)
+    assert "inductor/debug" in _job_block(result.stdout, "capture_kineto")
+    assert "inductor/debug" not in _job_block(result.stdout, "capture_timeline")
     jobs = dry_run_jobs(result.stdout)
     for job in jobs:
         resources = job["resources"].replace(" ", "").split(",")
@@ -537,8 +572,9 @@ def test_cuda_dry_run_lists_gpu_rules_with_their_gpu_resource(tmp_path, nsys):
 @pytest.mark.workflow
 @pytest.mark.parametrize("deterministic", [None, True])
 def test_every_harness_run_of_a_workload_gets_the_same_determinism(tmp_path, nsys, deterministic):
-    """The nsys capture, the Kineto run beside it and compile_artifacts (the ncu re-run: test_ncu_replay) take
-    harness.deterministic from the one harness config: the default (false) or the value given."""
+    """The nsys capture and the Kineto run beside it (whose compile also gives the debug output; the ncu re-run:
+    test_ncu_replay) take harness.deterministic from the one harness config: the default (false) or the value
+    given."""
     import shlex
 
     extra = ["harness={seed: 0, warmup: 1, iterations: 1, deterministic: true}"] if deterministic else []
@@ -553,8 +589,7 @@ def test_every_harness_run_of_a_workload_gets_the_same_determinism(tmp_path, nsy
         params = json.loads(argv[argv.index("operator_profiler.gpu_jobs") + 2])
         if "harness" in params:
             seen.setdefault(rule, []).append(json.loads(params["harness"])["deterministic"])
-    assert seen == {"capture_timeline": [bool(deterministic)] * 2, "capture_kineto": [bool(deterministic)] * 2,
-                    "compile_artifacts": [bool(deterministic)]}
+    assert seen == {"capture_timeline": [bool(deterministic)] * 2, "capture_kineto": [bool(deterministic)] * 2}
 
 
 @pytest.mark.workflow

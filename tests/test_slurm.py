@@ -232,7 +232,7 @@ def _sbatch_call(resources: dict) -> str:
     return get_submit_command(job, params) + set_gres_string(job)
 
 
-GPU_RULES = ("select_clocks", "capture_timeline", "compile_artifacts", "measure_ceilings")
+GPU_RULES = ("select_clocks", "capture_timeline", "measure_ceilings")
 
 
 @pytest.mark.workflow

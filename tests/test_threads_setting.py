@@ -148,8 +148,8 @@ def _job_params(stdout: str, rule: str) -> tuple[int, dict]:
 @pytest.mark.workflow
 def test_the_workflow_gives_the_setting_to_the_captures_the_ceilings_and_the_verification(tmp_path):
     """harness.threads reaches every job whose result depends on it as a params value (a change re-runs it):
-    the captures (the whole harness), compile_artifacts, the ceilings and verify_variants; the capture jobs hold
-    that many cores."""
+    the captures (the whole harness; the compiled workload's Inductor debug output comes from the capture's own
+    compile), the ceilings and verify_variants; the capture jobs hold that many cores."""
     import yaml
     from workflow_runs import custom_env, snakemake
 
@@ -164,9 +164,7 @@ def test_the_workflow_gives_the_setting_to_the_captures_the_ceilings_and_the_ver
     assert plan.returncode == 0, plan.stderr[-3000:]
     held, capture = _job_params(plan.stdout, "capture_timeline")
     assert held == threads and json.loads(capture["harness"])["threads"] == threads
-    held, compiled = _job_params(plan.stdout, "compile_artifacts")
-    assert held == threads and json.loads(compiled["harness"]) == {"seed": 0, "deterministic": False,
-                                                                   "threads": threads}
+    assert "compile_artifacts" not in plan.stdout and "inductor/debug" in plan.stdout
     assert _job_params(plan.stdout, "measure_ceilings")[1]["threads"] == threads
     assert _job_params(plan.stdout, "verify_variants")[1]["threads"] == threads
     plan = snakemake(tmp_path / "work2", default, "-n", "-p", env=custom_env(tmp_path), cores=2)

@@ -114,12 +114,13 @@ def keep_settings():
 
 @pytest.fixture(scope="module")
 def run(models, tmp_path_factory):
-    """compile_artifacts + capture + the analysis stages, as the workflow runs them (one process here)."""
+    """The capture (with the Inductor debug output of its own compile) + the analysis stages, as the workflow runs
+    them (one process here)."""
     out = tmp_path_factory.mktemp("wmc")
     with torch_flags_kept():
-        capture.compile_artifacts(WORKLOAD, {"seed": 0, "warmup": 1, "iterations": 1}, "cpu", out / "inductor")
         capture.capture_timeline("wmc", WORKLOAD, {"seed": 0, "warmup": 1, "iterations": ITERATIONS}, "cpu", "torch",
-                                 out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json")
+                                 out / "trace.json.gz", out / "run.json", out / "layers.json", out / "clocks.json",
+                                 out_debug=out / "inductor")
     stages.build_fusion_map(out / "inductor", out / "fusion_map.parquet")
     stages.export_timeline(out / "trace.json.gz", out / "timeline")
     stages.classify(out / "timeline", out / "layers.json", out / "instances.parquet", out / "kernel_layers.parquet",

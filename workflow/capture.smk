@@ -4,9 +4,14 @@
 
 # With torch.profiler, the input shapes of one more iteration (recorded apart: recording them in the measured
 # window would slow it); an nsys timeline takes them from the Kineto run (capture_kineto).
+# The torch.profiler capture also writes Inductor's debug output of the compile it profiles (inductor/debug/:
+# output_code.py, FX graphs, provenance, module paths; for an eager workload a folder with a note): one compile per
+# workload, and the fusion map describes the very kernels the trace holds. With nsys the Kineto run beside it does.
+DEBUG_OUTPUT = {"debug": directory("results/{workload}/inductor/debug")}
 CAPTURE_OUTPUTS = {}
 if TIMELINE != "nsys":
     CAPTURE_OUTPUTS["shapes"] = "results/{workload}/capture/shapes.kineto.json.gz"
+    CAPTURE_OUTPUTS.update(DEBUG_OUTPUT)
 
 
 rule capture_timeline:
@@ -52,6 +57,7 @@ rule capture_kineto:
         lib=lib_inputs("capture_kineto"),
         model=custom_model_source,
     output:
+        **(DEBUG_OUTPUT if TIMELINE == "nsys" else {}),
         trace="results/{workload}/capture/kineto.json.gz",
         run="results/{workload}/capture/kineto_run.json",
         clocks="results/{workload}/capture/kineto_clocks_applied.json",
@@ -75,50 +81,6 @@ rule capture_kineto:
         files=gpu_files,
     shell:
         gpu_shell("capture_kineto")
-
-
-rule compile_artifacts:
-    input:
-        clocks="results/{workload}/clocks/target.json",
-        lib=lib_inputs("compile_artifacts"),
-        model=custom_model_source,
-    output:
-        debug=directory("results/{workload}/inductor/debug"),
-        clocks="results/{workload}/inductor/clocks_applied.json",
-    log:
-        "logs/compile_artifacts/{workload}.log",
-    benchmark:
-        "results/{workload}/benchmarks/compile_artifacts.tsv"
-    # First among the jobs ready at once: the longest job of a compiled workload, at the head of its chain
-    # (build_fusion_map, attribute, compute_work, ...); started last, the run waits on that chain at its end.
-    # Only the order changes, no result (a priority is no rerun trigger).
-    priority: 1
-    conda:
-        "../envs/torch.yaml"
-    threads: HARNESS_THREADS or 1
-    resources:
-        gpu=GPU,
-        slurm_extra=GPU_SLURM_EXTRA,
-    params:
-        job=gpu_job(
-            workload=workload_params,
-            int8_forced=int8_forced,
-            # 1 warm-up + 1 iteration whatever the harness says: only the seed, the determinism and the threads
-            # matter (Inductor generates other code under deterministic algorithms, and parallelizes its CPU loops
-            # for the thread count it compiles with: the same settings as the captures).
-            harness=json.dumps(
-                {
-                    k: config["harness"][k]
-                    for k in ("seed", "deterministic", "threads")
-                    if k in config["harness"]
-                },
-                sort_keys=True,
-            ),
-            device=DEVICE,
-        ),
-        files=gpu_files,
-    shell:
-        gpu_shell("compile_artifacts")
 
 
 rule build_fusion_map:

@@ -1,5 +1,5 @@
 """Entry point of the GPU rules (``select_clocks``, ``capture_timeline``, ``capture_kineto``,
-``compile_artifacts``, ``replay_ncu``, ``measure_ceilings``, ``verify_variants``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
+``replay_ncu``, ``measure_ceilings``, ``verify_variants``): ``python -m operator_profiler.gpu_jobs RULE PARAMS_JSON FILES_JSON LOG``.
 
 These rules use ``shell:`` rather than ``script:`` on purpose. Snakemake's ``code`` rerun trigger for a
 ``script:`` rule is the script file's mtime, so a ``touch`` or a ``git checkout`` of the script re-runs every
@@ -34,7 +34,7 @@ def _capture_timeline(j):
     return capture.capture_timeline, (
         j.wildcards.workload, json.loads(j.params.workload), json.loads(j.params.harness), j.params.device,
         j.params.timeline, o.trace, o.run, o.layers, o.clocks, j.input.clocks, j.params.timeline_requested,
-        getattr(o, "shapes", None))
+        getattr(o, "shapes", None), getattr(o, "debug", None))
 
 
 def _capture_kineto(j):
@@ -43,15 +43,7 @@ def _capture_kineto(j):
     o = j.output
     return capture.capture_kineto, (
         j.wildcards.workload, json.loads(j.params.workload), json.loads(j.params.harness), j.params.device,
-        o.trace, o.run, o.clocks, j.input.clocks)
-
-
-def _compile_artifacts(j):
-    from .capture import jobs as capture
-
-    return capture.compile_artifacts, (
-        json.loads(j.params.workload), json.loads(j.params.harness), j.params.device, j.output.debug,
-        j.input.clocks, j.output.clocks, j.wildcards.workload)
+        o.trace, o.run, o.clocks, j.input.clocks, getattr(o, "debug", None))
 
 
 def _replay_ncu(j):
@@ -81,7 +73,6 @@ RULES = {
     "select_clocks": _select_clocks,
     "capture_timeline": _capture_timeline,
     "capture_kineto": _capture_kineto,
-    "compile_artifacts": _compile_artifacts,
     "replay_ncu": _replay_ncu,
     "measure_ceilings": _measure_ceilings,
     "verify_variants": _verify_variants,

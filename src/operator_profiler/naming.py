@@ -40,7 +40,7 @@ def measured_range_include() -> str:
     with NVIDIA's ``nvtx`` package (``opprof@opprof.measured``), else in the default domain through
     ``torch.cuda.nvtx`` (``opprof.measured``). Start/end syntax: no trailing ``/`` (that is a push/pop filter)."""
     return f"{NVTX_DOMAIN}@{MEASURED_RANGE}" if importlib.util.find_spec("nvtx") else MEASURED_RANGE
-#: Written by the capture (compile_artifacts) into each Inductor graph debug dir: FX node -> module path
+#: Written by the torch.profiler capture into each Inductor graph debug dir: FX node -> module path
 #: (:mod:`operator_profiler.capture.fx_module_paths`), read by the fusion map (column ``module_paths``).
 MODULE_PATHS_JSON = "opprof_module_paths.json"
 MODULE_PATHS_FORMAT = "opprof.module_paths/1"

@@ -1037,10 +1037,10 @@ def profile_files(workload_name: str, workload: dict, harness: dict, device: str
                   clocks_target: Path | None = None, ceilings: Path | None = None,
                   env: dict[str, str | None] | None = None) -> None:
     """Profile one workload into results folder ``out`` as the workflow's rules do on a torch.profiler timeline
-    (same files, same stage functions): capture_timeline and compile_artifacts (compiled workloads) each in its
-    own process, as their Snakemake jobs run (a capture and a compile in one process would number Inductor's
-    graphs apart, and the fusion map would match no kernel), with ``env`` (:func:`thread_env`: the thread
-    variables Snakemake gives the jobs); then, in this process, build_fusion_map, export_timeline,
+    (same files, same stage functions): capture_timeline in its own process, as its Snakemake job runs (it also
+    writes the Inductor debug output of the compile it profiles, inductor/debug/), with ``env``
+    (:func:`thread_env`: the thread variables Snakemake gives the jobs); then, in this process, build_fusion_map
+    (compiled workloads), export_timeline,
     classify_layers, attribute, compute_work, aggregate. The jobs' logs go to ``out``/logs/.
     ``options``: the config sections ``dedup``, ``nvtx``, ``aggregate`` (a validated config's); ``clocks_target``:
     clocks/target.json on CUDA (the base profile's); ``ceilings``: the machine's ceilings.json, when measured."""
@@ -1055,17 +1055,11 @@ def profile_files(workload_name: str, workload: dict, harness: dict, device: str
               "timeline_requested": "torch"},
              {"wildcards": {"workload": workload_name}, "input": {"clocks": clocks},
               "output": {"trace": str(trace), "run": str(cap / "run.json"), "layers": str(cap / "layers.json"),
-                         "clocks": str(cap / "clocks_applied.json"), "shapes": str(shapes)}},
+                         "clocks": str(cap / "clocks_applied.json"), "shapes": str(shapes),
+                         "debug": str(out / "inductor" / "debug")}},
              out / "logs" / "capture_timeline.log", env)
     fusion = None
     if workload.get("compile"):
-        compile_harness = {k: harness[k] for k in ("seed", "deterministic", "threads") if k in harness}
-        _run_job("compile_artifacts",
-                 {"workload": _dumps(workload), "harness": _dumps(compile_harness), "device": device},
-                 {"wildcards": {"workload": workload_name}, "input": {"clocks": clocks},
-                  "output": {"debug": str(out / "inductor" / "debug"),
-                             "clocks": str(out / "inductor" / "clocks_applied.json")}},
-                 out / "logs" / "compile_artifacts.log", env)
         fusion = out / "inductor" / "fusion_map.parquet"
         build_fusion_map(out / "inductor" / "debug", fusion)
     export_timeline(trace, out / "timeline", None, device == "cuda")

@@ -1174,13 +1174,14 @@ def _module_paths_record(graph_dir: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InductorArtifactError(f"{path}: unreadable ({exc}); it is written by the compile_artifacts capture: "
-                                    "re-run it, or delete the file (the fusion map then has no module paths)") from None
+        raise InductorArtifactError(f"{path}: unreadable ({exc}); the capture (torch.profiler run) writes it with its "
+                                    "Inductor debug output: re-run the capture, or delete the file (the fusion map "
+                                    "then has no module paths)") from None
     if not isinstance(data, dict) or data.get("format") != MODULE_PATHS_FORMAT or not all(
             isinstance(data.get(k), dict) for k in ("post_grad", "source_nodes")):
         raise InductorArtifactError(f"{path}: not an {MODULE_PATHS_FORMAT} record (format "
                                     f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}); "
-                                    "re-run the compile_artifacts capture with this version")
+                                    "re-run the capture with this version")
     scope = data.get("scope")
     kernel_nodes = data.get("kernel_nodes")
     return {"scope": scope if scope in ("model", "frame") else None, "post_grad": data["post_grad"],

@@ -1,4 +1,4 @@
-"""Record the module path of every compiled FX node while torch.compile runs (the compile_artifacts capture),
+"""Record the module path of every compiled FX node while torch.compile runs (the torch.profiler capture of a compiled workload),
 into ``opprof_module_paths.json`` beside each graph's ``output_code.py``: Inductor's debug files do not keep
 ``nn_module_stack``, and a whole-model compile has no layer ranges, so a kernel's layer comes from here.
 Details: docs/modules.md#capture-fx-module-paths."""
@@ -24,7 +24,7 @@ _ACTIVE: list["ModulePathRecorder"] = []
 
 @contextlib.contextmanager
 def recording() -> Iterator["ModulePathRecorder"]:
-    """Record module paths for every graph compiled inside the block (the compile_artifacts capture); the model
+    """Record module paths for every graph compiled inside the block (the capture's debug output); the model
     is named with :func:`bind` once built (the harness does, when it compiles it)."""
     recorder = ModulePathRecorder()
     _ACTIVE.append(recorder)

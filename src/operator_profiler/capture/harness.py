@@ -243,7 +243,7 @@ def _compile(model: torch.nn.Module, layers: list[workloads.LayerInstance], work
     """Compile per the workload's ``compile_scope`` (module docstring), with ``emitter``'s model range around
     each call of a whole-model compiled model; returns the ``run.json`` entries
     ``compile_scope`` (the scope used: ``model`` also for ``layers`` when the model has no layers),
-    ``compile_mode`` and ``compile_options``. Inside a :func:`fx_module_paths.recording` (compile_artifacts) the
+    ``compile_mode`` and ``compile_options``. Inside a :func:`fx_module_paths.recording` (a capture with debug output) the
     model is handed to the recorder, which writes each graph's FX node module paths.
 
     Raises:
@@ -747,7 +747,7 @@ def run_capture(
         measure_load()
         kernels_source = "counted by the timeline reader (nsys capture range)"
         measured_range = measured_range_record()
-    else:  # none, e.g. compile_artifacts: only the compilation matters
+    else:  # none, e.g. compile_artifacts (debug output alone): only the compilation matters
         measured_iterations()
         measure_load()
     measured_s = time.perf_counter() - t0 - machine_load.get("waited_s", 0.0)  # not the wait for the load figure

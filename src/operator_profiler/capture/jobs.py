@@ -1,4 +1,5 @@
-"""Capture stages: run the harness under a timeline tool, and compile with Inductor's debug output.
+"""Capture stages: run the harness under a timeline tool; the torch.profiler capture of a compiled workload also
+writes Inductor's debug output of the very compile it profiles.
 
 Kept apart from the analysis stages (:mod:`operator_profiler.stages`) so the GPU rules depend only on
 this module, the harness and the workloads: an analysis change never re-runs a capture.
@@ -148,10 +149,11 @@ def _run_nsys(workload_name: str, workload: dict, harness_cfg: dict, out_trace: 
 def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, device: str, timeline_tool: str,
                      out_trace: Path, out_run: Path, out_layers: Path, out_clocks: Path,
                      clocks_target: Path | dict | None = None, timeline_requested: str | None = None,
-                     out_shapes: Path | None = None) -> None:
+                     out_shapes: Path | None = None, out_debug: Path | None = None) -> None:
     """Run the harness once under the timeline tool, writing the trace, ``run.json``, ``layers.json`` and
     ``clocks_applied.json``; with torch.profiler also ``out_shapes``, the input shapes of one more iteration
-    (``harness.run_capture`` ``shapes_path``).
+    (``harness.run_capture`` ``shapes_path``), and ``out_debug``, Inductor's debug directories of the compile
+    this run profiled (:func:`_with_debug_artifacts`; torch.profiler only).
 
     - CPU (always ``torch``): torch.profiler in this process; no clocks to lock.
     - CUDA, ``torch``: torch.profiler in this process, inside
@@ -177,14 +179,20 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
     """
     from . import harness
 
+    if out_debug is not None and timeline_tool == NSYS:
+        raise ValueError("the nsys capture writes no Inductor debug output: the Kineto run beside it does "
+                         "(capture_kineto out_debug)")
     record = {"timeline": timeline_tool, "timeline_requested": timeline_requested or timeline_tool}
     out_trace = Path(out_trace)
     tmp_trace = Path(str(out_trace) + ".partial.gz")
     tmp_shapes = Path(str(out_shapes) + ".partial.gz") if out_shapes is not None else None
 
     def torch_capture():
-        run = harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
-                                  workload_name=workload_name, record=record, shapes_path=tmp_shapes)
+        run = _with_debug_artifacts(
+            workload, out_debug, workload_name,
+            lambda debug: harness.run_capture(workload, harness_cfg, device, tmp_trace, out_layers, out_run,
+                                              inductor_dir=debug, workload_name=workload_name, record=record,
+                                              shapes_path=tmp_shapes))
         if tmp_shapes is not None:
             os.replace(tmp_shapes, out_shapes)
         os.replace(tmp_trace, out_trace)
@@ -208,10 +216,12 @@ def capture_timeline(workload_name: str, workload: dict, harness_cfg: dict, devi
 
 
 def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device: str, out_trace: Path,
-                   out_run: Path, out_clocks: Path, clocks_target: Path | dict | None = None) -> None:
+                   out_run: Path, out_clocks: Path, clocks_target: Path | dict | None = None,
+                   out_debug: Path | None = None) -> None:
     """The torch.profiler run for path (a) beside an nsys timeline: the same harness (same seed, shapes and
     settings) once more in this process, inside ``locked_clocks``, writing ``capture/kineto.json.gz`` (gzipped
-    Chrome trace), its ``kineto_run.json`` (with ``measured_kernels``) and ``kineto_clocks_applied.json``.
+    Chrome trace), its ``kineto_run.json`` (with ``measured_kernels``) and ``kineto_clocks_applied.json``; and
+    ``out_debug``, Inductor's debug directories of its compile (:func:`_with_debug_artifacts`).
 
     nsys and torch.profiler cannot share CUPTI in one process (``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``,
     docs/formats.md#nsys-export), hence a second run. The attribute rule compares the kernel counts
@@ -229,8 +239,11 @@ def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device
     with locked_clocks(target, Path(out_clocks), device) as applied:
         applied["workload"] = workload_name
         applied["tool"] = "torch.profiler (capture_kineto)"
-        run = harness.run_capture(workload, harness_cfg, device, tmp_trace, None, out_run,
-                                  workload_name=workload_name, record=record, window_shapes=True)
+        run = _with_debug_artifacts(
+            workload, out_debug, workload_name,
+            lambda debug: harness.run_capture(workload, harness_cfg, device, tmp_trace, None, out_run,
+                                              inductor_dir=debug, workload_name=workload_name, record=record,
+                                              window_shapes=True))
         read_back(applied, "after the torch capture, its CUDA context still open")
         os.replace(tmp_trace, out_trace)
         applied["measured_s"] = run["measured_s"]
@@ -239,33 +252,33 @@ def capture_kineto(workload_name: str, workload: dict, harness_cfg: dict, device
 def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: Path,
                       clocks_target: Path | dict | None = None, out_clocks: Path | None = None,
                       workload_name: str | None = None) -> None:
-    """Compile the workload once with TORCH_COMPILE_DEBUG on, writing Inductor's debug directories
-    (``output_code.py``, FX graphs, provenance JSON: ``trace.provenance_tracking_level = 1``,
-    docs/formats.md#inductor-switches) under ``out_dir``, each with the module path of every FX node
-    (``opprof_module_paths.json``, :mod:`operator_profiler.capture.fx_module_paths`). One warm-up + one iteration, same seed, shapes and
-    settings as the capture, so kernel names and call sites are the capture's.
+    """Inductor's debug output alone, without a trace: the workload compiled once (one warm-up + one iteration, same
+    seed, shapes and settings as a capture) with the debug output :func:`_with_debug_artifacts` writes, into
+    ``out_dir``. The workflow does not run it: its torch.profiler capture writes the debug output of the compile it
+    profiles (``capture_timeline``/``capture_kineto`` ``out_debug``). Kept for analyses of a model outside the
+    workflow and for tests that need only the graphs.
 
     On CUDA with ``clocks_target`` the run happens inside ``locked_clocks`` (writes ``out_clocks``), like
     every GPU job: Inductor's autotuning (warm-up) then sees the clocks the captures run at.
 
     Raises:
-        RuntimeError: torch.compile wrote no ``output_code.py`` (the workload is not compiled).
+        CaptureError: the workload is not compiled (``compile`` false), or torch.compile wrote no ``output_code.py``.
         InputError, ClockError, WorkloadError: as :func:`capture_timeline`.
     """
     from . import harness
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     short = dict(harness_cfg, warmup=1, warmup_max=1, iterations=1)  # compiling needs one call, not a steady state
+    out_dir = Path(out_dir)
+    if not workload.get("compile"):
+        raise CaptureError(f"{workload_name or workload.get('kind')}: compile is false: an eager workload has no "
+                           "Inductor debug output")
 
     def run() -> None:
-        from .fx_module_paths import recording
-
-        with recording():  # each graph dir gets the module paths of its FX nodes (opprof_module_paths.json)
-            harness.run_capture(workload, short, device, None, tmp / "layers.json", tmp / "run.json",
-                                inductor_dir=tmp, profiler="none", workload_name=workload_name)
+        # (the partial folder's layers.json and run.json are this short run's, kept beside the graphs)
+        _with_debug_artifacts(workload, out_dir, workload_name,
+                              lambda debug: harness.run_capture(workload, short, device, None, debug / "layers.json",
+                                                                debug / "run.json", inductor_dir=debug,
+                                                                profiler="none", workload_name=workload_name))
 
     if device == "cuda" and clocks_target is not None:
         with locked_clocks(_read_target(clocks_target), Path(out_clocks or out_dir.parent / "clocks_applied.json"),
@@ -277,7 +290,44 @@ def compile_artifacts(workload: dict, harness_cfg: dict, device: str, out_dir: P
         run()
         if out_clocks is not None:
             write_json(out_clocks, {"locked": False, "device": device, "reason": f"{device} run: no GPU clocks locked"})
-    if not any(tmp.rglob("output_code.py")):
-        raise RuntimeError(f"torch.compile wrote no Inductor debug directory under {tmp}; is the workload compiled?")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+
+
+#: Written into the debug folder of an eager workload (compile false): the folder is the capture's output either way.
+EAGER_DEBUG_NOTE = "EAGER.txt"
+
+
+def _with_debug_artifacts(workload: dict, out_debug: Path | None, workload_name: str | None, run):
+    """``run(debug_dir)`` (the harness; returns its run record) with Inductor's debug output going to ``out_debug``:
+    for a compiled workload, TORCH_COMPILE_DEBUG directories (``output_code.py``, FX graphs, provenance JSON:
+    ``trace.provenance_tracking_level = 1``, docs/formats.md#inductor-switches), each with the module path of every
+    FX node (``opprof_module_paths.json``, :mod:`operator_profiler.capture.fx_module_paths`), written into
+    ``out_debug``.partial and renamed into place after the run; the harness turns the FX graph cache off for it (a
+    cache hit generates no code, hence no debug output). These are the graphs of the compile the capture profiles,
+    so the fusion map names exactly the kernels the trace holds. An eager workload's folder holds only
+    :data:`EAGER_DEBUG_NOTE`. ``out_debug`` None: ``run(None)``, no debug output.
+
+    Raises:
+        CaptureError: a compiled workload's run wrote no ``output_code.py`` (nothing was compiled).
+    """
+    if out_debug is None:
+        return run(None)
+    out_debug = Path(out_debug)
+    tmp = out_debug.with_name(out_debug.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if workload.get("compile"):
+        from .fx_module_paths import recording
+
+        with recording():  # each graph dir gets the module paths of its FX nodes (opprof_module_paths.json)
+            result = run(tmp)
+        if not any(tmp.rglob("output_code.py")):
+            raise CaptureError(f"{workload_name or workload.get('kind')}: torch.compile wrote no Inductor debug "
+                               f"directory under {tmp}; is the workload compiled (its forward run at all)?")
+    else:
+        result = run(None)
+        (tmp / EAGER_DEBUG_NOTE).write_text(
+            "compile: false: this workload runs eagerly; torch.compile generated no kernels, so there is no "
+            "Inductor debug output and no fusion map.\n")
+    shutil.rmtree(out_debug, ignore_errors=True)
+    os.replace(tmp, out_debug)
+    return result

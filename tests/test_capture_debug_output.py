@@ -1,0 +1,81 @@
+"""The torch.profiler capture writes the Inductor debug output of the compile it profiles (one compile per workload):
+the fusion map built from it names exactly the generated kernels the trace holds; an eager workload's debug folder
+holds only a note; and the library's compile_artifacts (the debug output alone) refuses an eager workload."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import torch_flags_kept
+
+from operator_profiler import stages
+from operator_profiler.attribution import inductor
+from operator_profiler.capture import jobs as capture
+from operator_profiler.errors import CaptureError
+from operator_profiler.naming import MODULE_PATHS_JSON
+
+MLP = {"kind": "mlp", "compile": True, "width": 16, "expansion": 2, "n_block": 2, "batch_size": 2, "seq_len": 4}
+HARNESS = {"seed": 0, "warmup": 1, "warmup_max": 1, "iterations": 2}
+
+
+def _capture(tmp_path, workload):
+    out = Path(tmp_path) / "w"
+    with torch_flags_kept():
+        capture.capture_timeline("w", workload, HARNESS, "cpu", "torch", out / "capture" / "timeline.kineto.json.gz",
+                                 out / "capture" / "run.json", out / "capture" / "layers.json",
+                                 out / "capture" / "clocks_applied.json",
+                                 out_shapes=out / "capture" / "shapes.kineto.json.gz",
+                                 out_debug=out / "inductor" / "debug")
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return _capture(tmp_path_factory.mktemp("compiled"), MLP)
+
+
+def test_the_fusion_map_names_every_generated_kernel_of_the_trace(compiled):
+    out = compiled
+    debug = out / "inductor" / "debug"
+    assert not list(out.glob("inductor/*.partial"))  # renamed into place
+    graphs = inductor.find_graph_dirs(debug)
+    assert graphs and all((g / "output_code.py").is_file() and (g / MODULE_PATHS_JSON).is_file() for g in graphs)
+    # The kernels output_code.py defines, read here from the files themselves, with the graph number the profiler
+    # prefixes (graph_<n>_): Inductor numbers a process's graphs, so these are the trace's names only if the
+    # capture's own compile wrote them.
+    defined = set()
+    for g in graphs:
+        number = re.search(r"_(\d+)\.\d+$", g.name).group(1)
+        for name in re.findall(r"^(cpp_fused_\w+) = async_compile\.", (g / "output_code.py").read_text(), re.M):
+            defined.add(f"graph_{number}_{name}")
+    stages.export_timeline(out / "capture" / "timeline.kineto.json.gz", out / "timeline")
+    kernels = pd.read_parquet(out / "timeline" / "kernels.parquet")
+    generated = set(kernels["name"][kernels["name"].str.match(r"^graph_\d+_cpp_fused_")])
+    assert generated and generated == defined
+    fusion = stages.build_fusion_map(debug, out / "inductor" / "fusion_map.parquet")
+    assert set(fusion["profiler_name"]) >= generated
+
+
+def test_an_eager_workload_gets_a_debug_folder_with_only_a_note(tmp_path):
+    out = _capture(tmp_path, {**MLP, "compile": False})
+    debug = out / "inductor" / "debug"
+    assert [p.name for p in debug.iterdir()] == [capture.EAGER_DEBUG_NOTE]
+    assert "compile: false" in (debug / capture.EAGER_DEBUG_NOTE).read_text()
+    assert (out / "capture" / "timeline.kineto.json.gz").is_file()
+
+
+def test_compile_artifacts_refuses_an_eager_workload(tmp_path):
+    with pytest.raises(CaptureError, match="compile is false"):
+        capture.compile_artifacts({**MLP, "compile": False}, {"seed": 0}, "cpu", tmp_path / "debug",
+                                  workload_name="w")
+    assert not (tmp_path / "debug").exists()
+
+
+def test_the_nsys_capture_itself_takes_no_debug_output(tmp_path):
+    with pytest.raises(ValueError, match="Kineto run beside it"):
+        capture.capture_timeline("w", MLP, HARNESS, "cuda", "nsys", tmp_path / "t.nsys-rep", tmp_path / "run.json",
+                                 tmp_path / "layers.json", tmp_path / "clocks.json", out_debug=tmp_path / "debug")
+
