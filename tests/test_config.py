@@ -487,7 +487,8 @@ def test_only_the_command_line_overrides_are_converted_from_text():
     overrides = {"harness": {"threads": "1"}, "optimize": {"decision_budget_s": "0.5"}}
     with pytest.raises(ConfigError) as caught:
         validate_config(given, "config.yaml", overrides=overrides)
-    assert "at 'harness.iterations'" in str(caught.value) and "write it without quotes: iterations: 5" in str(caught.value)
+    message = str(caught.value)
+    assert "at 'harness.iterations'" in message and "write it without quotes: iterations: 5" in message
     given["harness"]["iterations"] = 5
     config = validate_config(given, "config.yaml", overrides=overrides)
     assert config["harness"]["threads"] == 1 and config["optimize"]["decision_budget_s"] == 0.5

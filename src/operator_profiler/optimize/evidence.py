@@ -43,9 +43,11 @@ GEMM_OPS = frozenset({
 CONV_OPS = frozenset(op for op in GEMM_OPS if "conv" in op)
 #: GEMM-like operators that only decompose into other operators (CompositeImplicitAutograd in torch's dispatcher:
 #: aten::linear runs aten::addmm or aten::mm, aten::matmul aten::mm or aten::bmm, aten::conv2d aten::convolution):
-#: no kernel is ever theirs. A CPU profile gives each its own (exclusive) time, which is dispatch and the views it
-#: makes (aten::t), not GEMM work; counting it beside the operator it calls would count that GEMM's call twice
-#: over. The GEMM measures leave these out and say so in their note.
+#: no kernel is ever theirs. A CPU profile gives each its own (exclusive) time beside the operator it calls: no
+#: nanosecond is counted twice, but that own time is dispatch and the views it makes (aten::t), not GEMM work, and
+#: it has no dtype (the work model puts the call's work on the operator that runs it). Counted as GEMM time, one
+#: GEMM call would be counted in two operators (and a float32 share could not count the second). The GEMM measures
+#: leave these out and say so in their note.
 DISPATCH_ONLY_GEMM_OPS = frozenset({
     "aten::linear", "aten::matmul", "aten::einsum", "aten::conv1d", "aten::conv2d", "aten::conv3d",
     "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d", "aten::thnn_conv2d",
@@ -201,9 +203,10 @@ def _left_out_notes(profile: Profile, dispatch: pd.Series, unknown: pd.Series | 
     notes = []
     if dispatch.any():
         one = int(dispatch.sum()) == 1
-        notes.append(f"not counted, {_listed(profile, dispatch)}: {'it only dispatches' if one else 'these only dispatch'}"
-                     f" to the GEMM {'it calls' if one else 'they call'} ({'its' if one else 'their'} own time is "
-                     "dispatch overhead; the GEMM is counted on the operator that runs it)")
+        notes.append(f"not counted, {_listed(profile, dispatch)}: "
+                     f"{'it only dispatches' if one else 'these only dispatch'} to the GEMM "
+                     f"{'it calls' if one else 'they call'} ({'its' if one else 'their'} own time is dispatch "
+                     "overhead; the GEMM is counted on the operator that runs it)")
     if unknown is not None and unknown.any():
         notes.append(f"not counted, {_listed(profile, unknown)}: {unknown_why}")
     return notes

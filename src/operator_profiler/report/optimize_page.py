@@ -473,7 +473,7 @@ def _operators_section(compare: pd.DataFrame, pairs: pd.DataFrame, base_name: st
                      "<p>Before: the base profile's kernel time in the replaced operators' calls, the operators "
                      "they run included (an aten::linear's aten::addmm), in the rewritten modules; where the "
                      "profile attributes kernels only to a larger region (a layer instance, or none outside the "
-                     "layer ranges), the next column says so; n/a where the profile cannot tell.</p>"
+                     "layer ranges), the column before: what it counts says so; n/a where the profile cannot tell.</p>"
                      + page._table([("pass", "text"), ("new operator", "text"), ("replaces", "text"),
                                     ("before ms / it.", "num"), ("after ms / it.", "num"),
                                     ("before: what it counts", "text"), ("after: profiled as", "text")], prow,
