@@ -397,13 +397,23 @@ def test_the_optimizer_settings_take_yaml_numbers_only(tmp_path, key, written, a
     assert f"at 'optimize.{key}'" in message and advice in message
 
 
-def test_a_tolerance_written_as_an_exponent_without_a_point_is_refused_with_the_yaml_spelling(tmp_path):
-    """YAML 1.1 (PyYAML, as Snakemake reads config files) reads 1e-4 as text and 1.0e-4 as a float."""
-    message = _refusal(tmp_path, "optimize:\n  tolerances:\n    float32: {max_rel: 1e-4}\n")
-    assert "at 'optimize.tolerances.float32.max_rel'" in message and "write max_rel: 1.0e-4." in message
-    path = tmp_path / "ok.yaml"
-    path.write_text("optimize:\n  tolerances:\n    float32: {max_rel: 1.0e-4, min_cosine: 1}\n")
-    assert load_config(path)["optimize"]["tolerances"]["float32"] == {"max_rel": 1e-4, "min_cosine": 1}
+@pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1.0e4", 1e4), ("1.0e-4", 1e-4), ("2.5E+1", 25.0)])
+def test_a_tolerance_in_exponent_notation_is_the_number_it_spells(tmp_path, written, value):
+    """YAML 1.1 (PyYAML, as Snakemake reads config files) reads 1e-4 and 1.0e4 as text, 1.0e-4 as a float: every
+    spelling of the number gives the number."""
+    import yaml
+
+    text = f"optimize:\n  tolerances:\n    float32: {{max_rel: {written}, min_cosine: 1}}\n"
+    assert isinstance(yaml.safe_load(text)["optimize"]["tolerances"]["float32"]["max_rel"],
+                      str if written in ("1e-4", "1.0e4") else float)
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path)["optimize"]["tolerances"]["float32"] == {"max_rel": value, "min_cosine": 1}
+
+
+def test_an_exponent_at_a_whole_number_setting_or_other_text_at_a_number_setting_is_still_refused(tmp_path):
+    assert "at 'harness.threads'" in _refusal(tmp_path, "harness:\n  threads: 1e1\n")
+    assert "at 'optimize.decision_budget_s'" in _refusal(tmp_path, "optimize:\n  decision_budget_s: 1e1s\n")
 
 
 def _numeric_settings(schema: dict) -> list[tuple[str, str, dict]]:

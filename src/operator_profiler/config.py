@@ -7,7 +7,8 @@ the fix, in one paragraph.
 Types are YAML's, checked strictly (:func:`_validator_class`): an ``integer`` setting takes a whole number written
 without a decimal point (``2``; not ``2.0``, ``"2"`` or ``true``), a ``number`` setting an integer or a float (not a
 quoted one, not a boolean). Only the values of ``snakemake --config`` overrides, which Snakemake hands over as
-text, are converted to the schema's type first (:func:`coerce_strings`).
+text, are converted to the schema's type first (:func:`coerce_strings`), and a number setting reads an exponent
+that YAML 1.1 leaves as text (``1e-4``, ``1.0e4``) as the number it spells.
 """
 
 from __future__ import annotations
@@ -113,14 +114,20 @@ def _coerce_scalar(value: str, types: list[str]):
     return value
 
 
+#: A number in exponent notation that YAML 1.1 (PyYAML, which Snakemake reads config files with) leaves as text:
+#: ``1e-4`` and ``1.0e4`` (it reads only ``1.0e-4``, with a point and a signed exponent, as a float).
+_EXPONENT_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
 def coerce_strings(instance, schema: dict, root: dict | None = None, only=None):
     """Convert string leaves to the scalar type the schema asks for, in place; returns ``instance``.
 
     ``snakemake --config harness='{iterations: 5}'`` delivers ``{"iterations": "5"}``; without this
     the override would be rejected as "'5' is not of type 'integer'". ``only``: the overrides (a dict shaped like
     the config): only the leaves at the key paths where it holds a string are converted, so a value quoted in a
-    config file stays text (and the schema refuses it where a number or boolean is wanted); None converts every
-    string leaf.
+    config file stays text (and the schema refuses it where a number or boolean is wanted), except a number in
+    exponent notation at a number setting (:data:`_EXPONENT_NUMBER`: YAML 1.1 reads ``1e-4`` as text), which is
+    read as the number it spells; None converts every string leaf.
     """
     root = root or schema
     schema = _resolve(schema, root)
@@ -135,16 +142,20 @@ def coerce_strings(instance, schema: dict, root: dict | None = None, only=None):
     extra = schema.get("additionalProperties")
     for key in list(instance):
         sub = subschemas.get(key, extra if isinstance(extra, dict) else None)
-        if sub is None or (only is not None and key not in only):
+        if sub is None:
             continue
         sub = _resolve(sub, root)
-        if isinstance(instance[key], str):
-            if only is not None and not isinstance(only[key], str):
-                continue
+        given = None if only is None else only.get(key)
+        value = instance[key]
+        if isinstance(value, str):
             types = sub.get("type", [])
-            instance[key] = _coerce_scalar(instance[key], [types] if isinstance(types, str) else types)
+            types = [types] if isinstance(types, str) else types
+            if only is None or isinstance(given, str):
+                instance[key] = _coerce_scalar(value, types)
+            elif "number" in types and _EXPONENT_NUMBER.fullmatch(value.strip()):
+                instance[key] = float(value.strip())
         else:
-            coerce_strings(instance[key], sub, root, None if only is None else only[key])
+            coerce_strings(value, sub, root, None if only is None else (given if isinstance(given, dict) else {}))
     return instance
 
 
@@ -214,10 +225,6 @@ def _type_advice(error: jsonschema.ValidationError, root: dict) -> str:
         return f": {kind} is needed, and {value!r} has a fractional part; {example}"
     if isinstance(value, str):
         parsed = _coerce_scalar(value, [wanted])
-        exponent = re.fullmatch(r"([+-]?\d+)([eE][+-]?\d+)", value.strip())
-        if wanted == "number" and exponent:  # YAML 1.1 (PyYAML, Snakemake) reads 1e-4 as text, 1.0e-4 as a float
-            return (f": {kind} is needed, and YAML reads {value.strip()} as text (an exponent without a decimal "
-                    f"point); write {key}: {exponent.group(1)}.0{exponent.group(2)}")
         if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
             return f": {kind} is needed, and {value!r} is quoted text; write it without quotes: {key}: {value.strip()}"
         return f": {kind} is needed; {example}"
@@ -376,8 +383,7 @@ def validate_config(config: dict, source: str = "config", overrides=None) -> dic
 
     schema = load_schema()
     filled = copy.deepcopy(config or {})
-    if overrides:
-        coerce_strings(filled, schema, only=_plain(overrides))
+    coerce_strings(filled, schema, only=_plain(overrides) if overrides else {})
     filled = fill_defaults(filled, schema)
     validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), e.message))
