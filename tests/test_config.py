@@ -167,10 +167,11 @@ def test_empty_file_is_all_defaults(tmp_path):
 
 
 def test_command_line_strings_are_coerced_to_the_schema_type():
-    """snakemake --config harness='{iterations: 5}' delivers nested values as text."""
-    config = validate_config({"harness": {"iterations": "5", "deterministic": "true"},
-                              "aggregate": {"per_iteration": "false"},
-                              "workloads": {"g": {"kind": "gpt2", "n_layer": "2", "compile": "no"}}})
+    """snakemake --config harness='{iterations: 5}' delivers nested values as text: the overrides' strings are
+    converted (the overrides are what Snakemake parsed from --config, merged into the config)."""
+    given = {"harness": {"iterations": "5", "deterministic": "true"}, "aggregate": {"per_iteration": "false"},
+             "workloads": {"g": {"kind": "gpt2", "n_layer": "2", "compile": "no"}}}
+    config = validate_config(given, overrides=given)
     assert config["harness"]["iterations"] == 5 and config["harness"]["deterministic"] is True
     assert config["aggregate"]["per_iteration"] is False
     assert config["workloads"]["g"]["n_layer"] == 2 and config["workloads"]["g"]["compile"] is False
@@ -357,3 +358,147 @@ def test_ncu_options_are_checked(ncu, fragment):
         validate_config({"ncu": ncu})
     assert validate_config({"ncu": {"window": "profiler_api", "cache_control": "none"}})["ncu"] == {
         "window": "profiler_api", "cache_control": "none"}
+
+
+# ----------------------------------------------------------------------------- YAML types of the numeric settings
+
+
+def _refusal(tmp_path, text: str) -> str:
+    """The one-line ConfigError of loading a config file holding ``text``."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+@pytest.mark.parametrize("written, advice", [
+    ("2.0", "a whole number is needed, without a decimal point (YAML reads 2.0 as a float); write threads: 2."),
+    ('"2"', "a whole number is needed, and '2' is quoted text; write it without quotes: threads: 2."),
+    ("true", "a whole number is needed, and true is a boolean; write a whole number, e.g. threads: 1"),
+])
+def test_a_thread_count_that_is_not_a_yaml_integer_is_refused_saying_what_to_write(tmp_path, written, advice):
+    message = _refusal(tmp_path, f"harness:\n  threads: {written}\n")
+    assert "at 'harness.threads'" in message and advice in message
+
+
+@pytest.mark.parametrize("key, written, advice", [
+    ("decision_budget_s", '"0.5"', "a number is needed, and '0.5' is quoted text; write it without quotes: "
+                                   "decision_budget_s: 0.5."),
+    ("decision_budget_s", "yes", "a number is needed, and true is a boolean; write a number, e.g. "
+                                 "decision_budget_s: 120."),
+    ("repetitions", "20.0", "write repetitions: 20."),
+    ("repetitions", '"30"', "write it without quotes: repetitions: 30."),
+])
+def test_the_optimizer_settings_take_yaml_numbers_only(tmp_path, key, written, advice):
+    message = _refusal(tmp_path, f"optimize:\n  {key}: {written}\n")
+    assert f"at 'optimize.{key}'" in message and advice in message
+
+
+@pytest.mark.parametrize("written, value", [("1e-4", 1e-4), ("1.0e4", 1e4), ("1.0e-4", 1e-4), ("2.5E+1", 25.0)])
+def test_a_tolerance_in_exponent_notation_is_the_number_it_spells(tmp_path, written, value):
+    """YAML 1.1 (PyYAML, as Snakemake reads config files) reads 1e-4 and 1.0e4 as text, 1.0e-4 as a float: every
+    spelling of the number gives the number."""
+    import yaml
+
+    text = f"optimize:\n  tolerances:\n    float32: {{max_rel: {written}, min_cosine: 1}}\n"
+    assert isinstance(yaml.safe_load(text)["optimize"]["tolerances"]["float32"]["max_rel"],
+                      str if written in ("1e-4", "1.0e4") else float)
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_config(path)["optimize"]["tolerances"]["float32"] == {"max_rel": value, "min_cosine": 1}
+
+
+def test_an_exponent_at_a_whole_number_setting_or_other_text_at_a_number_setting_is_still_refused(tmp_path):
+    assert "at 'harness.threads'" in _refusal(tmp_path, "harness:\n  threads: 1e1\n")
+    assert "at 'optimize.decision_budget_s'" in _refusal(tmp_path, "optimize:\n  decision_budget_s: 1e1s\n")
+
+
+def _numeric_settings(schema: dict) -> list[tuple[str, str, dict]]:
+    """Every numeric setting of the schema: (key path, ``integer``/``number``, a workload slice it needs or {}) for
+    the sections' keys and each workload kind's and mode's keys."""
+    found = []
+    for section, spec in schema["properties"].items():
+        for key, sub in (spec.get("properties") or {}).items():
+            types = sub.get("type") if isinstance(sub.get("type"), list) else [sub.get("type")]
+            for kind in ("integer", "number"):
+                if kind in types:
+                    found.append((f"{section}.{key}", kind, {}))
+            # optimize.tolerances: per dtype, a mapping of numbers
+            for inner, leaf in ((sub.get("additionalProperties") or {}).get("properties") or {}).items():
+                found.append((f"{section}.{key}.float32.{inner}", leaf["type"], {}))
+    for branch in schema["$defs"]["workload"]["allOf"]:
+        condition = {k: v["const"] for k, v in branch["if"]["properties"].items()}
+        base = {"kind": condition.get("kind", "mlp"), **({"mode": "train"} if "mode" in condition else {})}
+        if base["kind"] == "custom":
+            base["factory"] = "m:f"
+        for key, sub in branch["then"]["properties"].items():
+            types = sub.get("type") if isinstance(sub.get("type"), list) else [sub.get("type")]
+            for kind in ("integer", "number"):
+                if kind in types:
+                    found.append((f"workloads.w.{key}", kind, base))
+    return found
+
+
+def test_the_survey_finds_the_numeric_settings(schema):
+    settings = _numeric_settings(schema)
+    paths = {path for path, _, _ in settings}
+    assert {"harness.threads", "harness.iterations", "harness.steady_tolerance", "optimize.decision_budget_s",
+            "optimize.repetitions", "optimize.processes", "ceilings.stream_mib", "ceilings.trials",
+            "report.top_operators", "clocks.sm_mhz", "workloads.w.n_block", "workloads.w.lr",
+            "optimize.tolerances.float32.max_rel", "optimize.tolerances.float32.min_top1_agreement"} <= paths
+    kinds = {workload["kind"] for _, _, workload in settings if workload}
+    assert kinds == {"mlp", "gpt2", "sdpa_attention", "lstm", "conv_block", "embedding_projection",
+                     "depthwise_separable", "transformers"}  # custom has no numeric key; mlp stands for mode: train
+    assert len(settings) >= 60
+
+
+def test_every_numeric_setting_refuses_quoted_text_and_booleans_and_every_integer_one_a_float(schema):
+    """Each numeric setting of the schema, given a quoted number, a boolean, and (integers) a float with no
+    fractional part: refused, naming the key path and what to write."""
+    for path, kind, workload in _numeric_settings(schema):
+        *parents, key = path.split(".")
+        for value in ["3", True] + ([3.0] if kind == "integer" else []):
+            config: dict = {}
+            node = config
+            for part in parents:
+                node = node.setdefault(part, dict(workload) if part == "w" else {})
+            node[key] = value
+            with pytest.raises(ConfigError) as caught:
+                validate_config(config, "config.yaml")
+            message = str(caught.value)
+            assert f"at '{path}'" in message and f"write " in message and "\n" not in message, (path, value, message)
+            if value == "3":
+                assert f"write it without quotes: {key}: 3" in message, message
+            if value == 3.0:
+                assert f"write {key}: 3." in message, message
+
+
+def test_numbers_with_their_yaml_types_still_load(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "harness: {threads: 1, iterations: 5, steady_tolerance: 1, seed: 0}\n"   # an int on a float setting is fine
+        "ceilings: {stream_mib: 64, min_run_s: 0.5, gemm_n: null}\n"
+        "optimize: {decision_budget_s: 0.5, repetitions: 30, tolerances: {int8: {max_rel: 0.05}}}\n"
+        "workloads: {m: {kind: mlp, width: 8, compile: false}, t: {kind: mlp, mode: train, lr: 1, compile: false}}\n")
+    config = load_config(path)
+    assert config["harness"]["threads"] == 1 and config["harness"]["steady_tolerance"] == 1
+    assert config["optimize"]["decision_budget_s"] == 0.5 and config["optimize"]["repetitions"] == 30
+    assert config["ceilings"]["stream_mib"] == 64 and config["workloads"]["m"]["width"] == 8
+    assert config["workloads"]["t"]["lr"] == 1
+
+
+def test_only_the_command_line_overrides_are_converted_from_text():
+    """snakemake --config hands nested values over as text: those are converted; a value quoted in the config file
+    (not among the overrides) is still refused."""
+    given = {"harness": {"threads": "1", "iterations": "5"}, "optimize": {"decision_budget_s": "0.5"}}
+    overrides = {"harness": {"threads": "1"}, "optimize": {"decision_budget_s": "0.5"}}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(given, "config.yaml", overrides=overrides)
+    message = str(caught.value)
+    assert "at 'harness.iterations'" in message and "write it without quotes: iterations: 5" in message
+    given["harness"]["iterations"] = 5
+    config = validate_config(given, "config.yaml", overrides=overrides)
+    assert config["harness"]["threads"] == 1 and config["optimize"]["decision_budget_s"] == 0.5

@@ -4,6 +4,8 @@ baseline shown as rejected and never compared with; the ablation's credits, inte
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -143,3 +145,104 @@ def test_the_ablation_shows_the_extra_rounds_of_a_decision_and_the_discarded_bus
     assert "Rounds: 1 (refine) for freezing: compile+freezing, compile_default, 64 s; 2 (refine)" in html
     assert ("Processes discarded because other processes kept the CPUs busy: refine1 process 0 (1.8 CPUs busy, 0 "
             "spare; process 2 kept in its place).") in html
+
+
+def _linear_calls_ns(timeline_dir) -> tuple[int, int]:
+    """From the timeline alone (not the attribution): the CPU kernel time (ns) of the measured iterations inside an
+    aten::linear call (the kernel's own range or one of its ancestors named aten::linear: its aten::addmm and the
+    aten::copy_ of the bias included), and the measured iterations."""
+    kernels = pd.read_parquet(timeline_dir / "kernels.parquet")
+    ranges = pd.read_parquet(timeline_dir / "ranges.parquet").set_index("range_id")
+    names, parents = ranges["name"].to_dict(), ranges["parent_id"].to_dict()
+
+    def under_linear(range_id) -> bool:
+        while range_id is not None and not pd.isna(range_id):
+            if names[int(range_id)] == "aten::linear":
+                return True
+            range_id = parents[int(range_id)]
+        return False
+
+    measured = kernels[kernels["iteration"].notna()]
+    inside = measured["range_id"].map(under_linear).astype(bool)
+    return int(measured.loc[inside, "duration_ns"].sum()), int(measured["iteration"].nunique())
+
+
+def test_rewrite_before_of_an_eager_profile_without_module_paths_is_the_replaced_calls_time(tmp_path):
+    """An eager mlp of one block has no layer (no repeated block): every kernel of its profile has no module. The
+    int8 rewrite's records name blocks.0.fc1 and blocks.0.fc2; the before figure is the measured time of the
+    aten::linear calls (with the aten::addmm each runs), not 0, and says that the profile cannot narrow it to the
+    rewritten modules."""
+    from conftest import torch_flags_kept
+
+    from operator_profiler import stages
+    from operator_profiler.capture import harness
+
+    workload = {"kind": "mlp", "compile": False, "width": 16, "expansion": 2, "n_block": 1, "batch_size": 2,
+                "seq_len": 4}
+    with torch_flags_kept():
+        harness.run_capture(workload, {"seed": 0, "warmup": 1, "warmup_max": 2, "iterations": 3}, "cpu",
+                            tmp_path / "trace.json.gz", tmp_path / "layers.json", tmp_path / "run.json")
+    stages.export_timeline(tmp_path / "trace.json.gz", tmp_path / "timeline")
+    stages.attribute_files(tmp_path / "timeline", None, None, tmp_path / "kernels.parquet")
+    base = pd.read_parquet(tmp_path / "kernels.parquet")
+    assert base["module"].isna().all()  # the "(no module)" profile
+    expected_ns, iterations = _linear_calls_ns(tmp_path / "timeline")
+    assert iterations == 3 and expected_ns > 0
+    own_linear = int(base.loc[base["operator"] == "aten::linear", "duration_ns"].sum())
+    assert expected_ns > own_linear  # the calls' addmm counts, not only aten::linear's own (dispatch) time
+
+    rewrites = [{"pass": "quantize_dynamic", "module_path": f"blocks.0.{fc}", "new_node": f"blocks.0.{fc}",
+                 "new_op": "quantized::linear_dynamic", "replaced_ops": ["aten::linear"]} for fc in ("fc1", "fc2")]
+    variant = pd.DataFrame({"operator": ["quantized::linear_dynamic"], "time_ns": [6_000_000]})
+    (pair,) = optimize_page.rewrite_pairs(rewrites, base, iterations, variant, 3).to_dict("records")
+    assert pair["before_ms"] == pytest.approx(expected_ns / iterations / 1e6, rel=1e-12)
+    assert pair["after_ms"] == pytest.approx(2.0)
+    assert "outside the layer ranges" in pair["before_note"]
+    page = optimize_page._operators_section(pd.DataFrame(columns=["operator", "side", "a_ms", "b_ms", "delta_ms",
+                                                                  "change"]),
+                                            pd.DataFrame([pair]), "mlp", "mlp+int8_dynamic")
+    assert f'data-v="{pair["before_ms"]}">{pair["before_ms"]:,.3f}</td>' in page
+    assert "outside the layer ranges" in page
+
+
+def _stacked(rows):
+    """Attribution rows as an eager CPU profile writes them: each kernel's operator stack in its evidence."""
+    return pd.DataFrame([{"operator": stack[-1], "module": module, "iteration": 0, "duration_ns": ns,
+                          "evidence": json.dumps({"correlation": {"operator": stack[-1], "stack": stack}})}
+                         for stack, module, ns in rows])
+
+
+def test_rewrite_before_counts_exact_modules_names_a_coarser_region_and_refuses_what_it_cannot_tell():
+    linear = ["opprof.iteration:0", "aten::linear"]
+    base = _stacked([
+        (linear, "enc.0.fc", 1_000_000), (linear + ["aten::addmm"], "enc.0.fc", 4_000_000),
+        (linear + ["aten::addmm"], "enc.1.fc", 8_000_000),                    # another module: not counted
+        (["opprof.iteration:0", "aten::gelu"], "enc.0.fc", 2_000_000),        # not a replaced call
+        (linear + ["aten::addmm"], "enc.2", 16_000_000),                      # a layer instance around enc.2.fc
+        (linear + ["aten::addmm"], None, 32_000_000),                         # outside the layer ranges
+    ])
+    variant = pd.DataFrame({"operator": ["quantized::linear_dynamic"], "time_ns": [1_000_000]})
+
+    def pair(paths):
+        rewrites = [{"pass": "quantize_dynamic", "module_path": p, "new_op": "quantized::linear_dynamic",
+                     "replaced_ops": ["aten::linear"]} for p in paths]
+        (row,) = optimize_page.rewrite_pairs(rewrites, base, 1, variant, 1).to_dict("records")
+        return row
+
+    exact = pair(["enc.0.fc"])  # the kernels' own module: exact
+    assert exact["before_ms"] == pytest.approx(5.0) and exact["before_note"] == "their calls in the rewritten modules"
+    coarse = pair(["enc.0.fc", "enc.2.fc"])  # enc.2's kernels: the layer instance around enc.2.fc
+    assert coarse["before_ms"] == pytest.approx(21.0) and "in enc.2 (the layer instances" in coarse["before_note"]
+    outside = pair(["head"])  # a module outside every layer instance: the kernels without a module
+    assert outside["before_ms"] == pytest.approx(32.0) and "outside the layer ranges" in outside["before_note"]
+    whole = pair([""])  # the model itself
+    assert whole["before_ms"] == pytest.approx(61.0)
+    unknown = pair(["enc.0.fc", None])  # a record without a module path: not a figure
+    assert unknown["before_ms"] is None and unknown["before_note"].startswith("n/a: a rewrite record names no module")
+    assert "61.000 ms / it. in the whole model" in unknown["before_note"]
+    missing = optimize_page.rewrite_pairs([{"pass": "p", "module_path": "enc.0.fc", "new_op": "aten::conv2d",
+                                            "replaced_ops": ["aten::batch_norm"]}], base, 1, variant, 1)
+    assert missing.loc[0, "before_ms"] is None and missing.loc[0, "before_note"].startswith("n/a: no kernel")
+    page = optimize_page._operators_section(pd.DataFrame(columns=["operator", "side", "a_ms", "b_ms", "delta_ms",
+                                                                  "change"]), missing, "w", "w+fold")
+    assert '<td class="num" data-v="">n/a</td>' in page and "0.000" not in page

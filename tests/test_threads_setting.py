@@ -20,7 +20,8 @@ USABLE = usable_cpus() or 1
 def test_threads_absent_stays_absent_and_an_int_within_the_cpus_is_kept():
     assert "threads" not in validate_config({})["harness"]  # absent: cached captures keep their params
     assert validate_config({"harness": {"threads": 1}})["harness"]["threads"] == 1
-    assert validate_config({"harness": {"threads": str(USABLE)}})["harness"]["threads"] == USABLE  # --config text
+    text = {"harness": {"threads": str(USABLE)}}  # snakemake --config harness='{threads: N}' hands over text
+    assert validate_config(text, overrides=text)["harness"]["threads"] == USABLE
 
 
 @pytest.mark.parametrize("threads, says", [(0, "less than the minimum of 1"), (USABLE + 1, "more than the"),

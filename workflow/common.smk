@@ -17,7 +17,7 @@ from operator_profiler.workflow_inputs import module_sources, rule_inputs
 
 try:
     _SOURCE = " + ".join(map(str, workflow.configfiles)) + " (and --config overrides)"
-    config = validate_config(config, _SOURCE)
+    config = validate_config(config, _SOURCE, overrides=workflow.config_settings.config)
     # A custom factory or loss_fn not found on the path, not parsable or not defined fails here, in one
     # line, not in its capture job (the module's source is parsed; imported only when that cannot tell).
     check_callables(config, _SOURCE, import_modules=False)

@@ -3,6 +3,12 @@
 Defaults from the schema are filled in first (also inside ``if``/``then`` branches, which is how the
 per-kind workload sizes get theirs), then the result is validated. Errors name the key, the file and
 the fix, in one paragraph.
+
+Types are YAML's, checked strictly (:func:`_validator_class`): an ``integer`` setting takes a whole number written
+without a decimal point (``2``; not ``2.0``, ``"2"`` or ``true``), a ``number`` setting an integer or a float (not a
+quoted one, not a boolean). Only the values of ``snakemake --config`` overrides, which Snakemake hands over as
+text, are converted to the schema's type first (:func:`coerce_strings`), and a number setting reads an exponent
+that YAML 1.1 leaves as text (``1e-4``, ``1.0e4``) as the number it spells.
 """
 
 from __future__ import annotations
@@ -35,11 +41,23 @@ def load_schema() -> dict:
     return yaml.safe_load(text)
 
 
-def _matches(condition: dict, instance) -> bool:
-    """Whether ``instance`` is valid against the schema ``condition`` (an ``if`` branch)."""
+@functools.lru_cache(maxsize=1)
+def _validator_class():
+    """Draft 2020-12 with YAML's types: ``integer`` is a Python int that is not a bool (jsonschema's own check also
+    takes a float with no fractional part, ``2.0``, as an integer); ``number`` an int or float, not a bool."""
     import jsonschema
 
-    return jsonschema.Draft202012Validator(condition).is_valid(instance)
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({
+        "integer": lambda _checker, value: isinstance(value, int) and not isinstance(value, bool),
+        "number": lambda _checker, value: isinstance(value, (int, float)) and not isinstance(value, bool),
+    })
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
+def _matches(condition: dict, instance) -> bool:
+    """Whether ``instance`` is valid against the schema ``condition`` (an ``if`` branch)."""
+    return _validator_class()(condition).is_valid(instance)
 
 
 def _resolve(schema: dict, root: dict) -> dict:
@@ -96,15 +114,24 @@ def _coerce_scalar(value: str, types: list[str]):
     return value
 
 
-def coerce_strings(instance, schema: dict, root: dict | None = None):
+#: A number in exponent notation that YAML 1.1 (PyYAML, which Snakemake reads config files with) leaves as text:
+#: ``1e-4`` and ``1.0e4`` (it reads only ``1.0e-4``, with a point and a signed exponent, as a float).
+_EXPONENT_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def coerce_strings(instance, schema: dict, root: dict | None = None, only=None):
     """Convert string leaves to the scalar type the schema asks for, in place; returns ``instance``.
 
     ``snakemake --config harness='{iterations: 5}'`` delivers ``{"iterations": "5"}``; without this
-    the override would be rejected as "'5' is not of type 'integer'".
+    the override would be rejected as "'5' is not of type 'integer'". ``only``: the overrides (a dict shaped like
+    the config): only the leaves at the key paths where it holds a string are converted, so a value quoted in a
+    config file stays text (and the schema refuses it where a number or boolean is wanted), except a number in
+    exponent notation at a number setting (:data:`_EXPONENT_NUMBER`: YAML 1.1 reads ``1e-4`` as text), which is
+    read as the number it spells; None converts every string leaf.
     """
     root = root or schema
     schema = _resolve(schema, root)
-    if not isinstance(instance, dict):
+    if not isinstance(instance, dict) or (only is not None and not isinstance(only, dict)):
         return instance
     subschemas = dict(schema.get("properties", {}))
     for branch in schema.get("allOf", []):
@@ -118,11 +145,17 @@ def coerce_strings(instance, schema: dict, root: dict | None = None):
         if sub is None:
             continue
         sub = _resolve(sub, root)
-        if isinstance(instance[key], str):
+        given = None if only is None else only.get(key)
+        value = instance[key]
+        if isinstance(value, str):
             types = sub.get("type", [])
-            instance[key] = _coerce_scalar(instance[key], [types] if isinstance(types, str) else types)
+            types = [types] if isinstance(types, str) else types
+            if only is None or isinstance(given, str):
+                instance[key] = _coerce_scalar(value, types)
+            elif "number" in types and _EXPONENT_NUMBER.fullmatch(value.strip()):
+                instance[key] = float(value.strip())
         else:
-            coerce_strings(instance[key], sub, root)
+            coerce_strings(value, sub, root, None if only is None else (given if isinstance(given, dict) else {}))
     return instance
 
 
@@ -153,7 +186,49 @@ def _describe(error: jsonschema.ValidationError, root: dict) -> str:
     description = _resolve(error.schema, root).get("description")
     if error.validator in ("pattern", "enum", "const") and description:
         message += f" (expected: {description})"
+    if error.validator == "type":
+        message += _type_advice(error, root)
     return f"at '{where}': {message}"
+
+
+def _example(schema: dict, wanted: str) -> int | float:
+    """A value of type ``wanted`` the setting ``schema`` accepts: its default, else its minimum, else 1."""
+    for key in ("default", "minimum"):
+        value = schema.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value) if wanted == "integer" else value
+    low = schema.get("exclusiveMinimum")
+    return 1 if low is None or low < 1 else int(low) + 1
+
+
+def _type_advice(error: jsonschema.ValidationError, root: dict) -> str:
+    """What to write instead of a value of the wrong type at a numeric setting (a float where a whole number is
+    wanted, quoted text, a boolean), e.g. ``: a whole number is needed, without a decimal point; write threads:
+    2``; "" for a setting that is not numeric."""
+    types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    key = str(error.absolute_path[-1]) if error.absolute_path else "the key"
+    value = error.instance
+    if types == ["boolean"]:
+        return f": write {key}: true or {key}: false (a YAML boolean, not quoted)"
+    wanted = "integer" if "integer" in types else "number" if "number" in types else None
+    if wanted is None:
+        return ""
+    kind = "a whole number" if wanted == "integer" else "a number"
+    null = " (or null, or leave the key out)" if "null" in types else ""
+    example = f"write {kind}, e.g. {key}: {_example(_resolve(error.schema, root), wanted)}{null}"
+    if isinstance(value, bool):
+        return f": {kind} is needed, and {str(value).lower()} is a boolean; {example}"
+    if isinstance(value, float):
+        if value.is_integer():
+            return (f": {kind} is needed, without a decimal point (YAML reads {value!r} as a float); write {key}: "
+                    f"{int(value)}")
+        return f": {kind} is needed, and {value!r} has a fractional part; {example}"
+    if isinstance(value, str):
+        parsed = _coerce_scalar(value, [wanted])
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+            return f": {kind} is needed, and {value!r} is quoted text; write it without quotes: {key}: {value.strip()}"
+        return f": {kind} is needed; {example}"
+    return f": {kind} is needed; {example}"
 
 
 def _consequence(error: jsonschema.ValidationError, errors: list) -> bool:
@@ -283,18 +358,34 @@ def _transformers_problems(where: str, w: dict) -> list[str]:
     return problems
 
 
-def validate_config(config: dict, source: str = "config") -> dict:
+def _plain(value):
+    """``value`` with every mapping a dict (Snakemake's ``--config`` overrides are an immutable map)."""
+    from collections.abc import Mapping
+
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def validate_config(config: dict, source: str = "config", overrides=None) -> dict:
     """Return a validated copy of ``config`` with defaults filled.
+
+    ``overrides``: the ``snakemake --config`` values merged into ``config`` (Snakemake hands nested ones over as
+    text): the strings there are converted to the schema's type first (:func:`coerce_strings`); every other value
+    must have its YAML type already (module docstring: ``threads: 2``, not ``2.0``, ``"2"`` or ``true``).
 
     Raises:
         ConfigError: unknown key, wrong type or value; the message gives the key path (e.g.
-            ``workloads.gpt2.n_layr``), what is wrong, and the fix.
+            ``workloads.gpt2.n_layr``), what is wrong, and the fix (for a value of the wrong type, what to write
+            instead).
     """
     import jsonschema
 
     schema = load_schema()
-    filled = fill_defaults(coerce_strings(copy.deepcopy(config or {}), schema), schema)
-    validator = jsonschema.Draft202012Validator(schema)
+    filled = copy.deepcopy(config or {})
+    coerce_strings(filled, schema, only=_plain(overrides) if overrides else {})
+    filled = fill_defaults(filled, schema)
+    validator = _validator_class()(schema)
     errors = sorted(validator.iter_errors(filled), key=lambda e: (len(e.absolute_path), e.message))
     errors = [e for e in errors if not _consequence(e, errors)]
     if errors:

@@ -5,7 +5,9 @@ Each measure is a number with the operators that make it up, quoted as they will
 kernel time (``operators.parquet`` ``time_share``); a measure that cannot be computed from this profile is
 ``None`` with a note saying why (the rule reading it then does not fire, visibly). Operator sets below name
 ATen ops as the profiler spells them; a fused Inductor kernel's operator ("aten::add+aten::mm") counts as a
-member when one of its ops is.
+member when one of its ops is. The GEMM measures count each GEMM once, on the operator that runs it: an operator
+that only dispatches (:data:`DISPATCH_ONLY_GEMM_OPS`, aten::linear around its aten::addmm) is left out, and the
+measure's note names it with its share.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ GEMM_OPS = frozenset({
     "aten::mkldnn_rnn_layer", "aten::_cudnn_rnn",
 })
 CONV_OPS = frozenset(op for op in GEMM_OPS if "conv" in op)
+#: GEMM-like operators that only decompose into other operators (CompositeImplicitAutograd in torch's dispatcher:
+#: aten::linear runs aten::addmm or aten::mm, aten::matmul aten::mm or aten::bmm, aten::conv2d aten::convolution):
+#: no kernel is ever theirs. A CPU profile gives each its own (exclusive) time beside the operator it calls: no
+#: nanosecond is counted twice, but that own time is dispatch and the views it makes (aten::t), not GEMM work, and
+#: it has no dtype (the work model puts the call's work on the operator that runs it). Counted as GEMM time, one
+#: GEMM call would be counted in two operators (and a float32 share could not count the second). The GEMM measures
+#: leave these out and say so in their note.
+DISPATCH_ONLY_GEMM_OPS = frozenset({
+    "aten::linear", "aten::matmul", "aten::einsum", "aten::conv1d", "aten::conv2d", "aten::conv3d",
+    "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d", "aten::thnn_conv2d",
+    "aten::slow_conv3d", "aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
+})
 #: GEMMs with a weight operand (a parameter): what freezing constant-folds and prepacks.
 WEIGHT_GEMM_OPS = frozenset({"aten::addmm", "aten::mm", "aten::matmul", "aten::linear", "aten::_addmm_activation",
                              "aten::addmv", "aten::mv", "mkldnn::_linear_pointwise", "mkl::_mkl_linear"}) | CONV_OPS
@@ -167,20 +181,59 @@ def _ops(profile: Profile, ops: frozenset) -> pd.Series:
     return profile.operators["operator"].map(lambda op: _member(op, ops))
 
 
-def _fp32_share(profile: Profile, ops_set: frozenset, name: str, what: str) -> Measure:
-    """The share of the operators in ``ops_set`` computing in float32 (``work_dtype``, from the recorded shapes);
-    those of unknown dtype are not counted, and the note says how many (``what`` names them)."""
-    ops = profile.operators
+def _gemm_ops(profile: Profile, ops_set: frozenset) -> tuple[pd.Series, pd.Series]:
+    """(members, dispatch_only): the operators of ``ops_set`` that run GEMM work, and apart those that only
+    dispatch (every op of theirs in :data:`DISPATCH_ONLY_GEMM_OPS`; a fused kernel computing one is a member)."""
     member = _ops(profile, ops_set)
+    dispatch = profile.operators["operator"].map(lambda op: _components(op) <= DISPATCH_ONLY_GEMM_OPS)
+    return member & ~dispatch, member & dispatch
+
+
+def _listed(profile: Profile, mask: pd.Series) -> str:
+    """The operators of ``mask`` with their shares, largest first (QUOTED_ITEMS of them, then how many more)."""
+    rows = profile.operators[mask].sort_values("time_share", ascending=False)
+    named = "; ".join(f"{r['operator']} {float(r['time_share']):.1%}" for _, r in rows.head(QUOTED_ITEMS).iterrows())
+    return named + (f" (+{len(rows) - QUOTED_ITEMS} more)" if len(rows) > QUOTED_ITEMS else "")
+
+
+def _left_out_notes(profile: Profile, dispatch: pd.Series, unknown: pd.Series | None = None,
+                    unknown_why: str = "") -> list[str]:
+    """What a GEMM measure did not count, and why: the operators that only dispatch (their GEMM is the operator
+    they call, counted there) and those of ``unknown`` (``unknown_why`` says what is unknown)."""
+    notes = []
+    if dispatch.any():
+        one = int(dispatch.sum()) == 1
+        notes.append(f"not counted, {_listed(profile, dispatch)}: "
+                     f"{'it only dispatches' if one else 'these only dispatch'} to the GEMM "
+                     f"{'it calls' if one else 'they call'} ({'its' if one else 'their'} own time is dispatch "
+                     "overhead; the GEMM is counted on the operator that runs it)")
+    if unknown is not None and unknown.any():
+        notes.append(f"not counted, {_listed(profile, unknown)}: {unknown_why}")
+    return notes
+
+
+def _joined(notes: list[str]) -> str | None:
+    return "; ".join(notes) if notes else None
+
+
+def _fp32_share(profile: Profile, ops_set: frozenset, name: str) -> Measure:
+    """The share of the operators in ``ops_set`` that run GEMM work (:func:`_gemm_ops`) computing in float32
+    (``work_dtype``, from the recorded shapes). Not counted, and named in the note with their shares: the operators
+    that only dispatch, and those of unknown dtype (no ``work_dtype``: the shapes of their calls were not
+    recorded or their work is unknown)."""
+    ops = profile.operators
+    member, dispatch = _gemm_ops(profile, ops_set)
     dtype = ops.get("work_dtype", pd.Series(None, index=ops.index))
     unknown = member & dtype.isna()
-    note = (f"{int(unknown.sum())} {what}(s) of unknown dtype not counted" if unknown.any() else None)
+    note = _joined(_left_out_notes(profile, dispatch, unknown, "dtype unknown (no work_dtype in operators.parquet), "
+                                                                "so not known to be float32"))
     return _share_of(profile, member & (dtype == "float32"), name, _ceiling_text, note)
 
 
 def fp32_gemm_share(profile: Profile) -> Measure:
-    """GEMM-like operators computing in float32 (dtype from the recorded shapes: ``work_dtype``)."""
-    return _fp32_share(profile, GEMM_OPS, "fp32_gemm_share", "GEMM operator")
+    """GEMM-like operators (GEMM_OPS) computing in float32 (dtype from the recorded shapes: ``work_dtype``); those
+    that only dispatch and those of unknown dtype are not counted (the note names them: :func:`_fp32_share`)."""
+    return _fp32_share(profile, GEMM_OPS, "fp32_gemm_share")
 
 
 #: A GEMM whose tensor pipes are active under this % of peak (ncu ``tensor_pipe_active``) leaves them idle.
@@ -194,9 +247,11 @@ def tensor_idle_gemm_share(profile: Profile) -> Measure:
     if "tensor_pipe_active" not in ops:
         return Measure("tensor_idle_gemm_share", None, "share", [],
                        "no tensor pipe counters (ncu's sm__pipe_tensor_cycles_active; CUDA runs with counters only)")
-    idle = _ops(profile, GEMM_OPS) & (ops["tensor_pipe_active"] < TENSOR_IDLE_PCT)
+    member, dispatch = _gemm_ops(profile, GEMM_OPS)
+    idle = member & (ops["tensor_pipe_active"] < TENSOR_IDLE_PCT)
     return _share_of(profile, idle, "tensor_idle_gemm_share",
-                     lambda r: f"tensor pipes {_num(r['tensor_pipe_active']):.1f}% active")
+                     lambda r: f"tensor pipes {_num(r['tensor_pipe_active']):.1f}% active",
+                     _joined(_left_out_notes(profile, dispatch)))
 
 
 def spill_share(profile: Profile) -> Measure:
@@ -211,13 +266,15 @@ def spill_share(profile: Profile) -> Measure:
 
 
 def weight_gemm_share(profile: Profile) -> Measure:
-    """GEMMs with a weight operand (WEIGHT_GEMM_OPS, any dtype): their weights are what freezing prepacks; the
-    per-iteration casts of weights (``aten::_to_copy``) are quoted too."""
-    measure = _share_of(profile, _ops(profile, WEIGHT_GEMM_OPS), "weight_gemm_share", _ceiling_text)
+    """GEMMs with a weight operand (WEIGHT_GEMM_OPS) that run GEMM work, in any dtype (one of unknown dtype counts):
+    their weights are what freezing prepacks. Operators that only dispatch (aten::linear around its aten::addmm)
+    are not counted and the note names them; the per-iteration casts (``aten::_to_copy``) are quoted there too."""
+    member, dispatch = _gemm_ops(profile, WEIGHT_GEMM_OPS)
+    notes = _left_out_notes(profile, dispatch)
     casts = profile.operators[_ops(profile, CAST_OPS)]
     if len(casts):
-        measure.note = f"casts per iteration: {casts['time_share'].sum():.1%} of kernel time"
-    return measure
+        notes.append(f"casts per iteration: {casts['time_share'].sum():.1%} of kernel time")
+    return _share_of(profile, member, "weight_gemm_share", _ceiling_text, _joined(notes))
 
 
 #: GEMMs of a linear layer (a weight operand, no convolution): what int8_dynamic quantizes.
@@ -225,9 +282,11 @@ LINEAR_GEMM_OPS = WEIGHT_GEMM_OPS - CONV_OPS
 
 
 def fp32_linear_share(profile: Profile) -> Measure:
-    """GEMMs of linear layers (LINEAR_GEMM_OPS: a weight operand, no convolution) computing in float32
-    (``work_dtype``): what dynamic int8 quantization of nn.Linear moves to int8 GEMMs."""
-    return _fp32_share(profile, LINEAR_GEMM_OPS, "fp32_linear_share", "linear GEMM operator")
+    """GEMMs of linear layers (LINEAR_GEMM_OPS: a weight operand, no convolution) that run GEMM work, computing in
+    float32 (``work_dtype``): what dynamic int8 quantization of nn.Linear moves to int8 GEMMs. The operators of
+    :func:`weight_gemm_share` less the convolutions and less those not known to be float32 (the note names what
+    is left out: :func:`_fp32_share`)."""
+    return _fp32_share(profile, LINEAR_GEMM_OPS, "fp32_linear_share")
 
 
 def eager_small_op_share(profile: Profile) -> Measure:
@@ -304,12 +363,14 @@ def cast_share(profile: Profile) -> Measure:
 def gemm_far_below_ceiling_share(profile: Profile) -> Measure:
     """GEMMs Inductor autotunes (AUTOTUNED_OPS) below FAR_BELOW_CEILING of their roofline ceiling, whose calls
     average at least SHORT_CALL_NS (a shorter GEMM is held back by its call overhead, which no kernel choice
-    removes); operators without a ceiling fraction are not counted and named in the note."""
+    removes); operators without a ceiling fraction, and those that only dispatch, are not counted and named in the
+    note."""
     ops = profile.operators
-    gemm = _ops(profile, AUTOTUNED_OPS) & (ops["mean_kernel_ns"] >= SHORT_CALL_NS)
+    member, dispatch = _gemm_ops(profile, AUTOTUNED_OPS)
+    gemm = member & (ops["mean_kernel_ns"] >= SHORT_CALL_NS)
     fraction = ops.get("ceiling_fraction", pd.Series(float("nan"), index=ops.index))
     unknown = gemm & fraction.isna()
-    note = f"{int(unknown.sum())} GEMM operator(s) without a ceiling fraction" if unknown.any() else None
+    note = _joined(_left_out_notes(profile, dispatch, unknown, "no ceiling fraction (work or ceiling unknown)"))
     if "ceiling_fraction" not in ops:
         return Measure("gemm_far_below_ceiling_share", None, "share", [], "no roofline columns (no work or ceilings)")
     return _share_of(profile, gemm & (fraction < FAR_BELOW_CEILING), "gemm_far_below_ceiling_share",

@@ -260,37 +260,131 @@ def _ablation_section(verification: dict) -> str:
 _PROFILED_AS = {"aten::scaled_dot_product_attention": "scaled_dot_product", "aten::conv2d": "conv"}
 
 
+def _stack_ops(evidence) -> list[str]:
+    """The operator stack of a kernel's attribution ``evidence`` (JSON: ``correlation.stack``, or ``nvtx.stack``,
+    outermost first); [] when it has none."""
+    import json
+
+    if not isinstance(evidence, str):
+        return []
+    try:
+        parsed = json.loads(evidence)
+    except ValueError:
+        return []
+    for path in ("correlation", "nvtx"):
+        stack = (parsed.get(path) or {}).get("stack") if isinstance(parsed, dict) else None
+        if isinstance(stack, list):
+            return [str(s) for s in stack]
+    return []
+
+
+def _in_replaced_calls(kernels: pd.DataFrame, replaced: set[str]) -> pd.Series:
+    """Which kernels ran inside a call of one of the ``replaced`` operators: a kernel whose operator is one (or a
+    fused kernel computing one) or whose operator stack (its attribution evidence) holds one, so an aten::linear's
+    call counts the aten::addmm it runs."""
+    own = kernels["operator"].astype(str).map(lambda o: bool(set(o.split("+")) & replaced))
+    if "evidence" not in kernels or not replaced:
+        return own
+    evidence = kernels["evidence"].astype(object)
+    # parse only the texts that name a replaced operator at all (a profile has millions of kernels)
+    named = evidence.map(lambda e: isinstance(e, str) and any(f'"{op}"' in e for op in replaced))
+    cache: dict[str, bool] = {}
+
+    def nested(text: str) -> bool:
+        if text not in cache:
+            cache[text] = bool(set(_stack_ops(text)) & replaced)
+        return cache[text]
+
+    stacked = pd.Series(False, index=kernels.index)
+    stacked[named] = evidence[named].map(nested).astype(bool)
+    return own | stacked
+
+
+def _before(kernels: pd.DataFrame, replaced: set[str], paths: list, iterations: int) -> tuple[float | None, str]:
+    """The base profile's kernel time per measured iteration (ms) of the ``replaced`` operators' calls
+    (:func:`_in_replaced_calls`) in the modules at ``paths`` (the rewrite records' ``module_path``: "" is the whole
+    model, None unknown), and a note saying what it counts; None (the note says why) when the profile cannot tell.
+
+    A kernel's ``module`` is the smallest region the profile attributes it to: the module path of its FX nodes
+    (compiled), else the layer instance around it, else none (outside every layer range). A kernel counts when
+    that region is a rewritten module or inside one; when it is a layer instance enclosing a rewritten module, or
+    no module while a rewritten module lies outside every layer instance, the kernel counts too and the note names
+    that region (the profile cannot tell the rewritten module's calls from the rest of it)."""
+    calls = kernels[_in_replaced_calls(kernels, replaced)]
+    ops = ", ".join(sorted(replaced))
+    if calls.empty:
+        return None, f"n/a: no kernel of {ops} in the base profile"
+    if any(p is None for p in paths):
+        total = float(calls["duration_ns"].sum()) / iterations / 1e6
+        return None, (f"n/a: a rewrite record names no module, so which calls it replaced is unknown ({ops}: "
+                      f"{total:.3f} ms / it. in the whole model)")
+    module = calls["module"].astype(object)
+    module = module.where(module.notna(), None)
+    known = {str(m) for m in kernels["module"].dropna().astype(str)}
+    outside_layers = [p for p in paths if p != "" and not any(p == k or p.startswith(k + ".") for k in known)]
+    coarse: set[str] = set()
+    region: dict = {}  # module (None: no module) -> whether its kernels count
+    for m in set(module):
+        if any(p == "" or (m is not None and (m == p or m.startswith(p + "."))) for p in paths):
+            region[m] = True
+            continue
+        enclosing = ({m} if m is not None and any(p.startswith(m + ".") for p in paths) else set()) | (
+            {"(no module)"} if m is None and outside_layers else set())
+        coarse |= enclosing
+        region[m] = bool(enclosing)
+    chosen = module.map(region).astype(bool)
+    if not chosen.any():
+        return None, f"n/a: the base profile's kernels of {ops} all ran outside the rewritten modules"
+    before = float(calls.loc[chosen, "duration_ns"].sum()) / iterations / 1e6
+    if not coarse:
+        return before, "their calls in the rewritten modules"
+    layers = sorted(coarse - {"(no module)"})
+    where = []
+    if layers:
+        where.append(f"in {', '.join(layers[:4])}{' ...' if len(layers) > 4 else ''} (the layer instances around "
+                     "the rewritten modules)")
+    if "(no module)" in coarse:
+        where.append("outside the layer ranges (the profile gives kernels there no module)")
+    return before, (f"every call of {ops} {' and '.join(where)}: the profile does not tell the rewritten modules' "
+                    "calls from others there")
+
+
 def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, iterations: int,
                   variant_operators: pd.DataFrame, variant_iterations: int) -> pd.DataFrame:
-    """One row per (pass, new operator): the base profile's time in the operators the rewrite replaced, in the
-    modules it rewrote (attribution kernels whose module is the record's module path or inside it), and the
-    variant's time in the new operator (ms per iteration)."""
+    """One row per (pass, new operator): ``before_ms``, the base profile's kernel time per measured iteration in
+    the calls of the operators the rewrite replaced (the operators they run included: an aten::linear's
+    aten::addmm) in the modules it rewrote (:func:`_before`; kernels outside the measured iterations left out),
+    ``before_note`` saying what that counts, or why ``before_ms`` is None (n/a: the profile cannot tell, or has no
+    kernel of them); ``after_ms``, the variant's time in the new operator (ms per iteration; None when the
+    variant's profile has none)."""
     rows = []
     groups: dict[tuple, dict] = {}
     for r in rewrites or []:
         if r.get("skipped") or not r.get("new_op"):
             continue
         key = (r["pass"], r["new_op"])
-        g = groups.setdefault(key, {"replaced": set(), "modules": set(), "count": 0})
+        g = groups.setdefault(key, {"replaced": set(), "modules": set(), "paths": [], "count": 0})
         g["replaced"].update(r.get("replaced_ops") or [])
-        if r.get("module_path"):
-            g["modules"].add(str(r["module_path"]))
+        path = r.get("module_path")
+        g["paths"].append(None if path is None else str(path))
+        if path:
+            g["modules"].add(str(path))
         g["count"] += 1
+    kernels = base_kernels
+    if kernels is not None and "iteration" in kernels and kernels["iteration"].notna().any():
+        kernels = kernels[kernels["iteration"].notna()]
     for (name, new_op), g in groups.items():
-        before = None
-        if base_kernels is not None and len(base_kernels):
-            ops = base_kernels["operator"].astype(str).map(lambda o: bool(set(o.split("+")) & g["replaced"]))
-            module = base_kernels["module"].astype(object).fillna("").astype(str)
-            inside = module.map(lambda m: any(m == p or m.startswith(p + ".") or p.startswith(m + ".")
-                                              for p in g["modules"])) if g["modules"] else True
-            before = float(base_kernels.loc[ops & inside, "duration_ns"].sum()) / iterations / 1e6
+        if kernels is None or not len(kernels):
+            before, note = None, "n/a: the base profile has no kernels"
+        else:
+            before, note = _before(kernels, g["replaced"], g["paths"], iterations)
         # the op a rewrite inserts dispatches to the kernel-level op the profile names (on CPU
         # aten::scaled_dot_product_attention runs aten::_scaled_dot_product_flash_attention_for_cpu)
         short = _PROFILED_AS.get(new_op, new_op.split("::")[-1])
         after_rows = variant_operators[variant_operators["operator"].astype(str).str.contains(short, regex=False)]
         after = float(after_rows["time_ns"].sum()) / variant_iterations / 1e6 if len(after_rows) else None
         rows.append({"pass": name, "new_op": new_op, "rewrites": g["count"], "replaced_ops": sorted(g["replaced"]),
-                     "modules": sorted(g["modules"]), "before_ms": before, "after_ms": after,
+                     "modules": sorted(g["modules"]), "before_ms": before, "before_note": note, "after_ms": after,
                      "after_operators": sorted(after_rows["operator"].astype(str))})
     return pd.DataFrame(rows)
 
@@ -369,14 +463,21 @@ def _operators_section(compare: pd.DataFrame, pairs: pd.DataFrame, base_name: st
         prow = [f"<td>{esc(p['pass'])}</td><td>{esc(p['new_op'])} ({p['rewrites']}x)</td>"
                 f"<td>{esc(', '.join(p['replaced_ops']))} in {esc(', '.join(p['modules'][:4]))}"
                 + (" ..." if len(p["modules"]) > 4 else "") + "</td>"
-                + page._num_cell(p["before_ms"], page._fmt(p["before_ms"], 3))
+                + (page._num_cell(p["before_ms"], page._fmt(p["before_ms"], 3)) if p["before_ms"] is not None
+                   and not pd.isna(p["before_ms"]) else '<td class="num" data-v="">n/a</td>')
                 + page._num_cell(p["after_ms"], page._fmt(p["after_ms"], 3))
+                + f"<td>{esc(p.get('before_note') or '')}</td>"
                 + f"<td>{esc(', '.join(p['after_operators']) or 'not found in the profile')}</td>"
                 for p in pairs.to_dict("records")]
         pair_html = ("<h3>Rewrites: each new operator and the operators it replaces (FX node provenance)</h3>"
+                     "<p>Before: the base profile's kernel time in the replaced operators' calls, the operators "
+                     "they run included (an aten::linear's aten::addmm), in the rewritten modules; where the "
+                     "profile attributes kernels only to a larger region (a layer instance, or none outside the "
+                     "layer ranges), the column before: what it counts says so; n/a where the profile cannot tell.</p>"
                      + page._table([("pass", "text"), ("new operator", "text"), ("replaces", "text"),
                                     ("before ms / it.", "num"), ("after ms / it.", "num"),
-                                    ("after: profiled as", "text")], prow, "rewrites", sortable=False))
+                                    ("before: what it counts", "text"), ("after: profiled as", "text")], prow,
+                                   "rewrites", sortable=False))
     return (f'<section id="operators"><h2>Before and after, per operator</h2><p>Kernel time per measured iteration '
             f"of each operator in the profile of <code>{esc(base_name)}</code> (before) and of "
             f"<code>{esc(variant_name)}</code> (after); <a href=\"compare.html\">compare.html</a> has the full "
