@@ -50,7 +50,12 @@ def _same_tables(path: Path) -> kineto.Timeline:
 
 
 def _chunk_kinds(path: Path) -> list[str]:
-    return [type(events[0]).__name__ for _, events in open_trace(path).chunks(kineto._TYPED) if events]
+    """How each chunk was decoded: "_Event" (the typed structs), "_ExactEvent" (those with exact ts), or the class of
+    its first element otherwise ("dict")."""
+    exact = {kineto._ExactEvent, kineto._ExactFlow, kineto._ExactFlowEnd}
+    return ["_ExactEvent" if any(e.__class__ in exact for e in events) else
+            "_Event" if events[0].__class__ in kineto._STRUCTS else type(events[0]).__name__
+            for _, events in open_trace(path).chunks(kineto._TYPED) if events]
 
 
 @pytest.mark.parametrize("name", REAL_TRACES)
@@ -201,3 +206,78 @@ def test_event_categories_and_odd_names_are_read_as_the_dict_loop_reads_them(tmp
     names = t.ranges.sort_values("start_ns", kind="stable")["name"].tolist()
     assert "None" in names and "" in names
     assert any("name is not a string" in w and "(first: traceEvents[4])" in w for w in t.warnings)
+
+
+def _flow(ph, cat, flow_id, ts, pid=1, tid=1):
+    return {"ph": ph, "id": flow_id, "pid": pid, "tid": tid, "ts": ts, "cat": cat, "name": cat, "bp": "e"}
+
+
+def _events_of_every_kind():
+    """A forward op and its backward op bound by a fwdbwd flow, a kernel with its launch and ac2g flow, a memcpy, and
+    the events a typed chunk only counts (flow step, instant, global instant, counter, metadata written name first)."""
+    return [
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": 1, "tid": 0, "args": {"name": "python"}},
+        _x("cpu_op", "aten::mm", 10, 5, **{"Sequence number": 3, "Fwd thread id": 0}),
+        _flow("s", "fwdbwd", 3, 10),
+        _x("cuda_runtime", "cudaLaunchKernel", 11, 2, correlation=7),
+        _flow("s", "ac2g", 7, 11),
+        _x("kernel", "gemm", 20, 3, pid=0, tid=7, correlation=7, device=0, stream=7, grid=[1, 1, 1]),
+        _flow("f", "ac2g", 7, 20, pid=0, tid=7),
+        _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 24, 1, pid=0, tid=7, correlation=8, bytes=64),
+        {"ph": "t", "id": 3, "pid": 2, "tid": 2, "ts": 30, "cat": "fwdbwd", "name": "fwdbwd"},
+        {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 31,
+         "args": {"Total Allocated": 64, "Bytes": 64, "Addr": 1, "Device Type": 1}},
+        {"ph": "I", "cat": "global_instant", "name": "mark", "pid": 1, "tid": 1, "ts": 32},
+        {"ph": "C", "cat": "counter", "name": "mem", "pid": 1, "ts": 33, "args": {"bytes": 64}},
+        _x("cpu_op", "MmBackward0", 40, 5, pid=1, tid=2, **{"Sequence number": 3, "Fwd thread id": 1}),
+        _flow("f", "fwdbwd", 3, 40, pid=1, tid=2),
+        _x("cpu_op", "aten::add", 50, 1),
+    ]
+
+
+def test_every_kind_of_event_in_a_typed_chunk_gives_the_dict_loops_tables(tmp_path):
+    """Flows, instant, counter and metadata events are decoded by ``ph`` into small structs: the tables (the
+    backward op bound to its forward op, the kernel to its launch, the memcpy), the category counts and the
+    diagnostics equal the dict loop's."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": _events_of_every_kind()}))
+    assert _chunk_kinds(path) == ["_Event", "dict"]
+    t = _same_tables(path)
+    r = t.ranges.set_index("name")
+    assert int(r.loc["MmBackward0", "forward_range_id"]) == int(r.loc["aten::mm", "range_id"])
+    assert list(t.kernels["name"]) == ["gemm"] and int(t.kernels["correlation_id"].iloc[0]) == 7
+    assert list(t.activities["kind"]) == ["memcpy"]
+    categories = t.diagnostics["event_categories"]
+    assert categories["fwdbwd"] == 3 and categories["ac2g"] == 2 and categories["cpu_instant_event"] == 1
+    assert categories["global_instant"] == 1 and categories["counter"] == 1 and categories["None"] == 1
+
+
+@pytest.mark.parametrize("ph", ["B", "n", None, "absent"])
+def test_a_chunk_with_an_event_of_another_ph_is_read_by_the_dict_loop(tmp_path, ph):
+    """An event whose ``ph`` is outside the typed union (or null, or missing) does not fit it: the whole chunk is
+    read by the dict loop, with the tables of ``typed=False``."""
+    events = _events_of_every_kind()
+    odd = {"ph": ph, "cat": "odd", "name": "odd", "pid": 1, "tid": 1, "ts": 35, "dur": 1}
+    if ph == "absent":
+        del odd["ph"]
+    events.insert(3, odd)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert _chunk_kinds(path) == ["dict", "dict"]
+    t = _same_tables(path)
+    assert t.diagnostics["event_categories"]["odd"] == 1
+    assert int(t.ranges.set_index("name").loc["MmBackward0", "forward_range_id"]) >= 0
+
+
+def test_flows_of_an_exact_chunk_bind_by_their_exact_ts(tmp_path):
+    """In a chunk decoded with exact ts (a fractional ts of 2**43 µs or more), fwdbwd flows carry the exact ts too
+    and bind the backward op to its forward op as the dict loop does."""
+    text = json.dumps({"traceEvents": _events_of_every_kind()})  # the two ops and their flows' ends:
+    text = text.replace('"ts": 10,', '"ts": 1695835535123456.789,').replace('"ts": 40,', '"ts": 1695835535123499.001,')
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    assert _chunk_kinds(path)[0] == "_ExactEvent"
+    t = _same_tables(path)
+    r = t.ranges.set_index("name")
+    assert int(r.loc["aten::mm", "start_ns"]) == 1695835535123456789
+    assert int(r.loc["MmBackward0", "forward_range_id"]) == int(r.loc["aten::mm", "range_id"])

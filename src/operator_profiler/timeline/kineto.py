@@ -10,7 +10,7 @@ from array import array
 from collections import Counter
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 import numpy as np
@@ -381,10 +381,18 @@ MEMORY_CATEGORIES = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
 # X events read a column at a time from typed chunks: 1 range, 2 launch, 3 kernel
 BULK_KIND = {**dict.fromkeys(RANGE_CATEGORIES, 1), **dict.fromkeys(LAUNCH_CATEGORIES, 2),
              **dict.fromkeys(KERNEL_CATEGORIES, 3)}
+# and, read one at a time: 4 memcpy/memset (X events), 5 fwdbwd flow starts and ends (s, f)
+_MEMORY, _FWDBWD = 4, 5
+CHUNK_KIND = {**BULK_KIND, **dict.fromkeys(MEMORY_CATEGORIES, _MEMORY), "fwdbwd": _FWDBWD}
 
 
 # The fields read_kineto reads, as msgspec structs: a chunk of events that fits them is decoded without
 # building the rest of each event (args of a GPU event hold a dozen more; every key is skipped in C).
+# Each event is decoded by its ``ph`` (a tagged union; Kineto writes ``ph`` first): complete events (``X``) into
+# :class:`_Event` with the args the tables take, flow starts and ends (``s``, ``f``) into :class:`_Flow` (what a
+# ``fwdbwd`` flow binds), every other kind Kineto writes (flow steps ``t``, instant events ``i``/``I``, counters
+# ``C``, metadata ``M``) into :class:`_Mark`, which keeps only the category: the reader only counts them. A
+# chunk holding another ``ph``, or an event without one, does not fit and comes as dicts.
 # A field is None when absent or JSON null, except where the dict loop tells them apart: UNSET marks
 # "absent" for ``name`` (absent "", null "None"), ``args.device``/``args.stream`` (absent: the event's
 # pid/tid) and the record_shapes members. A chunk that does not fit (a float pid, an event that is not an
@@ -393,6 +401,8 @@ BULK_KIND = {**dict.fromkeys(RANGE_CATEGORIES, 1), **dict.fromkeys(LAUNCH_CATEGO
 _UNSET = msgspec.UNSET
 _IntField = int | str | None
 _RawField = msgspec.Raw | msgspec.UnsetType
+# a float beyond EXACT_TS_LIMIT µs may not determine its ns: such a chunk is decoded by the exact structs
+_TsField = int | Annotated[float, msgspec.Meta(gt=-EXACT_TS_LIMIT, lt=EXACT_TS_LIMIT)] | None
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -417,16 +427,20 @@ class _Args(msgspec.Struct, gc=False):
     inputs: _RawField = msgspec.field(default=_UNSET, name="opprof inputs")
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str | None = None
+# ``ph`` is each struct's tag (the class's, readable as ``event.ph``); ``PH_KIND``: 1 a complete event, 2 a flow
+# start or end, 0 any other.
+
+
+class _Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete event (``ph`` ``X``): times in µs as written (int, or float below EXACT_TS_LIMIT)."""
+    ph: ClassVar[str] = "X"
+    PH_KIND: ClassVar[int] = 1
     cat: str | None = None
     name: str | None | msgspec.UnsetType = _UNSET
     pid: _IntField = None
     tid: _IntField = None
-    # a float beyond EXACT_TS_LIMIT µs may not determine its ns: such a chunk is decoded as _ExactEvent
-    ts: int | Annotated[float, msgspec.Meta(gt=-EXACT_TS_LIMIT, lt=EXACT_TS_LIMIT)] | None = None
+    ts: _TsField = None
     dur: int | float | None = None
-    id: Any = None
     args: _Args | None = None
 
 
@@ -436,8 +450,56 @@ class _ExactEvent(_Event, gc=False):
     dur: int | Decimal | None = None
 
 
-_TYPED = (msgspec.json.Decoder(list[_Event]).decode, msgspec.json.Decoder(list[_ExactEvent]).decode)
-_STRUCTS = (_Event, _ExactEvent)
+class _Flow(msgspec.Struct, gc=False, tag_field="ph", tag="s"):
+    """A flow's start (``ph`` ``s``; :class:`_FlowEnd` its end): the fields of a ``fwdbwd`` row (:func:`_add_flow`)."""
+    ph: ClassVar[str] = "s"
+    PH_KIND: ClassVar[int] = 2
+    cat: str | None = None
+    pid: _IntField = None
+    tid: _IntField = None
+    ts: _TsField = None
+    id: Any = None
+
+
+class _FlowEnd(_Flow, gc=False, tag="f"):
+    ph: ClassVar[str] = "f"
+
+
+class _ExactFlow(_Flow, gc=False):
+    ts: int | Decimal | None = None
+
+
+class _ExactFlowEnd(_ExactFlow, gc=False, tag="f"):
+    ph: ClassVar[str] = "f"
+
+
+class _Mark(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    """An event the reader only counts by category (``ph`` ``i``; the subclasses ``I``, ``t``, ``C``, ``M``)."""
+    ph: ClassVar[str] = "i"
+    PH_KIND: ClassVar[int] = 0
+    cat: str | None = None
+
+
+class _MarkGlobal(_Mark, gc=False, tag="I"):
+    ph: ClassVar[str] = "I"
+
+
+class _FlowStep(_Mark, gc=False, tag="t"):
+    ph: ClassVar[str] = "t"
+
+
+class _CounterEvent(_Mark, gc=False, tag="C"):
+    ph: ClassVar[str] = "C"
+
+
+class _Metadata(_Mark, gc=False, tag="M"):
+    ph: ClassVar[str] = "M"
+
+
+_MARKS = (_Mark, _MarkGlobal, _FlowStep, _CounterEvent, _Metadata)
+_TYPED = (msgspec.json.Decoder(list[Union[(_Event, _Flow, _FlowEnd) + _MARKS]]).decode,
+          msgspec.json.Decoder(list[Union[(_ExactEvent, _ExactFlow, _ExactFlowEnd) + _MARKS]]).decode)
+_STRUCTS = frozenset((_Event, _ExactEvent, _Flow, _FlowEnd, _ExactFlow, _ExactFlowEnd, *_MARKS))
 _EMPTY_ARGS = _Args()
 _NS_INT_LIMIT = 2**62 // 1000  # µs; int ts and dur below it: ts + dur in ns fits int64
 
@@ -606,7 +668,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     memory_correlations: set[int] = set()
     memory_rows: list[tuple | None] = []
     categories: Counter = Counter()
-    category_code: dict = {}  # (typed chunks) category -> code, and the bulk kind of each code (BULK_KIND)
+    category_code: dict = {}  # (typed chunks) category -> code, and the kind of each code (CHUNK_KIND)
     category_kind: list[int] = []
     # what the reader repaired or left out, by kind: [count, index of the first event] (warned at the end)
     anomalies: dict[str, list] = {}
@@ -680,7 +742,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         return [n if n.__class__ is str else ("" if n is _UNSET else str(n)) for n in names]
 
     def typed_chunk(events: list, first: int) -> None:
-        """The events of a chunk decoded as :class:`_Event` into the columns, a column at a time."""
+        """The events of a chunk decoded by :data:`_TYPED` into the columns, a column at a time."""
         # Each event's category as a code (one dict lookup an event), counted by bincount; a category met for the
         # first time gets its code and its place in ``categories`` in file order, as counting them one by one would.
         code_of = category_code.get
@@ -689,7 +751,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
             for e in events:
                 if e.cat not in category_code:
                     category_code[e.cat] = len(category_code)
-                    category_kind.append(BULK_KIND.get(e.cat, 0))
+                    category_kind.append(CHUNK_KIND.get(e.cat, 0))
                     categories[e.cat] += 0
             codes = [code_of(e.cat) for e in events]
         codes = np.array(codes, dtype=np.intp)
@@ -697,28 +759,28 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         for cat, code in category_code.items():
             if counts[code]:
                 categories[cat] += int(counts[code])
-        # what each event is (0: none of the bulk kinds), then the positions of each kind, in file order
+        # what each event is (CHUNK_KIND by its category and ph, 0: none), then the positions of each kind, in file order
         kinds = np.array(category_kind, dtype=np.int8)[codes]
-        kinds[np.array([e.ph != "X" for e in events], dtype=bool)] = 0
+        ph_kind = np.array([e.PH_KIND for e in events], dtype=np.int8)
+        kinds[(ph_kind != 1) & (kinds != _FWDBWD) | (ph_kind != 2) & (kinds == _FWDBWD)] = 0
         in_ranges, in_launches, in_kernels = (np.flatnonzero(kinds == k).tolist() for k in (1, 2, 3))
-        if (kinds == 0).any():  # memcpy/memset and flow events, one at a time (few)
-            for i in np.flatnonzero(kinds == 0).tolist():
-                ev = events[i]
-                ph, cat = ev.ph, ev.cat
-                if ph == "X" and cat in MEMORY_CATEGORIES:
-                    margs = ev.args or _EMPTY_ARGS
-                    corr = _int_or_none(margs.correlation)
-                    if corr is not None:
-                        memory_correlations.add(corr)
-                    as_dict = {k: v for k, v in (("ts", ev.ts), ("dur", ev.dur), ("name", ev.name), ("pid", ev.pid),
-                                                 ("tid", ev.tid)) if v is not _UNSET and (v is not None or k == "name")}
-                    args_dict = {k: v for k, v in (("device", margs.device), ("stream", margs.stream),
-                                                   ("bytes", margs.nbytes)) if v is not _UNSET}
-                    memory_rows.append(_memory_row(as_dict, cat, args_dict, corr, base))
-                elif (ph == "s" or ph == "f") and cat == "fwdbwd":
-                    pid, tid = _int_or_none(ev.pid), _int_or_none(ev.tid)
-                    if ev.ts is not None and pid is not None and tid is not None:
-                        _add_flow(flow_rows, (ev.id, ph, pid, tid), ev.ts)
+        for i in np.flatnonzero(kinds == _MEMORY).tolist():  # memcpy/memset, one at a time (few)
+            ev = events[i]
+            cat = ev.cat
+            margs = ev.args or _EMPTY_ARGS
+            corr = _int_or_none(margs.correlation)
+            if corr is not None:
+                memory_correlations.add(corr)
+            as_dict = {k: v for k, v in (("ts", ev.ts), ("dur", ev.dur), ("name", ev.name), ("pid", ev.pid),
+                                         ("tid", ev.tid)) if v is not _UNSET and (v is not None or k == "name")}
+            args_dict = {k: v for k, v in (("device", margs.device), ("stream", margs.stream),
+                                           ("bytes", margs.nbytes)) if v is not _UNSET}
+            memory_rows.append(_memory_row(as_dict, cat, args_dict, corr, base))
+        for i in np.flatnonzero(kinds == _FWDBWD).tolist():  # fwdbwd flow starts and ends
+            ev = events[i]
+            pid, tid = _int_or_none(ev.pid), _int_or_none(ev.tid)
+            if ev.ts is not None and pid is not None and tid is not None:
+                _add_flow(flow_rows, (ev.id, ev.ph, pid, tid), ev.ts)
         if in_ranges:
             rows = [events[i] for i in in_ranges]
             start, end = ns_or_error(rows, events, kinds, first)
