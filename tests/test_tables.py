@@ -2,6 +2,7 @@
 ``pq.write_table`` writes of the whole table."""
 
 import pandas as pd
+import pytest
 import pyarrow.parquet as pq
 
 from operator_profiler import tables
@@ -27,3 +28,30 @@ def test_row_groups_written_one_at_a_time_match_one_write(tmp_path, monkeypatch)
     written, expected = pq.read_table(parts), pq.read_table(whole)
     assert written.schema.equals(expected.schema, check_metadata=True)
     assert written.equals(expected)
+
+
+def test_categorical_columns_convert_as_from_pandas_does():
+    """to_arrow converts categorical contract columns from their codes: the same table (values, types, pandas
+    metadata with each categorical's number of categories) as ``pa.Table.from_pandas`` of the whole frame."""
+    import pyarrow as pa
+
+    n = 7
+    launches = pd.DataFrame({name: range(n) for name in ("launch_id", "pid", "tid", "start_ns", "end_ns")})
+    launches["api"] = pd.Categorical(["cudaLaunchKernel", None, "cuLaunchKernel", "cudaLaunchKernel", None, "é", "x"])
+    launches["correlation_id"] = pd.array([1, None, 3, 4, 5, 6, 7], dtype="Int64")
+    frames = {
+        "with nulls": launches,
+        "all null, no categories": launches.assign(api=pd.Categorical([None] * n, categories=pd.Index([], dtype=str))),
+        "unused categories": launches.assign(api=pd.Categorical(["a"] * n, categories=["a", "b", "c"])),
+        "no rows": launches.iloc[:0],
+    }
+    for label, frame in frames.items():
+        expected = pa.Table.from_pandas(frame[tables.LAUNCHES.names], schema=tables.LAUNCHES, preserve_index=False)
+        got = tables.to_arrow(frame, tables.LAUNCHES)
+        assert got.equals(expected, check_metadata=True), label
+        assert got.schema.equals(expected.schema, check_metadata=True), label
+    numbers = launches.assign(api=pd.Categorical([1, 2, None, 1, 2, 1, 1]))  # not strings: refused, as from_pandas
+    with pytest.raises(pa.ArrowTypeError):
+        pa.Table.from_pandas(numbers[tables.LAUNCHES.names], schema=tables.LAUNCHES, preserve_index=False)
+    with pytest.raises(pa.ArrowTypeError):
+        tables.to_arrow(numbers, tables.LAUNCHES)
