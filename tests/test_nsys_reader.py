@@ -725,3 +725,21 @@ def test_categorical_columns_outside_the_contract_are_plain_strings_in_the_files
     assert pa.types.is_string(schema.field("activity").type) or pa.types.is_large_string(schema.field("activity").type)
     written = pq.read_table(tmp_path / "kernels.parquet").column("activity").to_pylist()
     assert written == timeline.kernels["activity"].astype(str).tolist()
+
+
+def test_projection_strings_of_categoricals_equal_astype_str():
+    """The GPU projection's ``domain``/``kind`` columns: a categorical decoded from its codes gives what
+    ``astype("str")`` gives (values, missing values, dtype), also for empty and non-string categories."""
+    from operator_profiler.attribution.nvtx import _as_str
+
+    columns = [
+        pd.Series(pd.Categorical(["default", "opprof", None, "default"])),
+        pd.Series(pd.Categorical([None, None], categories=pd.Index([], dtype=object))),
+        pd.Series(pd.Categorical([3, 1, None])),  # numbers: their text as astype gives it ('3.0')
+        pd.Series(pd.Categorical(["a", "b"])).iloc[:0],
+        pd.Series(["nvtx_push_pop", None], dtype="str"),  # not a categorical: astype itself
+    ]
+    for column in columns:
+        got, want = pd.Series(_as_str(column)), pd.Series(column.astype("str").array)
+        pd.testing.assert_series_equal(got, want)
+
