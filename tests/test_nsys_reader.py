@@ -743,3 +743,30 @@ def test_projection_strings_of_categoricals_equal_astype_str():
         got, want = pd.Series(_as_str(column)), pd.Series(column.astype("str").array)
         pd.testing.assert_series_equal(got, want)
 
+
+def test_adbc_reads_in_batches_of_arrow_batch_rows(tmp_path, monkeypatch):
+    """ADBC queries fetch ``ARROW_BATCH_ROWS`` rows per Arrow batch (not the driver's 1,024): a result of several
+    batches comes back whole and equal to sqlite3's. The driver infers each column's type from the first batch: a
+    value of another type in a later batch fails the query (sqlite3 reads it instead), where one in the first batch
+    would have made the column text (so the option is in force when a change after row 4 fails it)."""
+    import sqlite3
+
+    path = tmp_path / "rows.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (id INTEGER, start INTEGER, value TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, 10 * i, f"s{i}") for i in range(10)])
+    conn.execute("CREATE TABLE odd (id INTEGER, value)")
+    conn.executemany("INSERT INTO odd VALUES (?, ?)", [(i, i) for i in range(6)] + [(6, "later text")])
+    conn.commit()
+    conn.close()
+    export = nsys._Export(path)
+    try:
+        assert export._query_arrow("SELECT id, value FROM odd") is not None  # one batch: the column read as text
+        monkeypatch.setattr(nsys, "ARROW_BATCH_ROWS", 4)
+        assert export._query_arrow("SELECT id, value FROM odd") is None  # the text in row 7, after batch 1
+        fast = export._query_arrow("SELECT id, start, value FROM t")
+        assert fast is not None and fast["id"].tolist() == list(range(10))
+        plain = pd.DataFrame(export.rows("SELECT id, start, value FROM t"), columns=["id", "start", "value"])
+        pd.testing.assert_frame_equal(fast.astype(object), plain.astype(object))
+    finally:
+        export.close()
