@@ -55,3 +55,41 @@ def test_categorical_columns_convert_as_from_pandas_does():
         pa.Table.from_pandas(numbers[tables.LAUNCHES.names], schema=tables.LAUNCHES, preserve_index=False)
     with pytest.raises(pa.ArrowTypeError):
         tables.to_arrow(numbers, tables.LAUNCHES)
+
+
+def test_near_unique_columns_are_written_without_dictionary_encoding(tmp_path, monkeypatch):
+    """Ids and timestamps (files.PLAIN_ENCODED) are written plain, the other columns dictionary-encoded, by
+    write_table (one row group or several) and write_parquet_atomic; the values read back are the default write's."""
+    from operator_profiler import files
+
+    n = 10
+    launches = pd.DataFrame({"launch_id": range(n), "pid": [7] * n, "tid": [8] * n, "start_ns": range(0, 20 * n, 20),
+                             "end_ns": range(5, 20 * n, 20)})
+    launches["api"] = pd.Categorical(["cudaLaunchKernel"] * n)
+    launches["correlation_id"] = pd.array(range(1, n + 1), dtype="Int64")
+
+    def encodings(path):
+        meta = pq.ParquetFile(path).metadata
+        return {meta.schema.column(i).name: set().union(*(meta.row_group(g).column(i).encodings
+                                                         for g in range(meta.num_row_groups)))
+                for i in range(meta.num_columns)}
+
+    plain = {"launch_id", "start_ns", "end_ns", "correlation_id"}
+    default = tmp_path / "default.parquet"
+    pq.write_table(tables.to_arrow(launches, tables.LAUNCHES), default)
+    one = tmp_path / "one.parquet"
+    tables.write_table(launches, tables.LAUNCHES, one)
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 4)
+    several = tmp_path / "several.parquet"
+    tables.write_table(launches, tables.LAUNCHES, several)
+    frame = tmp_path / "frame.parquet"
+    files.write_parquet_atomic(launches, frame)
+    for path in (one, several, frame):
+        for column, used in encodings(path).items():
+            assert ("RLE_DICTIONARY" in used) == (column not in plain), (path.name, column, used)
+    assert pq.read_table(one).equals(pq.read_table(default), check_metadata=True)
+    assert pq.read_table(several).equals(pq.read_table(default), check_metadata=True)
+    default_frame = tmp_path / "default_frame.parquet"
+    launches.to_parquet(default_frame, index=False)
+    assert pq.read_table(frame).equals(pq.read_table(default_frame), check_metadata=True)
+    assert plain <= files.PLAIN_ENCODED and not {"pid", "tid", "api"} & files.PLAIN_ENCODED
