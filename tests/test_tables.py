@@ -57,16 +57,18 @@ def test_categorical_columns_convert_as_from_pandas_does():
         tables.to_arrow(numbers, tables.LAUNCHES)
 
 
-def test_near_unique_columns_are_written_without_dictionary_encoding(tmp_path, monkeypatch):
-    """Ids and timestamps (files.PLAIN_ENCODED) are written plain, the other columns dictionary-encoded, by
-    write_table (one row group or several) and write_parquet_atomic; the values read back are the default write's."""
+def test_ids_and_timestamps_are_delta_encoded(tmp_path, monkeypatch):
+    """Ids and timestamps (files.DELTA_ENCODED, int64) are written with DELTA_BINARY_PACKED, the other columns
+    dictionary-encoded, by write_table (one row group or several) and write_parquet_atomic; the values read back
+    are those of the default write."""
     from operator_profiler import files
 
     n = 10
     launches = pd.DataFrame({"launch_id": range(n), "pid": [7] * n, "tid": [8] * n, "start_ns": range(0, 20 * n, 20),
                              "end_ns": range(5, 20 * n, 20)})
     launches["api"] = pd.Categorical(["cudaLaunchKernel"] * n)
-    launches["correlation_id"] = pd.array(range(1, n + 1), dtype="Int64")
+    launches["correlation_id"] = pd.array([None] + list(range(2, n + 1)), dtype="Int64")
+    launches["seq"] = [0.5] * n  # a name of the set, not int64: dictionary-encoded (delta is for integers)
 
     def encodings(path):
         meta = pq.ParquetFile(path).metadata
@@ -74,7 +76,7 @@ def test_near_unique_columns_are_written_without_dictionary_encoding(tmp_path, m
                                                          for g in range(meta.num_row_groups)))
                 for i in range(meta.num_columns)}
 
-    plain = {"launch_id", "start_ns", "end_ns", "correlation_id"}
+    delta = {"launch_id", "start_ns", "end_ns", "correlation_id"}
     default = tmp_path / "default.parquet"
     pq.write_table(tables.to_arrow(launches, tables.LAUNCHES), default)
     one = tmp_path / "one.parquet"
@@ -86,10 +88,11 @@ def test_near_unique_columns_are_written_without_dictionary_encoding(tmp_path, m
     files.write_parquet_atomic(launches, frame)
     for path in (one, several, frame):
         for column, used in encodings(path).items():
-            assert ("RLE_DICTIONARY" in used) == (column not in plain), (path.name, column, used)
+            assert ("DELTA_BINARY_PACKED" in used) == (column in delta), (path.name, column, used)
+            assert ("RLE_DICTIONARY" in used) == (column not in delta), (path.name, column, used)
     assert pq.read_table(one).equals(pq.read_table(default), check_metadata=True)
     assert pq.read_table(several).equals(pq.read_table(default), check_metadata=True)
     default_frame = tmp_path / "default_frame.parquet"
     launches.to_parquet(default_frame, index=False)
     assert pq.read_table(frame).equals(pq.read_table(default_frame), check_metadata=True)
-    assert plain <= files.PLAIN_ENCODED and not {"pid", "tid", "api"} & files.PLAIN_ENCODED
+    assert delta | {"seq"} <= files.DELTA_ENCODED and not {"pid", "tid", "api"} & files.DELTA_ENCODED

@@ -157,13 +157,12 @@ def write_table(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
 
     A table of more than :data:`ROW_GROUP_ROWS` rows is converted one row group at a time (the file is the one
     ``pq.write_table`` writes, row groups included): a second Arrow copy of 2M NVTX ranges cost 0.4 GB at once.
-    Near-unique columns (``files.PLAIN_ENCODED``: ids, timestamps) are written without dictionary encoding."""
-    from .files import parquet_dictionary, replace_atomic
+    Ids and timestamps are delta-encoded (``files.parquet_encodings``)."""
+    from .files import parquet_encodings, replace_atomic
 
     if len(df) <= ROW_GROUP_ROWS:
         table = to_arrow(df, schema)
-        replace_atomic(path, lambda tmp: pq.write_table(table, tmp,
-                                                        use_dictionary=parquet_dictionary(table.column_names)))
+        replace_atomic(path, lambda tmp: pq.write_table(table, tmp, **parquet_encodings(table.schema)))
         return
     first = to_arrow(df.iloc[:ROW_GROUP_ROWS], schema)
     target = first.schema
@@ -178,7 +177,7 @@ def write_table(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
         first = first.cast(target)
 
     def write(tmp: Path) -> None:
-        with pq.ParquetWriter(tmp, target, use_dictionary=parquet_dictionary(target.names)) as writer:
+        with pq.ParquetWriter(tmp, target, **parquet_encodings(target)) as writer:
             writer.write_table(first)
             for at in range(ROW_GROUP_ROWS, len(df), ROW_GROUP_ROWS):
                 part = to_arrow(df.iloc[at:at + ROW_GROUP_ROWS], schema)
