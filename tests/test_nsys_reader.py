@@ -770,3 +770,24 @@ def test_adbc_reads_in_batches_of_arrow_batch_rows(tmp_path, monkeypatch):
         pd.testing.assert_frame_equal(fast.astype(object), plain.astype(object))
     finally:
         export.close()
+
+
+def test_gpu_projection_runs_with_the_bulk_allocator_settings(real_nsys_files, monkeypatch):
+    """gpu_projection runs under heap.bulk_memory (Arrow on the system allocator, as measured for the reader and
+    NVTX attribution), also with its helpers defined beside it."""
+    import pyarrow as pa
+
+    from operator_profiler.attribution import nvtx
+
+    seen = []
+    real_enclose = nvtx.enclose
+
+    def enclose(*args, **kwargs):
+        seen.append(pa.default_memory_pool().backend_name)
+        return real_enclose(*args, **kwargs)
+
+    monkeypatch.setattr(nvtx, "enclose", enclose)
+    path = next(p for p in real_nsys_files if "fuser_test_matmul" in p.name)
+    timeline = nsys.read_nsys(path)
+    assert len(nvtx.gpu_projection(timeline.kernels, timeline.ranges))
+    assert seen == ["system"]

@@ -730,7 +730,6 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     return out
 
 
-@bulk_memory(system_pool=True)
 def _as_str(column: pd.Series):
     """``column.astype("str").array``, the same values and dtype; a categorical of strings (the readers' ``domain``
     and ``kind``) is decoded from its codes (a take of its few categories), not through one Python object per row
@@ -741,6 +740,7 @@ def _as_str(column: pd.Series):
     return column.astype("str").array
 
 
+@bulk_memory(system_pool=True)
 def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (docs/formats.md#nsys-nvtx-projection).
 
