@@ -725,3 +725,69 @@ def test_categorical_columns_outside_the_contract_are_plain_strings_in_the_files
     assert pa.types.is_string(schema.field("activity").type) or pa.types.is_large_string(schema.field("activity").type)
     written = pq.read_table(tmp_path / "kernels.parquet").column("activity").to_pylist()
     assert written == timeline.kernels["activity"].astype(str).tolist()
+
+
+def test_projection_strings_of_categoricals_equal_astype_str():
+    """The GPU projection's ``domain``/``kind`` columns: a categorical decoded from its codes gives what
+    ``astype("str")`` gives (values, missing values, dtype), also for empty and non-string categories."""
+    from operator_profiler.attribution.nvtx import _as_str
+
+    columns = [
+        pd.Series(pd.Categorical(["default", "opprof", None, "default"])),
+        pd.Series(pd.Categorical([None, None], categories=pd.Index([], dtype=object))),
+        pd.Series(pd.Categorical([3, 1, None])),  # numbers: their text as astype gives it ('3.0')
+        pd.Series(pd.Categorical(["a", "b"])).iloc[:0],
+        pd.Series(["nvtx_push_pop", None], dtype="str"),  # not a categorical: astype itself
+    ]
+    for column in columns:
+        got, want = pd.Series(_as_str(column)), pd.Series(column.astype("str").array)
+        pd.testing.assert_series_equal(got, want)
+
+
+def test_adbc_reads_in_batches_of_arrow_batch_rows(tmp_path, monkeypatch):
+    """ADBC queries fetch ``ARROW_BATCH_ROWS`` rows per Arrow batch (not the driver's 1,024): a result of several
+    batches comes back whole and equal to sqlite3's. The driver infers each column's type from the first batch: a
+    value of another type in a later batch fails the query (sqlite3 reads it instead), where one in the first batch
+    would have made the column text (so the option is in force when a change after row 4 fails it)."""
+    import sqlite3
+
+    path = tmp_path / "rows.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (id INTEGER, start INTEGER, value TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, 10 * i, f"s{i}") for i in range(10)])
+    conn.execute("CREATE TABLE odd (id INTEGER, value)")
+    conn.executemany("INSERT INTO odd VALUES (?, ?)", [(i, i) for i in range(6)] + [(6, "later text")])
+    conn.commit()
+    conn.close()
+    export = nsys._Export(path)
+    try:
+        assert export._query_arrow("SELECT id, value FROM odd") is not None  # one batch: the column read as text
+        monkeypatch.setattr(nsys, "ARROW_BATCH_ROWS", 4)
+        assert export._query_arrow("SELECT id, value FROM odd") is None  # the text in row 7, after batch 1
+        fast = export._query_arrow("SELECT id, start, value FROM t")
+        assert fast is not None and fast["id"].tolist() == list(range(10))
+        plain = pd.DataFrame(export.rows("SELECT id, start, value FROM t"), columns=["id", "start", "value"])
+        pd.testing.assert_frame_equal(fast.astype(object), plain.astype(object))
+    finally:
+        export.close()
+
+
+def test_gpu_projection_runs_with_the_bulk_allocator_settings(real_nsys_files, monkeypatch):
+    """gpu_projection runs under heap.bulk_memory (Arrow on the system allocator, as measured for the reader and
+    NVTX attribution), also with its helpers defined beside it."""
+    import pyarrow as pa
+
+    from operator_profiler.attribution import nvtx
+
+    seen = []
+    real_enclose = nvtx.enclose
+
+    def enclose(*args, **kwargs):
+        seen.append(pa.default_memory_pool().backend_name)
+        return real_enclose(*args, **kwargs)
+
+    monkeypatch.setattr(nvtx, "enclose", enclose)
+    path = next(p for p in real_nsys_files if "fuser_test_matmul" in p.name)
+    timeline = nsys.read_nsys(path)
+    assert len(nvtx.gpu_projection(timeline.kernels, timeline.ranges))
+    assert seen == ["system"]

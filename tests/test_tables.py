@@ -2,6 +2,7 @@
 ``pq.write_table`` writes of the whole table."""
 
 import pandas as pd
+import pytest
 import pyarrow.parquet as pq
 
 from operator_profiler import tables
@@ -27,3 +28,71 @@ def test_row_groups_written_one_at_a_time_match_one_write(tmp_path, monkeypatch)
     written, expected = pq.read_table(parts), pq.read_table(whole)
     assert written.schema.equals(expected.schema, check_metadata=True)
     assert written.equals(expected)
+
+
+def test_categorical_columns_convert_as_from_pandas_does():
+    """to_arrow converts categorical contract columns from their codes: the same table (values, types, pandas
+    metadata with each categorical's number of categories) as ``pa.Table.from_pandas`` of the whole frame."""
+    import pyarrow as pa
+
+    n = 7
+    launches = pd.DataFrame({name: range(n) for name in ("launch_id", "pid", "tid", "start_ns", "end_ns")})
+    launches["api"] = pd.Categorical(["cudaLaunchKernel", None, "cuLaunchKernel", "cudaLaunchKernel", None, "é", "x"])
+    launches["correlation_id"] = pd.array([1, None, 3, 4, 5, 6, 7], dtype="Int64")
+    frames = {
+        "with nulls": launches,
+        "all null, no categories": launches.assign(api=pd.Categorical([None] * n, categories=pd.Index([], dtype=str))),
+        "unused categories": launches.assign(api=pd.Categorical(["a"] * n, categories=["a", "b", "c"])),
+        "no rows": launches.iloc[:0],
+    }
+    for label, frame in frames.items():
+        expected = pa.Table.from_pandas(frame[tables.LAUNCHES.names], schema=tables.LAUNCHES, preserve_index=False)
+        got = tables.to_arrow(frame, tables.LAUNCHES)
+        assert got.equals(expected, check_metadata=True), label
+        assert got.schema.equals(expected.schema, check_metadata=True), label
+    numbers = launches.assign(api=pd.Categorical([1, 2, None, 1, 2, 1, 1]))  # not strings: refused, as from_pandas
+    with pytest.raises(pa.ArrowTypeError):
+        pa.Table.from_pandas(numbers[tables.LAUNCHES.names], schema=tables.LAUNCHES, preserve_index=False)
+    with pytest.raises(pa.ArrowTypeError):
+        tables.to_arrow(numbers, tables.LAUNCHES)
+
+
+def test_ids_and_timestamps_are_delta_encoded(tmp_path, monkeypatch):
+    """Ids and timestamps (files.DELTA_ENCODED, int64) are written with DELTA_BINARY_PACKED, the other columns
+    dictionary-encoded, by write_table (one row group or several) and write_parquet_atomic; the values read back
+    are those of the default write."""
+    from operator_profiler import files
+
+    n = 10
+    launches = pd.DataFrame({"launch_id": range(n), "pid": [7] * n, "tid": [8] * n, "start_ns": range(0, 20 * n, 20),
+                             "end_ns": range(5, 20 * n, 20)})
+    launches["api"] = pd.Categorical(["cudaLaunchKernel"] * n)
+    launches["correlation_id"] = pd.array([None] + list(range(2, n + 1)), dtype="Int64")
+    launches["seq"] = [0.5] * n  # a name of the set, not int64: dictionary-encoded (delta is for integers)
+
+    def encodings(path):
+        meta = pq.ParquetFile(path).metadata
+        return {meta.schema.column(i).name: set().union(*(meta.row_group(g).column(i).encodings
+                                                         for g in range(meta.num_row_groups)))
+                for i in range(meta.num_columns)}
+
+    delta = {"launch_id", "start_ns", "end_ns", "correlation_id"}
+    default = tmp_path / "default.parquet"
+    pq.write_table(tables.to_arrow(launches, tables.LAUNCHES), default)
+    one = tmp_path / "one.parquet"
+    tables.write_table(launches, tables.LAUNCHES, one)
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 4)
+    several = tmp_path / "several.parquet"
+    tables.write_table(launches, tables.LAUNCHES, several)
+    frame = tmp_path / "frame.parquet"
+    files.write_parquet_atomic(launches, frame)
+    for path in (one, several, frame):
+        for column, used in encodings(path).items():
+            assert ("DELTA_BINARY_PACKED" in used) == (column in delta), (path.name, column, used)
+            assert ("RLE_DICTIONARY" in used) == (column not in delta), (path.name, column, used)
+    assert pq.read_table(one).equals(pq.read_table(default), check_metadata=True)
+    assert pq.read_table(several).equals(pq.read_table(default), check_metadata=True)
+    default_frame = tmp_path / "default_frame.parquet"
+    launches.to_parquet(default_frame, index=False)
+    assert pq.read_table(frame).equals(pq.read_table(default_frame), check_metadata=True)
+    assert delta | {"seq"} <= files.DELTA_ENCODED and not {"pid", "tid", "api"} & files.DELTA_ENCODED

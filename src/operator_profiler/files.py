@@ -38,9 +38,36 @@ def write_json(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
+#: int64 columns whose values hardly repeat (ids, timestamps): written with parquet's delta encoding
+#: (``DELTA_BINARY_PACKED``) instead of its dictionary encoding, which near-unique values only grow until the writer
+#: falls back to plain encoding (past 1 MB). Ids and times mostly ascend, so their deltas are small: 1M kernels, 2M
+#: ranges, 1.6M projection rows: ~0.7 s CPU less to write, ~0.6 s less to read back than the default, files a fraction
+#: of the size. Only the encoding in the file changes: the values read back are the same.
+DELTA_ENCODED = frozenset({
+    "kernel_id", "launch_id", "range_id", "parent_id", "parent_kernel_id", "correlation_id", "seq", "op_id",
+    "stashed_seq", "start_ns", "end_ns", "launch_start_ns", "launch_end_ns", "effective_end_ns", "capture_start_ns",
+    "capture_end_ns", "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns",
+})
+
+
+def parquet_encodings(schema) -> dict:
+    """``pyarrow.parquet.write_table`` keyword arguments for a table of ``schema`` (a ``pyarrow.Schema``): its int64
+    columns named in :data:`DELTA_ENCODED` delta-encoded, every other column dictionary-encoded (the default)."""
+    import pyarrow as pa
+
+    return _encodings(schema.names, [f.name for f in schema if f.name in DELTA_ENCODED and pa.types.is_int64(f.type)])
+
+
+def _encodings(names: list[str], delta: list[str]) -> dict:
+    return {"use_dictionary": [n for n in names if n not in delta],
+            "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED") or None}
+
+
 def write_parquet_atomic(df, path: Path) -> None:
-    """A pandas DataFrame as parquet (no index)."""
-    replace_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
+    """A pandas DataFrame as parquet (no index); its int64 ids and timestamps delta-encoded (:func:`parquet_encodings`)."""
+    delta = [str(c) for c in df.columns if c in DELTA_ENCODED and str(df[c].dtype) in ("int64", "Int64")]
+    kwargs = _encodings([str(c) for c in df.columns], delta)
+    replace_atomic(path, lambda tmp: df.to_parquet(tmp, index=False, **kwargs))
 
 
 def _missing(path: Path, what: str, hint: str) -> InputError:

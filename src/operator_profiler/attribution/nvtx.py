@@ -730,6 +730,16 @@ def attribute_nvtx(kernels: pd.DataFrame, ranges: pd.DataFrame, kernel_layers: p
     return out
 
 
+def _as_str(column: pd.Series):
+    """``column.astype("str").array``, the same values and dtype; a categorical of strings (the readers' ``domain``
+    and ``kind``) is decoded from its codes (a take of its few categories), not through one Python object per row
+    (1.6M projection rows: 0.4 s per column). Other categoricals take ``astype`` (it writes numbers with missing
+    values as floats: ``3.0``)."""
+    if isinstance(column.dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(column.cat.categories):
+        return column.cat.categories.astype("str").array.take(column.cat.codes.to_numpy(), allow_fill=True)
+    return column.astype("str").array
+
+
 @bulk_memory(system_pool=True)
 def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per-stream GPU projection of every NVTX range, like nsys's ``nvtx_gpu_proj_trace`` (docs/formats.md#nsys-nvtx-projection).
@@ -802,8 +812,8 @@ def gpu_projection(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     sel = ranges[["name", "domain", "kind", "pid", "tid", "depth"]].iloc[rows]  # only what the table shows
     out = pd.DataFrame(
         {
-            "range_id": range_id, "name": sel["name"].array, "domain": sel["domain"].astype("str").array,
-            "kind": sel["kind"].astype("str").array, "pid": sel["pid"].to_numpy(dtype=np.int64),
+            "range_id": range_id, "name": sel["name"].array, "domain": _as_str(sel["domain"]),
+            "kind": _as_str(sel["kind"]), "pid": sel["pid"].to_numpy(dtype=np.int64),
             "tid": sel["tid"].to_numpy(dtype=np.int64), "depth": sel["depth"].to_numpy(dtype=np.int64),
             "stream": agg["stream"], "cpu_start_ns": cpu_start, "cpu_end_ns": cpu_end,
             "gpu_start_ns": agg["gpu_start_ns"], "gpu_end_ns": agg["gpu_end_ns"],

@@ -82,6 +82,10 @@ _FIELDS = {  # column -> (the field's name in the text, the regex that defines w
 }
 _DECORATION_FIELDS = ("seq", "stashed seq", "op_id", "sizes", "input_op_ids")  # as in _DECORATIONS
 _PARSE_CHUNK = 1 << 18  # texts parsed at once
+#: Rows per Arrow batch of an ADBC query (the driver's default is 1,024): fewer, larger chunks to fetch and combine
+#: (1M kernels, 2M NVTX rows: ~0.2 s CPU less); the driver still infers each column's type from the first batch.
+ARROW_BATCH_ROWS = 1 << 16
+ARROW_BATCH_OPTION = "adbc.sqlite.query.batch_rows"
 _MAX_FAST_DIGITS = 18  # |v| < 10**18 fits int64; longer numbers are read exactly (Python ints)
 
 # What makes two kernel rows one (docs/field-cases.md C24): every field the reader keeps of a KERNEL (or GRAPH_TRACE)
@@ -386,11 +390,17 @@ class _Export:
                 self._arrow = adbc.connect(self.uri)
             cursor = (connection or self._arrow).cursor()
             try:
+                try:
+                    cursor.adbc_statement.set_options(**{ARROW_BATCH_OPTION: str(ARROW_BATCH_ROWS)})
+                except Exception as exc:  # noqa: BLE001  (a driver without the option: its default batches)
+                    if _interrupted(exc):
+                        raise KeyboardInterrupt from None
+                    log.debug("%s: ADBC batch size not set (%s)", self.path, exc)
                 cursor.execute(sql)
                 table = cursor.fetch_arrow_table()
             finally:
                 cursor.close()
-            table = table.combine_chunks()  # (one chunk per 1,024 rows: converting chunked strings is slow)
+            table = table.combine_chunks()  # (one chunk per ARROW_BATCH_ROWS rows: converting chunked strings is slow)
             table.validate(full=True)  # invalid UTF-8 (exports hold some): sqlite3 decodes it tolerantly
             for field in table.schema:
                 if field.name not in TEXT_COLUMNS and not (pa.types.is_integer(field.type) or pa.types.is_null(field.type)):
