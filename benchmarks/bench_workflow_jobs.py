@@ -17,6 +17,14 @@ whose log has no such line (a failed job, or a run before the line existed) coun
 in "jobs" and "wall" only. ``--time-imports`` also times, each in a fresh interpreter, the import of every
 package some job imported during its work, so a lazy import's share of "work" can be read off.
 
+    python benchmarks/bench_workflow_jobs.py --compare REV [--rounds 2] [--cores 2]
+
+runs instead the whole default workflow (``snakemake --cores N``, from no results) alternately in two fresh clones of
+the checkout's repository, its HEAD and ``REV`` (e.g. the commit before a speed change), each with its own ``src``
+on ``PYTHONPATH``, ``--rounds`` times each, and prints each run's wall seconds with the load average at its start
+and end, and per round the ratio HEAD / REV (the other processes' load moves a run by tens of seconds, so only the
+alternated pairs compare). The clones stay under the system's temp folder only while it runs.
+
     python benchmarks/bench_workflow_jobs.py --script-imports [--src DIR ...] [--repeat 5]
 
 times instead, for every ``scripts/*.py``, its module-level imports (the job's import phase) in a fresh
@@ -129,6 +137,58 @@ def time_script_imports(root: Path, sources: list[Path], repeat: int) -> None:
         print(f"{script.name:<28}{cells}   " + " | ".join(best[s][2] for s in sources))
 
 
+def run_default(clone: Path, cores: int) -> dict:
+    """``snakemake --cores N`` in ``clone`` from no results, its own ``src`` first on PYTHONPATH: wall seconds, exit
+    status and the 1-minute load average at start and end."""
+    import shutil
+
+    for leftover in ("results", "logs", ".snakemake"):
+        shutil.rmtree(clone / leftover, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(clone / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", str(cores)], cwd=clone, env=env,
+                          capture_output=True, text=True)
+    return {"wall_s": time.perf_counter() - t0, "returncode": proc.returncode, "load": (load0, os.getloadavg()[0]),
+            "stderr": proc.stderr[-2000:]}
+
+
+def pair_lines(runs: dict[str, list[dict]], names: tuple[str, str]) -> list[str]:
+    """One line per round: each side's wall seconds and load (start -> end), and the ratio second / first."""
+    first, second = names
+    lines = []
+    for k, (a, b) in enumerate(zip(runs[first], runs[second]), 1):
+        ratio = b["wall_s"] / a["wall_s"] if a["wall_s"] > 0 else float("nan")
+        lines.append(f"round {k}: {first} {a['wall_s']:.1f} s (load {a['load'][0]:.1f} -> {a['load'][1]:.1f}), "
+                     f"{second} {b['wall_s']:.1f} s (load {b['load'][0]:.1f} -> {b['load'][1]:.1f}): "
+                     f"{second} / {first} = {ratio:.2f} ({100 * (ratio - 1):+.0f} %)")
+    return lines
+
+
+def compare(root: Path, rev: str, rounds: int, cores: int) -> None:
+    """The default run of ``rev`` and of HEAD, alternated (module docstring, ``--compare``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_workflow_jobs-") as tmp:
+        clones = {}
+        for name, commit in ((rev, rev), ("HEAD", "HEAD")):
+            clone = Path(tmp) / ("rev" if name == rev else "head")
+            subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+            subprocess.run(["git", "-C", str(clone), "checkout", "-q",
+                            subprocess.run(["git", "-C", str(root), "rev-parse", commit], check=True,
+                                           capture_output=True, text=True).stdout.strip()], check=True)
+            clones[name] = clone
+        runs = {rev: [], "HEAD": []}
+        for k in range(rounds):
+            for name in (rev, "HEAD"):
+                done = run_default(clones[name], cores)
+                print(f"round {k + 1} {name}: exit {done['returncode']}, {done['wall_s']:.1f} s", flush=True)
+                if done["returncode"] != 0:
+                    raise SystemExit(f"snakemake failed in the {name} clone: {done['stderr']}")
+                runs[name].append(done)
+        print("\n".join(pair_lines(runs, (rev, "HEAD"))))
+
+
 def share(row) -> str:
     """The start-up share of a rule's (or the total's) timed jobs: (start-up + imports + outside) / wall, in %."""
     if not row.get("timed_wall"):
@@ -147,11 +207,17 @@ def main() -> None:
                         help="time each scripts/*.py's module-level imports instead (see above)")
     parser.add_argument("--src", type=Path, action="append", help="with --script-imports: PYTHONPATH to measure")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--compare", metavar="REV", help="the default run of REV and of HEAD, alternated (see above)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each side")
     parser.add_argument("snakemake_args", nargs="*", help="extra snakemake arguments with --run (targets, --config)")
     args = parser.parse_args()
     root = args.dir.resolve()
 
     print(f"load average at start: {os.getloadavg()}")
+    if args.compare:
+        compare(root, args.compare, args.rounds, args.cores)
+        print(f"load average at end: {os.getloadavg()}")
+        return
     if args.script_imports:
         time_script_imports(root, [p.resolve() for p in (args.src or [root / "src"])], args.repeat)
         print(f"load average at end: {os.getloadavg()}")

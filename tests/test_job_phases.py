@@ -87,3 +87,31 @@ def test_a_finished_job_exits_0_with_its_log_atexit_handlers_and_output_flushed(
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "work done (buffered)atexit ran\n"
     assert log.read_text().splitlines()[-1].startswith(job_phases.PHASES_PREFIX)
+
+
+def test_compare_prints_each_rounds_walls_loads_and_ratio():
+    bench = _bench()
+    runs = {"abc123": [{"wall_s": 100.0, "load": (3.0, 4.0)}, {"wall_s": 80.0, "load": (2.0, 2.5)}],
+            "HEAD": [{"wall_s": 50.0, "load": (4.0, 3.5)}, {"wall_s": 60.0, "load": (2.5, 2.0)}]}
+    lines = bench.pair_lines(runs, ("abc123", "HEAD"))
+    assert lines == [
+        "round 1: abc123 100.0 s (load 3.0 -> 4.0), HEAD 50.0 s (load 4.0 -> 3.5): HEAD / abc123 = 0.50 (-50 %)",
+        "round 2: abc123 80.0 s (load 2.0 -> 2.5), HEAD 60.0 s (load 2.5 -> 2.0): HEAD / abc123 = 0.75 (-25 %)"]
+
+
+def test_a_compared_run_starts_from_no_results_with_the_clones_own_package(tmp_path):
+    """run_default removes what an earlier run left and puts the clone's src first on PYTHONPATH (a real
+    snakemake on a one-rule Snakefile that writes what it sees)."""
+    clone = tmp_path / "clone"
+    (clone / "src").mkdir(parents=True)
+    (clone / "results").mkdir()
+    (clone / "results" / "old.txt").write_text("from an earlier run")
+    (clone / "Snakefile").write_text(
+        'rule all:\n    output:\n        "results/seen.txt",\n    shell:\n'
+        '        "ls results > {output}.tmp && echo $PYTHONPATH >> {output}.tmp && mv {output}.tmp {output}"\n')
+    done = _bench().run_default(clone, 1)
+    assert done["returncode"] == 0, done["stderr"]
+    listing, pythonpath = (clone / "results" / "seen.txt").read_text().split("\n")[:2]
+    assert listing == "seen.txt.tmp"  # the earlier run's old.txt was removed
+    assert pythonpath.split(":")[0] == str(clone / "src")
+    assert done["wall_s"] > 0 and len(done["load"]) == 2
