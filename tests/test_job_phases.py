@@ -89,6 +89,21 @@ def test_a_finished_job_exits_0_with_its_log_atexit_handlers_and_output_flushed(
     assert log.read_text().splitlines()[-1].startswith(job_phases.PHASES_PREFIX)
 
 
+def test_a_finished_job_with_an_idle_thread_pool_exits(tmp_path):
+    """A thread pool left running with idle workers (Inductor's C++ compile leaves one after a kernel-cache miss)
+    does not keep a finished job alive: its workers are told to stop as on a normal exit, and a non-daemon thread
+    still doing work is waited for."""
+    log = tmp_path / "job.log"
+    code = ("import concurrent.futures, threading, time; from operator_profiler import job_phases as j; "
+            "j.script_started(); from operator_profiler.rule_runner import exit_finished_job, run_rule; "
+            "pool = concurrent.futures.ThreadPoolExecutor(2); [pool.submit(time.sleep, 0.01) for _ in range(4)]; "
+            "threading.Thread(target=lambda: (time.sleep(0.3), print('worker finished'))).start(); "
+            f"run_rule({str(log)!r}, lambda: print('work done')); exit_finished_job()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["work done", "worker finished"]
+
+
 def test_compare_prints_each_rounds_walls_loads_and_ratio():
     bench = _bench()
     runs = {"abc123": [{"wall_s": 100.0, "load": (3.0, 4.0)}, {"wall_s": 80.0, "load": (2.0, 2.5)}],

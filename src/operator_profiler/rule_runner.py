@@ -81,10 +81,19 @@ def exit_finished_job() -> None:
     are flushed; then the process exits with status 0 without the interpreter's teardown, which frees every module
     and object one by one: after torch and torch.compile, 1.2-1.9 s of CPU time per job (2 cores, load 2). Only a
     job's entry point calls it (``python -m operator_profiler.gpu_jobs``, the scripts of compute_work and
-    build_fusion_map), never a function a test runs in its own process."""
-    for thread in threading.enumerate():  # as a normal exit does first: wait for the non-daemon threads
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    build_fusion_map), never a function a test runs in its own process.
+
+    The threads are ended as a normal exit ends them (CPython's ``threading._shutdown``): first the callbacks
+    registered with ``threading._register_atexit`` run, which is how ``concurrent.futures`` tells the idle workers
+    of a thread pool nobody shut down to stop (Inductor's C++ compile leaves one after a kernel-cache miss), then the
+    non-daemon threads are joined. Joining them without that first step waited on those workers forever."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # (an interpreter without it: join what can end by itself)
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
