@@ -79,3 +79,29 @@ def test_the_nsys_capture_itself_takes_no_debug_output(tmp_path):
         capture.capture_timeline("w", MLP, HARNESS, "cuda", "nsys", tmp_path / "t.nsys-rep", tmp_path / "run.json",
                                  tmp_path / "layers.json", tmp_path / "clocks.json", out_debug=tmp_path / "debug")
 
+
+
+def test_max_autotunes_gemm_template_kernels_are_kernels_of_the_timeline_and_of_the_fusion_map(tmp_path):
+    """With max_autotune + freezing on the CPU, Inductor calls C++ GEMM template kernels (``graph_0_gemm_m32n16k32_
+    kernel``), not only ``cpp_fused_*`` ones: each generated kernel the compile wraps in a record function (its
+    ``RAIIAtenRecordFunctionHandle`` name in output_code.py, read here from the files) is a kernel of the timeline,
+    and the fusion map attributes every one of them."""
+    gpt2 = {"kind": "gpt2", "compile": True, "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 512,
+            "n_positions": 128, "batch_size": 2, "seq_len": 32,
+            "compile_options": {"max_autotune": True, "freezing": True}}
+    out = _capture(tmp_path, gpt2)
+    debug = out / "inductor" / "debug"
+    wrapped = set()
+    for g in inductor.find_graph_dirs(debug):
+        wrapped |= set(re.findall(r'RAIIAtenRecordFunctionHandle \w+\("(graph_\d+_\w+)"', (g / "output_code.py").read_text()))
+    templates = {n for n in wrapped if "_gemm_" in n}
+    assert templates, wrapped  # (autotuning picked a template for some GEMM: what this test is about)
+    stages.export_timeline(out / "capture" / "timeline.kineto.json.gz", out / "timeline")
+    kernels = pd.read_parquet(out / "timeline" / "kernels.parquet")
+    assert set(kernels["name"][kernels["name"].str.startswith("graph_")]) == wrapped
+    fusion = out / "inductor" / "fusion_map.parquet"
+    stages.build_fusion_map(debug, fusion)
+    attributed = stages.attribute_files(out / "timeline", None, fusion, out / "attribution.parquet")
+    generated = attributed[attributed["name"].isin(wrapped)]
+    assert len(generated) and generated["operator"].notna().all()
+    assert set(generated["path"]) == {"inductor"}, set(generated["path"])  # path (c), the fusion map

@@ -502,3 +502,15 @@ def test_only_the_command_line_overrides_are_converted_from_text():
     given["harness"]["iterations"] = 5
     config = validate_config(given, "config.yaml", overrides=overrides)
     assert config["harness"]["threads"] == 1 and config["optimize"]["decision_budget_s"] == 0.5
+
+
+@pytest.mark.parametrize("key, written", [("optimize:\n  tolerances:\n    float32: {max_rel: .nan, min_cosine: 0.99}",
+                                           "max_rel"),
+                                          ("optimize:\n  tolerances:\n    float32: {max_rel: 0.001, min_cosine: .nan}",
+                                           "min_cosine"),
+                                          ("harness:\n  steady_tolerance: .inf", "steady_tolerance"),
+                                          ("harness:\n  threads: .inf", "threads")])
+def test_a_number_that_is_not_finite_is_refused(tmp_path, key, written):
+    """A NaN tolerance compares False with every error, so it would pass every variant's numerics silently."""
+    message = _refusal(tmp_path, key + "\n")
+    assert f"{written}'" in message and "not a finite number" in message

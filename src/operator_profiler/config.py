@@ -14,6 +14,7 @@ that YAML 1.1 leaves as text (``1e-4``, ``1.0e4``) as the number it spells.
 from __future__ import annotations
 
 import copy
+import math
 import functools
 import difflib
 import re
@@ -44,13 +45,16 @@ def load_schema() -> dict:
 @functools.lru_cache(maxsize=1)
 def _validator_class():
     """Draft 2020-12 with YAML's types: ``integer`` is a Python int that is not a bool (jsonschema's own check also
-    takes a float with no fractional part, ``2.0``, as an integer); ``number`` an int or float, not a bool."""
+    takes a float with no fractional part, ``2.0``, as an integer); ``number`` a finite int or float (not ``.nan``
+    or ``.inf``), not a bool."""
     import jsonschema
 
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many({
         "integer": lambda _checker, value: isinstance(value, int) and not isinstance(value, bool),
-        "number": lambda _checker, value: isinstance(value, (int, float)) and not isinstance(value, bool),
+        # finite: a NaN tolerance compares False with everything, so it would pass every variant's numerics
+        "number": lambda _checker, value: isinstance(value, (int, float)) and not isinstance(value, bool)
+        and math.isfinite(value),
     })
     return jsonschema.validators.extend(base, type_checker=checker)
 
@@ -219,6 +223,8 @@ def _type_advice(error: jsonschema.ValidationError, root: dict) -> str:
     if isinstance(value, bool):
         return f": {kind} is needed, and {str(value).lower()} is a boolean; {example}"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return f": {kind} is needed, and {value!r} is not a finite number; {example}"
         if value.is_integer():
             return (f": {kind} is needed, without a decimal point (YAML reads {value!r} as a float); write {key}: "
                     f"{int(value)}")

@@ -387,6 +387,14 @@ def _pin_by_group(calls: Mapping[tuple, _Call], fusion_map: pd.DataFrame) -> Non
                 call.fits = narrowed
 
 
+#: The record function of an Inductor C++ GEMM template's micro-kernel (max_autotune on the CPU), e.g.
+#: ``graph_0_gemm_m32n32k16_kernel``: one call of the template in ``call()`` (a bmm's, over the batch) records it
+#: once per micro-kernel call, so consecutive records of one such name with nothing between them are one call
+#: site. (Two consecutive call sites of one template would then read as one: the sequence no longer fits the graph,
+#: and its kernels are refused as fusion_map_mismatch, never given to the wrong call.)
+CPU_TEMPLATE_RECORD = re.compile(r"^graph_\d+_gemm_\w+_kernel$")
+
+
 def _call_units(rows: list[int], ops: OpTable, call_region: int, names: list, position,
                 kernel_names: np.ndarray) -> list[tuple[str, list[int]]]:
     """Group a ``## Call CompiledFxGraph`` region's kernels (rows, in launch order) into the calls of its
@@ -397,8 +405,8 @@ def _call_units(rows: list[int], ops: OpTable, call_region: int, names: list, po
     belongs to it, whatever the library kernel is called (cuBLAS on a GPU; on a CPU the op is the kernel itself
     and nested ops such as ``aten::copy_`` join it); or a generated kernel (Inductor C++ / Triton), one call per
     launch, named by the CPU-side record function when there is one (the descriptive name, where the GPU symbol
-    may be a generic ``triton_``), else by the kernel's own name. Returns ``[(call name, kernel rows)]`` in
-    launch order.
+    may be a generic ``triton_``), else by the kernel's own name; the consecutive records of one C++ GEMM template
+    call (:data:`CPU_TEMPLATE_RECORD`) are one call. Returns ``[(call name, kernel rows)]`` in launch order.
     """
     units: list[tuple[str, list[int]]] = []
     by_op: dict[int, list[int]] = {}
@@ -416,7 +424,11 @@ def _call_units(rows: list[int], ops: OpTable, call_region: int, names: list, po
             continue
         record = next((names[position(rid)] for rid in reversed(below) if not names[position(rid)].startswith("##")),
                       None)
-        units.append((record or kernel_names[r], [r]))
+        name = record or kernel_names[r]
+        if units and units[-1][0] == name and CPU_TEMPLATE_RECORD.match(name):
+            units[-1][1].append(r)  # the same template call's next record (see CPU_TEMPLATE_RECORD)
+            continue
+        units.append((name, [r]))
     # Metadata ops called by the wrapper itself (a reinterpretation that escaped its op in an
     # integer-µs trace) are not call sites of the generated code.
     return [(name, members) for name, members in units if name not in METADATA_OPS]

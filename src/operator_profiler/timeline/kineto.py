@@ -30,7 +30,7 @@ __all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_time
 RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "python_function": "python_function"}
 LAUNCH_CATEGORIES = {"cuda_runtime", "cuda_driver", "Runtime"}
 KERNEL_CATEGORIES = {"kernel", "Kernel"}
-INDUCTOR_CPP_KERNEL = re.compile(r"^graph_\d+_cpp_")
+INDUCTOR_CPP_KERNEL = re.compile(r"^graph_\d+_\w+$")
 _THOUSAND = Decimal(1000)
 
 
