@@ -281,3 +281,31 @@ def test_flows_of_an_exact_chunk_bind_by_their_exact_ts(tmp_path):
     r = t.ranges.set_index("name")
     assert int(r.loc["aten::mm", "start_ns"]) == 1695835535123456789
     assert int(r.loc["MmBackward0", "forward_range_id"]) == int(r.loc["aten::mm", "range_id"])
+
+
+def test_events_skipped_for_their_ph_are_counted_and_warned(tmp_path):
+    """An op written as a begin/end pair ('B'/'E') or an event without a 'ph' is not read: the reader says how many,
+    with their ph values, instead of leaving the op out without a word; flows, instants and metadata stay unsaid."""
+    import gzip
+    import json
+
+    source = need_real(REAL_DATA / "kineto" / "hta_triton_example.json.gz")
+    trace = json.load(gzip.open(source))
+    events = trace["traceEvents"]
+    first = next(i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    op = events[first]
+    begin = {k: v for k, v in op.items() if k != "dur"} | {"ph": "B"}
+    end = {"ph": "E", "cat": op["cat"], "name": op["name"], "pid": op["pid"], "tid": op["tid"], "ts": op["ts"] + op["dur"]}
+    second = next(i for i, e in enumerate(events) if i > first and e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    no_ph = {k: v for k, v in events[second].items() if k != "ph"}
+    events[second] = no_ph
+    events[first:first + 1] = [begin, end]
+    path = tmp_path / "odd_ph.json"
+    path.write_text(json.dumps(trace))
+    timeline = read_kineto(path)
+    said = [w for w in timeline.diagnostics["warnings"] if "for their 'ph'" in w]
+    assert len(said) == 1 and said[0].startswith("3 events were not read for their 'ph' (")
+    assert all(part in said[0] for part in ("B 1", "E 1", "None 1", f"(first: traceEvents[{first}])"))
+    clean = read_kineto(source)
+    assert len(timeline.ranges) == len(clean.ranges) - 2  # the two ops, and nothing else, are missing
+    assert not [w for w in clean.diagnostics["warnings"] if "for their 'ph'" in w]

@@ -31,6 +31,12 @@ RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "p
 LAUNCH_CATEGORIES = {"cuda_runtime", "cuda_driver", "Runtime"}
 KERNEL_CATEGORIES = {"kernel", "Kernel"}
 INDUCTOR_CPP_KERNEL = re.compile(r"^graph_\d+_\w+$")
+#: Chrome-trace event kinds the reader leaves aside without a word (Trace Event Format): flows (s, t, f), instants
+#: (i, I), counters (C), metadata (M), async (b, n, e), samples (P), objects (N, O, D), marks (R), clock syncs (c),
+#: memory dumps (V, v), contexts ( and ). Any other 'ph' (begin/end pairs 'B'/'E', a missing or unknown one) is
+#: counted and warned: an op or kernel written so would be missing without a word.
+SET_ASIDE_PH = frozenset({"s", "t", "f", "i", "I", "C", "M", "b", "n", "e", "P", "N", "O", "D", "R", "c", "V", "v",
+                          "(", ")"})
 _THOUSAND = Decimal(1000)
 
 
@@ -673,6 +679,8 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     # what the reader repaired or left out, by kind: [count, index of the first event] (warned at the end)
     anomalies: dict[str, list] = {}
 
+    odd_ph: Counter = Counter()  # the 'ph' values of events neither read nor set aside (SET_ASIDE_PH)
+
     def anomaly(kind: str, count: int, index: int) -> None:
         seen = anomalies.setdefault(kind, [0, index])
         seen[0] += count
@@ -861,6 +869,9 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
                     pid, tid = _int_or_none(ev.get("pid")), _int_or_none(ev.get("tid"))
                     if ts is not None and pid is not None and tid is not None:
                         _add_flow(flow_rows, (ev.get("id"), ph, pid, tid), ts)
+                elif ph.__class__ is not str or ph not in SET_ASIDE_PH:
+                    anomaly("ph", 1, index)
+                    odd_ph[repr(ph) if ph.__class__ is not str else ph] += 1
                 continue
             kind = RANGE_CATEGORIES.get(cat)
             is_launch = kind is None and cat in LAUNCH_CATEGORIES
@@ -980,9 +991,13 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         "args": "events whose 'args' is not an object were read without their args",
         "name": "events whose name is not a string (null, a number, a list) were named by its text",
         "thread": "op/annotation events without an integer pid and tid were left out (they nest on no thread)",
+        "ph": "events were not read for their 'ph' ({}): torch.profiler writes ops, kernels and launches as complete "
+              "events ('X'); ops or kernels written as begin/end pairs ('B'/'E') or without a valid 'ph' are missing "
+              "from the timeline",
     }
     for kind, (count, index) in anomalies.items():
-        reader_warnings.append(f"{count} {said[kind]} (first: traceEvents[{index}])")
+        what = said[kind].format(", ".join(f"{ph} {n}" for ph, n in odd_ph.most_common())) if kind == "ph" else said[kind]
+        reader_warnings.append(f"{count} {what} (first: traceEvents[{index}])")
     dropped = sum(1 for row in memory_rows if row is None)
     if dropped:
         reader_warnings.append(f"{dropped} memcpy/memset events without a valid ts/dur were left out of "
@@ -1065,9 +1080,11 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     if not len(kernels) and not len(ranges):
         raise TimelineError(
             f"{path}: no kernel events and no operator events (categories: "
-            f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}); record the trace with "
-            "torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) around the model's "
-            "iterations")
+            f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}"
+            + (f"; events not read for their 'ph': {', '.join(f'{ph} {n}' for ph, n in odd_ph.most_common())}, "
+               "torch.profiler writes complete events, ph 'X'" if odd_ph else "")
+            + "); record the trace with torch.profiler.profile(activities=[ProfilerActivity.CPU, "
+            "ProfilerActivity.CUDA]) around the model's iterations")
     release_free_memory()
     kernels = finish_kernels(kernels, ranges, source="kineto")
     diagnostics = _diagnostics(path, trace, categories, kernels, launches, memory_correlations, gpu_trace)
