@@ -43,17 +43,15 @@ def test_the_fusion_map_names_every_generated_kernel_of_the_trace(compiled):
     assert not list(out.glob("inductor/*.partial"))  # renamed into place
     graphs = inductor.find_graph_dirs(debug)
     assert graphs and all((g / "output_code.py").is_file() and (g / MODULE_PATHS_JSON).is_file() for g in graphs)
-    # The kernels output_code.py defines, read here from the files themselves, with the graph number the profiler
-    # prefixes (graph_<n>_): Inductor numbers a process's graphs, so these are the trace's names only if the
+    # The names output_code.py gives its kernels' record functions (graph_<n>_<kernel>, n Inductor's graph counter
+    # of the compiling process), read here from the files themselves: they are the trace's names only if the
     # capture's own compile wrote them.
     defined = set()
     for g in graphs:
-        number = re.search(r"_(\d+)\.\d+$", g.name).group(1)
-        for name in re.findall(r"^(cpp_fused_\w+) = async_compile\.", (g / "output_code.py").read_text(), re.M):
-            defined.add(f"graph_{number}_{name}")
+        defined |= set(re.findall(r'RAIIAtenRecordFunctionHandle \w+\("(graph_\d+_\w+)"', (g / "output_code.py").read_text()))
     stages.export_timeline(out / "capture" / "timeline.kineto.json.gz", out / "timeline")
     kernels = pd.read_parquet(out / "timeline" / "kernels.parquet")
-    generated = set(kernels["name"][kernels["name"].str.match(r"^graph_\d+_cpp_fused_")])
+    generated = set(kernels["name"][kernels["name"].str.match(r"^graph_\d+_")])
     assert generated and generated == defined
     fusion = stages.build_fusion_map(debug, out / "inductor" / "fusion_map.parquet")
     assert set(fusion["profiler_name"]) >= generated
