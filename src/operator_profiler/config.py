@@ -231,7 +231,7 @@ def _type_advice(error: jsonschema.ValidationError, root: dict) -> str:
         return f": {kind} is needed, and {value!r} has a fractional part; {example}"
     if isinstance(value, str):
         parsed = _coerce_scalar(value, [wanted])
-        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and math.isfinite(parsed):
             return f": {kind} is needed, and {value!r} is quoted text; write it without quotes: {key}: {value.strip()}"
         return f": {kind} is needed; {example}"
     return f": {kind} is needed; {example}"

@@ -30,7 +30,9 @@ __all__ = ["Timeline", "TimelineError", "load_trace", "read_kineto", "write_time
 RANGE_CATEGORIES = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "python_function": "python_function"}
 LAUNCH_CATEGORIES = {"cuda_runtime", "cuda_driver", "Runtime"}
 KERNEL_CATEGORIES = {"kernel", "Kernel"}
-INDUCTOR_CPP_KERNEL = re.compile(r"^graph_\d+_\w+$")
+#: The record function Inductor wraps each generated C++ kernel call in (``cpp.enable_kernel_profile``):
+#: ``graph_<n>_cpp_fused_*``, and with max_autotune a GEMM template's ``graph_<n>_gemm_*_kernel``.
+INDUCTOR_KERNEL_RECORD = re.compile(r"^graph_\d+_\w+$")
 #: Chrome-trace event kinds the reader leaves aside without a word (Trace Event Format): flows (s, t, f), instants
 #: (i, I), counters (C), metadata (M), async (b, n, e), samples (P), objects (N, O, D), marks (R), clock syncs (c),
 #: memory dumps (V, v), contexts ( and ). Any other 'ph' (begin/end pairs 'B'/'E', a missing or unknown one) is
@@ -289,7 +291,7 @@ def _cpu_kernels(ranges: pd.DataFrame) -> pd.DataFrame:
     compute call (resolved to kernel ids by :func:`finish_kernels`).
     """
     names = ranges["name"]
-    is_call = ((ranges["kind"] == "cpu_op") & (names.str.match(DISPATCHER_OP) | names.str.match(INDUCTOR_CPP_KERNEL))).to_numpy()
+    is_call = ((ranges["kind"] == "cpu_op") & (names.str.match(DISPATCHER_OP) | names.str.match(INDUCTOR_KERNEL_RECORD))).to_numpy()
     is_metadata = names.isin(METADATA_OPS).to_numpy()
     parent = ranges["parent_id"].fillna(-1).astype(np.int64).to_numpy()
     starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
@@ -681,6 +683,9 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
 
     odd_ph: Counter = Counter()  # the 'ph' values of events neither read nor set aside (SET_ASIDE_PH)
 
+    def odd_ph_text() -> str:
+        return ", ".join(f"{ph} {n}" for ph, n in odd_ph.most_common())
+
     def anomaly(kind: str, count: int, index: int) -> None:
         seen = anomalies.setdefault(kind, [0, index])
         seen[0] += count
@@ -996,7 +1001,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
               "from the timeline",
     }
     for kind, (count, index) in anomalies.items():
-        what = said[kind].format(", ".join(f"{ph} {n}" for ph, n in odd_ph.most_common())) if kind == "ph" else said[kind]
+        what = said[kind].format(odd_ph_text()) if kind == "ph" else said[kind]
         reader_warnings.append(f"{count} {what} (first: traceEvents[{index}])")
     dropped = sum(1 for row in memory_rows if row is None)
     if dropped:
@@ -1081,7 +1086,7 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
         raise TimelineError(
             f"{path}: no kernel events and no operator events (categories: "
             f"{', '.join(f'{c} {n}' for c, n in sorted(categories.items())) or 'none'}"
-            + (f"; events not read for their 'ph': {', '.join(f'{ph} {n}' for ph, n in odd_ph.most_common())}, "
+            + (f"; events not read for their 'ph': {odd_ph_text()}, "
                "torch.profiler writes complete events, ph 'X'" if odd_ph else "")
             + "); record the trace with torch.profiler.profile(activities=[ProfilerActivity.CPU, "
             "ProfilerActivity.CUDA]) around the model's iterations")
