@@ -320,3 +320,9 @@ def test_evidence_search_of_an_object_column_equals_the_row_by_row_search():
         for probe in (text, "nan", "None", "1"):
             want = evidence.astype(str).str.contains(probe, regex=False).to_numpy(dtype=bool)
             assert np.array_equal(agg._evidence_contains(evidence, probe), want), (values, probe)
+        probes = (text, "nan", "None", "1")
+        # Several texts searched in one pass over the distinct texts: each answer as the row-by-row search's.
+        for column in (evidence, evidence.astype("category") if all(isinstance(v, str) for v in values) else evidence):
+            for probe, found in zip(probes, agg._evidence_contains_each(column, probes), strict=True):
+                want = column.astype(str).str.contains(probe, regex=False).to_numpy(dtype=bool)
+                assert np.array_equal(found, want), (values, probe, column.dtype)

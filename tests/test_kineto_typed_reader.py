@@ -309,3 +309,25 @@ def test_events_skipped_for_their_ph_are_counted_and_warned(tmp_path):
     clean = read_kineto(source)
     assert len(timeline.ranges) == len(clean.ranges) - 2  # the two ops, and nothing else, are missing
     assert not [w for w in clean.diagnostics["warnings"] if "for their 'ph'" in w]
+
+
+def test_string_column_codes_each_string_in_the_order_first_seen_and_null_as_minus_one():
+    """_StringColumn codes a column chunk by chunk: a string's code is its rank among the distinct strings in the
+    order they first come (over all chunks), a null's -1; strings() gives back the values, nulls included."""
+    import numpy as np
+
+    from operator_profiler.timeline.kineto import _StringColumn
+
+    chunks = [["aten::mm", None, "aten::mm", "aten::add"], [None, None], ["aten::add", "é", "aten::mm"], [],
+              ["", "aten::relu", None, "é"]]
+    column = _StringColumn()
+    for chunk in chunks:
+        column.pending.extend(chunk)
+        column.flush()
+    values = [v for chunk in chunks for v in chunk]
+    first_seen = list(dict.fromkeys(v for v in values if v is not None))
+    assert list(column.code_of) == first_seen == ["aten::mm", "aten::add", "é", "", "aten::relu"]
+    codes = column.codes()
+    assert codes.dtype == np.int32
+    assert codes.tolist() == [-1 if v is None else first_seen.index(v) for v in values]
+    assert [None if isinstance(v, float) else v for v in column.strings(codes).tolist()] == values

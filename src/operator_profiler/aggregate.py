@@ -375,16 +375,25 @@ DISAGREEMENT_EXAMPLES = 5
 
 
 def _evidence_contains(evidence: pd.Series, text: str) -> np.ndarray:
-    """Per row, whether the evidence JSON contains ``text`` (a boolean array; a null evidence reads "nan").
+    """Per row, whether the evidence JSON contains ``text`` (a boolean array; a null evidence reads "nan")."""
+    return _evidence_contains_each(evidence, (text,))[0]
+
+
+def _evidence_contains_each(evidence: pd.Series, texts: tuple[str, ...]) -> list[np.ndarray]:
+    """:func:`_evidence_contains` of each of ``texts``, the column's distinct texts found once for all of them.
 
     A categorical evidence column (path (b)'s: a few distinct texts for a million kernels) is searched once per
     distinct text and the answers spread by the codes: ``astype(str)`` would build a string per kernel (0.6 s of
     ``opprof attribute`` at 1 M nsys kernels). So is an object column of texts (path (a)'s, shared strings)."""
     if isinstance(evidence.dtype, pd.CategoricalDtype):
-        in_text = np.asarray(evidence.cat.categories.astype(str).str.contains(text, regex=False), dtype=bool)
+        categories = evidence.cat.categories.astype(str)
         codes = evidence.cat.codes.to_numpy()
-        null_contains = text in "nan"  # what astype(str) made of a missing evidence
-        return np.where(codes >= 0, in_text[np.maximum(codes, 0)] if len(in_text) else False, null_contains)
+        found = []
+        for text in texts:
+            in_text = np.asarray(categories.str.contains(text, regex=False), dtype=bool)
+            null_contains = text in "nan"  # what astype(str) made of a missing evidence
+            found.append(np.where(codes >= 0, in_text[np.maximum(codes, 0)] if len(in_text) else False, null_contains))
+        return found
     if evidence.dtype == object:
         # Path (a)'s evidence: one JSON text per kernel, most of them shared: searched once per distinct text.
         try:
@@ -393,15 +402,19 @@ def _evidence_contains(evidence: pd.Series, text: str) -> np.ndarray:
             distinct = None
         # (only texts: equal values of other types, 1 and True, would share a code but not a text)
         if distinct is not None and all(v.__class__ is str for v in distinct):
-            found = np.zeros(len(codes), dtype=bool)
-            if len(distinct):
-                found = pd.Series(distinct, dtype=object).astype(str).str.contains(text, regex=False).to_numpy(
-                    dtype=bool)[codes]
+            distinct_texts = pd.Series(distinct, dtype=object).astype(str)
             missing = codes < 0
-            if missing.any():  # (nulls read as astype(str) reads them)
-                found[missing] = evidence[missing].astype(str).str.contains(text, regex=False).to_numpy(dtype=bool)
+            found = []
+            for text in texts:
+                hits = np.zeros(len(codes), dtype=bool)
+                if len(distinct):
+                    hits = distinct_texts.str.contains(text, regex=False).to_numpy(dtype=bool)[codes]
+                if missing.any():  # (nulls read as astype(str) reads them)
+                    hits[missing] = evidence[missing].astype(str).str.contains(text, regex=False).to_numpy(dtype=bool)
+                found.append(hits)
             return found
-    return evidence.astype(str).str.contains(text, regex=False).to_numpy(dtype=bool)
+    as_text = evidence.astype(str)
+    return [as_text.str.contains(text, regex=False).to_numpy(dtype=bool) for text in texts]
 
 
 def external_id_disagreements(attribution: pd.DataFrame) -> dict:
@@ -410,8 +423,9 @@ def external_id_disagreements(attribution: pd.DataFrame) -> dict:
     carry op ids, DESIGN.md §3). The operator stays the launch's; this says how much to doubt the
     trace's op ids. ``checked``: kernels the check ran on; ``count``/``time_ns`` (ns) the disagreeing
     ones; ``examples``: the longest few (``kernel_id, name, operator, external_id, external_id_op``)."""
-    checked = _evidence_contains(attribution["evidence"], '"external_id_check": ')
-    disagree = checked & _evidence_contains(attribution["evidence"], '"external_id_check": "disagrees"')
+    checked, disagree = _evidence_contains_each(attribution["evidence"], ('"external_id_check": ',
+                                                                          '"external_id_check": "disagrees"'))
+    disagree = disagree & checked
     rows = attribution[disagree]
     examples = []
     for row in rows.sort_values(["duration_ns", "kernel_id"], ascending=[False, True]).head(

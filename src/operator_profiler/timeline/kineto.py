@@ -517,27 +517,33 @@ class _StringColumn:
     distinct string (an operator name repeats millions of times) is encoded to Arrow once, and the
     table's rows can be reordered as codes before the strings are built.
 
-    ``pending`` collects a chunk's values (str or None); ``flush`` codes them (a hash factorization per
-    chunk, in C); ``codes()`` joins every chunk's codes; ``strings(codes)`` builds the ``str`` column of the
-    codes given.
+    ``pending`` collects a chunk's values (str or None); ``flush`` codes them (one dict lookup per value, in C:
+    ``np.fromiter`` over ``map``; a chunk with strings not seen before adds them first, in the order they come);
+    ``codes()`` joins every chunk's codes; ``strings(codes)`` builds the ``str`` column of the codes given.
+    (A hash factorization per chunk, ``pd.factorize``, took twice as long: 0.25 vs 0.14 s for 2.9M values.)
     """
 
     def __init__(self):
         self.pending: list = []
         self.parts: list[np.ndarray] = []
-        self.code_of: dict[str, int] = {}
+        self.code_of: dict[str, int] = {}  # the distinct strings, in the order of their codes
+        self._code_or_null: dict = {None: -1}  # code_of and null
 
     def flush(self) -> None:
-        if not self.pending:
+        pending = self.pending
+        if not pending:
             return
-        codes, distinct = pd.factorize(np.array(self.pending, dtype=object))
         self.pending = []
-        if not len(distinct):
-            self.parts.append(np.full(len(codes), -1, dtype=np.int32))
-            return
-        code_of = self.code_of
-        known = np.array([code_of.setdefault(v, len(code_of)) for v in distinct.tolist()], dtype=np.int32)
-        self.parts.append(np.where(codes >= 0, known[codes], -1).astype(np.int32))
+        lookup = self._code_or_null
+        try:
+            codes = np.fromiter(map(lookup.__getitem__, pending), dtype=np.int32, count=len(pending))
+        except KeyError:  # strings not seen before: coded in the order they come
+            code_of = self.code_of
+            for value in pending:
+                if value not in lookup:
+                    lookup[value] = code_of[value] = len(code_of)
+            codes = np.fromiter(map(lookup.__getitem__, pending), dtype=np.int32, count=len(pending))
+        self.parts.append(codes)
 
     def codes(self) -> np.ndarray:
         self.flush()
