@@ -96,3 +96,29 @@ def test_ids_and_timestamps_are_delta_encoded(tmp_path, monkeypatch):
     launches.to_parquet(default_frame, index=False)
     assert pq.read_table(frame).equals(pq.read_table(default_frame), check_metadata=True)
     assert delta | {"seq"} <= files.DELTA_ENCODED and not {"pid", "tid", "api"} & files.DELTA_ENCODED
+
+
+def test_extra_columns_read_back_with_their_pandas_dtypes(tmp_path, monkeypatch):
+    """A reader's columns beyond the contract (Kineto's launches ``external_id``, nullable Int64) read back as they
+    were written: with nulls they would otherwise come back as float64, the nulls NaN. Also across row groups
+    written one at a time, and for an extra categorical (written as plain strings)."""
+    import pyarrow as pa
+
+    n = 10
+    launches = pd.DataFrame({name: range(n) for name in ("launch_id", "pid", "tid", "start_ns", "end_ns")})
+    launches["api"] = ["cudaLaunchKernel"] * n
+    launches["correlation_id"] = pd.array(range(n), dtype="Int64")
+    launches["external_id"] = pd.array([None, 7, 8, None, 9, 10, 11, None, 12, 13], dtype="Int64")
+    launches["kind"] = pd.Categorical(["a", "b"] * 5)
+    for rows_per_group, groups in ((1024, 1), (4, 3)):
+        monkeypatch.setattr(tables, "ROW_GROUP_ROWS", rows_per_group)
+        path = tmp_path / f"launches{groups}.parquet"
+        tables.write_table(launches, tables.LAUNCHES, path)
+        assert pq.ParquetFile(path).metadata.num_row_groups == groups
+        back = pd.read_parquet(path)
+        assert str(back["external_id"].dtype) == "Int64"
+        assert back["external_id"].isna().tolist() == launches["external_id"].isna().tolist()
+        assert back["external_id"].dropna().tolist() == [7, 8, 9, 10, 11, 12, 13]
+        assert pa.types.is_string(pq.read_schema(path).field("kind").type) or pa.types.is_large_string(
+            pq.read_schema(path).field("kind").type)
+        assert back["kind"].astype(str).tolist() == ["a", "b"] * 5

@@ -106,12 +106,17 @@ def to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
         raise KeyError(f"table is missing contract columns {missing}")
     extra = [c for c in df.columns if c not in schema.names]
     table = _contract_columns(df, schema)
+    if not extra:
+        return table
     for col in extra:
         column = pa.Array.from_pandas(df[col])
         if pa.types.is_dictionary(column.type):  # (a categorical in memory: plain values in the file, as above)
             column = column.cast(column.type.value_type)
         table = table.append_column(col, column)
-    return table
+    # The pandas metadata names the extra columns' dtypes too, so that they read back as they were written: a
+    # nullable Int64 column (Kineto's external_id) would otherwise come back as float64, its nulls NaN.
+    described = pa.Table.from_pandas(df[list(table.column_names)].iloc[:0], schema=table.schema, preserve_index=False)
+    return table.replace_schema_metadata(described.schema.metadata)
 
 
 def _contract_columns(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
