@@ -246,3 +246,67 @@ def test_rewrite_before_counts_exact_modules_names_a_coarser_region_and_refuses_
     page = optimize_page._operators_section(pd.DataFrame(columns=["operator", "side", "a_ms", "b_ms", "delta_ms",
                                                                   "change"]), missing, "w", "w+fold")
     assert '<td class="num" data-v="">n/a</td>' in page and "0.000" not in page
+
+
+def test_rewrite_before_of_a_compiled_profile_counts_the_kernels_of_the_replaced_fx_nodes():
+    """In a compiled profile Inductor lowers a replaced ``matmul`` to an ``aten::bmm`` kernel: no replaced operator
+    in its name, but its FX source node is one the rewrite replaced. It counts where the record's module and the
+    kernel's region agree (here the layer instance around the rewritten attention); another layer's node of the
+    same name, and a kernel of a node not replaced, do not."""
+    base = pd.DataFrame([
+        {"operator": "aten::bmm", "module": "h.0", "source_nodes": ["matmul"], "duration_ns": 2_000_000},
+        {"operator": "aten::_softmax+aten::masked_fill", "module": "h.0", "source_nodes": ["att_1", "masked_fill"],
+         "duration_ns": 1_000_000},
+        {"operator": "aten::clone", "module": "h.0", "source_nodes": ["transpose_3", "view"], "duration_ns": 500_000},
+        {"operator": "aten::addmm", "module": "h.0", "source_nodes": ["linear"], "duration_ns": 8_000_000},
+        {"operator": "aten::bmm", "module": "h.1", "source_nodes": ["matmul_2"], "duration_ns": 4_000_000},
+        {"operator": "aten::bmm", "module": "h.2", "source_nodes": ["matmul"], "duration_ns": 16_000_000},
+    ])
+    rewrites = [{"pass": "attention_to_sdpa", "new_op": "aten::scaled_dot_product_attention",
+                 "module_path": f"h.{i}.attn", "replaced_nodes": [f"matmul{s}", "att_1", "masked_fill"],
+                 "removed_nodes": ["transpose_3"],
+                 "replaced_ops": ["aten::matmul", "aten::softmax", "aten::masked_fill"]}
+                for i, s in ((0, ""), (1, "_2"))]
+    variant = pd.DataFrame({"operator": ["aten::_scaled_dot_product_flash_attention_for_cpu"], "time_ns": [1_000_000]})
+    (pair,) = optimize_page.rewrite_pairs(rewrites, base, 1, variant, 1).to_dict("records")
+    # h.0: bmm 2 + fused softmax 1 + the erased transpose's clone 0.5; h.1: bmm 4; not h.0's addmm nor h.2's bmm
+    assert pair["before_ms"] == pytest.approx(7.5)
+    assert "with the compiled kernels of their FX nodes" in pair["before_note"]
+    assert "in h.0, h.1 (the layer instances" in pair["before_note"]
+    without_nodes = [{k: v for k, v in r.items() if k not in ("replaced_nodes", "removed_nodes")} for r in rewrites]
+    (by_name,) = optimize_page.rewrite_pairs(without_nodes, base, 1, variant, 1).to_dict("records")
+    assert by_name["before_ms"] == pytest.approx(1.0)  # the operator names alone: only the fused softmax kernel
+
+
+@pytest.mark.workflow
+def test_rewrite_before_of_a_real_compiled_gpt2_counts_its_bmm_kernels(tmp_path):
+    """A real compiled GPT-2 (explicit attention) profiled as the workflow does, and its sdpa_rewrite variant: the
+    rewrite's "before" counts the aten::bmm kernels of the replaced matmul nodes (found in the base profile by their
+    fusion-map FX nodes, computed here independently), as well as the kernels named after the replaced operators."""
+    from operator_profiler import stages
+    from operator_profiler.config import validate_config
+    from operator_profiler.transforms.variants import variant_workload
+
+    workload = {"kind": "gpt2", "compile": True, "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64,
+                "n_positions": 16, "batch_size": 1, "seq_len": 16}
+    harness = {"seed": 0, "warmup": 1, "iterations": 2}
+    config = validate_config({"device": "cpu", "harness": harness, "workloads": {"g": workload}})
+    env = dict.fromkeys(stages.THREAD_ENV, "1")
+    stages.profile_files("g", config["workloads"]["g"], config["harness"], "cpu", tmp_path / "g", config, env=env)
+    changed = variant_workload(config["workloads"]["g"], ["sdpa_rewrite"])
+    stages.profile_files("g+sdpa_rewrite", changed, config["harness"], "cpu", tmp_path / "v", config, env=env)
+    rewrites = json.loads((tmp_path / "v" / "capture" / "run.json").read_text())["rewrites"]
+    records = [r for r in rewrites if r.get("new_op") == "aten::scaled_dot_product_attention"]
+    assert len(records) == 2
+    base = pd.read_parquet(tmp_path / "g" / "attribution" / "kernels.parquet")
+    base = base[base["iteration"].notna()]
+    matmuls = {n for r in records for n in r["replaced_nodes"] if n.startswith("matmul")}
+    bmm = base[(base["operator"] == "aten::bmm")
+               & base["source_nodes"].map(lambda nodes: bool(set(map(str, nodes)) & matmuls))]
+    assert len(bmm) and bmm["duration_ns"].sum() > 0
+    variant_ops = pd.read_parquet(tmp_path / "v" / "operators.parquet")
+    (pair,) = optimize_page.rewrite_pairs(rewrites, base, 2, variant_ops, 2).to_dict("records")
+    named = base["operator"].astype(str).map(lambda op: bool({"aten::softmax", "aten::_softmax", "aten::masked_fill",
+                                                              "aten::mul", "aten::matmul"} & set(op.split("+"))))
+    assert pair["before_ms"] >= (bmm["duration_ns"].sum() + base.loc[named, "duration_ns"].sum()) / 2 / 1e6 - 1e-12
+    assert "with the compiled kernels of their FX nodes" in pair["before_note"]

@@ -300,18 +300,48 @@ def _in_replaced_calls(kernels: pd.DataFrame, replaced: set[str]) -> pd.Series:
     return own | stacked
 
 
-def _before(kernels: pd.DataFrame, replaced: set[str], paths: list, iterations: int) -> tuple[float | None, str]:
+def _from_replaced_nodes(kernels: pd.DataFrame, nodes: set[tuple[str, str]]) -> pd.Series:
+    """Which kernels of a compiled profile compute an FX node a rewrite replaced or erased: a kernel whose
+    ``source_nodes`` (its fusion-map FX nodes) hold a node name of ``nodes`` (``(module_path, name)`` of the rewrite
+    records) recorded in a module that is the kernel's own, inside it or around it (the kernel's ``module`` may be a
+    coarser region, a layer instance). So the ``aten::bmm`` Inductor lowers a replaced ``matmul`` to counts, which
+    names no replaced operator. FX node names come from Dynamo's graph of the same model code, in the base profile
+    and in the rewritten variant alike."""
+    if not nodes or "source_nodes" not in kernels:
+        return pd.Series(False, index=kernels.index)
+    paths_of: dict[str, list[str]] = {}
+    for path, name in nodes:
+        paths_of.setdefault(name, []).append(path)
+
+    def computes_one(module, source) -> bool:
+        if source is None or not len(source):
+            return False
+        m = None if module is None or pd.isna(module) else str(module)
+        return any(m is None or p == "" or m == p or m.startswith(p + ".") or p.startswith(m + ".")
+                   for name in source for p in paths_of.get(str(name), ()))
+
+    return pd.Series([computes_one(m, s) for m, s in zip(kernels["module"].astype(object), kernels["source_nodes"])],
+                     index=kernels.index, dtype=bool)
+
+
+def _before(kernels: pd.DataFrame, replaced: set[str], paths: list, iterations: int,
+            nodes: set[tuple[str, str]] = frozenset()) -> tuple[float | None, str]:
     """The base profile's kernel time per measured iteration (ms) of the ``replaced`` operators' calls
-    (:func:`_in_replaced_calls`) in the modules at ``paths`` (the rewrite records' ``module_path``: "" is the whole
-    model, None unknown), and a note saying what it counts; None (the note says why) when the profile cannot tell.
+    (:func:`_in_replaced_calls`; in a compiled profile also the kernels computing the rewrite's replaced or erased FX
+    ``nodes``, :func:`_from_replaced_nodes`) in the modules at ``paths`` (the rewrite records' ``module_path``: ""
+    is the whole model, None unknown), and a note saying what it counts; None (the note says why) when the profile
+    cannot tell.
 
     A kernel's ``module`` is the smallest region the profile attributes it to: the module path of its FX nodes
     (compiled), else the layer instance around it, else none (outside every layer range). A kernel counts when
     that region is a rewritten module or inside one; when it is a layer instance enclosing a rewritten module, or
     no module while a rewritten module lies outside every layer instance, the kernel counts too and the note names
     that region (the profile cannot tell the rewritten module's calls from the rest of it)."""
-    calls = kernels[_in_replaced_calls(kernels, replaced)]
+    by_nodes = _from_replaced_nodes(kernels, set(nodes))
+    calls = kernels[_in_replaced_calls(kernels, replaced) | by_nodes]
     ops = ", ".join(sorted(replaced))
+    if by_nodes.any():  # (what the notes below call "calls of" them: their compiled kernels too)
+        ops += " (with the compiled kernels of their FX nodes)"
     if calls.empty:
         return None, f"n/a: no kernel of {ops} in the base profile"
     if any(p is None for p in paths):
@@ -353,7 +383,8 @@ def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, itera
                   variant_operators: pd.DataFrame, variant_iterations: int) -> pd.DataFrame:
     """One row per (pass, new operator): ``before_ms``, the base profile's kernel time per measured iteration in
     the calls of the operators the rewrite replaced (the operators they run included: an aten::linear's
-    aten::addmm) in the modules it rewrote (:func:`_before`; kernels outside the measured iterations left out),
+    aten::addmm; in a compiled profile, the kernels computing the FX nodes it replaced or erased) in the modules it
+    rewrote (:func:`_before`; kernels outside the measured iterations left out),
     ``before_note`` saying what that counts, or why ``before_ms`` is None (n/a: the profile cannot tell, or has no
     kernel of them); ``after_ms``, the variant's time in the new operator (ms per iteration; None when the
     variant's profile has none)."""
@@ -363,9 +394,12 @@ def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, itera
         if r.get("skipped") or not r.get("new_op"):
             continue
         key = (r["pass"], r["new_op"])
-        g = groups.setdefault(key, {"replaced": set(), "modules": set(), "paths": [], "count": 0})
+        g = groups.setdefault(key, {"replaced": set(), "modules": set(), "paths": [], "count": 0, "nodes": set()})
         g["replaced"].update(r.get("replaced_ops") or [])
         path = r.get("module_path")
+        if path is not None:  # (the nodes the rewrite replaced or erased, where a compiled profile names them)
+            g["nodes"].update((str(path), str(n)) for n in [*(r.get("replaced_nodes") or []),
+                                                            *(r.get("removed_nodes") or [])])
         g["paths"].append(None if path is None else str(path))
         if path:
             g["modules"].add(str(path))
@@ -377,7 +411,7 @@ def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, itera
         if kernels is None or not len(kernels):
             before, note = None, "n/a: the base profile has no kernels"
         else:
-            before, note = _before(kernels, g["replaced"], g["paths"], iterations)
+            before, note = _before(kernels, g["replaced"], g["paths"], iterations, g["nodes"])
         # the op a rewrite inserts dispatches to the kernel-level op the profile names (on CPU
         # aten::scaled_dot_product_attention runs aten::_scaled_dot_product_flash_attention_for_cpu)
         short = _PROFILED_AS.get(new_op, new_op.split("::")[-1])
