@@ -122,3 +122,27 @@ def test_extra_columns_read_back_with_their_pandas_dtypes(tmp_path, monkeypatch)
         assert pa.types.is_string(pq.read_schema(path).field("kind").type) or pa.types.is_large_string(
             pq.read_schema(path).field("kind").type)
         assert back["kind"].astype(str).tolist() == ["a", "b"] * 5
+
+
+def test_a_list_column_empty_in_the_first_row_group_takes_its_type_from_the_whole_column(tmp_path, monkeypatch):
+    """The attribution's ``layers_spanned``: empty lists for most kernels, so a first row group of only empty lists
+    is typed ``list<null>``; a later row group's lists of strings must still be written (the cast from string to
+    null failed), and the file reads back the lists as they were."""
+    import pyarrow as pa
+
+    n = 10
+    launches = pd.DataFrame({name: range(n) for name in ("launch_id", "pid", "tid", "start_ns", "end_ns")})
+    launches["api"] = ["cudaLaunchKernel"] * n
+    launches["correlation_id"] = pd.array(range(n), dtype="Int64")
+    spans = [[] for _ in range(n)]
+    spans[6] = ["h.0", "h.1"]
+    launches["layers_spanned"] = spans
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 4)
+    path = tmp_path / "launches.parquet"
+    tables.write_table(launches, tables.LAUNCHES, path)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    field = pq.read_schema(path).field("layers_spanned")
+    assert pa.types.is_list(field.type) or pa.types.is_large_list(field.type)
+    assert pa.types.is_string(field.type.value_type) or pa.types.is_large_string(field.type.value_type)
+    back = pq.read_table(path).column("layers_spanned").to_pylist()
+    assert back == spans

@@ -5,7 +5,10 @@ command on a real nsys export leaves no file."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,53 @@ def test_a_failed_nsys_timeline_leaves_no_file_though_its_tables_were_written_me
     assert main(["timeline", "--nsys", str(export), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(stages.TIMELINE_OUTPUTS)
     capsys.readouterr()
+
+
+def test_ctrl_c_while_waiting_for_a_write_waits_until_it_ends(tmp_path):
+    """Two Ctrl-Cs (real SIGINTs) while the block waits for a running write: the wait goes on until the write ends,
+    then the interrupt is raised. (On Python 3.11 a thread join that a Ctrl-C interrupts marks the running thread as
+    stopped, and a second join returns at once: the wait must not rely on joining the thread.)"""
+    started = threading.Event()
+    written = tmp_path / "slow.txt"
+
+    def slow_write():
+        started.set()
+        time.sleep(1.5)
+        files.write_text_atomic(written, "done")
+
+    timers = []
+    with pytest.raises(KeyboardInterrupt):
+        with files.writes_in_background() as submit:
+            submit(slow_write)
+            assert started.wait(timeout=30)
+            timers = [threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)) for delay in (0.2, 0.6)]
+            for timer in timers:
+                timer.start()
+    for timer in timers:
+        timer.join()
+    assert written.read_text() == "done"  # the write ended before the interrupt left the block
+
+
+def test_ctrl_c_twice_during_an_nsys_timeline_leaves_no_file_even_later(tmp_path, monkeypatch):
+    """The writes of an nsys timeline slowed down (slow storage), two Ctrl-Cs while the command waits for them: no
+    timeline file is left, also after the writer would have finished."""
+    from operator_profiler.timeline import nsys
+
+    export = REAL_DATA / "nsys" / "fuser_test_matmul_h100x8_nsys2024.6.sqlite"
+    if not export.is_file():
+        pytest.skip(f"real data not available: {export}")
+    out = tmp_path / "timeline"
+    real_write = nsys.write_nsys_timeline
+
+    def slow_write(timeline, out_dir):
+        for delay in (0.2, 0.6):
+            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+        time.sleep(1.5)
+        real_write(timeline, out_dir)
+
+    monkeypatch.setattr(nsys, "write_nsys_timeline", slow_write)
+    with pytest.raises(KeyboardInterrupt):
+        stages.export_timeline(export, out, kind="nsys")
+    assert not out.exists()
+    time.sleep(2.0)  # (a writer still running would put its files back by now)
+    assert not out.exists()

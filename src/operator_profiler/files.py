@@ -43,7 +43,7 @@ def writes_in_background():
 
     Raises:
         whatever a write raised."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="opprof-writer")
     futures = []
@@ -55,13 +55,16 @@ def writes_in_background():
         if failed:
             for future in futures:
                 future.cancel()
+        # Waited on through the futures, not by joining the thread: on Python 3.11 a join that a Ctrl-C interrupts
+        # marks the still-running thread as stopped, and every later join returns at once.
         interrupted = None
         while True:
             try:
-                pool.shutdown(wait=True)
+                wait(futures)
                 break
             except KeyboardInterrupt as exc:  # wait on: the outputs are removed only after the last write
                 interrupted = exc
+        pool.shutdown(wait=False)  # (the worker is idle: every write has ended)
         if interrupted is not None and not failed:
             raise interrupted
     for future in futures:

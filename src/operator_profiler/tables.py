@@ -176,8 +176,9 @@ def write_table(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
         return
     first = to_arrow(df.iloc[:ROW_GROUP_ROWS], schema)
     target = first.schema
-    for i, field in enumerate(target):  # an extra column all null in the first rows: its type from the whole column
-        if pa.types.is_null(field.type):
+    for i, field in enumerate(target):
+        # an extra column all null (or all empty lists) in the first rows: its type from the whole column
+        if _holds_null_type(field.type):
             whole = pa.Array.from_pandas(df[field.name])
             if pa.types.is_dictionary(whole.type):
                 whole = whole.cast(whole.type.value_type)
@@ -195,6 +196,18 @@ def write_table(df: pd.DataFrame, schema: pa.Schema, path: Path) -> None:
                 del part
 
     replace_atomic(path, write)
+
+
+def _holds_null_type(arrow_type: pa.DataType) -> bool:
+    """Whether ``arrow_type`` is Arrow's ``null`` or holds it (``list<null>``: a list column whose first rows hold
+    only empty lists, such as the attribution's ``layers_spanned``): a type read from some rows, not the column's."""
+    if pa.types.is_null(arrow_type):
+        return True
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        return _holds_null_type(arrow_type.value_type)
+    if pa.types.is_struct(arrow_type):
+        return any(_holds_null_type(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
+    return False
 
 
 def read_table(path: Path) -> pd.DataFrame:

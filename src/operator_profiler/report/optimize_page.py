@@ -7,6 +7,7 @@ Self-contained (the report.html page style; no figure, so no plotly.js)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ..figures import apart, interval as _interval
@@ -314,7 +315,7 @@ def _from_replaced_nodes(kernels: pd.DataFrame, nodes: set[tuple[str, str]]) -> 
         paths_of.setdefault(name, []).append(path)
 
     def computes_one(module, source) -> bool:
-        if source is None or not len(source):
+        if not isinstance(source, (list, tuple, np.ndarray)) or not len(source):  # (None, NaN: no FX nodes)
             return False
         m = None if module is None or pd.isna(module) else str(module)
         return any(m is None or p == "" or m == p or m.startswith(p + ".") or p.startswith(m + ".")
