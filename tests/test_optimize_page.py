@@ -279,15 +279,18 @@ def test_rewrite_before_of_a_compiled_profile_counts_the_kernels_of_the_replaced
 
 
 @pytest.mark.workflow
-def test_rewrite_before_of_a_real_compiled_gpt2_counts_its_bmm_kernels(tmp_path):
+@pytest.mark.parametrize("scope", ["model", "layers"])
+def test_rewrite_before_of_a_real_compiled_gpt2_counts_its_bmm_kernels(tmp_path, scope):
     """A real compiled GPT-2 (explicit attention) profiled as the workflow does, and its sdpa_rewrite variant: the
     rewrite's "before" counts the aten::bmm kernels of the replaced matmul nodes (found in the base profile by their
-    fusion-map FX nodes, computed here independently), as well as the kernels named after the replaced operators."""
+    fusion-map FX nodes, computed here independently), as well as the kernels named after the replaced operators.
+    Compiled layer by layer, the one record's module path is relative to the compiled layer ("attn"): it is read in
+    each layer instance, and no kernel outside the layers (the lm_head's matmul) counts."""
     from operator_profiler import stages
     from operator_profiler.config import validate_config
     from operator_profiler.transforms.variants import variant_workload
 
-    workload = {"kind": "gpt2", "compile": True, "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64,
+    workload = {"kind": "gpt2", "compile": True, "compile_scope": scope, "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64,
                 "n_positions": 16, "batch_size": 1, "seq_len": 16}
     harness = {"seed": 0, "warmup": 1, "iterations": 2}
     config = validate_config({"device": "cpu", "harness": harness, "workloads": {"g": workload}})
@@ -295,18 +298,29 @@ def test_rewrite_before_of_a_real_compiled_gpt2_counts_its_bmm_kernels(tmp_path)
     stages.profile_files("g", config["workloads"]["g"], config["harness"], "cpu", tmp_path / "g", config, env=env)
     changed = variant_workload(config["workloads"]["g"], ["sdpa_rewrite"])
     stages.profile_files("g+sdpa_rewrite", changed, config["harness"], "cpu", tmp_path / "v", config, env=env)
-    rewrites = json.loads((tmp_path / "v" / "capture" / "run.json").read_text())["rewrites"]
+    run = json.loads((tmp_path / "v" / "capture" / "run.json").read_text())
+    rewrites = run["rewrites"]
     records = [r for r in rewrites if r.get("new_op") == "aten::scaled_dot_product_attention"]
-    assert len(records) == 2
+    assert len(records) == (2 if scope == "model" else 1)
     base = pd.read_parquet(tmp_path / "g" / "attribution" / "kernels.parquet")
     base = base[base["iteration"].notna()]
+    layers = optimize_page.rewritten_layers(run, base)
+    assert layers == (None if scope == "model" else ["transformer.h.0", "transformer.h.1"])
     matmuls = {n for r in records for n in r["replaced_nodes"] if n.startswith("matmul")}
     bmm = base[(base["operator"] == "aten::bmm")
                & base["source_nodes"].map(lambda nodes: bool(set(map(str, nodes)) & matmuls))]
     assert len(bmm) and bmm["duration_ns"].sum() > 0
     variant_ops = pd.read_parquet(tmp_path / "v" / "operators.parquet")
-    (pair,) = optimize_page.rewrite_pairs(rewrites, base, 2, variant_ops, 2).to_dict("records")
-    named = base["operator"].astype(str).map(lambda op: bool({"aten::softmax", "aten::_softmax", "aten::masked_fill",
-                                                              "aten::mul", "aten::matmul"} & set(op.split("+"))))
-    assert pair["before_ms"] >= (bmm["duration_ns"].sum() + base.loc[named, "duration_ns"].sum()) / 2 / 1e6 - 1e-12
+    (pair,) = optimize_page.rewrite_pairs(rewrites, base, 2, variant_ops, 2, layers).to_dict("records")
+    in_layers = base["module"].astype(str).str.startswith("transformer.h.")
+    named = in_layers & base["operator"].astype(str).map(
+        lambda op: bool({"aten::softmax", "aten::_softmax", "aten::masked_fill", "aten::mul", "aten::matmul"}
+                        & set(op.split("+"))))
+    bmm = bmm[bmm["module"].astype(str).str.startswith("transformer.h.")]
+    assert len(bmm) == 4 * base["iteration"].nunique()  # two per attention, in each layer, each iteration
+    attention_ns = bmm["duration_ns"].sum() + base.loc[named & ~base.index.isin(bmm.index), "duration_ns"].sum()
+    assert pair["before_ms"] >= attention_ns / 2 / 1e6 - 1e-12
+    # nothing outside the layers: the lm_head's matmul is not the rewritten attention's
+    assert pair["before_ms"] <= base.loc[in_layers, "duration_ns"].sum() / 2 / 1e6 + 1e-12
+    assert pair["modules"] == ["transformer.h.0.attn", "transformer.h.1.attn"]
     assert "with the compiled kernels of their FX nodes" in pair["before_note"]

@@ -768,7 +768,8 @@ def optimize_report_files(workload: str, base_folder: Path, variant_folder: Path
     iterations_a = report_md.measured_iterations(base_inputs.run, base_inputs.coverage)
     iterations_b = report_md.measured_iterations(variant_inputs.run, variant_inputs.coverage)
     pairs = optimize_page.rewrite_pairs((variant_inputs.run or {}).get("rewrites") or [], kernels, iterations_a,
-                                        variant_inputs.operators, iterations_b)
+                                        variant_inputs.operators, iterations_b,
+                                        optimize_page.rewritten_layers(variant_inputs.run, kernels))
     nodes = optimize_page.node_groups(kernels, variant_kernels, iterations_a, iterations_b)
     write_text_atomic(out, optimize_page.render_optimize(workload, advice, verification, compare, pairs,
                                                          Path(variant_folder).name, variant_inputs.coverage, nodes))

@@ -380,15 +380,31 @@ def _before(kernels: pd.DataFrame, replaced: set[str], paths: list, iterations: 
                     "calls from others there")
 
 
+def rewritten_layers(variant_run: dict | None, base_kernels: pd.DataFrame) -> list[str] | None:
+    """The layer instances a variant's rewrite records are relative to (:func:`rewrite_pairs`' ``layer_instances``):
+    the base profile's layer instances when the variant (its run.json) was compiled layer by layer, else None."""
+    if (variant_run or {}).get("compile_scope") != "layers":
+        return None
+    if "layer" not in base_kernels:
+        return []
+    return sorted(map(str, base_kernels["layer"].dropna().unique()))
+
+
 def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, iterations: int,
-                  variant_operators: pd.DataFrame, variant_iterations: int) -> pd.DataFrame:
+                  variant_operators: pd.DataFrame, variant_iterations: int,
+                  layer_instances: list[str] | None = None) -> pd.DataFrame:
     """One row per (pass, new operator): ``before_ms``, the base profile's kernel time per measured iteration in
     the calls of the operators the rewrite replaced (the operators they run included: an aten::linear's
     aten::addmm; in a compiled profile, the kernels computing the FX nodes it replaced or erased) in the modules it
     rewrote (:func:`_before`; kernels outside the measured iterations left out),
     ``before_note`` saying what that counts, or why ``before_ms`` is None (n/a: the profile cannot tell, or has no
     kernel of them); ``after_ms``, the variant's time in the new operator (ms per iteration; None when the
-    variant's profile has none)."""
+    variant's profile has none).
+
+    ``layer_instances``: given when the variant was compiled layer by layer (``compile_scope: layers``): its records'
+    module paths are then relative to the compiled layer (one record serves every instance, whose compiled code they
+    share), and each is read in every layer instance named (``transformer.h.0`` + ``attn``); an empty list: the
+    base profile names no layer instance, so "before" is n/a."""
     rows = []
     groups: dict[tuple, dict] = {}
     for r in rewrites or []:
@@ -398,12 +414,19 @@ def rewrite_pairs(rewrites: list[dict], base_kernels: pd.DataFrame | None, itera
         g = groups.setdefault(key, {"replaced": set(), "modules": set(), "paths": [], "count": 0, "nodes": set()})
         g["replaced"].update(r.get("replaced_ops") or [])
         path = r.get("module_path")
-        if path is not None:  # (the nodes the rewrite replaced or erased, where a compiled profile names them)
-            g["nodes"].update((str(path), str(n)) for n in [*(r.get("replaced_nodes") or []),
-                                                            *(r.get("removed_nodes") or [])])
-        g["paths"].append(None if path is None else str(path))
-        if path:
-            g["modules"].add(str(path))
+        if path is None:
+            paths = [None]
+        elif layer_instances is None:
+            paths = [str(path)]
+        else:  # (relative to each compiled layer)
+            paths = [f"{layer}.{path}" if path else str(layer) for layer in layer_instances] or [None]
+        for full in paths:
+            if full is not None:  # (the nodes the rewrite replaced or erased, where a compiled profile names them)
+                g["nodes"].update((full, str(n)) for n in [*(r.get("replaced_nodes") or []),
+                                                           *(r.get("removed_nodes") or [])])
+            g["paths"].append(full)
+            if full:
+                g["modules"].add(full)
         g["count"] += 1
     kernels = base_kernels
     if kernels is not None and "iteration" in kernels and kernels["iteration"].notna().any():
