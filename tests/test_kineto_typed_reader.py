@@ -331,3 +331,27 @@ def test_string_column_codes_each_string_in_the_order_first_seen_and_null_as_min
     assert codes.dtype == np.int32
     assert codes.tolist() == [-1 if v is None else first_seen.index(v) for v in values]
     assert [None if isinstance(v, float) else v for v in column.strings(codes).tolist()] == values
+
+
+def test_a_name_with_a_lone_surrogate_is_read_with_a_replacement_character_and_warned(tmp_path):
+    """A ``\\ud800`` escape without its pair is valid JSON syntax but no text: the op, launch and kernel names that
+    hold one are read with U+FFFD in its place and the trace's warnings name them (it crashed the parquet conversion
+    with a UnicodeEncodeError traceback); two such names that differ only there become one name. Typed and dict
+    reads agree."""
+    events = [
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm\\ud800", "pid": 1, "tid": 1, "ts": 10, "dur": 50}',
+        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm\\udfff", "pid": 1, "tid": 1, "ts": 70, "dur": 5}',
+        '{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel\\ud801", "pid": 1, "tid": 1, "ts": 20, '
+        '"dur": 5, "args": {"correlation": 7}}',
+        '{"ph": "X", "cat": "kernel", "name": "gemm\\udc00k", "pid": 0, "tid": 7, "ts": 30, "dur": 9, '
+        '"args": {"correlation": 7, "device": 0, "stream": 7}}',
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+    for typed in (True, False):
+        timeline = read_kineto(path, typed=typed)
+        assert timeline.ranges["name"].tolist() == ["aten::mm\ufffd", "aten::mm\ufffd"]
+        assert timeline.launches["api"].tolist() == ["cudaLaunchKernel\ufffd"]
+        assert timeline.kernels["name"].tolist() == ["gemm\ufffdk"]
+        warning = next(w for w in timeline.diagnostics["warnings"] if "lone UTF-16 surrogates" in w)
+        assert warning.startswith("4 distinct name(s)")

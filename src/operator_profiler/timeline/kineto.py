@@ -512,6 +512,9 @@ _EMPTY_ARGS = _Args()
 _NS_INT_LIMIT = 2**62 // 1000  # µs; int ts and dur below it: ts + dur in ns fits int64
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _StringColumn:
     """A string column read chunk by chunk as int32 codes into its distinct values (-1: null): each
     distinct string (an operator name repeats millions of times) is encoded to Arrow once, and the
@@ -523,11 +526,12 @@ class _StringColumn:
     (A hash factorization per chunk, ``pd.factorize``, took twice as long: 0.25 vs 0.14 s for 2.9M values.)
     """
 
-    def __init__(self):
+    def __init__(self, repaired: list[str] | None = None):
         self.pending: list = []
         self.parts: list[np.ndarray] = []
         self.code_of: dict[str, int] = {}  # the distinct strings, in the order of their codes
-        self._code_or_null: dict = {None: -1}  # code_of and null
+        self._code_or_null: dict = {None: -1}  # each value read (null included) -> its code
+        self.repaired = repaired if repaired is not None else []  # values that held lone surrogates
 
     def flush(self) -> None:
         pending = self.pending
@@ -541,7 +545,17 @@ class _StringColumn:
             code_of = self.code_of
             for value in pending:
                 if value not in lookup:
-                    lookup[value] = code_of[value] = len(code_of)
+                    text = value
+                    if not value.isascii():
+                        try:
+                            value.encode("utf-8")
+                        except UnicodeEncodeError:  # a lone surrogate ("\ud800" escaped in the JSON): not text
+                            text = _SURROGATE.sub("\ufffd", value)
+                            self.repaired.append(value)
+                    code = code_of.get(text)
+                    if code is None:
+                        code = code_of[text] = len(code_of)
+                    lookup[value] = code
             codes = np.fromiter(map(lookup.__getitem__, pending), dtype=np.int32, count=len(pending))
         self.parts.append(codes)
 
@@ -668,11 +682,12 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     # millions of them. Integers go to array('q') (8 bytes each, no int objects; a null is NULL_INT)
     # and repeated strings (op and API names) are shared through one dict, so the columns stay small.
     r_pid, r_tid, r_start, r_end, r_seq, r_fwd, r_order, r_ext = (_IntColumn() for _ in range(8))
-    r_name, r_kind, r_shapes = _StringColumn(), _StringColumn(), _StringColumn()  # shapes: record_shapes JSON
+    surrogates: list[str] = []  # names that held lone surrogates, repaired to U+FFFD (warned)
+    r_name, r_kind, r_shapes = (_StringColumn(surrogates) for _ in range(3))  # shapes: record_shapes JSON
     l_pid, l_tid, l_start, l_end, l_corr, l_ext = (_IntColumn() for _ in range(6))
-    l_api = _StringColumn()
+    l_api = _StringColumn(surrogates)
     k_pid, k_device, k_stream, k_start, k_end, k_corr, k_graph, k_node, k_ext = (_IntColumn() for _ in range(9))
-    k_name, k_grid, k_block = _StringColumn(), _StringColumn(), _StringColumn()
+    k_name, k_grid, k_block = (_StringColumn(surrogates) for _ in range(3))
     # flushed after each chunk (the per-chunk buffers of the dict loop)
     columns = (r_name, r_kind, r_shapes, l_api, k_name, k_grid, k_block, r_pid, r_tid, r_start, r_end, r_seq,
                r_fwd, r_order, r_ext, l_pid, l_tid, l_start, l_end, l_corr, l_ext, k_pid, k_device, k_stream,
@@ -1102,6 +1117,10 @@ def read_kineto(path: Path, *, typed: bool = True) -> Timeline:
     diagnostics["counts"]["duplicate_kernel_records"] = repeats["kernel_records"]
     diagnostics["counts"]["duplicate_launch_records"] = repeats["launch_records"]
     reader_warnings += _repeat_warnings(repeats)
+    if surrogates:
+        reader_warnings.append(
+            f"{len(surrogates)} distinct name(s) held lone UTF-16 surrogates (a \\ud800-\\udfff escape without its "
+            f"pair: not text), read with U+FFFD in their place: {', '.join(repr(v[:80]) for v in surrogates[:3])}")
     diagnostics["warnings"] = list(trace.warnings) + reader_warnings + diagnostics["warnings"]
     ranges = ranges.drop(columns="order")
     release_free_memory()
