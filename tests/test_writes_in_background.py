@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL_DATA
+from conftest import real_file
 
 from operator_profiler import files, stages
 from operator_profiler.cli import main
@@ -79,9 +79,7 @@ def test_a_failed_nsys_timeline_leaves_no_file_though_its_tables_were_written_me
     and the folder it created."""
     from operator_profiler.attribution import nvtx
 
-    export = REAL_DATA / "nsys" / "fuser_test_matmul_h100x8_nsys2024.6.sqlite"
-    if not export.is_file():
-        pytest.skip(f"real data not available: {export}")
+    export = real_file("nsys", "fuser_test_matmul_h100x8_nsys2024.6.sqlite")
     out = tmp_path / "timeline"
     real_projection = nvtx.gpu_projection
 
@@ -134,9 +132,7 @@ def test_ctrl_c_twice_during_an_nsys_timeline_leaves_no_file_even_later(tmp_path
     timeline file is left, also after the writer would have finished."""
     from operator_profiler.timeline import nsys
 
-    export = REAL_DATA / "nsys" / "fuser_test_matmul_h100x8_nsys2024.6.sqlite"
-    if not export.is_file():
-        pytest.skip(f"real data not available: {export}")
+    export = real_file("nsys", "fuser_test_matmul_h100x8_nsys2024.6.sqlite")
     out = tmp_path / "timeline"
     real_write = nsys.write_nsys_timeline
 
