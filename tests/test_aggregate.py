@@ -319,7 +319,8 @@ def test_evidence_search_of_an_object_column_equals_the_row_by_row_search():
         evidence = pd.Series(values, dtype=object)
         for probe in (text, "nan", "None", "1"):
             want = evidence.astype(str).str.contains(probe, regex=False).to_numpy(dtype=bool)
-            assert np.array_equal(agg._evidence_contains(evidence, probe), want), (values, probe)
+            (found,) = agg._evidence_contains_each(evidence, (probe,))
+            assert np.array_equal(found, want), (values, probe)
         probes = (text, "nan", "None", "1")
         # Several texts searched in one pass over the distinct texts: each answer as the row-by-row search's.
         for column in (evidence, evidence.astype("category") if all(isinstance(v, str) for v in values) else evidence):

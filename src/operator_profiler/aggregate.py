@@ -374,13 +374,9 @@ def _path_coverage(attribution: pd.DataFrame, total_ns: int) -> tuple[dict, dict
 DISAGREEMENT_EXAMPLES = 5
 
 
-def _evidence_contains(evidence: pd.Series, text: str) -> np.ndarray:
-    """Per row, whether the evidence JSON contains ``text`` (a boolean array; a null evidence reads "nan")."""
-    return _evidence_contains_each(evidence, (text,))[0]
-
-
 def _evidence_contains_each(evidence: pd.Series, texts: tuple[str, ...]) -> list[np.ndarray]:
-    """:func:`_evidence_contains` of each of ``texts``, the column's distinct texts found once for all of them.
+    """Per text of ``texts``, per row, whether the evidence JSON contains it (boolean arrays; a null evidence reads
+    "nan"), the column's distinct texts found once for all of them.
 
     A categorical evidence column (path (b)'s: a few distinct texts for a million kernels) is searched once per
     distinct text and the answers spread by the codes: ``astype(str)`` would build a string per kernel (0.6 s of
